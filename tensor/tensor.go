@@ -1,0 +1,130 @@
+// Package tensor defines the element types and the named, shaped byte
+// buffers that flow from model files into the compiler and the backends.
+//
+// Invariant: a Tensor's Data holds exactly DType.Bytes(Shape) bytes in
+// little-endian, row-major order (last dimension fastest). Data may be a view
+// into a memory-mapped file, so it must be treated as read-only.
+package tensor
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DType is an element type.
+type DType uint8
+
+const (
+	Invalid DType = iota
+	F32
+	F16
+	BF16
+	I32
+	Q8_0 // GGML Q8_0: blocks of 32 int8 with one f16 scale (34 bytes)
+	Q4_0 // GGML Q4_0: blocks of 32 4-bit values with one f16 scale (18 bytes)
+)
+
+var dtypeNames = [...]string{Invalid: "invalid", F32: "f32", F16: "f16", BF16: "bf16", I32: "i32", Q8_0: "q8_0", Q4_0: "q4_0"}
+
+func (d DType) String() string {
+	if int(d) < len(dtypeNames) {
+		return dtypeNames[d]
+	}
+	return fmt.Sprintf("dtype(%d)", d)
+}
+
+// BlockSize is the number of elements that share one storage block (1 for
+// plain types, 32 for the GGML block-quantized types).
+func (d DType) BlockSize() int {
+	switch d {
+	case Q8_0, Q4_0:
+		return 32
+	}
+	return 1
+}
+
+// BlockBytes is the number of bytes of one storage block.
+func (d DType) BlockBytes() int {
+	switch d {
+	case F32, I32:
+		return 4
+	case F16, BF16:
+		return 2
+	case Q8_0:
+		return 34
+	case Q4_0:
+		return 18
+	}
+	return 0
+}
+
+// Bytes returns the storage size of n elements, or an error when n is not a
+// whole number of blocks or the type is unknown.
+func (d DType) Bytes(n int64) (int64, error) {
+	bs := int64(d.BlockSize())
+	if d.BlockBytes() == 0 {
+		return 0, fmt.Errorf("unsupported dtype %v", d)
+	}
+	if n < 0 || n%bs != 0 {
+		return 0, fmt.Errorf("%d elements is not a whole number of %v blocks of %d", n, d, bs)
+	}
+	return n / bs * int64(d.BlockBytes()), nil
+}
+
+// Shape is a list of dimension sizes, outermost first.
+type Shape []int
+
+// Elements returns the product of the dimensions (1 for a scalar).
+func (s Shape) Elements() int64 {
+	n := int64(1)
+	for _, d := range s {
+		n *= int64(d)
+	}
+	return n
+}
+
+func (s Shape) String() string {
+	parts := make([]string, len(s))
+	for i, d := range s {
+		parts[i] = fmt.Sprint(d)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// Equal reports whether two shapes are identical.
+func (s Shape) Equal(o Shape) bool {
+	if len(s) != len(o) {
+		return false
+	}
+	for i := range s {
+		if s[i] != o[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Tensor is a named, typed, shaped buffer.
+type Tensor struct {
+	Name  string
+	DType DType
+	Shape Shape
+	Data  []byte
+}
+
+// Validate checks that Data has the size Shape and DType require.
+func (t *Tensor) Validate() error {
+	for _, d := range t.Shape {
+		if d < 0 {
+			return fmt.Errorf("tensor %s: negative dimension in %v", t.Name, t.Shape)
+		}
+	}
+	want, err := t.DType.Bytes(t.Shape.Elements())
+	if err != nil {
+		return fmt.Errorf("tensor %s: %w", t.Name, err)
+	}
+	if int64(len(t.Data)) != want {
+		return fmt.Errorf("tensor %s: %v %v needs %d bytes, has %d", t.Name, t.DType, t.Shape, want, len(t.Data))
+	}
+	return nil
+}

@@ -1,0 +1,360 @@
+// Hugging Face checkpoints: a directory holding config.json and either
+// model.safetensors or shards listed by model.safetensors.index.json
+// ({"weight_map": {tensor name: shard file}}). Tensor names are already the
+// canonical Llama names. The chat template comes from chat_template.jinja or
+// tokenizer_config.json's "chat_template" when present.
+
+package model
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"kiln/tensor"
+)
+
+// hfConfig is the subset of config.json the loader reads. Pointer fields
+// distinguish absent (or null) from zero.
+type hfConfig struct {
+	Architectures         []string        `json:"architectures"`
+	ModelType             string          `json:"model_type"`
+	HiddenSize            int             `json:"hidden_size"`
+	IntermediateSize      int             `json:"intermediate_size"`
+	NumHiddenLayers       int             `json:"num_hidden_layers"`
+	NumAttentionHeads     int             `json:"num_attention_heads"`
+	NumKeyValueHeads      *int            `json:"num_key_value_heads"`
+	HeadDim               *int            `json:"head_dim"`
+	VocabSize             int             `json:"vocab_size"`
+	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	RMSNormEps            *float64        `json:"rms_norm_eps"`
+	RopeTheta             *float64        `json:"rope_theta"`
+	RopeScaling           json.RawMessage `json:"rope_scaling"`
+	RopeParameters        json.RawMessage `json:"rope_parameters"`
+	SlidingWindow         *int            `json:"sliding_window"`
+	UseSlidingWindow      *bool           `json:"use_sliding_window"`
+	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
+	AttentionBias         *bool           `json:"attention_bias"`
+	BOSTokenID            json.RawMessage `json:"bos_token_id"`
+	EOSTokenID            json.RawMessage `json:"eos_token_id"`
+	TorchDType            string          `json:"torch_dtype"`
+	DType                 string          `json:"dtype"`
+}
+
+// hfRope is rope_scaling or (transformers 5) rope_parameters.
+type hfRope struct {
+	RopeType             string   `json:"rope_type"`
+	Type                 string   `json:"type"`
+	RopeTheta            *float64 `json:"rope_theta"`
+	Factor               *float64 `json:"factor"`
+	LowFreqFactor        *float64 `json:"low_freq_factor"`
+	HighFreqFactor       *float64 `json:"high_freq_factor"`
+	OriginalMaxPositions *int     `json:"original_max_position_embeddings"`
+}
+
+var hfArchitectures = map[string]string{
+	"LlamaForCausalLM":   "llama",
+	"MistralForCausalLM": "mistral",
+	"Qwen2ForCausalLM":   "qwen2",
+	"llama":              "llama",
+	"mistral":            "mistral",
+	"qwen2":              "qwen2",
+}
+
+// parseHFConfig turns config.json into a Config. It does not know the tensors,
+// so TiedEmbeddings reflects only the file (see hfTied) and DType is unset.
+func parseHFConfig(data []byte) (Config, *bool, error) {
+	var hc hfConfig
+	if err := json.Unmarshal(data, &hc); err != nil {
+		return Config{}, nil, fmt.Errorf("config.json: %w", err)
+	}
+	var c Config
+	var archName string
+	switch {
+	case len(hc.Architectures) > 0:
+		archName = hc.Architectures[0]
+	case hc.ModelType != "":
+		archName = hc.ModelType
+	default:
+		return c, nil, errors.New("config.json: no architectures or model_type")
+	}
+	arch, ok := hfArchitectures[archName]
+	if !ok {
+		return c, nil, fmt.Errorf("unsupported architecture %q", archName)
+	}
+	c.Arch = arch
+	c.HiddenSize = hc.HiddenSize
+	c.IntermediateSize = hc.IntermediateSize
+	c.NumLayers = hc.NumHiddenLayers
+	c.NumHeads = hc.NumAttentionHeads
+	c.NumKVHeads = c.NumHeads
+	if hc.NumKeyValueHeads != nil {
+		c.NumKVHeads = *hc.NumKeyValueHeads
+	}
+	if hc.HeadDim != nil {
+		c.HeadDim = *hc.HeadDim
+	} else if c.NumHeads > 0 {
+		if c.HiddenSize%c.NumHeads != 0 {
+			return c, nil, fmt.Errorf("config.json: hidden_size %d is not a multiple of %d heads", c.HiddenSize, c.NumHeads)
+		}
+		c.HeadDim = c.HiddenSize / c.NumHeads
+	}
+	c.VocabSize = hc.VocabSize
+	c.MaxPositions = hc.MaxPositionEmbeddings
+	c.RMSNormEps = 1e-6
+	if hc.RMSNormEps != nil {
+		c.RMSNormEps = *hc.RMSNormEps
+	}
+	c.RopeStyle = RopeHalf
+	c.RopeTheta = 10000
+	if hc.RopeTheta != nil {
+		c.RopeTheta = *hc.RopeTheta
+	}
+	for _, raw := range []json.RawMessage{hc.RopeScaling, hc.RopeParameters} {
+		if len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+			continue
+		}
+		var r hfRope
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return c, nil, fmt.Errorf("config.json: rope scaling: %w", err)
+		}
+		if r.RopeTheta != nil {
+			c.RopeTheta = *r.RopeTheta
+		}
+		typ := r.RopeType
+		if typ == "" {
+			typ = r.Type
+		}
+		switch typ {
+		case "", "default":
+		case "linear":
+			c.RopeScaling = RopeScaling{Type: "linear", Factor: deref(r.Factor)}
+		case "llama3":
+			c.RopeScaling = RopeScaling{
+				Type:                 "llama3",
+				Factor:               deref(r.Factor),
+				LowFreqFactor:        deref(r.LowFreqFactor),
+				HighFreqFactor:       deref(r.HighFreqFactor),
+				OriginalMaxPositions: derefInt(r.OriginalMaxPositions),
+			}
+		default:
+			return c, nil, fmt.Errorf("unsupported rope scaling type %q", typ)
+		}
+	}
+	switch arch {
+	case "mistral", "llama":
+		if hc.SlidingWindow != nil {
+			c.SlidingWindow = *hc.SlidingWindow
+		}
+	case "qwen2":
+		if hc.UseSlidingWindow != nil && *hc.UseSlidingWindow && hc.SlidingWindow != nil {
+			c.SlidingWindow = *hc.SlidingWindow
+		}
+	}
+	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
+	var err error
+	if c.BOS, err = tokenIDs(hc.BOSTokenID); err != nil {
+		return c, nil, fmt.Errorf("config.json: bos_token_id: %w", err)
+	}
+	if c.EOS, err = tokenIDs(hc.EOSTokenID); err != nil {
+		return c, nil, fmt.Errorf("config.json: eos_token_id: %w", err)
+	}
+	return c, hc.TieWordEmbeddings, nil
+}
+
+func deref(p *float64) float64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// tokenIDs reads an int, a list of ints, or null.
+func tokenIDs(raw json.RawMessage) ([]int, error) {
+	s := bytes.TrimSpace(raw)
+	if len(s) == 0 || string(s) == "null" {
+		return nil, nil
+	}
+	if s[0] == '[' {
+		var ids []int
+		err := json.Unmarshal(s, &ids)
+		return ids, err
+	}
+	var id int
+	if err := json.Unmarshal(s, &id); err != nil {
+		return nil, err
+	}
+	return []int{id}, nil
+}
+
+// LoadHF loads a Hugging Face checkpoint directory.
+func LoadHF(dir string) (*Model, error) {
+	m, err := loadHF(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	return m, nil
+}
+
+func loadHF(dir string) (m *Model, err error) {
+	cfgData, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	cfg, tie, err := parseHFConfig(cfgData)
+	if err != nil {
+		return nil, err
+	}
+	m = &Model{Path: dir, Format: "safetensors", Tensors: map[string]*tensor.Tensor{}}
+	defer func() {
+		if err != nil {
+			m.Close()
+			m = nil
+		}
+	}()
+	// Which files to map: a single model.safetensors or the index's shards.
+	var shards []string
+	var weightMap map[string]string
+	idxData, ierr := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
+	switch {
+	case ierr == nil:
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(idxData, &idx); err != nil {
+			return m, fmt.Errorf("model.safetensors.index.json: %w", err)
+		}
+		if len(idx.WeightMap) == 0 {
+			return m, errors.New("model.safetensors.index.json: empty weight_map")
+		}
+		weightMap = idx.WeightMap
+		seen := map[string]bool{}
+		for _, f := range weightMap {
+			if f != filepath.Base(f) || f == "." || f == ".." {
+				return m, fmt.Errorf("model.safetensors.index.json: shard %q is not a file name in the directory", f)
+			}
+			if !seen[f] {
+				seen[f] = true
+				shards = append(shards, f)
+			}
+		}
+		sort.Strings(shards)
+	case os.IsNotExist(ierr):
+		shards = []string{"model.safetensors"}
+	default:
+		return m, ierr
+	}
+	for _, shard := range shards {
+		p := filepath.Join(dir, shard)
+		data, unmap, err := mapFile(p)
+		if err != nil {
+			return m, err
+		}
+		m.closers = append(m.closers, unmap)
+		ts, _, err := parseSafetensors(data)
+		if err != nil {
+			return m, fmt.Errorf("%s: %w", shard, err)
+		}
+		for name, t := range ts {
+			if _, dup := m.Tensors[name]; dup {
+				return m, fmt.Errorf("%s: tensor %s appears in more than one shard", shard, name)
+			}
+			if weightMap != nil && weightMap[name] != shard {
+				return m, fmt.Errorf("%s: tensor %s is not mapped to this shard by the index", shard, name)
+			}
+			m.Tensors[name] = t
+		}
+	}
+	for name, shard := range weightMap {
+		if _, ok := m.Tensors[name]; !ok {
+			return m, fmt.Errorf("%s: missing tensor %s listed in the index", shard, name)
+		}
+	}
+	if err := finishHFConfig(&cfg, tie, m.Tensors); err != nil {
+		return m, err
+	}
+	m.Config = cfg
+	m.ChatTemplate = readChatTemplate(dir)
+	return m, nil
+}
+
+// finishHFConfig settles what needs the tensors (tying, DType, vocab size)
+// and checks every expected tensor.
+func finishHFConfig(cfg *Config, tie *bool, ts map[string]*tensor.Tensor) error {
+	_, hasHead := ts[HeadName]
+	switch {
+	case tie != nil:
+		cfg.TiedEmbeddings = *tie
+	default:
+		// transformers defaults tie_word_embeddings to false for llama,
+		// mistral and qwen2; a file without the key and without lm_head can
+		// only be tied.
+		cfg.TiedEmbeddings = !hasHead
+	}
+	emb, ok := ts[EmbedName]
+	if !ok {
+		return fmt.Errorf("missing tensor %s", EmbedName)
+	}
+	cfg.DType = emb.DType
+	if err := checkTensors(cfg, ts); err != nil {
+		return err
+	}
+	// Norms and biases are used as float vectors; every tensor must be a
+	// float type the backends read.
+	for name, t := range ts {
+		switch t.DType {
+		case tensor.F32, tensor.F16, tensor.BF16:
+		default:
+			return fmt.Errorf("unsupported dtype %v for tensor %s", t.DType, name)
+		}
+	}
+	return nil
+}
+
+// readChatTemplate returns chat_template.jinja, else tokenizer_config.json's
+// chat_template (a string, or a list of {name, template} where "default" or
+// the first wins), else "".
+func readChatTemplate(dir string) string {
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+		return string(b)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		return ""
+	}
+	var tc struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+	}
+	if json.Unmarshal(b, &tc) != nil || len(tc.ChatTemplate) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(tc.ChatTemplate, &s) == nil {
+		return s
+	}
+	var list []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if json.Unmarshal(tc.ChatTemplate, &list) != nil || len(list) == 0 {
+		return ""
+	}
+	for _, e := range list {
+		if strings.EqualFold(e.Name, "default") {
+			return e.Template
+		}
+	}
+	return list[0].Template
+}

@@ -1,0 +1,178 @@
+// Format detection and the checks shared by every loader: Load looks at what
+// a path is (a Hugging Face directory, a GGUF file, a llama2.c checkpoint)
+// and hands it to the matching loader; checkTensors verifies that a model has
+// every tensor its Config implies, with the right shape.
+
+package model
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+
+	"kiln/tensor"
+)
+
+// Load reads the model at path: a directory is read as a Hugging Face
+// checkpoint (config.json and safetensors), a file starting with "GGUF" as
+// GGUF, and any other file as a llama2.c checkpoint (version 1 "ak42" or the
+// legacy headerless-magic format).
+func Load(path string) (*Model, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return LoadHF(path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	var head [4]byte
+	n, err := io.ReadFull(f, head[:])
+	f.Close()
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	switch {
+	case n == 4 && bytes.Equal(head[:], []byte(ggufMagic)):
+		return LoadGGUF(path)
+	case n == 4 && binary.LittleEndian.Uint32(head[:]) == llama2cMagic:
+		return LoadLlama2C(path)
+	}
+	return LoadLlama2C(path)
+}
+
+// loadMapped maps path and runs parse over its bytes; on success the model
+// owns the mapping, on failure it is released.
+func loadMapped(path string, parse func([]byte) (*Model, error)) (*Model, error) {
+	data, unmap, err := mapFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	m, err := parse(data)
+	if err != nil {
+		unmap()
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	m.Path = path
+	m.closers = append(m.closers, unmap)
+	return m, nil
+}
+
+// expectedShapes lists, in a fixed order, every tensor the config implies and
+// its shape. lm_head is included only when the embeddings are not tied.
+func expectedShapes(c *Config) []struct {
+	name  string
+	shape tensor.Shape
+} {
+	type ns = struct {
+		name  string
+		shape tensor.Shape
+	}
+	h, inter, v := c.HiddenSize, c.IntermediateSize, c.VocabSize
+	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	out := []ns{{EmbedName, tensor.Shape{v, h}}}
+	for l := 0; l < c.NumLayers; l++ {
+		out = append(out,
+			ns{LayerName(l, "input_layernorm.weight"), tensor.Shape{h}},
+			ns{LayerName(l, "self_attn.q_proj.weight"), tensor.Shape{q, h}},
+			ns{LayerName(l, "self_attn.k_proj.weight"), tensor.Shape{kv, h}},
+			ns{LayerName(l, "self_attn.v_proj.weight"), tensor.Shape{kv, h}},
+		)
+		if c.QKVBias {
+			out = append(out,
+				ns{LayerName(l, "self_attn.q_proj.bias"), tensor.Shape{q}},
+				ns{LayerName(l, "self_attn.k_proj.bias"), tensor.Shape{kv}},
+				ns{LayerName(l, "self_attn.v_proj.bias"), tensor.Shape{kv}},
+			)
+		}
+		out = append(out,
+			ns{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
+			ns{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},
+			ns{LayerName(l, "mlp.gate_proj.weight"), tensor.Shape{inter, h}},
+			ns{LayerName(l, "mlp.up_proj.weight"), tensor.Shape{inter, h}},
+			ns{LayerName(l, "mlp.down_proj.weight"), tensor.Shape{h, inter}},
+		)
+	}
+	out = append(out, ns{NormName, tensor.Shape{h}})
+	if !c.TiedEmbeddings {
+		out = append(out, ns{HeadName, tensor.Shape{v, h}})
+	}
+	return out
+}
+
+// checkTensors validates the config, then checks that every tensor the config
+// implies is present with the right shape and a valid byte size, reporting
+// the first one that is not.
+func checkTensors(c *Config, ts map[string]*tensor.Tensor) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if c.NumLayers > len(ts) {
+		return fmt.Errorf("config has %d layers but the file holds only %d tensors", c.NumLayers, len(ts))
+	}
+	for _, e := range expectedShapes(c) {
+		t, ok := ts[e.name]
+		if !ok {
+			return fmt.Errorf("missing tensor %s", e.name)
+		}
+		if !t.Shape.Equal(e.shape) {
+			return fmt.Errorf("tensor %s has shape %v, want %v", e.name, t.Shape, e.shape)
+		}
+		if err := t.Validate(); err != nil {
+			return err
+		}
+	}
+	if t, ok := ts[HeadName]; ok && c.TiedEmbeddings {
+		// Some checkpoints store the tied head anyway; it must still fit.
+		if !t.Shape.Equal(tensor.Shape{c.VocabSize, c.HiddenSize}) {
+			return fmt.Errorf("tensor %s has shape %v, want %v", HeadName, t.Shape, tensor.Shape{c.VocabSize, c.HiddenSize})
+		}
+	}
+	return nil
+}
+
+// mulCap multiplies non-negative a and b, failing when the product exceeds
+// limit (which also rules out overflow).
+func mulCap(a, b, limit int64) (int64, bool) {
+	if a < 0 || b < 0 {
+		return 0, false
+	}
+	if a == 0 || b == 0 {
+		return 0, true
+	}
+	if a > limit/b {
+		return 0, false
+	}
+	return a * b, true
+}
+
+// elementsCap returns the element count of shape, failing when a dimension is
+// negative or the count exceeds limit.
+func elementsCap(shape []int64, limit int64) (int64, bool) {
+	n := int64(1)
+	for _, d := range shape {
+		var ok bool
+		if n, ok = mulCap(n, d, limit); !ok {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+// sortSpans sorts byte ranges by start, then end.
+func sortSpans[S any](s []S, key func(S) (uint64, uint64)) {
+	sort.Slice(s, func(i, j int) bool {
+		bi, ei := key(s[i])
+		bj, ej := key(s[j])
+		if bi != bj {
+			return bi < bj
+		}
+		return ei < ej
+	})
+}

@@ -1,0 +1,39 @@
+//go:build amd64 && !purego
+
+package gemm
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// haveSIMD: the assembly kernels need AVX2 and FMA (all dtypes) and F16C
+// (F16 weights); require all three rather than mixing paths.
+var haveSIMD = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
+
+// Kernels in gemm_amd64.s; see internal/asmgen for their contracts.
+
+//go:noescape
+func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
+
+//go:noescape
+func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
+
+//go:noescape
+func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
+
+//go:noescape
+func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)
+
+//go:noescape
+func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)
+
+//go:noescape
+func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)
+
+//go:noescape
+func dotF32(a, b *float32, n8 int) float32
+
+//go:noescape
+func axpyF32(alpha float32, x, y *float32, n8 int)

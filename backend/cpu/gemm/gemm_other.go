@@ -1,0 +1,31 @@
+//go:build !amd64 || purego
+
+package gemm
+
+import "unsafe"
+
+// haveSIMD is false: only the pure Go kernels exist on this platform.
+const haveSIMD = false
+
+// The SIMD entry points are never reached when haveSIMD is false.
+
+func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+	panic("unreachable")
+}
+func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+	panic("unreachable")
+}
+func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+	panic("unreachable")
+}
+func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {
+	panic("unreachable")
+}
+func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {
+	panic("unreachable")
+}
+func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {
+	panic("unreachable")
+}
+func dotF32(a, b *float32, n8 int) float32         { panic("unreachable") }
+func axpyF32(alpha float32, x, y *float32, n8 int) { panic("unreachable") }

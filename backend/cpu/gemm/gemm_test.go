@@ -1,0 +1,207 @@
+package gemm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"kiln/backend/cpu/gemm/internal/asmgen"
+	"kiln/backend/cpu/workers"
+	"kiln/tensor"
+)
+
+// Tolerance: every output must satisfy
+//
+//	|out - ref| <= 1e-5 * sum_k |x[t][k]|*|w[n][k]| + 1e-6
+//
+// where ref is MatMulRef (float64 sums); this allows float32 rounding of any
+// summation order.
+const relTol, absTol = 1e-5, 1e-6
+
+func newRand(t *testing.T) *rand.Rand {
+	seed := uint64(time.Now().UnixNano())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("random seed %d", seed)
+		}
+	})
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// randWeights returns random weights [N,K] of dtype d; with offset 1 the
+// data starts one byte into a larger buffer (unaligned).
+func randWeights(r *rand.Rand, d tensor.DType, N, K, offset int) Weights {
+	eb := elemBytes(d)
+	buf := make([]byte, N*K*eb+offset+3)
+	data := buf[offset : offset+N*K*eb]
+	for i := 0; i < N*K; i++ {
+		v := float32(r.Float64()*2 - 1)
+		if r.IntN(16) == 0 {
+			v *= 8
+		}
+		switch d {
+		case tensor.F32:
+			binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(v))
+		case tensor.BF16:
+			binary.LittleEndian.PutUint16(data[2*i:], tensor.F32ToBF16(v))
+		case tensor.F16:
+			binary.LittleEndian.PutUint16(data[2*i:], tensor.F32ToF16(v))
+		}
+	}
+	return Weights{DType: d, Data: data, N: N, K: K}
+}
+
+func randVec(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.Float64()*2 - 1)
+	}
+	return v
+}
+
+// checkProduct runs MatMul into a NaN-poisoned buffer and compares it with
+// ref element by element.
+func checkProduct(t *testing.T, p *workers.Pool, ref, x []float32, T int, w Weights, what string) {
+	t.Helper()
+	out := make([]float32, T*w.N+2)
+	for i := range out {
+		out[i] = float32(math.NaN())
+	}
+	MatMul(p, out[:T*w.N], x, T, w)
+	for i := T * w.N; i < len(out); i++ {
+		if !math.IsNaN(float64(out[i])) {
+			t.Fatalf("%s: wrote past the end of out", what)
+		}
+	}
+	for tk := 0; tk < T; tk++ {
+		for n := 0; n < w.N; n++ {
+			var mag float64
+			for k := 0; k < w.K; k++ {
+				mag += math.Abs(float64(x[tk*w.K+k]) * float64(weightAt(w, n*w.K+k)))
+			}
+			got, want := out[tk*w.N+n], ref[tk*w.N+n]
+			if math.IsNaN(float64(got)) || math.Abs(float64(got)-float64(want)) > relTol*mag+absTol {
+				t.Fatalf("%s: out[%d][%d] = %v, want %v (tolerance %g)", what, tk, n, got, want, relTol*mag+absTol)
+			}
+		}
+	}
+}
+
+func TestMatMul(t *testing.T) {
+	r := newRand(t)
+	p := workers.New(3)
+	defer p.Close()
+	defer SetPure(false)
+	Ts := []int{1, 2, 3, 5, 17, 64}
+	Ks := []int{1, 3, 8, 17, 100, 768, 2049}
+	Ns := []int{1, 3, 5, 13, 67}
+	if testing.Short() {
+		Ks = []int{1, 3, 17, 100}
+	}
+	for _, d := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16} {
+		for _, T := range Ts {
+			for _, K := range Ks {
+				for _, N := range Ns {
+					offset := (T + K + N) % 2 // half the shapes unaligned
+					w := randWeights(r, d, N, K, offset)
+					x := randVec(r, T*K)
+					ref := make([]float32, T*N)
+					MatMulRef(ref, x, T, w)
+					for _, pure := range []bool{false, true} {
+						if pure && T*N*K > 1<<20 {
+							continue // the pure path shares the driver; keep the test fast
+						}
+						SetPure(pure)
+						what := d.String() + " " + map[bool]string{false: "simd", true: "pure"}[pure]
+						checkProduct(t, p, ref, x, T, w, what+" pool")
+						if T*N <= 64 {
+							checkProduct(t, nil, ref, x, T, w, what+" nil pool")
+						}
+					}
+					SetPure(false)
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulLarge exercises several prefill work units and k blocks.
+func TestMatMulLarge(t *testing.T) {
+	r := newRand(t)
+	p := workers.New(2)
+	defer p.Close()
+	for _, d := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16} {
+		for _, sh := range [][3]int{{1, 301, 1100}, {100, 133, 1100}, {50, 200, 64}} {
+			T, N, K := sh[0], sh[1], sh[2]
+			w := randWeights(r, d, N, K, 1)
+			x := randVec(r, T*K)
+			ref := make([]float32, T*N)
+			MatMulRef(ref, x, T, w)
+			checkProduct(t, p, ref, x, T, w, d.String()+" large")
+		}
+	}
+}
+
+func TestNoAlloc(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	p := workers.New(2)
+	defer p.Close()
+	w := randWeights(r, tensor.BF16, 300, 256, 1)
+	x := randVec(r, 7*256)
+	out := make([]float32, 7*300)
+	for _, T := range []int{1, 7} {
+		if a := testing.AllocsPerRun(50, func() { MatMul(p, out, x, T, w) }); a != 0 {
+			t.Errorf("MatMul T=%d allocates %v times per call", T, a)
+		}
+	}
+	if a := testing.AllocsPerRun(50, func() { Dot(x, x); Axpy(2, x, x) }); a != 0 {
+		t.Errorf("Dot/Axpy allocate %v times per call", a)
+	}
+}
+
+func TestDotAxpy(t *testing.T) {
+	r := newRand(t)
+	defer SetPure(false)
+	for _, pure := range []bool{false, true} {
+		SetPure(pure)
+		for n := 0; n < 300; n += 1 + n/8 {
+			a, b := randVec(r, n+1), randVec(r, n+1)
+			var want, mag float64
+			for i := 0; i < n; i++ {
+				want += float64(a[i]) * float64(b[i])
+				mag += math.Abs(float64(a[i]) * float64(b[i]))
+			}
+			if got := Dot(a[:n], b); math.Abs(float64(got)-want) > relTol*mag+absTol {
+				t.Fatalf("pure=%v Dot n=%d: %v, want %v", pure, n, got, want)
+			}
+			alpha := float32(r.Float64()*4 - 2)
+			y := append([]float32(nil), b...)
+			Axpy(alpha, a[:n], y)
+			for i := 0; i <= n; i++ {
+				want := b[i]
+				if i < n {
+					want = b[i] + alpha*a[i]
+				}
+				if math.Abs(float64(y[i]-want)) > 1e-6*(math.Abs(float64(b[i]))+math.Abs(float64(alpha*a[i])))+absTol {
+					t.Fatalf("pure=%v Axpy n=%d: y[%d] = %v, want %v", pure, n, i, y[i], want)
+				}
+			}
+		}
+	}
+}
+
+// TestGenerated checks that gemm_amd64.s is what internal/asmgen generates
+// (run `go generate` in this package after changing the generator).
+func TestGenerated(t *testing.T) {
+	have, err := os.ReadFile("gemm_amd64.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(have, asmgen.Generate()) {
+		t.Fatal("gemm_amd64.s is stale: run go generate ./backend/cpu/gemm")
+	}
+}

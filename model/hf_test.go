@@ -1,0 +1,339 @@
+package model
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kiln/tensor"
+)
+
+func TestLoadHF(t *testing.T) {
+	type tc struct {
+		name   string
+		arch   string
+		dt     tensor.DType
+		tied   bool
+		shards int
+		extra  map[string]any
+		edit   func(c *Config) // expected config changes
+	}
+	tests := []tc{
+		{name: "llama f32", arch: "llama", dt: tensor.F32},
+		{name: "llama bf16 tied", arch: "llama", dt: tensor.BF16, tied: true},
+		{name: "mistral f16 sharded", arch: "mistral", dt: tensor.F16, shards: 3,
+			extra: map[string]any{"sliding_window": 4096}, edit: func(c *Config) { c.SlidingWindow = 4096 }},
+		{name: "mistral null window", arch: "mistral", dt: tensor.F32, extra: map[string]any{"sliding_window": json.RawMessage("null")}},
+		{name: "qwen2 tied bias", arch: "qwen2", dt: tensor.BF16, tied: true,
+			extra: map[string]any{"sliding_window": 32768, "use_sliding_window": false, "eos_token_id": []int{2, 7}},
+			edit:  func(c *Config) { c.EOS = []int{2, 7} }},
+		{name: "qwen2 sliding", arch: "qwen2", dt: tensor.F32,
+			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true}, edit: func(c *Config) { c.SlidingWindow = 64 }},
+		{name: "llama attention_bias", arch: "llama", dt: tensor.F32,
+			extra: map[string]any{"attention_bias": true}, edit: func(c *Config) { c.QKVBias = true }},
+		{name: "llama3 rope_scaling", arch: "llama", dt: tensor.F32,
+			extra: map[string]any{"rope_theta": 500000.0, "rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8.0,
+				"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+			edit: func(c *Config) {
+				c.RopeTheta = 500000
+				c.RopeScaling = RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
+			}},
+		{name: "rope_parameters (transformers 5)", arch: "llama", dt: tensor.F32,
+			extra: map[string]any{"rope_theta": nil, "rope_parameters": map[string]any{"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
+			edit:  func(c *Config) { c.RopeTheta = 1e6; c.RopeScaling = RopeScaling{Type: "linear", Factor: 2} }},
+		{name: "rope_scaling type key default", arch: "llama", dt: tensor.F32,
+			extra: map[string]any{"rope_scaling": map[string]any{"type": "default"}}},
+		{name: "explicit head_dim", arch: "llama", dt: tensor.F32, extra: map[string]any{"head_dim": 16}},
+		{name: "tie key absent, no lm_head", arch: "llama", dt: tensor.F32, tied: true, extra: map[string]any{"tie_word_embeddings": nil}},
+		{name: "tie key absent, lm_head", arch: "qwen2", dt: tensor.F32, extra: map[string]any{"tie_word_embeddings": nil}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tinyConfig(tt.arch)
+			c.TiedEmbeddings = tt.tied
+			c.QKVBias = tt.arch == "qwen2"
+			if tt.extra["attention_bias"] == true {
+				c.QKVBias = true
+			}
+			c.DType = tt.dt
+			ts := randTensors(&c, tt.dt, 1)
+			dir := writeHFDir(t, hfConfigJSON(&c, tt.extra), ts, tt.shards)
+			if tt.edit != nil {
+				tt.edit(&c)
+			}
+			m, err := Load(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if !configEqual(m.Config, c) {
+				t.Errorf("config\n got %+v\nwant %+v", m.Config, c)
+			}
+			if m.Format != "safetensors" || m.Path != dir {
+				t.Errorf("format %q path %q", m.Format, m.Path)
+			}
+			sameTensors(t, m.Tensors, ts)
+		})
+	}
+}
+
+func TestHFTiedHeadPresent(t *testing.T) {
+	// Tied models sometimes store lm_head anyway; it is kept.
+	c := tinyConfig("llama")
+	c.TiedEmbeddings = false
+	ts := randTensors(&c, tensor.F32, 1)
+	c.TiedEmbeddings = true
+	m, err := LoadHF(writeHFDir(t, hfConfigJSON(&c, nil), ts, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if !m.Config.TiedEmbeddings || m.Tensors[HeadName] == nil {
+		t.Errorf("tied %v, head %v", m.Config.TiedEmbeddings, m.Tensors[HeadName] != nil)
+	}
+}
+
+func TestHFChatTemplate(t *testing.T) {
+	c := tinyConfig("llama")
+	ts := randTensors(&c, tensor.F32, 1)
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"none", nil, ""},
+		{"tokenizer_config string", map[string]string{"tokenizer_config.json": `{"chat_template": "{{ a }}"}`}, "{{ a }}"},
+		{"tokenizer_config list", map[string]string{"tokenizer_config.json": `{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}`}, "D"},
+		{"jinja wins", map[string]string{"tokenizer_config.json": `{"chat_template": "X"}`, "chat_template.jinja": "J"}, "J"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := writeHFDir(t, hfConfigJSON(&c, nil), ts, 1)
+			for f, s := range tc.files {
+				writeFile(t, filepath.Join(dir, f), []byte(s))
+			}
+			m, err := LoadHF(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if m.ChatTemplate != tc.want {
+				t.Errorf("chat template %q, want %q", m.ChatTemplate, tc.want)
+			}
+		})
+	}
+}
+
+func TestHFErrors(t *testing.T) {
+	c := tinyConfig("llama")
+	good := randTensors(&c, tensor.F32, 1)
+	without := func(name string) []*tensor.Tensor {
+		var out []*tensor.Tensor
+		for _, t := range good {
+			if t.Name != name {
+				out = append(out, t)
+			}
+		}
+		return out
+	}
+	replace := func(t0 *tensor.Tensor) []*tensor.Tensor {
+		out := without(t0.Name)
+		return append(out, t0)
+	}
+	q0 := LayerName(0, "self_attn.q_proj.weight")
+	tests := []struct {
+		name  string
+		extra map[string]any
+		ts    []*tensor.Tensor
+		want  string
+	}{
+		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM"`},
+		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "phi3"}, good, `unsupported architecture "phi3"`},
+		{"yarn", map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 4.0}}, good, `unsupported rope scaling type "yarn"`},
+		{"dynamic", map[string]any{"rope_parameters": map[string]any{"type": "dynamic", "factor": 4.0}}, good, `unsupported rope scaling type "dynamic"`},
+		{"bad llama3", map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8.0}}, good, "llama3 rope scaling"},
+		{"missing tensor", nil, without(LayerName(1, "mlp.down_proj.weight")), "missing tensor model.layers.1.mlp.down_proj.weight"},
+		{"missing head", nil, without(HeadName), "missing tensor lm_head.weight"},
+		{"wrong shape", nil, replace(tensor.FromF32(q0, tensor.Shape{64, 32}, make([]float32, 64*32))), "tensor " + q0 + " has shape [64,32], want [64,64]"},
+		{"unsupported dtype", nil, good, "unsupported dtype I8 for tensor extra.weight"},
+		{"bad config json", map[string]any{"hidden_size": "big"}, good, "config.json"},
+		{"heads not dividing hidden", map[string]any{"num_attention_heads": 5, "num_key_value_heads": 5}, good, "multiple"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := writeHFDir(t, hfConfigJSON(&c, tc.extra), tc.ts, 1)
+			if tc.name == "unsupported dtype" {
+				// Append an I8 tensor by rewriting the header.
+				p := filepath.Join(dir, "model.safetensors")
+				writeFile(t, p, addRawSafetensor(t, mustRead(t, p), "extra.weight", "I8", []int{4}, []byte{1, 2, 3, 4}))
+			}
+			m, err := Load(dir)
+			if err == nil {
+				m.Close()
+				t.Fatal("no error")
+			}
+			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q does not mention %q on one line", err, tc.want)
+			}
+			if !strings.HasPrefix(err.Error(), "load "+dir+": ") {
+				t.Errorf("error %q lacks the load prefix", err)
+			}
+		})
+	}
+}
+
+func TestHFShardErrors(t *testing.T) {
+	c := tinyConfig("llama")
+	ts := randTensors(&c, tensor.F32, 1)
+	for _, tc := range []struct {
+		name string
+		edit func(dir string, wm map[string]string)
+		want string
+	}{
+		{"missing shard", func(dir string, wm map[string]string) { os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors")) }, "no such file"},
+		{"index lists absent tensor", func(dir string, wm map[string]string) { wm["ghost.weight"] = "model-00001-of-00002.safetensors" }, "missing tensor ghost.weight"},
+		{"index points elsewhere", func(dir string, wm map[string]string) { wm[EmbedName] = "model-00002-of-00002.safetensors" }, "not mapped to this shard"},
+		{"path escape", func(dir string, wm map[string]string) { wm[EmbedName] = "../x.safetensors" }, "not a file name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := writeHFDir(t, hfConfigJSON(&c, nil), ts, 2)
+			ip := filepath.Join(dir, "model.safetensors.index.json")
+			var idx struct {
+				WeightMap map[string]string `json:"weight_map"`
+			}
+			json.Unmarshal(mustRead(t, ip), &idx)
+			tc.edit(dir, idx.WeightMap)
+			b, _ := json.Marshal(idx)
+			writeFile(t, ip, b)
+			_, err := LoadHF(dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func mustRead(t testing.TB, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// addRawSafetensor appends a tensor of any dtype string to a safetensors file.
+func addRawSafetensor(t testing.TB, file []byte, name, dtype string, shape []int, data []byte) []byte {
+	t.Helper()
+	n := binary.LittleEndian.Uint64(file)
+	var h map[string]json.RawMessage
+	if err := json.Unmarshal(file[8:8+n], &h); err != nil {
+		t.Fatal(err)
+	}
+	body := file[8+n:]
+	e, _ := json.Marshal(map[string]any{"dtype": dtype, "shape": shape, "data_offsets": []int{len(body), len(body) + len(data)}})
+	h[name] = e
+	return rawSafetensors(h, append(bytes.Clone(body), data...))
+}
+
+func rawSafetensors(header any, body []byte) []byte {
+	js, _ := json.Marshal(header)
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(js)))
+	return append(append(out, js...), body...)
+}
+
+func TestSafetensorsMalformed(t *testing.T) {
+	ent := func(dtype string, shape []int, b, e int) map[string]any {
+		return map[string]any{"dtype": dtype, "shape": shape, "data_offsets": []int{b, e}}
+	}
+	body := make([]byte, 64)
+	tests := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "shorter than"},
+		{"header length past end", binary.LittleEndian.AppendUint64(nil, 100), "exceeds"},
+		{"header length huge", binary.LittleEndian.AppendUint64(nil, 1<<63), "exceeds"},
+		{"not json", append(binary.LittleEndian.AppendUint64(nil, 3), "abc"...), "header"},
+		{"json array", append(binary.LittleEndian.AppendUint64(nil, 2), "[]"...), "header"},
+		{"json null", append(binary.LittleEndian.AppendUint64(nil, 4), "null"...), "not a JSON object"},
+		{"trailing garbage", append(binary.LittleEndian.AppendUint64(nil, 5), "{} xx"...), "after the JSON"},
+		{"unsupported dtype", rawSafetensors(map[string]any{"w": ent("I8", []int{4}, 0, 4)}, body), "unsupported dtype I8 for tensor w"},
+		{"unknown dtype", rawSafetensors(map[string]any{"w": ent("Q99", []int{4}, 0, 4)}, body), "unsupported dtype Q99 for tensor w"},
+		{"offset past end", rawSafetensors(map[string]any{"w": ent("F32", []int{32}, 0, 128)}, body), "outside"},
+		{"reversed offsets", rawSafetensors(map[string]any{"w": ent("F32", []int{1}, 8, 4)}, body), "outside"},
+		{"negative offset", rawSafetensors(map[string]any{"w": ent("F32", []int{1}, -4, 0)}, body), "outside"},
+		{"size mismatch", rawSafetensors(map[string]any{"w": ent("F32", []int{3}, 0, 16)}, body), "needs 12 bytes"},
+		{"negative dim", rawSafetensors(map[string]any{"w": ent("F32", []int{-1, -4}, 0, 16)}, body), "bad dimension"},
+		{"overflowing shape", rawSafetensors(map[string]any{"w": ent("F32", []int{1 << 30, 1 << 30, 1 << 30, 1 << 30}, 0, 16)}, body), "larger than the file"},
+		{"overlap", rawSafetensors(map[string]any{"a": ent("F32", []int{4}, 0, 16), "b": ent("F32", []int{4}, 8, 24)}, body), "overlap"},
+		{"missing offsets", rawSafetensors(map[string]any{"w": map[string]any{"dtype": "F32", "shape": []int{1}}}, body), "data_offsets"},
+		{"missing shape", rawSafetensors(map[string]any{"w": map[string]any{"dtype": "F32", "data_offsets": []int{0, 4}}}, body), "no shape"},
+		{"fractional offset", rawSafetensors(map[string]any{"w": map[string]any{"dtype": "F32", "shape": []int{1}, "data_offsets": []float64{0, 4.5}}}, body), "data_offsets"},
+		{"bad metadata", rawSafetensors(map[string]any{"__metadata__": map[string]any{"a": 1}}, body), "__metadata__"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := parseSafetensors(tc.data)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSafetensorsRoundTrip(t *testing.T) {
+	ts := []*tensor.Tensor{
+		encodeTensor("a", tensor.Shape{2, 3}, tensor.F32, []float32{1, 2, 3, 4, 5, 6}),
+		encodeTensor("b", tensor.Shape{4}, tensor.BF16, []float32{1, -2, 0.5, 3}),
+		encodeTensor("c", tensor.Shape{}, tensor.F16, []float32{7}),
+		encodeTensor("empty", tensor.Shape{0, 5}, tensor.F32, nil),
+	}
+	got, meta, err := parseSafetensors(safetensorsBytes(t, ts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta["format"] != "pt" {
+		t.Errorf("metadata %v", meta)
+	}
+	sameTensors(t, got, ts)
+}
+
+func TestParseHFConfigDefaults(t *testing.T) {
+	cfg, tie, err := parseHFConfig([]byte(`{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+		"num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10, "max_position_embeddings": 32,
+		"bos_token_id": null, "eos_token_id": [5, 6], "head_dim": null}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tie != nil || cfg.NumKVHeads != 4 || cfg.HeadDim != 16 || cfg.RopeTheta != 10000 || cfg.RopeStyle != RopeHalf ||
+		cfg.BOS != nil || len(cfg.EOS) != 2 || cfg.QKVBias || cfg.RMSNormEps != 1e-6 {
+		t.Errorf("defaults: %+v tie %v", cfg, tie)
+	}
+}
+
+func FuzzSafetensorsHeader(f *testing.F) {
+	c := tinyConfig("llama")
+	c.NumLayers = 1
+	f.Add(safetensorsBytes(f, randTensors(&c, tensor.BF16, 1)[:3]))
+	f.Add(safetensorsBytes(f, []*tensor.Tensor{encodeTensor("x", tensor.Shape{2}, tensor.F16, []float32{1, 2})}))
+	f.Add(rawSafetensors(map[string]any{"w": map[string]any{"dtype": "F32", "shape": []int{1}, "data_offsets": []int{0, 4}}}, make([]byte, 4)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ts, _, err := parseSafetensors(data)
+		if err != nil {
+			return
+		}
+		for _, tt := range ts {
+			if err := tt.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,148 @@
+// Package arch builds the ir.Graph of one model step from a model's config
+// and tensors, one file per model family.
+//
+// Invariant: the builder only describes the computation; it never runs it,
+// and it emits only unfused ops (the compiler fuses).
+package arch
+
+import (
+	"fmt"
+	"math"
+
+	"kiln/ir"
+	"kiln/model"
+)
+
+// Options shape the built graph.
+type Options struct {
+	// ContextLen is the longest sequence the graph will serve (sizes the RoPE
+	// table); 0 means the model's own context length.
+	ContextLen int
+}
+
+// Build returns the graph for m's architecture.
+func Build(m *model.Model, opts Options) (*ir.Graph, error) {
+	switch m.Config.Arch {
+	case "llama", "mistral", "qwen2":
+		return buildLlama(m, opts)
+	}
+	return nil, fmt.Errorf("unsupported architecture %q", m.Config.Arch)
+}
+
+// builder accumulates nodes and stops at the first error.
+type builder struct {
+	g       *ir.Graph
+	m       *model.Model
+	weights map[string]*ir.Value // one Weight node per tensor
+	err     error
+}
+
+func (b *builder) node(op ir.Op, a ir.Attrs, in ...*ir.Value) *ir.Node {
+	if b.err != nil {
+		return nil
+	}
+	for _, v := range in {
+		if v == nil {
+			return nil
+		}
+	}
+	n, err := b.g.Add(op, a, in...)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	return n
+}
+
+func (b *builder) op(op ir.Op, a ir.Attrs, in ...*ir.Value) *ir.Value {
+	n := b.node(op, a, in...)
+	if n == nil {
+		return nil
+	}
+	return n.Out()
+}
+
+func (b *builder) weight(name string) *ir.Value {
+	if b.err != nil {
+		return nil
+	}
+	if w, ok := b.weights[name]; ok {
+		return w
+	}
+	t, err := b.m.Tensor(name)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	w := b.op(ir.Weight, ir.Attrs{Name: name, Tensor: t})
+	b.weights[name] = w
+	return w
+}
+
+// linear is x·Wᵀ (+ bias).
+func (b *builder) linear(x *ir.Value, prefix string, bias bool) *ir.Value {
+	y := b.op(ir.MatMul, ir.Attrs{}, x, b.weight(prefix+".weight"))
+	if bias {
+		y = b.op(ir.AddBias, ir.Attrs{}, y, b.weight(prefix+".bias"))
+	}
+	return y
+}
+
+// buildLlama covers Llama 1/2/3, Mistral (sliding window) and Qwen2 (q/k/v
+// bias): pre-norm decoder blocks of RMSNorm, rotary attention with grouped
+// KV heads, and a SwiGLU MLP.
+func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
+	c := m.Config
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	ctx := opts.ContextLen
+	if ctx <= 0 || ctx > c.MaxPositions {
+		ctx = c.MaxPositions
+	}
+	b := &builder{g: &ir.Graph{}, m: m, weights: map[string]*ir.Value{}}
+	eps := float32(c.RMSNormEps)
+	tokens := b.op(ir.Tokens, ir.Attrs{})
+	pos := b.op(ir.Positions, ir.Attrs{})
+	table := b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{
+		Theta: c.RopeTheta, MaxPositions: ctx, HeadDim: c.HeadDim,
+		Scaling: c.RopeScaling.Type, Factor: c.RopeScaling.Factor,
+		LowFreqFactor: c.RopeScaling.LowFreqFactor, HighFreqFactor: c.RopeScaling.HighFreqFactor,
+		OriginalMaxPositions: c.RopeScaling.OriginalMaxPositions,
+		FreqFactors:          c.RopeFreqFactors,
+	}})
+	x := b.op(ir.Embed, ir.Attrs{}, b.weight(model.EmbedName), tokens)
+	interleaved := c.RopeStyle == model.RopeInterleaved
+	for l := 0; l < c.NumLayers; l++ {
+		p := func(s string) string { return model.LayerName(l, s) }
+		h := b.op(ir.RMSNorm, ir.Attrs{Eps: eps}, x, b.weight(p("input_layernorm.weight")))
+		q := b.linear(h, p("self_attn.q_proj"), c.QKVBias)
+		k := b.linear(h, p("self_attn.k_proj"), c.QKVBias)
+		v := b.linear(h, p("self_attn.v_proj"), c.QKVBias)
+		q = b.op(ir.RoPE, ir.Attrs{Heads: c.NumHeads, HeadDim: c.HeadDim, Interleaved: interleaved}, q, pos, table)
+		k = b.op(ir.RoPE, ir.Attrs{Heads: c.NumKVHeads, HeadDim: c.HeadDim, Interleaved: interleaved}, k, pos, table)
+		state := b.op(ir.KVWrite, ir.Attrs{Layer: l, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}, k, v)
+		att := b.op(ir.Attention, ir.Attrs{
+			Layer: l, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim,
+			Window: c.SlidingWindow, Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
+		}, q, state)
+		x = b.op(ir.Add, ir.Attrs{}, x, b.linear(att, p("self_attn.o_proj"), false))
+		h = b.op(ir.RMSNorm, ir.Attrs{Eps: eps}, x, b.weight(p("post_attention_layernorm.weight")))
+		gate := b.linear(h, p("mlp.gate_proj"), false)
+		up := b.linear(h, p("mlp.up_proj"), false)
+		act := b.op(ir.Mul, ir.Attrs{}, b.op(ir.SiLU, ir.Attrs{}, gate), up)
+		x = b.op(ir.Add, ir.Attrs{}, x, b.linear(act, p("mlp.down_proj"), false))
+	}
+	x = b.op(ir.SelectRows, ir.Attrs{}, x)
+	x = b.op(ir.RMSNorm, ir.Attrs{Eps: eps}, x, b.weight(model.NormName))
+	head := model.HeadName
+	if c.TiedEmbeddings {
+		head = model.EmbedName
+	}
+	logits := b.op(ir.MatMul, ir.Attrs{}, x, b.weight(head))
+	if b.err != nil {
+		return nil, fmt.Errorf("build %s graph: %w", c.Arch, b.err)
+	}
+	b.g.Outputs = []*ir.Value{logits}
+	return b.g, b.g.Verify()
+}

@@ -1,0 +1,121 @@
+// Package backend defines the small interface every execution target (CPU,
+// CUDA) implements, and the batch description a step runs on.
+//
+// A backend loads a compiled graph once (its weights become resident), then
+// builds one Executable per plan (shape bucket). Running an executable
+// processes one Batch: it writes the batch's keys and values into the KV
+// cache and returns the logits of the rows the batch asks for.
+package backend
+
+import (
+	"fmt"
+
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// Backend is an execution target.
+type Backend interface {
+	compile.Target
+	// Load makes a compiled graph's weights resident on the target.
+	Load(c *compile.Compiled) (Loaded, error)
+}
+
+// Loaded is a compiled graph resident on a target.
+type Loaded interface {
+	// NewKVCache allocates a paged KV cache for the graph's attention layers.
+	NewKVCache(spec KVSpec) (KVCache, error)
+	// Executable prepares the plan of one bucket for running.
+	Executable(p *compile.Plan) (Executable, error)
+	Close() error
+}
+
+// Executable runs the steps of one bucket.
+type Executable interface {
+	// Kernels names the kernel chosen for each node of the plan, in order.
+	Kernels() []string
+	// Run executes one step. logits receives len(b.Rows)×vocab float32.
+	Run(b *Batch, kv KVCache, logits []float32) error
+}
+
+// KVCache is a backend's paged key/value storage.
+type KVCache interface {
+	Spec() KVSpec
+}
+
+// KVSpec sizes a paged KV cache: for each layer, Blocks blocks of BlockSize
+// token slots, each slot holding KVHeads×HeadDim keys and as many values.
+type KVSpec struct {
+	Layers, Blocks, BlockSize, KVHeads, HeadDim int
+}
+
+// Bytes is the cache's size at 4 bytes an element.
+func (s KVSpec) Bytes() int64 {
+	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * 4
+}
+
+// Seq is one sequence of a batch.
+type Seq struct {
+	// Blocks is the sequence's block table: logical block i of the sequence
+	// is physical block Blocks[i] of the cache.
+	Blocks []int32
+	// Len is the number of tokens of the sequence in the cache once this step
+	// has run (its earlier tokens plus the ones in this batch).
+	Len int
+}
+
+// Batch is one step: T tokens from one or more sequences.
+type Batch struct {
+	Tokens    []int32 // T token ids
+	Positions []int32 // T positions within their sequences
+	SeqIndex  []int32 // T: which Seqs entry each token belongs to
+	Seqs      []Seq
+	// Rows lists the token indices (into Tokens) whose logits are wanted,
+	// in the order the logits are returned.
+	Rows []int32
+}
+
+// Validate checks the batch against a cache of the given spec, so that a bad
+// batch is an error rather than an out-of-range access in a kernel.
+func (b *Batch) Validate(spec KVSpec) error {
+	t := len(b.Tokens)
+	if t == 0 || len(b.Positions) != t || len(b.SeqIndex) != t {
+		return fmt.Errorf("batch: %d tokens, %d positions, %d sequence indices", t, len(b.Positions), len(b.SeqIndex))
+	}
+	for i := range b.Tokens {
+		s := int(b.SeqIndex[i])
+		if s < 0 || s >= len(b.Seqs) {
+			return fmt.Errorf("batch: token %d belongs to sequence %d of %d", i, s, len(b.Seqs))
+		}
+		p := int(b.Positions[i])
+		if p < 0 || p >= b.Seqs[s].Len {
+			return fmt.Errorf("batch: token %d at position %d, sequence length %d", i, p, b.Seqs[s].Len)
+		}
+	}
+	for i, s := range b.Seqs {
+		if s.Len > len(s.Blocks)*spec.BlockSize {
+			return fmt.Errorf("batch: sequence %d of %d tokens has %d blocks of %d", i, s.Len, len(s.Blocks), spec.BlockSize)
+		}
+		for _, blk := range s.Blocks {
+			if blk < 0 || int(blk) >= spec.Blocks {
+				return fmt.Errorf("batch: sequence %d uses block %d of %d", i, blk, spec.Blocks)
+			}
+		}
+	}
+	for _, r := range b.Rows {
+		if r < 0 || int(r) >= t {
+			return fmt.Errorf("batch: logit row %d of %d tokens", r, t)
+		}
+	}
+	return nil
+}
+
+// Supports reports whether ops contains op: a helper for Target.Supports.
+func Supports(ops []ir.Op, op ir.Op) bool {
+	for _, o := range ops {
+		if o == op {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,81 @@
+// Package cpu is kiln's CPU backend: a reference kernel for every operation
+// (plain loops, the oracle every faster kernel on every backend is tested
+// against) and faster kernels (SIMD matrix products spread over all cores,
+// fused operations, a single-pass attention) chosen over them by priority.
+//
+// Invariants: activations are float32 and live in one arena per executable,
+// laid out by the compiler's memory plan; weights are read in place (a
+// memory-mapped file's bytes, widened in registers); a step allocates
+// nothing when only fast kernels run.
+package cpu
+
+import (
+	"fmt"
+
+	"kiln/backend"
+	"kiln/backend/cpu/workers"
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// Backend is the CPU target.
+type Backend struct {
+	// Reference selects the reference kernels only.
+	Reference bool
+	// Threads is the number of worker threads (0: all cores).
+	Threads int
+}
+
+// Name implements compile.Target.
+func (b *Backend) Name() string {
+	if b.Reference {
+		return "cpu-reference"
+	}
+	return "cpu"
+}
+
+// Supports implements compile.Target: every op with a registered kernel,
+// and weights and constants, which the backend reads in place.
+func (b *Backend) Supports(op ir.Op) bool {
+	return op == ir.Weight || op == ir.Const || len(registry[op]) > 0
+}
+
+// Load implements backend.Backend.
+func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
+	return &loaded{backend: b, compiled: c, pool: workers.New(b.Threads), vectors: map[*ir.Node][]float32{}}, nil
+}
+
+type loaded struct {
+	backend  *Backend
+	compiled *compile.Compiled
+	pool     *workers.Pool
+	// vectors caches 1-D weights (norms, biases) decoded to float32.
+	vectors map[*ir.Node][]float32
+}
+
+func (l *loaded) Close() error {
+	l.pool.Close()
+	return nil
+}
+
+// kvCache stores, per layer, keys and values as
+// [Blocks][BlockSize][KVHeads][HeadDim] float32.
+type kvCache struct {
+	spec backend.KVSpec
+	k, v [][]float32
+}
+
+func (c *kvCache) Spec() backend.KVSpec { return c.spec }
+
+func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
+	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
+		return nil, fmt.Errorf("cpu: bad kv cache spec %+v", spec)
+	}
+	per := spec.Blocks * spec.BlockSize * spec.KVHeads * spec.HeadDim
+	c := &kvCache{spec: spec}
+	for i := 0; i < spec.Layers; i++ {
+		c.k = append(c.k, make([]float32, per))
+		c.v = append(c.v, make([]float32, per))
+	}
+	return c, nil
+}

@@ -1,0 +1,108 @@
+package cpu
+
+// Fast kernels. Matrix products go to package gemm (SIMD, all cores);
+// attention runs one (token, head) pair per task item with an online softmax
+// (a running maximum and sum rescale the output as keys stream past, so no
+// score row is stored, as in FlashAttention); RoPE on keys is applied in the
+// cache slot they are written to. None allocates while running.
+
+import (
+	"math"
+
+	"kiln/backend/cpu/gemm"
+	"kiln/ir"
+)
+
+const fastPriority = 10
+
+func init() {
+	register(ir.MatMul, kernel{name: "gemm.matmul", priority: fastPriority, run: func(x *execState, s *step) {
+		gemm.MatMul(x.l.pool, s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)
+	}})
+	register(ir.Attention, kernel{name: "cpu.attention_online_softmax", priority: fastPriority,
+		prepare: func(l *loaded, s *step) { s.task = &attnTask{} },
+		run: func(x *execState, s *step) {
+			t := s.task.(*attnTask)
+			t.x, t.s = x, s
+			x.l.pool.Run(x.tokens*s.node.Attrs.Heads, 1, t)
+			t.x, t.s = nil, nil
+		}})
+	register(ir.RoPEKVWrite, kernel{name: "cpu.rope_kv_write", priority: fastPriority, run: func(x *execState, s *step) {
+		a := s.node.Attrs
+		width := a.KVHeads * a.HeadDim
+		kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+		table := tensorF32(s.in[3].t)
+		for t := 0; t < x.tokens; t++ {
+			p := x.batch.Positions[t]
+			at := slot(x, int(x.batch.SeqIndex[t]), int(p)) * width
+			kslot := kc[at : at+width]
+			copy(kslot, s.in[0].f[t*width:(t+1)*width])
+			copy(vc[at:at+width], s.in[1].f[t*width:(t+1)*width])
+			rotate(kslot, table[int(p)*a.HeadDim:(int(p)+1)*a.HeadDim], a.KVHeads, a.HeadDim, a.Interleaved)
+		}
+	}})
+}
+
+// rotate applies RoPE in place to the heads of one token row, with cs the
+// table row of its position.
+func rotate(row, cs []float32, heads, headDim int, interleaved bool) {
+	half := headDim / 2
+	for h := 0; h < heads; h++ {
+		v := row[h*headDim : (h+1)*headDim]
+		for i := 0; i < half; i++ {
+			a, b := i, i+half
+			if interleaved {
+				a, b = 2*i, 2*i+1
+			}
+			c, sn := cs[i], cs[half+i]
+			x1, x2 := v[a], v[b]
+			v[a] = x1*c - x2*sn
+			v[b] = x2*c + x1*sn
+		}
+	}
+}
+
+type attnTask struct {
+	x *execState
+	s *step
+}
+
+func (t *attnTask) Do(lo, hi int) {
+	x, s := t.x, t.s
+	a := s.node.Attrs
+	q, out := s.in[0].f, s.out[0].f
+	width := a.KVHeads * a.HeadDim
+	group := a.Heads / a.KVHeads
+	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+	for item := lo; item < hi; item++ {
+		tok, h := item/a.Heads, item%a.Heads
+		seq, p := int(x.batch.SeqIndex[tok]), int(x.batch.Positions[tok])
+		qh := q[item*a.HeadDim : (item+1)*a.HeadDim]
+		acc := out[item*a.HeadDim : (item+1)*a.HeadDim]
+		for d := range acc {
+			acc[d] = 0
+		}
+		kvOff := (h / group) * a.HeadDim
+		maxScore := float32(math.Inf(-1))
+		var sum float32
+		for j := windowStart(p, a.Window); j <= p; j++ {
+			at := slot(x, seq, j)*width + kvOff
+			score := gemm.Dot(qh, kc[at:at+a.HeadDim]) * a.Scale
+			if score > maxScore {
+				corr := float32(math.Exp(float64(maxScore - score)))
+				for d := range acc {
+					acc[d] *= corr
+				}
+				sum *= corr
+				maxScore = score
+			}
+			w := float32(math.Exp(float64(score - maxScore)))
+			sum += w
+			gemm.Axpy(w, vc[at:at+a.HeadDim], acc)
+		}
+		inv := 1 / sum
+		for d := range acc {
+			acc[d] *= inv
+		}
+	}
+}

@@ -1,0 +1,232 @@
+package cpu
+
+// Reference kernels: one per op, written as plainly as possible, accumulating
+// in float64 where a sum is long. They define what every op means; the fast
+// kernels here and on other backends are tested against them.
+
+import (
+	"math"
+
+	"kiln/backend/cpu/gemm"
+	"kiln/ir"
+	"kiln/tensor"
+)
+
+func init() {
+	ref := func(op ir.Op, name string, run kernelFunc) {
+		register(op, kernel{name: name, priority: 0, run: run})
+	}
+	ref(ir.Tokens, "ref.tokens", func(x *execState, s *step) {
+		copy(s.out[0].i, x.batch.Tokens)
+	})
+	ref(ir.Positions, "ref.positions", func(x *execState, s *step) {
+		copy(s.out[0].i, x.batch.Positions)
+	})
+	ref(ir.Embed, "ref.embed", refEmbed)
+	ref(ir.RMSNorm, "ref.rmsnorm", func(x *execState, s *step) {
+		in, out := &s.in[0], &s.out[0]
+		refRMSNorm(out.f, in.f, s.in[1].f, in.rows(x), in.cols, s.node.Attrs.Eps)
+	})
+	ref(ir.MatMul, "ref.matmul", func(x *execState, s *step) {
+		gemm.MatMulRef(s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)
+	})
+	ref(ir.Add, "ref.add", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		a, b, out := s.in[0].f[:n], s.in[1].f[:n], s.out[0].f[:n]
+		for i := range out {
+			out[i] = a[i] + b[i]
+		}
+	})
+	ref(ir.Mul, "ref.mul", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		a, b, out := s.in[0].f[:n], s.in[1].f[:n], s.out[0].f[:n]
+		for i := range out {
+			out[i] = a[i] * b[i]
+		}
+	})
+	ref(ir.SiLU, "ref.silu", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		a, out := s.in[0].f[:n], s.out[0].f[:n]
+		for i := range out {
+			out[i] = silu(a[i])
+		}
+	})
+	ref(ir.AddBias, "ref.add_bias", func(x *execState, s *step) {
+		rows, cols := s.in[0].rows(x), s.in[0].cols
+		for r := 0; r < rows; r++ {
+			for c := 0; c < cols; c++ {
+				s.out[0].f[r*cols+c] = s.in[0].f[r*cols+c] + s.in[1].f[c]
+			}
+		}
+	})
+	ref(ir.RoPE, "ref.rope", func(x *execState, s *step) {
+		a := s.node.Attrs
+		n := x.tokens * s.in[0].cols
+		copy(s.out[0].f[:n], s.in[0].f[:n])
+		refRoPE(s.out[0].f, s.in[1].i[:x.tokens], s.in[2].t, a.Heads, a.HeadDim, a.Interleaved)
+	})
+	ref(ir.KVWrite, "ref.kv_write", func(x *execState, s *step) {
+		refKVWrite(x, s.node.Attrs, s.in[0].f, s.in[1].f)
+	})
+	ref(ir.RoPEKVWrite, "ref.rope_kv_write", func(x *execState, s *step) {
+		a := s.node.Attrs
+		k := append([]float32(nil), s.in[0].f[:x.tokens*s.in[0].cols]...)
+		refRoPE(k, s.in[2].i[:x.tokens], s.in[3].t, a.KVHeads, a.HeadDim, a.Interleaved)
+		refKVWrite(x, a, k, s.in[1].f)
+	})
+	ref(ir.Attention, "ref.attention", refAttention)
+	ref(ir.SelectRows, "ref.select_rows", func(x *execState, s *step) {
+		cols := s.in[0].cols
+		for r, t := range x.batch.Rows {
+			copy(s.out[0].f[r*cols:(r+1)*cols], s.in[0].f[int(t)*cols:])
+		}
+	})
+	ref(ir.AddRMSNorm, "ref.add_rmsnorm", func(x *execState, s *step) {
+		rows, cols := s.in[0].rows(x), s.in[0].cols
+		sum := s.out[0].f[:rows*cols]
+		for i := range sum {
+			sum[i] = s.in[0].f[i] + s.in[1].f[i]
+		}
+		refRMSNorm(s.out[1].f, sum, s.in[2].f, rows, cols, s.node.Attrs.Eps)
+	})
+	ref(ir.SwiGLU, "ref.swiglu", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		g, u, out := s.in[0].f[:n], s.in[1].f[:n], s.out[0].f[:n]
+		for i := range out {
+			out[i] = silu(g[i]) * u[i]
+		}
+	})
+	ref(ir.Split, "ref.split", func(x *execState, s *step) {
+		rows, cols := s.in[0].rows(x), s.in[0].cols
+		for r := 0; r < rows; r++ {
+			off := 0
+			for _, o := range s.out {
+				copy(o.f[r*o.cols:(r+1)*o.cols], s.in[0].f[r*cols+off:])
+				off += o.cols
+			}
+		}
+	})
+}
+
+func silu(v float32) float32 { return v / (1 + float32(math.Exp(float64(-v)))) }
+
+func refEmbed(x *execState, s *step) {
+	table, out := s.in[0].t, s.out[0]
+	cols := out.cols
+	rowBytes := len(table.Data) / table.Shape[0]
+	for t, id := range s.in[1].i[:x.tokens] {
+		row := table.Data[int(id)*rowBytes : (int(id)+1)*rowBytes]
+		if err := tensor.ToF32(table.DType, row, out.f[t*cols:(t+1)*cols]); err != nil {
+			panic(err) // the verifier admits only float tables
+		}
+	}
+}
+
+func refRMSNorm(out, in, w []float32, rows, cols int, eps float32) {
+	for r := 0; r < rows; r++ {
+		row := in[r*cols : (r+1)*cols]
+		var ss float64
+		for _, v := range row {
+			ss += float64(v) * float64(v)
+		}
+		scale := float32(1 / math.Sqrt(ss/float64(cols)+float64(eps)))
+		for c, v := range row {
+			out[r*cols+c] = v * scale * w[c]
+		}
+	}
+}
+
+// refRoPE rotates, in place, each head of each token row of x by its
+// position, using the folded table (cos then sin per row).
+func refRoPE(x []float32, pos []int32, table *tensor.Tensor, heads, headDim int, interleaved bool) {
+	tab := tensorF32(table)
+	half := headDim / 2
+	for t, p := range pos {
+		cs := tab[int(p)*headDim : (int(p)+1)*headDim]
+		for h := 0; h < heads; h++ {
+			v := x[(t*heads+h)*headDim : (t*heads+h+1)*headDim]
+			for i := 0; i < half; i++ {
+				a, b := i, i+half
+				if interleaved {
+					a, b = 2*i, 2*i+1
+				}
+				c, sn := cs[i], cs[half+i]
+				x1, x2 := v[a], v[b]
+				v[a] = x1*c - x2*sn
+				v[b] = x2*c + x1*sn
+			}
+		}
+	}
+}
+
+// tensorF32 views an F32 tensor's bytes as float32s.
+func tensorF32(t *tensor.Tensor) []float32 {
+	if t.DType != tensor.F32 {
+		panic("cpu: rope table is not f32")
+	}
+	return bytesF32(t.Data)
+}
+
+// slot returns the index of the cache slot holding position p of sequence s.
+func slot(x *execState, s int, p int) int {
+	bs := x.kv.spec.BlockSize
+	return int(x.batch.Seqs[s].Blocks[p/bs])*bs + p%bs
+}
+
+func refKVWrite(x *execState, a ir.Attrs, k, v []float32) {
+	width := a.KVHeads * a.HeadDim
+	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+	for t := 0; t < x.tokens; t++ {
+		at := slot(x, int(x.batch.SeqIndex[t]), int(x.batch.Positions[t])) * width
+		copy(kc[at:at+width], k[t*width:(t+1)*width])
+		copy(vc[at:at+width], v[t*width:(t+1)*width])
+	}
+}
+
+// window returns the first position token at position p may attend to.
+func windowStart(p, window int) int {
+	if window > 0 && p-window+1 > 0 {
+		return p - window + 1
+	}
+	return 0
+}
+
+func refAttention(x *execState, s *step) {
+	a := s.node.Attrs
+	q, out := s.in[0].f, s.out[0].f
+	width := a.KVHeads * a.HeadDim
+	group := a.Heads / a.KVHeads
+	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+	for t := 0; t < x.tokens; t++ {
+		seq, p := int(x.batch.SeqIndex[t]), int(x.batch.Positions[t])
+		lo := windowStart(p, a.Window)
+		for h := 0; h < a.Heads; h++ {
+			qh := q[(t*a.Heads+h)*a.HeadDim : (t*a.Heads+h+1)*a.HeadDim]
+			kvOff := (h / group) * a.HeadDim
+			scores := make([]float64, p-lo+1)
+			maxScore := math.Inf(-1)
+			for j := lo; j <= p; j++ {
+				k := kc[slot(x, seq, j)*width+kvOff:][:a.HeadDim]
+				var dot float64
+				for d := range qh {
+					dot += float64(qh[d]) * float64(k[d])
+				}
+				scores[j-lo] = dot * float64(a.Scale)
+				maxScore = math.Max(maxScore, scores[j-lo])
+			}
+			var sum float64
+			for i := range scores {
+				scores[i] = math.Exp(scores[i] - maxScore)
+				sum += scores[i]
+			}
+			oh := out[(t*a.Heads+h)*a.HeadDim : (t*a.Heads+h+1)*a.HeadDim]
+			for d := range oh {
+				var acc float64
+				for j := lo; j <= p; j++ {
+					acc += scores[j-lo] * float64(vc[slot(x, seq, j)*width+kvOff+d])
+				}
+				oh[d] = float32(acc / sum)
+			}
+		}
+	}
+}

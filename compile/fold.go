@@ -1,0 +1,129 @@
+package compile
+
+// fold-constants evaluates, at compile time, the nodes whose value does not
+// depend on the step: RoPE frequency tables (RopeTable) and stacked weights
+// (ConcatRows of weights or constants). Each becomes a Const node holding the
+// result, and its inputs are left for deadcode.
+//
+// The RoPE table row p holds cos(p·f_i) for i < d/2, then sin(p·f_i), where
+// f_i = θ^(-2i/d), adjusted by the model's scaling:
+//   - linear: f_i / factor;
+//   - llama3 (as in Hugging Face's _compute_llama3_parameters): with
+//     wavelength λ_i = 2π/f_i, low = L/low_freq_factor and
+//     high = L/high_freq_factor (L the original context), f_i / factor when
+//     λ_i > low, f_i when λ_i < high, and between them the blend
+//     (1-s)·f_i/factor + s·f_i with s = (L/λ_i - low_freq_factor) /
+//     (high_freq_factor - low_freq_factor);
+//   - per-pair frequency factors (GGUF rope_freqs): f_i / factor_i.
+// Angles are computed in float64 and rounded once to float32.
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"kiln/ir"
+	"kiln/tensor"
+)
+
+func foldConstants(g *ir.Graph, _ Target) error {
+	for i, n := range g.Nodes {
+		var t *tensor.Tensor
+		var err error
+		switch n.Op {
+		case ir.RopeTable:
+			t, err = ropeTable(n.Attrs.Rope)
+		case ir.ConcatRows:
+			t, err = concatRows(n)
+		default:
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("fold %v: %w", n.Op, err)
+		}
+		c, err := g.NewNode(ir.Const, ir.Attrs{Name: t.Name, Tensor: t})
+		if err != nil {
+			return err
+		}
+		g.Nodes[i] = c // same position: every reader still comes after it
+		g.ReplaceUses(n.Out(), c.Out())
+	}
+	return nil
+}
+
+// RopeFrequencies returns the per-pair rotation frequencies f_i.
+func RopeFrequencies(r ir.RopeParams) []float64 {
+	half := r.HeadDim / 2
+	freqs := make([]float64, half)
+	for i := range freqs {
+		f := 1 / math.Pow(r.Theta, float64(2*i)/float64(r.HeadDim))
+		switch r.Scaling {
+		case "linear":
+			f /= r.Factor
+		case "llama3":
+			L := float64(r.OriginalMaxPositions)
+			wavelen := 2 * math.Pi / f
+			lowWave, highWave := L/r.LowFreqFactor, L/r.HighFreqFactor
+			switch {
+			case wavelen > lowWave:
+				f /= r.Factor
+			case wavelen < highWave:
+			default:
+				s := (L/wavelen - r.LowFreqFactor) / (r.HighFreqFactor - r.LowFreqFactor)
+				f = (1-s)*f/r.Factor + s*f
+			}
+		}
+		if r.FreqFactors != nil {
+			f /= float64(r.FreqFactors[i])
+		}
+		freqs[i] = f
+	}
+	return freqs
+}
+
+func ropeTable(r ir.RopeParams) (*tensor.Tensor, error) {
+	if r.MaxPositions <= 0 || r.HeadDim <= 0 || r.HeadDim%2 != 0 {
+		return nil, fmt.Errorf("bad rope params %+v", r)
+	}
+	freqs := RopeFrequencies(r)
+	half := len(freqs)
+	vals := make([]float32, r.MaxPositions*r.HeadDim)
+	for p := 0; p < r.MaxPositions; p++ {
+		row := vals[p*r.HeadDim:]
+		for i, f := range freqs {
+			angle := float64(p) * f
+			row[i] = float32(math.Cos(angle))
+			row[half+i] = float32(math.Sin(angle))
+		}
+	}
+	name := fmt.Sprintf("rope_table(theta=%g,head_dim=%d,max_pos=%d", r.Theta, r.HeadDim, r.MaxPositions)
+	if r.Scaling != "" {
+		name += ",scaling=" + r.Scaling
+	}
+	return tensor.FromF32(name+")", tensor.Shape{r.MaxPositions, r.HeadDim}, vals), nil
+}
+
+func concatRows(n *ir.Node) (*tensor.Tensor, error) {
+	var data []byte
+	var names []string
+	rows := 0
+	for _, in := range n.Inputs {
+		t := in.Def.Attrs.Tensor
+		if (in.Def.Op != ir.Weight && in.Def.Op != ir.Const) || t == nil {
+			return nil, fmt.Errorf("input %v is not a constant", in)
+		}
+		data = append(data, t.Data...)
+		names = append(names, shortName(t.Name))
+		rows += t.Shape[0]
+	}
+	first := n.Inputs[0].Def.Attrs.Tensor
+	shape := append(tensor.Shape{rows}, first.Shape[1:]...)
+	t := &tensor.Tensor{Name: "concat(" + strings.Join(names, ",") + ")", DType: first.DType, Shape: shape, Data: data}
+	return t, t.Validate()
+}
+
+// shortName trims the common prefix of canonical names for readable dumps.
+func shortName(name string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(name, "model."), ".weight")
+}
+

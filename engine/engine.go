@@ -1,0 +1,300 @@
+// Package engine runs a model: it builds and compiles the model's graph for a
+// backend, owns the paged KV cache and its block allocator, runs steps over
+// one or more sequences, and generates tokens with a sampler.
+//
+// Invariants: a sequence's block table always covers its length; a block
+// belongs to at most one sequence; steps never exceed the largest shape
+// bucket (Prefill splits long prompts into chunks); decoding a token
+// allocates nothing on the engine's side.
+package engine
+
+import (
+	"fmt"
+	"math"
+
+	"kiln/arch"
+	"kiln/backend"
+	"kiln/compile"
+	"kiln/ir"
+	"kiln/model"
+)
+
+// Options configure an engine.
+type Options struct {
+	// ContextLen is the longest sequence served (0: the model's, capped at
+	// DefaultContextLen).
+	ContextLen int
+	// MaxSeqs is how many sequences may hold KV blocks at once (default 1).
+	MaxSeqs int
+	// BlockSize is the number of token slots in a KV block (default 16).
+	BlockSize int
+	// Buckets are the step sizes plans are built for (default
+	// compile.DefaultBuckets).
+	Buckets compile.Buckets
+	// Compile adjusts compilation (disabled passes, verification, dumps).
+	Compile compile.Options
+}
+
+// DefaultContextLen caps the context when the model's is larger, so that the
+// KV cache of a long-context model fits in memory by default.
+const DefaultContextLen = 4096
+
+// Engine runs one model on one backend.
+type Engine struct {
+	Config   model.Config
+	Compiled *compile.Compiled
+	loaded   backend.Loaded
+	buckets  compile.Buckets
+	execs    map[compile.Bucket]backend.Executable
+	kv       backend.KVCache
+	spec     backend.KVSpec
+	ctxLen   int
+	vocab    int
+
+	freeBlocks []int32
+	logits     []float32
+	batch      backend.Batch
+	seqRefs    []*Sequence
+}
+
+// New builds, compiles and loads m for b.
+func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
+	c := m.Config
+	ctx := opts.ContextLen
+	if ctx <= 0 {
+		ctx = min(c.MaxPositions, DefaultContextLen)
+	}
+	if ctx > c.MaxPositions {
+		return nil, fmt.Errorf("context length %d exceeds the model's %d", ctx, c.MaxPositions)
+	}
+	if opts.MaxSeqs <= 0 {
+		opts.MaxSeqs = 1
+	}
+	if opts.BlockSize <= 0 {
+		opts.BlockSize = 16
+	}
+	if opts.Buckets == nil {
+		opts.Buckets = compile.DefaultBuckets
+	}
+	if err := opts.Buckets.Validate(); err != nil {
+		return nil, err
+	}
+	g, err := arch.Build(m, arch.Options{ContextLen: ctx})
+	if err != nil {
+		return nil, err
+	}
+	compiled, err := compile.Compile(g, b, opts.Compile)
+	if err != nil {
+		return nil, err
+	}
+	loaded, err := b.Load(compiled)
+	if err != nil {
+		return nil, err
+	}
+	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
+	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocksPerSeq * opts.MaxSeqs, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}
+	kv, err := loaded.NewKVCache(spec)
+	if err != nil {
+		loaded.Close()
+		return nil, err
+	}
+	e := &Engine{
+		Config: c, Compiled: compiled, loaded: loaded, buckets: opts.Buckets,
+		execs: map[compile.Bucket]backend.Executable{}, kv: kv, spec: spec, ctxLen: ctx,
+		vocab: compiled.Graph.Outputs[0].Shape.Last(),
+	}
+	for i := spec.Blocks - 1; i >= 0; i-- {
+		e.freeBlocks = append(e.freeBlocks, int32(i))
+	}
+	maxT := opts.Buckets.Max()
+	e.logits = make([]float32, maxT*e.vocab)
+	e.batch = backend.Batch{
+		Tokens: make([]int32, 0, maxT), Positions: make([]int32, 0, maxT), SeqIndex: make([]int32, 0, maxT),
+		Seqs: make([]backend.Seq, 0, opts.MaxSeqs), Rows: make([]int32, 0, maxT),
+	}
+	return e, nil
+}
+
+// Close releases the backend's resources.
+func (e *Engine) Close() error { return e.loaded.Close() }
+
+// Vocab is the number of logits per row.
+func (e *Engine) Vocab() int { return e.vocab }
+
+// ContextLen is the longest sequence the engine serves.
+func (e *Engine) ContextLen() int { return e.ctxLen }
+
+// KVSpec describes the engine's KV cache.
+func (e *Engine) KVSpec() backend.KVSpec { return e.spec }
+
+// MaxStepTokens is the most tokens one step may hold.
+func (e *Engine) MaxStepTokens() int { return e.buckets.Max() }
+
+// Executable returns (building on first use) the executable for bucket b.
+func (e *Engine) Executable(b compile.Bucket) (backend.Executable, error) {
+	if x, ok := e.execs[b]; ok {
+		return x, nil
+	}
+	p, err := e.Compiled.Plan(b)
+	if err != nil {
+		return nil, err
+	}
+	x, err := e.loaded.Executable(p)
+	if err != nil {
+		return nil, err
+	}
+	e.execs[b] = x
+	return x, nil
+}
+
+// Sequence is one token sequence with KV blocks in the engine's cache.
+type Sequence struct {
+	blocks []int32
+	len    int
+	freed  bool
+}
+
+// Len is the number of tokens in the cache.
+func (s *Sequence) Len() int { return s.len }
+
+// NewSequence starts an empty sequence.
+func (e *Engine) NewSequence() *Sequence {
+	return &Sequence{blocks: make([]int32, 0, (e.ctxLen+e.spec.BlockSize-1)/e.spec.BlockSize)}
+}
+
+// Free returns a sequence's blocks to the cache.
+func (e *Engine) Free(s *Sequence) {
+	if s.freed {
+		return
+	}
+	s.freed = true
+	e.freeBlocks = append(e.freeBlocks, s.blocks...)
+	s.blocks = s.blocks[:0]
+	s.len = 0
+}
+
+// FreeBlocks is the number of unused KV blocks.
+func (e *Engine) FreeBlocks() int { return len(e.freeBlocks) }
+
+// grow makes s's block table cover n tokens.
+func (e *Engine) grow(s *Sequence, n int) error {
+	if n > e.ctxLen {
+		return fmt.Errorf("sequence of %d tokens exceeds the context length %d", n, e.ctxLen)
+	}
+	for len(s.blocks)*e.spec.BlockSize < n {
+		if len(e.freeBlocks) == 0 {
+			return fmt.Errorf("kv cache is full (%d blocks of %d tokens)", e.spec.Blocks, e.spec.BlockSize)
+		}
+		last := len(e.freeBlocks) - 1
+		s.blocks = append(s.blocks, e.freeBlocks[last])
+		e.freeBlocks = e.freeBlocks[:last]
+	}
+	return nil
+}
+
+// Item is one sequence's part of a step: tokens appended to it.
+type Item struct {
+	Seq    *Sequence
+	Tokens []int
+	// AllRows asks for the logits of every token, not just the last.
+	AllRows bool
+}
+
+// Step appends each item's tokens to its sequence in one batched step and
+// returns the logits: for each item, one row per token when AllRows is set,
+// else one row for its last token, in item order. The returned slice is
+// reused by the next step.
+func (e *Engine) Step(items []Item) ([]float32, error) {
+	b := &e.batch
+	b.Tokens, b.Positions, b.SeqIndex, b.Seqs, b.Rows = b.Tokens[:0], b.Positions[:0], b.SeqIndex[:0], b.Seqs[:0], b.Rows[:0]
+	total := 0
+	for _, it := range items {
+		total += len(it.Tokens)
+	}
+	if total == 0 || total > e.buckets.Max() {
+		return nil, fmt.Errorf("step of %d tokens (1 to %d allowed)", total, e.buckets.Max())
+	}
+	if len(items) > cap(b.Seqs) {
+		return nil, fmt.Errorf("step of %d sequences, engine holds %d", len(items), cap(b.Seqs))
+	}
+	for i, it := range items {
+		if it.Seq.freed {
+			return nil, fmt.Errorf("step on a freed sequence")
+		}
+		if len(it.Tokens) == 0 {
+			return nil, fmt.Errorf("item %d has no tokens", i)
+		}
+		if err := e.grow(it.Seq, it.Seq.len+len(it.Tokens)); err != nil {
+			return nil, err
+		}
+		for j, tok := range it.Tokens {
+			if tok < 0 || tok >= e.vocab || tok > math.MaxInt32 {
+				return nil, fmt.Errorf("token id %d out of range [0,%d)", tok, e.vocab)
+			}
+			if it.AllRows || j == len(it.Tokens)-1 {
+				b.Rows = append(b.Rows, int32(len(b.Tokens)))
+			}
+			b.Tokens = append(b.Tokens, int32(tok))
+			b.Positions = append(b.Positions, int32(it.Seq.len+j))
+			b.SeqIndex = append(b.SeqIndex, int32(i))
+		}
+		b.Seqs = append(b.Seqs, backend.Seq{Blocks: it.Seq.blocks, Len: it.Seq.len + len(it.Tokens)})
+	}
+	bucket, err := e.buckets.For(len(b.Tokens), len(b.Rows))
+	if err != nil {
+		return nil, err
+	}
+	x, err := e.Executable(bucket)
+	if err != nil {
+		return nil, err
+	}
+	out := e.logits[:len(b.Rows)*e.vocab]
+	if err := x.Run(b, e.kv, out); err != nil {
+		return nil, err
+	}
+	for _, it := range items {
+		it.Seq.len += len(it.Tokens)
+	}
+	return out, nil
+}
+
+// Prefill appends tokens to s in chunks of at most MaxStepTokens and returns
+// the logits of the last token (allRows: of every token, freshly allocated).
+func (e *Engine) Prefill(s *Sequence, tokens []int, allRows bool) ([]float32, error) {
+	var all []float32
+	var last []float32
+	for start := 0; start < len(tokens); start += e.buckets.Max() {
+		end := min(start+e.buckets.Max(), len(tokens))
+		item := [1]Item{{Seq: s, Tokens: tokens[start:end], AllRows: allRows}}
+		out, err := e.Step(item[:])
+		if err != nil {
+			return nil, err
+		}
+		if allRows {
+			all = append(all, out...)
+		}
+		last = out
+	}
+	if allRows {
+		return all, nil
+	}
+	if last == nil {
+		return nil, fmt.Errorf("prefill of no tokens")
+	}
+	return last, nil
+}
+
+// Kernels lists, for bucket b, each plan node with the kernel chosen for it.
+func (e *Engine) Kernels(b compile.Bucket) ([]*ir.Node, []string, error) {
+	x, err := e.Executable(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	var nodes []*ir.Node
+	for _, n := range e.Compiled.Graph.Nodes {
+		if n.Op != ir.Weight && n.Op != ir.Const {
+			nodes = append(nodes, n)
+		}
+	}
+	return nodes, x.Kernels(), nil
+}

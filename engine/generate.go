@@ -1,0 +1,71 @@
+package engine
+
+import "fmt"
+
+// Finish reasons, as in the OpenAI API.
+const (
+	FinishStop   = "stop"   // a stop token or stop string
+	FinishLength = "length" // max tokens or the context length
+)
+
+// Result summarises one generation.
+type Result struct {
+	PromptTokens, GeneratedTokens int
+	FinishReason                  string
+}
+
+// Generate runs prompt through a fresh sequence and samples tokens until a
+// stop condition, calling emit with each generated token (a stop token is not
+// emitted). emit returns false to stop (e.g. on a stop string).
+func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool) (Result, error) {
+	res := Result{PromptTokens: len(prompt)}
+	if err := p.Validate(); err != nil {
+		return res, err
+	}
+	if len(prompt) == 0 {
+		return res, fmt.Errorf("generate: empty prompt")
+	}
+	if len(prompt) >= e.ctxLen {
+		return res, fmt.Errorf("generate: prompt of %d tokens leaves no room in the context of %d", len(prompt), e.ctxLen)
+	}
+	seq := e.NewSequence()
+	defer e.Free(seq)
+	logits, err := e.Prefill(seq, prompt, false)
+	if err != nil {
+		return res, err
+	}
+	sampler := NewSampler(p, e.vocab, prompt)
+	var next [1]Item
+	var tok [1]int
+	for {
+		id := sampler.Sample(logits)
+		if !p.IgnoreStop && isStop(id, p.StopTokens) {
+			res.FinishReason = FinishStop
+			return res, nil
+		}
+		sampler.Accept(id)
+		res.GeneratedTokens++
+		if !emit(id) {
+			res.FinishReason = FinishStop
+			return res, nil
+		}
+		if (p.MaxTokens > 0 && res.GeneratedTokens >= p.MaxTokens) || seq.len+1 >= e.ctxLen {
+			res.FinishReason = FinishLength
+			return res, nil
+		}
+		tok[0] = id
+		next[0] = Item{Seq: seq, Tokens: tok[:]}
+		if logits, err = e.Step(next[:]); err != nil {
+			return res, err
+		}
+	}
+}
+
+func isStop(id int, stops []int) bool {
+	for _, s := range stops {
+		if s == id {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,5 @@
+package engine_test
+
+import "kiln/compile"
+
+var compileVerify = compile.Options{Verify: true}

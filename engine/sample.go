@@ -1,0 +1,210 @@
+package engine
+
+// Sampling turns one row of logits into a token id. The order is that of
+// Hugging Face and vLLM: penalties (repetition on every token seen, frequency
+// and presence on generated tokens), then temperature, then the filters top-k,
+// top-p and min-p, then a draw from the remaining distribution. Temperature 0
+// is greedy: the first index of the largest logit, as torch.argmax.
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// SamplingParams control token choice and when generation stops.
+type SamplingParams struct {
+	Temperature       float64 // 0: greedy
+	TopK              int     // 0: off
+	TopP              float64 // 0 or 1: off
+	MinP              float64 // 0: off
+	RepetitionPenalty float64 // 0 or 1: off
+	FrequencyPenalty  float64
+	PresencePenalty   float64
+	Seed              uint64
+	MaxTokens         int   // 0: up to the context length
+	StopTokens        []int // end generation (not emitted)
+	StopStrings       []string
+	// IgnoreStop keeps generating through stop tokens.
+	IgnoreStop bool
+}
+
+// Validate rejects out-of-range parameters.
+func (p *SamplingParams) Validate() error {
+	switch {
+	case p.Temperature < 0 || math.IsNaN(p.Temperature) || math.IsInf(p.Temperature, 0):
+		return fmt.Errorf("temperature %g must be >= 0", p.Temperature)
+	case p.TopK < 0:
+		return fmt.Errorf("top-k %d must be >= 0", p.TopK)
+	case p.TopP < 0 || p.TopP > 1 || math.IsNaN(p.TopP):
+		return fmt.Errorf("top-p %g must be in [0, 1]", p.TopP)
+	case p.MinP < 0 || p.MinP > 1 || math.IsNaN(p.MinP):
+		return fmt.Errorf("min-p %g must be in [0, 1]", p.MinP)
+	case p.RepetitionPenalty < 0 || math.IsNaN(p.RepetitionPenalty):
+		return fmt.Errorf("repetition penalty %g must be > 0", p.RepetitionPenalty)
+	case math.Abs(p.FrequencyPenalty) > 2 || math.IsNaN(p.FrequencyPenalty):
+		return fmt.Errorf("frequency penalty %g must be in [-2, 2]", p.FrequencyPenalty)
+	case math.Abs(p.PresencePenalty) > 2 || math.IsNaN(p.PresencePenalty):
+		return fmt.Errorf("presence penalty %g must be in [-2, 2]", p.PresencePenalty)
+	case p.MaxTokens < 0:
+		return fmt.Errorf("max tokens %d must be >= 0", p.MaxTokens)
+	}
+	return nil
+}
+
+// Sampler chooses tokens for one sequence. It keeps the counts penalties need
+// and reuses its buffers, so Sample allocates nothing.
+type Sampler struct {
+	p        SamplingParams
+	rng      *rand.Rand
+	seen     []bool  // token appeared in prompt or output (repetition penalty)
+	outCount []int32 // times generated (frequency/presence penalties)
+	logits   []float32
+	cands    []candidate
+}
+
+type candidate struct {
+	id int32
+	p  float32 // logit, then probability
+}
+
+// NewSampler makes a sampler over a vocabulary of vocab ids, primed with the
+// prompt (for the repetition penalty).
+func NewSampler(p SamplingParams, vocab int, prompt []int) *Sampler {
+	s := &Sampler{
+		p:        p,
+		rng:      rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
+		seen:     make([]bool, vocab),
+		outCount: make([]int32, vocab),
+		logits:   make([]float32, vocab),
+		cands:    make([]candidate, 0, vocab),
+	}
+	for _, id := range prompt {
+		if id >= 0 && id < vocab {
+			s.seen[id] = true
+		}
+	}
+	return s
+}
+
+// Accept records a generated token.
+func (s *Sampler) Accept(id int) {
+	if id >= 0 && id < len(s.seen) {
+		s.seen[id] = true
+		s.outCount[id]++
+	}
+}
+
+// Sample picks a token from one row of logits (which it does not modify).
+func (s *Sampler) Sample(row []float32) int {
+	l := s.logits[:len(row)]
+	copy(l, row)
+	s.penalize(l)
+	if s.p.Temperature == 0 {
+		return argmax(l)
+	}
+	inv := float32(1 / s.p.Temperature)
+	c := s.cands[:0]
+	for i, v := range l {
+		c = append(c, candidate{id: int32(i), p: v * inv})
+	}
+	if s.p.TopK > 0 && s.p.TopK < len(c) {
+		slices.SortFunc(c, byLogitDesc)
+		c = c[:s.p.TopK]
+	}
+	// Softmax over the survivors.
+	maxL := float32(math.Inf(-1))
+	for _, x := range c {
+		maxL = max(maxL, x.p)
+	}
+	var sum float64
+	for i := range c {
+		e := math.Exp(float64(c[i].p - maxL))
+		c[i].p = float32(e)
+		sum += e
+	}
+	for i := range c {
+		c[i].p = float32(float64(c[i].p) / sum)
+	}
+	if s.p.TopP > 0 && s.p.TopP < 1 {
+		slices.SortFunc(c, byLogitDesc)
+		var cum float64
+		keep := len(c)
+		for i, x := range c {
+			cum += float64(x.p)
+			if cum >= s.p.TopP {
+				keep = i + 1
+				break
+			}
+		}
+		c = c[:keep]
+	}
+	if s.p.MinP > 0 {
+		var top float32
+		for _, x := range c {
+			top = max(top, x.p)
+		}
+		cut := float32(s.p.MinP) * top
+		kept := c[:0]
+		for _, x := range c {
+			if x.p >= cut {
+				kept = append(kept, x)
+			}
+		}
+		c = kept
+	}
+	var total float64
+	for _, x := range c {
+		total += float64(x.p)
+	}
+	r := s.rng.Float64() * total
+	for _, x := range c {
+		r -= float64(x.p)
+		if r < 0 {
+			return int(x.id)
+		}
+	}
+	return int(c[len(c)-1].id)
+}
+
+func byLogitDesc(a, b candidate) int {
+	switch {
+	case a.p > b.p:
+		return -1
+	case a.p < b.p:
+		return 1
+	}
+	return int(a.id - b.id)
+}
+
+func (s *Sampler) penalize(l []float32) {
+	rep := float32(s.p.RepetitionPenalty)
+	freq, pres := float32(s.p.FrequencyPenalty), float32(s.p.PresencePenalty)
+	if (rep == 0 || rep == 1) && freq == 0 && pres == 0 {
+		return
+	}
+	for i := range l {
+		if rep != 0 && rep != 1 && s.seen[i] {
+			if l[i] > 0 {
+				l[i] /= rep
+			} else {
+				l[i] *= rep
+			}
+		}
+		if n := s.outCount[i]; n > 0 {
+			l[i] -= freq*float32(n) + pres
+		}
+	}
+}
+
+// argmax returns the first index of the largest value (NaN never wins).
+func argmax(l []float32) int {
+	best := 0
+	for i, v := range l {
+		if v > l[best] || (l[best] != l[best] && v == v) {
+			best = i
+		}
+	}
+	return best
+}

@@ -46,12 +46,12 @@ var passes = []pass{
 
 // passOrder lists constraints: the first pass must run before the second.
 var passOrder = [...][2]string{
-	{"fuse-qkv", "fold-constants"},         // the stacked weights fuse-qkv makes are folded
-	{"fuse-add-rmsnorm", "deadcode"},       // fusions leave dead adds and norms
-	{"fuse-swiglu", "deadcode"},            // ... and dead SiLUs
-	{"fuse-rope-kv-write", "deadcode"},     // ... and dead RoPEs
-	{"fuse-qkv", "deadcode"},               // ... and dead matmuls
-	{"fold-constants", "deadcode"},         // folding orphans its inputs
+	{"fuse-qkv", "fold-constants"},           // the stacked weights fuse-qkv makes are folded
+	{"fuse-add-rmsnorm", "deadcode"},         // fusions leave dead adds and norms
+	{"fuse-swiglu", "deadcode"},              // ... and dead SiLUs
+	{"fuse-rope-kv-write", "deadcode"},       // ... and dead RoPEs
+	{"fuse-qkv", "deadcode"},                 // ... and dead matmuls
+	{"fold-constants", "deadcode"},           // folding orphans its inputs
 	{"fuse-rope-kv-write", "fold-constants"}, // no reason beyond keeping folding last among rewrites
 }
 

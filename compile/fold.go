@@ -126,4 +126,3 @@ func concatRows(n *ir.Node) (*tensor.Tensor, error) {
 func shortName(name string) string {
 	return strings.TrimSuffix(strings.TrimPrefix(name, "model."), ".weight")
 }
-

@@ -193,7 +193,9 @@ func TestHFShardErrors(t *testing.T) {
 		edit func(dir string, wm map[string]string)
 		want string
 	}{
-		{"missing shard", func(dir string, wm map[string]string) { os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors")) }, "no such file"},
+		{"missing shard", func(dir string, wm map[string]string) {
+			os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors"))
+		}, "no such file"},
 		{"index lists absent tensor", func(dir string, wm map[string]string) { wm["ghost.weight"] = "model-00001-of-00002.safetensors" }, "missing tensor ghost.weight"},
 		{"index points elsewhere", func(dir string, wm map[string]string) { wm[EmbedName] = "model-00002-of-00002.safetensors" }, "not mapped to this shard"},
 		{"path escape", func(dir string, wm map[string]string) { wm[EmbedName] = "../x.safetensors" }, "not a file name"},

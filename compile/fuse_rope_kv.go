@@ -22,6 +22,7 @@ func fuseRoPEKVWrite(g *ir.Graph, t Target) error {
 			return false, err
 		}
 		replaceWith(g, n, fused, n.Out())
+		g.Remove(n) // a cache write is never dead code: remove it here
 		return true, nil
 	})
 }

@@ -240,3 +240,14 @@ func (g *Graph) Weights() []*Node {
 	}
 	return ws
 }
+
+// Remove deletes n from the graph; its outputs must have no readers left.
+func (g *Graph) Remove(n *Node) {
+	for i, x := range g.Nodes {
+		if x == n {
+			g.Nodes = append(g.Nodes[:i], g.Nodes[i+1:]...)
+			return
+		}
+	}
+	panic("ir: Remove: node not in graph")
+}

@@ -1,0 +1,82 @@
+package main
+
+// Every flag that has an environment fallback is declared here, and this is
+// the only file that reads the environment.
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+func envString(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v, ok := os.LookupEnv(name); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+		fmt.Fprintf(os.Stderr, "kiln: ignoring %s=%q: not an integer\n", name, v)
+	}
+	return def
+}
+
+func envBool(name string) bool {
+	v := strings.ToLower(os.Getenv(name))
+	return v == "1" || v == "true" || v == "yes"
+}
+
+// engineFlags are the flags shared by every command that runs a model.
+type engineFlags struct {
+	tokenizer string
+	threads   int
+	ctx       int
+	reference bool
+}
+
+func (e *engineFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&e.tokenizer, "tokenizer", envString("KILN_TOKENIZER", ""), "tokenizer file (tokenizer.json, llama2.c tokenizer.bin, or a model) [KILN_TOKENIZER]")
+	fs.IntVar(&e.threads, "threads", envInt("KILN_THREADS", 0), "CPU worker threads, 0 for all cores [KILN_THREADS]")
+	fs.IntVar(&e.ctx, "ctx", envInt("KILN_CONTEXT", 0), "context length, 0 for the model's (capped at 4096) [KILN_CONTEXT]")
+	fs.BoolVar(&e.reference, "reference", envBool("KILN_CPU_REFERENCE"), "use the plain reference kernels [KILN_CPU_REFERENCE]")
+}
+
+// parseFlags parses args, allowing the positional MODEL argument before or
+// after the flags, and returns the positional arguments.
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// parseIDs parses "1,2,3".
+func parseIDs(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("--ids is empty")
+	}
+	var ids []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--ids: %q is not a token id", f)
+		}
+		ids = append(ids, n)
+	}
+	return ids, nil
+}

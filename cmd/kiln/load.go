@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"kiln/backend/cpu"
+	"kiln/compile"
+	"kiln/engine"
+	"kiln/model"
+	"kiln/tokenizer"
+)
+
+// openModel loads the model at path.
+func openModel(path string) (*model.Model, error) {
+	if path == "" {
+		return nil, fmt.Errorf("no MODEL given")
+	}
+	return model.Load(path)
+}
+
+// openTokenizer finds the tokenizer: the --tokenizer file when given, else the
+// one inside the model (a Hugging Face directory's tokenizer.json, a GGUF
+// file's vocabulary). llama2.c checkpoints carry none.
+func openTokenizer(flagPath string, m *model.Model) (*tokenizer.Tokenizer, error) {
+	if flagPath != "" {
+		return loadTokenizerFile(flagPath)
+	}
+	switch {
+	case m == nil:
+		return nil, fmt.Errorf("no --tokenizer given")
+	case m.Metadata != nil:
+		return tokenizer.FromGGUF(m.Metadata)
+	case m.Format == "llama2c":
+		return nil, fmt.Errorf("%s is a llama2.c checkpoint: give its tokenizer.bin with --tokenizer", m.Path)
+	}
+	return tokenizer.Load(m.Path)
+}
+
+// loadTokenizerFile loads a tokenizer.json, a tokenizer.bin, a model
+// directory, or a .gguf model's vocabulary.
+func loadTokenizerFile(path string) (*tokenizer.Tokenizer, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if !st.IsDir() && strings.EqualFold(filepath.Ext(path), ".gguf") {
+		m, err := model.Load(path)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		return tokenizer.FromGGUF(m.Metadata)
+	}
+	return tokenizer.Load(path)
+}
+
+// newEngine compiles m for the CPU backend.
+func newEngine(m *model.Model, f *engineFlags) (*engine.Engine, error) {
+	return newEngineWithCompile(m, f, compile.Options{})
+}
+
+func newEngineWithCompile(m *model.Model, f *engineFlags, co compile.Options) (*engine.Engine, error) {
+	return engine.New(m, &cpu.Backend{Reference: f.reference, Threads: f.threads}, engine.Options{ContextLen: f.ctx, Compile: co})
+}
+
+// stopTokens are the ids that end generation: the model's and the
+// tokenizer's end-of-sequence ids.
+func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
+	stops := append([]int(nil), m.Config.EOS...)
+	if tok != nil {
+		for _, id := range tok.EOS() {
+			if !contains(stops, id) {
+				stops = append(stops, id)
+			}
+		}
+	}
+	return stops
+}
+
+func contains(l []int, v int) bool {
+	for _, x := range l {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

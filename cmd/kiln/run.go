@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+
+	"kiln/engine"
+)
+
+func cmdRun(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var ef engineFlags
+	ef.register(fs)
+	prompt := fs.String("prompt", "", "prompt text")
+	idsFlag := fs.String("ids", "", "prompt as token ids, e.g. 1,2,3")
+	maxTokens := fs.Int("max-tokens", 256, "most tokens to generate")
+	temp := fs.Float64("temperature", 0.8, "sampling temperature, 0 for greedy")
+	topK := fs.Int("top-k", 40, "keep the K most likely tokens, 0 for all")
+	topP := fs.Float64("top-p", 0.95, "keep the most likely tokens up to this probability mass, 1 for all")
+	minP := fs.Float64("min-p", 0.05, "drop tokens less likely than this fraction of the most likely one")
+	repPen := fs.Float64("repeat-penalty", 1, "repetition penalty (1: off)")
+	freqPen := fs.Float64("frequency-penalty", 0, "frequency penalty")
+	presPen := fs.Float64("presence-penalty", 0, "presence penalty")
+	seed := fs.Int64("seed", -1, "sampling seed, -1 for a random one")
+	var stops stringList
+	fs.Var(&stops, "stop", "stop string (repeatable)")
+	asJSON := fs.Bool("json", false, `print one JSON object {"ids": [...], "text": "..."}`)
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("want one MODEL argument, got %d", len(pos))
+	}
+	if *prompt != "" && *idsFlag != "" {
+		return fmt.Errorf("give --prompt or --ids, not both")
+	}
+	if *maxTokens <= 0 {
+		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
+	}
+	m, err := openModel(pos[0])
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tok, err := openTokenizer(ef.tokenizer, m)
+	if err != nil {
+		return err
+	}
+	var ids []int
+	if *idsFlag != "" {
+		if ids, err = parseIDs(*idsFlag); err != nil {
+			return err
+		}
+	} else {
+		ids = tok.Encode(*prompt, true)
+		if len(ids) == 0 && tok.BOS() >= 0 {
+			ids = []int{tok.BOS()}
+		}
+		if len(ids) == 0 {
+			return fmt.Errorf("the prompt is empty and the vocabulary has no BOS token to start from")
+		}
+	}
+	s := uint64(*seed)
+	if *seed < 0 {
+		s = rand.Uint64()
+	}
+	params := engine.SamplingParams{
+		Temperature: *temp, TopK: *topK, TopP: *topP, MinP: *minP,
+		RepetitionPenalty: *repPen, FrequencyPenalty: *freqPen, PresencePenalty: *presPen,
+		Seed: s, MaxTokens: *maxTokens, StopTokens: stopTokens(m, tok), StopStrings: stops,
+	}
+	if err := params.Validate(); err != nil {
+		return err
+	}
+	e, err := newEngine(m, &ef)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	dec := tok.NewDecoder()
+	for _, id := range ids {
+		dec.Add(id) // prime the decoder with the prompt so spacing continues
+	}
+	stop := engine.NewStopStrings(stops)
+	var gen []int
+	var text []byte
+	show := func(s string) {
+		text = append(text, s...)
+		if !*asJSON {
+			out.WriteString(s)
+			out.Flush()
+		}
+	}
+	_, err = e.Generate(ids, params, func(id int) bool {
+		gen = append(gen, id)
+		piece, stopped := stop.Add(dec.Add(id))
+		show(piece)
+		return !stopped
+	})
+	if err != nil {
+		return err
+	}
+	piece, _ := stop.Add(dec.Flush())
+	show(piece + stop.Flush())
+	if *asJSON {
+		if gen == nil {
+			gen = []int{}
+		}
+		return json.NewEncoder(out).Encode(struct {
+			IDs  []int  `json:"ids"`
+			Text string `json:"text"`
+		}{gen, string(text)})
+	}
+	out.WriteString("\n")
+	return nil
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return fmt.Sprint(*s) }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

@@ -1,7 +1,139 @@
 package main
 
-import "fmt"
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"kiln/backend/cpu"
+	"kiln/bench"
+	"kiln/engine"
+	"kiln/tensor"
+)
 
 func cmdBench(args []string) error {
-	return fmt.Errorf("not yet")
+	if len(args) == 0 || args[0] != "model" {
+		return fmt.Errorf("usage: kiln bench model MODEL [flags] (run kiln bench model -h)")
+	}
+	return cmdBenchModel(args[1:])
+}
+
+func cmdBenchModel(args []string) error {
+	fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
+	var ef engineFlags
+	ef.register(fs)
+	pp := fs.Int("pp", 512, "prompt tokens for the prompt-processing test (0: skip)")
+	tg := fs.Int("tg", 128, "tokens generated per sequence in the generation test (0: skip)")
+	batches := fs.String("batch", "1,4", "sequences decoding together in the generation test, comma-separated")
+	reps := fs.Int("reps", 3, "repetitions of each test, after one warm-up")
+	random := fs.String("random", "", "benchmark a random-weight model of this shape instead of MODEL ("+bench.ShapeNames()+")")
+	dtype := fs.String("dtype", "f32", "weight dtype of the --random model: f32, f16 or bf16")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	output := fs.String("output", "", "also write the JSON report to this file")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	bs, err := parseIDs(*batches)
+	if err != nil {
+		return fmt.Errorf("--batch: %w", err)
+	}
+	for _, b := range bs {
+		if b < 1 {
+			return fmt.Errorf("--batch %d must be at least 1", b)
+		}
+	}
+	if *pp < 0 || *tg < 0 || *reps < 1 {
+		return fmt.Errorf("--pp, --tg must be >= 0 and --reps >= 1")
+	}
+	path := ""
+	switch {
+	case *random != "" && len(pos) == 0:
+		shape, ok := bench.Shapes[*random]
+		if !ok {
+			return fmt.Errorf("--random: unknown shape %q (%s)", *random, bench.ShapeNames())
+		}
+		d := map[string]tensor.DType{"f32": tensor.F32, "f16": tensor.F16, "bf16": tensor.BF16}[*dtype]
+		if d == tensor.Invalid {
+			return fmt.Errorf("--dtype %q: want f32, f16 or bf16", *dtype)
+		}
+		dir, err := os.MkdirTemp("", "kiln-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		path = filepath.Join(dir, shape.Name+"-"+*dtype)
+		fmt.Fprintf(os.Stderr, "writing a random %s model (%s) to %s\n", shape.Name, *dtype, path)
+		if err := bench.WriteRandomModel(path, shape, d, 1); err != nil {
+			return err
+		}
+	case *random == "" && len(pos) == 1:
+		path = pos[0]
+	default:
+		return fmt.Errorf("give one MODEL or --random SHAPE")
+	}
+	m, err := openModel(path)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	maxBatch := 1
+	for _, b := range bs {
+		maxBatch = max(maxBatch, b)
+	}
+	ctx := max(*pp, *tg) + 1
+	if ef.ctx > 0 {
+		ctx = ef.ctx
+	}
+	if ctx > m.Config.MaxPositions {
+		return fmt.Errorf("the test needs a context of %d, the model has %d", ctx, m.Config.MaxPositions)
+	}
+	be := &cpu.Backend{Reference: ef.reference, Threads: ef.threads}
+	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	rep, err := bench.RunModel(e, m, be.Name(), be.Threads, bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps})
+	if err != nil {
+		return err
+	}
+	if *random != "" {
+		rep.Model = "random " + *random + " " + *dtype
+	}
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if *output != "" {
+		if err := os.WriteFile(*output, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		fmt.Println(string(data))
+		return nil
+	}
+	printModelReport(rep)
+	return nil
+}
+
+func printModelReport(r *bench.ModelReport) {
+	fmt.Printf("model %s (%s), %s params, %s weights; backend %s; copy bandwidth %.1f GB/s\n\n",
+		r.Model, r.Format, groupDigits(r.Params), bytesString(r.WeightBytes), r.Backend, r.CopyBandwidth/1e9)
+	fmt.Printf("| %-7s | %5s | %18s | %12s | %8s |\n", "test", "batch", "tokens/s", "GB/s read", "roofline")
+	fmt.Printf("|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 9), strings.Repeat("-", 7), strings.Repeat("-", 20), strings.Repeat("-", 14), strings.Repeat("-", 10))
+	for _, x := range r.Results {
+		bw, roof := "", ""
+		if x.Bandwidth > 0 {
+			bw = strconv.FormatFloat(x.Bandwidth/1e9, 'f', 2, 64)
+			roof = strconv.FormatFloat(100*x.Roofline, 'f', 1, 64) + "%"
+		}
+		fmt.Printf("| %-7s | %5d | %9.2f ± %6.2f | %12s | %8s |\n", x.Test, x.Batch, x.TokensPerSec, x.StdDev, bw, roof)
+	}
+	fmt.Println("\nroofline: weights and KV cache read per decode step × steps/s, over the copy bandwidth (read+write) measured above")
 }

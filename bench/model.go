@@ -1,0 +1,223 @@
+// Package bench measures kiln: the offline model benchmark (prompt processing
+// and generation speed with their memory-bandwidth roofline, like
+// llama-bench) and, later, load generation against servers.
+//
+// Invariant: every figure is measured in the run that reports it, including
+// the machine limit it is compared with.
+package bench
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"kiln/engine"
+	"kiln/model"
+)
+
+// ModelOptions choose what RunModel measures.
+type ModelOptions struct {
+	PromptTokens int   // pp: tokens of one prompt (0: skip)
+	GenTokens    int   // tg: tokens generated per sequence (0: skip)
+	Batches      []int // sequences decoding together in tg
+	Reps         int   // repetitions of each test (at least 1)
+	Seed         uint64
+}
+
+// ModelResult is one test's figures.
+type ModelResult struct {
+	Test         string    `json:"test"`  // "pp512", "tg128"
+	Batch        int       `json:"batch"` // sequences per step
+	Tokens       int       `json:"tokens"`
+	TokensPerSec float64   `json:"tokens_per_s"`
+	StdDev       float64   `json:"tokens_per_s_stddev"`
+	Samples      []float64 `json:"samples_tokens_per_s"`
+	// BytesPerStep is the memory a decode step must read: the weights as
+	// stored plus the KV cache of every sequence, averaged over the run.
+	BytesPerStep float64 `json:"bytes_per_step,omitempty"`
+	// Bandwidth is BytesPerStep × steps per second.
+	Bandwidth float64 `json:"bytes_per_s,omitempty"`
+	// Roofline is Bandwidth over the copy bandwidth of the same run.
+	Roofline float64 `json:"roofline_fraction,omitempty"`
+}
+
+// ModelReport is the result of RunModel.
+type ModelReport struct {
+	Schema        string        `json:"schema"` // "kiln.bench.model/v1"
+	Model         string        `json:"model"`
+	Format        string        `json:"format"`
+	Params        int64         `json:"params"`
+	WeightBytes   int64         `json:"weight_bytes"`
+	Backend       string        `json:"backend"`
+	Threads       int           `json:"threads"`
+	CopyBandwidth float64       `json:"copy_bytes_per_s"`
+	Date          string        `json:"date"`
+	Results       []ModelResult `json:"results"`
+}
+
+// RunModel benchmarks e (built from m with at least max(Batches) sequences
+// and a context of PromptTokens+1 and GenTokens+1).
+func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int, o ModelOptions) (*ModelReport, error) {
+	if o.Reps < 1 {
+		o.Reps = 1
+	}
+	r := rand.New(rand.NewPCG(o.Seed, 7))
+	rep := &ModelReport{
+		Schema: "kiln.bench.model/v1", Model: m.Path, Format: m.Format, Params: m.ParamCount(), WeightBytes: m.ParamBytes(),
+		Backend: backendName, Threads: threads, Date: time.Now().UTC().Format(time.RFC3339),
+	}
+	rep.CopyBandwidth = CopyBandwidth(256<<20, 5)
+	randomTokens := func(n int) []int {
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = r.IntN(e.Vocab())
+		}
+		return ids
+	}
+	if o.PromptTokens > 0 {
+		prompt := randomTokens(o.PromptTokens)
+		res := ModelResult{Test: fmt.Sprintf("pp%d", o.PromptTokens), Batch: 1, Tokens: o.PromptTokens}
+		for i := 0; i <= o.Reps; i++ { // the first run warms up and is discarded
+			seq := e.NewSequence()
+			start := time.Now()
+			if _, err := e.Prefill(seq, prompt, false); err != nil {
+				return nil, err
+			}
+			el := time.Since(start)
+			e.Free(seq)
+			if i > 0 {
+				res.Samples = append(res.Samples, float64(o.PromptTokens)/el.Seconds())
+			}
+		}
+		res.TokensPerSec, res.StdDev = meanStd(res.Samples)
+		rep.Results = append(rep.Results, res)
+	}
+	if o.GenTokens > 0 {
+		for _, batch := range o.Batches {
+			res, err := benchDecode(e, m, batch, o, randomTokens)
+			if err != nil {
+				return nil, err
+			}
+			res.Roofline = res.Bandwidth / rep.CopyBandwidth
+			rep.Results = append(rep.Results, res)
+		}
+	}
+	return rep, nil
+}
+
+// benchDecode starts batch sequences from one random token each and decodes
+// GenTokens steps of one token per sequence.
+func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int) (ModelResult, error) {
+	res := ModelResult{Test: fmt.Sprintf("tg%d", o.GenTokens), Batch: batch, Tokens: batch * o.GenTokens}
+	spec := e.KVSpec()
+	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * 4)
+	items := make([]engine.Item, batch)
+	toks := make([]int, batch)
+	for i := 0; i <= o.Reps; i++ {
+		seqs := make([]*engine.Sequence, batch)
+		for s := range seqs {
+			seqs[s] = e.NewSequence()
+			toks[s] = randomTokens(1)[0]
+		}
+		var kvBytes float64
+		start := time.Now()
+		for step := 0; step < o.GenTokens; step++ {
+			for s := range items {
+				items[s] = engine.Item{Seq: seqs[s], Tokens: toks[s : s+1]}
+				kvBytes += float64(seqs[s].Len()+1) * kvPerToken
+			}
+			logits, err := e.Step(items)
+			if err != nil {
+				return res, err
+			}
+			for s := range toks {
+				toks[s] = argmax(logits[s*e.Vocab() : (s+1)*e.Vocab()])
+			}
+		}
+		el := time.Since(start)
+		for _, s := range seqs {
+			e.Free(s)
+		}
+		if i == 0 {
+			continue // warm-up
+		}
+		res.Samples = append(res.Samples, float64(batch*o.GenTokens)/el.Seconds())
+		res.BytesPerStep = float64(weightBytesPerStep(m, batch)) + kvBytes/float64(o.GenTokens)
+	}
+	res.TokensPerSec, res.StdDev = meanStd(res.Samples)
+	res.Bandwidth = res.BytesPerStep * res.TokensPerSec / float64(batch)
+	return res, nil
+}
+
+// weightBytesPerStep is the weight memory one decode step reads: every
+// matrix once, except that an untied embedding table is only gathered from
+// (one row per sequence).
+func weightBytesPerStep(m *model.Model, batch int) int64 {
+	n := m.ParamBytes()
+	if !m.Config.TiedEmbeddings {
+		if t, ok := m.Tensors[model.EmbedName]; ok {
+			n -= int64(len(t.Data)) - int64(batch)*int64(len(t.Data)/t.Shape[0])
+		}
+	}
+	return n
+}
+
+func argmax(l []float32) int {
+	best := 0
+	for i, v := range l {
+		if v > l[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func meanStd(xs []float64) (float64, float64) {
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	mean := sum / float64(len(xs))
+	var ss float64
+	for _, x := range xs {
+		ss += (x - mean) * (x - mean)
+	}
+	if len(xs) < 2 {
+		return mean, 0
+	}
+	return mean, math.Sqrt(ss / float64(len(xs)-1))
+}
+
+// CopyBandwidth measures memory bandwidth by copying a buffer of n bytes
+// (far larger than the caches) with one goroutine per core, each copying its
+// share: bytes read plus bytes written per second, as STREAM's Copy counts
+// them, the best of reps copies.
+func CopyBandwidth(n int, reps int) float64 {
+	src := make([]byte, n)
+	dst := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src) // fault the pages in
+	workers := runtime.GOMAXPROCS(0)
+	chunk := (n + workers - 1) / workers
+	best := 0.0
+	for i := 0; i < reps; i++ {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			lo, hi := w*chunk, min((w+1)*chunk, n)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				copy(dst[lo:hi], src[lo:hi])
+			}()
+		}
+		wg.Wait()
+		best = math.Max(best, 2*float64(n)/time.Since(start).Seconds())
+	}
+	return best
+}

@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"kiln/model"
+	"kiln/tensor"
+)
+
+// Shape is a model shape for random-weight benchmark models.
+type Shape struct {
+	Name                                string
+	Hidden, Layers, Heads, KVHeads, FFN int
+	Vocab, Context                      int
+	Tied                                bool
+}
+
+// Shapes are the benchmark shapes known by name.
+var Shapes = map[string]Shape{
+	// stories110M: llama2.c's largest TinyStories model.
+	"stories110m": {Name: "stories110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 32000, Context: 1024, Tied: true},
+	// llama3-8b: Llama 3 8B's shape.
+	"llama3-8b": {Name: "llama3-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192},
+	// tiny: for tests.
+	"tiny": {Name: "tiny", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 256, Context: 256},
+}
+
+// ShapeNames lists the known shapes.
+func ShapeNames() string {
+	var names []string
+	for n := range Shapes {
+		names = append(names, n)
+	}
+	return strings.Join(names, ", ")
+}
+
+// WriteRandomModel writes a Hugging Face directory (config.json and
+// model.safetensors) holding a Llama model of shape s with random weights of
+// dtype d (F32, F16 or BF16), scaled so activations stay well behaved.
+func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
+	if d != tensor.F32 && d != tensor.F16 && d != tensor.BF16 {
+		return fmt.Errorf("random model: dtype %v (want f32, f16 or bf16)", d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	headDim := s.Hidden / s.Heads
+	r := rand.New(rand.NewPCG(seed, 11))
+	var tensors []*tensor.Tensor
+	add := func(name string, std float64, shape ...int) {
+		tensors = append(tensors, randomTensor(r, name, d, std, tensor.Shape(shape)))
+	}
+	ones := func(name string, n int) {
+		tensors = append(tensors, randomTensor(r, name, d, -1, tensor.Shape{n}))
+	}
+	std := 1 / math.Sqrt(float64(s.Hidden))
+	add(model.EmbedName, 1, s.Vocab, s.Hidden)
+	for l := 0; l < s.Layers; l++ {
+		p := func(x string) string { return model.LayerName(l, x) }
+		ones(p("input_layernorm.weight"), s.Hidden)
+		add(p("self_attn.q_proj.weight"), std, s.Heads*headDim, s.Hidden)
+		add(p("self_attn.k_proj.weight"), std, s.KVHeads*headDim, s.Hidden)
+		add(p("self_attn.v_proj.weight"), std, s.KVHeads*headDim, s.Hidden)
+		add(p("self_attn.o_proj.weight"), std, s.Hidden, s.Heads*headDim)
+		ones(p("post_attention_layernorm.weight"), s.Hidden)
+		add(p("mlp.gate_proj.weight"), std, s.FFN, s.Hidden)
+		add(p("mlp.up_proj.weight"), std, s.FFN, s.Hidden)
+		add(p("mlp.down_proj.weight"), 1/math.Sqrt(float64(s.FFN)), s.Hidden, s.FFN)
+	}
+	ones(model.NormName, s.Hidden)
+	if !s.Tied {
+		add(model.HeadName, std, s.Vocab, s.Hidden)
+	}
+	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return err
+	}
+	if err := model.WriteSafetensors(f, tensors, map[string]string{"format": "pt"}); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	dtypeName := map[tensor.DType]string{tensor.F32: "float32", tensor.F16: "float16", tensor.BF16: "bfloat16"}[d]
+	cfg := map[string]any{
+		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
+		"hidden_size": s.Hidden, "intermediate_size": s.FFN, "num_hidden_layers": s.Layers,
+		"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "vocab_size": s.Vocab,
+		"max_position_embeddings": s.Context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+		"tie_word_embeddings": s.Tied, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtypeName,
+	}
+	data, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644)
+}
+
+// randomTensor fills a tensor with N(0, std²) values, or 1 + N(0, 0.01) when
+// std < 0 (norm weights).
+func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape tensor.Shape) *tensor.Tensor {
+	n := int(shape.Elements())
+	size, _ := d.Bytes(int64(n))
+	t := &tensor.Tensor{Name: name, DType: d, Shape: shape, Data: make([]byte, size)}
+	for i := 0; i < n; i++ {
+		v := float32(r.NormFloat64() * std)
+		if std < 0 {
+			v = 1 + float32(r.NormFloat64()*0.1)
+		}
+		switch d {
+		case tensor.F32:
+			putU32(t.Data[4*i:], math.Float32bits(v))
+		case tensor.F16:
+			putU16(t.Data[2*i:], tensor.F32ToF16(v))
+		case tensor.BF16:
+			putU16(t.Data[2*i:], tensor.F32ToBF16(v))
+		}
+	}
+	return t
+}
+
+func putU32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
+func putU16(b []byte, v uint16) { b[0], b[1] = byte(v), byte(v>>8) }

@@ -359,6 +359,9 @@ func inferSplit(n *Node) ([]Shape, []tensor.DType, error) {
 		return nil, nil, err
 	}
 	x := n.Inputs[0]
+	if len(x.Shape) != 2 {
+		return nil, nil, fmt.Errorf("split of %v into %v", x.Shape, n.Attrs.Sizes)
+	}
 	total := 0
 	var shapes []Shape
 	var dtypes []tensor.DType

@@ -38,6 +38,9 @@ func (g *Graph) Verify() error {
 			return fmt.Errorf("n%d (%v) has %d outputs, want %d", n.ID, n.Op, len(n.Outputs), len(shapes))
 		}
 		for j, out := range n.Outputs {
+			if out == nil {
+				return fmt.Errorf("n%d (%v) output %d is nil", n.ID, n.Op, j)
+			}
 			if out.Def != n || out.Index != j {
 				return fmt.Errorf("n%d (%v) output %d claims producer n%d output %d", n.ID, n.Op, j, idOf(out.Def), out.Index)
 			}

@@ -66,9 +66,19 @@ func reduce4(p printer, a, b, c, d, t int) {
 	p("\tVADDPS X%d, X%d, X%d\n", t, a, a)
 }
 
+// Decode streams weights from memory; software prefetch prefetchDist bytes
+// ahead of each row keeps enough cache-line fills in flight for one core.
+var (
+	prefetchDist = 512
+	prefetchOp   = "PREFETCHT0"
+)
+
 func gen4x1(p printer, d dtype) {
 	fn := "k4x1" + d.name
 	ld := func(mem string, reg int) { p(d.load, mem, fmt.Sprintf("Y%d", reg)) }
+	// One main-loop iteration consumes one 64-byte cache line of each row:
+	// v = 64/bytes vectors of 8 weights, alternating between 2 accumulators.
+	v := 64 / d.bytes
 	p("\n// func %s(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)\n", fn)
 	p("TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
 	p("\tMOVQ w0+0(FP), SI\n\tMOVQ w1+8(FP), R8\n\tMOVQ w2+16(FP), R9\n\tMOVQ w3+24(FP), R10\n")
@@ -77,25 +87,34 @@ func gen4x1(p printer, d dtype) {
 	for i := 0; i < 8; i++ {
 		p("\tVXORPS Y%d, Y%d, Y%d\n", i, i, i)
 	}
-	p("\tMOVQ CX, DX\n\tSHRQ $1, DX\n\tJZ %s_one\n", fn)
-	p("%s_loop2:\n", fn)
-	p("\tVMOVUPS (DI)(BX*%d), Y8\n", d.scale)
-	p("\tVMOVUPS %d(DI)(BX*%d), Y9\n", 32, d.scale)
-	for r, reg := range []string{"SI", "R8", "R9", "R10"} {
-		t0, t1 := 10+2*(r%2), 11+2*(r%2)
-		ld(fmt.Sprintf("(%s)(BX*1)", reg), t0)
-		ld(fmt.Sprintf("%d(%s)(BX*1)", d.bytes, reg), t1)
-		p("\tVFMADD231PS Y8, Y%d, Y%d\n", t0, 2*r)
-		p("\tVFMADD231PS Y9, Y%d, Y%d\n", t1, 2*r+1)
+	p("\tMOVQ CX, DX\n\tSHRQ $%d, DX\n\tJZ %s_one\n", map[int]int{2: 1, 4: 2}[v], fn)
+	p("%s_loop:\n", fn)
+	for _, reg := range []string{"SI", "R8", "R9", "R10"} {
+		if prefetchOp != "" {
+			p("\t%s %d(%s)(BX*1)\n", prefetchOp, prefetchDist, reg)
+		}
 	}
-	p("\tADDQ $%d, BX\n\tDECQ DX\n\tJNZ %s_loop2\n", 2*d.bytes, fn)
+	for j := 0; j < v; j += 2 {
+		p("\tVMOVUPS %d(DI)(BX*%d), Y8\n", 32*j, d.scale)
+		p("\tVMOVUPS %d(DI)(BX*%d), Y9\n", 32*j+32, d.scale)
+		for r, reg := range []string{"SI", "R8", "R9", "R10"} {
+			t0, t1 := 10+2*(r%2), 11+2*(r%2)
+			ld(fmt.Sprintf("%d(%s)(BX*1)", d.bytes*j, reg), t0)
+			ld(fmt.Sprintf("%d(%s)(BX*1)", d.bytes*(j+1), reg), t1)
+			p("\tVFMADD231PS Y8, Y%d, Y%d\n", t0, 2*r)
+			p("\tVFMADD231PS Y9, Y%d, Y%d\n", t1, 2*r+1)
+		}
+	}
+	p("\tADDQ $64, BX\n\tDECQ DX\n\tJNZ %s_loop\n", fn)
 	p("%s_one:\n", fn)
-	p("\tANDQ $1, CX\n\tJZ %s_reduce\n", fn)
+	p("\tANDQ $%d, CX\n\tJZ %s_reduce\n", v-1, fn)
+	p("%s_loop1:\n", fn)
 	p("\tVMOVUPS (DI)(BX*%d), Y8\n", d.scale)
 	for r, reg := range []string{"SI", "R8", "R9", "R10"} {
 		ld(fmt.Sprintf("(%s)(BX*1)", reg), 10+r)
 		p("\tVFMADD231PS Y8, Y%d, Y%d\n", 10+r, 2*r)
 	}
+	p("\tADDQ $%d, BX\n\tDECQ CX\n\tJNZ %s_loop1\n", d.bytes, fn)
 	p("%s_reduce:\n", fn)
 	for r := 0; r < 4; r++ {
 		p("\tVADDPS Y%d, Y%d, Y%d\n", 2*r+1, 2*r, 2*r)

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"kiln/internal/testshared"
+)
+
+var kilnBin string
+
+// TestMain builds the kiln binary once so tests see real exit codes and
+// output streams.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kiln-cmd-test")
+	if err != nil {
+		panic(err)
+	}
+	kilnBin = filepath.Join(dir, "kiln")
+	if out, err := exec.Command("go", "build", "-o", kilnBin, ".").CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func kiln(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(kilnBin, args...)
+	var o, e strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+func stories(t *testing.T) (bin, tok string) {
+	dir := testshared.Path(t, "models", "stories260K")
+	return filepath.Join(dir, "stories260K.bin"), filepath.Join(dir, "tok512.bin")
+}
+
+// TestBadInputIsOneLine checks that bad flags, missing files and unsupported
+// input give one clear line on stderr and a non-zero exit, never a panic.
+func TestBadInputIsOneLine(t *testing.T) {
+	bin, tok := stories(t)
+	garbage := filepath.Join(t.TempDir(), "garbage.bin")
+	os.WriteFile(garbage, []byte("this is not a model file at all, not even close"), 0o644)
+	cases := [][]string{
+		{"frobnicate"},
+		{"run"},
+		{"run", "/no/such/model"},
+		{"run", bin}, // llama2.c needs --tokenizer
+		{"run", bin, "--tokenizer", tok, "--temperature", "-1"},
+		{"run", bin, "--tokenizer", tok, "--max-tokens", "0"},
+		{"run", bin, "--tokenizer", tok, "--ids", "1,x"},
+		{"run", bin, "--tokenizer", tok, "--prompt", "a", "--ids", "1"},
+		{"run", garbage, "--tokenizer", tok},
+		{"logits", bin},
+		{"logits", bin, "--ids", "1,99999"},
+		{"tokenize", "--text", "hi"},
+		{"tokenize", "--tokenizer", garbage, "--text", "hi"},
+		{"detokenize", "--tokenizer", tok, "--ids", "600"},
+		{"inspect", bin, "--after", "no-such-pass"},
+		{"bench", "model", "--random", "nope"},
+		{"run", bin, "--tokenizer", tok, "--no-such-flag"},
+	}
+	for _, args := range cases {
+		_, stderr, code := kiln(t, args...)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		if code == 0 || strings.Contains(stderr, "panic") || strings.Contains(stderr, "goroutine ") {
+			t.Errorf("kiln %q: exit %d, stderr %q", args, code, stderr)
+			continue
+		}
+		// The flag package prints usage after a bad flag; otherwise one line.
+		if !strings.Contains(stderr, "flag provided but not defined") && len(lines) != 1 {
+			t.Errorf("kiln %q: %d lines on stderr, want 1:\n%s", args, len(lines), stderr)
+		}
+	}
+}
+
+func TestRunGreedyJSON(t *testing.T) {
+	bin, tok := stories(t)
+	out, stderr, code := kiln(t, "run", bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "20", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res struct {
+		IDs  []int  `json:"ids"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	want, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "expected_greedy_200steps.txt"))
+	if len(res.IDs) != 20 || !strings.HasPrefix(string(want), res.Text) || len(res.Text) < 40 {
+		t.Errorf("greedy run gave %d ids and %q, want 20 ids starting llama2.c's output %q", len(res.IDs), res.Text, want[:60])
+	}
+}
+
+func TestTokenizeDetokenize(t *testing.T) {
+	_, tok := stories(t)
+	out, stderr, code := kiln(t, "tokenize", "--tokenizer", tok, "--text", "Once upon a time")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var ids struct {
+		IDs []int `json:"ids"`
+	}
+	if err := json.Unmarshal([]byte(out), &ids); err != nil || len(ids.IDs) == 0 {
+		t.Fatalf("%v: %q", err, out)
+	}
+	s := make([]string, len(ids.IDs))
+	for i, id := range ids.IDs {
+		s[i] = strconv.Itoa(id)
+	}
+	out, stderr, code = kiln(t, "detokenize", "--tokenizer", tok, "--ids", strings.Join(s, ","))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var text struct {
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal([]byte(out), &text); err != nil || strings.TrimSpace(text.Text) != "Once upon a time" {
+		t.Errorf("round trip gave %q (%v)", text.Text, err)
+	}
+}
+
+func TestLogitsRows(t *testing.T) {
+	bin, _ := stories(t)
+	out, stderr, code := kiln(t, "logits", bin, "--ids", "1,403,407")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res struct {
+		Logits [][]float32 `json:"logits"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Logits) != 3 || len(res.Logits[0]) != 512 {
+		t.Errorf("got %d rows of %d logits, want 3 of 512", len(res.Logits), len(res.Logits[0]))
+	}
+}
+
+func TestInspect(t *testing.T) {
+	bin, _ := stories(t)
+	out, stderr, code := kiln(t, "inspect", bin, "--after", "fuse-swiglu")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"260,032", "# graph after fuse-swiglu", "swiglu", "buffer plan", "peak", "kernels", "gemm.matmul"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inspect output lacks %q", want)
+		}
+	}
+}

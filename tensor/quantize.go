@@ -1,0 +1,61 @@
+package tensor
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Quantize encodes float32 values as a block-quantized dtype, following
+// ggml's reference quantizers: Q8_0 stores round(x/d) with d = max|x|/127;
+// Q4_0 stores x/d + 8 in 4 bits with d = -m/8, m the value of largest
+// magnitude, low nibbles holding the block's first 16 values.
+func Quantize(d DType, x []float32) ([]byte, error) {
+	if _, err := d.Bytes(int64(len(x))); err != nil {
+		return nil, err
+	}
+	var out []byte
+	switch d {
+	case Q8_0:
+		for b := 0; b < len(x)/32; b++ {
+			blk := x[b*32 : b*32+32]
+			var amax float32
+			for _, v := range blk {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			scale := amax / 127
+			inv := float32(0)
+			if scale != 0 {
+				inv = 1 / scale
+			}
+			out = binary.LittleEndian.AppendUint16(out, F32ToF16(scale))
+			for _, v := range blk {
+				out = append(out, byte(int8(math.Round(float64(v*inv)))))
+			}
+		}
+	case Q4_0:
+		for b := 0; b < len(x)/32; b++ {
+			blk := x[b*32 : b*32+32]
+			var amax, mx float32
+			for _, v := range blk {
+				if a := float32(math.Abs(float64(v))); a > amax {
+					amax, mx = a, v
+				}
+			}
+			scale := mx / -8
+			inv := float32(0)
+			if scale != 0 {
+				inv = 1 / scale
+			}
+			out = binary.LittleEndian.AppendUint16(out, F32ToF16(scale))
+			for j := 0; j < 16; j++ {
+				q0 := min(15, int8(blk[j]*inv+8.5))
+				q1 := min(15, int8(blk[j+16]*inv+8.5))
+				out = append(out, byte(q0)|byte(q1)<<4)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("quantize: %v is not a quantized dtype", d)
+	}
+	return out, nil
+}

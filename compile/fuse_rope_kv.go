@@ -15,6 +15,11 @@ func fuseRoPEKVWrite(g *ir.Graph, t Target) error {
 		if rope == nil || !soleUse(g, rope.Out(), uses) {
 			return false, nil
 		}
+		// The fused op rotates by the cache's head split: only fuse a RoPE
+		// that uses the same one.
+		if rope.Attrs.Heads != n.Attrs.KVHeads || rope.Attrs.HeadDim != n.Attrs.HeadDim {
+			return false, nil
+		}
 		a := n.Attrs
 		a.Interleaved = rope.Attrs.Interleaved
 		fused, err := g.NewNode(ir.RoPEKVWrite, a, rope.Inputs[0], n.Inputs[1], rope.Inputs[1], rope.Inputs[2])

@@ -74,7 +74,8 @@ func relErrInf(got, want []float32) float64 {
 // (‖out−ref‖∞/‖ref‖∞ ≤ 1e-4) and greedy continuation (identical ids) with
 // transformers', for every architecture variant, on the fast and reference
 // kernels, and with the prompt processed whole and in small chunks (which
-// exercises attention over a partly cached sequence).
+// exercises attention over a partly cached sequence). The reference runs
+// stack the Q/K/V and gate/up projections; the fast runs keep them apart.
 func TestHFTransformersFixtures(t *testing.T) {
 	for dir, f := range loadHFFixtures(t) {
 		for _, ref := range []bool{false, true} {
@@ -92,7 +93,7 @@ func TestHFTransformersFixtures(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer m.Close()
-					e, err := engine.New(m, &cpu.Backend{Reference: ref}, engine.Options{Buckets: buckets, Compile: compileVerify})
+					e, err := engine.New(m, &cpu.Backend{Reference: ref, StackProjections: ref}, engine.Options{Buckets: buckets, Compile: compileVerify})
 					if err != nil {
 						t.Fatal(err)
 					}

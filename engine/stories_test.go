@@ -31,7 +31,7 @@ func TestStories260KGreedy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e, err := engine.New(m, &cpu.Backend{Reference: ref}, engine.Options{Compile: compileVerify})
+			e, err := engine.New(m, &cpu.Backend{Reference: ref, StackProjections: !ref}, engine.Options{Compile: compileVerify})
 			if err != nil {
 				t.Fatal(err)
 			}

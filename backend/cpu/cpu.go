@@ -24,6 +24,11 @@ type Backend struct {
 	Reference bool
 	// Threads is the number of worker threads (0: all cores).
 	Threads int
+	// StackProjections lets the compiler stack sibling projections (Q/K/V,
+	// gate/up) into one product. Stacking copies those weights out of the
+	// model file's memory mapping, and on the CPU the separate products
+	// already run at memory speed, so it is off by default.
+	StackProjections bool
 }
 
 // Name implements compile.Target.
@@ -37,6 +42,9 @@ func (b *Backend) Name() string {
 // Supports implements compile.Target: every op with a registered kernel,
 // and weights and constants, which the backend reads in place.
 func (b *Backend) Supports(op ir.Op) bool {
+	if op == ir.Split {
+		return b.StackProjections
+	}
 	return op == ir.Weight || op == ir.Const || len(registry[op]) > 0
 }
 

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"kiln/backend/cpu"
 	"kiln/bench"
 	"kiln/engine"
 	"kiln/tensor"
@@ -92,7 +91,7 @@ func cmdBenchModel(args []string) error {
 	if ctx > m.Config.MaxPositions {
 		return fmt.Errorf("the test needs a context of %d, the model has %d", ctx, m.Config.MaxPositions)
 	}
-	be := &cpu.Backend{Reference: ef.reference, Threads: ef.threads}
+	be := ef.backend()
 	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch})
 	if err != nil {
 		return err

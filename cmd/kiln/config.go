@@ -39,6 +39,7 @@ type engineFlags struct {
 	threads   int
 	ctx       int
 	reference bool
+	stack     bool
 }
 
 func (e *engineFlags) register(fs *flag.FlagSet) {
@@ -46,6 +47,7 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.threads, "threads", envInt("KILN_THREADS", 0), "CPU worker threads, 0 for all cores [KILN_THREADS]")
 	fs.IntVar(&e.ctx, "ctx", envInt("KILN_CONTEXT", 0), "context length, 0 for the model's (capped at 4096) [KILN_CONTEXT]")
 	fs.BoolVar(&e.reference, "reference", envBool("KILN_CPU_REFERENCE"), "use the plain reference kernels [KILN_CPU_REFERENCE]")
+	fs.BoolVar(&e.stack, "stack-projections", envBool("KILN_STACK_PROJECTIONS"), "stack Q/K/V and gate/up weights into single products (copies them out of the file mapping) [KILN_STACK_PROJECTIONS]")
 }
 
 // parseFlags parses args, allowing the positional MODEL argument before or

@@ -62,8 +62,12 @@ func newEngine(m *model.Model, f *engineFlags) (*engine.Engine, error) {
 	return newEngineWithCompile(m, f, compile.Options{})
 }
 
+func (f *engineFlags) backend() *cpu.Backend {
+	return &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack}
+}
+
 func newEngineWithCompile(m *model.Model, f *engineFlags, co compile.Options) (*engine.Engine, error) {
-	return engine.New(m, &cpu.Backend{Reference: f.reference, Threads: f.threads}, engine.Options{ContextLen: f.ctx, Compile: co})
+	return engine.New(m, f.backend(), engine.Options{ContextLen: f.ctx, Compile: co})
 }
 
 // stopTokens are the ids that end generation: the model's and the

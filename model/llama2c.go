@@ -40,6 +40,16 @@ func LoadLlama2C(path string) (*Model, error) {
 
 // llama2cModel builds a Model from a llama2.c checkpoint's bytes.
 func llama2cModel(data []byte) (*Model, error) {
+	m, err := parseLlama2C(data)
+	if err != nil && !(len(data) >= 4 && binary.LittleEndian.Uint32(data) == llama2cMagic) {
+		// The legacy format has no magic: say what else the file could
+		// have been.
+		return nil, fmt.Errorf("not a GGUF file or llama2.c checkpoint: %w", err)
+	}
+	return m, err
+}
+
+func parseLlama2C(data []byte) (*Model, error) {
 	var hdr [7]int32
 	shared := true
 	var pos int64
@@ -84,7 +94,7 @@ func llama2cModel(data []byte) (*Model, error) {
 		v    int64
 	}{{"dim", dim}, {"hidden_dim", hid}, {"n_layers", layers}, {"n_heads", heads}, {"n_kv_heads", kvHeads}, {"vocab_size", vocab}, {"seq_len", seq}} {
 		if f.v <= 0 {
-			return nil, fmt.Errorf("llama2.c: %s is %d (not a llama2.c checkpoint?)", f.name, f.v)
+			return nil, fmt.Errorf("llama2.c: %s is %d", f.name, f.v)
 		}
 	}
 	if dim%heads != 0 {

@@ -11,15 +11,18 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 
 	"kiln/tensor"
 )
 
 // Load reads the model at path: a directory is read as a Hugging Face
-// checkpoint (config.json and safetensors), a file starting with "GGUF" as
-// GGUF, and any other file as a llama2.c checkpoint (version 1 "ak42" or the
-// legacy headerless-magic format).
+// checkpoint (config.json and safetensors), as is a path naming its
+// config.json, index or a .safetensors file; a file starting with "GGUF" is
+// read as GGUF, and any other file as a llama2.c checkpoint (version 1
+// "ak42", or the legacy format, which has no magic).
 func Load(path string) (*Model, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -27,6 +30,11 @@ func Load(path string) (*Model, error) {
 	}
 	if st.IsDir() {
 		return LoadHF(path)
+	}
+	// A file of a Hugging Face checkpoint stands for its directory.
+	switch base := filepath.Base(path); {
+	case base == "config.json" || base == "model.safetensors.index.json" || strings.HasSuffix(base, ".safetensors"):
+		return LoadHF(filepath.Dir(path))
 	}
 	f, err := os.Open(path)
 	if err != nil {

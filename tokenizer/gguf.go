@@ -130,6 +130,7 @@ func fromGGUF(md map[string]any) (*Tokenizer, error) {
 		t.norm = append(t.norm, normStep{kind: normReplace, a: " ", b: "▁"})
 		t.unk = 0
 		t.initByteTables()
+		t.setChunkSep("▁")
 		c := decoderConfig{mode: decPieces, text: make([]string, len(tokens)), byteOf: make([]int16, len(tokens))}
 		for id, p := range tokens {
 			c.byteOf[id] = -1

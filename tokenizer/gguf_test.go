@@ -163,22 +163,28 @@ func TestFromGGUFMalformed(t *testing.T) {
 		t.Errorf("tiny llama vocab: %v", got)
 	}
 	mods := map[string]func(map[string]any){
-		"no model":        func(m map[string]any) { delete(m, "tokenizer.ggml.model") },
-		"unknown model":   func(m map[string]any) { m["tokenizer.ggml.model"] = "bert" },
-		"no tokens":       func(m map[string]any) { delete(m, "tokenizer.ggml.tokens") },
-		"tokens type":     func(m map[string]any) { m["tokenizer.ggml.tokens"] = 42 },
-		"token elem":      func(m map[string]any) { m["tokenizer.ggml.tokens"] = []any{"a", 3} },
-		"short scores":    func(m map[string]any) { m["tokenizer.ggml.scores"] = []float32{0} },
-		"scores type":     func(m map[string]any) { m["tokenizer.ggml.scores"] = "x" },
-		"short types":     func(m map[string]any) { m["tokenizer.ggml.token_type"] = []int32{1} },
-		"bos range":       func(m map[string]any) { m["tokenizer.ggml.bos_token_id"] = uint32(99) },
-		"bos type":        func(m map[string]any) { m["tokenizer.ggml.bos_token_id"] = "1" },
-		"eos negative":    func(m map[string]any) { m["tokenizer.ggml.eos_token_id"] = int32(-1) },
-		"add_bos type":    func(m map[string]any) { m["tokenizer.ggml.add_bos_token"] = 1 },
-		"template type":   func(m map[string]any) { m["tokenizer.chat_template"] = 1 },
-		"gpt2 no merges":  func(m map[string]any) { m["tokenizer.ggml.model"] = "gpt2" },
-		"gpt2 bad merge":  func(m map[string]any) { m["tokenizer.ggml.model"] = "gpt2"; m["tokenizer.ggml.merges"] = []string{"nospace"} },
-		"gpt2 miss merge": func(m map[string]any) { m["tokenizer.ggml.model"] = "gpt2"; m["tokenizer.ggml.merges"] = []string{"x y"} },
+		"no model":       func(m map[string]any) { delete(m, "tokenizer.ggml.model") },
+		"unknown model":  func(m map[string]any) { m["tokenizer.ggml.model"] = "bert" },
+		"no tokens":      func(m map[string]any) { delete(m, "tokenizer.ggml.tokens") },
+		"tokens type":    func(m map[string]any) { m["tokenizer.ggml.tokens"] = 42 },
+		"token elem":     func(m map[string]any) { m["tokenizer.ggml.tokens"] = []any{"a", 3} },
+		"short scores":   func(m map[string]any) { m["tokenizer.ggml.scores"] = []float32{0} },
+		"scores type":    func(m map[string]any) { m["tokenizer.ggml.scores"] = "x" },
+		"short types":    func(m map[string]any) { m["tokenizer.ggml.token_type"] = []int32{1} },
+		"bos range":      func(m map[string]any) { m["tokenizer.ggml.bos_token_id"] = uint32(99) },
+		"bos type":       func(m map[string]any) { m["tokenizer.ggml.bos_token_id"] = "1" },
+		"eos negative":   func(m map[string]any) { m["tokenizer.ggml.eos_token_id"] = int32(-1) },
+		"add_bos type":   func(m map[string]any) { m["tokenizer.ggml.add_bos_token"] = 1 },
+		"template type":  func(m map[string]any) { m["tokenizer.chat_template"] = 1 },
+		"gpt2 no merges": func(m map[string]any) { m["tokenizer.ggml.model"] = "gpt2" },
+		"gpt2 bad merge": func(m map[string]any) {
+			m["tokenizer.ggml.model"] = "gpt2"
+			m["tokenizer.ggml.merges"] = []string{"nospace"}
+		},
+		"gpt2 miss merge": func(m map[string]any) {
+			m["tokenizer.ggml.model"] = "gpt2"
+			m["tokenizer.ggml.merges"] = []string{"x y"}
+		},
 		"gpt2 bad pre": func(m map[string]any) {
 			m["tokenizer.ggml.model"] = "gpt2"
 			m["tokenizer.ggml.merges"] = []string{}

@@ -238,6 +238,9 @@ func parseHFJSON(data []byte) (*Tokenizer, error) {
 	}
 	t.setFastSplit()
 	t.initByteTables()
+	if t.input == inputRunes {
+		t.setChunkSep("▁")
+	}
 	if err := t.parseDecoder(f.Decoder); err != nil {
 		return nil, fmt.Errorf("decoder: %w", err)
 	}

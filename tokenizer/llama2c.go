@@ -82,6 +82,7 @@ func parseLlama2C(data []byte) (*Tokenizer, error) {
 	if id, ok := t.vocab[" "]; ok {
 		t.llamaSpace = id
 	}
+	t.setChunkSep(" ")
 	t.bos, t.eos = llama2cBOS, []int{llama2cEOS}
 	t.prefix = []int{llama2cBOS}
 	t.dec = decoderConfig{mode: decBytes, llama2c: true, raw: make([][]byte, len(pieces))}
@@ -137,15 +138,21 @@ func scoreMerges(pieces []string, scores []float32, vocab map[string]int) map[ui
 	return merges
 }
 
-// encodeLlama2C follows run.c encode (see the file comment).
+// encodeLlama2C follows run.c encode (see the file comment). The dummy
+// prefix is a symbol of its own, exactly like the " " it spells.
 func (t *Tokenizer) encodeLlama2C(text string, w *workspace, out []int) []int {
 	if text == "" {
 		return out
 	}
-	w.syms = w.syms[:0]
 	if t.llamaSpace >= 0 {
-		w.syms = append(w.syms, symbol{id: int32(t.llamaSpace)})
+		text = " " + text
 	}
+	return t.encodeWord(text, w, out)
+}
+
+// llama2cSymbols groups a lead byte with up to three continuation bytes and
+// looks the group up; unknown groups become one symbol per byte, id byte+3.
+func (t *Tokenizer) llama2cSymbols(text string, w *workspace) {
 	for i := 0; i < len(text); {
 		j := i + 1
 		for j < len(text) && text[j]&0xC0 == 0x80 && j-i < 4 {
@@ -162,5 +169,4 @@ func (t *Tokenizer) encodeLlama2C(text string, w *workspace, out []int) []int {
 		}
 		i = j
 	}
-	return mergeSymbols(t.merges, w, out)
 }

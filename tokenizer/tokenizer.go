@@ -86,6 +86,7 @@ type Tokenizer struct {
 	ignoreMerges bool
 	rawVocab     map[string]int // inputBytes+ignoreMerges: raw bytes -> id
 	llamaSpace   int            // inputLlama2C: id of " " (dummy prefix), -1 if absent
+	chunkSep     string         // see setChunkSep
 
 	added      []addedToken
 	addedFirst [256][]int // first byte -> indexes into added, longest first
@@ -375,18 +376,36 @@ func (t *Tokenizer) applyPre(st preStep, words []string, first bool, w *workspac
 }
 
 // encodeWord BPE-encodes one pre-token, through the cache for short words.
+// Long words of SentencePiece-style vocabularies are first cut into chunks
+// that no merge can cross (see setChunkSep).
 func (t *Tokenizer) encodeWord(word string, w *workspace, out []int) []int {
 	if word == "" {
 		return out
 	}
-	if t.ignoreMerges {
-		if t.input == inputBytes {
-			if id, ok := t.rawVocab[word]; ok {
-				return append(out, id)
+	if t.chunkSep != "" && len(word) > maxCacheWord {
+		sep := t.chunkSep
+		start := 0
+		for i := 1; i < len(word); {
+			k := strings.Index(word[i:], sep)
+			if k < 0 {
+				break
 			}
-		} else if id, ok := t.vocab[word]; ok {
-			return append(out, id)
+			i += k
+			if !strings.HasSuffix(word[start:i], sep) {
+				out = t.encodeChunk(word[start:i], w, out)
+				start = i
+			}
+			i += len(sep)
 		}
+		return t.encodeChunk(word[start:], w, out)
+	}
+	return t.encodeChunk(word, w, out)
+}
+
+// encodeChunk BPE-encodes a piece that merges cannot reach beyond.
+func (t *Tokenizer) encodeChunk(word string, w *workspace, out []int) []int {
+	if word == "" {
+		return out
 	}
 	cacheable := len(word) <= maxCacheWord
 	if cacheable {
@@ -399,6 +418,17 @@ func (t *Tokenizer) encodeWord(word string, w *workspace, out []int) []int {
 	}
 	start := len(out)
 	w.syms = w.syms[:0]
+	if t.ignoreMerges {
+		// Llama 3: a word that is itself a token is emitted whole.
+		vocab := t.vocab
+		if t.input == inputBytes {
+			vocab = t.rawVocab
+		}
+		if id, ok := vocab[word]; ok {
+			out = append(out, id)
+			goto done
+		}
+	}
 	switch t.input {
 	case inputBytes:
 		for i := 0; i < len(word); i++ {
@@ -408,8 +438,11 @@ func (t *Tokenizer) encodeWord(word string, w *workspace, out []int) []int {
 		}
 	case inputRunes:
 		t.runeSymbols(word, w)
+	case inputLlama2C:
+		t.llama2cSymbols(word, w)
 	}
 	out = mergeSymbols(t.merges, w, out)
+done:
 	if cacheable {
 		ids := append([]int(nil), out[start:]...)
 		t.cacheMu.Lock()
@@ -467,6 +500,31 @@ func (t *Tokenizer) runeSymbols(word string, w *workspace) {
 	if pendingUnk {
 		w.syms = append(w.syms, symbol{id: int32(t.unk)})
 	}
+}
+
+// setChunkSep enables cutting long words before sep (where the previous
+// text does not end in sep) when that is provably lossless: no merge result
+// contains sep right after some other character, so no pair spanning such a
+// cut can ever merge, and BPE on the chunks equals BPE on the whole word.
+// SentencePiece vocabularies have this property for "▁" (llama2.c: " "),
+// which turns their whole-line BPE into cacheable word-sized pieces.
+func (t *Tokenizer) setChunkSep(sep string) {
+	t.chunkSep = ""
+	for _, m := range t.merges {
+		p := t.pieces[m.id]
+		for i := 1; i < len(p); {
+			k := strings.Index(p[i:], sep)
+			if k < 0 {
+				break
+			}
+			i += k
+			if !strings.HasSuffix(p[:i], sep) {
+				return
+			}
+			i += len(sep)
+		}
+	}
+	t.chunkSep = sep
 }
 
 // finishAdded sorts added tokens for matching: per first byte, longest first.

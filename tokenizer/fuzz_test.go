@@ -1,0 +1,142 @@
+package tokenizer
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"unicode/utf8"
+)
+
+// tinyByteLevelJSON is a small GPT-2-style tokenizer.json: the full byte
+// alphabet (so every input is encodable) plus a few merges.
+func tinyByteLevelJSON() []byte {
+	b2u, _ := bytesToUnicode()
+	vocab := "{"
+	for b := 0; b < 256; b++ {
+		if b > 0 {
+			vocab += ","
+		}
+		vocab += quoteJSON(string(b2u[b])) + ":" + itoa(b)
+	}
+	extra := []string{"Ġt", "he", "Ġthe", "in", "Ġa"}
+	for i, e := range extra {
+		vocab += "," + quoteJSON(e) + ":" + itoa(256+i)
+	}
+	vocab += "}"
+	return []byte(`{"added_tokens":[{"id":261,"content":"<|endoftext|>","special":true}],
+"normalizer":null,
+"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},
+"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<|endoftext|>"}},{"Sequence":{"id":"A"}}],
+ "special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[261],"tokens":["<|endoftext|>"]}}},
+"decoder":{"type":"ByteLevel"},
+"model":{"type":"BPE","vocab":` + vocab + `,"merges":["Ġ t","h e","Ġt he","i n",["Ġ","a"]]}}`)
+}
+
+func quoteJSON(s string) string {
+	out := `"`
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			out += `\` + string(r)
+		case r < 0x20:
+			out += `\u00` + string("0123456789abcdef"[r>>4]) + string("0123456789abcdef"[r&15])
+		default:
+			out += string(r)
+		}
+	}
+	return out + `"`
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	s := ""
+	for ; n > 0; n /= 10 {
+		s = string(rune('0'+n%10)) + s
+	}
+	return s
+}
+
+func FuzzLoadLlama2C(f *testing.F) {
+	f.Add(makeLlama2C(5, []string{"<unk>", "<s>", "</s>", " ", "a", " a"}, []float32{0, 0, 0, 0, -1, -2}))
+	f.Add([]byte{7, 0, 0, 0})
+	f.Add([]byte{7, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tk, err := ParseLlama2C(data)
+		if err != nil {
+			return
+		}
+		ids := tk.Encode("a b\xff☃", true)
+		_ = tk.Decode(ids)
+	})
+}
+
+func FuzzLoadHFJSON(f *testing.F) {
+	f.Add(tinyByteLevelJSON())
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}}`))
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":[["a","a"]]}}`))
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"<unk>":0,"▁":1,"a":2},"merges":[],"unk_token":"<unk>","byte_fallback":true},
+"normalizer":{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]},
+"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]}}`))
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":-5},"merges":[]}}`))
+	f.Add([]byte(`{"added_tokens":[{"id":99999999,"content":"x"}],"model":{"type":"BPE","vocab":{},"merges":[]}}`))
+	f.Add([]byte(`{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(?!x)"}},"model":{"type":"BPE","vocab":{},"merges":[]}}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tk, err := ParseHFJSON(data)
+		if err != nil {
+			return
+		}
+		ids := tk.Encode("Hello wörld <|endoftext|> 123\n\xff", true)
+		_ = tk.Decode(ids)
+		_ = tk.Decode([]int{0, 1, 2, -1, 1 << 30})
+	})
+}
+
+// fuzzTokenizer is the real GPT-2 vocabulary when the shared data is there,
+// else the tiny inline one.
+func fuzzTokenizer(f *testing.F) *Tokenizer {
+	if p := filepath.Join("..", "..", "shared", "tokenizers", "gpt2", "tokenizer.json"); fileExists(p) {
+		tk, err := Load(p)
+		if err == nil {
+			return tk
+		}
+	}
+	tk, err := ParseHFJSON(tinyByteLevelJSON())
+	if err != nil {
+		f.Fatal(err)
+	}
+	return tk
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// FuzzEncode: byte-level BPE is lossless, so decode(encode(s)) == s for any
+// valid UTF-8, and streaming must agree with batch decoding.
+func FuzzEncode(f *testing.F) {
+	tk := fuzzTokenizer(f)
+	for _, s := range []string{"", " ", "Hello world", "  two\n\n spaces  ", "don't I'M", "1234567", "你好🙂\u200d", "<|endoftext|>x", "a\tb\r\nc", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		ids := tk.Encode(s, false)
+		if got := tk.Decode(ids); got != s {
+			t.Fatalf("round trip %q -> %v -> %q", s, ids, got)
+		}
+		d := tk.NewDecoder()
+		out := ""
+		for _, id := range ids {
+			out += d.Add(id)
+		}
+		if out += d.Flush(); out != s {
+			t.Fatalf("stream %q != %q", out, s)
+		}
+	})
+}

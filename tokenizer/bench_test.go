@@ -61,4 +61,3 @@ func BenchmarkDecode(b *testing.B) {
 		_ = tk.Decode(ids)
 	}
 }
-

@@ -38,6 +38,8 @@ type hfConfig struct {
 	RopeParameters        json.RawMessage `json:"rope_parameters"`
 	SlidingWindow         *int            `json:"sliding_window"`
 	UseSlidingWindow      *bool           `json:"use_sliding_window"`
+	MaxWindowLayers       *int            `json:"max_window_layers"`
+	LayerTypes            []string        `json:"layer_types"`
 	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
 	AttentionBias         *bool           `json:"attention_bias"`
 	BOSTokenID            json.RawMessage `json:"bos_token_id"`
@@ -146,15 +148,8 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 			return c, nil, fmt.Errorf("unsupported rope scaling type %q", typ)
 		}
 	}
-	switch arch {
-	case "mistral", "llama":
-		if hc.SlidingWindow != nil {
-			c.SlidingWindow = *hc.SlidingWindow
-		}
-	case "qwen2":
-		if hc.UseSlidingWindow != nil && *hc.UseSlidingWindow && hc.SlidingWindow != nil {
-			c.SlidingWindow = *hc.SlidingWindow
-		}
+	if err := hfSlidingWindow(&c, &hc); err != nil {
+		return c, nil, err
 	}
 	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
 	var err error
@@ -165,6 +160,47 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		return c, nil, fmt.Errorf("config.json: eos_token_id: %w", err)
 	}
 	return c, hc.TieWordEmbeddings, nil
+}
+
+// hfSlidingWindow sets c.SlidingWindow. Mistral applies sliding_window (an
+// int or null) to every layer; Llama ignores it. Qwen2 applies it only when
+// use_sliding_window is true, and then only to the layers from
+// max_window_layers on (transformers 5 spells this out as layer_types); one
+// window for all layers or none is supported, a mix is refused.
+func hfSlidingWindow(c *Config, hc *hfConfig) error {
+	if hc.SlidingWindow == nil {
+		return nil
+	}
+	switch c.Arch {
+	case "mistral":
+		c.SlidingWindow = *hc.SlidingWindow
+	case "qwen2":
+		if hc.UseSlidingWindow == nil || !*hc.UseSlidingWindow {
+			return nil
+		}
+		sliding := 0
+		if hc.LayerTypes != nil {
+			for _, t := range hc.LayerTypes {
+				if t == "sliding_attention" {
+					sliding++
+				}
+			}
+		} else {
+			first := 28 // transformers' default max_window_layers
+			if hc.MaxWindowLayers != nil {
+				first = *hc.MaxWindowLayers
+			}
+			sliding = c.NumLayers - max(0, min(first, c.NumLayers))
+		}
+		switch sliding {
+		case 0:
+		case c.NumLayers:
+			c.SlidingWindow = *hc.SlidingWindow
+		default:
+			return fmt.Errorf("unsupported sliding window on %d of %d layers", sliding, c.NumLayers)
+		}
+	}
+	return nil
 }
 
 func deref(p *float64) float64 {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"kiln/internal/testshared"
 	"kiln/tensor"
 )
 
@@ -32,7 +33,13 @@ func TestLoadHF(t *testing.T) {
 			extra: map[string]any{"sliding_window": 32768, "use_sliding_window": false, "eos_token_id": []int{2, 7}},
 			edit:  func(c *Config) { c.EOS = []int{2, 7} }},
 		{name: "qwen2 sliding", arch: "qwen2", dt: tensor.F32,
-			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true}, edit: func(c *Config) { c.SlidingWindow = 64 }},
+			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true, "max_window_layers": 0}, edit: func(c *Config) { c.SlidingWindow = 64 }},
+		{name: "qwen2 sliding past max_window_layers", arch: "qwen2", dt: tensor.F32,
+			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true, "max_window_layers": 28}},
+		{name: "qwen2 sliding layer_types", arch: "qwen2", dt: tensor.F32,
+			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true, "layer_types": []string{"sliding_attention", "sliding_attention"}},
+			edit: func(c *Config) { c.SlidingWindow = 64 }},
+		{name: "llama ignores sliding_window", arch: "llama", dt: tensor.F32, extra: map[string]any{"sliding_window": 64}},
 		{name: "llama attention_bias", arch: "llama", dt: tensor.F32,
 			extra: map[string]any{"attention_bias": true}, edit: func(c *Config) { c.QKVBias = true }},
 		{name: "llama3 rope_scaling", arch: "llama", dt: tensor.F32,
@@ -160,6 +167,7 @@ func TestHFErrors(t *testing.T) {
 		{"wrong shape", nil, replace(tensor.FromF32(q0, tensor.Shape{64, 32}, make([]float32, 64*32))), "tensor " + q0 + " has shape [64,32], want [64,64]"},
 		{"unsupported dtype", nil, good, "unsupported dtype I8 for tensor extra.weight"},
 		{"bad config json", map[string]any{"hidden_size": "big"}, good, "config.json"},
+		{"qwen2-style mixed sliding window", map[string]any{"architectures": []string{"Qwen2ForCausalLM"}, "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 1}, good, "unsupported sliding window on 1 of 2 layers"},
 		{"heads not dividing hidden", map[string]any{"num_attention_heads": 5, "num_key_value_heads": 5}, good, "multiple"},
 	}
 	for _, tc := range tests {
@@ -338,4 +346,67 @@ func FuzzSafetensorsHeader(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestHFChatTemplateShared(t *testing.T) {
+	for _, tc := range []struct{ dir, want string }{
+		{"qwen2.5-instruct", "<|im_start|>"},
+		{"smollm3", "reasoning_mode"},
+	} {
+		dir := testshared.Path(t, "tokenizers", tc.dir)
+		if got := readChatTemplate(dir); !strings.Contains(got, tc.want) {
+			t.Errorf("%s: chat template %.80q lacks %q", tc.dir, got, tc.want)
+		}
+	}
+}
+
+// TestHFFixtures loads the repository's transformers-made checkpoints
+// (testdata/hf) and checks the configs they were made with.
+func TestHFFixtures(t *testing.T) {
+	root := filepath.Join("..", "testdata", "hf")
+	if _, err := os.Stat(root); err != nil {
+		t.Skip("no testdata/hf")
+	}
+	checks := map[string]func(c Config) bool{
+		"llama-bf16":        func(c Config) bool { return c.DType == tensor.BF16 },
+		"llama-f16":         func(c Config) bool { return c.DType == tensor.F16 },
+		"llama-mha-tied":    func(c Config) bool { return c.TiedEmbeddings && c.NumKVHeads == c.NumHeads },
+		"llama-mqa":         func(c Config) bool { return c.NumKVHeads == 1 },
+		"llama-linear-rope": func(c Config) bool { return c.RopeScaling.Type == "linear" && c.RopeScaling.Factor > 1 },
+		"llama3-rope": func(c Config) bool {
+			return c.RopeScaling == RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64} && c.RopeTheta == 500000
+		},
+		"mistral-swa":   func(c Config) bool { return c.Arch == "mistral" && c.SlidingWindow == 8 },
+		"qwen2-bias":    func(c Config) bool { return c.Arch == "qwen2" && c.QKVBias && c.SlidingWindow == 0 && c.RMSNormEps == 1e-6 },
+		"llama-sharded": func(c Config) bool { return c.RopeTheta == 10000 },
+		"llama-odd":     func(c Config) bool { return c.HiddenSize == 96 && c.NumHeads == 6 && c.VocabSize == 301 && c.NumLayers == 3 },
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		n++
+		t.Run(e.Name(), func(t *testing.T) {
+			m, err := Load(filepath.Join(root, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			c := m.Config
+			if c.RopeStyle != RopeHalf || len(c.BOS) != 1 || len(c.EOS) != 1 {
+				t.Errorf("config %+v", c)
+			}
+			if check, ok := checks[e.Name()]; ok && !check(c) {
+				t.Errorf("config %+v", c)
+			}
+		})
+	}
+	if n == 0 {
+		t.Skip("no fixtures")
+	}
 }

@@ -38,7 +38,7 @@ func TestLoadHF(t *testing.T) {
 			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true, "max_window_layers": 28}},
 		{name: "qwen2 sliding layer_types", arch: "qwen2", dt: tensor.F32,
 			extra: map[string]any{"sliding_window": 64, "use_sliding_window": true, "layer_types": []string{"sliding_attention", "sliding_attention"}},
-			edit: func(c *Config) { c.SlidingWindow = 64 }},
+			edit:  func(c *Config) { c.SlidingWindow = 64 }},
 		{name: "llama ignores sliding_window", arch: "llama", dt: tensor.F32, extra: map[string]any{"sliding_window": 64}},
 		{name: "llama attention_bias", arch: "llama", dt: tensor.F32,
 			extra: map[string]any{"attention_bias": true}, edit: func(c *Config) { c.QKVBias = true }},
@@ -376,10 +376,14 @@ func TestHFFixtures(t *testing.T) {
 		"llama3-rope": func(c Config) bool {
 			return c.RopeScaling == RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64} && c.RopeTheta == 500000
 		},
-		"mistral-swa":   func(c Config) bool { return c.Arch == "mistral" && c.SlidingWindow == 8 },
-		"qwen2-bias":    func(c Config) bool { return c.Arch == "qwen2" && c.QKVBias && c.SlidingWindow == 0 && c.RMSNormEps == 1e-6 },
+		"mistral-swa": func(c Config) bool { return c.Arch == "mistral" && c.SlidingWindow == 8 },
+		"qwen2-bias": func(c Config) bool {
+			return c.Arch == "qwen2" && c.QKVBias && c.SlidingWindow == 0 && c.RMSNormEps == 1e-6
+		},
 		"llama-sharded": func(c Config) bool { return c.RopeTheta == 10000 },
-		"llama-odd":     func(c Config) bool { return c.HiddenSize == 96 && c.NumHeads == 6 && c.VocabSize == 301 && c.NumLayers == 3 },
+		"llama-odd": func(c Config) bool {
+			return c.HiddenSize == 96 && c.NumHeads == 6 && c.VocabSize == 301 && c.NumLayers == 3
+		},
 	}
 	entries, err := os.ReadDir(root)
 	if err != nil {

@@ -56,20 +56,28 @@ var passOrder = [...][2]string{
 }
 
 func init() {
+	if err := checkPassOrder(passes, passOrder[:]); err != nil {
+		panic(err)
+	}
+}
+
+// checkPassOrder reports the first ordering constraint that ps violates.
+func checkPassOrder(ps []pass, order [][2]string) error {
 	index := map[string]int{}
-	for i, p := range passes {
+	for i, p := range ps {
 		index[p.name] = i
 	}
-	for _, c := range passOrder {
+	for _, c := range order {
 		a, aok := index[c[0]]
 		b, bok := index[c[1]]
 		if !aok || !bok {
-			panic(fmt.Sprintf("compile: ordering constraint names unknown pass %v", c))
+			return fmt.Errorf("compile: ordering constraint names unknown pass %v", c)
 		}
 		if a >= b {
-			panic(fmt.Sprintf("compile: pass %s must come before %s", c[0], c[1]))
+			return fmt.Errorf("compile: pass %s must come before %s", c[0], c[1])
 		}
 	}
+	return nil
 }
 
 // PassNames lists the graph passes in order.

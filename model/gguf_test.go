@@ -245,6 +245,7 @@ func TestGGUFErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("no error: %+v", m.Config)
 			}
+			t.Log(err)
 			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("error %q does not mention %q", err, tc.want)
 			}
@@ -301,6 +302,7 @@ func TestGGUFHandBuilt(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
+			t.Log(err)
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not mention %q", err, tc.want)
 			}

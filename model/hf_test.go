@@ -183,6 +183,7 @@ func TestHFErrors(t *testing.T) {
 				m.Close()
 				t.Fatal("no error")
 			}
+			t.Log(err)
 			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("error %q does not mention %q on one line", err, tc.want)
 			}
@@ -292,6 +293,7 @@ func TestSafetensorsMalformed(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
+			t.Log(err)
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not mention %q", err, tc.want)
 			}

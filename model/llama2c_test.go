@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"kiln/internal/testshared"
 	"kiln/tensor"
@@ -53,6 +54,12 @@ func TestLlama2CStories260K(t *testing.T) {
 	}
 	if _, ok := a.Tensors[HeadName]; ok {
 		t.Error("shared classifier produced lm_head")
+	}
+	// Tensors are views of one mapping: in the legacy layout the first
+	// layer's attention norm starts where the embedding table ends.
+	emb, norm := a.Tensors[EmbedName].Data, a.Tensors[LayerName(0, "input_layernorm.weight")].Data
+	if uintptr(unsafe.Pointer(unsafe.SliceData(emb)))+uintptr(len(emb)) != uintptr(unsafe.Pointer(unsafe.SliceData(norm))) {
+		t.Error("tensors are not contiguous views of the file")
 	}
 }
 
@@ -204,6 +211,7 @@ func TestLlama2CMalformed(t *testing.T) {
 			if err == nil {
 				t.Fatalf("no error; config %+v", m.Config)
 			}
+			t.Log(err)
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not mention %q", err, tc.want)
 			}

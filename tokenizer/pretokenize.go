@@ -280,6 +280,52 @@ func lastRuneStart(s string, a, b int) int {
 	return b - w
 }
 
+const unicodeSpaces = `\t\n\v\f\r\x{85}\p{Z}`
+
+// widenSpaces rewrites \s and \S (outside and inside bracket classes) to
+// Unicode White_Space.
+func widenSpaces(pat string) string {
+	var sb strings.Builder
+	inClass := false
+	for i := 0; i < len(pat); i++ {
+		c := pat[i]
+		if c == '\\' && i+1 < len(pat) {
+			switch d := pat[i+1]; {
+			case d == 's' && inClass:
+				sb.WriteString(unicodeSpaces)
+			case d == 's':
+				sb.WriteString("[" + unicodeSpaces + "]")
+			case d == 'S' && !inClass:
+				sb.WriteString("[^" + unicodeSpaces + "]")
+			default:
+				sb.WriteByte(c)
+				sb.WriteByte(d)
+			}
+			i++
+			continue
+		}
+		if c == '[' && !inClass {
+			inClass = true
+			sb.WriteByte(c)
+			// A ']' right after '[' or '[^' is a literal.
+			if i+1 < len(pat) && pat[i+1] == '^' {
+				sb.WriteByte('^')
+				i++
+			}
+			if i+1 < len(pat) && pat[i+1] == ']' {
+				sb.WriteByte(']')
+				i++
+			}
+			continue
+		}
+		if c == ']' && inClass {
+			inClass = false
+		}
+		sb.WriteByte(c)
+	}
+	return sb.String()
+}
+
 // stringSplitter matches a literal string.
 type stringSplitter struct{ lit string }
 
@@ -308,18 +354,25 @@ func newRegexSplitter(pat string) (splitter, error) {
 	case patQwen2:
 		return llama3Scanner{maxDigits: 1}, nil
 	}
+	return compileSplitRegex(pat)
+}
+
+// compileSplitRegex compiles a split pattern with Go's regexp. `\s` and
+// `\S` are widened to Unicode White_Space (Go's are ASCII-only, Oniguruma's
+// are not), and a trailing `\s+(?!\S)|\s+` becomes a capture group whose
+// match gives back its last rune when a non-space follows.
+func compileSplitRegex(pat string) (splitter, error) {
 	wsGroup := 0
 	const tail = `\s+(?!\S)|\s+`
-	if strings.HasSuffix(pat, tail) {
+	emulated := strings.HasSuffix(pat, tail)
+	if emulated {
 		pat = strings.TrimSuffix(pat, tail) + `(\s+)`
-	} else if strings.HasSuffix(pat, `\s+(?!\S)`) {
-		pat = strings.TrimSuffix(pat, `\s+(?!\S)`) + `(\s+)`
 	}
-	re, err := regexp.Compile(pat)
+	re, err := regexp.Compile(widenSpaces(pat))
 	if err != nil {
 		return nil, fmt.Errorf("split pattern %q: %w", pat, err)
 	}
-	if strings.HasSuffix(pat, `(\s+)`) {
+	if emulated {
 		wsGroup = re.NumSubexp()
 	}
 	return &regexSplitter{re: re, wsGroup: wsGroup}, nil

@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"kiln/ir"
@@ -229,5 +230,78 @@ func TestFreeList(t *testing.T) {
 	end = 256
 	if off := f.take(128, &end); off != 192 || end != 320 || len(f) != 1 {
 		t.Errorf("tail extension took %d (end %d, list %v), want 192 (end 320)", off, end, f)
+	}
+}
+
+// Random graphs of elementwise ops, projections, splits and row selections:
+// the plan invariants hold for each.
+func TestPlanRandomGraphs(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for iter := 0; iter < 200; iter++ {
+		b := newBuilder(t)
+		widths := []int{4, 8, 12}
+		var pool []*ir.Value
+		pool = append(pool, b.act(8), b.act(4))
+		pick := func(pred func(*ir.Value) bool) *ir.Value {
+			var c []*ir.Value
+			for _, v := range pool {
+				if pred(v) {
+					c = append(c, v)
+				}
+			}
+			if len(c) == 0 {
+				return nil
+			}
+			return c[r.IntN(len(c))]
+		}
+		all := func(*ir.Value) bool { return true }
+		for range 5 + r.IntN(40) {
+			x := pick(all)
+			var out []*ir.Value
+			switch r.IntN(6) {
+			case 0:
+				out = []*ir.Value{b.op(ir.SiLU, ir.Attrs{}, x)}
+			case 1, 2:
+				if y := pick(func(v *ir.Value) bool { return v.Shape.Equal(x.Shape) }); y != nil {
+					op := ir.Add
+					if r.IntN(2) == 0 {
+						op = ir.Mul
+					}
+					out = []*ir.Value{b.op(op, ir.Attrs{}, x, y)}
+				}
+			case 3:
+				n := widths[r.IntN(len(widths))]
+				out = []*ir.Value{b.op(ir.MatMul, ir.Attrs{}, x, b.weight("w", 0, n, x.Shape.Last()))}
+			case 4:
+				if d := x.Shape.Last(); d >= 8 {
+					out = b.node(ir.Split, ir.Attrs{Sizes: []int{4, d - 4}}, x).Outputs
+				}
+			case 5:
+				if x.Shape[0] == ir.TokenDim {
+					out = []*ir.Value{b.op(ir.SelectRows, ir.Attrs{}, x)}
+				}
+			}
+			pool = append(pool, out...)
+		}
+		var outs []*ir.Value
+		for _, v := range pool {
+			if r.IntN(5) == 0 {
+				outs = append(outs, v)
+			}
+		}
+		if len(outs) == 0 {
+			outs = pool[len(pool)-1:]
+		}
+		g := b.outputs(outs...)
+		for _, bk := range []Bucket{{1, 1}, {3, 2}, {16, 5}} {
+			p, err := planMemory(g, bk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkPlan(t, g, p)
+			if t.Failed() {
+				t.Fatalf("graph %d, bucket %+v:\n%v", iter, bk, g)
+			}
+		}
 	}
 }

@@ -39,16 +39,16 @@ type hfAddedToken struct {
 }
 
 type hfModel struct {
-	Type         string            `json:"type"`
-	Vocab        map[string]int    `json:"vocab"`
-	Merges       []json.RawMessage `json:"merges"`
-	UnkToken     *string           `json:"unk_token"`
-	FuseUnk      bool              `json:"fuse_unk"`
-	ByteFallback bool              `json:"byte_fallback"`
-	IgnoreMerges bool              `json:"ignore_merges"`
-	Prefix       *string           `json:"continuing_subword_prefix"`
-	Suffix       *string           `json:"end_of_word_suffix"`
-	Dropout      *float64          `json:"dropout"`
+	Type         string          `json:"type"`
+	Vocab        map[string]int  `json:"vocab"`
+	Merges       json.RawMessage `json:"merges"`
+	UnkToken     *string         `json:"unk_token"`
+	FuseUnk      bool            `json:"fuse_unk"`
+	ByteFallback bool            `json:"byte_fallback"`
+	IgnoreMerges bool            `json:"ignore_merges"`
+	Prefix       *string         `json:"continuing_subword_prefix"`
+	Suffix       *string         `json:"end_of_word_suffix"`
+	Dropout      *float64        `json:"dropout"`
 }
 
 // hfNode is any tagged part of the pipeline; only the fields kiln uses.
@@ -189,27 +189,30 @@ func parseHFJSON(data []byte) (*Tokenizer, error) {
 	}
 	t.finishAdded()
 
-	// Merges: "a b" strings or [a, b] pairs.
-	t.merges = make(map[uint64]mergeInfo, len(m.Merges))
-	for rank, raw := range m.Merges {
-		var a, b string
-		if len(raw) > 0 && raw[0] == '"' {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, fmt.Errorf("merge %d: %w", rank, err)
+	// Merges: "a b" strings or [a, b] pairs; decoded as a typed slice in
+	// one go, which is much faster than element by element.
+	var pairs [][]string
+	if !isNull(m.Merges) {
+		var strs []string
+		if err := json.Unmarshal(m.Merges, &strs); err == nil {
+			pairs = make([][]string, len(strs))
+			for i, s := range strs {
+				a, b, ok := strings.Cut(s, " ")
+				if !ok {
+					return nil, fmt.Errorf("merge %d %q: no space", i, s)
+				}
+				pairs[i] = []string{a, b}
 			}
-			var ok bool
-			a, b, ok = strings.Cut(s, " ")
-			if !ok {
-				return nil, fmt.Errorf("merge %d %q: no space", rank, s)
-			}
-		} else {
-			var pair []string
-			if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
-				return nil, fmt.Errorf("merge %d: want a pair of strings", rank)
-			}
-			a, b = pair[0], pair[1]
+		} else if err := json.Unmarshal(m.Merges, &pairs); err != nil {
+			return nil, fmt.Errorf("merges: want strings or pairs of strings: %w", err)
 		}
+	}
+	t.merges = make(map[uint64]mergeInfo, len(pairs))
+	for rank, pair := range pairs {
+		if len(pair) != 2 {
+			return nil, fmt.Errorf("merge %d: want a pair of strings", rank)
+		}
+		a, b := pair[0], pair[1]
 		ia, ok1 := t.vocab[a]
 		ib, ok2 := t.vocab[b]
 		im, ok3 := t.vocab[a+b]

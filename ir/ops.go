@@ -348,6 +348,9 @@ func inferAttention(n *Node) ([]Shape, []tensor.DType, error) {
 	if !IsState(n.Inputs[1]) {
 		return nil, nil, fmt.Errorf("second input must be a kv state")
 	}
+	if a.Layer < 0 {
+		return nil, nil, fmt.Errorf("layer %d", a.Layer)
+	}
 	if a.Window < 0 || a.Scale <= 0 {
 		return nil, nil, fmt.Errorf("window %d, scale %g", a.Window, a.Scale)
 	}

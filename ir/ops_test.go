@@ -142,6 +142,7 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"attention data instead of state", ir.Attention, attn, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.x8} }), "error: must be a kv state"},
 		{"attention zero scale", ir.Attention, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: scale 0"},
 		{"attention negative window", ir.Attention, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1, Window: -1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: window -1"},
+		{"attention negative layer", ir.Attention, ir.Attrs{Layer: -1, Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: layer -1"},
 		{"attention of state", ir.Attention, attn, in(func(v *vals) []*ir.Value { return []*ir.Value{v.state, v.state} }), "error: want f32[T,8]"},
 
 		{"select rows", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "f32[R,12]"},
@@ -161,6 +162,7 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"rope kv write table", ir.RoPEKVWrite, kv, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x4, v.x4, v.pos, v.table8} }), "error: does not match head dim 4"},
 		{"rope kv write positions", ir.RoPEKVWrite, kv, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x4, v.x4, v.x4, v.table4} }), "error: positions must be i32[T]"},
 		{"rope kv write k", ir.RoPEKVWrite, kv, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.x4, v.pos, v.table4} }), "error: k: "},
+		{"rope kv write negative layer", ir.RoPEKVWrite, ir.Attrs{Layer: -2, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x4, v.x4, v.pos, v.table4} }), "error: layer -2"},
 		{"rope kv write arity", ir.RoPEKVWrite, kv, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x4, v.x4, v.pos} }), "error: takes 4 inputs"},
 
 		{"split", ir.Split, ir.Attrs{Sizes: []int{8, 4}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "f32[T,8], f32[T,4]"},

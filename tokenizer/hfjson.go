@@ -204,7 +204,24 @@ func parseHFJSON(data []byte) (*Tokenizer, error) {
 				pairs[i] = []string{a, b}
 			}
 		} else if err := json.Unmarshal(m.Merges, &pairs); err != nil {
-			return nil, fmt.Errorf("merges: want strings or pairs of strings: %w", err)
+			// Mixed forms: element by element.
+			var raws []json.RawMessage
+			if err := json.Unmarshal(m.Merges, &raws); err != nil {
+				return nil, fmt.Errorf("merges: %w", err)
+			}
+			pairs = make([][]string, len(raws))
+			for i, raw := range raws {
+				var s string
+				if json.Unmarshal(raw, &s) == nil {
+					a, b, ok := strings.Cut(s, " ")
+					if !ok {
+						return nil, fmt.Errorf("merge %d %q: no space", i, s)
+					}
+					pairs[i] = []string{a, b}
+				} else if err := json.Unmarshal(raw, &pairs[i]); err != nil {
+					return nil, fmt.Errorf("merge %d: want \"a b\" or [a, b]", i)
+				}
+			}
 		}
 	}
 	t.merges = make(map[uint64]mergeInfo, len(pairs))

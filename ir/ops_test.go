@@ -200,13 +200,14 @@ func TestAddInfersAndRejects(t *testing.T) {
 		}, "error: is nil"})
 	}
 
-	tested := map[ir.Op]bool{}
+	tested, rejected := map[ir.Op]bool{}, map[ir.Op]bool{}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b, v := newVals(t)
 			before := len(b.g.Nodes)
 			n, err := b.g.Add(c.op, c.attrs, c.in(v)...)
 			if want, ok := strings.CutPrefix(c.want, "error: "); ok {
+				rejected[c.op] = true
 				if err == nil {
 					t.Fatalf("Add(%v) = %v, want an error mentioning %q", c.op, n, want)
 				}
@@ -244,6 +245,9 @@ func TestAddInfersAndRejects(t *testing.T) {
 	for _, op := range ir.AllOps() {
 		if !tested[op] {
 			t.Errorf("no accepted case for %v", op)
+		}
+		if !rejected[op] {
+			t.Errorf("no rejected case for %v", op)
 		}
 	}
 }

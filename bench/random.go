@@ -53,12 +53,16 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 	headDim := s.Hidden / s.Heads
 	r := rand.New(rand.NewPCG(seed, 11))
 	var tensors []*tensor.Tensor
+	var err error
 	add := func(name string, std float64, shape ...int) {
-		tensors = append(tensors, randomTensor(r, name, d, std, tensor.Shape(shape)))
+		if err != nil {
+			return
+		}
+		var t *tensor.Tensor
+		t, err = randomTensor(r, name, d, std, tensor.Shape(shape))
+		tensors = append(tensors, t)
 	}
-	ones := func(name string, n int) {
-		tensors = append(tensors, randomTensor(r, name, d, -1, tensor.Shape{n}))
-	}
+	ones := func(name string, n int) { add(name, -1, n) }
 	std := 1 / math.Sqrt(float64(s.Hidden))
 	add(model.EmbedName, 1, s.Vocab, s.Hidden)
 	for l := 0; l < s.Layers; l++ {
@@ -76,6 +80,9 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 	ones(model.NormName, s.Hidden)
 	if !s.Tied {
 		add(model.HeadName, std, s.Vocab, s.Hidden)
+	}
+	if err != nil {
+		return err
 	}
 	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
 	if err != nil {
@@ -105,28 +112,14 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 
 // randomTensor fills a tensor with N(0, std²) values, or 1 + N(0, 0.01) when
 // std < 0 (norm weights).
-func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape tensor.Shape) *tensor.Tensor {
-	n := int(shape.Elements())
-	size, _ := d.Bytes(int64(n))
-	t := &tensor.Tensor{Name: name, DType: d, Shape: shape, Data: make([]byte, size)}
-	for i := 0; i < n; i++ {
-		v := float32(r.NormFloat64() * std)
+func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape tensor.Shape) (*tensor.Tensor, error) {
+	vals := make([]float32, shape.Elements())
+	for i := range vals {
 		if std < 0 {
-			v = 1 + float32(r.NormFloat64()*0.1)
-		}
-		switch d {
-		case tensor.F32:
-			putU32(t.Data[4*i:], math.Float32bits(v))
-		case tensor.F16:
-			putU16(t.Data[2*i:], tensor.F32ToF16(v))
-		case tensor.BF16:
-			putU16(t.Data[2*i:], tensor.F32ToBF16(v))
+			vals[i] = 1 + float32(r.NormFloat64()*0.1)
+		} else {
+			vals[i] = float32(r.NormFloat64() * std)
 		}
 	}
-	return t
+	return tensor.Encode(name, shape, d, vals)
 }
-
-func putU32(b []byte, v uint32) {
-	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-}
-func putU16(b []byte, v uint16) { b[0], b[1] = byte(v), byte(v>>8) }

@@ -2,10 +2,8 @@ package model
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -49,74 +47,11 @@ func randTensors(c *Config, dt tensor.DType, seed int64) []*tensor.Tensor {
 
 // encodeTensor stores vals as dtype d (quantizing for Q8_0/Q4_0).
 func encodeTensor(name string, shape tensor.Shape, d tensor.DType, vals []float32) *tensor.Tensor {
-	var data []byte
-	switch d {
-	case tensor.F32:
-		return tensor.FromF32(name, shape, vals)
-	case tensor.F16:
-		for _, v := range vals {
-			data = binary.LittleEndian.AppendUint16(data, tensor.F32ToF16(v))
-		}
-	case tensor.BF16:
-		for _, v := range vals {
-			data = binary.LittleEndian.AppendUint16(data, tensor.F32ToBF16(v))
-		}
-	case tensor.Q8_0:
-		data = quantizeQ8_0(vals)
-	case tensor.Q4_0:
-		data = quantizeQ4_0(vals)
-	default:
-		panic("encodeTensor: dtype")
+	t, err := tensor.Encode(name, shape, d, vals)
+	if err != nil {
+		panic(err)
 	}
-	return &tensor.Tensor{Name: name, DType: d, Shape: shape, Data: data}
-}
-
-// quantizeQ8_0 follows ggml's quantize_row_q8_0_ref.
-func quantizeQ8_0(x []float32) []byte {
-	var out []byte
-	for b := 0; b < len(x)/32; b++ {
-		blk := x[b*32 : b*32+32]
-		var amax float32
-		for _, v := range blk {
-			amax = max(amax, float32(math.Abs(float64(v))))
-		}
-		d := amax / 127
-		id := float32(0)
-		if d != 0 {
-			id = 1 / d
-		}
-		out = binary.LittleEndian.AppendUint16(out, tensor.F32ToF16(d))
-		for _, v := range blk {
-			out = append(out, byte(int8(math.Round(float64(v*id)))))
-		}
-	}
-	return out
-}
-
-// quantizeQ4_0 follows ggml's quantize_row_q4_0_ref.
-func quantizeQ4_0(x []float32) []byte {
-	var out []byte
-	for b := 0; b < len(x)/32; b++ {
-		blk := x[b*32 : b*32+32]
-		var amax, mx float32
-		for _, v := range blk {
-			if a := float32(math.Abs(float64(v))); a > amax {
-				amax, mx = a, v
-			}
-		}
-		d := mx / -8
-		id := float32(0)
-		if d != 0 {
-			id = 1 / d
-		}
-		out = binary.LittleEndian.AppendUint16(out, tensor.F32ToF16(d))
-		for j := 0; j < 16; j++ {
-			q0 := min(15, int8(blk[j]*id+8.5))
-			q1 := min(15, int8(blk[j+16]*id+8.5))
-			out = append(out, byte(q0)|byte(q1)<<4)
-		}
-	}
-	return out
+	return t
 }
 
 // hfConfigJSON renders c as a config.json.

@@ -59,3 +59,31 @@ func Quantize(d DType, x []float32) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// Encode stores vals as a tensor of dtype d (F32, F16, BF16, Q8_0 or Q4_0),
+// rounding to nearest even or quantizing.
+func Encode(name string, shape Shape, d DType, vals []float32) (*Tensor, error) {
+	if int64(len(vals)) != shape.Elements() {
+		return nil, fmt.Errorf("encode %s: %d values for shape %v", name, len(vals), shape)
+	}
+	var data []byte
+	switch d {
+	case F32:
+		return FromF32(name, shape, vals), nil
+	case F16, BF16:
+		data = make([]byte, 2*len(vals))
+		for i, v := range vals {
+			h := F32ToF16(v)
+			if d == BF16 {
+				h = F32ToBF16(v)
+			}
+			binary.LittleEndian.PutUint16(data[2*i:], h)
+		}
+	default:
+		var err error
+		if data, err = Quantize(d, vals); err != nil {
+			return nil, fmt.Errorf("encode %s: %w", name, err)
+		}
+	}
+	return &Tensor{Name: name, DType: d, Shape: shape, Data: data}, nil
+}

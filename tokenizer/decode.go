@@ -44,6 +44,9 @@ type decoderConfig struct {
 	stripN    int
 	stripChar rune
 	perToken  bool
+	// metaFirst: Metaspace decoder; the first token loses every
+	// occurrence of this replacement rune instead of turning it into spaces.
+	metaFirst string
 }
 
 // StreamDecoder turns ids into text incrementally for streaming generation.
@@ -110,6 +113,9 @@ func (d *StreamDecoder) Add(id int) string {
 		}
 		s := d.flushRun()
 		tok := c.text[id]
+		if d.n == 1 && c.metaFirst != "" {
+			tok = strings.ReplaceAll(t.pieces[id], c.metaFirst, "")
+		}
 		if c.perToken {
 			tok = stripLeading(tok, c.stripChar, c.stripN)
 		}

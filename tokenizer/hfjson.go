@@ -508,7 +508,8 @@ func (t *Tokenizer) parseDecoder(raw json.RawMessage) error {
 				c.text[i] = strings.ReplaceAll(c.text[i], rep, " ")
 			}
 			if d.PrependScheme != "never" && (d.AddPrefixSpace == nil || *d.AddPrefixSpace || d.PrependScheme != "") {
-				c.stripChar, c.stripN, c.perToken = ' ', 1, false
+				// HF drops every replacement rune of the first token.
+				c.metaFirst = rep
 			}
 		default:
 			return fmt.Errorf("decoder %q is not supported", d.Type)

@@ -134,8 +134,17 @@ func TestMetaspaceRoberta(t *testing.T) {
 	if tk.BOS() != 0 || !slices.Equal(tk.EOS(), []int{1}) {
 		t.Errorf("bos %d eos %v", tk.BOS(), tk.EOS())
 	}
-	if got := tk.Decode([]int{10, 9}); got != "ab a" {
-		t.Errorf("Decode = %q", got)
+	for _, tc := range []struct {
+		ids  []int
+		want string
+	}{
+		{[]int{10, 9}, "ab a"},
+		{[]int{6, 6, 9}, "  a"}, // HF drops every "▁" of the first token only
+		{[]int{0, 9}, "<s> a"},
+	} {
+		if got := tk.Decode(tc.ids); got != tc.want {
+			t.Errorf("Decode(%v) = %q, want %q", tc.ids, got, tc.want)
+		}
 	}
 }
 

@@ -106,7 +106,10 @@ func parseLlama2C(data []byte) (*Model, error) {
 		Arch: "llama", HiddenSize: int(dim), IntermediateSize: int(hid), NumLayers: int(layers),
 		NumHeads: int(heads), NumKVHeads: int(kvHeads), HeadDim: int(hs), VocabSize: int(vocab),
 		MaxPositions: int(seq), RMSNormEps: 1e-5, RopeTheta: 10000, RopeStyle: RopeInterleaved,
-		TiedEmbeddings: shared, BOS: []int{1}, EOS: []int{2}, DType: tensor.F32,
+		TiedEmbeddings: shared, BOS: []int{1}, DType: tensor.F32,
+		// llama2.c's run.c ends generation at BOS (1), which separates
+		// documents in its training data, as well as at EOS (2).
+		EOS: []int{2, 1},
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("llama2.c: %w", err)

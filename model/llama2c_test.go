@@ -29,7 +29,7 @@ func TestLlama2CStories260K(t *testing.T) {
 	want := Config{
 		Arch: "llama", HiddenSize: 64, IntermediateSize: 172, NumLayers: 5, NumHeads: 8, NumKVHeads: 4,
 		HeadDim: 8, VocabSize: 512, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000,
-		RopeStyle: RopeInterleaved, TiedEmbeddings: true, BOS: []int{1}, EOS: []int{2}, DType: tensor.F32,
+		RopeStyle: RopeInterleaved, TiedEmbeddings: true, BOS: []int{1}, EOS: []int{2, 1}, DType: tensor.F32,
 	}
 	for _, m := range []*Model{a, b} {
 		if !configEqual(m.Config, want) {

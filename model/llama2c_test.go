@@ -140,6 +140,7 @@ func tinyLlama2C(tied bool) (Config, []*tensor.Tensor) {
 	c.VocabSize, c.MaxPositions, c.NumLayers = 6, 4, 1
 	c.RopeStyle = RopeInterleaved
 	c.TiedEmbeddings = tied
+	c.EOS = []int{2, 1}
 	return c, randTensors(&c, tensor.F32, 7)
 }
 

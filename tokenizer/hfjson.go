@@ -417,8 +417,8 @@ func parseBehavior(s string) (splitBehavior, error) {
 func (t *Tokenizer) setFastSplit() {
 	t.fastSplit = nil
 	if len(t.pre) == 1 && t.pre[0].kind == preSplit && t.pre[0].behavior == behIsolated && !t.pre[0].invert {
-		if _, ok := t.pre[0].split.(scanner); ok {
-			t.fastSplit = t.pre[0].split
+		if sc, ok := t.pre[0].split.(scanner); ok {
+			t.fastSplit = sc
 		}
 	}
 }

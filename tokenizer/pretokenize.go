@@ -53,29 +53,58 @@ func decodeRune(s string, i int) (rune, int) {
 	return utf8.DecodeRuneInString(s[i:])
 }
 
-func isLetter(r rune) bool {
-	if r < utf8.RuneSelf {
-		return (r|0x20) >= 'a' && (r|0x20) <= 'z'
+// Character classes of ASCII runes, looked up instead of computed.
+const (
+	clLetter = 1 << iota
+	clNumber
+	clSpace
+	clOther
+)
+
+var asciiClass = func() (c [128]uint8) {
+	for r := range c {
+		switch {
+		case (r|0x20) >= 'a' && (r|0x20) <= 'z':
+			c[r] = clLetter
+		case r >= '0' && r <= '9':
+			c[r] = clNumber
+		case r == ' ' || (r >= '\t' && r <= '\r'):
+			c[r] = clSpace
+		default:
+			c[r] = clOther
+		}
 	}
-	return unicode.IsLetter(r)
+	return c
+}()
+
+func isLetter(r rune) bool {
+	if uint32(r) < utf8.RuneSelf {
+		return asciiClass[r] == clLetter
+	}
+	return r >= 0 && unicode.IsLetter(r)
 }
 
 func isNumber(r rune) bool {
-	if r < utf8.RuneSelf {
-		return r >= '0' && r <= '9'
+	if uint32(r) < utf8.RuneSelf {
+		return asciiClass[r] == clNumber
 	}
-	return unicode.IsNumber(r)
+	return r >= 0 && unicode.IsNumber(r)
 }
 
 func isSpace(r rune) bool {
-	if r < utf8.RuneSelf {
-		return r == ' ' || (r >= '\t' && r <= '\r')
+	if uint32(r) < utf8.RuneSelf {
+		return asciiClass[r] == clSpace
 	}
-	return unicode.IsSpace(r)
+	return r >= 0 && unicode.IsSpace(r)
 }
 
 // isOther is [^\s\p{L}\p{N}].
-func isOther(r rune) bool { return r >= 0 && !isSpace(r) && !isLetter(r) && !isNumber(r) }
+func isOther(r rune) bool {
+	if uint32(r) < utf8.RuneSelf {
+		return asciiClass[r] == clOther
+	}
+	return r >= 0 && !unicode.IsSpace(r) && !unicode.IsLetter(r) && !unicode.IsNumber(r)
+}
 
 // contraction reports the length of 's|'t|'re|'ve|'m|'ll|'d at i (s[i]=='\”).
 func contraction(s string, i int, fold bool) int {

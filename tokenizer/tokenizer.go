@@ -95,7 +95,7 @@ type Tokenizer struct {
 	pre  []preStep
 	// fastSplit is set when the whole pre-tokenizer is one Isolated split
 	// without rewriting, so words are substrings of the segment.
-	fastSplit splitter
+	fastSplit scanner
 
 	prefix, suffix []int // post-processor ids added with addSpecial
 
@@ -295,9 +295,14 @@ func (t *Tokenizer) encodeSegment(seg string, first bool, w *workspace, out []in
 		return out
 	}
 	if t.fastSplit != nil {
-		w.spans = t.fastSplit.matches(s, w.spans[:0])
-		for _, sp := range w.spans {
-			out = t.encodeWord(s[sp[0]:sp[1]], w, out)
+		for i := 0; i < len(s); {
+			j := t.fastSplit.next(s, i)
+			if j <= i {
+				_, n := decodeRune(s, i)
+				j = i + n
+			}
+			out = t.encodeWord(s[i:j], w, out)
+			i = j
 		}
 		return out
 	}

@@ -140,3 +140,95 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+// tinySentencePieceJSON is a Llama-2-style tokenizer.json: Prepend/Replace
+// normalizer, byte fallback over all 256 <0xNN> tokens, and the
+// Replace/ByteFallback/Fuse/Strip decoder.
+func tinySentencePieceJSON() []byte {
+	vocab := `"<unk>":0,"<s>":1,"</s>":2`
+	for b := 0; b < 256; b++ {
+		vocab += `,"` + byteTokenName(byte(b)) + `":` + itoa(3+b)
+	}
+	vocab += `,"▁":259,"a":260,"b":261,"▁a":262,"▁ab":263,"é":264`
+	return []byte(`{"added_tokens":[{"id":0,"content":"<unk>","special":true},{"id":1,"content":"<s>","special":true},{"id":2,"content":"</s>","special":true}],
+"normalizer":{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]},
+"pre_tokenizer":null,
+"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<s>":{"id":"<s>","ids":[1],"tokens":["<s>"]}}},
+"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]},
+"model":{"type":"BPE","unk_token":"<unk>","fuse_unk":true,"byte_fallback":true,"vocab":{` + vocab + `},"merges":["▁ a","▁a b"]}}`)
+}
+
+// FuzzStreamDecode: for every decoder mode, streaming output is valid UTF-8
+// piece by piece and adds up to Decode.
+func FuzzStreamDecode(f *testing.F) {
+	var tks []*Tokenizer
+	for _, data := range [][]byte{tinyByteLevelJSON(), tinySentencePieceJSON(), []byte(metaspaceJSON)} {
+		tk, err := ParseHFJSON(data)
+		if err != nil {
+			f.Fatal(err)
+		}
+		tks = append(tks, tk)
+	}
+	l2c, err := ParseLlama2C(makeLlama2C(6, append([]string{"<unk>", "<s>", "</s>"}, func() []string {
+		var l []string
+		for b := 0; b < 256; b++ {
+			l = append(l, byteTokenName(byte(b)))
+		}
+		return append(l, " ", "a", " a")
+	}()...), make([]float32, 262)))
+	if err != nil {
+		f.Fatal(err)
+	}
+	tks = append(tks, l2c)
+	f.Add([]byte{0, 1, 2, 3})
+	f.Add([]byte{1, 0xf0 + 3, 0x9f + 3, 0x99 + 3, 0x82 + 3, 10})
+	f.Add([]byte{200, 201, 202, 7, 7, 7})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, tk := range tks {
+			ids := make([]int, len(data))
+			for i, b := range data {
+				ids[i] = int(b) * tk.VocabSize() / 256
+				if b%2 == 1 {
+					ids[i] = int(b) + 1 // byte-token region
+				}
+			}
+			d := tk.NewDecoder()
+			out := ""
+			for _, id := range ids {
+				s := d.Add(id)
+				if !utf8.ValidString(s) {
+					t.Fatalf("invalid UTF-8 %q from Add", s)
+				}
+				out += s
+			}
+			out += d.Flush()
+			if want := tk.Decode(ids); out != want {
+				t.Fatalf("stream %q != Decode %q (ids %v)", out, want, ids)
+			}
+		}
+	})
+}
+
+// TestSentencePieceRoundTrip checks byte fallback both ways on the tiny file.
+func TestSentencePieceRoundTrip(t *testing.T) {
+	tk, err := ParseHFJSON(tinySentencePieceJSON())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"ab a", " ab", "é 🙂x", "  ", "a\x00b"} {
+		ids := tk.Encode(s, true)
+		if ids[0] != 1 {
+			t.Errorf("no BOS: %v", ids)
+		}
+		if got := tk.Decode(ids[1:]); got != s {
+			t.Errorf("round trip %q -> %v -> %q", s, ids, got)
+		}
+	}
+	if got := tk.Encode("ab a", false); len(got) != 2 || got[0] != 263 || got[1] != 262 {
+		t.Errorf("Encode(ab a) = %v", got)
+	}
+	// An invalid byte run decodes to one U+FFFD per byte, as HF does.
+	if got := tk.Decode([]int{3 + 0xf0, 3 + 0x9f, 260}); got != "\uFFFD\uFFFDa" {
+		t.Errorf("invalid run: %q", got)
+	}
+}

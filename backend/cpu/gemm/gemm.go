@@ -16,7 +16,9 @@
 // at a time with several independent accumulators, horizontally reduced at
 // the end) and the K%8 tail (done in Go). T == 1 (decode) is memory bound: the
 // N rows are split across the pool in groups of 4 and each group is one pass
-// of the k4x1 kernel over 4 weight rows (x stays in L1). T > 1 (prefill) uses
+// of the k4x1 kernel over 4 weight rows (x stays in L1), which prefetches the
+// next group's rows into L2 as it goes (the 4 rows of a group are contiguous,
+// so this runs one group ahead of the reads). T > 1 (prefill) uses
 // the register-tiled k4x3 kernel: 4 weight rows × 3 tokens of dot products at
 // once, so each widened weight vector feeds 3 FMAs. Work units are blocks of
 // up to 64 rows × 48 tokens (so both N and T are split when one is small);
@@ -258,7 +260,7 @@ func (t *mmTask) decode(g0, g1 int) {
 		if full {
 			dst = (*[4]float32)(out[n : n+4])
 		}
-		k4x1(w.DType, r[0], r[1], r[2], r[3], xp, k8, dst)
+		k4x1(w.DType, r[0], r[1], r[2], r[3], xp, k8, uintptr(4*K*eb), dst)
 		if !full {
 			copy(out[n:N], tmp[:N-n])
 		}
@@ -295,7 +297,7 @@ func (t *mmTask) prefill(t0, t1, n0, n1 int) {
 			for tk := t0; tk < t1; {
 				nt := min(3, t1-tk)
 				if nt == 1 {
-					k4x1(w.DType, r[0], r[1], r[2], r[3], &x[tk*K+kb], kl/8, (*[4]float32)(sums[:4]))
+					k4x1(w.DType, r[0], r[1], r[2], r[3], &x[tk*K+kb], kl/8, 0, (*[4]float32)(sums[:4]))
 				} else {
 					x2 := tk + nt - 1
 					k4x3(w.DType, r[0], r[1], r[2], r[3], &x[tk*K+kb], &x[(tk+1)*K+kb], &x[x2*K+kb], kl/8, &sums)
@@ -325,14 +327,14 @@ func (t *mmTask) prefill(t0, t1, n0, n1 int) {
 	}
 }
 
-func k4x1(d tensor.DType, w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+func k4x1(d tensor.DType, w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32) {
 	switch d {
 	case tensor.F32:
-		k4x1F32(w0, w1, w2, w3, x, k8, out)
+		k4x1F32(w0, w1, w2, w3, x, k8, pf, out)
 	case tensor.BF16:
-		k4x1BF16(w0, w1, w2, w3, x, k8, out)
+		k4x1BF16(w0, w1, w2, w3, x, k8, pf, out)
 	case tensor.F16:
-		k4x1F16(w0, w1, w2, w3, x, k8, out)
+		k4x1F16(w0, w1, w2, w3, x, k8, pf, out)
 	}
 }
 

@@ -2,6 +2,9 @@
 
 package gemm
 
+// This file binds the AVX2/FMA/F16C assembly kernels of gemm_amd64.s (see
+// internal/asmgen for their contracts) and detects whether the CPU has them.
+
 import (
 	"unsafe"
 
@@ -15,13 +18,13 @@ var haveSIMD = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
 // Kernels in gemm_amd64.s; see internal/asmgen for their contracts.
 
 //go:noescape
-func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
+func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32)
 
 //go:noescape
-func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
+func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32)
 
 //go:noescape
-func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
+func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32)
 
 //go:noescape
 func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)

@@ -4,15 +4,19 @@
 
 #include "textflag.h"
 
-// func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
-TEXT ·k4x1F32(SB), NOSPLIT, $0-56
+// func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32)
+TEXT ·k4x1F32(SB), NOSPLIT, $0-64
 	MOVQ w0+0(FP), SI
 	MOVQ w1+8(FP), R8
 	MOVQ w2+16(FP), R9
 	MOVQ w3+24(FP), R10
 	MOVQ x+32(FP), DI
 	MOVQ k8+40(FP), CX
-	MOVQ out+48(FP), AX
+	MOVQ pf+48(FP), AX
+	LEAQ (SI)(AX*1), R11
+	LEAQ (R8)(AX*1), R12
+	LEAQ (R9)(AX*1), R13
+	LEAQ (R10)(AX*1), AX
 	XORQ BX, BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -26,10 +30,10 @@ TEXT ·k4x1F32(SB), NOSPLIT, $0-56
 	SHRQ $1, DX
 	JZ k4x1F32_one
 k4x1F32_loop:
-	PREFETCHT0 512(SI)(BX*1)
-	PREFETCHT0 512(R8)(BX*1)
-	PREFETCHT0 512(R9)(BX*1)
-	PREFETCHT0 512(R10)(BX*1)
+	PREFETCHT1 (R11)(BX*1)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 (R13)(BX*1)
+	PREFETCHT1 (AX)(BX*1)
 	VMOVUPS 0(DI)(BX*1), Y8
 	VMOVUPS 32(DI)(BX*1), Y9
 	VMOVUPS 0(SI)(BX*1), Y10
@@ -77,6 +81,7 @@ k4x1F32_reduce:
 	VHADDPS Y4, Y0, Y0
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS X1, X0, X0
+	MOVQ out+56(FP), AX
 	VMOVUPS X0, (AX)
 	VZEROUPPER
 	RET
@@ -152,15 +157,19 @@ k4x3F32_reduce:
 	VZEROUPPER
 	RET
 
-// func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
-TEXT ·k4x1BF16(SB), NOSPLIT, $0-56
+// func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32)
+TEXT ·k4x1BF16(SB), NOSPLIT, $0-64
 	MOVQ w0+0(FP), SI
 	MOVQ w1+8(FP), R8
 	MOVQ w2+16(FP), R9
 	MOVQ w3+24(FP), R10
 	MOVQ x+32(FP), DI
 	MOVQ k8+40(FP), CX
-	MOVQ out+48(FP), AX
+	MOVQ pf+48(FP), AX
+	LEAQ (SI)(AX*1), R11
+	LEAQ (R8)(AX*1), R12
+	LEAQ (R9)(AX*1), R13
+	LEAQ (R10)(AX*1), AX
 	XORQ BX, BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -174,10 +183,10 @@ TEXT ·k4x1BF16(SB), NOSPLIT, $0-56
 	SHRQ $2, DX
 	JZ k4x1BF16_one
 k4x1BF16_loop:
-	PREFETCHT0 512(SI)(BX*1)
-	PREFETCHT0 512(R8)(BX*1)
-	PREFETCHT0 512(R9)(BX*1)
-	PREFETCHT0 512(R10)(BX*1)
+	PREFETCHT1 (R11)(BX*1)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 (R13)(BX*1)
+	PREFETCHT1 (AX)(BX*1)
 	VMOVUPS 0(DI)(BX*2), Y8
 	VMOVUPS 32(DI)(BX*2), Y9
 	VPMOVZXWD 0(SI)(BX*1), Y10
@@ -263,6 +272,7 @@ k4x1BF16_reduce:
 	VHADDPS Y4, Y0, Y0
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS X1, X0, X0
+	MOVQ out+56(FP), AX
 	VMOVUPS X0, (AX)
 	VZEROUPPER
 	RET
@@ -342,15 +352,19 @@ k4x3BF16_reduce:
 	VZEROUPPER
 	RET
 
-// func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32)
-TEXT ·k4x1F16(SB), NOSPLIT, $0-56
+// func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32)
+TEXT ·k4x1F16(SB), NOSPLIT, $0-64
 	MOVQ w0+0(FP), SI
 	MOVQ w1+8(FP), R8
 	MOVQ w2+16(FP), R9
 	MOVQ w3+24(FP), R10
 	MOVQ x+32(FP), DI
 	MOVQ k8+40(FP), CX
-	MOVQ out+48(FP), AX
+	MOVQ pf+48(FP), AX
+	LEAQ (SI)(AX*1), R11
+	LEAQ (R8)(AX*1), R12
+	LEAQ (R9)(AX*1), R13
+	LEAQ (R10)(AX*1), AX
 	XORQ BX, BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -364,10 +378,10 @@ TEXT ·k4x1F16(SB), NOSPLIT, $0-56
 	SHRQ $2, DX
 	JZ k4x1F16_one
 k4x1F16_loop:
-	PREFETCHT0 512(SI)(BX*1)
-	PREFETCHT0 512(R8)(BX*1)
-	PREFETCHT0 512(R9)(BX*1)
-	PREFETCHT0 512(R10)(BX*1)
+	PREFETCHT1 (R11)(BX*1)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 (R13)(BX*1)
+	PREFETCHT1 (AX)(BX*1)
 	VMOVUPS 0(DI)(BX*2), Y8
 	VMOVUPS 32(DI)(BX*2), Y9
 	VCVTPH2PS 0(SI)(BX*1), Y10
@@ -433,6 +447,7 @@ k4x1F16_reduce:
 	VHADDPS Y4, Y0, Y0
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS X1, X0, X0
+	MOVQ out+56(FP), AX
 	VMOVUPS X0, (AX)
 	VZEROUPPER
 	RET

@@ -2,6 +2,9 @@
 
 package gemm
 
+// This file stands in for the assembly kernels on platforms without them;
+// MatMul, Dot and Axpy then always take the pure Go path.
+
 import "unsafe"
 
 // haveSIMD is false: only the pure Go kernels exist on this platform.
@@ -9,13 +12,13 @@ const haveSIMD = false
 
 // The SIMD entry points are never reached when haveSIMD is false.
 
-func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32) {
 	panic("unreachable")
 }
-func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32) {
 	panic("unreachable")
 }
-func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, out *[4]float32) {
+func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32) {
 	panic("unreachable")
 }
 func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {

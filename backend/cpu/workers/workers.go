@@ -106,7 +106,8 @@ func (p *Pool) Close() {
 // Run splits [0,n) into chunks of at least grain indices (chunk bounds are
 // multiples of grain, except the final n), executes t.Do on each chunk using
 // all workers, and returns when all chunks are done. A range that fits in one
-// chunk runs inline. Run must not be called concurrently on the same Pool.
+// chunk runs inline. Run must not be called concurrently on the same Pool,
+// nor from inside a Task running on it.
 func (p *Pool) Run(n int, grain int, t Task) {
 	if n <= 0 {
 		return

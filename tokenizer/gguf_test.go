@@ -138,6 +138,9 @@ func TestFromGGUF(t *testing.T) {
 				matched++
 			}
 			t.Logf("%s via GGUF: %d/%d entries match", tc.name, matched, len(es))
+			for _, e := range es {
+				checkStream(t, tk, e.IDs)
+			}
 			if got := tk.Encode("a", true); got[0] != 1 {
 				t.Errorf("add_bos_token: %v", got)
 			}

@@ -191,3 +191,34 @@ func TestRoundTripCorpus(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentEncode: one Tokenizer shared by goroutines (run with -race
+// to check the cache) gives the same ids as serial use.
+func TestConcurrentEncode(t *testing.T) {
+	tk := loadShared(t, "tokenizers", "gpt2", "tokenizer.json")
+	lines := warAndPeaceLines(t, 400)
+	want := make([][]int, len(lines))
+	for i, l := range lines {
+		want[i] = tk.Encode(l, false)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range lines {
+				k := (i + g*97) % len(lines)
+				if got := tk.Encode(lines[k], false); !slices.Equal(got, want[k]) {
+					errs <- lines[k]
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for l := range errs {
+		t.Errorf("concurrent Encode(%q) differs", l)
+	}
+}

@@ -90,6 +90,7 @@ type Tokenizer struct {
 
 	added      []addedToken
 	addedFirst [256][]int // first byte -> indexes into added, longest first
+	addedLead  int        // the first byte shared by all added tokens, or -1
 
 	norm []normStep
 	pre  []preStep
@@ -113,7 +114,7 @@ const maxCacheWord = 48
 const maxCacheEntries = 1 << 17
 
 func newTokenizer() *Tokenizer {
-	t := &Tokenizer{unk: -1, bos: -1, llamaSpace: -1}
+	t := &Tokenizer{unk: -1, bos: -1, llamaSpace: -1, addedLead: -1}
 	for i := range t.byteToID {
 		t.byteToID[i] = -1
 		t.byteIDs[i] = -1
@@ -195,6 +196,14 @@ func (t *Tokenizer) splitAdded(text string, f func(seg string, id int)) {
 	}
 	start := 0
 	for i := 0; i < len(text); {
+		if t.addedLead >= 0 {
+			// All added tokens start with the same byte: jump to it.
+			k := strings.IndexByte(text[i:], byte(t.addedLead))
+			if k < 0 {
+				break
+			}
+			i += k
+		}
 		cands := t.addedFirst[text[i]]
 		matched := -1
 		for _, k := range cands {
@@ -543,6 +552,17 @@ func (t *Tokenizer) finishAdded() {
 		}
 		b := a.content[0]
 		t.addedFirst[b] = append(t.addedFirst[b], k)
+	}
+	t.addedLead = -1
+	leads := 0
+	for b, l := range t.addedFirst {
+		if len(l) > 0 {
+			leads++
+			t.addedLead = b
+		}
+	}
+	if leads != 1 {
+		t.addedLead = -1
 	}
 	for b := range t.addedFirst {
 		l := t.addedFirst[b]

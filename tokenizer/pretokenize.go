@@ -134,8 +134,20 @@ func contraction(s string, i int, fold bool) int {
 }
 
 // spanWhile returns the end of the run of runes from i satisfying f.
+// ASCII runes of class cl are skipped without decoding or calling f.
 func spanWhile(s string, i int, f func(rune) bool) int {
+	return spanClass(s, i, 0, f)
+}
+
+func spanClass(s string, i int, cl uint8, f func(rune) bool) int {
 	for i < len(s) {
+		if c := s[i]; c < utf8.RuneSelf && cl != 0 {
+			if asciiClass[c] != cl {
+				return i
+			}
+			i++
+			continue
+		}
 		r, w := decodeRune(s, i)
 		if !f(r) {
 			break
@@ -182,11 +194,11 @@ func (gpt2Scanner) next(s string, i int) int {
 	}
 	switch {
 	case isLetter(r):
-		return spanWhile(s, i+w, isLetter)
+		return spanClass(s, i+w, clLetter, isLetter)
 	case isNumber(r):
-		return spanWhile(s, i+w, isNumber)
+		return spanClass(s, i+w, clNumber, isNumber)
 	case isOther(r):
-		return spanWhile(s, i+w, isOther)
+		return spanClass(s, i+w, clOther, isOther)
 	}
 	return whitespace(s, start)
 }
@@ -202,11 +214,11 @@ func (sc llama3Scanner) next(s string, i int) int {
 	}
 	// [^\r\n\p{L}\p{N}]?\p{L}+
 	if isLetter(r) {
-		return spanWhile(s, i+w, isLetter)
+		return spanClass(s, i+w, clLetter, isLetter)
 	}
 	if r != '\r' && r != '\n' && !isNumber(r) {
 		if r2, w2 := decodeRune(s, i+w); w2 > 0 && isLetter(r2) {
-			return spanWhile(s, i+w+w2, isLetter)
+			return spanClass(s, i+w+w2, clLetter, isLetter)
 		}
 	}
 	// \p{N}{1,3}
@@ -230,7 +242,7 @@ func (sc llama3Scanner) next(s string, i int) int {
 		}
 	}
 	if isOther(r) {
-		j = spanWhile(s, j+w, isOther)
+		j = spanClass(s, j+w, clOther, isOther)
 		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
 			j++
 		}

@@ -232,3 +232,37 @@ func TestSentencePieceRoundTrip(t *testing.T) {
 		t.Errorf("invalid run: %q", got)
 	}
 }
+
+// FuzzSplitters: the hand-written scanners agree with Go's regexp running
+// the same patterns (look-ahead emulated) on any valid UTF-8.
+func FuzzSplitters(f *testing.F) {
+	for _, s := range splitTexts {
+		f.Add(s)
+	}
+	type pair struct{ hand, generic splitter }
+	var pairs []pair
+	for _, pat := range []string{patGPT2, patLlama3, patQwen2} {
+		h, err1 := newRegexSplitter(pat)
+		g, err2 := compileSplitRegex(pat)
+		if err1 != nil || err2 != nil {
+			f.Fatal(err1, err2)
+		}
+		pairs = append(pairs, pair{h, g})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		for _, p := range pairs {
+			a, b := spans(p.hand, s), spans(p.generic, s)
+			if len(a) != len(b) {
+				t.Fatalf("%q: scanner %q regexp %q", s, a, b)
+			}
+			for i := range a {
+				if a[i] != b[i] {
+					t.Fatalf("%q: scanner %q regexp %q", s, a, b)
+				}
+			}
+		}
+	})
+}

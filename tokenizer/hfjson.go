@@ -162,14 +162,11 @@ func parseHFJSON(data []byte) (*Tokenizer, error) {
 		t.vocab = map[string]int{}
 	}
 	maxID := -1
-	for s, id := range t.vocab {
+	for _, id := range t.vocab {
 		if id < 0 || id > 1<<24 {
 			return nil, fmt.Errorf("vocab id %d out of range", id)
 		}
-		if id > maxID {
-			maxID = id
-		}
-		_ = s
+		maxID = max(maxID, id)
 	}
 	for _, a := range f.AddedTokens {
 		if a.ID < 0 || a.ID > 1<<24 {

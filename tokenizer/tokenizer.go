@@ -10,6 +10,12 @@
 // BOS/EOS ids are put around the result. Decoding goes through a
 // StreamDecoder (decode.go), so that Decode and streaming agree by
 // construction.
+//
+// Known differences from Hugging Face tokenizers, none of which the
+// supported models hit: added tokens are always matched in the raw text
+// (their "normalized" flag is ignored); the NFC normalizer is the identity
+// (kiln has no Unicode normalization tables); only BPE models are loaded
+// (no WordPiece/Unigram); unsupported pipeline parts are load errors.
 package tokenizer
 
 import (

@@ -136,7 +136,9 @@ func (c *decoderConfig) textOrPiece(t *Tokenizer, id int) string {
 	return t.pieces[id]
 }
 
-// Flush returns whatever is still held back, completing the text.
+// Flush returns whatever is still held back (an incomplete UTF-8 tail comes
+// out as U+FFFD, as in Decode); call it when the sequence ends. A
+// StreamDecoder is for one goroutine at a time.
 func (d *StreamDecoder) Flush() string {
 	switch d.t.dec.mode {
 	case decBytes:

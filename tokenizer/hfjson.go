@@ -176,6 +176,11 @@ func parseHFJSON(data []byte) (*Tokenizer, error) {
 			maxID = a.ID
 		}
 	}
+	// Ids are dense in real files; bound the holes so that a hostile file
+	// cannot make us allocate tables for millions of absent ids.
+	if limit := 2*(len(t.vocab)+len(f.AddedTokens)) + 256; maxID >= limit {
+		return nil, fmt.Errorf("token id %d is far beyond the %d tokens defined", maxID, len(t.vocab)+len(f.AddedTokens))
+	}
 	t.pieces = make([]string, maxID+1)
 	for s, id := range t.vocab {
 		t.pieces[id] = s

@@ -97,7 +97,11 @@ func FuzzLoadHFJSON(f *testing.F) {
 // fuzzTokenizer is the real GPT-2 vocabulary when the shared data is there,
 // else the tiny inline one.
 func fuzzTokenizer(f *testing.F) *Tokenizer {
-	if p := filepath.Join("..", "..", "shared", "tokenizers", "gpt2", "tokenizer.json"); fileExists(p) {
+	dir := os.Getenv("KILN_SHARED_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "shared")
+	}
+	if p := filepath.Join(dir, "tokenizers", "gpt2", "tokenizer.json"); fileExists(p) {
 		tk, err := Load(p)
 		if err == nil {
 			return tk

@@ -189,3 +189,28 @@ func TestLlama2CMalformed(t *testing.T) {
 		}
 	}
 }
+
+// TestLlama2CMatchesHFSentencePiece: Llama 2's vocabulary reached two ways,
+// run.c's score-driven merging (llama2.c tokenizer.bin) and Hugging Face's
+// merge-rank BPE (Phi-3 shares the vocabulary), must give the same ids.
+func TestLlama2CMatchesHFSentencePiece(t *testing.T) {
+	hf := loadShared(t, "tokenizers", "phi-3-mini")
+	l2c := loadShared(t, "models", "llama2c-tokenizer-32k", "tokenizer.bin")
+	texts := warAndPeaceLines(t, 0)
+	for _, e := range readExpected(t, "phi-3-mini") {
+		if !strings.Contains(e.Text, "<") { // run.c does not parse special tokens
+			texts = append(texts, e.Text)
+		}
+	}
+	diff := 0
+	for _, s := range texts {
+		if a, b := hf.Encode(s, false), l2c.Encode(s, false); !slices.Equal(a, b) {
+			if diff++; diff <= 3 {
+				t.Errorf("%q: HF %v, llama2.c %v", s, a, b)
+			}
+		}
+	}
+	if diff > 0 {
+		t.Errorf("%d of %d texts differ", diff, len(texts))
+	}
+}

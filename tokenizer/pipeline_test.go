@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"kiln/internal/testshared"
 )
 
 var splitTexts = []string{
@@ -230,5 +232,57 @@ func TestLossy(t *testing.T) {
 		if got := lossy([]byte(tc.in)); got != tc.want {
 			t.Errorf("lossy(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestRealConfigs loads the real tokenizer_config.json files (and SmolLM3's
+// chat_template.jinja) beside a tiny tokenizer.json that has their chat
+// tokens, in a temporary directory.
+func TestRealConfigs(t *testing.T) {
+	tj := strings.Replace(string(tinyByteLevelJSON()), `"added_tokens":[`,
+		`"added_tokens":[{"id":262,"content":"<|im_start|>","special":true},{"id":263,"content":"<|im_end|>","special":true},`, 1)
+	cases := []struct {
+		name     string
+		bos      int
+		template bool
+	}{
+		{"qwen2.5-instruct", -1, true},
+		{"qwen3", -1, true},
+		{"smollm2-135m-instruct", 262, false},
+		{"smollm3", -1, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := testshared.Path(t, "tokenizers", tc.name)
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(tj), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []string{"tokenizer_config.json", "chat_template.jinja"} {
+				if data, err := os.ReadFile(filepath.Join(src, f)); err == nil {
+					if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			tk, err := Load(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// No bos_token in the config: the template's <|endoftext|> stays.
+			wantBOS := tc.bos
+			if wantBOS < 0 {
+				wantBOS = 261
+			}
+			if tk.BOS() != wantBOS || !slices.Equal(tk.EOS(), []int{263}) {
+				t.Errorf("bos %d eos %v", tk.BOS(), tk.EOS())
+			}
+			if got := tk.ChatTemplate() != ""; got != tc.template {
+				t.Errorf("chat template present = %v", got)
+			}
+			if ids := tk.Encode("<|im_start|>user\nhi<|im_end|>", false); ids[0] != 262 || ids[len(ids)-1] != 263 {
+				t.Errorf("chat tokens not split out: %v", ids)
+			}
+		})
 	}
 }

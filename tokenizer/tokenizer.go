@@ -530,6 +530,9 @@ func (t *Tokenizer) runeSymbols(word string, w *workspace) {
 // which turns their whole-line BPE into cacheable word-sized pieces.
 func (t *Tokenizer) setChunkSep(sep string) {
 	t.chunkSep = ""
+	if t.ignoreMerges {
+		return // the whole-word vocabulary check needs whole words
+	}
 	for _, m := range t.merges {
 		p := t.pieces[m.id]
 		for i := 1; i < len(p); {

@@ -533,6 +533,9 @@ func (t *Tokenizer) setChunkSep(sep string) {
 	if t.ignoreMerges {
 		return // the whole-word vocabulary check needs whole words
 	}
+	if _, ok := t.vocab[sep]; !ok {
+		return // sep would be byte-fallback symbols the check cannot see
+	}
 	for _, m := range t.merges {
 		p := t.pieces[m.id]
 		for i := 1; i < len(p); {

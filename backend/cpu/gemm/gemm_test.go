@@ -97,7 +97,7 @@ func TestMatMul(t *testing.T) {
 	defer p.Close()
 	defer SetPure(false)
 	Ts := []int{1, 2, 3, 5, 17, 64}
-	Ks := []int{1, 3, 8, 17, 100, 768, 2049}
+	Ks := []int{0, 1, 3, 8, 17, 100, 768, 2049}
 	Ns := []int{1, 3, 5, 13, 67}
 	if testing.Short() {
 		Ks = []int{1, 3, 17, 100}

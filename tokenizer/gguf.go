@@ -131,6 +131,7 @@ func fromGGUF(md map[string]any) (*Tokenizer, error) {
 		t.unk = 0
 		t.initByteTables()
 		t.setChunkSep("▁")
+		t.finishPipeline()
 		c := decoderConfig{mode: decPieces, text: make([]string, len(tokens)), byteOf: make([]int16, len(tokens))}
 		for id, p := range tokens {
 			c.byteOf[id] = -1

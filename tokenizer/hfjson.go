@@ -263,6 +263,7 @@ func parseHFJSON(data []byte) (*Tokenizer, error) {
 	if t.input == inputRunes {
 		t.setChunkSep("▁")
 	}
+	t.finishPipeline()
 	if err := t.parseDecoder(f.Decoder); err != nil {
 		return nil, fmt.Errorf("decoder: %w", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // inputKind says how a word is cut into initial BPE symbols.
@@ -93,6 +94,7 @@ type Tokenizer struct {
 	rawVocab     map[string]int // inputBytes+ignoreMerges: raw bytes -> id
 	llamaSpace   int            // inputLlama2C: id of " " (dummy prefix), -1 if absent
 	chunkSep     string         // see setChunkSep
+	spFast       bool           // see finishPipeline
 
 	added      []addedToken
 	addedFirst [256][]int // first byte -> indexes into added, longest first
@@ -305,6 +307,9 @@ func (t *Tokenizer) normalize(s string) string {
 // encodeSegment normalizes, pre-tokenizes and BPE-encodes one segment that
 // holds no added token.
 func (t *Tokenizer) encodeSegment(seg string, first bool, w *workspace, out []int) []int {
+	if t.spFast {
+		return t.encodeSegmentSP(seg, w, out)
+	}
 	s := t.normalize(seg)
 	if s == "" {
 		return out
@@ -329,6 +334,58 @@ func (t *Tokenizer) encodeSegment(seg string, first bool, w *workspace, out []in
 		out = t.encodeWord(word, w, out)
 	}
 	return out
+}
+
+// encodeSegmentSP is encodeSegment for the SentencePiece pipeline
+// (Prepend sep, Replace " " with sep, no pre-tokenizer, chunking on sep)
+// fused into one pass: each chunk is normalized into a scratch buffer and
+// encoded from there, instead of building the normalized segment and then
+// searching it for cuts.
+func (t *Tokenizer) encodeSegmentSP(seg string, w *workspace, out []int) []int {
+	if seg == "" {
+		return out
+	}
+	sep := t.chunkSep
+	buf := append(w.buf[:0], sep...)
+	prevSep := true
+	for i := 0; i < len(seg); {
+		c := seg[i]
+		n, isSep := 1, c == ' '
+		if !isSep && c == sep[0] && strings.HasPrefix(seg[i:], sep) {
+			n, isSep = len(sep), true
+		}
+		if isSep && !prevSep {
+			out = t.encodeChunk(bufString(buf), w, out)
+			buf = buf[:0]
+		}
+		if isSep {
+			buf = append(buf, sep...)
+		} else {
+			buf = append(buf, c)
+		}
+		prevSep = isSep
+		i += n
+	}
+	out = t.encodeChunk(bufString(buf), w, out)
+	w.buf = buf
+	return out
+}
+
+// bufString views a scratch buffer as a string without copying; the view
+// must not outlive the call it is passed to (encodeChunk clones what it
+// keeps).
+func bufString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// finishPipeline enables the fused SentencePiece path when the pipeline is
+// exactly the one it implements.
+func (t *Tokenizer) finishPipeline() {
+	t.spFast = false
+	sep := t.chunkSep
+	if sep == "" || len(t.pre) != 0 || len(t.norm) != 2 || t.input != inputRunes {
+		return
+	}
+	p, r := t.norm[0], t.norm[1]
+	t.spFast = p.kind == normPrepend && p.a == sep && r.kind == normReplace && r.a == " " && r.b == sep
 }
 
 // applyPre runs one general pre-tokenizer step over all words.
@@ -469,7 +526,9 @@ done:
 		if len(t.cache) >= maxCacheEntries {
 			clear(t.cache)
 		}
-		t.cache[word] = ids
+		// Clone: word may be a view of the caller's text or of a scratch
+		// buffer, and the cache must pin neither.
+		t.cache[strings.Clone(word)] = ids
 		t.cacheMu.Unlock()
 	}
 	return out

@@ -22,7 +22,7 @@
 // the register-tiled k4x3 kernel: 4 weight rows × 3 tokens of dot products at
 // once, so each widened weight vector feeds 3 FMAs. Work units are blocks of
 // up to 64 rows × 48 tokens (so both N and T are split when one is small);
-// inside a unit the k-sum is blocked by 512 so the 4 current weight rows stay
+// inside a unit the k-sum is split into equal blocks of at most 1024 so the 4 current weight rows stay
 // in L1 and the unit's x block in L2, with partial sums accumulated in out.
 //
 // On amd64 with AVX2+FMA+F16C the kernels are assembly (gemm_amd64.s,
@@ -124,7 +124,7 @@ func dotTail(w Weights, n, k0 int, x []float32) float32 {
 const (
 	unitRows   = 64  // rows per prefill work unit (multiple of 4)
 	unitTokens = 48  // tokens per prefill work unit (multiple of 3)
-	kBlock     = 512 // k block of the prefill loop (multiple of 8)
+	maxKBlock  = 1024 // longest k block of the prefill loop (multiple of 8)
 	// decodeGrainBytes is the least weight bytes per decode chunk.
 	decodeGrainBytes = 64 << 10
 )
@@ -285,6 +285,9 @@ func (t *mmTask) prefill(t0, t1, n0, n1 int) {
 		}
 	}
 	var sums [12]float32
+	// Equal k blocks of at most maxKBlock, each a multiple of 8.
+	nBlocks := max(1, (8*k8+maxKBlock-1)/maxKBlock)
+	kBlock := 8 * ((k8 + nBlocks - 1) / nBlocks)
 	for kb := 0; kb < 8*k8; kb += kBlock {
 		kl := min(kBlock, 8*k8-kb)
 		first := kb == 0

@@ -122,8 +122,8 @@ func dotTail(w Weights, n, k0 int, x []float32) float32 {
 
 // Tiling parameters (see the package comment).
 const (
-	unitRows   = 64  // rows per prefill work unit (multiple of 4)
-	unitTokens = 48  // tokens per prefill work unit (multiple of 3)
+	unitRows   = 64   // rows per prefill work unit (multiple of 4)
+	unitTokens = 48   // tokens per prefill work unit (multiple of 3)
 	maxKBlock  = 1024 // longest k block of the prefill loop (multiple of 8)
 	// decodeGrainBytes is the least weight bytes per decode chunk.
 	decodeGrainBytes = 64 << 10

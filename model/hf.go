@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -244,8 +245,44 @@ func LoadHF(dir string) (*Model, error) {
 	return m, nil
 }
 
-func loadHF(dir string) (m *Model, err error) {
-	cfgData, err := os.ReadFile(filepath.Join(dir, "config.json"))
+// LoadHFFS loads a Hugging Face checkpoint from the root of fsys (e.g. files
+// embedded in the binary), reading the weights into memory; name labels it.
+func LoadHFFS(fsys fs.FS, name string) (*Model, error) {
+	m, err := loadHFFrom(fsSource{fsys}, name)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// hfSource gives the files of a checkpoint: small ones read, weight files
+// memory-mapped where the source allows.
+type hfSource interface {
+	read(name string) ([]byte, error)
+	mapped(name string) ([]byte, func() error, error)
+}
+
+type dirSource string
+
+func (d dirSource) read(name string) ([]byte, error) {
+	return os.ReadFile(filepath.Join(string(d), name))
+}
+func (d dirSource) mapped(name string) ([]byte, func() error, error) {
+	return mapFile(filepath.Join(string(d), name))
+}
+
+type fsSource struct{ fsys fs.FS }
+
+func (s fsSource) read(name string) ([]byte, error) { return fs.ReadFile(s.fsys, name) }
+func (s fsSource) mapped(name string) ([]byte, func() error, error) {
+	b, err := fs.ReadFile(s.fsys, name)
+	return b, func() error { return nil }, err
+}
+
+func loadHF(dir string) (*Model, error) { return loadHFFrom(dirSource(dir), dir) }
+
+func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
+	cfgData, err := src.read("config.json")
 	if err != nil {
 		return nil, err
 	}
@@ -263,7 +300,7 @@ func loadHF(dir string) (m *Model, err error) {
 	// Which files to map: a single model.safetensors or the index's shards.
 	var shards []string
 	var weightMap map[string]string
-	idxData, ierr := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
+	idxData, ierr := src.read("model.safetensors.index.json")
 	switch {
 	case ierr == nil:
 		var idx struct {
@@ -287,14 +324,13 @@ func loadHF(dir string) (m *Model, err error) {
 			}
 		}
 		sort.Strings(shards)
-	case os.IsNotExist(ierr):
+	case errors.Is(ierr, fs.ErrNotExist):
 		shards = []string{"model.safetensors"}
 	default:
 		return m, ierr
 	}
 	for _, shard := range shards {
-		p := filepath.Join(dir, shard)
-		data, unmap, err := mapFile(p)
+		data, unmap, err := src.mapped(shard)
 		if err != nil {
 			return m, err
 		}
@@ -322,7 +358,7 @@ func loadHF(dir string) (m *Model, err error) {
 		return m, err
 	}
 	m.Config = cfg
-	m.ChatTemplate = readChatTemplate(dir)
+	m.ChatTemplate = readChatTemplate(src)
 	return m, nil
 }
 
@@ -362,11 +398,11 @@ func finishHFConfig(cfg *Config, tie *bool, ts map[string]*tensor.Tensor) error 
 // readChatTemplate returns chat_template.jinja, else tokenizer_config.json's
 // chat_template (a string, or a list of {name, template} where "default" or
 // the first wins), else "".
-func readChatTemplate(dir string) string {
-	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+func readChatTemplate(src hfSource) string {
+	if b, err := src.read("chat_template.jinja"); err == nil {
 		return string(b)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	b, err := src.read("tokenizer_config.json")
 	if err != nil {
 		return ""
 	}

@@ -356,7 +356,7 @@ func TestHFChatTemplateShared(t *testing.T) {
 		{"smollm3", "reasoning_mode"},
 	} {
 		dir := testshared.Path(t, "tokenizers", tc.dir)
-		if got := readChatTemplate(dir); !strings.Contains(got, tc.want) {
+		if got := readChatTemplate(dirSource(dir)); !strings.Contains(got, tc.want) {
 			t.Errorf("%s: chat template %.80q lacks %q", tc.dir, got, tc.want)
 		}
 	}
@@ -414,5 +414,33 @@ func TestHFFixtures(t *testing.T) {
 	}
 	if n == 0 {
 		t.Skip("no fixtures")
+	}
+}
+
+// TestLoadHFFS loads a checkpoint from an fs.FS (as the embedded demo model
+// is) and finds the same tensors as from its directory.
+func TestLoadHFFS(t *testing.T) {
+	dir := "../testdata/hf/llama-sharded"
+	want, err := LoadHF(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer want.Close()
+	got, err := LoadHFFS(os.DirFS(dir), "llama-sharded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	if !configEqual(got.Config, want.Config) || len(got.Tensors) != len(want.Tensors) {
+		t.Fatalf("config %+v with %d tensors, want %+v with %d", got.Config, len(got.Tensors), want.Config, len(want.Tensors))
+	}
+	for name, w := range want.Tensors {
+		g := got.Tensors[name]
+		if g == nil || !bytes.Equal(g.Data, w.Data) {
+			t.Errorf("tensor %s differs", name)
+		}
+	}
+	if _, err := LoadHFFS(os.DirFS(t.TempDir()), "empty"); err == nil {
+		t.Error("an empty FS loaded")
 	}
 }

@@ -19,6 +19,7 @@ usage:
   kiln tokenize --tokenizer FILE --text TEXT
   kiln detokenize --tokenizer FILE --ids 1,2,3
   kiln inspect MODEL [--after PASS] [--tokens N]
+  kiln perplexity MODEL --file TEXT [--window N] [--stride N]
   kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
 
 MODEL is a Hugging Face directory, a .gguf file, or a llama2.c .bin (with
@@ -31,6 +32,7 @@ var commands = map[string]func(args []string) error{
 	"tokenize":   cmdTokenize,
 	"detokenize": cmdDetokenize,
 	"inspect":    cmdInspect,
+	"perplexity": cmdPerplexity,
 	"bench":      cmdBench,
 }
 

@@ -11,11 +11,12 @@
 // StreamDecoder (decode.go), so that Decode and streaming agree by
 // construction.
 //
-// Known differences from Hugging Face tokenizers, none of which the
-// supported models hit: added tokens are always matched in the raw text
-// (their "normalized" flag is ignored); the NFC normalizer is the identity
-// (kiln has no Unicode normalization tables); only BPE models are loaded
-// (no WordPiece/Unigram); unsupported pipeline parts are load errors.
+// Known differences from Hugging Face tokenizers, none of which the tested
+// models hit: added tokens are always matched in the raw text (their
+// "normalized" flag is ignored); the NFC normalizer (Qwen2) is the identity,
+// which is right for text already in NFC, as kiln has no Unicode
+// normalization tables; only BPE models load (no WordPiece or Unigram), and
+// other unsupported pipeline parts are load errors.
 package tokenizer
 
 import (

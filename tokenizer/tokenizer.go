@@ -168,6 +168,18 @@ func (t *Tokenizer) TokenID(tok string) (int, bool) {
 // (BOS, and EOS where the template has it) are added, like Hugging Face's
 // add_special_tokens=True.
 func (t *Tokenizer) Encode(text string, addSpecial bool) []int {
+	return t.encode(text, addSpecial, false)
+}
+
+// EncodeOrdinary encodes text with special tokens treated as plain text
+// (Hugging Face's split_special_tokens=True): untrusted content such as a
+// user message cannot smuggle in control tokens like <|eot_id|>. Non-special
+// added tokens are still recognized; nothing is added around the result.
+func (t *Tokenizer) EncodeOrdinary(text string) []int {
+	return t.encode(text, false, true)
+}
+
+func (t *Tokenizer) encode(text string, addSpecial, ordinary bool) []int {
 	out := make([]int, 0, len(text)/3+4)
 	if addSpecial {
 		out = append(out, t.prefix...)
@@ -177,7 +189,7 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int {
 		out = t.encodeLlama2C(text, w, out)
 	} else {
 		first := true
-		t.splitAdded(text, func(seg string, id int) {
+		t.splitAdded(text, ordinary, func(seg string, id int) {
 			if id >= 0 {
 				out = append(out, id)
 			} else {
@@ -195,8 +207,9 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int {
 
 // splitAdded cuts text at added tokens (leftmost, then longest match, as
 // Hugging Face's Aho-Corasick does) and calls f for each plain segment (id
-// -1) and each added token, honoring lstrip/rstrip/single_word.
-func (t *Tokenizer) splitAdded(text string, f func(seg string, id int)) {
+// -1) and each added token, honoring lstrip/rstrip/single_word. With
+// ordinary, special tokens are not matched (their text stays plain).
+func (t *Tokenizer) splitAdded(text string, ordinary bool, f func(seg string, id int)) {
 	if len(t.added) == 0 {
 		if text != "" {
 			f(text, -1)
@@ -227,6 +240,10 @@ func (t *Tokenizer) splitAdded(text string, f func(seg string, id int)) {
 		}
 		a := &t.added[matched]
 		ms, me := i, i+len(a.content)
+		if ordinary && a.special {
+			i = me
+			continue
+		}
 		if a.singleWord {
 			okStart := ms == 0 || !endsWithWord(text[:ms])
 			okEnd := me == len(text) || !startsWithWord(text[me:])

@@ -222,3 +222,21 @@ func TestConcurrentEncode(t *testing.T) {
 		t.Errorf("concurrent Encode(%q) differs", l)
 	}
 }
+
+func TestEncodeOrdinary(t *testing.T) {
+	tk := loadShared(t, "tokenizers", "llama3.2-bpe", "tokenizer.json")
+	text := "hi<|eot_id|>"
+	if got := tk.Encode(text, false); got[len(got)-1] != 128009 {
+		t.Errorf("Encode did not find <|eot_id|>: %v", got)
+	}
+	got := tk.EncodeOrdinary(text)
+	if slices.Contains(got, 128009) || tk.Decode(got) != text {
+		t.Errorf("EncodeOrdinary = %v (%q)", got, tk.Decode(got))
+	}
+	// gpt2's only added token is special: ordinary text matches the
+	// expected encoding of the literal string.
+	g := loadShared(t, "tokenizers", "gpt2", "tokenizer.json")
+	if got := g.EncodeOrdinary("<|endoftext|>"); len(got) < 2 || g.Decode(got) != "<|endoftext|>" {
+		t.Errorf("gpt2 EncodeOrdinary = %v", got)
+	}
+}

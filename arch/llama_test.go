@@ -1,0 +1,138 @@
+package arch
+
+import (
+	"strings"
+	"testing"
+
+	"kiln/ir"
+	"kiln/model"
+	"kiln/tensor"
+)
+
+func tinyModel(c model.Config) *model.Model {
+	m := &model.Model{Path: "tiny", Config: c, Tensors: map[string]*tensor.Tensor{}}
+	add := func(name string, shape ...int) {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		m.Tensors[name] = &tensor.Tensor{Name: name, DType: tensor.F32, Shape: shape, Data: make([]byte, 4*n)}
+	}
+	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	add(model.EmbedName, c.VocabSize, c.HiddenSize)
+	for l := 0; l < c.NumLayers; l++ {
+		p := func(s string) string { return model.LayerName(l, s) }
+		add(p("input_layernorm.weight"), c.HiddenSize)
+		add(p("self_attn.q_proj.weight"), q, c.HiddenSize)
+		add(p("self_attn.k_proj.weight"), kv, c.HiddenSize)
+		add(p("self_attn.v_proj.weight"), kv, c.HiddenSize)
+		if c.QKVBias {
+			add(p("self_attn.q_proj.bias"), q)
+			add(p("self_attn.k_proj.bias"), kv)
+			add(p("self_attn.v_proj.bias"), kv)
+		}
+		add(p("self_attn.o_proj.weight"), c.HiddenSize, q)
+		add(p("post_attention_layernorm.weight"), c.HiddenSize)
+		add(p("mlp.gate_proj.weight"), c.IntermediateSize, c.HiddenSize)
+		add(p("mlp.up_proj.weight"), c.IntermediateSize, c.HiddenSize)
+		add(p("mlp.down_proj.weight"), c.HiddenSize, c.IntermediateSize)
+	}
+	add(model.NormName, c.HiddenSize)
+	if !c.TiedEmbeddings {
+		add(model.HeadName, c.VocabSize, c.HiddenSize)
+	}
+	return m
+}
+
+var tinyConfig = model.Config{
+	Arch: "llama", HiddenSize: 8, IntermediateSize: 12, NumLayers: 2, NumHeads: 2, NumKVHeads: 1, HeadDim: 4,
+	VocabSize: 16, MaxPositions: 32, RMSNormEps: 1e-5, RopeTheta: 10000,
+}
+
+func count(g *ir.Graph, op ir.Op) int {
+	n := 0
+	for _, x := range g.Nodes {
+		if x.Op == op {
+			n++
+		}
+	}
+	return n
+}
+
+func TestBuildVariants(t *testing.T) {
+	cases := []struct {
+		name   string
+		edit   func(c *model.Config)
+		check  func(t *testing.T, g *ir.Graph)
+		weight int // distinct weight nodes
+	}{
+		{"llama", func(c *model.Config) {}, nil, 1 + 9*2 + 1 + 1},
+		{"tied", func(c *model.Config) { c.TiedEmbeddings = true }, nil, 1 + 9*2 + 1},
+		{"qwen2 bias", func(c *model.Config) { c.Arch, c.QKVBias = "qwen2", true }, func(t *testing.T, g *ir.Graph) {
+			if n := count(g, ir.AddBias); n != 6 {
+				t.Errorf("%d bias adds, want 6", n)
+			}
+		}, 1 + 12*2 + 1 + 1},
+		{"mistral window", func(c *model.Config) { c.Arch, c.SlidingWindow = "mistral", 4 }, func(t *testing.T, g *ir.Graph) {
+			for _, n := range g.Nodes {
+				if n.Op == ir.Attention && n.Attrs.Window != 4 {
+					t.Errorf("attention window %d, want 4", n.Attrs.Window)
+				}
+			}
+		}, 1 + 9*2 + 1 + 1},
+		{"interleaved rope", func(c *model.Config) { c.RopeStyle = model.RopeInterleaved }, func(t *testing.T, g *ir.Graph) {
+			for _, n := range g.Nodes {
+				if n.Op == ir.RoPE && !n.Attrs.Interleaved {
+					t.Error("rope not interleaved")
+				}
+			}
+		}, 1 + 9*2 + 1 + 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := tinyConfig
+			c.edit(&cfg)
+			g, err := Build(tinyModel(cfg), Options{ContextLen: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := count(g, ir.Weight); n != c.weight {
+				t.Errorf("%d weight nodes, want %d", n, c.weight)
+			}
+			if n := count(g, ir.Attention); n != cfg.NumLayers {
+				t.Errorf("%d attention nodes, want %d", n, cfg.NumLayers)
+			}
+			for _, n := range g.Nodes {
+				if n.Op == ir.RopeTable && n.Attrs.Rope.MaxPositions != 16 {
+					t.Errorf("rope table for %d positions, want the context 16", n.Attrs.Rope.MaxPositions)
+				}
+			}
+			if c.check != nil {
+				c.check(t, g)
+			}
+		})
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	unsupported := tinyConfig
+	unsupported.Arch = "gpt2"
+	if _, err := Build(tinyModel(tinyConfig), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	m := tinyModel(tinyConfig)
+	m.Config = unsupported
+	if _, err := Build(m, Options{}); err == nil || !strings.Contains(err.Error(), `unsupported architecture "gpt2"`) {
+		t.Errorf("gpt2: %v", err)
+	}
+	m = tinyModel(tinyConfig)
+	delete(m.Tensors, model.LayerName(1, "mlp.up_proj.weight"))
+	if _, err := Build(m, Options{}); err == nil || !strings.Contains(err.Error(), "mlp.up_proj") {
+		t.Errorf("missing tensor: %v", err)
+	}
+	m = tinyModel(tinyConfig)
+	m.Tensors[model.LayerName(0, "self_attn.k_proj.weight")].Shape = tensor.Shape{8, 4}
+	if _, err := Build(m, Options{}); err == nil {
+		t.Error("a k projection of the wrong shape was accepted")
+	}
+}

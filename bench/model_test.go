@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"testing"
+
+	"kiln/backend/cpu"
+	"kiln/engine"
+	"kiln/model"
+	"kiln/tensor"
+)
+
+// TestRunModelReports checks the report's arithmetic on a tiny model: every
+// requested test is present, rates are positive, and the bytes a decode step
+// reads are the weights plus the KV cache it holds.
+func TestRunModelReports(t *testing.T) {
+	dir := t.TempDir()
+	if err := WriteRandomModel(dir, Shapes["tiny"], tensor.BF16, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.Config.DType != tensor.BF16 || m.Config.TiedEmbeddings {
+		t.Fatalf("random model is %v tied=%v", m.Config.DType, m.Config.TiedEmbeddings)
+	}
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	rep, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, GenTokens: 8, Batches: []int{1, 2}, Reps: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 3 || rep.Results[0].Test != "pp16" || rep.Results[1].Test != "tg8" || rep.Results[2].Batch != 2 {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	if rep.CopyBandwidth <= 0 {
+		t.Error("no copy bandwidth")
+	}
+	spec := e.KVSpec()
+	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * 4)
+	for _, r := range rep.Results {
+		if r.TokensPerSec <= 0 || len(r.Samples) != 1 {
+			t.Errorf("%s: %g tokens/s from %d samples", r.Test, r.TokensPerSec, len(r.Samples))
+		}
+		if r.Test[:2] != "tg" {
+			continue
+		}
+		// Sequence lengths run 1..8 during the 8 steps: mean cache 4.5 tokens.
+		emb := m.Tensors[model.EmbedName]
+		weights := float64(m.ParamBytes() - int64(len(emb.Data)) + int64(r.Batch*len(emb.Data)/emb.Shape[0]))
+		want := weights + float64(r.Batch)*4.5*kvPerToken
+		if r.BytesPerStep != want {
+			t.Errorf("%s batch %d: %g bytes per step, want %g", r.Test, r.Batch, r.BytesPerStep, want)
+		}
+		if r.Roofline <= 0 || r.Roofline != r.Bandwidth/rep.CopyBandwidth {
+			t.Errorf("roofline %g", r.Roofline)
+		}
+	}
+}

@@ -86,8 +86,8 @@ k4x1F32_reduce:
 	VZEROUPPER
 	RET
 
-// func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)
-TEXT ·k4x3F32(SB), NOSPLIT, $0-72
+// func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32)
+TEXT ·k4x3F32(SB), NOSPLIT, $0-80
 	MOVQ w0+0(FP), SI
 	MOVQ w1+8(FP), R8
 	MOVQ w2+16(FP), R9
@@ -96,7 +96,8 @@ TEXT ·k4x3F32(SB), NOSPLIT, $0-72
 	MOVQ x1+40(FP), R11
 	MOVQ x2+48(FP), R12
 	MOVQ k8+56(FP), CX
-	MOVQ out+64(FP), AX
+	MOVQ pf+64(FP), DX
+	MOVQ out+72(FP), AX
 	XORQ BX, BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -113,6 +114,8 @@ TEXT ·k4x3F32(SB), NOSPLIT, $0-72
 	TESTQ CX, CX
 	JZ k4x3F32_reduce
 k4x3F32_loop:
+	PREFETCHT1 0(DX)(BX*4)
+	PREFETCHT1 64(DX)(BX*4)
 	VMOVUPS (DI)(BX*1), Y12
 	VMOVUPS (R11)(BX*1), Y13
 	VMOVUPS (R12)(BX*1), Y14
@@ -277,8 +280,8 @@ k4x1BF16_reduce:
 	VZEROUPPER
 	RET
 
-// func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)
-TEXT ·k4x3BF16(SB), NOSPLIT, $0-72
+// func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32)
+TEXT ·k4x3BF16(SB), NOSPLIT, $0-80
 	MOVQ w0+0(FP), SI
 	MOVQ w1+8(FP), R8
 	MOVQ w2+16(FP), R9
@@ -287,7 +290,8 @@ TEXT ·k4x3BF16(SB), NOSPLIT, $0-72
 	MOVQ x1+40(FP), R11
 	MOVQ x2+48(FP), R12
 	MOVQ k8+56(FP), CX
-	MOVQ out+64(FP), AX
+	MOVQ pf+64(FP), DX
+	MOVQ out+72(FP), AX
 	XORQ BX, BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -304,6 +308,7 @@ TEXT ·k4x3BF16(SB), NOSPLIT, $0-72
 	TESTQ CX, CX
 	JZ k4x3BF16_reduce
 k4x3BF16_loop:
+	PREFETCHT1 0(DX)(BX*4)
 	VMOVUPS (DI)(BX*2), Y12
 	VMOVUPS (R11)(BX*2), Y13
 	VMOVUPS (R12)(BX*2), Y14
@@ -452,8 +457,8 @@ k4x1F16_reduce:
 	VZEROUPPER
 	RET
 
-// func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)
-TEXT ·k4x3F16(SB), NOSPLIT, $0-72
+// func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32)
+TEXT ·k4x3F16(SB), NOSPLIT, $0-80
 	MOVQ w0+0(FP), SI
 	MOVQ w1+8(FP), R8
 	MOVQ w2+16(FP), R9
@@ -462,7 +467,8 @@ TEXT ·k4x3F16(SB), NOSPLIT, $0-72
 	MOVQ x1+40(FP), R11
 	MOVQ x2+48(FP), R12
 	MOVQ k8+56(FP), CX
-	MOVQ out+64(FP), AX
+	MOVQ pf+64(FP), DX
+	MOVQ out+72(FP), AX
 	XORQ BX, BX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -479,6 +485,7 @@ TEXT ·k4x3F16(SB), NOSPLIT, $0-72
 	TESTQ CX, CX
 	JZ k4x3F16_reduce
 k4x3F16_loop:
+	PREFETCHT1 0(DX)(BX*4)
 	VMOVUPS (DI)(BX*2), Y12
 	VMOVUPS (R11)(BX*2), Y13
 	VMOVUPS (R12)(BX*2), Y14

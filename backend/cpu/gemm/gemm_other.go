@@ -21,13 +21,13 @@ func k4x1BF16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out
 func k4x1F16(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32) {
 	panic("unreachable")
 }
-func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {
+func k4x3F32(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32) {
 	panic("unreachable")
 }
-func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {
+func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32) {
 	panic("unreachable")
 }
-func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32) {
+func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32) {
 	panic("unreachable")
 }
 func dotF32(a, b *float32, n8 int) float32         { panic("unreachable") }

@@ -9,9 +9,11 @@
 //	k4x1<D>(w0,w1,w2,w3, x, k8, pf, out *[4]float32)
 //	    out[r] = sum_{k<8*k8} w_r[k]*x[k]; 2 accumulators per row; while
 //	    reading w_r it prefetches the same offsets of w_r+pf bytes.
-//	k4x3<D>(w0,w1,w2,w3, x0,x1,x2, k8, out *[12]float32)
+//	k4x3<D>(w0,w1,w2,w3, x0,x1,x2, k8, pf, out *[12]float32)
 //	    out[4*t+r] = sum_k w_r[k]*x_t[k]; 12 accumulators, each 8-wide
-//	    weight load (widened once) feeds 3 FMAs.
+//	    weight load (widened once) feeds 3 FMAs; meanwhile it prefetches
+//	    the 4*8*k8 weights starting at address pf (the next row group, when
+//	    the caller streams weights for few tokens).
 //	dotF32(a, b, n8) float32, axpyF32(alpha, x, y, n8).
 //
 // Weight rows are addressed through separate pointers (so callers can repeat
@@ -135,17 +137,22 @@ func gen4x1(p printer, d dtype) {
 func gen4x3(p printer, d dtype) {
 	fn := "k4x3" + d.name
 	ld := func(mem string, reg int) { p(d.load, mem, fmt.Sprintf("Y%d", reg)) }
-	p("\n// func %s(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, out *[12]float32)\n", fn)
-	p("TEXT ·%s(SB), NOSPLIT, $0-72\n", fn)
+	p("\n// func %s(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32)\n", fn)
+	p("TEXT ·%s(SB), NOSPLIT, $0-80\n", fn)
 	p("\tMOVQ w0+0(FP), SI\n\tMOVQ w1+8(FP), R8\n\tMOVQ w2+16(FP), R9\n\tMOVQ w3+24(FP), R10\n")
 	p("\tMOVQ x0+32(FP), DI\n\tMOVQ x1+40(FP), R11\n\tMOVQ x2+48(FP), R12\n")
-	p("\tMOVQ k8+56(FP), CX\n\tMOVQ out+64(FP), AX\n")
+	p("\tMOVQ k8+56(FP), CX\n\tMOVQ pf+64(FP), DX\n\tMOVQ out+72(FP), AX\n")
 	p("\tXORQ BX, BX\n")
 	for i := 0; i < 12; i++ {
 		p("\tVXORPS Y%d, Y%d, Y%d\n", i, i, i)
 	}
 	p("\tTESTQ CX, CX\n\tJZ %s_reduce\n", fn)
 	p("%s_loop:\n", fn)
+	// Walk the 4*8*k8 weights at pf (4 rows of weights) while reading
+	// 8*k8 weights of each of the 4 rows: 4 steps ahead per step.
+	for off := 0; off < 4*d.bytes; off += 64 {
+		p("\t%s %d(DX)(BX*4)\n", prefetchOp, off)
+	}
 	for t, reg := range []string{"DI", "R11", "R12"} {
 		p("\tVMOVUPS (%s)(BX*%d), Y%d\n", reg, d.scale, 12+t)
 	}

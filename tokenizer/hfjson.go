@@ -13,8 +13,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -109,18 +109,7 @@ func load(path string) (*Tokenizer, error) {
 		return nil, err
 	}
 	if st.IsDir() {
-		data, err := os.ReadFile(filepath.Join(path, "tokenizer.json"))
-		if err != nil {
-			return nil, err
-		}
-		t, err := parseHFJSON(data)
-		if err != nil {
-			return nil, err
-		}
-		if err := t.applyConfigDir(path); err != nil {
-			return nil, err
-		}
-		return t, nil
+		return loadFS(os.DirFS(path))
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -130,6 +119,32 @@ func load(path string) (*Tokenizer, error) {
 		return parseHFJSON(data)
 	}
 	return parseLlama2C(data)
+}
+
+// LoadFS reads tokenizer.json (plus tokenizer_config.json, chat_template.jinja
+// and generation_config.json when present) from the root of fsys, e.g. files
+// embedded in the binary.
+func LoadFS(fsys fs.FS, name string) (*Tokenizer, error) {
+	t, err := loadFS(fsys)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer %s: %w", name, err)
+	}
+	return t, nil
+}
+
+func loadFS(fsys fs.FS) (*Tokenizer, error) {
+	data, err := fs.ReadFile(fsys, "tokenizer.json")
+	if err != nil {
+		return nil, err
+	}
+	t, err := parseHFJSON(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.applyConfig(fsys); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // ParseHFJSON builds a Tokenizer from the bytes of a tokenizer.json file.
@@ -598,9 +613,9 @@ type hfConfig struct {
 	ChatTemplate json.RawMessage `json:"chat_template"`
 }
 
-// applyConfigDir reads the optional companion files of a model directory.
-func (t *Tokenizer) applyConfigDir(dir string) error {
-	if data, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json")); err == nil {
+// applyConfig reads the optional companion files of a model directory.
+func (t *Tokenizer) applyConfig(fsys fs.FS) error {
+	if data, err := fs.ReadFile(fsys, "tokenizer_config.json"); err == nil {
 		var c hfConfig
 		if err := json.Unmarshal(data, &c); err != nil {
 			return fmt.Errorf("tokenizer_config.json: %w", err)
@@ -618,11 +633,11 @@ func (t *Tokenizer) applyConfigDir(dir string) error {
 		t.chatTemplate = templateString(c.ChatTemplate)
 	}
 	if t.chatTemplate == "" {
-		if data, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+		if data, err := fs.ReadFile(fsys, "chat_template.jinja"); err == nil {
 			t.chatTemplate = string(data)
 		}
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, "generation_config.json")); err == nil {
+	if data, err := fs.ReadFile(fsys, "generation_config.json"); err == nil {
 		var g struct {
 			EOS json.RawMessage `json:"eos_token_id"`
 		}

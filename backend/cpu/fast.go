@@ -67,6 +67,9 @@ type attnTask struct {
 	s *step
 }
 
+// attnBlock is how many keys' scores are held at once.
+const attnBlock = 64
+
 func (t *attnTask) Do(lo, hi int) {
 	x, s := t.x, t.s
 	a := s.node.Attrs
@@ -74,31 +77,41 @@ func (t *attnTask) Do(lo, hi int) {
 	width := a.KVHeads * a.HeadDim
 	group := a.Heads / a.KVHeads
 	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+	var scores [attnBlock]float32
 	for item := lo; item < hi; item++ {
 		tok, h := item/a.Heads, item%a.Heads
 		seq, p := int(x.batch.SeqIndex[tok]), int(x.batch.Positions[tok])
 		qh := q[item*a.HeadDim : (item+1)*a.HeadDim]
 		acc := out[item*a.HeadDim : (item+1)*a.HeadDim]
-		for d := range acc {
-			acc[d] = 0
-		}
+		clear(acc)
 		kvOff := (h / group) * a.HeadDim
 		maxScore := float32(math.Inf(-1))
 		var sum float32
-		for j := windowStart(p, a.Window); j <= p; j++ {
-			at := slot(x, seq, j)*width + kvOff
-			score := gemm.Dot(qh, kc[at:at+a.HeadDim]) * a.Scale
-			if score > maxScore {
-				corr := float32(math.Exp(float64(maxScore - score)))
+		// Keys stream past in blocks: score a block, rescale what has been
+		// accumulated if the block raised the maximum, then add the block's
+		// values weighted by exp(score - max).
+		for j0 := windowStart(p, a.Window); j0 <= p; j0 += attnBlock {
+			n := min(attnBlock, p+1-j0)
+			blockMax := maxScore
+			for i := 0; i < n; i++ {
+				at := slot(x, seq, j0+i)*width + kvOff
+				scores[i] = gemm.Dot(qh, kc[at:at+a.HeadDim]) * a.Scale
+				blockMax = max(blockMax, scores[i])
+			}
+			if blockMax > maxScore {
+				corr := expf(maxScore - blockMax)
 				for d := range acc {
 					acc[d] *= corr
 				}
 				sum *= corr
-				maxScore = score
+				maxScore = blockMax
 			}
-			w := float32(math.Exp(float64(score - maxScore)))
-			sum += w
-			gemm.Axpy(w, vc[at:at+a.HeadDim], acc)
+			for i := 0; i < n; i++ {
+				w := expf(scores[i] - maxScore)
+				sum += w
+				at := slot(x, seq, j0+i)*width + kvOff
+				gemm.Axpy(w, vc[at:at+a.HeadDim], acc)
+			}
 		}
 		inv := 1 / sum
 		for d := range acc {

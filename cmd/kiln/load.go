@@ -8,6 +8,7 @@ import (
 
 	"kiln/backend/cpu"
 	"kiln/compile"
+	"kiln/demo"
 	"kiln/engine"
 	"kiln/model"
 	"kiln/tokenizer"
@@ -19,6 +20,29 @@ func openModel(path string) (*model.Model, error) {
 		return nil, fmt.Errorf("no MODEL given")
 	}
 	return model.Load(path)
+}
+
+// openModelOrDemo opens the model named by args (and its tokenizer), or the
+// built-in demo model when args is empty, saying so on stderr.
+func openModelOrDemo(args []string, tokenizerFlag string) (*model.Model, *tokenizer.Tokenizer, error) {
+	if len(args) == 0 {
+		fmt.Fprintf(os.Stderr, "kiln: no model given, using the built-in %s\n", demo.Name)
+		m, tok, err := demo.Load()
+		if err == nil && tokenizerFlag != "" {
+			tok, err = loadTokenizerFile(tokenizerFlag)
+		}
+		return m, tok, err
+	}
+	m, err := openModel(args[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := openTokenizer(tokenizerFlag, m)
+	if err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	return m, tok, nil
 }
 
 // openTokenizer finds the tokenizer: the --tokenizer file when given, else the

@@ -14,7 +14,7 @@ import (
 const usage = `kiln: run language models
 
 usage:
-  kiln run MODEL [--prompt TEXT | --ids 1,2,3] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--json]
+  kiln run [MODEL] [--prompt TEXT | --ids 1,2,3] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--json]
   kiln logits MODEL --ids 1,2,3
   kiln tokenize --tokenizer FILE --text TEXT
   kiln detokenize --tokenizer FILE --ids 1,2,3
@@ -23,7 +23,8 @@ usage:
   kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
 
 MODEL is a Hugging Face directory, a .gguf file, or a llama2.c .bin (with
---tokenizer for its tokenizer.bin). Run "kiln COMMAND -h" for a command's flags.
+--tokenizer for its tokenizer.bin); kiln run without one uses the built-in
+demo model. Run "kiln COMMAND -h" for a command's flags.
 `
 
 var commands = map[string]func(args []string) error{

@@ -58,7 +58,7 @@ func TestBadInputIsOneLine(t *testing.T) {
 	os.WriteFile(garbage, []byte("this is not a model file at all, not even close"), 0o644)
 	cases := [][]string{
 		{"frobnicate"},
-		{"run"},
+		{"run", "a", "b"},
 		{"run", "/no/such/model"},
 		{"run", bin}, // llama2.c needs --tokenizer
 		{"run", bin, "--tokenizer", tok, "--temperature", "-1"},
@@ -163,5 +163,20 @@ func TestInspect(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("inspect output lacks %q", want)
 		}
+	}
+}
+
+// TestRunDemo checks that kiln run without a model uses the embedded demo
+// model and says so in one line on stderr.
+func TestRunDemo(t *testing.T) {
+	out, stderr, code := kiln(t, "run", "--prompt", "In the beginning", "--max-tokens", "8", "--seed", "1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if lines := strings.Split(strings.TrimSpace(stderr), "\n"); len(lines) != 1 || !strings.Contains(stderr, "demo model") {
+		t.Errorf("stderr %q, want one line naming the demo model", stderr)
+	}
+	if len(strings.TrimSpace(out)) == 0 {
+		t.Error("no text generated")
 	}
 }

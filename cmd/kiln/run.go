@@ -33,8 +33,8 @@ func cmdRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("want one MODEL argument, got %d", len(pos))
+	if len(pos) > 1 {
+		return fmt.Errorf("want at most one MODEL argument, got %d", len(pos))
 	}
 	if *prompt != "" && *idsFlag != "" {
 		return fmt.Errorf("give --prompt or --ids, not both")
@@ -42,15 +42,11 @@ func cmdRun(args []string) error {
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
 	}
-	m, err := openModel(pos[0])
+	m, tok, err := openModelOrDemo(pos, ef.tokenizer)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	tok, err := openTokenizer(ef.tokenizer, m)
-	if err != nil {
-		return err
-	}
 	var ids []int
 	if *idsFlag != "" {
 		if ids, err = parseIDs(*idsFlag); err != nil {

@@ -54,6 +54,7 @@ type executable struct {
 	steps  []step
 	output operand
 	state  execState
+	vocab  int // rows of the embedding table: token ids must be below it
 }
 
 func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
@@ -138,6 +139,12 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, err
 	}
 	e.output = out
+	e.vocab = math.MaxInt32
+	for _, s := range e.steps {
+		if s.node.Op == ir.Embed {
+			e.vocab = s.in[0].t.Shape[0]
+		}
+	}
 	return e, nil
 }
 
@@ -166,8 +173,8 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 		return fmt.Errorf("cpu: logits buffer of %d for %d rows of %d", len(logits), r, vocab)
 	}
 	for _, id := range b.Tokens {
-		if id < 0 || int(id) >= e.vocabRows() {
-			return fmt.Errorf("cpu: token id %d out of range [0,%d)", id, e.vocabRows())
+		if id < 0 || int(id) >= e.vocab {
+			return fmt.Errorf("cpu: token id %d out of range [0,%d)", id, e.vocab)
 		}
 	}
 	e.state = execState{batch: b, kv: cache, tokens: t, l: e.l}
@@ -177,14 +184,4 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 	}
 	copy(logits[:r*vocab], e.output.f[:r*vocab])
 	return nil
-}
-
-// vocabRows is the embedding table's row count, bounding token ids.
-func (e *executable) vocabRows() int {
-	for _, s := range e.steps {
-		if s.node.Op == ir.Embed {
-			return s.in[0].t.Shape[0]
-		}
-	}
-	return math.MaxInt32
 }

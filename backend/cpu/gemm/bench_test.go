@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"unsafe"
 
 	"kiln/backend/cpu/workers"
 	"kiln/tensor"
@@ -13,7 +14,9 @@ import (
 // Benchmarks. Decode (T=1) is memory bound, so it cycles through a weight
 // set of at least 256 MB (several copies of the matrix) and reports weight
 // bytes read per second; compare with BenchmarkCopy/BenchmarkCopyParallel
-// (bytes copied per second by memmove, single goroutine and one per worker).
+// (bytes copied per second by memmove, single goroutine and one per worker;
+// a copy moves twice those bytes) and BenchmarkReadParallel (a plain SIMD
+// read pass).
 // Prefill reports GFLOP/s (2*T*N*K per product).
 
 const benchSetBytes = 256 << 20
@@ -133,6 +136,31 @@ func BenchmarkCopyParallel(b *testing.B) {
 	b.SetBytes(int64(len(src)))
 	for b.Loop() {
 		p.Run(len(src)>>20, 1, t)
+	}
+}
+
+type readTask struct {
+	buf  []float32
+	sums [64]float32
+}
+
+func (r *readTask) Do(lo, hi int) {
+	const chunk = 1 << 18 // floats (1 MB)
+	s := Dot(r.buf[lo*chunk:min(hi*chunk, len(r.buf))], r.buf[lo*chunk:])
+	r.sums[lo%64] += s
+}
+
+// BenchmarkReadParallel is the read bandwidth of a plain SIMD pass over 256
+// MB (Dot of a buffer with itself, split over the workers), another reference
+// for BenchmarkDecode.
+func BenchmarkReadParallel(b *testing.B) {
+	p := workers.New(0)
+	defer p.Close()
+	dst, _ := copyBufs()
+	t := &readTask{buf: unsafe.Slice((*float32)(unsafe.Pointer(&dst[0])), len(dst)/4)}
+	b.SetBytes(int64(len(dst)))
+	for b.Loop() {
+		p.Run(len(t.buf)>>18, 1, t)
 	}
 }
 

@@ -1,0 +1,156 @@
+package cu
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// DType is an element type of a cuBLASLt operand.
+type DType int
+
+const (
+	F32 DType = iota
+	F16
+	BF16
+)
+
+func (t DType) String() string { return [...]string{"f32", "f16", "bf16"}[t] }
+
+// Size is the element size in bytes.
+func (t DType) Size() int { return [...]int{4, 2, 2}[t] }
+
+// cudaDataType values (library_types.h).
+func (t DType) cuda() int { return [...]int{0 /*CUDA_R_32F*/, 2 /*CUDA_R_16F*/, 14 /*CUDA_R_16BF*/}[t] }
+
+// BlasLt is a cuBLASLt handle with a workspace, bound to a device.
+type BlasLt struct {
+	d      *Device
+	h      unsafe.Pointer
+	ws     Ptr
+	wsSize int
+	plans  map[planKey]unsafe.Pointer
+}
+
+// NewBlasLt creates a cuBLASLt handle and a workspace of wsBytes (32 MiB if
+// 0, as NVIDIA recommends for Hopper).
+func (d *Device) NewBlasLt(wsBytes int) (*BlasLt, error) {
+	if err := BlasLtAvailable(); err != nil {
+		return nil, err
+	}
+	if wsBytes <= 0 {
+		wsBytes = 32 << 20
+	}
+	lt := &BlasLt{d: d, wsSize: wsBytes, plans: map[planKey]unsafe.Pointer{}}
+	err := d.Do(func() error {
+		var err error
+		if lt.h, err = ltCreate(); err != nil {
+			return err
+		}
+		if lt.ws, err = drvMemAlloc(wsBytes); err != nil {
+			ltDestroy(lt.h)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return lt, nil
+}
+
+// Close frees the plans, the workspace and the handle.
+func (lt *BlasLt) Close() error {
+	if lt.h == nil {
+		return nil
+	}
+	err := lt.d.Do(func() error {
+		for k, p := range lt.plans {
+			ltPlanFree(p)
+			delete(lt.plans, k)
+		}
+		err := drvCtxSync()
+		if e := drvMemFree(lt.ws); err == nil {
+			err = e
+		}
+		if e := ltDestroy(lt.h); err == nil {
+			err = e
+		}
+		return err
+	})
+	lt.h = nil
+	return err
+}
+
+// Matmul is one row-major product Out[T,N] = X[T,K]·W[N,K]ᵀ (+ Bias[N])
+// (+ Out when Accumulate), accumulated in float32.
+type Matmul struct {
+	T, K, N    int
+	In         DType // of X and W: BF16, F16 or F32
+	Out        DType // of Out and Bias: In or F32
+	X, W, Dst  Ptr
+	Bias       Ptr // optional
+	Accumulate bool
+	Stream     *Stream
+}
+
+type planKey struct {
+	in, out       DType
+	t, k, n       int
+	bias          bool
+	alX, alW, alD int
+}
+
+func alignOf(p Ptr) int {
+	a := 256
+	for a > 1 && uint64(p)%uint64(a) != 0 {
+		a /= 2
+	}
+	return a
+}
+
+// Matmul runs m. In column-major terms Outᵀ[N,T] = W[K,N]ᵀ·X[K,T]: A is W
+// (stored K×N, ld K, transposed), B is X (stored K×T, ld K), D is Out
+// (N×T, ld N); the bias runs along D's rows, i.e. Out's columns. Plans
+// (descriptors and the heuristic's algorithm) are cached per shape, types
+// and pointer alignment.
+func (lt *BlasLt) Matmul(m Matmul) error {
+	if m.T <= 0 || m.K <= 0 || m.N <= 0 {
+		return fmt.Errorf("cublasLt: matmul of %d×%d by %d×%d", m.T, m.K, m.N, m.K)
+	}
+	if m.Out != m.In && m.Out != F32 {
+		return fmt.Errorf("cublasLt: %s inputs with %s output", m.In, m.Out)
+	}
+	if m.X == 0 || m.W == 0 || m.Dst == 0 {
+		return fmt.Errorf("cublasLt: matmul with a null operand")
+	}
+	key := planKey{m.In, m.Out, m.T, m.K, m.N, m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
+	return lt.d.Do(func() error {
+		plan := lt.plans[key]
+		if plan == nil {
+			var err error
+			plan, err = ltPlanCreate(lt.h, ltPlanArgs{
+				abType: m.In.cuda(), cdType: m.Out.cuda(), transa: 1, transb: 0,
+				m: m.N, n: m.T, k: m.K, lda: m.K, ldb: m.K, ldc: m.N,
+				bias: m.Bias != 0, ws: lt.wsSize, alA: key.alW, alB: key.alX, alC: key.alD,
+			})
+			if err != nil {
+				err.(*Error).Call += fmt.Sprintf(" [T=%d K=%d N=%d %s→%s]", m.T, m.K, m.N, m.In, m.Out)
+				return err
+			}
+			lt.plans[key] = plan
+		}
+		beta := float32(0)
+		if m.Accumulate {
+			beta = 1
+		}
+		return ltRun(lt.h, plan, m.W, m.X, m.Dst, m.Bias, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
+	})
+}
+
+type ltPlanArgs struct {
+	abType, cdType, transa, transb int
+	m, n, k, lda, ldb, ldc         int
+	bias                           bool
+	ws                             int
+	alA, alB, alC                  int
+}

@@ -1,0 +1,606 @@
+package cu
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"kiln/backend/cuda/kcache"
+	"kiln/tensor"
+)
+
+var (
+	devOnce sync.Once
+	dev     *Device
+	devErr  error
+)
+
+// gpu returns the shared test device, or skips when CUDA is unavailable.
+func gpu(t *testing.T) *Device {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skipf("no GPU: %v", err)
+	}
+	devOnce.Do(func() { dev, devErr = Open(0) })
+	if devErr != nil {
+		t.Fatalf("Open(0): %v", devErr)
+	}
+	return dev
+}
+
+func TestDeviceInfo(t *testing.T) {
+	d := gpu(t)
+	free, total, err := d.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("device %d: %s, compute %d.%d (%s), %d SMs, %.1f GiB (%.1f GiB free)",
+		d.Ordinal, d.Name, d.Major, d.Minor, d.Arch(), d.SMs, float64(total)/(1<<30), float64(free)/(1<<30))
+	if err := NVRTCAvailable(); err != nil {
+		t.Errorf("nvrtc: %v", err)
+	}
+	if err := BlasLtAvailable(); err != nil {
+		t.Errorf("cublasLt: %v", err)
+	}
+	l := Loaded()
+	t.Logf("driver %s (version %d)", l.Driver, l.DriverVersion)
+	t.Logf("nvrtc %s (version %d.%d)", l.NVRTC, l.NVRTCVersion[0], l.NVRTCVersion[1])
+	t.Logf("cublasLt %s (version %d)", l.BlasLt, l.BlasLtVersion)
+}
+
+func TestRoundTrip(t *testing.T) {
+	d := gpu(t)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	n := 3<<20 + 13
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	p, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(p)
+	if err := d.Memset8(p, 0xA5, n, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Upload(p, src); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	if err := d.Download(got, p); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, src) {
+		t.Fatal("upload/download round trip differs")
+	}
+
+	// Device to device, pinned buffers, a stream and timing events.
+	q, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(q)
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	h, err := d.AllocHost(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Free()
+	for i := range h.Bytes() {
+		h.Bytes()[i] = 0x5A
+	}
+	e0, _ := d.NewEvent(true)
+	e1, _ := d.NewEvent(true)
+	defer e0.Close()
+	defer e1.Close()
+	must(t, d.Memset8(q, 0, n, s))
+	must(t, e0.Record(s))
+	must(t, d.CopyDtoD(q, p, n, s))
+	must(t, e1.Record(s))
+	must(t, d.CopyDtoHAsync(h, 0, q, n, s))
+	must(t, s.Sync())
+	if !bytes.Equal(h.Bytes(), src) {
+		t.Fatal("device-to-device then pinned download differs")
+	}
+	ms, err := Elapsed(e0, e1)
+	must(t, err)
+	t.Logf("device-to-device copy of %d bytes: %.3f ms", n, ms)
+	// Pinned upload of a shifted range.
+	must(t, d.CopyHtoDAsync(q.Add(1), h, 0, n-1, s))
+	must(t, s.Sync())
+	must(t, d.Download(got, q))
+	if got[0] != src[0] || !bytes.Equal(got[1:], src[:n-1]) {
+		t.Fatal("pinned upload at an offset differs")
+	}
+	if err := d.CopyHtoDAsync(q, h, 1, n, s); err == nil {
+		t.Fatal("out-of-range host buffer copy accepted")
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+const saxpySrc = `
+// bf16 in, f32 out: out[i] = a*x[i] + y[i]
+extern "C" __global__ void saxpy_bf16(const unsigned short* x, const unsigned short* y, float* out, float a, int n) {
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n) {
+		float xf = __uint_as_float(((unsigned)x[i]) << 16);
+		float yf = __uint_as_float(((unsigned)y[i]) << 16);
+		out[i] = a * xf + yf;
+	}
+}
+__device__ int kiln_counter;
+`
+
+func randBF16(rng *rand.Rand, n int) []uint16 {
+	s := make([]uint16, n)
+	for i := range s {
+		s[i] = tensor.F32ToBF16(float32(rng.NormFloat64()))
+	}
+	return s
+}
+
+func upload[T float32 | uint16](t *testing.T, d *Device, s []T) Ptr {
+	t.Helper()
+	p, err := d.Alloc(len(AsBytes(s)))
+	must(t, err)
+	t.Cleanup(func() { d.Free(p) })
+	must(t, d.Upload(p, AsBytes(s)))
+	return p
+}
+
+// runSaxpy launches saxpy_bf16 from m on fresh random inputs and checks it.
+func runSaxpy(t *testing.T, d *Device, m *Module) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
+	n := 100003
+	x, y := randBF16(rng, n), randBF16(rng, n)
+	a := float32(rng.NormFloat64())
+	px, py := upload(t, d, x), upload(t, d, y)
+	out := make([]float32, n)
+	po, err := d.Alloc(4 * n)
+	must(t, err)
+	defer d.Free(po)
+	must(t, d.Memset32(po, 0x7fc00001, n, nil)) // NaN poison: every element must be written
+	must(t, m.Launch("saxpy_bf16", D1((n+255)/256), D1(256), 0, nil, px, py, po, a, int32(n)))
+	must(t, d.Sync())
+	must(t, d.Download(AsBytes(out), po))
+	var worst float64
+	for i := range out {
+		ref := float64(a)*float64(tensor.BF16ToF32(x[i])) + float64(tensor.BF16ToF32(y[i]))
+		e := math.Abs(float64(out[i])-ref) / (math.Abs(ref) + 1e-3)
+		if math.IsNaN(float64(out[i])) || e > 1e-6 {
+			t.Fatalf("out[%d] = %v, want %v", i, out[i], ref)
+		}
+		worst = max(worst, e)
+	}
+	t.Logf("saxpy_bf16 n=%d: worst relative error %.2g (limit 1e-6)", n, worst)
+}
+
+func TestSaxpyAndCache(t *testing.T) {
+	d := gpu(t)
+	old := d.KernelCache()
+	defer d.SetKernelCache(old)
+	dir := t.TempDir()
+	c := kcache.New(dir)
+	d.SetKernelCache(c)
+	// A nonce keeps the source unique, so the cache starts cold.
+	src := saxpySrc + fmt.Sprintf("// nonce %d\n", time.Now().UnixNano())
+
+	t0 := time.Now()
+	m, err := d.Compile("saxpy", src)
+	must(t, err)
+	t.Logf("first compile: %v, cubin %v, hit %v", time.Since(t0), m.Cubin, m.Hit)
+	if m.Hit || c.Stats().Compiled != 1 || !m.Cubin {
+		t.Fatalf("first compile: hit %v cubin %v stats %+v", m.Hit, m.Cubin, c.Stats())
+	}
+	runSaxpy(t, d, m)
+	if p, size, err := m.Global("kiln_counter"); err != nil || p == 0 || size != 4 {
+		t.Fatalf("Global: %v %d %v", p, size, err)
+	}
+	must(t, m.Close())
+
+	// Same key, same process: a hit.
+	m2, err := d.Compile("saxpy", src)
+	must(t, err)
+	if !m2.Hit || c.Stats().Compiled != 1 || c.Stats().Hits != 1 {
+		t.Fatalf("second compile: hit %v stats %+v", m2.Hit, c.Stats())
+	}
+	m2.Close()
+
+	// A second start (a fresh cache on the same directory) compiles nothing.
+	c2 := kcache.New(dir)
+	d.SetKernelCache(c2)
+	t0 = time.Now()
+	m3, err := d.Compile("saxpy", src)
+	must(t, err)
+	if !m3.Hit || c2.Stats().Compiled != 0 {
+		t.Fatalf("second start: hit %v stats %+v", m3.Hit, c2.Stats())
+	}
+	t.Logf("second start: loaded from disk in %v", time.Since(t0))
+	runSaxpy(t, d, m3)
+	m3.Close()
+
+	// A corrupted entry is recompiled, never loaded.
+	var files []string
+	walk(dir, &files)
+	if len(files) != 1 {
+		t.Fatalf("cache dir holds %v", files)
+	}
+	b, err := os.ReadFile(files[0])
+	must(t, err)
+	b[len(b)-100] ^= 0xff
+	must(t, os.WriteFile(files[0], b, 0o644))
+	c3 := kcache.New(dir)
+	d.SetKernelCache(c3)
+	m4, err := d.Compile("saxpy", src)
+	must(t, err)
+	if m4.Hit || c3.Stats().Compiled != 1 || c3.Stats().Corrupt != 1 {
+		t.Fatalf("corrupt entry: hit %v stats %+v", m4.Hit, c3.Stats())
+	}
+	runSaxpy(t, d, m4)
+	m4.Close()
+}
+
+func walk(dir string, out *[]string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		p := dir + "/" + e.Name()
+		if e.IsDir() {
+			walk(p, out)
+		} else {
+			*out = append(*out, p)
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	d := gpu(t)
+	old := d.KernelCache()
+	defer d.SetKernelCache(old)
+	d.SetKernelCache(kcache.New(t.TempDir()))
+
+	// Bad source: the NVRTC log comes with the error.
+	_, err := d.Compile("broken", `extern "C" __global__ void k(float* p) { p[0] = undeclared_thing; }`)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Lib != "nvrtc" || !strings.Contains(err.Error(), "nvrtcCompileProgram(broken)") ||
+		!strings.Contains(err.Error(), "NVRTC_ERROR_COMPILATION") || !strings.Contains(ce.Log, "undeclared_thing") {
+		t.Fatalf("bad source: %v", err)
+	}
+	t.Logf("bad source: %v", err)
+
+	// Bad option.
+	_, err = d.Compile("badopt", `extern "C" __global__ void k() {}`, "--no-such-option")
+	if err == nil || !strings.Contains(err.Error(), "nvrtc") {
+		t.Fatalf("bad option: %v", err)
+	}
+	t.Logf("bad option: %v", err)
+
+	m, err := d.Compile("saxpy", saxpySrc)
+	must(t, err)
+	defer m.Close()
+
+	// Missing function.
+	err = m.Launch("nosuch", D1(1), D1(1), 0, nil)
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), `cuModuleGetFunction("nosuch")`) || ce.Name != "CUDA_ERROR_NOT_FOUND" {
+		t.Fatalf("missing function: %v", err)
+	}
+	t.Logf("missing function: %v", err)
+
+	// Block too large: the launch error names the kernel.
+	p, err := d.Alloc(1024)
+	must(t, err)
+	defer d.Free(p)
+	err = m.Launch("saxpy_bf16", D1(1), D1(4096), 0, nil, p, p, p, float32(1), int32(0))
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "cuLaunchKernel(saxpy_bf16") || ce.Name != "CUDA_ERROR_INVALID_VALUE" {
+		t.Fatalf("bad block: %v", err)
+	}
+	t.Logf("bad block: %v", err)
+
+	// Too much shared memory.
+	err = m.Launch("saxpy_bf16", D1(1), D1(32), 1<<30, nil, p, p, p, float32(1), int32(0))
+	if err == nil || !strings.Contains(err.Error(), "cuLaunchKernel(saxpy_bf16") {
+		t.Fatalf("bad shared: %v", err)
+	}
+	t.Logf("bad shared memory: %v", err)
+
+	// Argument of an ambiguous type.
+	if err := m.Launch("saxpy_bf16", D1(1), D1(32), 0, nil, p, p, p, 1.0, 0); err == nil || !strings.Contains(err.Error(), "argument 4 has type int") {
+		t.Fatalf("int argument: %v", err)
+	}
+
+	// Out of memory names the call and the size.
+	_, err = d.Alloc(1 << 50)
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "cuMemAlloc_v2") || ce.Name != "CUDA_ERROR_OUT_OF_MEMORY" {
+		t.Fatalf("huge alloc: %v", err)
+	}
+	t.Logf("huge alloc: %v", err)
+
+	// Bad module image.
+	if _, err := d.LoadModule("junk", []byte("not a cubin")); err == nil || !strings.Contains(err.Error(), "cuModuleLoadData(junk)") {
+		t.Fatalf("junk module: %v", err)
+	}
+
+	// The device still works after all that.
+	runSaxpy(t, d, m)
+}
+
+func TestConcurrentDo(t *testing.T) {
+	d := gpu(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				// Nested calls from inside Do run inline on the worker.
+				errs <- d.Do(func() error {
+					p, err := d.Alloc(4096)
+					if err != nil {
+						return err
+					}
+					return d.Free(p)
+				})
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(errs) }()
+	for err := range errs {
+		must(t, err)
+	}
+}
+
+// ref computes out[T,N] = x[T,K]·w[N,K]ᵀ (+ bias) in float64.
+func ref(x, w []float64, bias []float64, T, K, N int) []float64 {
+	out := make([]float64, T*N)
+	for i := 0; i < T; i++ {
+		for j := 0; j < N; j++ {
+			s := 0.0
+			for k := 0; k < K; k++ {
+				s += x[i*K+k] * w[j*K+k]
+			}
+			if bias != nil {
+				s += bias[j]
+			}
+			out[i*N+j] = s
+		}
+	}
+	return out
+}
+
+func relErr(got, want []float64) float64 {
+	var num, den float64
+	for i := range got {
+		if math.IsNaN(got[i]) {
+			return math.Inf(1)
+		}
+		num += (got[i] - want[i]) * (got[i] - want[i])
+		den += want[i] * want[i]
+	}
+	return math.Sqrt(num / den)
+}
+
+// encode rounds v to dtype t, returning the device bytes and the rounded values.
+func encode(t DType, v []float64) ([]byte, []float64) {
+	r := make([]float64, len(v))
+	switch t {
+	case F32:
+		s := make([]float32, len(v))
+		for i := range v {
+			s[i] = float32(v[i])
+			r[i] = float64(s[i])
+		}
+		return AsBytes(s), r
+	default:
+		s := make([]uint16, len(v))
+		for i := range v {
+			if t == BF16 {
+				s[i] = tensor.F32ToBF16(float32(v[i]))
+				r[i] = float64(tensor.BF16ToF32(s[i]))
+			} else {
+				s[i] = tensor.F32ToF16(float32(v[i]))
+				r[i] = float64(tensor.F16ToF32(s[i]))
+			}
+		}
+		return AsBytes(s), r
+	}
+}
+
+func decode(t DType, b []byte) []float64 {
+	switch t {
+	case F32:
+		s := make([]float32, len(b)/4)
+		copy(AsBytes(s), b)
+		r := make([]float64, len(s))
+		for i := range s {
+			r[i] = float64(s[i])
+		}
+		return r
+	default:
+		s := make([]uint16, len(b)/2)
+		copy(AsBytes(s), b)
+		r := make([]float64, len(s))
+		for i := range s {
+			if t == BF16 {
+				r[i] = float64(tensor.BF16ToF32(s[i]))
+			} else {
+				r[i] = float64(tensor.F16ToF32(s[i]))
+			}
+		}
+		return r
+	}
+}
+
+func TestBlasLtMatmul(t *testing.T) {
+	d := gpu(t)
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 3))
+	randv := func(n int) []float64 {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = rng.NormFloat64()
+		}
+		return v
+	}
+	cases := []struct {
+		in, out DType
+		T, K, N int
+		bias    bool
+		acc     bool
+		tol     float64
+	}{
+		// Products of bf16/f16 values are exact in f32; f32 accumulation
+		// error over K≤4096 is far under 1e-5. Rounding the output to
+		// bf16 (8 bits of mantissa) costs up to 2^-9 relative; f16 2^-12.
+		{BF16, F32, 7, 96, 130, false, false, 1e-5},
+		{BF16, F32, 7, 96, 130, true, false, 1e-5},
+		{BF16, BF16, 7, 96, 130, true, false, 4e-3},
+		{BF16, F32, 1, 4096, 33, false, true, 1e-5},
+		{F16, F32, 5, 200, 77, true, false, 1e-5},
+		{F16, F16, 64, 512, 300, false, false, 1e-3},
+		{F32, F32, 7, 96, 130, true, false, 1e-5},
+		{BF16, F32, 300, 1000, 257, true, false, 1e-5},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("%s->%s_T%d_K%d_N%d_bias%v_acc%v", c.in, c.out, c.T, c.K, c.N, c.bias, c.acc)
+		t.Run(name, func(t *testing.T) {
+			xb, x := encode(c.in, randv(c.T*c.K))
+			wb, w := encode(c.in, randv(c.N*c.K))
+			px, pw := upload(t, d, bytesU16(xb)), upload(t, d, bytesU16(wb))
+			var pb Ptr
+			var bias []float64
+			if c.bias {
+				var bb []byte
+				bb, bias = encode(c.out, randv(c.N))
+				pb = upload(t, d, bytesU16(bb))
+			}
+			var prior []float64
+			ob := make([]byte, c.T*c.N*c.out.Size())
+			po, err := d.Alloc(len(ob))
+			must(t, err)
+			defer d.Free(po)
+			if c.acc {
+				var pbytes []byte
+				pbytes, prior = encode(c.out, randv(c.T*c.N))
+				must(t, d.Upload(po, pbytes))
+			} else {
+				must(t, d.Memset8(po, 0xff, len(ob), nil)) // NaN poison
+			}
+			must(t, lt.Matmul(Matmul{T: c.T, K: c.K, N: c.N, In: c.in, Out: c.out, X: px, W: pw, Dst: po, Bias: pb, Accumulate: c.acc}))
+			must(t, d.Sync())
+			must(t, d.Download(ob, po))
+			want := ref(x, w, bias, c.T, c.K, c.N)
+			if prior != nil {
+				for i := range want {
+					want[i] += prior[i]
+				}
+			}
+			e := relErr(decode(c.out, ob), want)
+			t.Logf("%s: ‖out−ref‖/‖ref‖ = %.3g (tolerance %.0g)", name, e, c.tol)
+			if !(e <= c.tol) {
+				t.Fatalf("relative error %.3g over %.0g", e, c.tol)
+			}
+		})
+	}
+
+	// Bad combination is refused before cuBLASLt.
+	if err := lt.Matmul(Matmul{T: 1, K: 1, N: 1, In: BF16, Out: F16, X: 1, W: 1, Dst: 1}); err == nil {
+		t.Fatal("bf16→f16 accepted")
+	}
+}
+
+func bytesU16(b []byte) []uint16 {
+	s := make([]uint16, (len(b)+1)/2)
+	copy(AsBytes(s), b)
+	return s
+}
+
+// TestBlasLtSpeed times a large bf16 product (a figure, not a check).
+func TestBlasLtSpeed(t *testing.T) {
+	d := gpu(t)
+	if testing.Short() {
+		t.Skip("short")
+	}
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+	const M = 8192
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
+	x := randBF16(rng, M*M)
+	px, pw := upload(t, d, x[:len(x)/2]), upload(t, d, x[len(x)/2:])
+	po, err := d.Alloc(M * M * 2)
+	must(t, err)
+	defer d.Free(po)
+	mm := Matmul{T: M, K: M / 2, N: M, In: BF16, Out: BF16, X: px, W: pw, Dst: po}
+	for i := 0; i < 3; i++ {
+		must(t, lt.Matmul(mm))
+	}
+	e0, _ := d.NewEvent(true)
+	e1, _ := d.NewEvent(true)
+	defer e0.Close()
+	defer e1.Close()
+	var times []float64
+	for r := 0; r < 5; r++ {
+		must(t, e0.Record(nil))
+		for i := 0; i < 10; i++ {
+			must(t, lt.Matmul(mm))
+		}
+		must(t, e1.Record(nil))
+		must(t, e1.Sync())
+		ms, err := Elapsed(e0, e1)
+		must(t, err)
+		times = append(times, float64(ms)/10)
+	}
+	slicesSort(times)
+	med := times[len(times)/2]
+	t.Logf("bf16 %dx%dx%d product: median %.3f ms, %.0f TFLOP/s", M, M/2, M, med, 2*float64(M)*float64(M/2)*float64(M)/(med*1e-3)/1e12)
+}
+
+func slicesSort(s []float64) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+func TestOpenClose(t *testing.T) {
+	gpu(t)
+	d2, err := Open(0) // a second handle on the same primary context
+	must(t, err)
+	p, err := d2.Alloc(256)
+	must(t, err)
+	must(t, d2.Free(p))
+	must(t, d2.Close())
+	if err := d2.Do(func() error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Do after Close: %v", err)
+	}
+	// The shared device still works: the primary context is reference counted.
+	d := gpu(t)
+	p, err = d.Alloc(256)
+	must(t, err)
+	must(t, d.Free(p))
+	if _, err := Open(99); err == nil {
+		t.Fatal("Open(99) succeeded")
+	}
+}

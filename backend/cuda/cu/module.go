@@ -1,0 +1,227 @@
+package cu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"unsafe"
+
+	"kiln/backend/cuda/kcache"
+)
+
+// Module is loaded device code.
+type Module struct {
+	d     *Device
+	name  string
+	h     unsafe.Pointer
+	fns   map[string]*Function
+	Cubin bool // the image was a CUBIN (else PTX, compiled by the driver)
+	Hit   bool // the image came from the kernel cache
+}
+
+// Function is a kernel of a module.
+type Function struct {
+	m    *Module
+	Name string
+	h    unsafe.Pointer
+}
+
+// Image kinds, the first byte of a cached payload.
+const (
+	imgPTX   = 'P'
+	imgCubin = 'C'
+)
+
+// target picks NVRTC's target for the device: the exact sm_XY (sm_90a on
+// Hopper), giving a CUBIN, when this NVRTC supports the device; otherwise
+// PTX for the newest virtual architecture it supports that the device can
+// run, which the driver compiles at load time.
+func (d *Device) target() (opt string, cubin bool, err error) {
+	archs, err := nvrtcArchs()
+	if err != nil {
+		return "", false, err
+	}
+	cc := d.Major*10 + d.Minor
+	if slices.Contains(archs, cc) {
+		return "--gpu-architecture=" + d.Arch(), true, nil
+	}
+	best := 0
+	for _, a := range archs {
+		if a <= cc && a > best {
+			best = a
+		}
+	}
+	if best == 0 {
+		return "", false, fmt.Errorf("nvrtc %d.%d supports none of the architectures up to the device's %d.%d (%v)",
+			libs.NVRTCVersion[0], libs.NVRTCVersion[1], d.Major, d.Minor, archs)
+	}
+	return fmt.Sprintf("--gpu-architecture=compute_%d", best), false, nil
+}
+
+// Compile compiles CUDA C source with NVRTC for this device (opts are added
+// to the architecture option) and loads it. The image is cached on disk,
+// keyed by source, options, NVRTC and driver versions and architecture, so a
+// second start compiles nothing. A compile error carries NVRTC's log.
+func (d *Device) Compile(name, src string, opts ...string) (*Module, error) {
+	if err := NVRTCAvailable(); err != nil {
+		return nil, err
+	}
+	archOpt, wantCubin, err := d.target()
+	if err != nil {
+		return nil, err
+	}
+	all := append([]string{archOpt}, opts...)
+	key := kcache.KeyInput{
+		Source:   src,
+		Options:  all,
+		Compiler: fmt.Sprintf("nvrtc %d.%d", libs.NVRTCVersion[0], libs.NVRTCVersion[1]),
+		Driver:   fmt.Sprintf("cuda driver %d", libs.DriverVersion),
+		Arch:     d.Arch(),
+	}.Key()
+	payload, hit, err := d.cache.GetOrBuild(key, func() ([]byte, error) {
+		img, cubin, log, err := nvrtcCompile(name, src, all, wantCubin)
+		if err != nil {
+			var ce *Error
+			if errors.As(err, &ce) {
+				ce.Log = log
+			}
+			return nil, err
+		}
+		kind := byte(imgPTX)
+		if cubin {
+			kind = imgCubin
+		}
+		return append([]byte{kind}, img...), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(payload) < 2 || (payload[0] != imgPTX && payload[0] != imgCubin) {
+		return nil, fmt.Errorf("cuda: kernel cache entry for %s holds no image", name)
+	}
+	m, err := d.LoadModule(name, payload[1:])
+	if err != nil {
+		return nil, err
+	}
+	m.Cubin, m.Hit = payload[0] == imgCubin, hit
+	return m, nil
+}
+
+// LoadModule loads a CUBIN, fatbin or PTX image.
+func (d *Device) LoadModule(name string, image []byte) (*Module, error) {
+	m := &Module{d: d, name: name, fns: map[string]*Function{}}
+	err := d.Do(func() error {
+		var e error
+		m.h, e = drvModuleLoad(image)
+		if e != nil {
+			e.(*Error).Call += "(" + name + ")"
+		}
+		return e
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Close unloads the module.
+func (m *Module) Close() error {
+	if m.h == nil {
+		return nil
+	}
+	err := m.d.Do(func() error { return drvModuleUnload(m.h) })
+	m.h = nil
+	return err
+}
+
+// Function looks up a kernel by name (cached).
+func (m *Module) Function(name string) (*Function, error) {
+	var f *Function
+	err := m.d.Do(func() error {
+		if f = m.fns[name]; f != nil {
+			return nil
+		}
+		h, err := drvModuleFunction(m.h, name)
+		if err != nil {
+			return err
+		}
+		f = &Function{m: m, Name: name, h: h}
+		m.fns[name] = f
+		return nil
+	})
+	return f, err
+}
+
+// Global returns the address and size of a __device__ variable.
+func (m *Module) Global(name string) (p Ptr, size int, err error) {
+	err = m.d.Do(func() error {
+		var e error
+		p, size, e = drvModuleGlobal(m.h, name)
+		return e
+	})
+	return
+}
+
+// SetMaxDynamicShared lets the kernel use more than 48 KiB of dynamic shared
+// memory (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+func (f *Function) SetMaxDynamicShared(bytes int) error {
+	return f.m.d.Do(func() error { return drvFuncSetAttr(f.h, f.Name, 8, bytes) })
+}
+
+// Launch looks up kernel name and launches it (see Function.Launch).
+func (m *Module) Launch(name string, grid, block Dim3, shared int, s *Stream, args ...any) error {
+	f, err := m.Function(name)
+	if err != nil {
+		return err
+	}
+	return f.Launch(grid, block, shared, s, args...)
+}
+
+// Launch queues the kernel on stream s (nil: the default stream). Arguments
+// are int32, uint32, int64, uint64, float32, float64 or Ptr, matching the
+// kernel's parameters in order; plain int is refused (its size is
+// ambiguous). They are packed into C memory owned by the device's worker.
+func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) error {
+	if len(args) > maxArgs {
+		return fmt.Errorf("cuda: launch %s: %d arguments, at most %d", f.Name, len(args), maxArgs)
+	}
+	for _, g := range []Dim3{grid, block} {
+		if g.X <= 0 || g.Y <= 0 || g.Z <= 0 || g.X > math.MaxUint32 || g.Y > math.MaxUint32 || g.Z > math.MaxUint32 {
+			return fmt.Errorf("cuda: launch %s: bad shape grid %v block %v", f.Name, grid, block)
+		}
+	}
+	d := f.m.d
+	return d.Do(func() error {
+		slots := unsafe.Slice((*[argSlot]byte)(d.args), maxArgs)
+		params := unsafe.Slice((*unsafe.Pointer)(d.params), maxArgs)
+		for i, a := range args {
+			slot := &slots[i]
+			var u uint64
+			size := 8
+			switch v := a.(type) {
+			case int32:
+				u, size = uint64(uint32(v)), 4
+			case uint32:
+				u, size = uint64(v), 4
+			case int64:
+				u = uint64(v)
+			case uint64:
+				u = v
+			case float32:
+				u, size = uint64(math.Float32bits(v)), 4
+			case float64:
+				u = math.Float64bits(v)
+			case Ptr:
+				u = uint64(v)
+			default:
+				return fmt.Errorf("cuda: launch %s: argument %d has type %T (want int32, uint32, int64, uint64, float32, float64 or cu.Ptr)", f.Name, i, a)
+			}
+			for b := 0; b < size; b++ {
+				slot[b] = byte(u >> (8 * b))
+			}
+			params[i] = unsafe.Pointer(slot)
+		}
+		return drvLaunch(f.h, f.Name, grid, block, shared, s.handle(), d.params)
+	})
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the GPU test binaries here (no CUDA toolkit needed: CUDA is loaded at
+# run time) into .devbin/, to be carried to the GPU machine and run there with
+# tools/gpu/run.sh.
+#   tools/gpu/build.sh [packages...]   (default ./backend/cuda/...)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .devbin
+rm -f .devbin/*.test
+pkgs=("${@:-./backend/cuda/...}")
+for pkg in $(go list "${pkgs[@]}"); do
+	name=$(echo "${pkg#kiln/}" | tr / _)
+	# Skip packages without test files.
+	if [ -z "$(go list -f '{{join .TestGoFiles ""}}{{join .XTestGoFiles ""}}' "$pkg")" ]; then continue; fi
+	CGO_ENABLED=1 go test -c -o ".devbin/$name.test" "$pkg"
+	echo "built .devbin/$name.test"
+done
+# The binaries must need nothing from CUDA at link time.
+for b in .devbin/*.test; do
+	if ldd "$b" | grep -Ev 'linux-vdso|libc\.so|libdl\.so|libpthread\.so|ld-linux|libm\.so|libresolv\.so' | grep -q .; then
+		echo "unexpected shared library dependency in $b:" >&2
+		ldd "$b" >&2
+		exit 1
+	fi
+done

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (no Go there): every .devbin/*.test with -test.v,
+# one log per binary under $OUT (or ./gpu-logs), and a summary last.
+#   run tool: command "tools/gpu/run.sh", carry [".devbin"]
+#   extra arguments go to every test binary, e.g. -test.run TestBlasLt
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-logs}
+mkdir -p "$out"
+{
+	date -u
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+	ls -l /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda/lib64/libcublasLt.so* 2>&1 | head -20 || true
+} >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
+status=0
+summary=()
+for b in .devbin/*.test; do
+	[ -e "$b" ] || { echo "no test binaries: run tools/gpu/build.sh first" >&2; exit 2; }
+	name=$(basename "$b" .test)
+	bin=$(pwd)/$b
+	# Run in the package's directory, as go test does (testdata paths).
+	dir=$(echo "$name" | tr _ /)
+	[ -d "$dir" ] || dir=.
+	(cd "$dir" && "$bin" -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
+	rc=$?
+	[ $rc -ne 0 ] && status=1
+	summary+=("$(printf '%-28s rc=%d  pass=%d fail=%d skip=%d' "$name" $rc \
+		"$(grep -c -- '^--- PASS\|^    --- PASS' "$out/$name.log")" \
+		"$(grep -c -- '--- FAIL' "$out/$name.log")" \
+		"$(grep -c -- '--- SKIP' "$out/$name.log")")")
+	cat "$out/$name.log"
+done
+echo "== summary"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+exit $status

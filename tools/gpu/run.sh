@@ -10,6 +10,7 @@ mkdir -p "$out"
 {
 	date -u
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+	ldconfig -p 2>/dev/null | grep -E 'libcuda\.so|libnvrtc\.so|libcublasLt\.so' || true
 	ls -l /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda/lib64/libcublasLt.so* 2>&1 | head -20 || true
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"

@@ -40,7 +40,8 @@ type Device struct {
 	args        unsafe.Pointer // packed kernel arguments (C memory)
 	params      unsafe.Pointer // void*[maxArgs] pointing into args
 
-	cache *kcache.Cache
+	cache    *kcache.Cache
+	forcePTX bool // tests: take the PTX path of Compile
 }
 
 const (

@@ -604,3 +604,41 @@ func TestOpenClose(t *testing.T) {
 		t.Fatal("Open(99) succeeded")
 	}
 }
+
+// TestPTXPath compiles to PTX (the path taken when NVRTC does not know the
+// device) and lets the driver compile it at load time.
+func TestPTXPath(t *testing.T) {
+	d := gpu(t)
+	old := d.KernelCache()
+	defer d.SetKernelCache(old)
+	d.SetKernelCache(kcache.New(t.TempDir()))
+	d.forcePTX = true
+	defer func() { d.forcePTX = false }()
+	m, err := d.Compile("saxpy_ptx", saxpySrc)
+	must(t, err)
+	defer m.Close()
+	if m.Cubin {
+		t.Fatal("forced PTX path produced a CUBIN")
+	}
+	runSaxpy(t, d, m)
+}
+
+// TestDiscoverOnMachine lists the library files the directory scan finds
+// (CUDA_HOME, /usr/local/cuda, pip wheels) and checks that each one found in
+// a pip wheel's layout loads.
+func TestDiscoverOnMachine(t *testing.T) {
+	gpu(t)
+	for _, lib := range []Library{libCUDA, libNVRTC, libLt} {
+		for _, p := range candidates(lib)[len(lib.Sonames):] {
+			msg := "found"
+			if strings.Contains(p, "site-packages") || strings.Contains(p, "dist-packages") {
+				if err := tryOpen(p); err != nil {
+					t.Errorf("%s: %v", p, err)
+					continue
+				}
+				msg = "found in a pip wheel; loads"
+			}
+			t.Logf("%s: %s %s", lib.Name, p, msg)
+		}
+	}
+}

@@ -43,7 +43,7 @@ func (d *Device) target() (opt string, cubin bool, err error) {
 		return "", false, err
 	}
 	cc := d.Major*10 + d.Minor
-	if slices.Contains(archs, cc) {
+	if slices.Contains(archs, cc) && !d.forcePTX {
 		return "--gpu-architecture=" + d.Arch(), true, nil
 	}
 	best := 0

@@ -662,3 +662,15 @@ func ltRun(h, plan unsafe.Pointer, a, b, c, bias Ptr, alpha, beta float32, ws Pt
 }
 
 func gettid() int { return syscall.Gettid() }
+
+// tryOpen reports whether path dlopens (then closes it again).
+func tryOpen(path string) error {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	h := C.k_dlopen(cp)
+	if h == nil {
+		return fmt.Errorf("%s", C.GoString(C.k_dlerror()))
+	}
+	C.k_dlclose(h)
+	return nil
+}

@@ -72,3 +72,5 @@ func ltRun(unsafe.Pointer, unsafe.Pointer, Ptr, Ptr, Ptr, Ptr, float32, float32,
 }
 
 func gettid() int { return 0 }
+
+func tryOpen(string) error { return errNoCgo }

@@ -100,10 +100,16 @@ func sitePackages() []string {
 // path), then every matching file in the search directories, newest first.
 func candidates(lib Library) []string {
 	out := append([]string{}, lib.Sonames...)
+	seen := map[string]bool{}
 	for _, d := range searchDirs(lib) {
 		m, _ := filepath.Glob(filepath.Join(d, lib.Glob))
 		sort.Slice(m, func(i, j int) bool { return versionLess(m[j], m[i]) })
-		out = append(out, m...)
+		for _, p := range m {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
 	}
 	return out
 }

@@ -4,45 +4,13 @@ import (
 	"strings"
 	"testing"
 
+	"kiln/internal/testmodel"
 	"kiln/ir"
 	"kiln/model"
 	"kiln/tensor"
 )
 
-func tinyModel(c model.Config) *model.Model {
-	m := &model.Model{Path: "tiny", Config: c, Tensors: map[string]*tensor.Tensor{}}
-	add := func(name string, shape ...int) {
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		m.Tensors[name] = &tensor.Tensor{Name: name, DType: tensor.F32, Shape: shape, Data: make([]byte, 4*n)}
-	}
-	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
-	add(model.EmbedName, c.VocabSize, c.HiddenSize)
-	for l := 0; l < c.NumLayers; l++ {
-		p := func(s string) string { return model.LayerName(l, s) }
-		add(p("input_layernorm.weight"), c.HiddenSize)
-		add(p("self_attn.q_proj.weight"), q, c.HiddenSize)
-		add(p("self_attn.k_proj.weight"), kv, c.HiddenSize)
-		add(p("self_attn.v_proj.weight"), kv, c.HiddenSize)
-		if c.QKVBias {
-			add(p("self_attn.q_proj.bias"), q)
-			add(p("self_attn.k_proj.bias"), kv)
-			add(p("self_attn.v_proj.bias"), kv)
-		}
-		add(p("self_attn.o_proj.weight"), c.HiddenSize, q)
-		add(p("post_attention_layernorm.weight"), c.HiddenSize)
-		add(p("mlp.gate_proj.weight"), c.IntermediateSize, c.HiddenSize)
-		add(p("mlp.up_proj.weight"), c.IntermediateSize, c.HiddenSize)
-		add(p("mlp.down_proj.weight"), c.HiddenSize, c.IntermediateSize)
-	}
-	add(model.NormName, c.HiddenSize)
-	if !c.TiedEmbeddings {
-		add(model.HeadName, c.VocabSize, c.HiddenSize)
-	}
-	return m
-}
+func tinyModel(c model.Config) *model.Model { return testmodel.Zeros(c) }
 
 var tinyConfig = model.Config{
 	Arch: "llama", HiddenSize: 8, IntermediateSize: 12, NumLayers: 2, NumHeads: 2, NumKVHeads: 1, HeadDim: 4,

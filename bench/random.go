@@ -50,39 +50,28 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	headDim := s.Hidden / s.Heads
+	c := model.Config{
+		Arch: "llama", HiddenSize: s.Hidden, IntermediateSize: s.FFN, NumLayers: s.Layers,
+		NumHeads: s.Heads, NumKVHeads: s.KVHeads, HeadDim: s.Hidden / s.Heads, VocabSize: s.Vocab,
+		TiedEmbeddings: s.Tied,
+	}
 	r := rand.New(rand.NewPCG(seed, 11))
 	var tensors []*tensor.Tensor
-	var err error
-	add := func(name string, std float64, shape ...int) {
-		if err != nil {
-			return
+	for _, e := range model.ExpectedTensors(&c) {
+		// Embeddings N(0,1); norms near 1; projections scaled by their
+		// fan-in so activations keep unit size.
+		std := 1 / math.Sqrt(float64(e.Shape[len(e.Shape)-1]))
+		switch {
+		case e.Name == model.EmbedName:
+			std = 1
+		case len(e.Shape) == 1:
+			std = -1
 		}
-		var t *tensor.Tensor
-		t, err = randomTensor(r, name, d, std, tensor.Shape(shape))
+		t, err := randomTensor(r, e.Name, d, std, e.Shape)
+		if err != nil {
+			return err
+		}
 		tensors = append(tensors, t)
-	}
-	ones := func(name string, n int) { add(name, -1, n) }
-	std := 1 / math.Sqrt(float64(s.Hidden))
-	add(model.EmbedName, 1, s.Vocab, s.Hidden)
-	for l := 0; l < s.Layers; l++ {
-		p := func(x string) string { return model.LayerName(l, x) }
-		ones(p("input_layernorm.weight"), s.Hidden)
-		add(p("self_attn.q_proj.weight"), std, s.Heads*headDim, s.Hidden)
-		add(p("self_attn.k_proj.weight"), std, s.KVHeads*headDim, s.Hidden)
-		add(p("self_attn.v_proj.weight"), std, s.KVHeads*headDim, s.Hidden)
-		add(p("self_attn.o_proj.weight"), std, s.Hidden, s.Heads*headDim)
-		ones(p("post_attention_layernorm.weight"), s.Hidden)
-		add(p("mlp.gate_proj.weight"), std, s.FFN, s.Hidden)
-		add(p("mlp.up_proj.weight"), std, s.FFN, s.Hidden)
-		add(p("mlp.down_proj.weight"), 1/math.Sqrt(float64(s.FFN)), s.Hidden, s.FFN)
-	}
-	ones(model.NormName, s.Hidden)
-	if !s.Tied {
-		add(model.HeadName, std, s.Vocab, s.Hidden)
-	}
-	if err != nil {
-		return err
 	}
 	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kiln/arch"
+	"kiln/internal/testmodel"
 	"kiln/ir"
 	"kiln/model"
 	"kiln/tensor"
@@ -157,37 +158,7 @@ func tinyConfig() model.Config {
 
 // tinyModel returns a model of c with zero-filled F32 tensors of the
 // canonical names.
-func tinyModel(c model.Config) *model.Model {
-	m := &model.Model{Path: "tiny", Format: "test", Config: c, Tensors: map[string]*tensor.Tensor{}}
-	add := func(name string, shape ...int) {
-		s := tensor.Shape(shape)
-		m.Tensors[name] = &tensor.Tensor{Name: name, DType: tensor.F32, Shape: s, Data: make([]byte, 4*s.Elements())}
-	}
-	add(model.EmbedName, c.VocabSize, c.HiddenSize)
-	add(model.NormName, c.HiddenSize)
-	if !c.TiedEmbeddings {
-		add(model.HeadName, c.VocabSize, c.HiddenSize)
-	}
-	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
-	for l := 0; l < c.NumLayers; l++ {
-		p := func(s string) string { return model.LayerName(l, s) }
-		add(p("input_layernorm.weight"), c.HiddenSize)
-		add(p("self_attn.q_proj.weight"), q, c.HiddenSize)
-		add(p("self_attn.k_proj.weight"), kv, c.HiddenSize)
-		add(p("self_attn.v_proj.weight"), kv, c.HiddenSize)
-		if c.QKVBias {
-			add(p("self_attn.q_proj.bias"), q)
-			add(p("self_attn.k_proj.bias"), kv)
-			add(p("self_attn.v_proj.bias"), kv)
-		}
-		add(p("self_attn.o_proj.weight"), c.HiddenSize, q)
-		add(p("post_attention_layernorm.weight"), c.HiddenSize)
-		add(p("mlp.gate_proj.weight"), c.IntermediateSize, c.HiddenSize)
-		add(p("mlp.up_proj.weight"), c.IntermediateSize, c.HiddenSize)
-		add(p("mlp.down_proj.weight"), c.HiddenSize, c.IntermediateSize)
-	}
-	return m
-}
+func tinyModel(c model.Config) *model.Model { return testmodel.Zeros(c) }
 
 func buildTiny(t testing.TB, c model.Config) *ir.Graph {
 	t.Helper()

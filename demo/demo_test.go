@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"slices"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -55,7 +56,7 @@ func TestGreedyMatchesTransformers(t *testing.T) {
 	readJSON(t, "testdata/reference.json", &ref)
 	e, decode, encode := newEngine(t)
 	for _, p := range ref.Prompts {
-		if ids := encode(p.Text); !equal(ids, p.InputIDs) {
+		if ids := encode(p.Text); !slices.Equal(ids, p.InputIDs) {
 			t.Errorf("%q encodes to %v, transformers %v", p.Text, ids, p.InputIDs)
 		}
 		var got []int
@@ -66,7 +67,7 @@ func TestGreedyMatchesTransformers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !equal(got, p.GreedyIDs) {
+		if !slices.Equal(got, p.GreedyIDs) {
 			t.Errorf("%q: greedy ids\n got %v\nwant %v", p.Text, got, p.GreedyIDs)
 		}
 		if text := decode(got); text != p.GreedyText {
@@ -141,16 +142,4 @@ func TestHeldOutPerplexity(t *testing.T) {
 			t.Errorf("%s: perplexity %.4f over %d tokens, transformers %.4f over %d", name, got.PPL, got.Predicted, b.PPL, b.NPredicted)
 		}
 	}
-}
-
-func equal(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -116,23 +117,11 @@ func TestHFTransformersFixtures(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if !equalInts(ids, f.GreedyIDs) {
+					if !slices.Equal(ids, f.GreedyIDs) {
 						t.Errorf("greedy ids\n got %v\nwant %v", ids, f.GreedyIDs)
 					}
 				})
 			}
 		}
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

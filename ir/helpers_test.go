@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"kiln/internal/testmodel"
 	"kiln/ir"
 	"kiln/model"
 	"kiln/tensor"
@@ -17,30 +18,11 @@ func zeros(name string, shape ...int) *tensor.Tensor {
 
 // tinyLlama is a 2-layer Llama with zero-filled F32 weights.
 func tinyLlama() *model.Model {
-	c := model.Config{
+	return testmodel.Zeros(model.Config{
 		Arch: "llama", HiddenSize: 8, IntermediateSize: 12, NumLayers: 2,
 		NumHeads: 2, NumKVHeads: 1, HeadDim: 4, VocabSize: 16, MaxPositions: 32,
 		RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.F32,
-	}
-	m := &model.Model{Path: "tiny", Format: "test", Config: c, Tensors: map[string]*tensor.Tensor{}}
-	add := func(name string, shape ...int) { m.Tensors[name] = zeros(name, shape...) }
-	add(model.EmbedName, c.VocabSize, c.HiddenSize)
-	add(model.NormName, c.HiddenSize)
-	add(model.HeadName, c.VocabSize, c.HiddenSize)
-	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
-	for l := 0; l < c.NumLayers; l++ {
-		p := func(s string) string { return model.LayerName(l, s) }
-		add(p("input_layernorm.weight"), c.HiddenSize)
-		add(p("self_attn.q_proj.weight"), q, c.HiddenSize)
-		add(p("self_attn.k_proj.weight"), kv, c.HiddenSize)
-		add(p("self_attn.v_proj.weight"), kv, c.HiddenSize)
-		add(p("self_attn.o_proj.weight"), c.HiddenSize, q)
-		add(p("post_attention_layernorm.weight"), c.HiddenSize)
-		add(p("mlp.gate_proj.weight"), c.IntermediateSize, c.HiddenSize)
-		add(p("mlp.up_proj.weight"), c.IntermediateSize, c.HiddenSize)
-		add(p("mlp.down_proj.weight"), c.HiddenSize, c.IntermediateSize)
-	}
-	return m
+	})
 }
 
 // builder adds nodes to a graph, failing the test on errors.

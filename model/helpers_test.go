@@ -31,16 +31,16 @@ func tinyConfig(arch string) Config {
 func randTensors(c *Config, dt tensor.DType, seed int64) []*tensor.Tensor {
 	rng := rand.New(rand.NewSource(seed))
 	var out []*tensor.Tensor
-	for _, e := range expectedShapes(c) {
-		vals := make([]float32, e.shape.Elements())
+	for _, e := range ExpectedTensors(c) {
+		vals := make([]float32, e.Shape.Elements())
 		for i := range vals {
 			vals[i] = float32(rng.NormFloat64())
 		}
 		d := dt
-		if len(e.shape) == 1 && (dt == tensor.Q8_0 || dt == tensor.Q4_0) {
+		if len(e.Shape) == 1 && (dt == tensor.Q8_0 || dt == tensor.Q4_0) {
 			d = tensor.F32
 		}
-		out = append(out, encodeTensor(e.name, e.shape, d, vals))
+		out = append(out, encodeTensor(e.Name, e.Shape, d, vals))
 	}
 	return out
 }

@@ -72,44 +72,43 @@ func loadMapped(path string, parse func([]byte) (*Model, error)) (*Model, error)
 	return m, nil
 }
 
-// expectedShapes lists, in a fixed order, every tensor the config implies and
-// its shape. lm_head is included only when the embeddings are not tied.
-func expectedShapes(c *Config) []struct {
-	name  string
-	shape tensor.Shape
-} {
-	type ns = struct {
-		name  string
-		shape tensor.Shape
-	}
+// TensorSpec names a tensor a config implies, with its shape.
+type TensorSpec struct {
+	Name  string
+	Shape tensor.Shape
+}
+
+// ExpectedTensors lists, in a fixed order, every tensor the config implies
+// and its shape. lm_head is included only when the embeddings are not tied.
+func ExpectedTensors(c *Config) []TensorSpec {
 	h, inter, v := c.HiddenSize, c.IntermediateSize, c.VocabSize
 	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
-	out := []ns{{EmbedName, tensor.Shape{v, h}}}
+	out := []TensorSpec{{EmbedName, tensor.Shape{v, h}}}
 	for l := 0; l < c.NumLayers; l++ {
 		out = append(out,
-			ns{LayerName(l, "input_layernorm.weight"), tensor.Shape{h}},
-			ns{LayerName(l, "self_attn.q_proj.weight"), tensor.Shape{q, h}},
-			ns{LayerName(l, "self_attn.k_proj.weight"), tensor.Shape{kv, h}},
-			ns{LayerName(l, "self_attn.v_proj.weight"), tensor.Shape{kv, h}},
+			TensorSpec{LayerName(l, "input_layernorm.weight"), tensor.Shape{h}},
+			TensorSpec{LayerName(l, "self_attn.q_proj.weight"), tensor.Shape{q, h}},
+			TensorSpec{LayerName(l, "self_attn.k_proj.weight"), tensor.Shape{kv, h}},
+			TensorSpec{LayerName(l, "self_attn.v_proj.weight"), tensor.Shape{kv, h}},
 		)
 		if c.QKVBias {
 			out = append(out,
-				ns{LayerName(l, "self_attn.q_proj.bias"), tensor.Shape{q}},
-				ns{LayerName(l, "self_attn.k_proj.bias"), tensor.Shape{kv}},
-				ns{LayerName(l, "self_attn.v_proj.bias"), tensor.Shape{kv}},
+				TensorSpec{LayerName(l, "self_attn.q_proj.bias"), tensor.Shape{q}},
+				TensorSpec{LayerName(l, "self_attn.k_proj.bias"), tensor.Shape{kv}},
+				TensorSpec{LayerName(l, "self_attn.v_proj.bias"), tensor.Shape{kv}},
 			)
 		}
 		out = append(out,
-			ns{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
-			ns{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},
-			ns{LayerName(l, "mlp.gate_proj.weight"), tensor.Shape{inter, h}},
-			ns{LayerName(l, "mlp.up_proj.weight"), tensor.Shape{inter, h}},
-			ns{LayerName(l, "mlp.down_proj.weight"), tensor.Shape{h, inter}},
+			TensorSpec{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
+			TensorSpec{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},
+			TensorSpec{LayerName(l, "mlp.gate_proj.weight"), tensor.Shape{inter, h}},
+			TensorSpec{LayerName(l, "mlp.up_proj.weight"), tensor.Shape{inter, h}},
+			TensorSpec{LayerName(l, "mlp.down_proj.weight"), tensor.Shape{h, inter}},
 		)
 	}
-	out = append(out, ns{NormName, tensor.Shape{h}})
+	out = append(out, TensorSpec{NormName, tensor.Shape{h}})
 	if !c.TiedEmbeddings {
-		out = append(out, ns{HeadName, tensor.Shape{v, h}})
+		out = append(out, TensorSpec{HeadName, tensor.Shape{v, h}})
 	}
 	return out
 }
@@ -124,13 +123,13 @@ func checkTensors(c *Config, ts map[string]*tensor.Tensor) error {
 	if c.NumLayers > len(ts) {
 		return fmt.Errorf("config has %d layers but the file holds only %d tensors", c.NumLayers, len(ts))
 	}
-	for _, e := range expectedShapes(c) {
-		t, ok := ts[e.name]
+	for _, e := range ExpectedTensors(c) {
+		t, ok := ts[e.Name]
 		if !ok {
-			return fmt.Errorf("missing tensor %s", e.name)
+			return fmt.Errorf("missing tensor %s", e.Name)
 		}
-		if !t.Shape.Equal(e.shape) {
-			return fmt.Errorf("tensor %s has shape %v, want %v", e.name, t.Shape, e.shape)
+		if !t.Shape.Equal(e.Shape) {
+			return fmt.Errorf("tensor %s has shape %v, want %v", e.Name, t.Shape, e.Shape)
 		}
 		if err := t.Validate(); err != nil {
 			return err

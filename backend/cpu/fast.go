@@ -43,25 +43,6 @@ func init() {
 	}})
 }
 
-// rotate applies RoPE in place to the heads of one token row, with cs the
-// table row of its position.
-func rotate(row, cs []float32, heads, headDim int, interleaved bool) {
-	half := headDim / 2
-	for h := 0; h < heads; h++ {
-		v := row[h*headDim : (h+1)*headDim]
-		for i := 0; i < half; i++ {
-			a, b := i, i+half
-			if interleaved {
-				a, b = 2*i, 2*i+1
-			}
-			c, sn := cs[i], cs[half+i]
-			x1, x2 := v[a], v[b]
-			v[a] = x1*c - x2*sn
-			v[b] = x2*c + x1*sn
-		}
-	}
-}
-
 type attnTask struct {
 	x *execState
 	s *step

@@ -140,21 +140,27 @@ func refRMSNorm(out, in, w []float32, rows, cols int, eps float32) {
 // position, using the folded table (cos then sin per row).
 func refRoPE(x []float32, pos []int32, table *tensor.Tensor, heads, headDim int, interleaved bool) {
 	tab := tensorF32(table)
-	half := headDim / 2
 	for t, p := range pos {
-		cs := tab[int(p)*headDim : (int(p)+1)*headDim]
-		for h := 0; h < heads; h++ {
-			v := x[(t*heads+h)*headDim : (t*heads+h+1)*headDim]
-			for i := 0; i < half; i++ {
-				a, b := i, i+half
-				if interleaved {
-					a, b = 2*i, 2*i+1
-				}
-				c, sn := cs[i], cs[half+i]
-				x1, x2 := v[a], v[b]
-				v[a] = x1*c - x2*sn
-				v[b] = x2*c + x1*sn
+		rotate(x[t*heads*headDim:(t+1)*heads*headDim], tab[int(p)*headDim:(int(p)+1)*headDim], heads, headDim, interleaved)
+	}
+}
+
+// rotate applies RoPE in place to the heads of one token row, with cs the
+// table row of its position: pair (a, b) becomes (a·cos − b·sin, b·cos +
+// a·sin), the pairs being (i, i+d/2), or (2i, 2i+1) when interleaved.
+func rotate(row, cs []float32, heads, headDim int, interleaved bool) {
+	half := headDim / 2
+	for h := 0; h < heads; h++ {
+		v := row[h*headDim : (h+1)*headDim]
+		for i := 0; i < half; i++ {
+			a, b := i, i+half
+			if interleaved {
+				a, b = 2*i, 2*i+1
 			}
+			c, sn := cs[i], cs[half+i]
+			x1, x2 := v[a], v[b]
+			v[a] = x1*c - x2*sn
+			v[b] = x2*c + x1*sn
 		}
 	}
 }

@@ -1,0 +1,92 @@
+package kernels
+
+import (
+	"slices"
+	"testing"
+
+	"kiln/backend"
+	"kiln/backend/cuda/cu"
+)
+
+func TestPack(t *testing.T) {
+	spec := backend.KVSpec{Layers: 1, Blocks: 10, BlockSize: 4, KVHeads: 1, HeadDim: 8}
+	b := &backend.Batch{
+		Tokens:    make([]int32, 70+3+1),
+		Positions: make([]int32, 0, 74),
+		SeqIndex:  make([]int32, 0, 74),
+		Seqs: []backend.Seq{
+			{Blocks: []int32{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, Len: 70}, // positions 0..69
+			{Blocks: []int32{3, 1}, Len: 6},                          // 3 tokens, positions 3..5
+			{Blocks: []int32{2}, Len: 1},
+		},
+		Rows: []int32{69, 72, 73},
+	}
+	for i := 0; i < 70; i++ {
+		b.Positions = append(b.Positions, int32(i))
+		b.SeqIndex = append(b.SeqIndex, 0)
+	}
+	for i := 3; i < 6; i++ {
+		b.Positions = append(b.Positions, int32(i))
+		b.SeqIndex = append(b.SeqIndex, 1)
+	}
+	b.Positions = append(b.Positions, 0)
+	b.SeqIndex = append(b.SeqIndex, 2)
+	for i := range b.Tokens {
+		b.Tokens[i] = int32(100 + i)
+	}
+	m, err := Pack(b, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(off, n int) []int32 { return m.Data[off : off+n] }
+	if !slices.Equal(get(m.Tokens, m.T), b.Tokens) || !slices.Equal(get(m.Positions, m.T), b.Positions) ||
+		!slices.Equal(get(m.SeqIndex, m.T), b.SeqIndex) || !slices.Equal(get(m.Rows, m.R), b.Rows) {
+		t.Fatal("tokens, positions, sequence indices or rows differ")
+	}
+	if m.Tiles != 4 || !slices.Equal(get(m.TileTok0, 4), []int32{0, 64, 70, 73}) || !slices.Equal(get(m.TileCount, 4), []int32{64, 6, 3, 1}) {
+		t.Fatalf("tiles %d %v %v", m.Tiles, get(m.TileTok0, m.Tiles), get(m.TileCount, m.Tiles))
+	}
+	if !slices.Equal(get(m.SeqBlockOff, 3), []int32{0, 18, 20}) || !slices.Equal(get(m.SeqLen, 3), []int32{70, 6, 1}) {
+		t.Fatalf("block offsets %v lengths %v", get(m.SeqBlockOff, 3), get(m.SeqLen, 3))
+	}
+	bt := get(m.BlockTable, 21)
+	for i := 0; i < m.T; i++ {
+		s := b.Seqs[b.SeqIndex[i]]
+		p := b.Positions[i]
+		want := s.Blocks[p/4]*4 + p%4
+		if got := m.Data[m.Slots+i]; got != want {
+			t.Fatalf("slot of token %d: %d, want %d", i, got, want)
+		}
+		off := m.Data[m.SeqBlockOff+int(b.SeqIndex[i])]
+		if bt[int(off)+int(p/4)]*4+p%4 != want {
+			t.Fatalf("block table of token %d", i)
+		}
+	}
+	if m.MaxPos != 69 || m.Bytes() != 4*len(m.Data) {
+		t.Fatalf("max pos %d", m.MaxPos)
+	}
+	// A bad batch is refused.
+	b.Positions[0] = 80
+	if _, err := Pack(b, spec); err == nil {
+		t.Fatal("bad batch packed")
+	}
+}
+
+func TestPlanDecode(t *testing.T) {
+	for _, c := range []struct{ T, heads, kv, ctx, window, sms int }{
+		{1, 32, 8, 4096, 0, 132}, {1, 32, 8, 512, 0, 132}, {64, 32, 8, 4096, 0, 132}, {1, 32, 1, 4100, 0, 132}, {3, 8, 8, 1, 0, 132}, {1, 32, 8, 4096, 300, 132},
+	} {
+		a := Attn{Heads: c.heads, KVHeads: c.kv, HeadDim: 128, Window: c.window}
+		p := PlanDecode(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms)
+		ctx := c.ctx
+		if c.window > 0 {
+			ctx = min(ctx, c.window)
+		}
+		if p.Chunk < 32 || p.MaxSplits*p.Chunk < ctx || (p.MaxSplits-1)*p.Chunk >= ctx || (c.heads/c.kv)*p.Chunk > 4096 {
+			t.Errorf("%+v: plan %+v", c, p)
+		}
+		if sh := decodeShared(cu.BF16, a, p.Chunk); sh > 100<<10 {
+			t.Errorf("%+v: %d bytes of shared memory", c, sh)
+		}
+	}
+}

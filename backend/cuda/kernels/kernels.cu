@@ -1,0 +1,599 @@
+// kiln CUDA kernels. Compiled by NVRTC once per activation dtype with
+// -DACT=f32|f16|bf16 (no CUDA headers needed). Activations are ACT, math and
+// accumulation are f32; weights (norm weights, biases, embedding tables) are
+// f32, f16 or bf16, picked by the kernel name's suffix (_wf32, _wf16,
+// _wbf16). Semantics follow backend/cpu/ref.go.
+
+struct bf16 { unsigned short x; };
+struct f16 { unsigned short x; };
+typedef float f32;
+typedef ACT T;
+
+#define NEG_INF (__int_as_float(0xff800000))
+#define LOG2E 1.4426950408889634f
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float tof(float v) { return v; }
+__device__ __forceinline__ float tof(bf16 v) { return __uint_as_float(((unsigned)v.x) << 16); }
+__device__ __forceinline__ float tof(f16 v) {
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+	return f;
+}
+
+template <typename X> __device__ __forceinline__ X fromf(float v);
+template <> __device__ __forceinline__ float fromf<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 fromf<bf16>(float v) {
+	bf16 r;
+	asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(v));
+	return r;
+}
+template <> __device__ __forceinline__ f16 fromf<f16>(float v) {
+	f16 r;
+	asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(v));
+	return r;
+}
+
+__device__ __forceinline__ float lo16(unsigned w, bf16*) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi16(unsigned w, bf16*) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float lo16(unsigned w, f16*) { f16 h; h.x = (unsigned short)(w & 0xffffu); return tof(h); }
+__device__ __forceinline__ float hi16(unsigned w, f16*) { f16 h; h.x = (unsigned short)(w >> 16); return tof(h); }
+
+// load16 reads 16 bytes (16/sizeof(X) elements) at p, 16-byte aligned, as floats.
+__device__ __forceinline__ void load16(const float* p, float* f) {
+	float4 v = *(const float4*)p;
+	f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+}
+template <typename H> __device__ __forceinline__ void load16h(const H* p, float* f) {
+	uint4 v = *(const uint4*)p;
+	unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		f[2 * i] = lo16(w[i], (H*)0);
+		f[2 * i + 1] = hi16(w[i], (H*)0);
+	}
+}
+__device__ __forceinline__ void load16(const bf16* p, float* f) { load16h(p, f); }
+__device__ __forceinline__ void load16(const f16* p, float* f) { load16h(p, f); }
+
+#define VEC (16 / (int)sizeof(T))
+
+__device__ __forceinline__ float4 f4(float x, float y, float z, float w) {
+	float4 v;
+	v.x = x; v.y = y; v.z = z; v.w = w;
+	return v;
+}
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+	return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+	return v;
+}
+
+// block_sum: every thread gets the block's sum. blockDim.x is a multiple of 32.
+__device__ float block_sum(float v, float* sh) {
+	v = warp_sum(v);
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0) sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.f;
+	return warp_sum(v);
+}
+
+__device__ __forceinline__ int window_start(int p, int window) {
+	return (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
+}
+
+// ---------------------------------------------------------------- embed
+
+// grid (rows), block 256: out[r,:] = table[ids[r],:]; an id out of range gives NaN.
+template <typename W>
+__device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int vocab, int dim) {
+	int r = blockIdx.x;
+	if (r >= rows) return;
+	int id = ids[r];
+	T* dst = out + (long long)r * dim;
+	if (id < 0 || id >= vocab) {
+		for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = fromf<T>(__int_as_float(0x7fc00000));
+		return;
+	}
+	const W* src = table + (long long)id * dim;
+	for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = fromf<T>(tof(src[c]));
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+// grid (rows), block 256: out = x / sqrt(mean(x²)+eps) · w.
+template <typename W>
+__device__ void rmsnorm_impl(const T* x, const W* w, T* out, int rows, int dim, float eps) {
+	__shared__ float sh[32];
+	const T* xr = x + (long long)blockIdx.x * dim;
+	T* o = out + (long long)blockIdx.x * dim;
+	float ss = 0.f;
+	for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+		float v = tof(xr[c]);
+		ss += v * v;
+	}
+	ss = block_sum(ss, sh);
+	float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+	for (int c = threadIdx.x; c < dim; c += blockDim.x) o[c] = fromf<T>(tof(xr[c]) * scale * tof(w[c]));
+}
+
+// grid (rows), block 256: sum = x + r (stored as T); normed = RMSNorm(sum as stored, w).
+// sum may alias x or r.
+template <typename W>
+__device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* normed, int rows, int dim, float eps) {
+	__shared__ float sh[32];
+	long long base = (long long)blockIdx.x * dim;
+	float ss = 0.f;
+	for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+		T s = fromf<T>(tof(x[base + c]) + tof(r[base + c]));
+		sum[base + c] = s;
+		float v = tof(s);
+		ss += v * v;
+	}
+	ss = block_sum(ss, sh);
+	float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+	for (int c = threadIdx.x; c < dim; c += blockDim.x) normed[base + c] = fromf<T>(tof(sum[base + c]) * scale * tof(w[c]));
+}
+
+// ---------------------------------------------------------------- add_bias
+
+template <typename W>
+__device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols) {
+	long long n = (long long)rows * cols;
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+		out[i] = fromf<T>(tof(x[i]) + tof(b[i % cols]));
+}
+
+#define WEIGHT_KERNELS(W)                                                                                        \
+	extern "C" __global__ void embed_w##W(const W* table, const int* ids, T* out, int rows, int vocab, int dim) { \
+		embed_impl<W>(table, ids, out, rows, vocab, dim);                                                          \
+	}                                                                                                              \
+	extern "C" __global__ void rmsnorm_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {       \
+		rmsnorm_impl<W>(x, w, out, rows, dim, eps);                                                                \
+	}                                                                                                              \
+	extern "C" __global__ void add_rmsnorm_w##W(const T* x, const T* r, const W* w, T* sum, T* normed, int rows, \
+	                                            int dim, float eps) {                                            \
+		add_rmsnorm_impl<W>(x, r, w, sum, normed, rows, dim, eps);                                                 \
+	}                                                                                                              \
+	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
+		add_bias_impl<W>(x, b, out, rows, cols);                                                                   \
+	}
+
+WEIGHT_KERNELS(f32)
+WEIGHT_KERNELS(f16)
+WEIGHT_KERNELS(bf16)
+
+// ---------------------------------------------------------------- elementwise
+
+#define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+
+extern "C" __global__ void add(const T* a, const T* b, T* out, long long n) {
+	GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) + tof(b[i]));
+}
+extern "C" __global__ void mul(const T* a, const T* b, T* out, long long n) {
+	GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) * tof(b[i]));
+}
+extern "C" __global__ void silu(const T* a, T* out, long long n) {
+	GRID_STRIDE(i, n) out[i] = fromf<T>(silu_f(tof(a[i])));
+}
+extern "C" __global__ void swiglu(const T* g, const T* u, T* out, long long n) {
+	GRID_STRIDE(i, n) out[i] = fromf<T>(silu_f(tof(g[i])) * tof(u[i]));
+}
+
+// ---------------------------------------------------------------- rope, kv write
+
+// rotate_pair rotates the pair (a, b) of head vector v (of x) by the table row of p.
+__device__ __forceinline__ void rope_pair(int i, int half, int interleaved, int* a, int* b) {
+	if (interleaved) {
+		*a = 2 * i;
+		*b = 2 * i + 1;
+	} else {
+		*a = i;
+		*b = i + half;
+	}
+}
+
+// out may equal x. One thread per rotated pair.
+extern "C" __global__ void rope(const T* x, T* out, const int* pos, const float* table, int rows, int heads, int hd,
+                                int interleaved) {
+	int half = hd / 2;
+	long long n = (long long)rows * heads * half;
+	GRID_STRIDE(idx, n) {
+		int i = (int)(idx % half);
+		long long rh = idx / half;
+		int t = (int)(rh / heads);
+		int p = pos[t];
+		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
+		int a, b;
+		rope_pair(i, half, interleaved, &a, &b);
+		long long base = rh * hd;
+		float x1 = tof(x[base + a]), x2 = tof(x[base + b]);
+		out[base + a] = fromf<T>(x1 * c - x2 * s);
+		out[base + b] = fromf<T>(x2 * c + x1 * s);
+	}
+}
+
+// kc, vc: one layer's cache [slots][width]; k, v: [rows][width]; slots[t] is token t's cache slot.
+extern "C" __global__ void kv_write(const T* k, const T* v, T* kc, T* vc, const int* slots, int rows, int width) {
+	long long n = (long long)rows * width;
+	GRID_STRIDE(idx, n) {
+		int t = (int)(idx / width), e = (int)(idx % width);
+		long long at = (long long)slots[t] * width + e;
+		kc[at] = k[idx];
+		vc[at] = v[idx];
+	}
+}
+
+// RoPE on k (kvHeads heads of hd), then k and v into their cache slots.
+extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, const int* pos, const int* slots,
+                                         const float* table, int rows, int kvHeads, int hd, int interleaved) {
+	int half = hd / 2, width = kvHeads * hd;
+	long long n = (long long)rows * kvHeads * half;
+	GRID_STRIDE(idx, n) {
+		int i = (int)(idx % half);
+		long long rh = idx / half;
+		int t = (int)(rh / kvHeads), h = (int)(rh % kvHeads);
+		int p = pos[t];
+		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
+		int a, b;
+		rope_pair(i, half, interleaved, &a, &b);
+		long long src = rh * hd;
+		long long dst = (long long)slots[t] * width + (long long)h * hd;
+		float x1 = tof(k[src + a]), x2 = tof(k[src + b]);
+		kc[dst + a] = fromf<T>(x1 * c - x2 * s);
+		kc[dst + b] = fromf<T>(x2 * c + x1 * s);
+		vc[dst + a] = v[src + a];
+		vc[dst + b] = v[src + b];
+	}
+}
+
+// ---------------------------------------------------------------- split, select_rows
+
+// Columns [off, off+span) of x[rows, cols] go to up to four outputs of widths w0..w3 (summing to span).
+extern "C" __global__ void split(const T* x, int rows, int cols, int off, int span, T* o0, int w0, T* o1, int w1, T* o2,
+                                 int w2, T* o3, int w3) {
+	long long n = (long long)rows * span;
+	GRID_STRIDE(idx, n) {
+		long long r = idx / span;
+		int c = (int)(idx % span);
+		T v = x[r * cols + off + c];
+		if (c < w0) { o0[r * w0 + c] = v; continue; }
+		c -= w0;
+		if (c < w1) { o1[r * w1 + c] = v; continue; }
+		c -= w1;
+		if (c < w2) { o2[r * w2 + c] = v; continue; }
+		c -= w2;
+		o3[r * w3 + c] = v;
+	}
+}
+
+extern "C" __global__ void select_rows(const T* x, T* out, const int* rowIdx, int nrows, int cols) {
+	long long n = (long long)nrows * cols;
+	GRID_STRIDE(idx, n) {
+		long long r = idx / cols;
+		int c = (int)(idx % cols);
+		out[idx] = x[(long long)rowIdx[r] * cols + c];
+	}
+}
+
+// ---------------------------------------------------------------- attention
+//
+// Cache layout per layer: [blocks][blockSize][kvHeads][hd]. Token at position p
+// of sequence s attends to keys j, window_start(p) <= j <= p, stored at slot
+// bt[seqOff[s] + j/bs]*bs + j%bs. Scores are kept in the log2 domain (q is
+// pre-scaled by scale·log2 e) and exponentiated with exp2f.
+
+#define PF_BQ 64  // queries per prefill tile (the Go packer's PrefillTile)
+#define PF_BK 32  // keys per shared-memory stage
+#define PF_THREADS 128
+
+__device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
+	long long slot = (long long)bt[seqOff + j / bs] * bs + j % bs;
+	return (slot * kvHeads + kvh) * hd;
+}
+
+// Prefill: grid (tiles, heads), block 128. Tile i covers tokens
+// [tileTok0[i], tileTok0[i]+tileCnt[i]), all of one sequence. Two threads per
+// query; thread half h owns the float4 chunks c of the head with c%2 == h.
+template <int HD>
+__device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
+                             const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
+                             int kvHeads, int bs, int window, float scale) {
+	constexpr int NC = HD / 4;    // float4 chunks per row
+	constexpr int NCH = NC / 2;   // per thread
+	constexpr int CPR = HD / VEC; // 16-byte chunks per cache row
+	__shared__ float4 Ks[PF_BK][NC];
+	__shared__ float4 Vs[PF_BK][NC];
+	__shared__ int sLo, sHi;
+
+	int tile = blockIdx.x, h = blockIdx.y;
+	int tok0 = tileTok0[tile], cnt = tileCnt[tile];
+	int seq = seqIndex[tok0];
+	int seqOff = seqBlockOff[seq];
+	int kvh = h / (heads / kvHeads);
+	int tid = threadIdx.x, qi = tid >> 1, hf = tid & 1;
+	bool valid = qi < cnt;
+	int tok = tok0 + (valid ? qi : 0);
+	int p = valid ? positions[tok] : -1;
+	int lo = valid ? window_start(p, window) : 0;
+
+	if (tid == 0) {
+		sLo = 0x7fffffff;
+		sHi = -1;
+	}
+	__syncthreads();
+	if (valid) {
+		atomicMin(&sLo, lo);
+		atomicMax(&sHi, p);
+	}
+	__syncthreads();
+	int kLo = sLo, kHi = sHi;
+
+	float4 qv[NCH], acc[NCH];
+	float qs = scale * LOG2E;
+	const T* qr = q + ((long long)tok * heads + h) * HD;
+#pragma unroll
+	for (int i = 0; i < NCH; i++) {
+		int c = (2 * i + hf) * 4;
+		qv[i] = f4(tof(qr[c]) * qs, tof(qr[c + 1]) * qs, tof(qr[c + 2]) * qs, tof(qr[c + 3]) * qs);
+		acc[i] = f4(0.f, 0.f, 0.f, 0.f);
+	}
+	float m = NEG_INF, l = 0.f;
+
+	for (int kb = kLo; kb <= kHi; kb += PF_BK) {
+		__syncthreads();
+		for (int i = tid; i < PF_BK * CPR; i += PF_THREADS) {
+			int row = i / CPR, cc = i % CPR;
+			int j = kb + row;
+			float fk[VEC], fv[VEC];
+			if (j <= kHi) {
+				long long at = kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + cc * VEC;
+				load16(kc + at, fk);
+				load16(vc + at, fv);
+			} else {
+#pragma unroll
+				for (int e = 0; e < VEC; e++) fk[e] = fv[e] = 0.f;
+			}
+			float* kd = (float*)&Ks[row][0] + cc * VEC;
+			float* vd = (float*)&Vs[row][0] + cc * VEC;
+#pragma unroll
+			for (int e = 0; e < VEC; e++) {
+				kd[e] = fk[e];
+				vd[e] = fv[e];
+			}
+		}
+		__syncthreads();
+
+		float s[PF_BK];
+		float mt = NEG_INF;
+#pragma unroll
+		for (int j = 0; j < PF_BK; j++) {
+			float d = 0.f;
+#pragma unroll
+			for (int i = 0; i < NCH; i++) {
+				float4 k = Ks[j][2 * i + hf];
+				d += qv[i].x * k.x + qv[i].y * k.y + qv[i].z * k.z + qv[i].w * k.w;
+			}
+			d += __shfl_xor_sync(FULL_MASK, d, 1);
+			int kp = kb + j;
+			s[j] = (kp >= lo && kp <= p) ? d : NEG_INF;
+			mt = fmaxf(mt, s[j]);
+		}
+		float mn = fmaxf(m, mt);
+		if (mn != NEG_INF) {
+			float corr = exp2f(m - mn);
+			l *= corr;
+#pragma unroll
+			for (int i = 0; i < NCH; i++) {
+				acc[i].x *= corr; acc[i].y *= corr; acc[i].z *= corr; acc[i].w *= corr;
+			}
+#pragma unroll
+			for (int j = 0; j < PF_BK; j++) {
+				float pj = exp2f(s[j] - mn);
+				l += pj;
+#pragma unroll
+				for (int i = 0; i < NCH; i++) {
+					float4 v = Vs[j][2 * i + hf];
+					acc[i].x += pj * v.x; acc[i].y += pj * v.y; acc[i].z += pj * v.z; acc[i].w += pj * v.w;
+				}
+			}
+			m = mn;
+		}
+	}
+	if (valid) {
+		float inv = 1.0f / l;
+		T* o = out + ((long long)tok * heads + h) * HD;
+#pragma unroll
+		for (int i = 0; i < NCH; i++) {
+			int c = (2 * i + hf) * 4;
+			o[c] = fromf<T>(acc[i].x * inv);
+			o[c + 1] = fromf<T>(acc[i].y * inv);
+			o[c + 2] = fromf<T>(acc[i].z * inv);
+			o[c + 3] = fromf<T>(acc[i].w * inv);
+		}
+	}
+}
+
+// Decode (flash-decoding): grid (maxSplits, kvHeads, tokens), block 128.
+// Block (sp, kvh, t) covers keys [lo + sp*chunk, min(lo+(sp+1)*chunk, p+1)) of
+// token t for the group of query heads sharing kv head kvh, and writes per head
+// the partial max m (log2 domain), sum l and unnormalised acc[hd] into
+// ws at index (t*heads + h)*maxSplits + sp. Dynamic shared memory (floats):
+// qs[group*hd] sc[group*chunk] slots[chunk] red[NS*4*hd] sm[group] sl[group].
+#define DC_THREADS 128
+
+template <int HD>
+__device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc,
+                            const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
+                            int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
+	constexpr int CPR = HD / VEC;           // 16-byte chunks per row
+	constexpr int NS = DC_THREADS / CPR;    // row slices in the PV phase
+	int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+	int p = positions[t];
+	int lo = window_start(p, window);
+	int nsplit = (p - lo + chunk) / chunk;
+	if (sp >= nsplit) return; // uniform over the block
+	int k0 = lo + sp * chunk;
+	int nk = imin(chunk, p + 1 - k0);
+	int seqOff = seqBlockOff[seqIndex[t]];
+	int group = heads / kvHeads, h0 = kvh * group;
+	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+	extern __shared__ float smem[];
+	float* qs = smem;
+	float* sc = qs + group * HD;
+	int* slots = (int*)(sc + group * chunk);
+	float* red = (float*)(slots + chunk);
+	float* sm = red + NS * 4 * HD;
+	float* sl = sm + group;
+
+	float qscale = scale * LOG2E;
+	const T* qr = q + ((long long)t * heads + h0) * HD;
+	for (int i = tid; i < group * HD; i += DC_THREADS) qs[i] = tof(qr[i]) * qscale;
+	for (int j = tid; j < nk; j += DC_THREADS) {
+		int kp = k0 + j;
+		slots[j] = bt[seqOff + kp / bs] * bs + kp % bs;
+	}
+	__syncthreads();
+
+	// Scores: one thread per key, four heads at a time.
+	for (int j = tid; j < nk; j += DC_THREADS) {
+		const T* kr = kc + ((long long)slots[j] * kvHeads + kvh) * HD;
+		for (int g0 = 0; g0 < group; g0 += 4) {
+			float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+			for (int cc = 0; cc < CPR; cc++) {
+				float f[VEC];
+				load16(kr + cc * VEC, f);
+#pragma unroll
+				for (int gg = 0; gg < 4; gg++) {
+					if (g0 + gg < group) {
+						const float* qh = qs + (g0 + gg) * HD + cc * VEC;
+#pragma unroll
+						for (int e = 0; e < VEC; e++) d[gg] += qh[e] * f[e];
+					}
+				}
+			}
+#pragma unroll
+			for (int gg = 0; gg < 4; gg++)
+				if (g0 + gg < group) sc[(g0 + gg) * chunk + j] = d[gg];
+		}
+	}
+	__syncthreads();
+
+	// Softmax statistics per head: one warp per head.
+	for (int g = warp; g < group; g += DC_THREADS / 32) {
+		float* s = sc + g * chunk;
+		float mx = NEG_INF;
+		for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, s[j]);
+		mx = warp_max(mx);
+		float sum = 0.f;
+		for (int j = lane; j < nk; j += 32) {
+			float e = exp2f(s[j] - mx);
+			s[j] = e;
+			sum += e;
+		}
+		sum = warp_sum(sum);
+		if (lane == 0) {
+			sm[g] = mx;
+			sl[g] = sum;
+		}
+	}
+	__syncthreads();
+
+	// PV: thread (r, cc) sums rows r, r+NS, ... of its 16-byte column chunk.
+	int r = tid / CPR, cc = tid % CPR;
+	for (int g0 = 0; g0 < group; g0 += 4) {
+		float acc[4][VEC];
+#pragma unroll
+		for (int gg = 0; gg < 4; gg++)
+#pragma unroll
+			for (int e = 0; e < VEC; e++) acc[gg][e] = 0.f;
+		if (r < NS) {
+			for (int j = r; j < nk; j += NS) {
+				float f[VEC];
+				load16(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, f);
+#pragma unroll
+				for (int gg = 0; gg < 4; gg++) {
+					if (g0 + gg < group) {
+						float pj = sc[(g0 + gg) * chunk + j];
+#pragma unroll
+						for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+					}
+				}
+			}
+#pragma unroll
+			for (int gg = 0; gg < 4; gg++)
+#pragma unroll
+				for (int e = 0; e < VEC; e++) red[(r * 4 + gg) * HD + cc * VEC + e] = acc[gg][e];
+		}
+		__syncthreads();
+		for (int i = tid; i < 4 * HD; i += DC_THREADS) {
+			int gg = i / HD, d = i % HD;
+			if (g0 + gg < group) {
+				float v = 0.f;
+				for (int rr = 0; rr < NS; rr++) v += red[(rr * 4 + gg) * HD + d];
+				long long w = ((long long)t * heads + h0 + g0 + gg) * maxSplits + sp;
+				wsAcc[w * HD + d] = v;
+			}
+		}
+		__syncthreads();
+	}
+	if (tid < group) {
+		long long w = ((long long)t * heads + h0 + tid) * maxSplits + sp;
+		wsM[w] = sm[tid];
+		wsL[w] = sl[tid];
+	}
+}
+
+// Merge: grid (heads, tokens), block 128: out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s.
+extern "C" __global__ void decode_merge(const float* wsM, const float* wsL, const float* wsAcc, T* out,
+                                        const int* positions, int heads, int hd, int window, int chunk, int maxSplits) {
+	int h = blockIdx.x, t = blockIdx.y;
+	int p = positions[t];
+	int lo = window_start(p, window);
+	int nsplit = (p - lo + chunk) / chunk;
+	long long w0 = ((long long)t * heads + h) * maxSplits;
+	float M = NEG_INF;
+	for (int s = 0; s < nsplit; s++) M = fmaxf(M, wsM[w0 + s]);
+	float L = 0.f;
+	for (int s = 0; s < nsplit; s++) L += exp2f(wsM[w0 + s] - M) * wsL[w0 + s];
+	float inv = 1.0f / L;
+	for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+		float v = 0.f;
+		for (int s = 0; s < nsplit; s++) v += exp2f(wsM[w0 + s] - M) * wsAcc[(w0 + s) * hd + d];
+		out[((long long)t * heads + h) * hd + d] = fromf<T>(v * inv);
+	}
+}
+
+#define ATTN_KERNELS(HD)                                                                                             \
+	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
+	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
+	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
+	    float scale) {                                                                                                 \
+		prefill_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, \
+		                 window, scale);                                                                               \
+	}                                                                                                                  \
+	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_##HD(                                        \
+	    const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc, const int* positions,              \
+	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
+	    float scale, int chunk, int maxSplits) {                                                                       \
+		decode_impl<HD>(q, kc, vc, wsM, wsL, wsAcc, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window,  \
+		                scale, chunk, maxSplits);                                                                      \
+	}
+
+ATTN_KERNELS(64)
+ATTN_KERNELS(80)
+ATTN_KERNELS(96)
+ATTN_KERNELS(128)

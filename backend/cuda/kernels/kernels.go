@@ -1,0 +1,329 @@
+// Package kernels holds kiln's CUDA kernels (kernels.cu, compiled by NVRTC
+// for the exact device) and their Go launch wrappers. One Kernels value
+// serves one activation dtype (f32, f16 or bf16); math is f32. Every op
+// follows the CPU reference kernels of backend/cpu (ref.go).
+//
+// Pointers are device addresses; all launches are asynchronous on the given
+// stream (nil: the default stream).
+package kernels
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+	"sync"
+
+	"kiln/backend/cuda/cu"
+)
+
+//go:embed kernels.cu
+var source string
+
+// Source is the CUDA C source of the kernels.
+func Source() string { return source }
+
+// HeadDims lists the head dimensions the attention kernels are built for.
+var HeadDims = []int{64, 80, 96, 128}
+
+// Kernels is the module of one activation dtype on one device.
+type Kernels struct {
+	D   *cu.Device
+	Act cu.DType
+	M   *cu.Module
+
+	mu        sync.Mutex
+	sharedSet map[string]int // dynamic shared memory limits raised per function
+}
+
+func cname(t cu.DType) string { return [...]string{"f32", "f16", "bf16"}[t] }
+
+// New compiles (or loads from the kernel cache) the kernels for activation
+// dtype act.
+func New(d *cu.Device, act cu.DType) (*Kernels, error) {
+	if act != cu.F32 && act != cu.F16 && act != cu.BF16 {
+		return nil, fmt.Errorf("kernels: activation dtype %v", act)
+	}
+	m, err := d.Compile("kiln_kernels_"+cname(act), source, "-DACT="+cname(act), "--std=c++17")
+	if err != nil {
+		return nil, err
+	}
+	return &Kernels{D: d, Act: act, M: m, sharedSet: map[string]int{}}, nil
+}
+
+// Close unloads the module.
+func (k *Kernels) Close() error { return k.M.Close() }
+
+func (k *Kernels) launch(name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
+	if err := k.M.Launch(name, grid, block, shared, s, args...); err != nil {
+		return fmt.Errorf("kernels: %s: %w", name, err)
+	}
+	return nil
+}
+
+// elementwise grid: enough blocks of 256 to cover n, capped (grid-stride loops).
+func ewGrid(n int) cu.Dim3 { return cu.D1(max(1, min((n+255)/256, 65535))) }
+
+func normBlock(dim int) cu.Dim3 {
+	b := 256
+	for b > 32 && b/2 >= dim {
+		b /= 2
+	}
+	return cu.D1(b)
+}
+
+func wsuffix(w cu.DType) string { return "_w" + cname(w) }
+
+func checkRows(what string, rows, cols int) error {
+	if rows <= 0 || cols <= 0 || int64(rows)*int64(cols) > math.MaxInt32 {
+		return fmt.Errorf("kernels: %s of %d×%d", what, rows, cols)
+	}
+	return nil
+}
+
+// Embed gathers rows of table[vocab, dim] (dtype w) by ids (int32[rows]) into
+// out[rows, dim]. An id out of range yields NaN.
+func (k *Kernels) Embed(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, ids cu.Ptr, rows, dim int) error {
+	if err := checkRows("embed", rows, dim); err != nil {
+		return err
+	}
+	return k.launch("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim))
+}
+
+// RMSNorm: out[r,:] = x[r,:] / sqrt(mean(x[r,:]²)+eps) · w (w of dtype wt).
+func (k *Kernels) RMSNorm(s *cu.Stream, out, x, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
+	if err := checkRows("rmsnorm", rows, dim); err != nil {
+		return err
+	}
+	return k.launch("rmsnorm"+wsuffix(wt), cu.D1(rows), normBlock(dim), 0, s, x, w, out, int32(rows), int32(dim), eps)
+}
+
+// AddRMSNorm: sum = x + r; normed = RMSNorm(sum, w). sum may alias x or r.
+func (k *Kernels) AddRMSNorm(s *cu.Stream, sum, normed, x, r, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
+	if err := checkRows("add_rmsnorm", rows, dim); err != nil {
+		return err
+	}
+	return k.launch("add_rmsnorm"+wsuffix(wt), cu.D1(rows), normBlock(dim), 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
+}
+
+// AddBias: out[r,c] = x[r,c] + b[c] (b of dtype bt).
+func (k *Kernels) AddBias(s *cu.Stream, out, x, b cu.Ptr, bt cu.DType, rows, cols int) error {
+	if err := checkRows("add_bias", rows, cols); err != nil {
+		return err
+	}
+	return k.launch("add_bias"+wsuffix(bt), ewGrid(rows*cols), cu.D1(256), 0, s, x, b, out, int32(rows), int32(cols))
+}
+
+// Add: out = a + b over n elements.
+func (k *Kernels) Add(s *cu.Stream, out, a, b cu.Ptr, n int) error {
+	return k.launch("add", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
+}
+
+// Mul: out = a · b over n elements.
+func (k *Kernels) Mul(s *cu.Stream, out, a, b cu.Ptr, n int) error {
+	return k.launch("mul", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
+}
+
+// SiLU: out = x · sigmoid(x) over n elements.
+func (k *Kernels) SiLU(s *cu.Stream, out, x cu.Ptr, n int) error {
+	return k.launch("silu", ewGrid(n), cu.D1(256), 0, s, x, out, int64(n))
+}
+
+// SwiGLU: out = SiLU(gate) · up over n elements.
+func (k *Kernels) SwiGLU(s *cu.Stream, out, gate, up cu.Ptr, n int) error {
+	return k.launch("swiglu", ewGrid(n), cu.D1(256), 0, s, gate, up, out, int64(n))
+}
+
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// RoPE rotates x[rows, heads·headDim] by positions pos (int32[rows]) with the
+// folded table (f32 [maxPos, headDim]: cos then sin) into out; out may be x.
+// interleaved pairs (2i, 2i+1), else (i, i+headDim/2).
+func (k *Kernels) RoPE(s *cu.Stream, out, x, pos, table cu.Ptr, rows, heads, headDim int, interleaved bool) error {
+	if err := checkRows("rope", rows, heads*headDim); err != nil || headDim%2 != 0 {
+		return fmt.Errorf("kernels: rope of %d rows, %d heads of %d", rows, heads, headDim)
+	}
+	return k.launch("rope", ewGrid(rows*heads*headDim/2), cu.D1(256), 0, s, x, out, pos, table,
+		int32(rows), int32(heads), int32(headDim), b2i(interleaved))
+}
+
+// KVWrite stores k and v ([rows, width], width = kvHeads·headDim) into one
+// layer's caches kc, vc ([slots, width]) at slots (int32[rows], Meta.Slots).
+func (k *Kernels) KVWrite(s *cu.Stream, kc, vc, kx, vx, slots cu.Ptr, rows, width int) error {
+	if err := checkRows("kv_write", rows, width); err != nil {
+		return err
+	}
+	return k.launch("kv_write", ewGrid(rows*width), cu.D1(256), 0, s, kx, vx, kc, vc, slots, int32(rows), int32(width))
+}
+
+// RoPEKVWrite rotates k by pos, then stores k and v like KVWrite.
+func (k *Kernels) RoPEKVWrite(s *cu.Stream, kc, vc, kx, vx, pos, slots, table cu.Ptr, rows, kvHeads, headDim int, interleaved bool) error {
+	if err := checkRows("rope_kv_write", rows, kvHeads*headDim); err != nil || headDim%2 != 0 {
+		return fmt.Errorf("kernels: rope_kv_write of %d rows, %d heads of %d", rows, kvHeads, headDim)
+	}
+	return k.launch("rope_kv_write", ewGrid(rows*kvHeads*headDim/2), cu.D1(256), 0, s, kx, vx, kc, vc, pos, slots, table,
+		int32(rows), int32(kvHeads), int32(headDim), b2i(interleaved))
+}
+
+// Split copies the column slices of x[rows, Σsizes] into outs[i][rows, sizes[i]].
+func (k *Kernels) Split(s *cu.Stream, x cu.Ptr, rows int, outs []cu.Ptr, sizes []int) error {
+	if len(outs) != len(sizes) || len(outs) == 0 {
+		return fmt.Errorf("kernels: split into %d outputs, %d sizes", len(outs), len(sizes))
+	}
+	cols := 0
+	for _, c := range sizes {
+		if c <= 0 {
+			return fmt.Errorf("kernels: split size %d", c)
+		}
+		cols += c
+	}
+	if err := checkRows("split", rows, cols); err != nil {
+		return err
+	}
+	off := 0
+	for i := 0; i < len(outs); i += 4 {
+		args := []any{x, int32(rows), int32(cols), int32(off), int32(0)}
+		span := 0
+		for j := 0; j < 4; j++ {
+			if i+j < len(outs) {
+				args = append(args, outs[i+j], int32(sizes[i+j]))
+				span += sizes[i+j]
+			} else {
+				args = append(args, cu.Ptr(0), int32(0))
+			}
+		}
+		args[4] = int32(span)
+		if err := k.launch("split", ewGrid(rows*span), cu.D1(256), 0, s, args...); err != nil {
+			return err
+		}
+		off += span
+	}
+	return nil
+}
+
+// SelectRows: out[i,:] = x[rowIdx[i],:] for i < nrows (rowIdx: int32, Meta.Rows).
+func (k *Kernels) SelectRows(s *cu.Stream, out, x, rowIdx cu.Ptr, nrows, cols int) error {
+	if err := checkRows("select_rows", nrows, cols); err != nil {
+		return err
+	}
+	return k.launch("select_rows", ewGrid(nrows*cols), cu.D1(256), 0, s, x, out, rowIdx, int32(nrows), int32(cols))
+}
+
+// Attn describes one attention layer call.
+type Attn struct {
+	Out, Q         cu.Ptr // [T, Heads·HeadDim]
+	KCache, VCache cu.Ptr // this layer's caches [Blocks][BlockSize][KVHeads][HeadDim]
+	Heads, KVHeads int
+	HeadDim        int
+	Window         int // 0: full causal
+	Scale          float32
+}
+
+func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
+	ok := false
+	for _, d := range HeadDims {
+		ok = ok || d == a.HeadDim
+	}
+	if !ok {
+		return fmt.Errorf("kernels: attention head dim %d (built for %v)", a.HeadDim, HeadDims)
+	}
+	if a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 || a.Window < 0 || m.Meta == nil || m.T == 0 {
+		return fmt.Errorf("kernels: attention of %d heads over %d kv heads, window %d", a.Heads, a.KVHeads, a.Window)
+	}
+	if a.KCache%16 != 0 || a.VCache%16 != 0 {
+		return fmt.Errorf("kernels: attention caches must be 16-byte aligned")
+	}
+	return nil
+}
+
+// PrefillAttention runs causal (optionally windowed) attention for every
+// token of the batch, tiled over its prefill tiles: FlashAttention-style,
+// keys in shared-memory tiles, online softmax.
+func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
+	if err := k.checkAttn(&a, m); err != nil {
+		return err
+	}
+	name := fmt.Sprintf("prefill_attn_%d", a.HeadDim)
+	return k.launch(name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
+		a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
+		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)
+}
+
+// DecodePlan is the split of a decode attention call.
+type DecodePlan struct {
+	Chunk, MaxSplits int
+	WorkspaceBytes   int
+}
+
+// PlanDecode picks the keys per split so that the grid covers the device
+// (sms multiprocessors) about twice, keeping shared memory within bounds.
+func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
+	ctx := m.MaxPos + 1
+	if a.Window > 0 {
+		ctx = min(ctx, a.Window)
+	}
+	group := a.Heads / a.KVHeads
+	chunk := 256
+	for chunk > 32 && (group*chunk > 4096 || m.T*a.KVHeads*((ctx+chunk-1)/chunk) < 2*sms) {
+		chunk /= 2
+	}
+	splits := (ctx + chunk - 1) / chunk
+	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: 4 * m.T * a.Heads * splits * (a.HeadDim + 2)}
+}
+
+func decodeShared(act cu.DType, a Attn, chunk int) int {
+	vec := 16 / act.Size()
+	ns := 128 / (a.HeadDim / vec)
+	group := a.Heads / a.KVHeads
+	return 4 * (group*a.HeadDim + group*chunk + chunk + ns*4*a.HeadDim + 2*group)
+}
+
+// DecodeAttention runs attention for every token of the batch with
+// flash-decoding: each token's key range is cut into plan.MaxSplits chunks
+// handled by separate blocks (partial max, sum, accumulator into the f32
+// workspace ws of plan.WorkspaceBytes), then merged. Suited to batches of
+// few tokens per sequence (decode steps).
+func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws cu.Ptr) error {
+	if err := k.checkAttn(&a, m); err != nil {
+		return err
+	}
+	if plan.Chunk <= 0 || plan.MaxSplits <= 0 {
+		return fmt.Errorf("kernels: decode plan %+v", plan)
+	}
+	name := fmt.Sprintf("decode_attn_%d", a.HeadDim)
+	shared := decodeShared(k.Act, a, plan.Chunk)
+	if shared > 48<<10 {
+		if shared > 200<<10 {
+			return fmt.Errorf("kernels: decode attention needs %d bytes of shared memory", shared)
+		}
+		k.mu.Lock()
+		have := k.sharedSet[name]
+		k.mu.Unlock()
+		if have < shared {
+			f, err := k.M.Function(name)
+			if err != nil {
+				return err
+			}
+			if err := f.SetMaxDynamicShared(shared); err != nil {
+				return err
+			}
+			k.mu.Lock()
+			k.sharedSet[name] = shared
+			k.mu.Unlock()
+		}
+	}
+	n := m.T * a.Heads * plan.MaxSplits
+	wsM, wsL, wsAcc := ws, ws.Add(4*n), ws.Add(8*n)
+	err := k.launch(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
+		a.Q, a.KCache, a.VCache, wsM, wsL, wsAcc, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
+		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits))
+	if err != nil {
+		return err
+	}
+	return k.launch("decode_merge", cu.Dim3{X: a.Heads, Y: m.T, Z: 1}, cu.D1(128), 0, s,
+		wsM, wsL, wsAcc, a.Out, m.At(m.Positions), int32(a.Heads), int32(a.HeadDim), int32(a.Window), int32(plan.Chunk), int32(plan.MaxSplits))
+}

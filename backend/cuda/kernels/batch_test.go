@@ -16,7 +16,7 @@ func TestPack(t *testing.T) {
 		SeqIndex:  make([]int32, 0, 74),
 		Seqs: []backend.Seq{
 			{Blocks: []int32{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, Len: 70}, // positions 0..69
-			{Blocks: []int32{3, 1}, Len: 6},                          // 3 tokens, positions 3..5
+			{Blocks: []int32{3, 1}, Len: 6}, // 3 tokens, positions 3..5
 			{Blocks: []int32{2}, Len: 1},
 		},
 		Rows: []int32{69, 72, 73},

@@ -1,0 +1,192 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"kiln/backend"
+	"kiln/backend/cuda/cu"
+)
+
+const testBlockSize = 16
+
+type attnCfg struct {
+	heads, kvHeads, hd, window int
+	seqs                       [][2]int // per sequence: {length after the step, tokens in the step}
+}
+
+func (c attnCfg) String() string {
+	return fmt.Sprintf("heads=%d/%d hd=%d window=%d seqs=%v", c.heads, c.kvHeads, c.hd, c.window, c.seqs)
+}
+
+type attnSetup struct {
+	b      *backend.Batch
+	spec   backend.KVSpec
+	meta   *Meta
+	dm     DevMeta
+	a      Attn
+	q      []float32
+	kc, vc []float32 // one layer's caches, host copies (rounded)
+}
+
+// newAttn builds a batch over random block tables, a cache full of random
+// values and random queries, all on the device.
+func newAttn(t *testing.T, rng *rand.Rand, act cu.DType, c attnCfg) *attnSetup {
+	t.Helper()
+	bs := testBlockSize
+	need := 0
+	for _, s := range c.seqs {
+		need += (s[0] + bs - 1) / bs
+	}
+	blocks := need + 3
+	perm := rng.Perm(blocks)
+	b := &backend.Batch{}
+	next := 0
+	for si, s := range c.seqs {
+		nb := (s[0] + bs - 1) / bs
+		seq := backend.Seq{Len: s[0]}
+		for i := 0; i < nb; i++ {
+			seq.Blocks = append(seq.Blocks, int32(perm[next]))
+			next++
+		}
+		b.Seqs = append(b.Seqs, seq)
+		for p := s[0] - s[1]; p < s[0]; p++ {
+			b.Tokens = append(b.Tokens, int32(rng.IntN(1000)))
+			b.Positions = append(b.Positions, int32(p))
+			b.SeqIndex = append(b.SeqIndex, int32(si))
+		}
+	}
+	T := len(b.Tokens)
+	b.Rows = []int32{int32(T - 1)}
+	spec := backend.KVSpec{Layers: 1, Blocks: blocks, BlockSize: bs, KVHeads: c.kvHeads, HeadDim: c.hd}
+	m, err := Pack(b, spec)
+	must(t, err)
+	buf := alloc(t, m.Bytes())
+	dm, err := m.Upload(gpu(t), buf, m.Bytes())
+	must(t, err)
+	width := c.kvHeads * c.hd
+	st := &attnSetup{b: b, spec: spec, meta: m, dm: dm,
+		q:  roundTo(act, randn(rng, T*c.heads*c.hd, 1)),
+		kc: roundTo(act, randn(rng, blocks*bs*width, 1)),
+		vc: roundTo(act, randn(rng, blocks*bs*width, 1)),
+	}
+	st.a = Attn{
+		Out: outBuf(t, act, T*c.heads*c.hd), Q: up(t, act, st.q),
+		KCache: up(t, act, st.kc), VCache: up(t, act, st.vc),
+		Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, Window: c.window,
+		Scale: float32(1 / math.Sqrt(float64(c.hd))),
+	}
+	return st
+}
+
+// ref is the reference attention (backend/cpu refAttention) in float64.
+func (st *attnSetup) ref() []float64 {
+	a, b := st.a, st.b
+	bs := st.spec.BlockSize
+	width := a.KVHeads * a.HeadDim
+	group := a.Heads / a.KVHeads
+	out := make([]float64, len(st.q))
+	for t := range b.Tokens {
+		seq, p := b.Seqs[b.SeqIndex[t]], int(b.Positions[t])
+		lo := 0
+		if a.Window > 0 && p-a.Window+1 > 0 {
+			lo = p - a.Window + 1
+		}
+		slot := func(j int) int { return int(seq.Blocks[j/bs])*bs + j%bs }
+		for h := 0; h < a.Heads; h++ {
+			qh := st.q[(t*a.Heads+h)*a.HeadDim:][:a.HeadDim]
+			kvOff := (h / group) * a.HeadDim
+			scores := make([]float64, p-lo+1)
+			mx := math.Inf(-1)
+			for j := lo; j <= p; j++ {
+				k := st.kc[slot(j)*width+kvOff:][:a.HeadDim]
+				var dot float64
+				for d := range qh {
+					dot += float64(qh[d]) * float64(k[d])
+				}
+				scores[j-lo] = dot * float64(a.Scale)
+				mx = math.Max(mx, scores[j-lo])
+			}
+			var sum float64
+			for i := range scores {
+				scores[i] = math.Exp(scores[i] - mx)
+				sum += scores[i]
+			}
+			oh := out[(t*a.Heads+h)*a.HeadDim:][:a.HeadDim]
+			for j := lo; j <= p; j++ {
+				v := st.vc[slot(j)*width+kvOff:][:a.HeadDim]
+				w := scores[j-lo] / sum
+				for d := range oh {
+					oh[d] += w * float64(v[d])
+				}
+			}
+		}
+	}
+	return out
+}
+
+func runAttn(t *testing.T, act cu.DType, st *attnSetup, decode bool) []float32 {
+	t.Helper()
+	k := kern(t, act)
+	n := len(st.q)
+	poison(t, act, st.a.Out, n)
+	if decode {
+		plan := PlanDecode(st.a, st.meta, gpu(t).SMs)
+		ws := alloc(t, plan.WorkspaceBytes)
+		must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws))
+	} else {
+		must(t, k.PrefillAttention(nil, st.a, st.dm))
+	}
+	return down(t, act, st.a.Out, n)
+}
+
+var prefillCases = []attnCfg{
+	{heads: 32, kvHeads: 8, hd: 128, seqs: [][2]int{{300, 300}}},
+	{heads: 32, kvHeads: 8, hd: 128, window: 2, seqs: [][2]int{{3, 3}}},
+	{heads: 8, kvHeads: 1, hd: 80, seqs: [][2]int{{17, 17}, {50, 3}, {1, 1}}},
+	{heads: 4, kvHeads: 4, hd: 64, window: 37, seqs: [][2]int{{200, 130}, {90, 17}}},
+	{heads: 6, kvHeads: 2, hd: 96, seqs: [][2]int{{40, 1}}},
+	{heads: 16, kvHeads: 4, hd: 64, window: 100, seqs: [][2]int{{129, 1}, {64, 64}, {65, 65}}},
+}
+
+var decodeCases = []attnCfg{
+	{heads: 32, kvHeads: 8, hd: 128, seqs: [][2]int{{1, 1}, {37, 1}, {1000, 1}, {4100, 1}}},
+	{heads: 32, kvHeads: 1, hd: 64, seqs: [][2]int{{1, 1}, {37, 1}, {1000, 1}, {4100, 1}}},
+	{heads: 8, kvHeads: 2, hd: 80, window: 500, seqs: [][2]int{{37, 1}, {1000, 1}, {4100, 1}}},
+	{heads: 32, kvHeads: 8, hd: 128, seqs: [][2]int{{4100, 1}}},
+	{heads: 12, kvHeads: 4, hd: 96, seqs: [][2]int{{513, 3}, {2, 2}}},
+}
+
+func TestPrefillAttention(t *testing.T) {
+	for _, act := range allDTypes {
+		kern(t, act)
+		rng := newRNG(t)
+		for _, c := range prefillCases {
+			st := newAttn(t, rng, act, c)
+			ref := st.ref()
+			e := compare(t, "prefill "+c.String(), runAttn(t, act, st, false), ref, tol(act))
+			report(t, act, "prefill "+c.String(), e)
+			// The decode kernel computes the same function on any batch.
+			e = compare(t, "decode kernel on "+c.String(), runAttn(t, act, st, true), ref, tol(act))
+			report(t, act, "decode-kernel "+c.String(), e)
+		}
+	}
+}
+
+func TestDecodeAttention(t *testing.T) {
+	for _, act := range allDTypes {
+		kern(t, act)
+		rng := newRNG(t)
+		for _, c := range decodeCases {
+			st := newAttn(t, rng, act, c)
+			ref := st.ref()
+			plan := PlanDecode(st.a, st.meta, gpu(t).SMs)
+			e := compare(t, "decode "+c.String(), runAttn(t, act, st, true), ref, tol(act))
+			report(t, act, fmt.Sprintf("decode %v (chunk %d, splits %d)", c, plan.Chunk, plan.MaxSplits), e)
+			e = compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
+			report(t, act, "prefill-kernel "+c.String(), e)
+		}
+	}
+}

@@ -128,6 +128,11 @@ func (st *attnSetup) ref() []float64 {
 }
 
 func runAttn(t *testing.T, act cu.DType, st *attnSetup, decode bool) []float32 {
+	return runAttnVariant(t, act, st, decode, false)
+}
+
+// runAttnVariant runs decode, the plain prefill kernel (simt) or the default one.
+func runAttnVariant(t *testing.T, act cu.DType, st *attnSetup, decode, simt bool) []float32 {
 	t.Helper()
 	k := kern(t, act)
 	n := len(st.q)
@@ -137,7 +142,7 @@ func runAttn(t *testing.T, act cu.DType, st *attnSetup, decode bool) []float32 {
 		ws := alloc(t, plan.WorkspaceBytes)
 		must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws))
 	} else {
-		must(t, k.PrefillAttention(nil, st.a, st.dm))
+		must(t, k.prefill(nil, st.a, st.dm, act != cu.F32 && !simt))
 	}
 	return down(t, act, st.a.Out, n)
 }
@@ -168,6 +173,10 @@ func TestPrefillAttention(t *testing.T) {
 			ref := st.ref()
 			e := compare(t, "prefill "+c.String(), runAttn(t, act, st, false), ref, tol(act))
 			report(t, act, "prefill "+c.String(), e)
+			if act != cu.F32 {
+				e = compare(t, "prefill simt "+c.String(), runAttnVariant(t, act, st, false, true), ref, tol(act))
+				report(t, act, "prefill-simt "+c.String(), e)
+			}
 			// The decode kernel computes the same function on any batch.
 			e = compare(t, "decode kernel on "+c.String(), runAttn(t, act, st, true), ref, tol(act))
 			report(t, act, "decode-kernel "+c.String(), e)

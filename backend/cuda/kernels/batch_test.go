@@ -82,7 +82,7 @@ func TestPlanDecode(t *testing.T) {
 		if c.window > 0 {
 			ctx = min(ctx, c.window)
 		}
-		if p.Chunk < 32 || p.MaxSplits*p.Chunk < ctx || (p.MaxSplits-1)*p.Chunk >= ctx || (c.heads/c.kv)*p.Chunk > 4096 {
+		if p.Chunk < 32 || p.Chunk > 128 || p.MaxSplits*p.Chunk < ctx || (p.MaxSplits-1)*p.Chunk >= ctx || (c.heads/c.kv)*p.Chunk > 4096 {
 			t.Errorf("%+v: plan %+v", c, p)
 		}
 		if sh := decodeShared(cu.BF16, a, p.Chunk); sh > 100<<10 {

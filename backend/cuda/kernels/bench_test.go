@@ -140,10 +140,18 @@ func BenchmarkDecodeAttention(b *testing.B) {
 }
 
 func BenchmarkPrefillAttention(b *testing.B) {
-	for _, causal := range []bool{true, false} {
+	for _, v := range []struct {
+		causal, mma bool
+	}{{true, true}, {false, true}, {true, false}, {false, false}} {
+		causal, mma := v.causal, v.mma
 		nm := "causal"
 		if !causal {
 			nm = "full"
+		}
+		if mma {
+			nm += "/mma"
+		} else {
+			nm += "/simt"
 		}
 		b.Run(nm, func(b *testing.B) {
 			const T, heads, kvHeads, hd, bs = 4096, 32, 8, 128, 16
@@ -181,7 +189,7 @@ func BenchmarkPrefillAttention(b *testing.B) {
 				KCache: up(b, act, randn(rng, nb*bs*width, 1)), VCache: up(b, act, randn(rng, nb*bs*width, 1)),
 				Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd)),
 			}
-			ms := gpuTime(b, 3, 5, func(int) error { return k.PrefillAttention(nil, a, dm) })
+			ms := gpuTime(b, 3, 5, func(int) error { return k.prefill(nil, a, dm, mma) })
 			tf := flops / (ms * 1e-3) / 1e12
 			b.ReportMetric(ms, "ms/call")
 			b.ReportMetric(tf, "TFLOP/s")

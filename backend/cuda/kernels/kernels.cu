@@ -39,13 +39,11 @@ __device__ __forceinline__ float hi16(unsigned w, bf16*) { return __uint_as_floa
 __device__ __forceinline__ float lo16(unsigned w, f16*) { f16 h; h.x = (unsigned short)(w & 0xffffu); return tof(h); }
 __device__ __forceinline__ float hi16(unsigned w, f16*) { f16 h; h.x = (unsigned short)(w >> 16); return tof(h); }
 
-// load16 reads 16 bytes (16/sizeof(X) elements) at p, 16-byte aligned, as floats.
-__device__ __forceinline__ void load16(const float* p, float* f) {
-	float4 v = *(const float4*)p;
-	f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+// unpack16 widens 16 raw bytes of X elements (the null pointer picks X) to floats.
+__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {
+	f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
 }
-template <typename H> __device__ __forceinline__ void load16h(const H* p, float* f) {
-	uint4 v = *(const uint4*)p;
+template <typename H> __device__ __forceinline__ void unpack16h(uint4 v, float* f) {
 	unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
 	for (int i = 0; i < 4; i++) {
@@ -53,8 +51,13 @@ template <typename H> __device__ __forceinline__ void load16h(const H* p, float*
 		f[2 * i + 1] = hi16(w[i], (H*)0);
 	}
 }
-__device__ __forceinline__ void load16(const bf16* p, float* f) { load16h(p, f); }
-__device__ __forceinline__ void load16(const f16* p, float* f) { load16h(p, f); }
+__device__ __forceinline__ void unpack16(uint4 v, float* f, const bf16*) { unpack16h<bf16>(v, f); }
+__device__ __forceinline__ void unpack16(uint4 v, float* f, const f16*) { unpack16h<f16>(v, f); }
+
+// load16 reads 16 bytes (16/sizeof(X) elements) at p, 16-byte aligned, as floats.
+template <typename X> __device__ __forceinline__ void load16(const X* p, float* f) {
+	unpack16(*(const uint4*)p, f, p);
+}
 
 #define VEC (16 / (int)sizeof(T))
 
@@ -425,20 +428,218 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 	}
 }
 
+#ifdef ACT_MMA
+// Prefill on the tensor cores (f16/bf16 activations): mma.sync m16n8k16 with
+// f32 accumulation, FlashAttention-2 style. grid (tiles, heads), block 128:
+// warp w owns query rows 16w..16w+15 of the tile; keys come in stages of
+// FA_BK through shared memory (rows padded by 16 bytes: no bank conflicts).
+// P is rounded to the activation dtype for the PV product.
+#define FA_BK 64
+
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const bf16*) {
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const f16*) {
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+	return (unsigned)fromf<T>(lo).x | ((unsigned)fromf<T>(hi).x << 16);
+}
+
+template <int HD>
+__device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
+                                 const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt,
+                                 int heads, int kvHeads, int bs, int window, float scale) {
+	constexpr int STR = HD + 8;   // shared row stride (elements)
+	constexpr int CPR = HD / 8;   // 16-byte chunks per row
+	constexpr int KC = HD / 16;   // k-chunks of Q·Kᵀ
+	constexpr int NT = FA_BK / 8; // 8-key column tiles of S
+	constexpr int OT = HD / 8;    // 8-wide column tiles of O
+	__shared__ __align__(16) unsigned short Ks[FA_BK * STR];
+	__shared__ __align__(16) unsigned short Vs[FA_BK * STR];
+	__shared__ int sLo, sHi;
+
+	int tile = blockIdx.x, h = blockIdx.y;
+	int tok0 = tileTok0[tile], cnt = tileCnt[tile];
+	int seqOff = seqBlockOff[seqIndex[tok0]];
+	int kvh = h / (heads / kvHeads);
+	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+	int r0 = warp * 16 + g, r1 = r0 + 8;
+	bool v0 = r0 < cnt, v1 = r1 < cnt;
+	int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
+	int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
+
+	if (tid == 0) {
+		sLo = 0x7fffffff;
+		sHi = -1;
+	}
+	__syncthreads();
+	if (tid < cnt) {
+		int pp = positions[tok0 + tid];
+		atomicMin(&sLo, window_start(pp, window));
+		atomicMax(&sHi, pp);
+	}
+	__syncthreads();
+	int kLo = sLo, kHi = sHi;
+
+	// Q fragments (A operand, row-major 16×16 per k-chunk), straight from global memory.
+	unsigned qf[KC][4];
+	const unsigned* q0 = (const unsigned*)(q + ((long long)(tok0 + (v0 ? r0 : 0)) * heads + h) * HD);
+	const unsigned* q1 = (const unsigned*)(q + ((long long)(tok0 + (v1 ? r1 : 0)) * heads + h) * HD);
+#pragma unroll
+	for (int c = 0; c < KC; c++) {
+		int w = c * 8 + tq; // 32-bit word of elements c*16 + 2tq, +1
+		qf[c][0] = v0 ? q0[w] : 0u;
+		qf[c][1] = v1 ? q1[w] : 0u;
+		qf[c][2] = v0 ? q0[w + 4] : 0u;
+		qf[c][3] = v1 ? q1[w + 4] : 0u;
+	}
+
+	float o[OT][4];
+#pragma unroll
+	for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+	float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+	const float sl2 = scale * LOG2E;
+
+	for (int kb = kLo; kb <= kHi; kb += FA_BK) {
+		__syncthreads();
+		for (int i = tid; i < FA_BK * CPR; i += 128) {
+			int row = i / CPR, c = i % CPR;
+			int j = kb + row;
+			uint4 kv, vv;
+			kv.x = kv.y = kv.z = kv.w = 0u;
+			vv = kv;
+			if (j <= kHi) {
+				long long at = kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * 8;
+				kv = *(const uint4*)(kc + at);
+				vv = *(const uint4*)(vc + at);
+			}
+			*(uint4*)&Ks[row * STR + c * 8] = kv;
+			*(uint4*)&Vs[row * STR + c * 8] = vv;
+		}
+		__syncthreads();
+
+		float s[NT][4];
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+		for (int c = 0; c < KC; c++) {
+#pragma unroll
+			for (int nt = 0; nt < NT; nt++) {
+				const unsigned short* kr = Ks + (nt * 8 + g) * STR + c * 16 + 2 * tq;
+				mma16816(s[nt], qf[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8), q);
+			}
+		}
+		float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				int j = kb + nt * 8 + 2 * tq + e;
+				s[nt][e] = (j >= lo0 && j <= p0) ? s[nt][e] * sl2 : NEG_INF;
+				s[nt][2 + e] = (j >= lo1 && j <= p1) ? s[nt][2 + e] * sl2 : NEG_INF;
+				mx0 = fmaxf(mx0, s[nt][e]);
+				mx1 = fmaxf(mx1, s[nt][2 + e]);
+			}
+		}
+		mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+		mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+		mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+		mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+		float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+		float b0 = mn0 == NEG_INF ? 0.f : mn0, b1 = mn1 == NEG_INF ? 0.f : mn1;
+		float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+		m0 = mn0;
+		m1 = mn1;
+		l0 *= c0;
+		l1 *= c1;
+#pragma unroll
+		for (int i = 0; i < OT; i++) {
+			o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1;
+		}
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+			s[nt][0] = exp2f(s[nt][0] - b0);
+			s[nt][1] = exp2f(s[nt][1] - b0);
+			s[nt][2] = exp2f(s[nt][2] - b1);
+			s[nt][3] = exp2f(s[nt][3] - b1);
+			l0 += s[nt][0] + s[nt][1];
+			l1 += s[nt][2] + s[nt][3];
+		}
+#pragma unroll
+		for (int kk = 0; kk < FA_BK / 16; kk++) {
+			unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+			                 pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+			for (int ot = 0; ot < OT; ot++) {
+				const unsigned short* vr = Vs + (kk * 16 + 2 * tq) * STR + ot * 8 + g;
+				unsigned vb0 = (unsigned)vr[0] | ((unsigned)vr[STR] << 16);
+				unsigned vb1 = (unsigned)vr[8 * STR] | ((unsigned)vr[9 * STR] << 16);
+				mma16816(o[ot], a, vb0, vb1, q);
+			}
+		}
+	}
+	l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+	l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+	l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+	l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+	if (v0) {
+		T* op = out + ((long long)(tok0 + r0) * heads + h) * HD;
+		float inv = 1.0f / l0;
+#pragma unroll
+		for (int ot = 0; ot < OT; ot++) {
+			op[ot * 8 + 2 * tq] = fromf<T>(o[ot][0] * inv);
+			op[ot * 8 + 2 * tq + 1] = fromf<T>(o[ot][1] * inv);
+		}
+	}
+	if (v1) {
+		T* op = out + ((long long)(tok0 + r1) * heads + h) * HD;
+		float inv = 1.0f / l1;
+#pragma unroll
+		for (int ot = 0; ot < OT; ot++) {
+			op[ot * 8 + 2 * tq] = fromf<T>(o[ot][2] * inv);
+			op[ot * 8 + 2 * tq + 1] = fromf<T>(o[ot][3] * inv);
+		}
+	}
+}
+
+#define MMA_KERNELS(HD)                                                                                              \
+	extern "C" __global__ void __launch_bounds__(128) prefill_mma_##HD(                                               \
+	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
+	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
+	    float scale) {                                                                                                 \
+		prefill_mma_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads,  \
+		                     bs, window, scale);                                                                       \
+	}
+MMA_KERNELS(64)
+MMA_KERNELS(80)
+MMA_KERNELS(96)
+MMA_KERNELS(128)
+#endif // ACT_MMA
+
 // Decode (flash-decoding): grid (maxSplits, kvHeads, tokens), block 128.
 // Block (sp, kvh, t) covers keys [lo + sp*chunk, min(lo+(sp+1)*chunk, p+1)) of
-// token t for the group of query heads sharing kv head kvh, and writes per head
-// the partial max m (log2 domain), sum l and unnormalised acc[hd] into
-// ws at index (t*heads + h)*maxSplits + sp. Dynamic shared memory (floats):
-// qs[group*hd] sc[group*chunk] slots[chunk] red[NS*4*hd] sm[group] sl[group].
+// token t (chunk <= 128) for the group of query heads sharing kv head kvh, and
+// writes per head the partial max m (log2 domain), sum l and unnormalised
+// acc[hd] into ws at index (t*heads + h)*maxSplits + sp. Dynamic shared memory
+// (floats): qs[group*hd] sc[group*chunk] slots[chunk] red[NS*4*hd] sm[group] sl[group].
+// Each thread loads its key's K row (phase 1) and its share of V rows (phase
+// 2, prefetched into registers at the start) so that all loads are in flight
+// at once.
 #define DC_THREADS 128
 
 template <int HD>
 __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc,
                             const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
                             int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
-	constexpr int CPR = HD / VEC;           // 16-byte chunks per row
-	constexpr int NS = DC_THREADS / CPR;    // row slices in the PV phase
+	constexpr int CPR = HD / VEC;                       // 16-byte chunks per row
+	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
+	constexpr int PVI = (DC_THREADS + NS - 1) / NS;     // rows per thread in the PV phase
+	constexpr bool PRE = PVI <= 16;                     // prefetch V into registers
 	int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
 	int p = positions[t];
 	int lo = window_start(p, window);
@@ -458,28 +659,47 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, fl
 	float* sm = red + NS * 4 * HD;
 	float* sl = sm + group;
 
+	const T* kr = kc;
+	if (tid < nk) {
+		int kp = k0 + tid;
+		int sl0 = bt[seqOff + kp / bs] * bs + kp % bs;
+		slots[tid] = sl0;
+		kr = kc + ((long long)sl0 * kvHeads + kvh) * HD;
+	}
+	uint4 kraw[CPR];
+	if (tid < nk) {
+#pragma unroll
+		for (int c = 0; c < CPR; c++) kraw[c] = ((const uint4*)kr)[c];
+	}
 	float qscale = scale * LOG2E;
 	const T* qr = q + ((long long)t * heads + h0) * HD;
 	for (int i = tid; i < group * HD; i += DC_THREADS) qs[i] = tof(qr[i]) * qscale;
-	for (int j = tid; j < nk; j += DC_THREADS) {
-		int kp = k0 + j;
-		slots[j] = bt[seqOff + kp / bs] * bs + kp % bs;
-	}
 	__syncthreads();
 
+	int r = tid / CPR, cc = tid % CPR;
+	uint4 vpre[PRE ? PVI : 1];
+	if constexpr (PRE) {
+		if (r < NS) {
+#pragma unroll
+			for (int i = 0; i < PVI; i++) {
+				int j = r + i * NS;
+				if (j < nk) vpre[i] = *(const uint4*)(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC);
+			}
+		}
+	}
+
 	// Scores: one thread per key, four heads at a time.
-	for (int j = tid; j < nk; j += DC_THREADS) {
-		const T* kr = kc + ((long long)slots[j] * kvHeads + kvh) * HD;
+	if (tid < nk) {
 		for (int g0 = 0; g0 < group; g0 += 4) {
 			float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-			for (int cc = 0; cc < CPR; cc++) {
+#pragma unroll
+			for (int c = 0; c < CPR; c++) {
 				float f[VEC];
-				load16(kr + cc * VEC, f);
+				unpack16(kraw[c], f, kc);
 #pragma unroll
 				for (int gg = 0; gg < 4; gg++) {
 					if (g0 + gg < group) {
-						const float* qh = qs + (g0 + gg) * HD + cc * VEC;
+						const float* qh = qs + (g0 + gg) * HD + c * VEC;
 #pragma unroll
 						for (int e = 0; e < VEC; e++) d[gg] += qh[e] * f[e];
 					}
@@ -487,7 +707,7 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, fl
 			}
 #pragma unroll
 			for (int gg = 0; gg < 4; gg++)
-				if (g0 + gg < group) sc[(g0 + gg) * chunk + j] = d[gg];
+				if (g0 + gg < group) sc[(g0 + gg) * chunk + tid] = d[gg];
 		}
 	}
 	__syncthreads();
@@ -513,7 +733,6 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, fl
 	__syncthreads();
 
 	// PV: thread (r, cc) sums rows r, r+NS, ... of its 16-byte column chunk.
-	int r = tid / CPR, cc = tid % CPR;
 	for (int g0 = 0; g0 < group; g0 += 4) {
 		float acc[4][VEC];
 #pragma unroll
@@ -521,15 +740,34 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, fl
 #pragma unroll
 			for (int e = 0; e < VEC; e++) acc[gg][e] = 0.f;
 		if (r < NS) {
-			for (int j = r; j < nk; j += NS) {
-				float f[VEC];
-				load16(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, f);
+			if constexpr (PRE) {
 #pragma unroll
-				for (int gg = 0; gg < 4; gg++) {
-					if (g0 + gg < group) {
-						float pj = sc[(g0 + gg) * chunk + j];
+				for (int i = 0; i < PVI; i++) {
+					int j = r + i * NS;
+					if (j < nk) {
+						float f[VEC];
+						unpack16(vpre[i], f, vc);
 #pragma unroll
-						for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+						for (int gg = 0; gg < 4; gg++) {
+							if (g0 + gg < group) {
+								float pj = sc[(g0 + gg) * chunk + j];
+#pragma unroll
+								for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+							}
+						}
+					}
+				}
+			} else {
+				for (int j = r; j < nk; j += NS) {
+					float f[VEC];
+					load16(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, f);
+#pragma unroll
+					for (int gg = 0; gg < 4; gg++) {
+						if (g0 + gg < group) {
+							float pj = sc[(g0 + gg) * chunk + j];
+#pragma unroll
+							for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+						}
 					}
 				}
 			}
@@ -557,23 +795,49 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, fl
 	}
 }
 
-// Merge: grid (heads, tokens), block 128: out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s.
-extern "C" __global__ void decode_merge(const float* wsM, const float* wsL, const float* wsAcc, T* out,
-                                        const int* positions, int heads, int hd, int window, int chunk, int maxSplits) {
-	int h = blockIdx.x, t = blockIdx.y;
+__device__ float block_max(float v, float* sh) {
+	v = warp_max(v);
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0) sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : NEG_INF;
+	return warp_max(v);
+}
+
+// Merge: grid (heads, tokens), block MG_THREADS (hd <= MG_THREADS):
+// out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s, the splits shared among
+// MG_THREADS/hd thread groups.
+#define MG_THREADS 512
+extern "C" __global__ void __launch_bounds__(MG_THREADS) decode_merge(const float* wsM, const float* wsL,
+                                                                      const float* wsAcc, T* out, const int* positions,
+                                                                      int heads, int hd, int window, int chunk,
+                                                                      int maxSplits) {
+	__shared__ float sh[32];
+	__shared__ float part[MG_THREADS];
+	int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
 	int p = positions[t];
 	int lo = window_start(p, window);
 	int nsplit = (p - lo + chunk) / chunk;
 	long long w0 = ((long long)t * heads + h) * maxSplits;
 	float M = NEG_INF;
-	for (int s = 0; s < nsplit; s++) M = fmaxf(M, wsM[w0 + s]);
+	for (int s = tid; s < nsplit; s += MG_THREADS) M = fmaxf(M, wsM[w0 + s]);
+	M = block_max(M, sh);
 	float L = 0.f;
-	for (int s = 0; s < nsplit; s++) L += exp2f(wsM[w0 + s] - M) * wsL[w0 + s];
-	float inv = 1.0f / L;
-	for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-		float v = 0.f;
-		for (int s = 0; s < nsplit; s++) v += exp2f(wsM[w0 + s] - M) * wsAcc[(w0 + s) * hd + d];
-		out[((long long)t * heads + h) * hd + d] = fromf<T>(v * inv);
+	for (int s = tid; s < nsplit; s += MG_THREADS) L += exp2f(wsM[w0 + s] - M) * wsL[w0 + s];
+	L = block_sum(L, sh);
+	int G = MG_THREADS / hd, sg = tid / hd, d = tid % hd;
+	float v = 0.f;
+	if (sg < G) {
+#pragma unroll 4
+		for (int s = sg; s < nsplit; s += G) v += exp2f(wsM[w0 + s] - M) * wsAcc[(w0 + s) * hd + d];
+	}
+	part[tid] = v;
+	__syncthreads();
+	if (tid < hd) {
+		float o = 0.f;
+		for (int g = 0; g < G; g++) o += part[g * hd + tid];
+		out[((long long)t * heads + h) * hd + tid] = fromf<T>(o / L);
 	}
 }
 

@@ -43,7 +43,11 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 	if act != cu.F32 && act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: activation dtype %v", act)
 	}
-	m, err := d.Compile("kiln_kernels_"+cname(act), source, "-DACT="+cname(act), "--std=c++17")
+	opts := []string{"-DACT=" + cname(act), "--std=c++17"}
+	if act != cu.F32 {
+		opts = append(opts, "-DACT_MMA=1") // the tensor-core prefill kernels
+	}
+	m, err := d.Compile("kiln_kernels_"+cname(act), source, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -242,12 +246,24 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 
 // PrefillAttention runs causal (optionally windowed) attention for every
 // token of the batch, tiled over its prefill tiles: FlashAttention-style,
-// keys in shared-memory tiles, online softmax.
+// keys in shared-memory tiles, online softmax. f16 and bf16 run on the
+// tensor cores (mma.sync), f32 on the CUDA cores.
 func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
+	return k.prefill(s, a, m, k.Act != cu.F32)
+}
+
+// prefill picks the tensor-core kernel (f16/bf16 only) or the plain one.
+func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, mma bool) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
 	name := fmt.Sprintf("prefill_attn_%d", a.HeadDim)
+	if mma {
+		if k.Act == cu.F32 {
+			return fmt.Errorf("kernels: no tensor-core prefill for f32")
+		}
+		name = fmt.Sprintf("prefill_mma_%d", a.HeadDim)
+	}
 	return k.launch(name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
 		a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
 		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)
@@ -259,16 +275,17 @@ type DecodePlan struct {
 	WorkspaceBytes   int
 }
 
-// PlanDecode picks the keys per split so that the grid covers the device
-// (sms multiprocessors) about twice, keeping shared memory within bounds.
+// PlanDecode picks the keys per split (32 to 128) so that the grid covers
+// the device's sms multiprocessors where it can, keeping shared memory within
+// bounds.
 func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 	ctx := m.MaxPos + 1
 	if a.Window > 0 {
 		ctx = min(ctx, a.Window)
 	}
 	group := a.Heads / a.KVHeads
-	chunk := 256
-	for chunk > 32 && (group*chunk > 4096 || m.T*a.KVHeads*((ctx+chunk-1)/chunk) < 2*sms) {
+	chunk := 128 // at most the split kernel's 128 threads
+	for chunk > 32 && (group*chunk > 4096 || m.T*a.KVHeads*((ctx+chunk-1)/chunk) < sms) {
 		chunk /= 2
 	}
 	splits := (ctx + chunk - 1) / chunk
@@ -324,6 +341,6 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	if err != nil {
 		return err
 	}
-	return k.launch("decode_merge", cu.Dim3{X: a.Heads, Y: m.T, Z: 1}, cu.D1(128), 0, s,
+	return k.launch("decode_merge", cu.Dim3{X: a.Heads, Y: m.T, Z: 1}, cu.D1(512), 0, s,
 		wsM, wsL, wsAcc, a.Out, m.At(m.Positions), int32(a.Heads), int32(a.HeadDim), int32(a.Window), int32(plan.Chunk), int32(plan.MaxSplits))
 }

@@ -130,6 +130,8 @@ func BenchmarkDecodeAttention(b *testing.B) {
 			ms := gpuTime(b, 64, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws) })
 			bytes := float64(ctx) * float64(width) * 2 * 2
 			gbs := bytes / (ms * 1e-3) / 1e9
+			mergeMs := gpuTime(b, 64, 7, func(i int) error { return k.decodeMerge(nil, a, metas[i%copies], plan, ws) })
+			b.Logf("of which the merge kernel alone: %.2f µs", mergeMs*1e3)
 			b.ReportMetric(ms*1e3, "us/call")
 			b.ReportMetric(gbs, "GB/s")
 			b.ReportMetric(gbs/bw, "of-copy-bw")
@@ -141,18 +143,15 @@ func BenchmarkDecodeAttention(b *testing.B) {
 
 func BenchmarkPrefillAttention(b *testing.B) {
 	for _, v := range []struct {
-		causal, mma bool
-	}{{true, true}, {false, true}, {true, false}, {false, false}} {
-		causal, mma := v.causal, v.mma
+		causal  bool
+		variant string
+	}{{true, "mma"}, {false, "mma"}, {true, "ldm"}, {false, "ldm"}, {true, "attn"}, {false, "attn"}} {
+		causal, variant := v.causal, v.variant
 		nm := "causal"
 		if !causal {
 			nm = "full"
 		}
-		if mma {
-			nm += "/mma"
-		} else {
-			nm += "/simt"
-		}
+		nm += "/" + variant
 		b.Run(nm, func(b *testing.B) {
 			const T, heads, kvHeads, hd, bs = 4096, 32, 8, 128, 16
 			act := cu.BF16
@@ -189,7 +188,7 @@ func BenchmarkPrefillAttention(b *testing.B) {
 				KCache: up(b, act, randn(rng, nb*bs*width, 1)), VCache: up(b, act, randn(rng, nb*bs*width, 1)),
 				Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd)),
 			}
-			ms := gpuTime(b, 3, 5, func(int) error { return k.prefill(nil, a, dm, mma) })
+			ms := gpuTime(b, 3, 5, func(int) error { return k.prefill(nil, a, dm, variant) })
 			tf := flops / (ms * 1e-3) / 1e12
 			b.ReportMetric(ms, "ms/call")
 			b.ReportMetric(tf, "TFLOP/s")

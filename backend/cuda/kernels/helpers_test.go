@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"kiln/backend/cuda/cu"
 	"kiln/tensor"
@@ -47,10 +48,12 @@ func kern(t testing.TB, act cu.DType) *Kernels {
 	if k := kset[act]; k != nil {
 		return k
 	}
+	t0 := time.Now()
 	k, err := New(d, act)
 	if err != nil {
 		t.Fatalf("compile %v kernels: %v", act, err)
 	}
+	t.Logf("%v kernels for %s (%s): %v, cubin %v, from cache %v", act, d.Name, d.Arch(), time.Since(t0), k.M.Cubin, k.M.Hit)
 	kset[act] = k
 	return k
 }

@@ -450,7 +450,25 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 	return (unsigned)fromf<T>(lo).x | ((unsigned)fromf<T>(hi).x << 16);
 }
 
-template <int HD>
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+	unsigned a;
+	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+	return a;
+}
+// ldsm4 loads four 8×8 b16 matrices (lane i gives the row address of row i%8 of matrix i/8).
+__device__ __forceinline__ void ldsm4(unsigned* r, const void* p) {
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4t(unsigned* r, const void* p) {
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(smem_addr(p)));
+}
+
+// LDM: fragments of K and V through ldmatrix (else plain shared loads).
+template <int HD, bool LDM>
 __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
                                  const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt,
                                  int heads, int kvHeads, int bs, int window, float scale) {
@@ -528,10 +546,21 @@ __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, c
 		for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
 		for (int c = 0; c < KC; c++) {
+			if constexpr (LDM) {
+				int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
-			for (int nt = 0; nt < NT; nt++) {
-				const unsigned short* kr = Ks + (nt * 8 + g) * STR + c * 16 + 2 * tq;
-				mma16816(s[nt], qf[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8), q);
+				for (int nt = 0; nt < NT; nt += 2) {
+					unsigned b[4];
+					ldsm4(b, Ks + ((nt + (mi >> 1)) * 8 + rr) * STR + c * 16 + (mi & 1) * 8);
+					mma16816(s[nt], qf[c], b[0], b[1], q);
+					mma16816(s[nt + 1], qf[c], b[2], b[3], q);
+				}
+			} else {
+#pragma unroll
+				for (int nt = 0; nt < NT; nt++) {
+					const unsigned short* kr = Ks + (nt * 8 + g) * STR + c * 16 + 2 * tq;
+					mma16816(s[nt], qf[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8), q);
+				}
 			}
 		}
 		float mx0 = NEG_INF, mx1 = NEG_INF;
@@ -574,12 +603,23 @@ __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, c
 		for (int kk = 0; kk < FA_BK / 16; kk++) {
 			unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
 			                 pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+			if constexpr (LDM) {
+				int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
-			for (int ot = 0; ot < OT; ot++) {
-				const unsigned short* vr = Vs + (kk * 16 + 2 * tq) * STR + ot * 8 + g;
-				unsigned vb0 = (unsigned)vr[0] | ((unsigned)vr[STR] << 16);
-				unsigned vb1 = (unsigned)vr[8 * STR] | ((unsigned)vr[9 * STR] << 16);
-				mma16816(o[ot], a, vb0, vb1, q);
+				for (int ot = 0; ot < OT; ot += 2) {
+					unsigned b[4];
+					ldsm4t(b, Vs + (kk * 16 + (mi & 1) * 8 + rr) * STR + (ot + (mi >> 1)) * 8);
+					mma16816(o[ot], a, b[0], b[1], q);
+					mma16816(o[ot + 1], a, b[2], b[3], q);
+				}
+			} else {
+#pragma unroll
+				for (int ot = 0; ot < OT; ot++) {
+					const unsigned short* vr = Vs + (kk * 16 + 2 * tq) * STR + ot * 8 + g;
+					unsigned vb0 = (unsigned)vr[0] | ((unsigned)vr[STR] << 16);
+					unsigned vb1 = (unsigned)vr[8 * STR] | ((unsigned)vr[9 * STR] << 16);
+					mma16816(o[ot], a, vb0, vb1, q);
+				}
 			}
 		}
 	}
@@ -612,8 +652,15 @@ __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, c
 	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
 	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
 	    float scale) {                                                                                                 \
-		prefill_mma_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads,  \
-		                     bs, window, scale);                                                                       \
+		prefill_mma_impl<HD, false>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads,    \
+		                            kvHeads, bs, window, scale);                                                       \
+	}                                                                                                                  \
+	extern "C" __global__ void __launch_bounds__(128) prefill_ldm_##HD(                                               \
+	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
+	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
+	    float scale) {                                                                                                 \
+		prefill_mma_impl<HD, true>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads,     \
+		                           kvHeads, bs, window, scale);                                                        \
 	}
 MMA_KERNELS(64)
 MMA_KERNELS(80)

@@ -249,21 +249,24 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 // keys in shared-memory tiles, online softmax. f16 and bf16 run on the
 // tensor cores (mma.sync), f32 on the CUDA cores.
 func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
-	return k.prefill(s, a, m, k.Act != cu.F32)
+	v := "mma"
+	if k.Act == cu.F32 {
+		v = "attn"
+	}
+	return k.prefill(s, a, m, v)
 }
 
-// prefill picks the tensor-core kernel (f16/bf16 only) or the plain one.
-func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, mma bool) error {
+// prefill runs one variant of the prefill kernel: "attn" (CUDA cores, any
+// dtype), "mma" (tensor cores, f16/bf16) or "ldm" (tensor cores, fragments
+// through ldmatrix).
+func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	name := fmt.Sprintf("prefill_attn_%d", a.HeadDim)
-	if mma {
-		if k.Act == cu.F32 {
-			return fmt.Errorf("kernels: no tensor-core prefill for f32")
-		}
-		name = fmt.Sprintf("prefill_mma_%d", a.HeadDim)
+	if variant != "attn" && k.Act == cu.F32 {
+		return fmt.Errorf("kernels: no tensor-core prefill for f32")
 	}
+	name := fmt.Sprintf("prefill_%s_%d", variant, a.HeadDim)
 	return k.launch(name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
 		a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
 		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)
@@ -333,14 +336,25 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 			k.mu.Unlock()
 		}
 	}
-	n := m.T * a.Heads * plan.MaxSplits
-	wsM, wsL, wsAcc := ws, ws.Add(4*n), ws.Add(8*n)
+	wsM, wsL, wsAcc := plan.ws(a, m, ws)
 	err := k.launch(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
 		a.Q, a.KCache, a.VCache, wsM, wsL, wsAcc, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
 		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits))
 	if err != nil {
 		return err
 	}
+	return k.decodeMerge(s, a, m, plan, ws)
+}
+
+// ws splits the workspace: maxima, sums, accumulators.
+func (p DecodePlan) ws(a Attn, m DevMeta, ws cu.Ptr) (wsM, wsL, wsAcc cu.Ptr) {
+	n := m.T * a.Heads * p.MaxSplits
+	return ws, ws.Add(4 * n), ws.Add(8 * n)
+}
+
+// decodeMerge launches the merge of DecodeAttention's splits alone.
+func (k *Kernels) decodeMerge(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws cu.Ptr) error {
+	wsM, wsL, wsAcc := plan.ws(a, m, ws)
 	return k.launch("decode_merge", cu.Dim3{X: a.Heads, Y: m.T, Z: 1}, cu.D1(512), 0, s,
 		wsM, wsL, wsAcc, a.Out, m.At(m.Positions), int32(a.Heads), int32(a.HeadDim), int32(a.Window), int32(plan.Chunk), int32(plan.MaxSplits))
 }

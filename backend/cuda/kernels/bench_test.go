@@ -141,11 +141,21 @@ func BenchmarkDecodeAttention(b *testing.B) {
 	}
 }
 
-func BenchmarkPrefillAttention(b *testing.B) {
-	for _, v := range []struct {
+func BenchmarkPrefillAttention(b *testing.B) { benchPrefill(b, "mma", "attn") }
+
+// BenchmarkPrefillAttentionLdm times the experimental ldmatrix variant.
+func BenchmarkPrefillAttentionLdm(b *testing.B) { benchPrefill(b, "ldm") }
+
+func benchPrefill(b *testing.B, variants ...string) {
+	type vt struct {
 		causal  bool
 		variant string
-	}{{true, "mma"}, {false, "mma"}, {true, "ldm"}, {false, "ldm"}, {true, "attn"}, {false, "attn"}} {
+	}
+	var vs []vt
+	for _, v := range variants {
+		vs = append(vs, vt{true, v}, vt{false, v})
+	}
+	for _, v := range vs {
 		causal, variant := v.causal, v.variant
 		nm := "causal"
 		if !causal {

@@ -467,7 +467,9 @@ __device__ __forceinline__ void ldsm4t(unsigned* r, const void* p) {
 	             : "r"(smem_addr(p)));
 }
 
-// LDM: fragments of K and V through ldmatrix (else plain shared loads).
+
+// LDM: fragments of K and V through ldmatrix (else plain shared loads; LDM
+// only in the experimental module, built with -DKILN_EXP).
 template <int HD, bool LDM>
 __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
                                  const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt,
@@ -655,6 +657,9 @@ __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, c
 		prefill_mma_impl<HD, false>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads,    \
 		                            kvHeads, bs, window, scale);                                                       \
 	}                                                                                                                  \
+	MMA_EXP_KERNELS(HD)
+#ifdef KILN_EXP
+#define MMA_EXP_KERNELS(HD)                                                                                          \
 	extern "C" __global__ void __launch_bounds__(128) prefill_ldm_##HD(                                               \
 	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
 	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
@@ -662,6 +667,9 @@ __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, c
 		prefill_mma_impl<HD, true>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads,     \
 		                           kvHeads, bs, window, scale);                                                        \
 	}
+#else
+#define MMA_EXP_KERNELS(HD)
+#endif
 MMA_KERNELS(64)
 MMA_KERNELS(80)
 MMA_KERNELS(96)

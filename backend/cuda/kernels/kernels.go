@@ -11,6 +11,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"kiln/backend/cuda/cu"
@@ -33,6 +34,8 @@ type Kernels struct {
 
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
+	exp       *cu.Module     // experimental kernels (-DKILN_EXP), built on first use
+	opts      []string
 }
 
 func cname(t cu.DType) string { return [...]string{"f32", "f16", "bf16"}[t] }
@@ -51,14 +54,39 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: m, sharedSet: map[string]int{}}, nil
+	return &Kernels{D: d, Act: act, M: m, sharedSet: map[string]int{}, opts: opts}, nil
 }
 
-// Close unloads the module.
-func (k *Kernels) Close() error { return k.M.Close() }
+// expModule compiles (once) the source with the experimental kernels, kept
+// apart so that they can never break the main module.
+func (k *Kernels) expModule() (*cu.Module, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.exp != nil {
+		return k.exp, nil
+	}
+	m, err := k.D.Compile("kiln_kernels_exp_"+cname(k.Act), source, slices.Concat(k.opts, []string{"-DKILN_EXP=1"})...)
+	if err != nil {
+		return nil, err
+	}
+	k.exp = m
+	return m, nil
+}
+
+// Close unloads the modules.
+func (k *Kernels) Close() error {
+	if k.exp != nil {
+		k.exp.Close()
+	}
+	return k.M.Close()
+}
 
 func (k *Kernels) launch(name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
-	if err := k.M.Launch(name, grid, block, shared, s, args...); err != nil {
+	return launchOn(k.M, name, grid, block, shared, s, args...)
+}
+
+func launchOn(m *cu.Module, name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
+	if err := m.Launch(name, grid, block, shared, s, args...); err != nil {
 		return fmt.Errorf("kernels: %s: %w", name, err)
 	}
 	return nil
@@ -267,6 +295,15 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 		return fmt.Errorf("kernels: no tensor-core prefill for f32")
 	}
 	name := fmt.Sprintf("prefill_%s_%d", variant, a.HeadDim)
+	if variant == "ldm" {
+		m2, err := k.expModule()
+		if err != nil {
+			return err
+		}
+		return launchOn(m2, name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
+			a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
+			m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)
+	}
 	return k.launch(name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
 		a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
 		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)

@@ -51,7 +51,16 @@ func benchWeights(d tensor.DType, N, K, total int) []Weights {
 
 var benchShapes = [][2]int{{768, 2048}, {2048, 768}, {32000, 768}} // N, K
 
-func BenchmarkDecode(b *testing.B) {
+func BenchmarkDecode(b *testing.B) { benchDecode(b) }
+
+// BenchmarkDecodeAVX2 is BenchmarkDecode without the AVX-512 kernels.
+func BenchmarkDecodeAVX2(b *testing.B) {
+	setAVX512(false)
+	defer setAVX512(true)
+	benchDecode(b)
+}
+
+func benchDecode(b *testing.B) {
 	p := workers.New(0)
 	defer p.Close()
 	for _, d := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16} {

@@ -10,6 +10,9 @@ import "unsafe"
 // haveSIMD is false: only the pure Go kernels exist on this platform.
 const haveSIMD = false
 
+// haveAVX512 is false: no AVX-512 kernels either.
+const haveAVX512 = false
+
 // The SIMD entry points are never reached when haveSIMD is false.
 
 func k4x1F32(w0, w1, w2, w3 unsafe.Pointer, x *float32, k8 int, pf uintptr, out *[4]float32) {
@@ -32,3 +35,18 @@ func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uint
 }
 func dotF32(a, b *float32, n8 int) float32         { panic("unreachable") }
 func axpyF32(alpha float32, x, y *float32, n8 int) { panic("unreachable") }
+func krF32z(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
+	panic("unreachable")
+}
+func krBF16z(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
+	panic("unreachable")
+}
+func krF32(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
+	panic("unreachable")
+}
+func krBF16(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
+	panic("unreachable")
+}
+func krF16(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
+	panic("unreachable")
+}

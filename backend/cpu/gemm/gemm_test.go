@@ -97,7 +97,10 @@ func TestMatMul(t *testing.T) {
 	defer p.Close()
 	defer SetPure(false)
 	Ts := []int{1, 2, 3, 5, 17, 64}
-	Ks := []int{0, 1, 3, 8, 17, 100, 768, 2049}
+	// Ks: K%8 tails, and for the decode kernels kr (256 weight bytes per
+	// main-loop step) K < one step, whole steps, and steps plus 1 to 15
+	// groups of 8 (200: 1 BF16 step + 9, 376: 2 + 15, 3 F32 steps + 1).
+	Ks := []int{0, 1, 3, 8, 16, 17, 24, 40, 56, 100, 200, 376, 768, 2049}
 	Ns := []int{1, 3, 5, 13, 67}
 	if testing.Short() {
 		Ks = []int{1, 3, 17, 100}
@@ -111,18 +114,24 @@ func TestMatMul(t *testing.T) {
 					x := randVec(r, T*K)
 					ref := make([]float32, T*N)
 					MatMulRef(ref, x, T, w)
-					for _, pure := range []bool{false, true} {
+					for _, mode := range []string{"simd", "avx2", "plain", "pure"} {
+						pure := mode == "pure"
 						if pure && T*N*K > 1<<20 {
 							continue // the pure path shares the driver; keep the test fast
 						}
+						if (mode == "avx2" || mode == "plain") && T != 1 || mode == "avx2" && !haveAVX512 {
+							continue // decode kernel choices
+						}
 						SetPure(pure)
-						what := d.String() + " " + map[bool]string{false: "simd", true: "pure"}[pure]
+						decodeKernels.Store(map[string]int32{"avx2": kernAVX2, "plain": kernPlain}[mode])
+						what := d.String() + " " + mode
 						checkProduct(t, p, ref, x, T, w, what+" pool")
 						if T*N <= 64 {
 							checkProduct(t, nil, ref, x, T, w, what+" nil pool")
 						}
 					}
 					SetPure(false)
+					decodeKernels.Store(kernAuto)
 				}
 			}
 		}

@@ -1,5 +1,5 @@
-// Package asmgen generates gemm_amd64.s, the AVX2/FMA/F16C kernels of package
-// gemm. It is a plain text generator (the kernels are short and the only
+// Package asmgen generates gemm_amd64.s, the AVX2/FMA/F16C (and AVX-512)
+// kernels of package gemm. It is a plain text generator (the kernels are short and the only
 // variation between weight dtypes is how 8 weights are loaded and widened),
 // run by `go generate` in package gemm; a test there checks that the committed
 // file equals Generate().
@@ -14,6 +14,8 @@
 //	    weight load (widened once) feeds 3 FMAs; meanwhile it prefetches
 //	    the 4*8*k8 weights starting at address pf (the next row group, when
 //	    the caller streams weights for few tokens).
+//	kr<D>(w, stride, x, k8, nrows, out, pf), kr<D>z (AVX-512F; F32, BF16)
+//	    the decode kernels, one row at a time: see genKR.
 //	dotF32(a, b, n8) float32, axpyF32(alpha, x, y, n8).
 //
 // Weight rows are addressed through separate pointers (so callers can repeat
@@ -52,6 +54,12 @@ func Generate() []byte {
 		gen4x1(p, d)
 		gen4x3(p, d)
 	}
+	for _, d := range dtypes {
+		genKR(p, d, false)
+	}
+	for _, d := range dtypes[:2] { // no kr F16z: see genKR
+		genKR(p, d, true)
+	}
 	genDot(p)
 	genAxpy(p)
 	return []byte(b.String())
@@ -70,11 +78,11 @@ func reduce4(p printer, a, b, c, d, t int) {
 }
 
 // Decode streams weights from memory; a software prefetch (into L2) pf bytes
-// ahead of each row (an argument: the decode driver passes the size of a
-// 4-row group, i.e. the same offsets in the next group) keeps enough
-// cache-line fills in flight for one core. Measured on the development
-// machines this beat both no prefetch and fixed distances of 512-2048 bytes,
-// and PREFETCHT1 beat PREFETCHT0 and PREFETCHNTA.
+// ahead keeps enough cache-line fills in flight for one core. For k4x1 (an
+// argument: the size of a 4-row group, i.e. the same offsets in the next
+// group) this beat both no prefetch and fixed distances of 512-2048 bytes,
+// and PREFETCHT1 beat PREFETCHT0 and PREFETCHNTA; the one-row decode
+// kernels kr<D> prefetch a fixed distance ahead of their single stream.
 var prefetchOp = "PREFETCHT1"
 
 var pfRegs = []string{"R11", "R12", "R13", "AX"}
@@ -219,4 +227,105 @@ func genAxpy(p printer) {
 	p("axpyF32_loop1:\n\tVMOVUPS (SI)(BX*1), Y0\n\tVFMADD213PS (DI)(BX*1), Y15, Y0\n\tVMOVUPS Y0, (DI)(BX*1)\n")
 	p("\tADDQ $32, BX\n\tDECQ CX\n\tJNZ axpyF32_loop1\n")
 	p("axpyF32_done:\n\tVZEROUPPER\n\tRET\n")
+}
+
+// genKR writes kr<D> (AVX2+FMA+F16C) or, with zmm, kr<D>z (AVX-512F), the
+// decode kernels:
+//
+//	kr<D>(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr)
+//	    out[i] = sum_{k<8*k8} row(i)[k]*x[k] for i < nrows (at least 1),
+//	    row(i) at w+i*stride
+//
+// Rows are read one after the other (4 accumulators, 256 weight bytes per
+// iteration, then 8 weights at a time), so contiguous rows are one
+// sequential stream, and it prefetches (into L2) pf bytes ahead of each
+// line it reads. On the development machine (Zen 4, 2 cores, shared VM)
+// this read at 0.93-1.0 of a plain SIMD read pass where the 4-rows-at-once
+// k4x1 kernels (which share each x load between 4 rows) reached 0.85-0.90:
+// 4 interleaved streams per core keep fewer useful misses in flight. x
+// stays in L1 (or L2); each x vector is an FMA memory operand. BF16 widens
+// with VPMOVZXWD + VPSLLD $16. AVX-512 (kr<D>z, F32 and BF16) streamed
+// alike and was faster on cached weights; an F16 AVX-512 kernel
+// (VCVTPH2PS to Z) streamed 3-8% slower than krF16 on aligned weights.
+//
+// Tried and dropped: a 4-row kernel looping over groups itself, with BF16
+// split into even/odd weights (one 32-byte load, VPSLLD $16 for the even-
+// and VPAND 0xFFFF0000 for the odd-indexed ones, x deinterleaved in
+// registers once per group: VSHUFPS, or VPERMT2PS with AVX-512). It was
+// 15-60% faster than k4x1 on weights in cache but no faster when streaming
+// from memory, where the one-row kernels win. Deinterleaving x into a
+// scratch buffer once per call was slower still: rewriting lines that the
+// other core read in the previous call costs microseconds.
+func genKR(p printer, d dtype, zmm bool) {
+	fn := "kr" + d.name
+	v, vb := "Y", 32 // vector register prefix, bytes of f32 per vector
+	if zmm {
+		fn += "z"
+		v, vb = "Z", 64
+	}
+	n := vb / 4           // weights per vector
+	wb := n * d.bytes / 8 // weight bytes per vector
+	p("\n// func %s(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr)\n", fn)
+	p("TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
+	p("\tMOVQ w+0(FP), SI\n\tMOVQ stride+8(FP), AX\n\tMOVQ x+16(FP), DI\n\tMOVQ k8+24(FP), CX\n")
+	p("\tMOVQ nrows+32(FP), R9\n\tMOVQ out+40(FP), R8\n\tMOVQ pf+48(FP), R10\n")
+	per := 256 / d.bytes // groups of 8 per 256-byte step
+	// widen loads the weights at mem (8 or 16) as f32 into register reg.
+	widen := func(mem, reg string) {
+		switch d.name {
+		case "F32":
+			p("\tVMOVUPS %s, %s\n", mem, reg)
+		case "BF16":
+			p("\tVPMOVZXWD %s, %s\n\tVPSLLD $16, %s, %s\n", mem, reg, reg, reg)
+		case "F16":
+			p("\tVCVTPH2PS %s, %s\n", mem, reg)
+		}
+	}
+	p("%s_row:\n", fn)
+	p("\tLEAQ (SI)(R10*1), R11\n")
+	p("\tXORQ BX, BX\n")
+	for i := 0; i < 4; i++ {
+		if zmm {
+			p("\tVPXORD Z%d, Z%d, Z%d\n", i, i, i)
+		} else {
+			p("\tVXORPS Y%d, Y%d, Y%d\n", i, i, i)
+		}
+	}
+	p("\tMOVQ CX, DX\n\tSHRQ $%d, DX\n\tJZ %s_tail\n", map[int]int{8: 3, 16: 4}[per], fn)
+	p("%s_loop:\n", fn)
+	for off := 0; off < 256; off += 64 {
+		p("\t%s %d(R11)(BX*1)\n", prefetchOp, off)
+	}
+	for j := 0; j < 256/wb; j++ {
+		widen(fmt.Sprintf("%d(SI)(BX*1)", j*wb), fmt.Sprintf("%s%d", v, 4+j%4))
+		p("\tVFMADD231PS %d(DI)(BX*%d), %s%d, %s%d\n", j*vb, d.scale, v, 4+j%4, v, j%4)
+	}
+	p("\tADDQ $256, BX\n\tDECQ DX\n\tJNZ %s_loop\n", fn)
+	p("%s_tail:\n", fn)
+	p("\tMOVQ CX, DX\n\tANDQ $%d, DX\n\tJZ %s_reduce\n", per-1, fn)
+	p("%s_loop1:\n", fn)
+	// 8 weights; with zmm into the low half of Z20 (EVEX-encoded, which
+	// clears the upper half) so that the Z accumulator is kept whole.
+	r8 := "Y4"
+	if zmm {
+		r8 = "Y20"
+	}
+	widen("(SI)(BX*1)", r8)
+	if zmm {
+		p("\tVMOVUPS (DI)(BX*%d), Y21\n", d.scale)
+		p("\tVFMADD231PS Z21, Z20, Z0\n")
+	} else {
+		p("\tVFMADD231PS (DI)(BX*%d), Y4, Y0\n", d.scale)
+	}
+	p("\tADDQ $%d, BX\n\tDECQ DX\n\tJNZ %s_loop1\n", d.bytes, fn)
+	p("%s_reduce:\n", fn)
+	p("\tVADDPS %[1]s1, %[1]s0, %[1]s0\n\tVADDPS %[1]s3, %[1]s2, %[1]s2\n\tVADDPS %[1]s2, %[1]s0, %[1]s0\n", v)
+	if zmm {
+		p("\tVEXTRACTF64X4 $1, Z0, Y1\n\tVADDPS Y1, Y0, Y0\n")
+	}
+	p("\tVEXTRACTF128 $1, Y0, X1\n\tVADDPS X1, X0, X0\n")
+	p("\tVHADDPS X0, X0, X0\n\tVHADDPS X0, X0, X0\n")
+	p("\tVMOVSS X0, (R8)\n\tADDQ $4, R8\n\tADDQ AX, SI\n")
+	p("\tDECQ R9\n\tJNZ %s_row\n", fn)
+	p("\tVZEROUPPER\n\tRET\n")
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // TestDecodeCompare (run with KILN_GEMM_COMPARE=rounds) times the decode
-// kernel choices (plain: k4x1 per 4-row group; avx2: kr<D>; zmm: kr<D>z)
+// kernel choices (plain: k4x1 per 4-row group; avx2: kr<D>; zmm: the
+// default, krBF16z for BF16)
 // against each other and against a plain read pass (BenchmarkReadParallel),
 // in short interleaved slices of random order, on weights unaligned (as
 // BenchmarkDecode) and aligned, and logs per-variant medians of GB/s and of

@@ -15,8 +15,7 @@ import (
 // (F16 weights); require all three rather than mixing paths.
 var haveSIMD = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
 
-// haveAVX512: the AVX-512 decode kernels (krF32z, krBF16z) need AVX512F
-// only.
+// haveAVX512: the AVX-512 decode kernel krBF16z needs AVX512F only.
 var haveAVX512 = haveSIMD && cpu.X86.HasAVX512F
 
 // Kernels in gemm_amd64.s; see internal/asmgen for their contracts.
@@ -44,9 +43,6 @@ func dotF32(a, b *float32, n8 int) float32
 
 //go:noescape
 func axpyF32(alpha float32, x, y *float32, n8 int)
-
-//go:noescape
-func krF32z(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr)
 
 //go:noescape
 func krBF16z(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr)

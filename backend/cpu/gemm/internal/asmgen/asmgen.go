@@ -14,7 +14,7 @@
 //	    weight load (widened once) feeds 3 FMAs; meanwhile it prefetches
 //	    the 4*8*k8 weights starting at address pf (the next row group, when
 //	    the caller streams weights for few tokens).
-//	kr<D>(w, stride, x, k8, nrows, out, pf), kr<D>z (AVX-512F; F32, BF16)
+//	kr<D>(w, stride, x, k8, nrows, out, pf), krBF16z (AVX-512F)
 //	    the decode kernels, one row at a time: see genKR.
 //	dotF32(a, b, n8) float32, axpyF32(alpha, x, y, n8).
 //
@@ -57,9 +57,7 @@ func Generate() []byte {
 	for _, d := range dtypes {
 		genKR(p, d, false)
 	}
-	for _, d := range dtypes[:2] { // no kr F16z: see genKR
-		genKR(p, d, true)
-	}
+	genKR(p, dtypes[1], true) // BF16 only: see genKR
 	genDot(p)
 	genAxpy(p)
 	return []byte(b.String())
@@ -236,17 +234,19 @@ func genAxpy(p printer) {
 //	    out[i] = sum_{k<8*k8} row(i)[k]*x[k] for i < nrows (at least 1),
 //	    row(i) at w+i*stride
 //
-// Rows are read one after the other (4 accumulators, 256 weight bytes per
-// iteration, then 8 weights at a time), so contiguous rows are one
+// Rows are read one after the other (8 accumulators, so that FMA latency
+// does not bound weights in cache; 256 weight bytes per iteration, then 8
+// weights at a time), so contiguous rows are one
 // sequential stream, and it prefetches (into L2) pf bytes ahead of each
 // line it reads. On the development machine (Zen 4, 2 cores, shared VM)
 // this read at 0.93-1.0 of a plain SIMD read pass where the 4-rows-at-once
 // k4x1 kernels (which share each x load between 4 rows) reached 0.85-0.90:
 // 4 interleaved streams per core keep fewer useful misses in flight. x
 // stays in L1 (or L2); each x vector is an FMA memory operand. BF16 widens
-// with VPMOVZXWD + VPSLLD $16. AVX-512 (kr<D>z, F32 and BF16) streamed
-// alike and was faster on cached weights; an F16 AVX-512 kernel
-// (VCVTPH2PS to Z) streamed 3-8% slower than krF16 on aligned weights.
+// with VPMOVZXWD + VPSLLD $16. With AVX-512, krBF16z streamed alike and
+// was 10-25% faster than krBF16 on weights in cache; the F32 and F16
+// AVX-512 versions measured no better than AVX2 (F16, and F32 on aligned
+// weights, 3-8% slower streaming) and are not generated.
 //
 // Tried and dropped: a 4-row kernel looping over groups itself, with BF16
 // split into even/odd weights (one 32-byte load, VPSLLD $16 for the even-
@@ -284,7 +284,7 @@ func genKR(p printer, d dtype, zmm bool) {
 	p("%s_row:\n", fn)
 	p("\tLEAQ (SI)(R10*1), R11\n")
 	p("\tXORQ BX, BX\n")
-	for i := 0; i < 4; i++ {
+	for i := 0; i < 8; i++ {
 		if zmm {
 			p("\tVPXORD Z%d, Z%d, Z%d\n", i, i, i)
 		} else {
@@ -297,8 +297,8 @@ func genKR(p printer, d dtype, zmm bool) {
 		p("\t%s %d(R11)(BX*1)\n", prefetchOp, off)
 	}
 	for j := 0; j < 256/wb; j++ {
-		widen(fmt.Sprintf("%d(SI)(BX*1)", j*wb), fmt.Sprintf("%s%d", v, 4+j%4))
-		p("\tVFMADD231PS %d(DI)(BX*%d), %s%d, %s%d\n", j*vb, d.scale, v, 4+j%4, v, j%4)
+		widen(fmt.Sprintf("%d(SI)(BX*1)", j*wb), fmt.Sprintf("%s%d", v, 8+j%8))
+		p("\tVFMADD231PS %d(DI)(BX*%d), %s%d, %s%d\n", j*vb, d.scale, v, 8+j%8, v, j%8)
 	}
 	p("\tADDQ $256, BX\n\tDECQ DX\n\tJNZ %s_loop\n", fn)
 	p("%s_tail:\n", fn)
@@ -306,7 +306,7 @@ func genKR(p printer, d dtype, zmm bool) {
 	p("%s_loop1:\n", fn)
 	// 8 weights; with zmm into the low half of Z20 (EVEX-encoded, which
 	// clears the upper half) so that the Z accumulator is kept whole.
-	r8 := "Y4"
+	r8 := "Y8"
 	if zmm {
 		r8 = "Y20"
 	}
@@ -315,10 +315,13 @@ func genKR(p printer, d dtype, zmm bool) {
 		p("\tVMOVUPS (DI)(BX*%d), Y21\n", d.scale)
 		p("\tVFMADD231PS Z21, Z20, Z0\n")
 	} else {
-		p("\tVFMADD231PS (DI)(BX*%d), Y4, Y0\n", d.scale)
+		p("\tVFMADD231PS (DI)(BX*%d), Y8, Y0\n", d.scale)
 	}
 	p("\tADDQ $%d, BX\n\tDECQ DX\n\tJNZ %s_loop1\n", d.bytes, fn)
 	p("%s_reduce:\n", fn)
+	for i := 0; i < 4; i++ {
+		p("\tVADDPS %[1]s%[2]d, %[1]s%[3]d, %[1]s%[3]d\n", v, i+4, i)
+	}
 	p("\tVADDPS %[1]s1, %[1]s0, %[1]s0\n\tVADDPS %[1]s3, %[1]s2, %[1]s2\n\tVADDPS %[1]s2, %[1]s0, %[1]s0\n", v)
 	if zmm {
 		p("\tVEXTRACTF64X4 $1, Z0, Y1\n\tVADDPS Y1, Y0, Y0\n")

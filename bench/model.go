@@ -11,9 +11,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
+	"kiln/backend/cpu/gemm"
 	"kiln/engine"
 	"kiln/model"
 )
@@ -40,8 +44,13 @@ type ModelResult struct {
 	BytesPerStep float64 `json:"bytes_per_step,omitempty"`
 	// Bandwidth is BytesPerStep × steps per second.
 	Bandwidth float64 `json:"bytes_per_s,omitempty"`
-	// Roofline is Bandwidth over the copy bandwidth of the same run.
+	// Roofline is Bandwidth over the copy bandwidth (read+write traffic),
+	// the median over repetitions of each repetition's ratio to the copy
+	// bandwidth measured right before it.
 	Roofline float64 `json:"roofline_fraction,omitempty"`
+	// ReadFraction is the same against a plain SIMD read pass over a large
+	// buffer (the most a read-only stream reached on this machine).
+	ReadFraction float64 `json:"read_pass_fraction,omitempty"`
 }
 
 // ModelReport is the result of RunModel.
@@ -54,6 +63,7 @@ type ModelReport struct {
 	Backend       string        `json:"backend"`
 	Threads       int           `json:"threads"`
 	CopyBandwidth float64       `json:"copy_bytes_per_s"`
+	ReadBandwidth float64       `json:"read_bytes_per_s"`
 	Date          string        `json:"date"`
 	Results       []ModelResult `json:"results"`
 }
@@ -69,7 +79,8 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 		Schema: "kiln.bench.model/v1", Model: m.Path, Format: m.Format, Params: m.ParamCount(), WeightBytes: m.ParamBytes(),
 		Backend: backendName, Threads: threads, Date: time.Now().UTC().Format(time.RFC3339),
 	}
-	rep.CopyBandwidth = CopyBandwidth(256<<20, 5)
+	mem := newMemProbe(256 << 20)
+	rep.CopyBandwidth, rep.ReadBandwidth = mem.copyRate(5), mem.readRate(5)
 	randomTokens := func(n int) []int {
 		ids := make([]int, n)
 		for i := range ids {
@@ -97,11 +108,10 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 	}
 	if o.GenTokens > 0 {
 		for _, batch := range o.Batches {
-			res, err := benchDecode(e, m, batch, o, randomTokens)
+			res, err := benchDecode(e, m, batch, o, randomTokens, mem)
 			if err != nil {
 				return nil, err
 			}
-			res.Roofline = res.Bandwidth / rep.CopyBandwidth
 			rep.Results = append(rep.Results, res)
 		}
 	}
@@ -110,13 +120,15 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 
 // benchDecode starts batch sequences from one random token each and decodes
 // GenTokens steps of one token per sequence.
-func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int) (ModelResult, error) {
+func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int, mem *memProbe) (ModelResult, error) {
 	res := ModelResult{Test: fmt.Sprintf("tg%d", o.GenTokens), Batch: batch, Tokens: batch * o.GenTokens}
 	spec := e.KVSpec()
 	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * 4)
 	items := make([]engine.Item, batch)
 	toks := make([]int, batch)
+	var roof, read []float64
 	for i := 0; i <= o.Reps; i++ {
+		copyRate, readRate := mem.copyRate(3), mem.readRate(3)
 		seqs := make([]*engine.Sequence, batch)
 		for s := range seqs {
 			seqs[s] = e.NewSequence()
@@ -144,11 +156,16 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		if i == 0 {
 			continue // warm-up
 		}
-		res.Samples = append(res.Samples, float64(batch*o.GenTokens)/el.Seconds())
+		rate := float64(batch*o.GenTokens) / el.Seconds()
+		res.Samples = append(res.Samples, rate)
 		res.BytesPerStep = float64(weightBytesPerStep(m, batch)) + kvBytes/float64(o.GenTokens)
+		bw := res.BytesPerStep * rate / float64(batch)
+		roof = append(roof, bw/copyRate)
+		read = append(read, bw/readRate)
 	}
 	res.TokensPerSec, res.StdDev = meanStd(res.Samples)
 	res.Bandwidth = res.BytesPerStep * res.TokensPerSec / float64(batch)
+	res.Roofline, res.ReadFraction = median(roof), median(read)
 	return res, nil
 }
 
@@ -191,33 +208,70 @@ func meanStd(xs []float64) (float64, float64) {
 	return mean, math.Sqrt(ss / float64(len(xs)-1))
 }
 
-// CopyBandwidth measures memory bandwidth by copying a buffer of n bytes
-// (far larger than the caches) with one goroutine per core, each copying its
-// share: bytes read plus bytes written per second, as STREAM's Copy counts
-// them, the best of reps copies.
-func CopyBandwidth(n int, reps int) float64 {
-	src := make([]byte, n)
-	dst := make([]byte, n)
-	for i := range src {
-		src[i] = byte(i)
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
 	}
-	copy(dst, src) // fault the pages in
-	workers := runtime.GOMAXPROCS(0)
-	chunk := (n + workers - 1) / workers
+	return s[len(s)/2]
+}
+
+// memProbe measures this machine's memory bandwidth over buffers far larger
+// than the caches, with one goroutine per core each taking its share: a copy
+// (bytes read plus bytes written per second, as STREAM's Copy counts them)
+// and a read-only SIMD pass. Each rate is the best of reps passes.
+type memProbe struct {
+	src, dst []byte
+	workers  int
+}
+
+func newMemProbe(n int) *memProbe {
+	p := &memProbe{src: make([]byte, n), dst: make([]byte, n), workers: runtime.GOMAXPROCS(0)}
+	for i := range p.src {
+		p.src[i] = byte(i)
+	}
+	copy(p.dst, p.src) // fault the pages in
+	return p
+}
+
+// parallel runs f on each worker's share of [0, n) and returns the seconds.
+func (p *memProbe) parallel(f func(lo, hi int)) float64 {
+	n := len(p.src)
+	chunk := (n/p.workers + 63) / 64 * 64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < p.workers; w++ {
+		lo, hi := min(w*chunk, n), min((w+1)*chunk, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(lo, hi)
+		}()
+	}
+	wg.Wait()
+	return time.Since(start).Seconds()
+}
+
+func (p *memProbe) copyRate(reps int) float64 {
 	best := 0.0
 	for i := 0; i < reps; i++ {
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < workers; w++ {
-			lo, hi := w*chunk, min((w+1)*chunk, n)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				copy(dst[lo:hi], src[lo:hi])
-			}()
-		}
-		wg.Wait()
-		best = math.Max(best, 2*float64(n)/time.Since(start).Seconds())
+		best = math.Max(best, 2*float64(len(p.src))/p.parallel(func(lo, hi int) { copy(p.dst[lo:hi], p.src[lo:hi]) }))
 	}
 	return best
 }
+
+func (p *memProbe) readRate(reps int) float64 {
+	floats := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(p.src))), len(p.src)/4)
+	best := 0.0
+	for i := 0; i < reps; i++ {
+		secs := p.parallel(func(lo, hi int) {
+			part := floats[lo/4 : hi/4]
+			sink.Store(math.Float32bits(gemm.Dot(part, part))) // each line is read once
+		})
+		best = math.Max(best, float64(len(p.src))/secs)
+	}
+	return best
+}
+
+var sink atomic.Uint32

@@ -224,6 +224,11 @@ func (e *Engine) Step(items []Item) ([]float32, error) {
 		if len(it.Tokens) == 0 {
 			return nil, fmt.Errorf("item %d has no tokens", i)
 		}
+		for _, prev := range items[:i] {
+			if prev.Seq == it.Seq {
+				return nil, fmt.Errorf("item %d repeats a sequence of the step", i)
+			}
+		}
 		if err := e.grow(it.Seq, it.Seq.len+len(it.Tokens)); err != nil {
 			return nil, err
 		}

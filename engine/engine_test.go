@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -135,6 +136,9 @@ func TestBatchedEqualsSequential(t *testing.T) {
 	}
 	if maxErr > 1e-4 {
 		t.Errorf("batched logits differ from sequential by %g > 1e-4", maxErr)
+	}
+	if _, err := e.Step([]engine.Item{items[1], {Seq: items[1].Seq, Tokens: []int{2}}}); err == nil || !strings.Contains(err.Error(), "repeats a sequence") {
+		t.Errorf("a step naming one sequence twice: %v", err)
 	}
 	e.Free(items[0].Seq)
 	if _, err := e.Step(items[:1]); err == nil {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 
 	"kiln/compile"
-	"kiln/ir"
 )
 
 // Backend is an execution target.
@@ -108,14 +107,4 @@ func (b *Batch) Validate(spec KVSpec) error {
 		}
 	}
 	return nil
-}
-
-// Supports reports whether ops contains op: a helper for Target.Supports.
-func Supports(ops []ir.Op, op ir.Op) bool {
-	for _, o := range ops {
-		if o == op {
-			return true
-		}
-	}
-	return false
 }

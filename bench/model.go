@@ -146,7 +146,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 				return res, err
 			}
 			for s := range toks {
-				toks[s] = argmax(logits[s*e.Vocab() : (s+1)*e.Vocab()])
+				toks[s] = engine.Argmax(logits[s*e.Vocab() : (s+1)*e.Vocab()])
 			}
 		}
 		el := time.Since(start)
@@ -180,16 +180,6 @@ func weightBytesPerStep(m *model.Model, batch int) int64 {
 		}
 	}
 	return n
-}
-
-func argmax(l []float32) int {
-	best := 0
-	for i, v := range l {
-		if v > l[best] {
-			best = i
-		}
-	}
-	return best
 }
 
 func meanStd(xs []float64) (float64, float64) {

@@ -1,6 +1,9 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Finish reasons, as in the OpenAI API.
 const (
@@ -39,7 +42,7 @@ func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool
 	var tok [1]int
 	for {
 		id := sampler.Sample(logits)
-		if !p.IgnoreStop && isStop(id, p.StopTokens) {
+		if !p.IgnoreStop && slices.Contains(p.StopTokens, id) {
 			res.FinishReason = FinishStop
 			return res, nil
 		}
@@ -59,13 +62,4 @@ func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool
 			return res, err
 		}
 	}
-}
-
-func isStop(id int, stops []int) bool {
-	for _, s := range stops {
-		if s == id {
-			return true
-		}
-	}
-	return false
 }

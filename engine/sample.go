@@ -102,7 +102,7 @@ func (s *Sampler) Sample(row []float32) int {
 	copy(l, row)
 	s.penalize(l)
 	if s.p.Temperature == 0 {
-		return argmax(l)
+		return Argmax(l)
 	}
 	inv := float32(1 / s.p.Temperature)
 	c := s.cands[:0]
@@ -198,8 +198,8 @@ func (s *Sampler) penalize(l []float32) {
 	}
 }
 
-// argmax returns the first index of the largest value (NaN never wins).
-func argmax(l []float32) int {
+// Argmax returns the first index of the largest value (NaN never wins).
+func Argmax(l []float32) int {
 	best := 0
 	for i, v := range l {
 		if v > l[best] || (l[best] != l[best] && v == v) {

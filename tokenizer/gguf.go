@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -223,7 +224,7 @@ func fromGGUF(md map[string]any) (*Tokenizer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ok && !containsInt(t.eos, id) {
+		if ok && !slices.Contains(t.eos, id) {
 			t.eos = append(t.eos, id)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -650,22 +651,13 @@ func (t *Tokenizer) applyConfig(fsys fs.FS) error {
 				_ = json.Unmarshal(g.EOS, &many)
 			}
 			for _, id := range many {
-				if id >= 0 && id < len(t.pieces) && !containsInt(t.eos, id) {
+				if id >= 0 && id < len(t.pieces) && !slices.Contains(t.eos, id) {
 					t.eos = append(t.eos, id)
 				}
 			}
 		}
 	}
 	return nil
-}
-
-func containsInt(l []int, v int) bool {
-	for _, x := range l {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // tokenString reads a token given as "text" or {"content": "text"}.

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -28,7 +29,7 @@ func cmdInspect(args []string) error {
 	if len(pos) != 1 {
 		return fmt.Errorf("want one MODEL argument, got %d", len(pos))
 	}
-	if *after != "" && *after != "all" && *after != "input" && !contains2(compile.PassNames(), *after) {
+	if *after != "" && *after != "all" && *after != "input" && !slices.Contains(compile.PassNames(), *after) {
 		return fmt.Errorf("--after: unknown pass %q (passes: input, %s)", *after, strings.Join(compile.PassNames(), ", "))
 	}
 	m, err := openModel(pos[0])
@@ -156,13 +157,4 @@ func groupDigits(n int64) string {
 		b.WriteRune(c)
 	}
 	return b.String()
-}
-
-func contains2(l []string, v string) bool {
-	for _, x := range l {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

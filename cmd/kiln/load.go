@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"kiln/backend/cpu"
@@ -100,19 +101,10 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 	stops := append([]int(nil), m.Config.EOS...)
 	if tok != nil {
 		for _, id := range tok.EOS() {
-			if !contains(stops, id) {
+			if !slices.Contains(stops, id) {
 				stops = append(stops, id)
 			}
 		}
 	}
 	return stops
-}
-
-func contains(l []int, v int) bool {
-	for _, x := range l {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

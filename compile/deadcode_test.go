@@ -9,27 +9,27 @@ import (
 
 func TestDeadcode(t *testing.T) {
 	b := newBuilder(t)
-	pos := b.op(ir.Positions, ir.Attrs{}) // read only by the dead rope and the fused write
-	table := b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 8, HeadDim: 4}})
+	pos := b.Op(ir.Positions, ir.Attrs{}) // read only by the dead rope and the fused write
+	table := b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 8, HeadDim: 4}})
 	x := b.act(8)
 	live := []*ir.Node{}
-	for _, n := range b.g.Nodes {
+	for _, n := range b.G.Nodes {
 		if n.Op != ir.Positions && n.Op != ir.RopeTable {
 			live = append(live, n)
 		}
 	}
 	unusedW := b.weight("unused", 0, 4, 8)
-	deadMM := b.node(ir.MatMul, ir.Attrs{}, x, unusedW)
-	deadChain := b.node(ir.SiLU, ir.Attrs{}, deadMM.Out())
-	deadRope := b.node(ir.RoPE, ir.Attrs{Heads: 2, HeadDim: 4}, x, pos, table)
+	deadMM := b.Node(ir.MatMul, ir.Attrs{}, x, unusedW)
+	deadChain := b.Node(ir.SiLU, ir.Attrs{}, deadMM.Out())
+	deadRope := b.Node(ir.RoPE, ir.Attrs{Heads: 2, HeadDim: 4}, x, pos, table)
 
 	// A cache write whose state nothing reads, with its own producers.
 	kw := b.weight("kw", 0, 4, 8)
-	k := b.node(ir.MatMul, ir.Attrs{}, x, kw)
-	write := b.node(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, k.Out(), k.Out())
+	k := b.Node(ir.MatMul, ir.Attrs{}, x, kw)
+	write := b.Node(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, k.Out(), k.Out())
 	// A fused write likewise.
-	fused := b.node(ir.RoPEKVWrite, ir.Attrs{Layer: 1, KVHeads: 1, HeadDim: 4}, k.Out(), k.Out(), pos, table)
-	sel := b.node(ir.SelectRows, ir.Attrs{}, x)
+	fused := b.Node(ir.RoPEKVWrite, ir.Attrs{Layer: 1, KVHeads: 1, HeadDim: 4}, k.Out(), k.Out(), pos, table)
+	sel := b.Node(ir.SelectRows, ir.Attrs{}, x)
 	g := b.outputs(sel.Out())
 
 	live = append(live, pos.Def, table.Def, kw.Def, k, write, fused, sel)
@@ -76,7 +76,7 @@ func TestDeadcodeMultiOutput(t *testing.T) {
 	// A node stays when any of its outputs is live.
 	b := newBuilder(t)
 	x := b.act(12)
-	split := b.node(ir.Split, ir.Attrs{Sizes: []int{4, 8}}, x)
+	split := b.Node(ir.Split, ir.Attrs{Sizes: []int{4, 8}}, x)
 	g := b.outputs(split.Outputs[1])
 	run(t, g, "deadcode", deadcode, everything)
 	if !inGraph(g, split) {

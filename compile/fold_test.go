@@ -51,10 +51,10 @@ func llama3Freqs(theta float64, d int, factor, low, high float64, orig int) []fl
 func foldTable(t *testing.T, r ir.RopeParams) []float32 {
 	t.Helper()
 	b := newBuilder(t)
-	pos := b.op(ir.Positions, ir.Attrs{})
-	tableNode := b.node(ir.RopeTable, ir.Attrs{Rope: r})
+	pos := b.Op(ir.Positions, ir.Attrs{})
+	tableNode := b.Node(ir.RopeTable, ir.Attrs{Rope: r})
 	x := b.act(r.HeadDim)
-	rope := b.node(ir.RoPE, ir.Attrs{Heads: 1, HeadDim: r.HeadDim}, x, pos, tableNode.Out())
+	rope := b.Node(ir.RoPE, ir.Attrs{Heads: 1, HeadDim: r.HeadDim}, x, pos, tableNode.Out())
 	g := b.outputs(rope.Out())
 	at := indexOf(g, tableNode)
 	run(t, g, "fold-constants", foldConstants, everything)
@@ -220,9 +220,9 @@ func TestFoldConcatRows(t *testing.T) {
 			ts := []*tensor.Tensor{raw("model.a.weight", d, 2, 64, 0), raw("b", d, 3, 64, 100), raw("c", d, 1, 64, 200)}
 			var ws []*ir.Value
 			for _, tt := range ts {
-				ws = append(ws, b.op(ir.Weight, ir.Attrs{Name: tt.Name, Tensor: tt}))
+				ws = append(ws, b.Op(ir.Weight, ir.Attrs{Name: tt.Name, Tensor: tt}))
 			}
-			cat := b.node(ir.ConcatRows, ir.Attrs{}, ws...)
+			cat := b.Node(ir.ConcatRows, ir.Attrs{}, ws...)
 			// (matmul takes float weights only: read the stack as an output)
 			g := b.outputs(cat.Out())
 			at := indexOf(g, cat)
@@ -255,10 +255,10 @@ func TestFoldChained(t *testing.T) {
 	b := newBuilder(t)
 	r1 := ir.RopeParams{Theta: 10000, MaxPositions: 4, HeadDim: 8}
 	r2 := ir.RopeParams{Theta: 500, MaxPositions: 2, HeadDim: 8}
-	t1 := b.op(ir.RopeTable, ir.Attrs{Rope: r1})
-	t2 := b.op(ir.RopeTable, ir.Attrs{Rope: r2})
-	cat := b.op(ir.ConcatRows, ir.Attrs{}, t1, t2)
-	y := b.op(ir.MatMul, ir.Attrs{}, b.act(8), cat)
+	t1 := b.Op(ir.RopeTable, ir.Attrs{Rope: r1})
+	t2 := b.Op(ir.RopeTable, ir.Attrs{Rope: r2})
+	cat := b.Op(ir.ConcatRows, ir.Attrs{}, t1, t2)
+	y := b.Op(ir.MatMul, ir.Attrs{}, b.act(8), cat)
 	g := b.outputs(y)
 	run(t, g, "fold-constants", foldConstants, everything)
 	n := countOps(g)
@@ -279,9 +279,9 @@ func TestFoldChained(t *testing.T) {
 
 func TestConcatRowsOfNonConstant(t *testing.T) {
 	b := newBuilder(t)
-	t1 := b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 4, HeadDim: 8}})
+	t1 := b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 4, HeadDim: 8}})
 	w := b.weight("w", 0, 2, 8)
-	cat := b.node(ir.ConcatRows, ir.Attrs{}, w, t1)
+	cat := b.Node(ir.ConcatRows, ir.Attrs{}, w, t1)
 	_, err := concatRows(cat)
 	wantErr(t, err, "not a constant")
 }

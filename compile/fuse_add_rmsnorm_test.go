@@ -22,49 +22,49 @@ func TestFuseAddRMSNorm(t *testing.T) {
 	}{
 		{"residual block", everything, func(b *builder, gr *graph) []*ir.Value {
 			gr.w = b.weight("w", 1, 8)
-			gr.sum = b.op(ir.Add, ir.Attrs{}, gr.x, gr.r)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
-			h := b.op(ir.MatMul, ir.Attrs{}, gr.norm, b.weight("p", 0, 8, 8))
-			next := b.node(ir.Add, ir.Attrs{}, gr.sum, h)
+			gr.sum = b.Op(ir.Add, ir.Attrs{}, gr.x, gr.r)
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
+			h := b.Op(ir.MatMul, ir.Attrs{}, gr.norm, b.weight("p", 0, 8, 8))
+			next := b.Node(ir.Add, ir.Attrs{}, gr.sum, h)
 			gr.sumReaders = []*ir.Node{next}
 			return []*ir.Value{next.Out()}
 		}, true, false},
 		{"norm weight defined after the add", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.sum = b.op(ir.Add, ir.Attrs{}, gr.x, gr.r)
+			gr.sum = b.Op(ir.Add, ir.Attrs{}, gr.x, gr.r)
 			gr.w = b.weight("w", 1, 8)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
-			next := b.node(ir.Add, ir.Attrs{}, gr.sum, gr.norm)
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
+			next := b.Node(ir.Add, ir.Attrs{}, gr.sum, gr.norm)
 			gr.sumReaders = []*ir.Node{next}
 			return []*ir.Value{next.Out()}
 		}, true, true},
 		{"sum read between add and late-defined weight", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.sum = b.op(ir.Add, ir.Attrs{}, gr.x, gr.r)
-			early := b.node(ir.SiLU, ir.Attrs{}, gr.sum)
+			gr.sum = b.Op(ir.Add, ir.Attrs{}, gr.x, gr.r)
+			early := b.Node(ir.SiLU, ir.Attrs{}, gr.sum)
 			gr.w = b.weight("w", 1, 8)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
-			return []*ir.Value{b.op(ir.Add, ir.Attrs{}, early.Out(), gr.norm)}
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
+			return []*ir.Value{b.Op(ir.Add, ir.Attrs{}, early.Out(), gr.norm)}
 		}, false, false},
 		{"sum is a graph output", everything, func(b *builder, gr *graph) []*ir.Value {
 			gr.w = b.weight("w", 1, 8)
-			gr.sum = b.op(ir.Add, ir.Attrs{}, gr.x, gr.r)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
+			gr.sum = b.Op(ir.Add, ir.Attrs{}, gr.x, gr.r)
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
 			return []*ir.Value{gr.norm, gr.sum}
 		}, true, false},
 		{"target lacks add_rmsnorm", targetWithout(ir.AddRMSNorm), func(b *builder, gr *graph) []*ir.Value {
 			gr.w = b.weight("w", 1, 8)
-			gr.sum = b.op(ir.Add, ir.Attrs{}, gr.x, gr.r)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
+			gr.sum = b.Op(ir.Add, ir.Attrs{}, gr.x, gr.r)
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, gr.sum, gr.w)
 			return []*ir.Value{gr.norm}
 		}, false, false},
 		{"norm of a non-add", everything, func(b *builder, gr *graph) []*ir.Value {
 			gr.w = b.weight("w", 1, 8)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, b.op(ir.Mul, ir.Attrs{}, gr.x, gr.r), gr.w)
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, b.Op(ir.Mul, ir.Attrs{}, gr.x, gr.r), gr.w)
 			return []*ir.Value{gr.norm}
 		}, false, false},
 		{"norm of selected rows of an add", everything, func(b *builder, gr *graph) []*ir.Value {
 			gr.w = b.weight("w", 1, 8)
-			gr.sum = b.op(ir.Add, ir.Attrs{}, gr.x, gr.r)
-			gr.norm = b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, b.op(ir.SelectRows, ir.Attrs{}, gr.sum), gr.w)
+			gr.sum = b.Op(ir.Add, ir.Attrs{}, gr.x, gr.r)
+			gr.norm = b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-6}, b.Op(ir.SelectRows, ir.Attrs{}, gr.sum), gr.w)
 			return []*ir.Value{gr.norm}
 		}, false, false},
 	} {
@@ -130,9 +130,9 @@ func TestFuseAddRMSNormTwoNorms(t *testing.T) {
 	b := newBuilder(t)
 	x, r := b.act(8), b.act(8)
 	w1, w2 := b.weight("w1", 1, 8), b.weight("w2", 2, 8)
-	sum := b.op(ir.Add, ir.Attrs{}, x, r)
-	n1 := b.op(ir.RMSNorm, ir.Attrs{Eps: 1e-5}, sum, w1)
-	n2 := b.node(ir.RMSNorm, ir.Attrs{Eps: 1e-5}, sum, w2)
+	sum := b.Op(ir.Add, ir.Attrs{}, x, r)
+	n1 := b.Op(ir.RMSNorm, ir.Attrs{Eps: 1e-5}, sum, w1)
+	n2 := b.Node(ir.RMSNorm, ir.Attrs{Eps: 1e-5}, sum, w2)
 	g := b.outputs(n1, n2.Out())
 	run(t, g, "fuse-add-rmsnorm", fuseAddRMSNorm, everything)
 	f := only(t, g, ir.AddRMSNorm)

@@ -24,11 +24,11 @@ func projections(t *testing.T, bias [3]bool) *projGraph {
 	rows := [3]int{8, 4, 4}
 	for i := range 3 {
 		p.w[i] = b.weight("w"+string(rune('q'+i)), float32(100*i), rows[i], 8)
-		p.mm[i] = b.op(ir.MatMul, ir.Attrs{}, p.x, p.w[i])
+		p.mm[i] = b.Op(ir.MatMul, ir.Attrs{}, p.x, p.w[i])
 		p.outs[i] = p.mm[i]
 		if bias[i] {
 			p.bias[i] = b.weight("b"+string(rune('q'+i)), float32(1000*(i+1)), rows[i])
-			p.outs[i] = b.op(ir.AddBias, ir.Attrs{}, p.mm[i], p.bias[i])
+			p.outs[i] = b.Op(ir.AddBias, ir.Attrs{}, p.mm[i], p.bias[i])
 		}
 	}
 	p.g = b.outputs(p.outs[:]...)
@@ -167,32 +167,32 @@ func TestFuseQKVDoesNotFire(t *testing.T) {
 	}{
 		{"target lacks split", targetWithout(ir.Split), func(b *builder, x *ir.Value) []*ir.Value {
 			return []*ir.Value{
-				b.op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
-				b.op(ir.MatMul, ir.Attrs{}, x, b.weight("b", 0, 4, 8)),
+				b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
+				b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("b", 0, 4, 8)),
 			}
 		}},
 		{"single projection", everything, func(b *builder, x *ir.Value) []*ir.Value {
-			return []*ir.Value{b.op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8))}
+			return []*ir.Value{b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8))}
 		}},
 		{"projections of different inputs", everything, func(b *builder, x *ir.Value) []*ir.Value {
 			y := b.act(8)
 			return []*ir.Value{
-				b.op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
-				b.op(ir.MatMul, ir.Attrs{}, y, b.weight("b", 0, 4, 8)),
+				b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
+				b.Op(ir.MatMul, ir.Attrs{}, y, b.weight("b", 0, 4, 8)),
 			}
 		}},
 		{"second factor not constant", everything, func(b *builder, x *ir.Value) []*ir.Value {
-			table := b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 4, HeadDim: 8}})
+			table := b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 4, HeadDim: 8}})
 			return []*ir.Value{
-				b.op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
-				b.op(ir.MatMul, ir.Attrs{}, x, table),
+				b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
+				b.Op(ir.MatMul, ir.Attrs{}, x, table),
 			}
 		}},
 		{"weights of different dtypes", everything, func(b *builder, x *ir.Value) []*ir.Value {
 			h := &tensor.Tensor{Name: "h", DType: tensor.F16, Shape: tensor.Shape{4, 8}, Data: make([]byte, 4*8*2)}
 			return []*ir.Value{
-				b.op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
-				b.op(ir.MatMul, ir.Attrs{}, x, b.op(ir.Weight, ir.Attrs{Name: "h", Tensor: h})),
+				b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("a", 0, 4, 8)),
+				b.Op(ir.MatMul, ir.Attrs{}, x, b.Op(ir.Weight, ir.Attrs{Name: "h", Tensor: h})),
 			}
 		}},
 	} {
@@ -214,10 +214,10 @@ func TestFuseQKVDoesNotFire(t *testing.T) {
 func TestFuseQKVMixedDTypes(t *testing.T) {
 	b := newBuilder(t)
 	x := b.act(8)
-	q := b.op(ir.MatMul, ir.Attrs{}, x, b.weight("q", 0, 8, 8))
+	q := b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("q", 0, 8, 8))
 	h := &tensor.Tensor{Name: "k", DType: tensor.F16, Shape: tensor.Shape{4, 8}, Data: make([]byte, 4*8*2)}
-	kmm := b.node(ir.MatMul, ir.Attrs{}, x, b.op(ir.Weight, ir.Attrs{Name: "k", Tensor: h}))
-	v := b.op(ir.MatMul, ir.Attrs{}, x, b.weight("v", 0, 4, 8))
+	kmm := b.Node(ir.MatMul, ir.Attrs{}, x, b.Op(ir.Weight, ir.Attrs{Name: "k", Tensor: h}))
+	v := b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("v", 0, 4, 8))
 	g := b.outputs(q, kmm.Out(), v)
 	run(t, g, "fuse-qkv", fuseQKV, everything)
 	split := only(t, g, ir.Split)
@@ -236,11 +236,11 @@ func TestFuseQKVBiasWithOtherReader(t *testing.T) {
 	var outs []*ir.Value
 	var mms []*ir.Value
 	for i := range 2 {
-		mm := b.op(ir.MatMul, ir.Attrs{}, x, b.weight("w", float32(i), 4, 8))
+		mm := b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("w", float32(i), 4, 8))
 		mms = append(mms, mm)
-		outs = append(outs, b.op(ir.AddBias, ir.Attrs{}, mm, b.weight("b", 0, 4)))
+		outs = append(outs, b.Op(ir.AddBias, ir.Attrs{}, mm, b.weight("b", 0, 4)))
 	}
-	outs = append(outs, b.op(ir.SiLU, ir.Attrs{}, mms[0]))
+	outs = append(outs, b.Op(ir.SiLU, ir.Attrs{}, mms[0]))
 	g := b.outputs(outs...)
 	run(t, g, "fuse-qkv", fuseQKV, everything)
 	if n := countOps(g)[ir.ConcatRows]; n != 1 {
@@ -291,8 +291,8 @@ func TestHoistSources(t *testing.T) {
 	b := newBuilder(t)
 	x := b.act(8)               // weight, tokens, embed
 	w := b.weight("w", 0, 4, 8) // weight
-	y := b.op(ir.MatMul, ir.Attrs{}, x, w)
-	pos := b.op(ir.Positions, ir.Attrs{})
+	y := b.Op(ir.MatMul, ir.Attrs{}, x, w)
+	pos := b.Op(ir.Positions, ir.Attrs{})
 	g := b.outputs(y, pos)
 	orig := slices.Clone(g.Nodes)
 	hoistSources(g)

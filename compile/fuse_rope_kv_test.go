@@ -23,7 +23,7 @@ func TestFuseRoPEKVWrite(t *testing.T) {
 		{"interleaved rope", everything, true, nil, true},
 		{"target lacks rope_kv_write", targetWithout(ir.RoPEKVWrite), false, nil, false},
 		{"rotated keys read elsewhere", everything, false, func(b *builder, gr *graph) []*ir.Value {
-			return []*ir.Value{b.op(ir.SelectRows, ir.Attrs{}, gr.rope.Out())}
+			return []*ir.Value{b.Op(ir.SelectRows, ir.Attrs{}, gr.rope.Out())}
 		}, false},
 		{"rotated keys are a graph output", everything, false, func(b *builder, gr *graph) []*ir.Value {
 			return []*ir.Value{gr.rope.Out()}
@@ -36,11 +36,11 @@ func TestFuseRoPEKVWrite(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBuilder(t)
 			gr := &graph{}
-			gr.pos = b.op(ir.Positions, ir.Attrs{})
-			gr.table = b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 16, HeadDim: 4}})
+			gr.pos = b.Op(ir.Positions, ir.Attrs{})
+			gr.table = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 16, HeadDim: 4}})
 			gr.k, gr.v = b.act(4), b.act(4)
-			q := b.op(ir.RoPE, ir.Attrs{Heads: 2, HeadDim: 4, Interleaved: tc.interleaved}, b.act(8), gr.pos, gr.table)
-			gr.rope = b.node(ir.RoPE, ir.Attrs{Heads: 1, HeadDim: 4, Interleaved: tc.interleaved}, gr.k, gr.pos, gr.table)
+			q := b.Op(ir.RoPE, ir.Attrs{Heads: 2, HeadDim: 4, Interleaved: tc.interleaved}, b.act(8), gr.pos, gr.table)
+			gr.rope = b.Node(ir.RoPE, ir.Attrs{Heads: 1, HeadDim: 4, Interleaved: tc.interleaved}, gr.k, gr.pos, gr.table)
 			var extra []*ir.Value
 			if tc.build != nil {
 				extra = tc.build(b, gr)
@@ -49,8 +49,8 @@ func TestFuseRoPEKVWrite(t *testing.T) {
 			if gr.rope != nil {
 				keys = gr.rope.Out()
 			}
-			gr.write = b.node(ir.KVWrite, kvAttrs, keys, gr.v)
-			gr.att = b.node(ir.Attention, ir.Attrs{Layer: 3, Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 0.5}, q, gr.write.Out())
+			gr.write = b.Node(ir.KVWrite, kvAttrs, keys, gr.v)
+			gr.att = b.Node(ir.Attention, ir.Attrs{Layer: 3, Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 0.5}, q, gr.write.Out())
 			g := b.outputs(append([]*ir.Value{gr.att.Out()}, extra...)...)
 			before := g.String()
 			writeAt := indexOf(g, gr.write)
@@ -92,11 +92,11 @@ func TestFuseRoPEKVWrite(t *testing.T) {
 // leave such a graph alone rather than fail.
 func TestFuseRoPEKVWriteHeadMismatch(t *testing.T) {
 	b := newBuilder(t)
-	pos := b.op(ir.Positions, ir.Attrs{})
-	table := b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 16, HeadDim: 4}})
-	k := b.op(ir.RoPE, ir.Attrs{Heads: 2, HeadDim: 4}, b.act(8), pos, table)
-	w := b.op(ir.KVWrite, ir.Attrs{KVHeads: 1, HeadDim: 8}, k, b.act(8))
-	att := b.op(ir.Attention, ir.Attrs{Heads: 1, KVHeads: 1, HeadDim: 8, Scale: 1}, b.act(8), w)
+	pos := b.Op(ir.Positions, ir.Attrs{})
+	table := b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 16, HeadDim: 4}})
+	k := b.Op(ir.RoPE, ir.Attrs{Heads: 2, HeadDim: 4}, b.act(8), pos, table)
+	w := b.Op(ir.KVWrite, ir.Attrs{KVHeads: 1, HeadDim: 8}, k, b.act(8))
+	att := b.Op(ir.Attention, ir.Attrs{Heads: 1, KVHeads: 1, HeadDim: 8, Scale: 1}, b.act(8), w)
 	g := b.outputs(att)
 	before := g.String()
 	run(t, g, "fuse-rope-kv-write", fuseRoPEKVWrite, everything)

@@ -16,8 +16,8 @@ func TestFuseSwiGLU(t *testing.T) {
 		b := newBuilder(t)
 		x := b.act(8)
 		gr := &graph{}
-		gr.gate = b.op(ir.MatMul, ir.Attrs{}, x, b.weight("gate", 0, 12, 8))
-		gr.up = b.op(ir.MatMul, ir.Attrs{}, x, b.weight("up", 0, 12, 8))
+		gr.gate = b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("gate", 0, 12, 8))
+		gr.up = b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("up", 0, 12, 8))
 		outs := build(b, gr)
 		gr.g = b.outputs(outs...)
 		return gr
@@ -29,47 +29,47 @@ func TestFuseSwiGLU(t *testing.T) {
 		fires  bool
 	}{
 		{"mul(silu(gate), up)", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
-			return []*ir.Value{b.op(ir.SelectRows, ir.Attrs{}, gr.mul)}
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
+			return []*ir.Value{b.Op(ir.SelectRows, ir.Attrs{}, gr.mul)}
 		}, true},
 		{"mul(up, silu(gate))", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.up, gr.silu)
-			return []*ir.Value{b.op(ir.SelectRows, ir.Attrs{}, gr.mul)}
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.up, gr.silu)
+			return []*ir.Value{b.Op(ir.SelectRows, ir.Attrs{}, gr.mul)}
 		}, true},
 		{"product is a graph output", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
 			return []*ir.Value{gr.mul}
 		}, true},
 		{"target lacks swiglu", targetWithout(ir.SwiGLU), func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
 			return []*ir.Value{gr.mul}
 		}, false},
 		{"silu used twice", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
-			return []*ir.Value{b.op(ir.Add, ir.Attrs{}, gr.mul, gr.silu)}
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
+			return []*ir.Value{b.Op(ir.Add, ir.Attrs{}, gr.mul, gr.silu)}
 		}, false},
 		{"silu is a graph output", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.silu, gr.up)
 			return []*ir.Value{gr.mul, gr.silu}
 		}, false},
 		{"square of one silu", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.silu, gr.silu)
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.silu, gr.silu)
 			return []*ir.Value{gr.mul}
 		}, false},
 		{"mul without silu", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.mul = b.op(ir.Mul, ir.Attrs{}, gr.gate, gr.up)
+			gr.mul = b.Op(ir.Mul, ir.Attrs{}, gr.gate, gr.up)
 			return []*ir.Value{gr.mul}
 		}, false},
 		{"silu without mul", everything, func(b *builder, gr *graph) []*ir.Value {
-			gr.silu = b.op(ir.SiLU, ir.Attrs{}, gr.gate)
-			return []*ir.Value{b.op(ir.Add, ir.Attrs{}, gr.silu, gr.up)}
+			gr.silu = b.Op(ir.SiLU, ir.Attrs{}, gr.gate)
+			return []*ir.Value{b.Op(ir.Add, ir.Attrs{}, gr.silu, gr.up)}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -46,47 +46,30 @@ func seq(name string, start float32, shape ...int) *tensor.Tensor {
 }
 
 // builder adds nodes to a graph, failing the test on errors.
-type builder struct {
-	t testing.TB
-	g *ir.Graph
-}
+type builder struct{ *testmodel.Builder }
 
-func newBuilder(t testing.TB) *builder { return &builder{t: t, g: &ir.Graph{}} }
-
-func (b *builder) node(op ir.Op, a ir.Attrs, in ...*ir.Value) *ir.Node {
-	b.t.Helper()
-	n, err := b.g.Add(op, a, in...)
-	if err != nil {
-		b.t.Fatalf("Add(%v): %v", op, err)
-	}
-	return n
-}
-
-func (b *builder) op(op ir.Op, a ir.Attrs, in ...*ir.Value) *ir.Value {
-	b.t.Helper()
-	return b.node(op, a, in...).Out()
-}
+func newBuilder(t testing.TB) *builder { return &builder{testmodel.NewBuilder(t)} }
 
 // weight adds an F32 weight filled with start, start+1, ...
 func (b *builder) weight(name string, start float32, shape ...int) *ir.Value {
-	b.t.Helper()
-	return b.op(ir.Weight, ir.Attrs{Name: name, Tensor: seq(name, start, shape...)})
+	b.T.Helper()
+	return b.Op(ir.Weight, ir.Attrs{Name: name, Tensor: seq(name, start, shape...)})
 }
 
 // act returns an f32[T,d] activation (an embedding lookup).
 func (b *builder) act(d int) *ir.Value {
-	b.t.Helper()
-	return b.op(ir.Embed, ir.Attrs{}, b.weight(fmt.Sprintf("emb%d_%d", d, len(b.g.Nodes)), 0, 16, d), b.op(ir.Tokens, ir.Attrs{}))
+	b.T.Helper()
+	return b.Op(ir.Embed, ir.Attrs{}, b.weight(fmt.Sprintf("emb%d_%d", d, len(b.G.Nodes)), 0, 16, d), b.Op(ir.Tokens, ir.Attrs{}))
 }
 
 func (b *builder) outputs(vs ...*ir.Value) *ir.Graph {
 	vs = append([]*ir.Value(nil), vs...) // passes rewrite g.Outputs in place
-	b.t.Helper()
-	b.g.Outputs = vs
-	if err := b.g.Verify(); err != nil {
-		b.t.Fatalf("test graph does not verify: %v\n%v", err, b.g)
+	b.T.Helper()
+	b.G.Outputs = vs
+	if err := b.G.Verify(); err != nil {
+		b.T.Fatalf("test graph does not verify: %v\n%v", err, b.G)
 	}
-	return b.g
+	return b.G
 }
 
 // run applies a pass and checks that the graph still verifies.

@@ -180,9 +180,9 @@ func TestPlanCachedAndBadBuckets(t *testing.T) {
 func TestPlanUnreadAndOutputs(t *testing.T) {
 	b := newBuilder(t)
 	x := b.act(16)
-	split := b.node(ir.Split, ir.Attrs{Sizes: []int{8, 8}}, x) // second half unread
-	y := b.op(ir.SiLU, ir.Attrs{}, split.Outputs[0])
-	z := b.op(ir.SiLU, ir.Attrs{}, y)
+	split := b.Node(ir.Split, ir.Attrs{Sizes: []int{8, 8}}, x) // second half unread
+	y := b.Op(ir.SiLU, ir.Attrs{}, split.Outputs[0])
+	z := b.Op(ir.SiLU, ir.Attrs{}, y)
 	g := b.outputs(y, z)
 	p, err := planMemory(g, Bucket{Tokens: 4, Rows: 1})
 	if err != nil {
@@ -260,25 +260,25 @@ func TestPlanRandomGraphs(t *testing.T) {
 			var out []*ir.Value
 			switch r.IntN(6) {
 			case 0:
-				out = []*ir.Value{b.op(ir.SiLU, ir.Attrs{}, x)}
+				out = []*ir.Value{b.Op(ir.SiLU, ir.Attrs{}, x)}
 			case 1, 2:
 				if y := pick(func(v *ir.Value) bool { return v.Shape.Equal(x.Shape) }); y != nil {
 					op := ir.Add
 					if r.IntN(2) == 0 {
 						op = ir.Mul
 					}
-					out = []*ir.Value{b.op(op, ir.Attrs{}, x, y)}
+					out = []*ir.Value{b.Op(op, ir.Attrs{}, x, y)}
 				}
 			case 3:
 				n := widths[r.IntN(len(widths))]
-				out = []*ir.Value{b.op(ir.MatMul, ir.Attrs{}, x, b.weight("w", 0, n, x.Shape.Last()))}
+				out = []*ir.Value{b.Op(ir.MatMul, ir.Attrs{}, x, b.weight("w", 0, n, x.Shape.Last()))}
 			case 4:
 				if d := x.Shape.Last(); d >= 8 {
-					out = b.node(ir.Split, ir.Attrs{Sizes: []int{4, d - 4}}, x).Outputs
+					out = b.Node(ir.Split, ir.Attrs{Sizes: []int{4, d - 4}}, x).Outputs
 				}
 			case 5:
 				if x.Shape[0] == ir.TokenDim {
-					out = []*ir.Value{b.op(ir.SelectRows, ir.Attrs{}, x)}
+					out = []*ir.Value{b.Op(ir.SelectRows, ir.Attrs{}, x)}
 				}
 			}
 			pool = append(pool, out...)

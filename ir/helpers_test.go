@@ -10,11 +10,7 @@ import (
 	"kiln/tensor"
 )
 
-// zeros returns a zero-filled F32 tensor.
-func zeros(name string, shape ...int) *tensor.Tensor {
-	s := tensor.Shape(shape)
-	return &tensor.Tensor{Name: name, DType: tensor.F32, Shape: s, Data: make([]byte, 4*s.Elements())}
-}
+var zeros = testmodel.ZeroTensor
 
 // tinyLlama is a 2-layer Llama with zero-filled F32 weights.
 func tinyLlama() *model.Model {
@@ -26,30 +22,13 @@ func tinyLlama() *model.Model {
 }
 
 // builder adds nodes to a graph, failing the test on errors.
-type builder struct {
-	t testing.TB
-	g *ir.Graph
-}
+type builder struct{ *testmodel.Builder }
 
-func newBuilder(t testing.TB) *builder { return &builder{t: t, g: &ir.Graph{}} }
-
-func (b *builder) node(op ir.Op, a ir.Attrs, in ...*ir.Value) *ir.Node {
-	b.t.Helper()
-	n, err := b.g.Add(op, a, in...)
-	if err != nil {
-		b.t.Fatalf("Add(%v): %v", op, err)
-	}
-	return n
-}
-
-func (b *builder) op(op ir.Op, a ir.Attrs, in ...*ir.Value) *ir.Value {
-	b.t.Helper()
-	return b.node(op, a, in...).Out()
-}
+func newBuilder(t testing.TB) *builder { return &builder{testmodel.NewBuilder(t)} }
 
 func (b *builder) weight(name string, shape ...int) *ir.Value {
-	b.t.Helper()
-	return b.op(ir.Weight, ir.Attrs{Name: name, Tensor: zeros(name, shape...)})
+	b.T.Helper()
+	return b.Op(ir.Weight, ir.Attrs{Name: name, Tensor: zeros(name, shape...)})
 }
 
 func typed(v *ir.Value) string {

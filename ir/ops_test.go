@@ -26,22 +26,22 @@ type vals struct {
 func newVals(t *testing.T) (*builder, *vals) {
 	b := newBuilder(t)
 	v := &vals{}
-	v.tokens = b.op(ir.Tokens, ir.Attrs{})
-	v.pos = b.op(ir.Positions, ir.Attrs{})
+	v.tokens = b.Op(ir.Tokens, ir.Attrs{})
+	v.pos = b.Op(ir.Positions, ir.Attrs{})
 	v.emb = b.weight("emb", 16, 8)
-	v.embI32 = b.op(ir.Weight, ir.Attrs{Name: "embi", Tensor: &tensor.Tensor{Name: "embi", DType: tensor.I32, Shape: tensor.Shape{16, 8}, Data: make([]byte, 16*8*4)}})
-	v.x8 = b.op(ir.Embed, ir.Attrs{}, v.emb, v.tokens)
-	v.y8 = b.op(ir.Embed, ir.Attrs{}, v.emb, v.tokens)
-	v.x12 = b.op(ir.Embed, ir.Attrs{}, b.weight("emb12", 16, 12), v.tokens)
-	v.x4 = b.op(ir.Embed, ir.Attrs{}, b.weight("emb4", 16, 4), v.tokens)
-	v.r8 = b.op(ir.SelectRows, ir.Attrs{}, v.x8)
+	v.embI32 = b.Op(ir.Weight, ir.Attrs{Name: "embi", Tensor: &tensor.Tensor{Name: "embi", DType: tensor.I32, Shape: tensor.Shape{16, 8}, Data: make([]byte, 16*8*4)}})
+	v.x8 = b.Op(ir.Embed, ir.Attrs{}, v.emb, v.tokens)
+	v.y8 = b.Op(ir.Embed, ir.Attrs{}, v.emb, v.tokens)
+	v.x12 = b.Op(ir.Embed, ir.Attrs{}, b.weight("emb12", 16, 12), v.tokens)
+	v.x4 = b.Op(ir.Embed, ir.Attrs{}, b.weight("emb4", 16, 4), v.tokens)
+	v.r8 = b.Op(ir.SelectRows, ir.Attrs{}, v.x8)
 	v.w8, v.w12, v.w4 = b.weight("w8", 8), b.weight("w12", 12), b.weight("w4", 4)
 	v.m12x8, v.m12x6, v.m4x8 = b.weight("m12x8", 12, 8), b.weight("m12x6", 12, 6), b.weight("m4x8", 4, 8)
-	v.h12x8 = b.op(ir.Weight, ir.Attrs{Name: "h", Tensor: &tensor.Tensor{Name: "h", DType: tensor.F16, Shape: tensor.Shape{12, 8}, Data: make([]byte, 12*8*2)}})
+	v.h12x8 = b.Op(ir.Weight, ir.Attrs{Name: "h", Tensor: &tensor.Tensor{Name: "h", DType: tensor.F16, Shape: tensor.Shape{12, 8}, Data: make([]byte, 12*8*2)}})
 	v.v3 = b.weight("v3", 2, 3, 4)
-	v.table4 = b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 4}})
-	v.table8 = b.op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 8}})
-	v.state = b.op(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, v.x4, v.x4)
+	v.table4 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 4}})
+	v.table8 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 8}})
+	v.state = b.Op(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, v.x4, v.x4)
 	return b, v
 }
 
@@ -204,8 +204,8 @@ func TestAddInfersAndRejects(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b, v := newVals(t)
-			before := len(b.g.Nodes)
-			n, err := b.g.Add(c.op, c.attrs, c.in(v)...)
+			before := len(b.G.Nodes)
+			n, err := b.G.Add(c.op, c.attrs, c.in(v)...)
 			if want, ok := strings.CutPrefix(c.want, "error: "); ok {
 				rejected[c.op] = true
 				if err == nil {
@@ -214,7 +214,7 @@ func TestAddInfersAndRejects(t *testing.T) {
 				if !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), c.op.String()+": ") {
 					t.Errorf("Add(%v) error %q, want %q prefixed by the op", c.op, err, want)
 				}
-				if len(b.g.Nodes) != before {
+				if len(b.G.Nodes) != before {
 					t.Errorf("failed Add appended a node")
 				}
 				return
@@ -233,11 +233,11 @@ func TestAddInfersAndRejects(t *testing.T) {
 			if strings.Join(got, ", ") != c.want {
 				t.Errorf("Add(%v) outputs %s, want %s", c.op, strings.Join(got, ", "), c.want)
 			}
-			if b.g.Nodes[len(b.g.Nodes)-1] != n {
+			if b.G.Nodes[len(b.G.Nodes)-1] != n {
 				t.Errorf("node not appended")
 			}
-			b.g.Outputs = n.Outputs
-			if err := b.g.Verify(); err != nil {
+			b.G.Outputs = n.Outputs
+			if err := b.G.Verify(); err != nil {
 				t.Errorf("Verify after a successful Add: %v", err)
 			}
 		})
@@ -254,24 +254,24 @@ func TestAddInfersAndRejects(t *testing.T) {
 
 func TestNewNodeDoesNotAppend(t *testing.T) {
 	b, v := newVals(t)
-	before := len(b.g.Nodes)
-	n, err := b.g.NewNode(ir.Add, ir.Attrs{}, v.x8, v.y8)
+	before := len(b.G.Nodes)
+	n, err := b.G.NewNode(ir.Add, ir.Attrs{}, v.x8, v.y8)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b.g.Nodes) != before {
+	if len(b.G.Nodes) != before {
 		t.Errorf("NewNode appended")
 	}
 	if n.Out().Def != n {
 		t.Errorf("output Def not set")
 	}
-	if _, err := b.g.NewNode(ir.Add, ir.Attrs{}, v.x8, v.x12); err == nil || len(b.g.Nodes) != before {
-		t.Errorf("NewNode of a bad add: err %v, %d nodes", err, len(b.g.Nodes))
+	if _, err := b.G.NewNode(ir.Add, ir.Attrs{}, v.x8, v.x12); err == nil || len(b.G.Nodes) != before {
+		t.Errorf("NewNode of a bad add: err %v, %d nodes", err, len(b.G.Nodes))
 	}
 	// The node gets fresh IDs: placing it keeps the graph valid.
-	b.g.InsertBefore(b.g.Nodes[before-1], n)
-	b.g.Outputs = []*ir.Value{n.Out()}
-	if err := b.g.Verify(); err != nil {
+	b.G.InsertBefore(b.G.Nodes[before-1], n)
+	b.G.Outputs = []*ir.Value{n.Out()}
+	if err := b.G.Verify(); err != nil {
 		t.Errorf("Verify: %v", err)
 	}
 }

@@ -76,7 +76,7 @@ func TestPrintNodes(t *testing.T) {
 		{ir.Const, ir.Attrs{Name: "a constant", Tensor: zeros("c", 2, 3)}, nil, "= const {a constant} : f32[2,3]"},
 		{ir.SelectRows, ir.Attrs{}, []*ir.Value{v.x8}, "= select_rows v%d : f32[R,8]"},
 	} {
-		n := b.node(tc.op, tc.attrs, tc.in...)
+		n := b.Node(tc.op, tc.attrs, tc.in...)
 		want := tc.want
 		for _, in := range tc.in {
 			want = strings.Replace(want, "v%d", in.String(), 1)
@@ -88,8 +88,8 @@ func TestPrintNodes(t *testing.T) {
 			t.Errorf("%v prints %q, not starting with its output", tc.op, n.String())
 		}
 	}
-	b.g.Outputs = []*ir.Value{v.x8, v.r8}
-	if s := b.g.String(); !strings.HasSuffix(s, "return "+v.x8.String()+", "+v.r8.String()+"\n") {
+	b.G.Outputs = []*ir.Value{v.x8, v.r8}
+	if s := b.G.String(); !strings.HasSuffix(s, "return "+v.x8.String()+", "+v.r8.String()+"\n") {
 		t.Errorf("graph ends %q", s[strings.LastIndex(s[:len(s)-1], "\n")+1:])
 	}
 }

@@ -20,19 +20,19 @@ type small struct {
 
 func newSmall(t *testing.T) *small {
 	b := newBuilder(t)
-	s := &small{g: b.g}
-	s.tokens = b.node(ir.Tokens, ir.Attrs{})
-	s.emb = b.node(ir.Weight, ir.Attrs{Name: "emb", Tensor: zeros("emb", 16, 8)})
-	s.embed = b.node(ir.Embed, ir.Attrs{}, s.emb.Out(), s.tokens.Out())
-	s.nw = b.node(ir.Weight, ir.Attrs{Name: "nw", Tensor: zeros("nw", 8)})
-	s.norm = b.node(ir.RMSNorm, ir.Attrs{Eps: 1e-5}, s.embed.Out(), s.nw.Out())
-	s.wOther = b.node(ir.Weight, ir.Attrs{Name: "w6", Tensor: zeros("w6", 12, 6)})
-	s.w1 = b.node(ir.Weight, ir.Attrs{Name: "w1", Tensor: zeros("w1", 12, 8)})
-	s.mm1 = b.node(ir.MatMul, ir.Attrs{}, s.norm.Out(), s.w1.Out())
-	s.w2 = b.node(ir.Weight, ir.Attrs{Name: "w2", Tensor: zeros("w2", 12, 8)})
-	s.mm2 = b.node(ir.MatMul, ir.Attrs{}, s.norm.Out(), s.w2.Out())
-	s.add = b.node(ir.Add, ir.Attrs{}, s.mm1.Out(), s.mm2.Out())
-	s.sel = b.node(ir.SelectRows, ir.Attrs{}, s.add.Out())
+	s := &small{g: b.G}
+	s.tokens = b.Node(ir.Tokens, ir.Attrs{})
+	s.emb = b.Node(ir.Weight, ir.Attrs{Name: "emb", Tensor: zeros("emb", 16, 8)})
+	s.embed = b.Node(ir.Embed, ir.Attrs{}, s.emb.Out(), s.tokens.Out())
+	s.nw = b.Node(ir.Weight, ir.Attrs{Name: "nw", Tensor: zeros("nw", 8)})
+	s.norm = b.Node(ir.RMSNorm, ir.Attrs{Eps: 1e-5}, s.embed.Out(), s.nw.Out())
+	s.wOther = b.Node(ir.Weight, ir.Attrs{Name: "w6", Tensor: zeros("w6", 12, 6)})
+	s.w1 = b.Node(ir.Weight, ir.Attrs{Name: "w1", Tensor: zeros("w1", 12, 8)})
+	s.mm1 = b.Node(ir.MatMul, ir.Attrs{}, s.norm.Out(), s.w1.Out())
+	s.w2 = b.Node(ir.Weight, ir.Attrs{Name: "w2", Tensor: zeros("w2", 12, 8)})
+	s.mm2 = b.Node(ir.MatMul, ir.Attrs{}, s.norm.Out(), s.w2.Out())
+	s.add = b.Node(ir.Add, ir.Attrs{}, s.mm1.Out(), s.mm2.Out())
+	s.sel = b.Node(ir.SelectRows, ir.Attrs{}, s.add.Out())
 	s.g.Outputs = []*ir.Value{s.sel.Out()}
 	return s
 }

@@ -54,7 +54,7 @@ type Engine struct {
 	freeBlocks []int32
 	logits     []float32
 	batch      backend.Batch
-	seqRefs    []*Sequence
+	steps      uint64 // steps started, to catch a sequence named twice in one
 }
 
 // New builds, compiles and loads m for b.
@@ -152,6 +152,7 @@ type Sequence struct {
 	blocks []int32
 	len    int
 	freed  bool
+	inStep uint64 // the engine step that last included it
 }
 
 // Len is the number of tokens in the cache.
@@ -205,6 +206,7 @@ type Item struct {
 // else one row for its last token, in item order. The returned slice is
 // reused by the next step.
 func (e *Engine) Step(items []Item) ([]float32, error) {
+	e.steps++
 	b := &e.batch
 	b.Tokens, b.Positions, b.SeqIndex, b.Seqs, b.Rows = b.Tokens[:0], b.Positions[:0], b.SeqIndex[:0], b.Seqs[:0], b.Rows[:0]
 	total := 0
@@ -224,11 +226,10 @@ func (e *Engine) Step(items []Item) ([]float32, error) {
 		if len(it.Tokens) == 0 {
 			return nil, fmt.Errorf("item %d has no tokens", i)
 		}
-		for _, prev := range items[:i] {
-			if prev.Seq == it.Seq {
-				return nil, fmt.Errorf("item %d repeats a sequence of the step", i)
-			}
+		if it.Seq.inStep == e.steps {
+			return nil, fmt.Errorf("item %d repeats a sequence of the step", i)
 		}
+		it.Seq.inStep = e.steps
 		if err := e.grow(it.Seq, it.Seq.len+len(it.Tokens)); err != nil {
 			return nil, err
 		}

@@ -136,7 +136,8 @@ func cmdBenchModel(args []string) error {
 
 func printModelReport(r *bench.ModelReport) {
 	fmt.Printf("model %s (%s), %s params, %s weights; backend %s\n", r.Model, r.Format, groupDigits(r.Params), bytesString(r.WeightBytes), r.Backend)
-	fmt.Printf("memory: copy %.1f GB/s (read+write), read pass %.1f GB/s\n\n", r.CopyBandwidth/1e9, r.ReadBandwidth/1e9)
+	fmt.Printf("memory: copy %.1f GB/s (read+write), read pass %.1f GB/s (a read-only workload's ceiling: %.0f%% of copy)\n\n",
+		r.CopyBandwidth/1e9, r.ReadBandwidth/1e9, 100*r.ReadBandwidth/r.CopyBandwidth)
 	fmt.Printf("| %-7s | %5s | %18s | %10s | %8s | %9s |\n", "test", "batch", "tokens/s", "GB/s read", "roofline", "read pass")
 	fmt.Printf("|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 9), strings.Repeat("-", 7), strings.Repeat("-", 20), strings.Repeat("-", 12), strings.Repeat("-", 10), strings.Repeat("-", 11))
 	pct := func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" }

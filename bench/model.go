@@ -20,6 +20,7 @@ import (
 	"kiln/backend/cpu/gemm"
 	"kiln/engine"
 	"kiln/model"
+	"kiln/tensor"
 )
 
 // ModelOptions choose what RunModel measures.
@@ -29,6 +30,23 @@ type ModelOptions struct {
 	Batches      []int // sequences decoding together in tg
 	Reps         int   // repetitions of each test (at least 1)
 	Seed         uint64
+	// Memory measures the bandwidth decode is compared with (nil: this
+	// machine's host memory).
+	Memory Memory
+	// WeightElemBytes is the width of a weight element as the backend holds
+	// it (0: as stored in the file); KVElemBytes that of a KV-cache element
+	// (0: 4, float32).
+	WeightElemBytes, KVElemBytes int
+}
+
+// Memory measures the memory bandwidth of the device a backend runs on.
+type Memory interface {
+	// CopyRate is the best copy bandwidth of reps passes, counted as bytes
+	// read plus bytes written per second.
+	CopyRate(reps int) float64
+	// ReadRate is the best read-only bandwidth of reps passes (0: not
+	// measured).
+	ReadRate(reps int) float64
 }
 
 // ModelResult is one test's figures.
@@ -79,8 +97,11 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 		Schema: "kiln.bench.model/v1", Model: m.Path, Format: m.Format, Params: m.ParamCount(), WeightBytes: m.ParamBytes(),
 		Backend: backendName, Threads: threads, Date: time.Now().UTC().Format(time.RFC3339),
 	}
-	mem := newMemProbe(256 << 20)
-	rep.CopyBandwidth, rep.ReadBandwidth = mem.copyRate(5), mem.readRate(5)
+	mem := o.Memory
+	if mem == nil {
+		mem = newMemProbe(256 << 20)
+	}
+	rep.CopyBandwidth, rep.ReadBandwidth = mem.CopyRate(5), mem.ReadRate(5)
 	randomTokens := func(n int) []int {
 		ids := make([]int, n)
 		for i := range ids {
@@ -120,15 +141,19 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 
 // benchDecode starts batch sequences from one random token each and decodes
 // GenTokens steps of one token per sequence.
-func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int, mem *memProbe) (ModelResult, error) {
+func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int, mem Memory) (ModelResult, error) {
 	res := ModelResult{Test: fmt.Sprintf("tg%d", o.GenTokens), Batch: batch, Tokens: batch * o.GenTokens}
 	spec := e.KVSpec()
-	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * 4)
+	kvElem := o.KVElemBytes
+	if kvElem == 0 {
+		kvElem = 4
+	}
+	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * kvElem)
 	items := make([]engine.Item, batch)
 	toks := make([]int, batch)
 	var roof, read []float64
 	for i := 0; i <= o.Reps; i++ {
-		copyRate, readRate := mem.copyRate(3), mem.readRate(3)
+		copyRate, readRate := mem.CopyRate(3), mem.ReadRate(3)
 		seqs := make([]*engine.Sequence, batch)
 		for s := range seqs {
 			seqs[s] = e.NewSequence()
@@ -158,10 +183,12 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		}
 		rate := float64(batch*o.GenTokens) / el.Seconds()
 		res.Samples = append(res.Samples, rate)
-		res.BytesPerStep = float64(weightBytesPerStep(m, batch)) + kvBytes/float64(o.GenTokens)
+		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes)) + kvBytes/float64(o.GenTokens)
 		bw := res.BytesPerStep * rate / float64(batch)
 		roof = append(roof, bw/copyRate)
-		read = append(read, bw/readRate)
+		if readRate > 0 {
+			read = append(read, bw/readRate)
+		}
 	}
 	res.TokensPerSec, res.StdDev = meanStd(res.Samples)
 	res.Bandwidth = res.BytesPerStep * res.TokensPerSec / float64(batch)
@@ -171,12 +198,22 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 
 // weightBytesPerStep is the weight memory one decode step reads: every
 // matrix once, except that an untied embedding table is only gathered from
-// (one row per sequence).
-func weightBytesPerStep(m *model.Model, batch int) int64 {
-	n := m.ParamBytes()
+// (one row per sequence). elemBytes is the width of an element as held (0:
+// as stored).
+func weightBytesPerStep(m *model.Model, batch, elemBytes int) int64 {
+	size := func(t *tensor.Tensor) int64 {
+		if elemBytes > 0 {
+			return t.Shape.Elements() * int64(elemBytes)
+		}
+		return int64(len(t.Data))
+	}
+	var n int64
+	for _, t := range m.Tensors {
+		n += size(t)
+	}
 	if !m.Config.TiedEmbeddings {
 		if t, ok := m.Tensors[model.EmbedName]; ok {
-			n -= int64(len(t.Data)) - int64(batch)*int64(len(t.Data)/t.Shape[0])
+			n -= size(t) - int64(batch)*(size(t)/int64(t.Shape[0]))
 		}
 	}
 	return n
@@ -243,7 +280,8 @@ func (p *memProbe) parallel(f func(lo, hi int)) float64 {
 	return time.Since(start).Seconds()
 }
 
-func (p *memProbe) copyRate(reps int) float64 {
+// CopyRate implements Memory.
+func (p *memProbe) CopyRate(reps int) float64 {
 	best := 0.0
 	for i := 0; i < reps; i++ {
 		best = math.Max(best, 2*float64(len(p.src))/p.parallel(func(lo, hi int) { copy(p.dst[lo:hi], p.src[lo:hi]) }))
@@ -251,7 +289,8 @@ func (p *memProbe) copyRate(reps int) float64 {
 	return best
 }
 
-func (p *memProbe) readRate(reps int) float64 {
+// ReadRate implements Memory.
+func (p *memProbe) ReadRate(reps int) float64 {
 	floats := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(p.src))), len(p.src)/4)
 	best := 0.0
 	for i := 0; i < reps; i++ {

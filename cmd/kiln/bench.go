@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"kiln/backend/cuda"
 	"kiln/bench"
 	"kiln/engine"
 	"kiln/tensor"
@@ -31,7 +32,6 @@ func cmdBenchModel(args []string) error {
 	batches := fs.String("batch", "1,4", "sequences decoding together in the generation test, comma-separated")
 	reps := fs.Int("reps", 3, "repetitions of each test, after one warm-up")
 	random := fs.String("random", "", "benchmark a random-weight model of this shape instead of MODEL ("+bench.ShapeNames()+")")
-	dtype := fs.String("dtype", "f32", "weight dtype of the --random model: f32, f16 or bf16")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	output := fs.String("output", "", "also write the JSON report to this file")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the benchmark to this file")
@@ -51,6 +51,21 @@ func cmdBenchModel(args []string) error {
 	if *pp < 0 || *tg < 0 || *reps < 1 {
 		return fmt.Errorf("--pp, --tg must be >= 0 and --reps >= 1")
 	}
+	be, err := ef.backend()
+	if err != nil {
+		return err
+	}
+	defer closeBackend(be)
+	gpu, _ := be.(*cuda.Backend)
+	// The --random model's weights are written in --dtype; under auto, f32
+	// for the CPU and bf16 for the GPU.
+	dtype := ef.dtype
+	if dtype == "auto" || dtype == "" {
+		dtype = "f32"
+		if gpu != nil {
+			dtype = "bf16"
+		}
+	}
 	path := ""
 	switch {
 	case *random != "" && len(pos) == 0:
@@ -58,17 +73,15 @@ func cmdBenchModel(args []string) error {
 		if !ok {
 			return fmt.Errorf("--random: unknown shape %q (%s)", *random, bench.ShapeNames())
 		}
-		d := map[string]tensor.DType{"f32": tensor.F32, "f16": tensor.F16, "bf16": tensor.BF16}[*dtype]
-		if d == tensor.Invalid {
-			return fmt.Errorf("--dtype %q: want f32, f16 or bf16", *dtype)
-		}
+		d := map[string]tensor.DType{"f32": tensor.F32, "float32": tensor.F32, "fp32": tensor.F32, "f16": tensor.F16, "float16": tensor.F16, "fp16": tensor.F16,
+			"bf16": tensor.BF16, "bfloat16": tensor.BF16}[dtype]
 		dir, err := os.MkdirTemp("", "kiln-bench-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		path = filepath.Join(dir, shape.Name+"-"+*dtype)
-		fmt.Fprintf(os.Stderr, "writing a random %s model (%s) to %s\n", shape.Name, *dtype, path)
+		path = filepath.Join(dir, shape.Name+"-"+d.String())
+		fmt.Fprintf(os.Stderr, "writing a random %s model (%s) to %s\n", shape.Name, d, path)
 		if err := bench.WriteRandomModel(path, shape, d, 1); err != nil {
 			return err
 		}
@@ -93,12 +106,24 @@ func cmdBenchModel(args []string) error {
 	if ctx > m.Config.MaxPositions {
 		return fmt.Errorf("the test needs a context of %d, the model has %d", ctx, m.Config.MaxPositions)
 	}
-	be := ef.backend()
 	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch})
 	if err != nil {
 		return err
 	}
 	defer e.Close()
+	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps}
+	threads := ef.threads
+	if gpu != nil {
+		mem, err := gpu.NewMemory(1 << 30)
+		if err != nil {
+			return err
+		}
+		defer mem.Close()
+		opts.Memory = mem
+		opts.WeightElemBytes = gpu.ComputeDType(e.Compiled.Graph).Size()
+		opts.KVElemBytes = opts.WeightElemBytes
+		threads = 0
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -110,12 +135,12 @@ func cmdBenchModel(args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	rep, err := bench.RunModel(e, m, be.Name(), be.Threads, bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps})
+	rep, err := bench.RunModel(e, m, be.Name(), threads, opts)
 	if err != nil {
 		return err
 	}
 	if *random != "" {
-		rep.Model = "random " + *random + " " + *dtype
+		rep.Model = "random " + *random + " " + dtype
 	}
 	data, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {

@@ -40,6 +40,8 @@ type engineFlags struct {
 	ctx       int
 	reference bool
 	stack     bool
+	device    string
+	dtype     string
 }
 
 func (e *engineFlags) register(fs *flag.FlagSet) {
@@ -47,6 +49,8 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.threads, "threads", envInt("KILN_THREADS", 0), "CPU worker threads, 0 for all cores [KILN_THREADS]")
 	fs.IntVar(&e.ctx, "ctx", envInt("KILN_CONTEXT", 0), "context length, 0 for the model's (capped at 4096) [KILN_CONTEXT]")
 	fs.BoolVar(&e.reference, "reference", envBool("KILN_CPU_REFERENCE"), "use the plain reference kernels [KILN_CPU_REFERENCE]")
+	fs.StringVar(&e.device, "device", envString("KILN_DEVICE", "auto"), "where to run: auto (the GPU when one is usable, else the CPU), cpu, or cuda [KILN_DEVICE]")
+	fs.StringVar(&e.dtype, "dtype", envString("KILN_DTYPE", "auto"), "GPU compute dtype: auto (bf16, or f16 for an f16 checkpoint), bf16, f16 or f32 [KILN_DTYPE]")
 	fs.BoolVar(&e.stack, "stack-projections", envBool("KILN_STACK_PROJECTIONS"), "stack Q/K/V and gate/up weights into single products (copies them out of the file mapping) [KILN_STACK_PROJECTIONS]")
 }
 

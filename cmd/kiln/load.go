@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 
+	"kiln/backend"
 	"kiln/backend/cpu"
+	"kiln/backend/cuda"
 	"kiln/compile"
 	"kiln/demo"
 	"kiln/engine"
@@ -82,17 +84,78 @@ func loadTokenizerFile(path string) (*tokenizer.Tokenizer, error) {
 	return tokenizer.Load(path)
 }
 
-// newEngine compiles m for the CPU backend.
-func newEngine(m *model.Model, f *engineFlags) (*engine.Engine, error) {
+// newEngine compiles m for the backend the flags choose.
+func newEngine(m *model.Model, f *engineFlags) (*engineOn, error) {
 	return newEngineWithCompile(m, f, compile.Options{})
 }
 
-func (f *engineFlags) backend() *cpu.Backend {
-	return &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack}
+// backend opens the backend --device chooses. Under "auto" a machine
+// without a usable GPU runs on the CPU after a one-line notice.
+func (f *engineFlags) backend() (backend.Backend, error) {
+	if _, _, err := cuda.ParseDType(f.dtype); err != nil {
+		return nil, fmt.Errorf("--dtype: %w", err)
+	}
+	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack}
+	switch f.device {
+	case "cpu":
+		return cpuBackend, nil
+	case "cuda", "gpu":
+		if f.reference {
+			return nil, fmt.Errorf("--reference selects the CPU's reference kernels: use it with --device cpu")
+		}
+		return cuda.Open(0, f.dtype)
+	case "auto", "":
+		if f.reference {
+			return cpuBackend, nil
+		}
+		if err := cuda.Available(); err != nil {
+			fmt.Fprintf(os.Stderr, "kiln: running on the CPU (no usable GPU: %v)\n", err)
+			return cpuBackend, nil
+		}
+		b, err := cuda.Open(0, f.dtype)
+		if err != nil {
+			return nil, err
+		}
+		b.Progress = os.Stderr
+		return b, nil
+	}
+	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)
 }
 
-func newEngineWithCompile(m *model.Model, f *engineFlags, co compile.Options) (*engine.Engine, error) {
-	return engine.New(m, f.backend(), engine.Options{ContextLen: f.ctx, Compile: co})
+// closeBackend releases what backend opened (the GPU device).
+func closeBackend(b backend.Backend) {
+	if c, ok := b.(*cuda.Backend); ok {
+		c.Close()
+	}
+}
+
+// engineOn is an engine with the backend it owns.
+type engineOn struct {
+	*engine.Engine
+	backend backend.Backend
+}
+
+func (e *engineOn) Close() error {
+	err := e.Engine.Close()
+	closeBackend(e.backend)
+	return err
+}
+
+func newEngineWithCompile(m *model.Model, f *engineFlags, co compile.Options) (*engineOn, error) {
+	return newEngineOptions(m, f, engine.Options{ContextLen: f.ctx, Compile: co})
+}
+
+func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engineOn, error) {
+	b, err := f.backend()
+	if err != nil {
+		return nil, err
+	}
+	e, err := engine.New(m, b, o)
+	if err != nil {
+		closeBackend(b)
+		return nil, err
+	}
+	return &engineOn{Engine: e, backend: b}, nil
 }
 
 // stopTokens are the ids that end generation: the model's and the

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"kiln/backend/cuda"
 	"kiln/internal/testshared"
 )
 
@@ -31,9 +32,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// kiln runs the binary on the CPU (KILN_DEVICE=cpu, so that the output does
+// not depend on the machine having a GPU).
 func kiln(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return kilnEnv(t, []string{"KILN_DEVICE=cpu"}, args...)
+}
+
+func kilnEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	cmd := exec.Command(kilnBin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	var o, e strings.Builder
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
@@ -133,6 +142,27 @@ func TestTokenizeDetokenize(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &text); err != nil || strings.TrimSpace(text.Text) != "Once upon a time" {
 		t.Errorf("round trip gave %q (%v)", text.Text, err)
+	}
+}
+
+// TestCPUFallbackNotice: without a usable GPU, the default device (auto)
+// runs on the CPU after one line on stderr saying so and why.
+func TestCPUFallbackNotice(t *testing.T) {
+	if cuda.Available() == nil {
+		t.Skip("this machine has a usable GPU")
+	}
+	bin, _ := stories(t)
+	out, stderr, code := kilnEnv(t, []string{"KILN_DEVICE=auto"}, "logits", bin, "--ids", "1,403")
+	if code != 0 || !strings.Contains(out, "logits") {
+		t.Fatalf("exit %d, stdout %.80q, stderr %q", code, out, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "kiln: running on the CPU (no usable GPU: ") {
+		t.Errorf("stderr %q, want one line announcing the CPU", stderr)
+	}
+	_, stderr, code = kilnEnv(t, []string{"KILN_DEVICE=cuda"}, "logits", bin, "--ids", "1,403")
+	if code == 0 || len(strings.Split(strings.TrimSpace(stderr), "\n")) != 1 {
+		t.Errorf("--device cuda without a GPU: exit %d, stderr %q (want one error line)", code, stderr)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 
-	"kiln/engine"
 	"kiln/eval"
 )
 
@@ -41,7 +40,7 @@ func cmdPerplexity(args []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := engine.New(m, ef.backend(), engine.Options{ContextLen: ef.ctx})
+	e, err := newEngine(m, &ef)
 	if err != nil {
 		return err
 	}
@@ -54,7 +53,7 @@ func cmdPerplexity(args []string) error {
 	if s == 0 {
 		s = max(w/2, 1)
 	}
-	res, err := eval.SlidingPerplexity(e, tok.Encode(string(text), false), w, s)
+	res, err := eval.SlidingPerplexity(e.Engine, tok.Encode(string(text), false), w, s)
 	if err != nil {
 		return err
 	}

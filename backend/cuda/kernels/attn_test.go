@@ -129,8 +129,8 @@ func (st *attnSetup) ref() []float64 {
 
 func runAttn(t *testing.T, act cu.DType, st *attnSetup, decode bool) []float32 {
 	v := "mma"
-	if act == cu.F32 {
-		v = "attn"
+	if act == cu.F32 || st.a.HeadDim%16 != 0 {
+		v = "attn" // what PrefillAttention picks
 	}
 	return runAttnVariant(t, act, st, decode, v)
 }
@@ -181,6 +181,10 @@ var prefillCases = []attnCfg{
 	{heads: 4, kvHeads: 4, hd: 64, window: 37, seqs: [][2]int{{200, 130}, {90, 17}}},
 	{heads: 6, kvHeads: 2, hd: 96, seqs: [][2]int{{40, 1}}},
 	{heads: 16, kvHeads: 4, hd: 64, window: 100, seqs: [][2]int{{129, 1}, {64, 64}, {65, 65}}},
+	// The small head dims of the test fixtures and stories260K.
+	{heads: 4, kvHeads: 2, hd: 16, window: 8, seqs: [][2]int{{70, 70}, {33, 5}}},
+	{heads: 4, kvHeads: 2, hd: 32, seqs: [][2]int{{100, 100}, {3, 1}}},
+	{heads: 8, kvHeads: 4, hd: 8, seqs: [][2]int{{130, 130}, {9, 2}}},
 }
 
 var decodeCases = []attnCfg{
@@ -189,6 +193,8 @@ var decodeCases = []attnCfg{
 	{heads: 8, kvHeads: 2, hd: 80, window: 500, seqs: [][2]int{{37, 1}, {1000, 1}, {4100, 1}}},
 	{heads: 32, kvHeads: 8, hd: 128, seqs: [][2]int{{4100, 1}}},
 	{heads: 12, kvHeads: 4, hd: 96, seqs: [][2]int{{513, 3}, {2, 2}}},
+	{heads: 4, kvHeads: 1, hd: 16, seqs: [][2]int{{1, 1}, {300, 1}}},
+	{heads: 8, kvHeads: 4, hd: 8, seqs: [][2]int{{1, 1}, {256, 1}, {257, 1}}},
 }
 
 func TestPrefillAttention(t *testing.T) {
@@ -205,7 +211,7 @@ func TestPrefillAttention(t *testing.T) {
 				t.Errorf("prefill %v: relative L2 error %.3g, limit %.3g", c, l2, tol(act)/2)
 			}
 			report(t, act, fmt.Sprintf("prefill %v (L2 %.2g)", c, l2), e)
-			if act != cu.F32 {
+			if act != cu.F32 && c.hd%16 == 0 {
 				e = compare(t, "prefill simt "+c.String(), runAttnVariant(t, act, st, false, "attn"), ref, tol(act))
 				report(t, act, "prefill-simt "+c.String(), e)
 			}
@@ -224,6 +230,9 @@ func TestPrefillAttentionLdm(t *testing.T) {
 		kern(t, act)
 		rng := newRNG(t)
 		for _, c := range prefillCases {
+			if c.hd%16 != 0 {
+				continue // no tensor-core kernel
+			}
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
 			got := runAttnVariant(t, act, st, false, "ldm")

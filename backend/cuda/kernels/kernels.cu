@@ -670,6 +670,8 @@ __device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, c
 #else
 #define MMA_EXP_KERNELS(HD)
 #endif
+MMA_KERNELS(16)
+MMA_KERNELS(32)
 MMA_KERNELS(64)
 MMA_KERNELS(80)
 MMA_KERNELS(96)
@@ -912,6 +914,9 @@ extern "C" __global__ void __launch_bounds__(MG_THREADS) decode_merge(const floa
 		                scale, chunk, maxSplits);                                                                      \
 	}
 
+ATTN_KERNELS(8)
+ATTN_KERNELS(16)
+ATTN_KERNELS(32)
 ATTN_KERNELS(64)
 ATTN_KERNELS(80)
 ATTN_KERNELS(96)

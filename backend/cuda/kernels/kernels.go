@@ -24,7 +24,9 @@ var source string
 func Source() string { return source }
 
 // HeadDims lists the head dimensions the attention kernels are built for.
-var HeadDims = []int{64, 80, 96, 128}
+// The tensor-core prefill needs a multiple of 16; head dim 8 (tiny models
+// such as stories260K) takes the CUDA-core prefill kernel.
+var HeadDims = []int{8, 16, 32, 64, 80, 96, 128}
 
 // Kernels is the module of one activation dtype on one device.
 type Kernels struct {
@@ -278,7 +280,7 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 // tensor cores (mma.sync), f32 on the CUDA cores.
 func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
 	v := "mma"
-	if k.Act == cu.F32 {
+	if k.Act == cu.F32 || a.HeadDim%16 != 0 {
 		v = "attn"
 	}
 	return k.prefill(s, a, m, v)

@@ -1,0 +1,268 @@
+// Package cuda is kiln's NVIDIA GPU backend: the compiled graph's weights are
+// uploaded once (converted to the GPU's compute dtype), each plan's memory
+// plan becomes one device arena, and a step runs the plan's nodes as kernels
+// of backend/cuda/kernels and cuBLASLt products, on one stream, from the
+// device's worker thread.
+//
+// Activations, weight matrices and the KV cache are in the compute dtype
+// (bf16 by default, f16 for f16 checkpoints, f32 on request); norm weights,
+// biases and RoPE tables are f32; math is f32 throughout. The logits come
+// back as f32.
+package cuda
+
+import (
+	"fmt"
+	"io"
+
+	"kiln/backend"
+	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/compile"
+	"kiln/ir"
+	"kiln/tensor"
+)
+
+// Backend is the CUDA target of one device.
+type Backend struct {
+	Device *cu.Device
+	// DType is the compute dtype (ParseDType); under "auto" (or "") bf16, or
+	// f16 for an f16 checkpoint.
+	DType string
+	// Progress receives the weight-upload progress line; nil: none.
+	Progress io.Writer
+}
+
+// Available reports why no CUDA device can be used, or nil.
+func Available() error {
+	if err := cu.Available(); err != nil {
+		return err
+	}
+	if err := cu.NVRTCAvailable(); err != nil {
+		return err
+	}
+	if err := cu.BlasLtAvailable(); err != nil {
+		return err
+	}
+	n, err := cu.DeviceCount()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("cuda: no device")
+	}
+	return nil
+}
+
+// Open opens device ordinal for a backend of compute dtype dtype.
+func Open(ordinal int, dtype string) (*Backend, error) {
+	if _, _, err := ParseDType(dtype); err != nil {
+		return nil, err
+	}
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	d, err := cu.Open(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{Device: d, DType: dtype}, nil
+}
+
+// Close releases the device. Everything loaded on it must be closed first.
+func (b *Backend) Close() error { return b.Device.Close() }
+
+// ParseDType reads a compute dtype: "auto" (or ""), "bf16", "f16" or "f32"
+// (also spelled bfloat16, float16/fp16, float32/fp32).
+func ParseDType(s string) (dt cu.DType, auto bool, err error) {
+	switch s {
+	case "", "auto":
+		return cu.BF16, true, nil
+	case "bf16", "bfloat16":
+		return cu.BF16, false, nil
+	case "f16", "float16", "fp16":
+		return cu.F16, false, nil
+	case "f32", "float32", "fp32":
+		return cu.F32, false, nil
+	}
+	return 0, false, fmt.Errorf("dtype %q: want auto, bf16, f16 or f32", s)
+}
+
+// Name implements compile.Target.
+func (b *Backend) Name() string { return "cuda" }
+
+// Supports implements compile.Target: every op the kernels implement.
+// Stacked projections (Split) suit the GPU: one product instead of three.
+func (b *Backend) Supports(op ir.Op) bool {
+	switch op {
+	case ir.Tokens, ir.Positions, ir.Weight, ir.Const, ir.Embed, ir.RMSNorm, ir.MatMul, ir.Add, ir.AddBias,
+		ir.SiLU, ir.Mul, ir.RoPE, ir.KVWrite, ir.Attention, ir.SelectRows, ir.AddRMSNorm, ir.SwiGLU,
+		ir.RoPEKVWrite, ir.Split:
+		return true
+	}
+	return false
+}
+
+// ComputeDType is the compute dtype for a graph: the requested one, or
+// under "auto" f16 when the weight matrices are f16 and bf16 otherwise.
+func (b *Backend) ComputeDType(g *ir.Graph) cu.DType {
+	dt, auto, _ := ParseDType(b.DType)
+	if !auto {
+		return dt
+	}
+	f16, other := 0, 0
+	for _, n := range g.Nodes {
+		if n.Op == ir.Weight && len(n.Attrs.Tensor.Shape) == 2 {
+			if n.Attrs.Tensor.DType == tensor.F16 {
+				f16++
+			} else {
+				other++
+			}
+		}
+	}
+	if f16 > 0 && other == 0 {
+		return cu.F16
+	}
+	return cu.BF16
+}
+
+// Load implements backend.Backend: compiles (or loads from the kernel cache)
+// the kernels of the compute dtype and uploads the weights.
+func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
+	if _, _, err := ParseDType(b.DType); err != nil {
+		return nil, err
+	}
+	act := b.ComputeDType(c.Graph)
+	k, err := kernels.New(b.Device, act)
+	if err != nil {
+		return nil, err
+	}
+	lt, err := b.Device.NewBlasLt(32 << 20)
+	if err != nil {
+		k.Close()
+		return nil, err
+	}
+	stream, err := b.Device.NewStream()
+	if err != nil {
+		lt.Close()
+		k.Close()
+		return nil, err
+	}
+	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c}
+	if err := l.uploadWeights(b.Progress); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// loaded is a graph resident on the device.
+type loaded struct {
+	b        *Backend
+	dev      *cu.Device
+	k        *kernels.Kernels
+	lt       *cu.BlasLt
+	stream   *cu.Stream
+	act      cu.DType
+	compiled *compile.Compiled
+	// weights maps each weight and constant node to its device copy.
+	weights map[*ir.Node]deviceTensor
+	allocs  []cu.Ptr      // everything to free on Close
+	hosts   []*cu.HostBuf // pinned buffers of the executables
+}
+
+// deviceTensor is a weight or constant on the device.
+type deviceTensor struct {
+	p     cu.Ptr
+	dtype cu.DType
+	rows  int // first dimension (vocabulary of an embedding table)
+}
+
+// DType is the compute dtype of the loaded graph.
+func (l *loaded) DType() cu.DType { return l.act }
+
+func (l *loaded) alloc(n int) (cu.Ptr, error) {
+	p, err := l.dev.Alloc(max(n, 256))
+	if err != nil {
+		return 0, err
+	}
+	l.allocs = append(l.allocs, p)
+	return p, nil
+}
+
+func (l *loaded) Close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	if err := l.dev.Sync(); err != nil {
+		keep(err)
+	}
+	for _, p := range l.allocs {
+		if err := l.dev.Free(p); err != nil {
+			keep(err)
+		}
+	}
+	l.allocs = nil
+	for _, h := range l.hosts {
+		if err := h.Free(); err != nil {
+			keep(err)
+		}
+	}
+	l.hosts = nil
+	for _, c := range []interface{ Close() error }{l.stream, l.lt, l.k} {
+		if err := c.Close(); err != nil {
+			keep(err)
+		}
+	}
+	return first
+}
+
+// kvCache holds, per layer, keys and values as
+// [Blocks][BlockSize][KVHeads][HeadDim] in the compute dtype.
+type kvCache struct {
+	spec backend.KVSpec
+	l    *loaded
+	k, v []cu.Ptr
+	base cu.Ptr
+}
+
+func (c *kvCache) Spec() backend.KVSpec { return c.spec }
+
+// Bytes is the cache's device memory.
+func (c *kvCache) Bytes() int64 {
+	s := c.spec
+	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * int64(c.l.act.Size())
+}
+
+func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
+	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
+		return nil, fmt.Errorf("cuda: bad kv cache spec %+v", spec)
+	}
+	c := &kvCache{spec: spec, l: l}
+	per := int64(spec.Blocks) * int64(spec.BlockSize) * int64(spec.KVHeads) * int64(spec.HeadDim) * int64(l.act.Size())
+	per = (per + 255) &^ 255
+	total := 2 * per * int64(spec.Layers)
+	if free, _, err := l.dev.MemInfo(); err == nil && uint64(total) > free {
+		return nil, fmt.Errorf("cuda: kv cache of %d MiB does not fit in the %d MiB free", total>>20, free>>20)
+	}
+	base, err := l.alloc(int(total))
+	if err != nil {
+		return nil, err
+	}
+	// Zero it: a kernel reading an unwritten slot (it never should) gets 0,
+	// not NaN from stale memory.
+	if err := l.dev.Memset8(base, 0, int(total), l.stream); err != nil {
+		return nil, err
+	}
+	if err := l.stream.Sync(); err != nil {
+		return nil, err
+	}
+	c.base = base
+	for i := 0; i < spec.Layers; i++ {
+		c.k = append(c.k, base.Add(int(2*int64(i)*per)))
+		c.v = append(c.v, base.Add(int((2*int64(i)+1)*per)))
+	}
+	return c, nil
+}

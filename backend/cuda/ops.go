@@ -1,0 +1,144 @@
+package cuda
+
+import (
+	"fmt"
+
+	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/ir"
+)
+
+// choose binds a node to its kernel: sets nd.kernel (the name Kernels
+// reports) and nd.launch.
+func (l *loaded) choose(nd *node) error {
+	k, s := l.k, l.stream
+	a := nd.n.Attrs
+	in, out := nd.in, nd.out
+	ws := func(o operand) string { return "_w" + o.dtype.String() }
+	switch nd.n.Op {
+	case ir.Embed:
+		nd.kernel = "embed" + ws(in[0])
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.Embed(s, out[0].p, in[0].p, in[0].dtype, in[0].vocab, in[1].ptr(x), x.m.T, out[0].cols)
+		}
+	case ir.RMSNorm:
+		nd.kernel = "rmsnorm" + ws(in[1])
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, in[0].rows(x), in[0].cols, a.Eps)
+		}
+	case ir.AddRMSNorm:
+		nd.kernel = "add_rmsnorm" + ws(in[2])
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.AddRMSNorm(s, out[0].p, out[1].p, in[0].p, in[1].p, in[2].p, in[2].dtype, in[0].rows(x), in[0].cols, a.Eps)
+		}
+	case ir.MatMul:
+		w := in[1]
+		if w.v.Def.Op != ir.Weight && w.v.Def.Op != ir.Const {
+			return fmt.Errorf("cuda: matmul of two activations")
+		}
+		if w.dtype != l.act {
+			return fmt.Errorf("cuda: matmul weight %q is %v on the device, compute dtype %v", w.v.Def.Attrs.Name, w.dtype, l.act)
+		}
+		nd.kernel = fmt.Sprintf("cublasLt %v→%v", l.act, out[0].dtype)
+		nd.launch = func(x *stepState, nd *node) error {
+			return l.lt.Matmul(cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
+				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s})
+		}
+	case ir.Add:
+		nd.kernel = "add"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.Add(s, out[0].p, in[0].p, in[1].p, in[0].rows(x)*in[0].cols)
+		}
+	case ir.Mul:
+		nd.kernel = "mul"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.Mul(s, out[0].p, in[0].p, in[1].p, in[0].rows(x)*in[0].cols)
+		}
+	case ir.SiLU:
+		nd.kernel = "silu"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.SiLU(s, out[0].p, in[0].p, in[0].rows(x)*in[0].cols)
+		}
+	case ir.SwiGLU:
+		nd.kernel = "swiglu"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.SwiGLU(s, out[0].p, in[0].p, in[1].p, in[0].rows(x)*in[0].cols)
+		}
+	case ir.AddBias:
+		nd.kernel = "add_bias" + ws(in[1])
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.AddBias(s, out[0].p, in[0].p, in[1].p, in[1].dtype, in[0].rows(x), in[0].cols)
+		}
+	case ir.RoPE:
+		if in[2].dtype != cu.F32 {
+			return fmt.Errorf("cuda: rope table is %v", in[2].dtype)
+		}
+		nd.kernel = "rope"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.RoPE(s, out[0].p, in[0].p, in[1].ptr(x), in[2].p, in[0].rows(x), a.Heads, a.HeadDim, a.Interleaved)
+		}
+	case ir.KVWrite:
+		nd.kernel = "kv_write"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.KVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, x.m.At(x.m.Slots), x.m.T, a.KVHeads*a.HeadDim)
+		}
+	case ir.RoPEKVWrite:
+		if in[3].dtype != cu.F32 {
+			return fmt.Errorf("cuda: rope table is %v", in[3].dtype)
+		}
+		nd.kernel = "rope_kv_write"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.RoPEKVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, in[2].ptr(x), x.m.At(x.m.Slots), in[3].p,
+				x.m.T, a.KVHeads, a.HeadDim, a.Interleaved)
+		}
+	case ir.Attention:
+		if err := checkHeadDim(a.HeadDim); err != nil {
+			return err
+		}
+		prefill := "prefill_mma"
+		if l.act == cu.F32 {
+			prefill = "prefill_attn"
+		}
+		nd.kernel = fmt.Sprintf("decode_attn_%d | %s_%d", a.HeadDim, prefill, a.HeadDim)
+		nd.launch = func(x *stepState, nd *node) error {
+			at := l.attn(x, nd)
+			if x.decode {
+				return k.DecodeAttention(s, at, x.m, kernels.PlanDecode(at, x.m.Meta, l.dev.SMs), x.ws)
+			}
+			return k.PrefillAttention(s, at, x.m)
+		}
+	case ir.SelectRows:
+		nd.kernel = "select_rows"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.SelectRows(s, out[0].p, in[0].p, x.m.At(x.m.Rows), x.m.R, in[0].cols)
+		}
+	case ir.Split:
+		nd.kernel = "split"
+		outs := make([]cu.Ptr, len(out))
+		for i := range out {
+			outs[i] = out[i].p
+		}
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.Split(s, in[0].p, in[0].rows(x), outs, a.Sizes)
+		}
+	default:
+		return fmt.Errorf("cuda: no kernel for %v", nd.n.Op)
+	}
+	return nil
+}
+
+func checkHeadDim(hd int) error {
+	for _, d := range kernels.HeadDims {
+		if d == hd {
+			return nil
+		}
+	}
+	return fmt.Errorf("cuda: attention head dim %d has no kernel (built for %v)", hd, kernels.HeadDims)
+}
+
+// attn describes an attention node's call for the running step.
+func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
+	a := nd.n.Attrs
+	return kernels.Attn{Out: nd.out[0].p, Q: nd.in[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer],
+		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+}

@@ -1,0 +1,265 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"sync"
+
+	"kiln/backend/cuda/cu"
+	"kiln/ir"
+	"kiln/tensor"
+)
+
+// weightDTypes decides the device dtype of every weight and constant: the
+// compute dtype for matrices read by products and embedding lookups, f32 for
+// the rest (norm weights, biases, RoPE tables).
+func weightDTypes(g *ir.Graph, act cu.DType) map[*ir.Node]cu.DType {
+	want := map[*ir.Node]cu.DType{}
+	for _, n := range g.Nodes {
+		for i, in := range n.Inputs {
+			if in.Def.Op != ir.Weight && in.Def.Op != ir.Const {
+				continue
+			}
+			dt := cu.F32
+			if (n.Op == ir.MatMul && i == 1) || (n.Op == ir.Embed && i == 0) {
+				dt = act
+			}
+			if old, ok := want[in.Def]; ok && old != dt {
+				dt = cu.F32 // read two ways: keep full precision (not produced by the builders)
+			}
+			want[in.Def] = dt
+		}
+	}
+	return want
+}
+
+// uploadWeights copies every weight and constant the graph reads to the
+// device, converting on the host into two pinned buffers in turn so that
+// reading the file (page faults of the mapping) and converting the next
+// chunk overlap the transfer of the previous one.
+func (l *loaded) uploadWeights(progress io.Writer) error {
+	want := weightDTypes(l.compiled.Graph, l.act)
+	type key struct {
+		t  *tensor.Tensor
+		dt cu.DType
+	}
+	var total int64
+	seen := map[key]bool{}
+	for n, dt := range want {
+		k := key{n.Attrs.Tensor, dt}
+		if !seen[k] {
+			seen[k] = true
+			total += n.Attrs.Tensor.Shape.Elements() * int64(dt.Size())
+		}
+	}
+	u, err := newUploader(l, total, progress)
+	if err != nil {
+		return err
+	}
+	defer u.close()
+	l.weights = map[*ir.Node]deviceTensor{}
+	copies := map[key]cu.Ptr{}
+	// In graph order, so the progress follows the model's layers.
+	for _, n := range l.compiled.Graph.Nodes {
+		dt, ok := want[n]
+		if !ok {
+			continue
+		}
+		t := n.Attrs.Tensor
+		k := key{t, dt}
+		p, ok := copies[k]
+		if !ok {
+			if p, err = l.alloc(int(t.Shape.Elements()) * dt.Size()); err != nil {
+				return fmt.Errorf("cuda: weight %s: %w", n.Attrs.Name, err)
+			}
+			if err := u.put(p, t, dt); err != nil {
+				return fmt.Errorf("cuda: weight %s: %w", n.Attrs.Name, err)
+			}
+			copies[k] = p
+		}
+		rows := 0
+		if len(t.Shape) > 0 {
+			rows = t.Shape[0]
+		}
+		l.weights[n] = deviceTensor{p: p, dtype: dt, rows: rows}
+	}
+	return u.finish()
+}
+
+const uploadChunk = 32 << 20 // bytes of one pinned buffer
+
+type uploader struct {
+	l        *loaded
+	bufs     [2]*cu.HostBuf
+	events   [2]*cu.Event
+	cur      int
+	f32      []float32 // conversion scratch
+	done     int64
+	total    int64
+	progress io.Writer
+	shown    int // last percentage printed
+}
+
+func newUploader(l *loaded, total int64, progress io.Writer) (*uploader, error) {
+	u := &uploader{l: l, total: total, progress: progress, shown: -1}
+	for i := range u.bufs {
+		b, err := l.dev.AllocHost(uploadChunk)
+		if err != nil {
+			u.close()
+			return nil, err
+		}
+		u.bufs[i] = b
+		e, err := l.dev.NewEvent(false)
+		if err != nil {
+			u.close()
+			return nil, err
+		}
+		u.events[i] = e
+	}
+	return u, nil
+}
+
+func (u *uploader) close() {
+	u.l.stream.Sync()
+	for i := range u.bufs {
+		if u.bufs[i] != nil {
+			u.bufs[i].Free()
+		}
+		if u.events[i] != nil {
+			u.events[i].Close()
+		}
+	}
+}
+
+// put uploads tensor t to dst, converted to dt.
+func (u *uploader) put(dst cu.Ptr, t *tensor.Tensor, dt cu.DType) error {
+	n := int(t.Shape.Elements())
+	size := dt.Size()
+	chunk := uploadChunk / 4 // elements: the f32 scratch bounds it
+	if bs := t.DType.BlockSize(); bs > 1 {
+		chunk -= chunk % bs
+	}
+	for off := 0; off < n; off += chunk {
+		m := min(chunk, n-off)
+		// The buffer is free once the copy queued from it two chunks ago is done.
+		if err := u.events[u.cur].Sync(); err != nil {
+			return err
+		}
+		out := u.bufs[u.cur].Bytes()[:m*size]
+		if err := u.convert(t, off, m, dt, out); err != nil {
+			return err
+		}
+		if err := u.l.dev.CopyHtoDAsync(dst.Add(off*size), u.bufs[u.cur], 0, m*size, u.l.stream); err != nil {
+			return err
+		}
+		if err := u.events[u.cur].Record(u.l.stream); err != nil {
+			return err
+		}
+		u.cur ^= 1
+		u.done += int64(m * size)
+		u.show()
+	}
+	return nil
+}
+
+func (u *uploader) show() {
+	if u.progress == nil || u.total == 0 {
+		return
+	}
+	pct := int(100 * u.done / u.total)
+	if pct == u.shown {
+		return
+	}
+	u.shown = pct
+	fmt.Fprintf(u.progress, "\rloading weights to %s: %.2f / %.2f GB (%d%%)", u.l.dev.Name, float64(u.done)/1e9, float64(u.total)/1e9, pct)
+}
+
+func (u *uploader) finish() error {
+	err := u.l.stream.Sync()
+	if u.progress != nil && u.total > 0 {
+		fmt.Fprintln(u.progress)
+	}
+	return err
+}
+
+// convert writes elements [off, off+m) of t, as dt, into out.
+func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte) error {
+	from, err := t.DType.Bytes(int64(off))
+	if err != nil {
+		return err
+	}
+	need, err := t.DType.Bytes(int64(m))
+	if err != nil {
+		return err
+	}
+	if from+need > int64(len(t.Data)) {
+		return fmt.Errorf("tensor %s: %d bytes, need %d", t.Name, len(t.Data), from+need)
+	}
+	src := t.Data[from : from+need]
+	if same(t.DType, dt) {
+		copy(out, src)
+		return nil
+	}
+	if cap(u.f32) < m {
+		u.f32 = make([]float32, m)
+	}
+	f := u.f32[:m]
+	// Decode and encode in parallel slices; block-quantized sources split on
+	// block boundaries.
+	parts := runtime.NumCPU()
+	step := (m + parts - 1) / parts
+	if bs := t.DType.BlockSize(); bs > 1 {
+		step = (step + bs - 1) / bs * bs
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, parts)
+	for p := 0; p < parts; p++ {
+		lo, hi := p*step, min((p+1)*step, m)
+		if lo >= hi {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, _ := t.DType.Bytes(int64(lo))
+			b, _ := t.DType.Bytes(int64(hi))
+			if err := tensor.ToF32(t.DType, src[a:b], f[lo:hi]); err != nil {
+				errs[p] = err
+				return
+			}
+			encode(f[lo:hi], dt, out[lo*dt.Size():hi*dt.Size()])
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("tensor %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+// same reports whether tensor dtype s is stored exactly as device dtype d.
+func same(s tensor.DType, d cu.DType) bool {
+	return (s == tensor.F32 && d == cu.F32) || (s == tensor.F16 && d == cu.F16) || (s == tensor.BF16 && d == cu.BF16)
+}
+
+func encode(f []float32, dt cu.DType, out []byte) {
+	switch dt {
+	case cu.F32:
+		for i, v := range f {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
+		}
+	case cu.F16:
+		for i, v := range f {
+			binary.LittleEndian.PutUint16(out[2*i:], tensor.F32ToF16(v))
+		}
+	case cu.BF16:
+		for i, v := range f {
+			binary.LittleEndian.PutUint16(out[2*i:], tensor.F32ToBF16(v))
+		}
+	}
+}

@@ -108,7 +108,11 @@ func alignOf(p Ptr) int {
 	return a
 }
 
-// Matmul runs m. In column-major terms Outᵀ[N,T] = W[K,N]ᵀ·X[K,T]: A is W
+// Matmul queues m on m.Stream (nil: the default stream). It can be captured
+// into a CUDA graph (Stream.BeginCapture on m.Stream): the plan is made, or
+// found in the cache, on the host at capture time, and the graph holds the
+// product's kernels with the pointers, bias and lt's workspace baked in, so
+// lt must outlive the graph. In column-major terms Outᵀ[N,T] = W[K,N]ᵀ·X[K,T]: A is W
 // (stored K×N, ld K, transposed), B is X (stored K×T, ld K), D is Out
 // (N×T, ld N); the bias runs along D's rows, i.e. Out's columns. Plans
 // (descriptors and the heuristic's algorithm) are cached per shape, types

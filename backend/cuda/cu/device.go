@@ -40,6 +40,8 @@ type Device struct {
 	args        unsafe.Pointer // packed kernel arguments (C memory)
 	params      unsafe.Pointer // void*[maxArgs] pointing into args
 
+	capturing []*Stream // streams between BeginCapture and EndCapture
+
 	cache    *kcache.Cache
 	forcePTX bool // tests: take the PTX path of Compile
 }
@@ -125,7 +127,7 @@ func (d *Device) onWorker() bool { return gettid() == d.tid }
 // as an error.
 func (d *Device) Do(f func() error) error {
 	if d.onWorker() {
-		return f()
+		return d.noteCapture(f())
 	}
 	d.mu.Lock()
 	if d.closed {
@@ -139,7 +141,7 @@ func (d *Device) Do(f func() error) error {
 				done <- fmt.Errorf("cuda: panic on device %d worker: %v", d.Ordinal, r)
 			}
 		}()
-		done <- f()
+		done <- d.noteCapture(f())
 	}
 	d.mu.Unlock()
 	return <-done
@@ -363,6 +365,11 @@ func (d *Device) CopyDtoHAsync(h *HostBuf, off int, src Ptr, n int, s *Stream) e
 type Stream struct {
 	d *Device
 	h unsafe.Pointer
+
+	// Worker only: set between BeginCapture and EndCapture, with the first
+	// failed CUDA or cuBLASLt call made on the device meanwhile.
+	capturing bool
+	capErr    *Error
 }
 
 func (s *Stream) handle() unsafe.Pointer {
@@ -396,12 +403,22 @@ func (s *Stream) Wait(e *Event) error {
 	return s.d.Do(func() error { return drvStreamWaitEvent(s.h, e.h) })
 }
 
-// Close destroys the stream.
+// Close destroys the stream; a capture still open on it is ended and its
+// graph dropped.
 func (s *Stream) Close() error {
 	if s == nil || s.h == nil {
 		return nil
 	}
-	err := s.d.Do(func() error { return drvStreamDestroy(s.h) })
+	err := s.d.Do(func() error {
+		var err error
+		if s.capturing {
+			err = s.abortCapture()
+		}
+		if e := drvStreamDestroy(s.h); err == nil {
+			err = e
+		}
+		return err
+	})
 	s.h = nil
 	return err
 }

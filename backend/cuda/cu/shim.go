@@ -20,6 +20,8 @@ typedef void* CUmodule;
 typedef void* CUfunction;
 typedef void* CUstream;
 typedef void* CUevent;
+typedef void* CUgraph;
+typedef void* CUgraphExec;
 typedef int nvrtcResult;
 typedef void* nvrtcProgram;
 typedef int cublasStatus_t;
@@ -97,6 +99,15 @@ FN(CUresult, cuModuleGetFunction, (CUfunction*, CUmodule, const char*))
 FN(CUresult, cuModuleGetGlobal_v2, (CUdeviceptr*, size_t*, CUmodule, const char*))
 FN(CUresult, cuFuncSetAttribute, (CUfunction, int, int))
 FN(CUresult, cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**))
+// Stream capture and graphs. The mode and status arguments are the enums
+// CUstreamCaptureMode and CUstreamCaptureStatus (int-sized).
+FN(CUresult, cuStreamBeginCapture_v2, (CUstream, int))
+FN(CUresult, cuStreamEndCapture, (CUstream, CUgraph*))
+FN(CUresult, cuStreamIsCapturing, (CUstream, int*))
+FN(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))
+FN(CUresult, cuGraphLaunch, (CUgraphExec, CUstream))
+FN(CUresult, cuGraphExecDestroy, (CUgraphExec))
+FN(CUresult, cuGraphDestroy, (CUgraph))
 
 FN(nvrtcResult, nvrtcVersion, (int*, int*))
 FN(const char*, nvrtcGetErrorString, (nvrtcResult))
@@ -143,6 +154,8 @@ static sym cudaSyms[] = {
 	S(cuEventCreate), S(cuEventDestroy_v2), S(cuEventRecord), S(cuEventSynchronize),
 	S(cuModuleLoadData), S(cuModuleUnload), S(cuModuleGetFunction), S(cuModuleGetGlobal_v2),
 	S(cuFuncSetAttribute), S(cuLaunchKernel),
+	S(cuStreamBeginCapture_v2), S(cuStreamEndCapture), S(cuStreamIsCapturing),
+	S(cuGraphInstantiateWithFlags), S(cuGraphLaunch), S(cuGraphExecDestroy), S(cuGraphDestroy),
 	{0, 0},
 };
 static sym nvrtcSyms[] = {
@@ -235,6 +248,13 @@ static int k_cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsi
 		unsigned shmem, void* st, void** params) {
 	return p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, st, params, 0);
 }
+static int k_cuStreamBeginCapture(void* s, int mode) { return p_cuStreamBeginCapture_v2(s, mode); }
+static kp k_cuStreamEndCapture(void* s) { CUgraph g = 0; kp r; r.rc = p_cuStreamEndCapture(s, &g); r.p = g; return r; }
+static kr k_cuStreamIsCapturing(void* s) { int st = 0; kr r; r.rc = p_cuStreamIsCapturing(s, &st); r.v = st; return r; }
+static kp k_cuGraphInstantiate(void* g) { CUgraphExec e = 0; kp r; r.rc = p_cuGraphInstantiateWithFlags(&e, g, 0); r.p = e; return r; }
+static int k_cuGraphLaunch(void* e, void* s) { return p_cuGraphLaunch(e, s); }
+static int k_cuGraphExecDestroy(void* e) { return p_cuGraphExecDestroy(e); }
+static int k_cuGraphDestroy(void* g) { return p_cuGraphDestroy(g); }
 
 // ---- NVRTC ----
 static kr2 k_nvrtcVersion(void) { int a = 0, b = 0; kr2 r; r.rc = p_nvrtcVersion(&a, &b); r.a = a; r.b = b; return r; }
@@ -582,6 +602,31 @@ func drvLaunch(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s uns
 		return cuErr(fmt.Sprintf("cuLaunchKernel(%s, grid %v, block %v, shared %d)", name, grid, block, shmem), rc)
 	}
 	return nil
+}
+
+func drvStreamBeginCapture(s unsafe.Pointer, mode int) error {
+	return cuErr(fmt.Sprintf("cuStreamBeginCapture_v2(mode %d)", mode), C.k_cuStreamBeginCapture(s, C.int(mode)))
+}
+func drvStreamEndCapture(s unsafe.Pointer) (unsafe.Pointer, error) {
+	r := C.k_cuStreamEndCapture(s)
+	return r.p, cuErr("cuStreamEndCapture", r.rc)
+}
+func drvStreamIsCapturing(s unsafe.Pointer) (int, error) {
+	r := C.k_cuStreamIsCapturing(s)
+	return int(r.v), cuErr("cuStreamIsCapturing", r.rc)
+}
+func drvGraphInstantiate(g unsafe.Pointer) (unsafe.Pointer, error) {
+	r := C.k_cuGraphInstantiate(g)
+	return r.p, cuErr("cuGraphInstantiateWithFlags", r.rc)
+}
+func drvGraphLaunch(e, s unsafe.Pointer) error {
+	return cuErr("cuGraphLaunch", C.k_cuGraphLaunch(e, s))
+}
+func drvGraphExecDestroy(e unsafe.Pointer) error {
+	return cuErr("cuGraphExecDestroy", C.k_cuGraphExecDestroy(e))
+}
+func drvGraphDestroy(g unsafe.Pointer) error {
+	return cuErr("cuGraphDestroy", C.k_cuGraphDestroy(g))
 }
 
 func nvrtcVersionGet() (int, int, error) {

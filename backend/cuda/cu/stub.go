@@ -57,8 +57,15 @@ func drvFuncSetAttr(unsafe.Pointer, string, int, int) error    { return errNoCgo
 func drvLaunch(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.Pointer) error {
 	return errNoCgo
 }
-func nvrtcVersionGet() (int, int, error) { return 0, 0, errNoCgo }
-func nvrtcArchs() ([]int, error)         { return nil, errNoCgo }
+func drvStreamBeginCapture(unsafe.Pointer, int) error            { return errNoCgo }
+func drvStreamEndCapture(unsafe.Pointer) (unsafe.Pointer, error) { return nil, errNoCgo }
+func drvStreamIsCapturing(unsafe.Pointer) (int, error)           { return 0, errNoCgo }
+func drvGraphInstantiate(unsafe.Pointer) (unsafe.Pointer, error) { return nil, errNoCgo }
+func drvGraphLaunch(unsafe.Pointer, unsafe.Pointer) error        { return errNoCgo }
+func drvGraphExecDestroy(unsafe.Pointer) error                   { return errNoCgo }
+func drvGraphDestroy(unsafe.Pointer) error                       { return errNoCgo }
+func nvrtcVersionGet() (int, int, error)                         { return 0, 0, errNoCgo }
+func nvrtcArchs() ([]int, error)                                 { return nil, errNoCgo }
 func nvrtcCompile(string, string, []string, bool) ([]byte, bool, string, error) {
 	return nil, false, "", errNoCgo
 }

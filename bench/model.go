@@ -28,11 +28,18 @@ type ModelOptions struct {
 	PromptTokens int   // pp: tokens of one prompt (0: skip)
 	GenTokens    int   // tg: tokens generated per sequence (0: skip)
 	Batches      []int // sequences decoding together in tg
-	Reps         int   // repetitions of each test (at least 1)
-	Seed         uint64
+	// Depth is the context each tg sequence holds before it starts decoding
+	// (a prompt of Depth random tokens, prefilled untimed), like
+	// llama-bench's depth.
+	Depth int
+	Reps  int // repetitions of each test (at least 1)
+	Seed  uint64
 	// Memory measures the bandwidth decode is compared with (nil: this
 	// machine's host memory).
 	Memory Memory
+	// PeakFLOPS, when set, measures the device's large-GEMM rate in the
+	// compute dtype (FLOP/s), which prompt processing is compared with.
+	PeakFLOPS func() (float64, error)
 	// WeightElemBytes is the width of a weight element as the backend holds
 	// it (0: as stored in the file); KVElemBytes that of a KV-cache element
 	// (0: 4, float32).
@@ -57,6 +64,12 @@ type ModelResult struct {
 	TokensPerSec float64   `json:"tokens_per_s"`
 	StdDev       float64   `json:"tokens_per_s_stddev"`
 	Samples      []float64 `json:"samples_tokens_per_s"`
+	// FLOPS is prompt processing's model FLOP/s: the products' 2·N·K per
+	// token (the logits' only for the last token) plus causal attention's
+	// 4·heads·headDim per key, over the measured time.
+	FLOPS float64 `json:"flops_per_s,omitempty"`
+	// PeakFraction is FLOPS over the report's PeakFLOPS.
+	PeakFraction float64 `json:"peak_fraction,omitempty"`
 	// BytesPerStep is the memory a decode step must read: the weights as
 	// stored plus the KV cache of every sequence, averaged over the run.
 	BytesPerStep float64 `json:"bytes_per_step,omitempty"`
@@ -82,6 +95,7 @@ type ModelReport struct {
 	Threads       int           `json:"threads"`
 	CopyBandwidth float64       `json:"copy_bytes_per_s"`
 	ReadBandwidth float64       `json:"read_bytes_per_s"`
+	PeakFLOPS     float64       `json:"peak_flops_per_s,omitempty"`
 	Date          string        `json:"date"`
 	Results       []ModelResult `json:"results"`
 }
@@ -125,6 +139,15 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			}
 		}
 		res.TokensPerSec, res.StdDev = meanStd(res.Samples)
+		res.FLOPS = res.TokensPerSec * prefillFLOPsPerToken(m, o.PromptTokens)
+		if o.PeakFLOPS != nil {
+			peak, err := o.PeakFLOPS()
+			if err != nil {
+				return nil, err
+			}
+			rep.PeakFLOPS = peak
+			res.PeakFraction = res.FLOPS / peak
+		}
 		rep.Results = append(rep.Results, res)
 	}
 	if o.GenTokens > 0 {
@@ -143,6 +166,9 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 // GenTokens steps of one token per sequence.
 func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int, mem Memory) (ModelResult, error) {
 	res := ModelResult{Test: fmt.Sprintf("tg%d", o.GenTokens), Batch: batch, Tokens: batch * o.GenTokens}
+	if o.Depth > 0 {
+		res.Test += fmt.Sprintf("@d%d", o.Depth)
+	}
 	spec := e.KVSpec()
 	kvElem := o.KVElemBytes
 	if kvElem == 0 {
@@ -158,6 +184,11 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		for s := range seqs {
 			seqs[s] = e.NewSequence()
 			toks[s] = randomTokens(1)[0]
+			if o.Depth > 0 {
+				if _, err := e.Prefill(seqs[s], randomTokens(o.Depth), false); err != nil {
+					return res, err
+				}
+			}
 		}
 		var kvBytes float64
 		start := time.Now()
@@ -217,6 +248,23 @@ func weightBytesPerStep(m *model.Model, batch, elemBytes int) int64 {
 		}
 	}
 	return n
+}
+
+// prefillFLOPsPerToken is the model FLOPs per token of a t-token prompt: 2
+// per weight of every product (the embedding table is a gather, and the
+// logits are computed for the last token only), plus causal attention's
+// scores and weighted sum, 4·heads·headDim per key, (t+1)/2 keys on average.
+func prefillFLOPsPerToken(m *model.Model, t int) float64 {
+	c := m.Config
+	var mat float64
+	for name, x := range m.Tensors {
+		if len(x.Shape) == 2 && name != model.EmbedName && name != model.HeadName {
+			mat += float64(x.Shape.Elements())
+		}
+	}
+	logits := float64(c.VocabSize) * float64(c.HiddenSize) / float64(t)
+	attn := 4 * float64(c.NumLayers*c.NumHeads*c.HeadDim) * float64(t+1) / 2
+	return 2*(mat+logits) + attn
 }
 
 func meanStd(xs []float64) (float64, float64) {

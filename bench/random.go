@@ -7,7 +7,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 
 	"kiln/model"
 	"kiln/tensor"
@@ -100,15 +102,30 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 }
 
 // randomTensor fills a tensor with N(0, std²) values, or 1 + N(0, 0.01) when
-// std < 0 (norm weights).
+// std < 0 (norm weights). Chunks of a million values are drawn in parallel,
+// each from its own generator seeded from r, so the result depends only on r.
 func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape tensor.Shape) (*tensor.Tensor, error) {
 	vals := make([]float32, shape.Elements())
-	for i := range vals {
-		if std < 0 {
-			vals[i] = 1 + float32(r.NormFloat64()*0.1)
-		} else {
-			vals[i] = float32(r.NormFloat64() * std)
-		}
+	const chunk = 1 << 20
+	seed := r.Uint64()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for lo := 0; lo < len(vals); lo += chunk {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			cr := rand.New(rand.NewPCG(seed, uint64(lo)))
+			part := vals[lo:min(lo+chunk, len(vals))]
+			for i := range part {
+				if std < 0 {
+					part[i] = 1 + float32(cr.NormFloat64()*0.1)
+				} else {
+					part[i] = float32(cr.NormFloat64() * std)
+				}
+			}
+		}()
 	}
+	wg.Wait()
 	return tensor.Encode(name, shape, d, vals)
 }

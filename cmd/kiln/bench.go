@@ -30,6 +30,7 @@ func cmdBenchModel(args []string) error {
 	pp := fs.Int("pp", 512, "prompt tokens for the prompt-processing test (0: skip)")
 	tg := fs.Int("tg", 128, "tokens generated per sequence in the generation test (0: skip)")
 	batches := fs.String("batch", "1,4", "sequences decoding together in the generation test, comma-separated")
+	depth := fs.Int("depth", 0, "context each generation-test sequence holds before decoding (prefilled, untimed)")
 	reps := fs.Int("reps", 3, "repetitions of each test, after one warm-up")
 	random := fs.String("random", "", "benchmark a random-weight model of this shape instead of MODEL ("+bench.ShapeNames()+")")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -48,8 +49,8 @@ func cmdBenchModel(args []string) error {
 			return fmt.Errorf("--batch %d must be at least 1", b)
 		}
 	}
-	if *pp < 0 || *tg < 0 || *reps < 1 {
-		return fmt.Errorf("--pp, --tg must be >= 0 and --reps >= 1")
+	if *pp < 0 || *tg < 0 || *depth < 0 || *reps < 1 {
+		return fmt.Errorf("--pp, --tg, --depth must be >= 0 and --reps >= 1")
 	}
 	be, err := ef.backend()
 	if err != nil {
@@ -99,7 +100,7 @@ func cmdBenchModel(args []string) error {
 	for _, b := range bs {
 		maxBatch = max(maxBatch, b)
 	}
-	ctx := max(*pp, *tg) + 1
+	ctx := max(*pp, *depth+*tg) + 1
 	if ef.ctx > 0 {
 		ctx = ef.ctx
 	}
@@ -111,7 +112,7 @@ func cmdBenchModel(args []string) error {
 		return err
 	}
 	defer e.Close()
-	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps}
+	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth}
 	threads := ef.threads
 	if gpu != nil {
 		mem, err := gpu.NewMemory(1 << 30)
@@ -122,6 +123,8 @@ func cmdBenchModel(args []string) error {
 		opts.Memory = mem
 		opts.WeightElemBytes = gpu.ComputeDType(e.Compiled.Graph).Size()
 		opts.KVElemBytes = opts.WeightElemBytes
+		act := gpu.ComputeDType(e.Compiled.Graph)
+		opts.PeakFLOPS = func() (float64, error) { return gpu.GEMMRate(act, 8192) }
 		threads = 0
 	}
 	if *cpuProfile != "" {
@@ -161,8 +164,12 @@ func cmdBenchModel(args []string) error {
 
 func printModelReport(r *bench.ModelReport) {
 	fmt.Printf("model %s (%s), %s params, %s weights; backend %s\n", r.Model, r.Format, groupDigits(r.Params), bytesString(r.WeightBytes), r.Backend)
-	fmt.Printf("memory: copy %.1f GB/s (read+write), read pass %.1f GB/s (a read-only workload's ceiling: %.0f%% of copy)\n\n",
-		r.CopyBandwidth/1e9, r.ReadBandwidth/1e9, 100*r.ReadBandwidth/r.CopyBandwidth)
+	if r.ReadBandwidth > 0 {
+		fmt.Printf("memory: copy %.1f GB/s (read+write), read pass %.1f GB/s (a read-only workload's ceiling: %.0f%% of copy)\n\n",
+			r.CopyBandwidth/1e9, r.ReadBandwidth/1e9, 100*r.ReadBandwidth/r.CopyBandwidth)
+	} else {
+		fmt.Printf("memory: device-to-device copy %.1f GB/s (read+write)\n\n", r.CopyBandwidth/1e9)
+	}
 	fmt.Printf("| %-7s | %5s | %18s | %10s | %8s | %9s |\n", "test", "batch", "tokens/s", "GB/s read", "roofline", "read pass")
 	fmt.Printf("|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 9), strings.Repeat("-", 7), strings.Repeat("-", 20), strings.Repeat("-", 12), strings.Repeat("-", 10), strings.Repeat("-", 11))
 	pct := func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" }
@@ -170,9 +177,20 @@ func printModelReport(r *bench.ModelReport) {
 		bw, roof, read := "", "", ""
 		if x.Bandwidth > 0 {
 			bw = strconv.FormatFloat(x.Bandwidth/1e9, 'f', 2, 64)
-			roof, read = pct(x.Roofline), pct(x.ReadFraction)
+			roof = pct(x.Roofline)
+			if x.ReadFraction > 0 {
+				read = pct(x.ReadFraction)
+			}
 		}
 		fmt.Printf("| %-7s | %5d | %9.2f ± %6.2f | %10s | %8s | %9s |\n", x.Test, x.Batch, x.TokensPerSec, x.StdDev, bw, roof, read)
 	}
-	fmt.Println("\nroofline: weights and KV cache read per decode step × steps/s over the copy bandwidth (read+write),\nmedian of each repetition's ratio to a copy measured just before it; read pass: the same against a plain SIMD read")
+	for _, x := range r.Results {
+		if x.FLOPS > 0 {
+			fmt.Printf("\n%s: %.2f TFLOP/s of model FLOPs", x.Test, x.FLOPS/1e12)
+			if x.PeakFraction > 0 {
+				fmt.Printf(", %.1f%% of an 8192³ GEMM's %.1f TFLOP/s measured in the same run", 100*x.PeakFraction, r.PeakFLOPS/1e12)
+			}
+		}
+	}
+	fmt.Println("\n\nroofline: weights and KV cache read per decode step × steps/s over the copy bandwidth (read+write),\nmedian of each repetition's ratio to a copy measured just before it; read pass: the same against a plain SIMD read")
 }

@@ -1,0 +1,138 @@
+"""The PyTorch/transformers peer of `kiln bench model --random llama3-8b` on
+the GPU machine: the same shape with random bf16 weights, measured the same
+way (median of reps after a warm-up), printed as one JSON object.
+
+    python3 tools/gpu/torch_peer.py [--depth 512] [--tg 128] [--batch 1,16,64,256] [--pp 2048] [--compile]
+
+Figures: device-to-device copy bandwidth (bytes read + written per second), a
+large bf16 GEMM's TFLOP/s, prefill tokens/s of one pp-token prompt, and
+decode tokens/s of `batch` sequences that hold `depth` tokens of context,
+greedy, with transformers' DynamicCache (eager). --compile adds batch-1
+decode with a static cache and torch.compile(mode="reduce-overhead").
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def cuda_time(fn, reps):
+    times = []
+    for i in range(reps + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        if i > 0:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depth", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--pp", type=int, default=2048)
+    ap.add_argument("--batch", default="1,16,64,256")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--compile", action="store_true")
+    a = ap.parse_args()
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    import transformers
+    out["transformers"] = transformers.__version__
+
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    out["copy_bytes_per_s"] = 2 * n / cuda_time(lambda: dst.copy_(src), 5)
+    del src, dst
+    m = 8192
+    x = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    y = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    out["gemm_tflops"] = 2 * m**3 / cuda_time(lambda: x @ y, 10) / 1e12
+    del x, y
+
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=a.layers,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=8192, rope_theta=500000.0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    out["params"] = sum(p.numel() for p in model.parameters())
+    vocab = cfg.vocab_size
+
+    with torch.inference_mode():
+        ids = torch.randint(0, vocab, (1, a.pp), device="cuda")
+        t = cuda_time(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), a.reps)
+        out["pp"] = {"tokens": a.pp, "tokens_per_s": a.pp / t}
+
+        def decode(batch):
+            prompt = torch.randint(0, vocab, (batch, a.depth), device="cuda")
+            times = []
+            for rep in range(a.reps + 1):
+                from transformers import DynamicCache
+                cache = DynamicCache()
+                o = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                tok = o.logits[:, -1].argmax(-1, keepdim=True)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(a.tg):
+                    o = model(input_ids=tok, past_key_values=cache, use_cache=True)
+                    tok = o.logits[:, -1].argmax(-1, keepdim=True)
+                torch.cuda.synchronize()
+                if rep > 0:
+                    times.append(time.perf_counter() - t0)
+                del cache, o
+                torch.cuda.empty_cache()
+            return batch * a.tg / statistics.median(times)
+
+        out["tg"] = []
+        for b in [int(x) for x in a.batch.split(",")]:
+            try:
+                out["tg"].append({"batch": b, "depth": a.depth, "tokens": a.tg, "tokens_per_s": decode(b)})
+            except torch.OutOfMemoryError as e:
+                out["tg"].append({"batch": b, "error": "out of memory"})
+                torch.cuda.empty_cache()
+            print(json.dumps(out["tg"][-1]), file=sys.stderr, flush=True)
+
+        if a.compile:
+            try:
+                from transformers import StaticCache
+                cache = StaticCache(config=cfg, max_batch_size=1, max_cache_len=a.depth + a.tg + 8,
+                                    device="cuda", dtype=torch.bfloat16)
+                fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+                prompt = torch.randint(0, vocab, (1, a.depth), device="cuda")
+                t0 = time.perf_counter()
+                o = model(input_ids=prompt, past_key_values=cache, use_cache=True,
+                          cache_position=torch.arange(a.depth, device="cuda"), logits_to_keep=1)
+                tok = o.logits[:, -1].argmax(-1, keepdim=True)
+                times = []
+                for rep in range(a.reps + 2):
+                    pos = a.depth
+                    torch.cuda.synchronize()
+                    t1 = time.perf_counter()
+                    for _ in range(a.tg):
+                        o = fwd(input_ids=tok, past_key_values=cache, use_cache=True,
+                                cache_position=torch.tensor([pos], device="cuda"))
+                        tok = o.logits[:, -1].argmax(-1, keepdim=True).clone()
+                        pos = pos + 1 if pos + 1 < a.depth + a.tg else a.depth
+                    torch.cuda.synchronize()
+                    if rep > 1:
+                        times.append(time.perf_counter() - t1)
+                out["tg_compiled"] = {"batch": 1, "depth": a.depth, "tokens": a.tg,
+                                      "tokens_per_s": a.tg / statistics.median(times),
+                                      "compile_and_warmup_s": time.perf_counter() - t0}
+            except Exception as e:  # report, never hide
+                out["tg_compiled"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -40,6 +40,9 @@ type ModelOptions struct {
 	// PeakFLOPS, when set, measures the device's large-GEMM rate in the
 	// compute dtype (FLOP/s), which prompt processing is compared with.
 	PeakFLOPS func() (float64, error)
+	// DeviceTime, when set, is the device's cumulative busy time over the
+	// steps run (stream time from a step's first operation to its last).
+	DeviceTime func() time.Duration
 	// WeightElemBytes is the width of a weight element as the backend holds
 	// it (0: as stored in the file); KVElemBytes that of a KV-cache element
 	// (0: 4, float32).
@@ -70,6 +73,11 @@ type ModelResult struct {
 	FLOPS float64 `json:"flops_per_s,omitempty"`
 	// PeakFraction is FLOPS over the report's PeakFLOPS.
 	PeakFraction float64 `json:"peak_fraction,omitempty"`
+	// DeviceBusy is the fraction of a decode step's wall time during which
+	// the device ran the step (DeviceTime); the rest is spent outside it
+	// (host work, launches, synchronisation): OutsideSeconds per step.
+	DeviceBusy     float64 `json:"device_busy_fraction,omitempty"`
+	OutsideSeconds float64 `json:"outside_seconds_per_step,omitempty"`
 	// BytesPerStep is the memory a decode step must read: the weights as
 	// stored plus the KV cache of every sequence, averaged over the run.
 	BytesPerStep float64 `json:"bytes_per_step,omitempty"`
@@ -177,7 +185,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * kvElem)
 	items := make([]engine.Item, batch)
 	toks := make([]int, batch)
-	var roof, read []float64
+	var roof, read, busy, outside []float64
 	for i := 0; i <= o.Reps; i++ {
 		copyRate, readRate := mem.CopyRate(3), mem.ReadRate(3)
 		seqs := make([]*engine.Sequence, batch)
@@ -191,6 +199,10 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 			}
 		}
 		var kvBytes float64
+		var dev0 time.Duration
+		if o.DeviceTime != nil {
+			dev0 = o.DeviceTime()
+		}
 		start := time.Now()
 		for step := 0; step < o.GenTokens; step++ {
 			for s := range items {
@@ -212,6 +224,11 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		if i == 0 {
 			continue // warm-up
 		}
+		if o.DeviceTime != nil {
+			dev := o.DeviceTime() - dev0
+			busy = append(busy, dev.Seconds()/el.Seconds())
+			outside = append(outside, (el-dev).Seconds()/float64(o.GenTokens))
+		}
 		rate := float64(batch*o.GenTokens) / el.Seconds()
 		res.Samples = append(res.Samples, rate)
 		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes)) + kvBytes/float64(o.GenTokens)
@@ -224,6 +241,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	res.TokensPerSec, res.StdDev = meanStd(res.Samples)
 	res.Bandwidth = res.BytesPerStep * res.TokensPerSec / float64(batch)
 	res.Roofline, res.ReadFraction = median(roof), median(read)
+	res.DeviceBusy, res.OutsideSeconds = median(busy), median(outside)
 	return res, nil
 }
 

@@ -28,6 +28,9 @@ type Options struct {
 	MaxSeqs int
 	// BlockSize is the number of token slots in a KV block (default 16).
 	BlockSize int
+	// KVBlocks is the size of the KV cache in blocks, shared by all
+	// sequences (0: room for MaxSeqs sequences of ContextLen tokens).
+	KVBlocks int
 	// Buckets are the step sizes plans are built for (default
 	// compile.DefaultBuckets).
 	Buckets compile.Buckets
@@ -92,7 +95,11 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
-	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocksPerSeq * opts.MaxSeqs, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}
+	blocks := blocksPerSeq * opts.MaxSeqs
+	if opts.KVBlocks > 0 {
+		blocks = opts.KVBlocks
+	}
+	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}
 	kv, err := loaded.NewKVCache(spec)
 	if err != nil {
 		loaded.Close()

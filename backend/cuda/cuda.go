@@ -13,6 +13,7 @@ package cuda
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"kiln/backend"
 	"kiln/backend/cuda/cu"
@@ -30,7 +31,31 @@ type Backend struct {
 	DType string
 	// Progress receives the weight-upload progress line; nil: none.
 	Progress io.Writer
+	// NoGraphs launches decode steps kernel by kernel instead of replaying
+	// captured CUDA graphs (for comparisons).
+	NoGraphs bool
+	// Timing records events around every step and adds the device time
+	// between them to Stats.DeviceTime.
+	Timing bool
+
+	stats Stats
 }
+
+// Stats counts how steps were launched.
+type Stats struct {
+	Steps         int   // steps run
+	GraphReplays  int   // decode steps replayed from a captured graph
+	GraphCaptures int   // graphs captured
+	GraphFailures int   // captures that failed (those compositions run directly)
+	LastFailure   error // the latest capture failure
+	// DeviceTime is the stream time from a step's first operation (the
+	// batch's upload) to its last (the logits' copy), summed over steps run
+	// with Timing.
+	DeviceTime time.Duration
+}
+
+// Stats returns the launch counters of everything loaded on b.
+func (b *Backend) Stats() Stats { return b.stats }
 
 // Available reports why no CUDA device can be used, or nil.
 func Available() error {
@@ -168,6 +193,7 @@ type loaded struct {
 	weights map[*ir.Node]deviceTensor
 	allocs  []cu.Ptr      // everything to free on Close
 	hosts   []*cu.HostBuf // pinned buffers of the executables
+	events  [2]*cu.Event  // step timing (Backend.Timing), made on first use
 }
 
 // deviceTensor is a weight or constant on the device.
@@ -211,12 +237,31 @@ func (l *loaded) Close() error {
 		}
 	}
 	l.hosts = nil
+	for _, ev := range l.events {
+		if ev != nil {
+			ev.Close()
+		}
+	}
 	for _, c := range []interface{ Close() error }{l.stream, l.lt, l.k} {
 		if err := c.Close(); err != nil {
 			keep(err)
 		}
 	}
 	return first
+}
+
+// timer makes the step-timing events.
+func (l *loaded) timer() error {
+	for i := range l.events {
+		if l.events[i] == nil {
+			ev, err := l.dev.NewEvent(true)
+			if err != nil {
+				return err
+			}
+			l.events[i] = ev
+		}
+	}
+	return nil
 }
 
 // kvCache holds, per layer, keys and values as

@@ -1,8 +1,11 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"time"
 	"unsafe"
 
 	"kiln/backend"
@@ -49,7 +52,27 @@ type stepState struct {
 	m      kernels.DevMeta
 	kv     *kvCache
 	decode bool // attention through the flash-decoding kernel
-	ws     cu.Ptr
+	// planMeta is the batch as the decode attention is planned for: its
+	// largest position rounded up to a power of two, so that a captured
+	// graph serves every step up to that context (splits past a sequence's
+	// end exit at once).
+	planMeta *kernels.Meta
+	ws       cu.Ptr
+}
+
+// graphKey identifies the steps one captured graph can replay: the same
+// composition (so the same packed offsets, grids and product shapes), the
+// same context bucket and the same cache.
+type graphKey struct {
+	t, s, r, tiles, ctx int
+	kv                  *kvCache
+}
+
+// graphState is a decode composition's graph: seen once (run directly, as a
+// warm-up), then captured; failed: capture is not attempted again.
+type graphState struct {
+	g      *cu.Graph
+	failed error
 }
 
 type node struct {
@@ -67,14 +90,17 @@ type executable struct {
 	output operand
 	vocab  int // rows of the embedding table: token ids must be below it
 
-	// Per-step buffers, grown on demand: the packed batch (pinned and on the
-	// device), the decode-attention workspace, the logits' pinned copy.
+	// Per-step buffers: the packed batch (pinned and on the device) and the
+	// decode-attention workspace, grown on demand (dropping the graphs), and
+	// the logits' pinned copy.
 	metaHost *cu.HostBuf
 	metaDev  cu.Ptr
 	metaCap  int
 	ws       cu.Ptr
 	wsCap    int
 	outHost  *cu.HostBuf
+
+	graphs map[graphKey]*graphState
 }
 
 func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
@@ -89,7 +115,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: activation arena of %d bytes: %w", p.ArenaBytes, err)
 	}
-	e := &executable{l: l, plan: p, arena: arena, vocab: math.MaxInt32}
+	e := &executable{l: l, plan: p, arena: arena, vocab: math.MaxInt32, graphs: map[graphKey]*graphState{}}
 	bind := func(v *ir.Value) (operand, error) {
 		o := operand{v: v, dtype: l.act, cols: v.Shape.Last()}
 		if ir.IsState(v) {
@@ -153,6 +179,12 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, err
 	}
 	e.output = out
+	// The logits' pinned copy is sized for the bucket once: captured graphs
+	// write to it.
+	if e.outHost, err = l.dev.AllocHost(4 * p.Bucket.Rows * out.cols); err != nil {
+		return nil, err
+	}
+	l.hosts = append(l.hosts, e.outHost)
 	return e, nil
 }
 
@@ -191,33 +223,109 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 	d := e.l.dev
 	return d.Do(func() error {
 		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs)}
-		if err := e.upload(m, x); err != nil {
-			return err
-		}
-		if x.decode {
-			if err := e.decodeWorkspace(x); err != nil {
+		timing := e.l.b.Timing
+		if timing {
+			if err := e.l.timer(); err != nil {
+				return err
+			}
+			if err := e.l.events[0].Record(e.l.stream); err != nil {
 				return err
 			}
 		}
+		if err := e.upload(m, x); err != nil {
+			return err
+		}
+		var key graphKey
+		if x.decode {
+			pm := *m
+			pm.MaxPos = max(64, 1<<bits.Len(uint(m.MaxPos))) - 1
+			x.planMeta = &pm
+			if err := e.decodeWorkspace(x); err != nil {
+				return err
+			}
+			key = graphKey{t: m.T, s: m.S, r: m.R, tiles: m.Tiles, ctx: pm.MaxPos + 1, kv: cache}
+		}
+		if err := e.launch(x, key, 4*r*vocab); err != nil {
+			return err
+		}
+		if timing {
+			if err := e.l.events[1].Record(e.l.stream); err != nil {
+				return err
+			}
+		}
+		if err := e.l.stream.Sync(); err != nil {
+			return err
+		}
+		if timing {
+			ms, err := cu.Elapsed(e.l.events[0], e.l.events[1])
+			if err != nil {
+				return err
+			}
+			e.l.b.stats.DeviceTime += time.Duration(float64(ms) * 1e6)
+		}
+		copy(logits[:r*vocab], unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(e.outHost.Bytes()))), r*vocab))
+		return nil
+	})
+}
+
+// launch queues the step: its nodes and the copy of the logits (n bytes) to
+// the pinned buffer. A decode step replays its composition's graph, capturing
+// it the second time the composition is seen; prefill steps and
+// compositions whose capture failed launch node by node.
+func (e *executable) launch(x *stepState, key graphKey, n int) error {
+	direct := func() error {
 		for i := range e.nodes {
 			nd := &e.nodes[i]
 			if err := nd.launch(x, nd); err != nil {
 				return fmt.Errorf("cuda: node %d (%v, %s): %w", nd.n.ID, nd.n.Op, nd.kernel, err)
 			}
 		}
-		n := 4 * r * vocab
-		if err := e.grow(&e.outHost, n); err != nil {
-			return err
+		return e.l.dev.CopyDtoHAsync(e.outHost, 0, e.output.p, n, e.l.stream)
+	}
+	stats := &e.l.b.stats
+	stats.Steps++
+	if !x.decode || e.l.b.NoGraphs {
+		return direct()
+	}
+	st := e.graphs[key]
+	switch {
+	case st == nil:
+		e.graphs[key] = &graphState{}
+		return direct()
+	case st.failed != nil:
+		return direct()
+	case st.g == nil:
+		if err := e.l.stream.BeginCapture(); err != nil {
+			st.failed = err
+			stats.GraphFailures++
+			stats.LastFailure = err
+			return direct()
 		}
-		if err := d.CopyDtoHAsync(e.outHost, 0, e.output.p, n, e.l.stream); err != nil {
-			return err
+		err := direct()
+		g, cerr := e.l.stream.EndCapture()
+		if err != nil || cerr != nil {
+			// Nothing ran: run the step directly, and never capture this
+			// composition again.
+			st.failed = errors.Join(err, cerr)
+			stats.GraphFailures++
+			stats.LastFailure = st.failed
+			return direct()
 		}
-		if err := e.l.stream.Sync(); err != nil {
-			return err
+		st.g = g
+		stats.GraphCaptures++
+	}
+	stats.GraphReplays++
+	return st.g.Launch(e.l.stream)
+}
+
+// dropGraphs forgets every captured graph (a buffer they bake in moved).
+func (e *executable) dropGraphs() {
+	for k, st := range e.graphs {
+		if st.g != nil {
+			st.g.Close()
 		}
-		copy(logits[:r*vocab], unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(e.outHost.Bytes()))), r*vocab))
-		return nil
-	})
+		delete(e.graphs, k)
+	}
 }
 
 // grow makes *h a pinned buffer of at least n bytes.
@@ -248,11 +356,16 @@ func (e *executable) upload(m *kernels.Meta, x *stepState) error {
 		if err := e.l.stream.Sync(); err != nil {
 			return err
 		}
-		p, err := e.l.alloc(2 * n)
+		// Room for a batch of the bucket's tokens, one sequence each, with
+		// block tables covering the whole cache.
+		bk := e.plan.Bucket
+		want := max(2*n, 4*(8*bk.Tokens+bk.Rows+x.kv.spec.Blocks))
+		p, err := e.l.alloc(want)
 		if err != nil {
 			return err
 		}
-		e.metaDev, e.metaCap = p, 2*n
+		e.metaDev, e.metaCap = p, want
+		e.dropGraphs()
 	}
 	if err := e.grow(&e.metaHost, n); err != nil {
 		return err
@@ -271,7 +384,7 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 	need := 0
 	for i := range e.nodes {
 		if nd := &e.nodes[i]; nd.n.Op == ir.Attention {
-			p := kernels.PlanDecode(e.l.attn(x, nd), x.m.Meta, e.l.dev.SMs)
+			p := kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs)
 			need = max(need, p.WorkspaceBytes)
 		}
 	}
@@ -284,6 +397,7 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 			return err
 		}
 		e.ws, e.wsCap = p, 2*need
+		e.dropGraphs()
 	}
 	x.ws = e.ws
 	return nil

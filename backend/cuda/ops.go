@@ -103,7 +103,7 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			at := l.attn(x, nd)
 			if x.decode {
-				return k.DecodeAttention(s, at, x.m, kernels.PlanDecode(at, x.m.Meta, l.dev.SMs), x.ws)
+				return k.DecodeAttention(s, at, x.m, kernels.PlanDecode(at, x.planMeta, l.dev.SMs), x.ws)
 			}
 			return k.PrefillAttention(s, at, x.m)
 		}

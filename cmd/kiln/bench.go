@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"time"
 
 	"kiln/backend/cuda"
 	"kiln/bench"
@@ -32,6 +33,7 @@ func cmdBenchModel(args []string) error {
 	batches := fs.String("batch", "1,4", "sequences decoding together in the generation test, comma-separated")
 	depth := fs.Int("depth", 0, "context each generation-test sequence holds before decoding (prefilled, untimed)")
 	reps := fs.Int("reps", 3, "repetitions of each test, after one warm-up")
+	keep := fs.String("keep", "", "write the --random model into this directory and keep it (reused when it is already there)")
 	random := fs.String("random", "", "benchmark a random-weight model of this shape instead of MODEL ("+bench.ShapeNames()+")")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	output := fs.String("output", "", "also write the JSON report to this file")
@@ -76,15 +78,19 @@ func cmdBenchModel(args []string) error {
 		}
 		d := map[string]tensor.DType{"f32": tensor.F32, "float32": tensor.F32, "fp32": tensor.F32, "f16": tensor.F16, "float16": tensor.F16, "fp16": tensor.F16,
 			"bf16": tensor.BF16, "bfloat16": tensor.BF16}[dtype]
-		dir, err := os.MkdirTemp("", "kiln-bench-")
-		if err != nil {
-			return err
+		dir := *keep
+		if dir == "" {
+			if dir, err = os.MkdirTemp("", "kiln-bench-"); err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
 		}
-		defer os.RemoveAll(dir)
 		path = filepath.Join(dir, shape.Name+"-"+d.String())
-		fmt.Fprintf(os.Stderr, "writing a random %s model (%s) to %s\n", shape.Name, d, path)
-		if err := bench.WriteRandomModel(path, shape, d, 1); err != nil {
-			return err
+		if _, err := os.Stat(filepath.Join(path, "config.json")); err != nil || *keep == "" {
+			fmt.Fprintf(os.Stderr, "writing a random %s model (%s) to %s\n", shape.Name, d, path)
+			if err := bench.WriteRandomModel(path, shape, d, 1); err != nil {
+				return err
+			}
 		}
 	case *random == "" && len(pos) == 1:
 		path = pos[0]
@@ -107,7 +113,11 @@ func cmdBenchModel(args []string) error {
 	if ctx > m.Config.MaxPositions {
 		return fmt.Errorf("the test needs a context of %d, the model has %d", ctx, m.Config.MaxPositions)
 	}
-	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch})
+	// The cache holds what the tests need at once: the prompt of pp, or
+	// every generation sequence at its depth plus tg.
+	blocks := func(tokens int) int { return (tokens + 15) / 16 }
+	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+*tg+1))
+	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks})
 	if err != nil {
 		return err
 	}
@@ -125,6 +135,8 @@ func cmdBenchModel(args []string) error {
 		opts.KVElemBytes = opts.WeightElemBytes
 		act := gpu.ComputeDType(e.Compiled.Graph)
 		opts.PeakFLOPS = func() (float64, error) { return gpu.GEMMRate(act, 8192) }
+		gpu.Timing = true
+		opts.DeviceTime = func() time.Duration { return gpu.Stats().DeviceTime }
 		threads = 0
 	}
 	if *cpuProfile != "" {
@@ -185,6 +197,9 @@ func printModelReport(r *bench.ModelReport) {
 		fmt.Printf("| %-7s | %5d | %9.2f ± %6.2f | %10s | %8s | %9s |\n", x.Test, x.Batch, x.TokensPerSec, x.StdDev, bw, roof, read)
 	}
 	for _, x := range r.Results {
+		if x.DeviceBusy > 0 {
+			fmt.Printf("\n%s batch %d: the device is busy %.1f%% of a step; %.1f µs per step outside device work", x.Test, x.Batch, 100*x.DeviceBusy, 1e6*x.OutsideSeconds)
+		}
 		if x.FLOPS > 0 {
 			fmt.Printf("\n%s: %.2f TFLOP/s of model FLOPs", x.Test, x.FLOPS/1e12)
 			if x.PeakFraction > 0 {

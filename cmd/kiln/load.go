@@ -103,7 +103,12 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if f.reference {
 			return nil, fmt.Errorf("--reference selects the CPU's reference kernels: use it with --device cpu")
 		}
-		return cuda.Open(0, f.dtype)
+		b, err := cuda.Open(0, f.dtype)
+		if err != nil {
+			return nil, err
+		}
+		b.Progress, b.NoGraphs = os.Stderr, !f.graphs
+		return b, nil
 	case "auto", "":
 		if f.reference {
 			return cpuBackend, nil
@@ -116,7 +121,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress = os.Stderr
+		b.Progress, b.NoGraphs = os.Stderr, !f.graphs
 		return b, nil
 	}
 	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)

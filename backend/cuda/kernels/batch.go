@@ -12,7 +12,9 @@ import (
 const PrefillTile = 64
 
 // Meta is a backend.Batch packed into one int32 buffer, uploaded once per
-// step. The offsets are in int32 elements from the start of Data.
+// step. The offsets are in int32 elements from the start of Data. The block
+// tables come last, so every offset depends only on T, S, R and Tiles: steps
+// of the same composition can replay one captured graph.
 type Meta struct {
 	Data []int32
 
@@ -82,13 +84,13 @@ func Pack(b *backend.Batch, spec backend.KVSpec) (*Meta, error) {
 	for _, s := range b.Seqs {
 		d = append(d, int32(s.Len))
 	}
+	put(&m.Rows, b.Rows)
+	put(&m.TileTok0, tok0)
+	put(&m.TileCount, cnt)
 	m.BlockTable = len(d)
 	for _, s := range b.Seqs {
 		d = append(d, s.Blocks...)
 	}
-	put(&m.Rows, b.Rows)
-	put(&m.TileTok0, tok0)
-	put(&m.TileCount, cnt)
 	m.Data = d
 	return m, nil
 }

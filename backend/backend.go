@@ -108,3 +108,33 @@ func (b *Batch) Validate(spec KVSpec) error {
 	}
 	return nil
 }
+
+// SampleParams chooses one row's token on the device, with the semantics of
+// the engine's sampler (engine.Sampler): penalties, temperature, top-k,
+// top-p, min-p, then a draw at U·(total mass) over the survivors in the
+// sampler's order. Temperature 0 is greedy.
+type SampleParams struct {
+	Temperature, TopP, MinP                              float64
+	TopK                                                 int
+	RepetitionPenalty, FrequencyPenalty, PresencePenalty float64
+	// U is the uniform number in [0,1) the host drew for this row.
+	U float64
+	// History lists the tokens the penalties apply to (nil: none).
+	History []HistoryEntry
+}
+
+// HistoryEntry is one token of a sequence's history.
+type HistoryEntry struct {
+	ID    int32
+	Count int32 // times generated (frequency and presence penalties)
+	Seen  bool  // in the prompt or the output (repetition penalty)
+}
+
+// SamplingExecutable is an Executable that can also choose each logit row's
+// token on the device, so that only the ids cross back to the host.
+type SamplingExecutable interface {
+	Executable
+	// RunSample executes one step like Run and writes one token id per row
+	// of b.Rows into ids, chosen by params (one per row).
+	RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error
+}

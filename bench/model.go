@@ -185,6 +185,11 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * kvElem)
 	items := make([]engine.Item, batch)
 	toks := make([]int, batch)
+	// Greedy choice, on the device when the backend samples there.
+	samplers := make([]*engine.Sampler, batch)
+	for i := range samplers {
+		samplers[i] = engine.NewSampler(engine.SamplingParams{}, e.Vocab(), nil)
+	}
 	var roof, read, busy, outside []float64
 	for i := 0; i <= o.Reps; i++ {
 		copyRate, readRate := mem.CopyRate(3), mem.ReadRate(3)
@@ -209,13 +214,11 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 				items[s] = engine.Item{Seq: seqs[s], Tokens: toks[s : s+1]}
 				kvBytes += float64(seqs[s].Len()+1) * kvPerToken
 			}
-			logits, err := e.Step(items)
+			ids, err := e.StepSample(items, samplers)
 			if err != nil {
 				return res, err
 			}
-			for s := range toks {
-				toks[s] = engine.Argmax(logits[s*e.Vocab() : (s+1)*e.Vocab()])
-			}
+			copy(toks, ids)
 		}
 		el := time.Since(start)
 		for _, s := range seqs {

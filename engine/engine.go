@@ -11,6 +11,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"kiln/arch"
 	"kiln/backend"
@@ -57,7 +58,10 @@ type Engine struct {
 	freeBlocks []int32
 	logits     []float32
 	batch      backend.Batch
-	steps      uint64 // steps started, to catch a sequence named twice in one
+	ids        []int                  // StepSample's result
+	devIDs     []int32                // ids from a device sampler
+	params     []backend.SampleParams // per-row device sampling parameters
+	steps      uint64                 // steps started, to catch a sequence named twice in one
 }
 
 // New builds, compiles and loads m for b.
@@ -213,6 +217,66 @@ type Item struct {
 // else one row for its last token, in item order. The returned slice is
 // reused by the next step.
 func (e *Engine) Step(items []Item) ([]float32, error) {
+	x, err := e.prepare(items)
+	if err != nil {
+		return nil, err
+	}
+	b := &e.batch
+	out := e.logits[:len(b.Rows)*e.vocab]
+	if err := x.Run(b, e.kv, out); err != nil {
+		return nil, err
+	}
+	e.advance(items)
+	return out, nil
+}
+
+// StepSample is Step followed by the choice of each item's next token by its
+// sampler (samplers[i] for items[i]; AllRows is not allowed). On a backend
+// that samples on the device, only the ids come back from it. The returned
+// slice is reused by the next call. The samplers' Accept is not called.
+func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
+	if len(samplers) != len(items) {
+		return nil, fmt.Errorf("step of %d items with %d samplers", len(items), len(samplers))
+	}
+	for i, it := range items {
+		if it.AllRows {
+			return nil, fmt.Errorf("item %d: sampling takes the last row only", i)
+		}
+	}
+	x, err := e.prepare(items)
+	if err != nil {
+		return nil, err
+	}
+	b := &e.batch
+	e.ids = e.ids[:0]
+	if sx, ok := x.(backend.SamplingExecutable); ok {
+		e.params = e.params[:0]
+		for _, s := range samplers {
+			e.params = append(e.params, s.deviceParams())
+		}
+		e.devIDs = slices.Grow(e.devIDs[:0], len(items))[:len(items)]
+		if err := sx.RunSample(b, e.kv, e.params, e.devIDs); err != nil {
+			return nil, err
+		}
+		for _, id := range e.devIDs {
+			e.ids = append(e.ids, int(id))
+		}
+	} else {
+		out := e.logits[:len(b.Rows)*e.vocab]
+		if err := x.Run(b, e.kv, out); err != nil {
+			return nil, err
+		}
+		for i, s := range samplers {
+			e.ids = append(e.ids, s.Sample(out[i*e.vocab:(i+1)*e.vocab]))
+		}
+	}
+	e.advance(items)
+	return e.ids, nil
+}
+
+// prepare fills e.batch with items' tokens (growing their block tables) and
+// returns the executable of its bucket.
+func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 	e.steps++
 	b := &e.batch
 	b.Tokens, b.Positions, b.SeqIndex, b.Seqs, b.Rows = b.Tokens[:0], b.Positions[:0], b.SeqIndex[:0], b.Seqs[:0], b.Rows[:0]
@@ -257,18 +321,14 @@ func (e *Engine) Step(items []Item) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	x, err := e.Executable(bucket)
-	if err != nil {
-		return nil, err
-	}
-	out := e.logits[:len(b.Rows)*e.vocab]
-	if err := x.Run(b, e.kv, out); err != nil {
-		return nil, err
-	}
+	return e.Executable(bucket)
+}
+
+// advance records that a step appended items' tokens to their sequences.
+func (e *Engine) advance(items []Item) {
 	for _, it := range items {
 		it.Seq.len += len(it.Tokens)
 	}
-	return out, nil
 }
 
 // Prefill appends tokens to s in chunks of at most MaxStepTokens and returns

@@ -33,15 +33,25 @@ func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool
 	}
 	seq := e.NewSequence()
 	defer e.Free(seq)
-	logits, err := e.Prefill(seq, prompt, false)
-	if err != nil {
-		return res, err
+	// The prompt but its last token fills the cache; the last token's step
+	// also chooses the first generated token (on the device when the
+	// backend samples there).
+	last := len(prompt) - 1
+	if last > 0 {
+		if _, err := e.Prefill(seq, prompt[:last], false); err != nil {
+			return res, err
+		}
 	}
 	sampler := NewSampler(p, e.vocab, prompt)
-	var next [1]Item
+	samplers := [1]*Sampler{sampler}
 	var tok [1]int
+	items := [1]Item{{Seq: seq, Tokens: prompt[last:]}}
 	for {
-		id := sampler.Sample(logits)
+		ids, err := e.StepSample(items[:], samplers[:])
+		if err != nil {
+			return res, err
+		}
+		id := ids[0]
 		if !p.IgnoreStop && slices.Contains(p.StopTokens, id) {
 			res.FinishReason = FinishStop
 			return res, nil
@@ -57,9 +67,6 @@ func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool
 			return res, nil
 		}
 		tok[0] = id
-		next[0] = Item{Seq: seq, Tokens: tok[:]}
-		if logits, err = e.Step(next[:]); err != nil {
-			return res, err
-		}
+		items[0] = Item{Seq: seq, Tokens: tok[:]}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"kiln/backend"
 )
 
 // SamplingParams control token choice and when generation stops.
@@ -62,6 +64,10 @@ type Sampler struct {
 	outCount []int32 // times generated (frequency/presence penalties)
 	logits   []float32
 	cands    []candidate
+	// hist lists the tokens seen (prompt and output) with their output
+	// counts, for a device sampler's penalties; histIdx[id]-1 indexes it.
+	hist    []backend.HistoryEntry
+	histIdx []int32
 }
 
 type candidate struct {
@@ -70,34 +76,70 @@ type candidate struct {
 }
 
 // NewSampler makes a sampler over a vocabulary of vocab ids, primed with the
-// prompt (for the repetition penalty).
+// prompt (for the repetition penalty). The per-token state is allocated only
+// for the penalties that need it, and the host buffers on first use.
 func NewSampler(p SamplingParams, vocab int, prompt []int) *Sampler {
-	s := &Sampler{
-		p:        p,
-		rng:      rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
-		seen:     make([]bool, vocab),
-		outCount: make([]int32, vocab),
-		logits:   make([]float32, vocab),
-		cands:    make([]candidate, 0, vocab),
-	}
-	for _, id := range prompt {
-		if id >= 0 && id < vocab {
-			s.seen[id] = true
+	s := &Sampler{p: p, rng: rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15))}
+	if p.penalized() {
+		s.seen = make([]bool, vocab)
+		s.outCount = make([]int32, vocab)
+		s.histIdx = make([]int32, vocab)
+		for _, id := range prompt {
+			if id >= 0 && id < vocab {
+				s.seen[id] = true
+				s.entry(id)
+			}
 		}
 	}
 	return s
 }
 
+// penalized reports whether any penalty is on.
+func (p *SamplingParams) penalized() bool {
+	rep := p.RepetitionPenalty
+	return (rep != 0 && rep != 1) || p.FrequencyPenalty != 0 || p.PresencePenalty != 0
+}
+
 // Accept records a generated token.
 func (s *Sampler) Accept(id int) {
-	if id >= 0 && id < len(s.seen) {
+	if s.seen != nil && id >= 0 && id < len(s.seen) {
 		s.seen[id] = true
 		s.outCount[id]++
+		s.entry(id).Count++
 	}
+}
+
+// entry returns id's history entry, adding it when new.
+func (s *Sampler) entry(id int) *backend.HistoryEntry {
+	if s.histIdx[id] == 0 {
+		s.hist = append(s.hist, backend.HistoryEntry{ID: int32(id), Seen: true})
+		s.histIdx[id] = int32(len(s.hist))
+	}
+	return &s.hist[s.histIdx[id]-1]
+}
+
+// deviceParams describes the next choice for a device sampler, drawing the
+// random number Sample would draw, so that both give the same token.
+func (s *Sampler) deviceParams() backend.SampleParams {
+	p := backend.SampleParams{
+		Temperature: s.p.Temperature, TopK: s.p.TopK, TopP: s.p.TopP, MinP: s.p.MinP,
+		RepetitionPenalty: s.p.RepetitionPenalty, FrequencyPenalty: s.p.FrequencyPenalty, PresencePenalty: s.p.PresencePenalty,
+	}
+	if s.p.Temperature != 0 {
+		p.U = s.rng.Float64()
+	}
+	if s.p.penalized() {
+		p.History = s.hist
+	}
+	return p
 }
 
 // Sample picks a token from one row of logits (which it does not modify).
 func (s *Sampler) Sample(row []float32) int {
+	if len(s.logits) < len(row) {
+		s.logits = make([]float32, len(row))
+		s.cands = make([]candidate, 0, len(row))
+	}
 	l := s.logits[:len(row)]
 	copy(l, row)
 	s.penalize(l)
@@ -179,11 +221,11 @@ func byLogitDesc(a, b candidate) int {
 }
 
 func (s *Sampler) penalize(l []float32) {
-	rep := float32(s.p.RepetitionPenalty)
-	freq, pres := float32(s.p.FrequencyPenalty), float32(s.p.PresencePenalty)
-	if (rep == 0 || rep == 1) && freq == 0 && pres == 0 {
+	if !s.p.penalized() {
 		return
 	}
+	rep := float32(s.p.RepetitionPenalty)
+	freq, pres := float32(s.p.FrequencyPenalty), float32(s.p.PresencePenalty)
 	for i := range l {
 		if rep != 0 && rep != 1 && s.seen[i] {
 			if l[i] > 0 {

@@ -117,7 +117,7 @@ func cmdBenchModel(args []string) error {
 	// every generation sequence at its depth plus tg.
 	blocks := func(tokens int) int { return (tokens + 15) / 16 }
 	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+*tg+1))
-	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks})
+	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be)})
 	if err != nil {
 		return err
 	}

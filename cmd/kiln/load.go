@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -107,7 +108,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress, b.NoGraphs = os.Stderr, !f.graphs
+		b.Progress, b.NoGraphs = progressWriter(), !f.graphs
 		return b, nil
 	case "auto", "":
 		if f.reference {
@@ -121,10 +122,29 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress, b.NoGraphs = os.Stderr, !f.graphs
+		b.Progress, b.NoGraphs = progressWriter(), !f.graphs
 		return b, nil
 	}
 	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)
+}
+
+// progressWriter is stderr when it is a terminal (the weight-upload progress
+// line redraws itself), else nil.
+func progressWriter() io.Writer {
+	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+		return os.Stderr
+	}
+	return nil
+}
+
+// bucketsFor is the step sizes plans are built for: the default, and on a
+// GPU prefill chunks up to 2048 tokens (larger products use the matrix units
+// better; the arena of a 2048-token plan is a few hundred MB).
+func bucketsFor(b backend.Backend) compile.Buckets {
+	if _, ok := b.(*cuda.Backend); ok {
+		return append(slices.Clone(compile.DefaultBuckets), 1024, 2048)
+	}
+	return compile.DefaultBuckets
 }
 
 // closeBackend releases what backend opened (the GPU device).
@@ -154,6 +174,9 @@ func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engine
 	b, err := f.backend()
 	if err != nil {
 		return nil, err
+	}
+	if o.Buckets == nil {
+		o.Buckets = bucketsFor(b)
 	}
 	e, err := engine.New(m, b, o)
 	if err != nil {

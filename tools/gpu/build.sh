@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the GPU test binaries here (no CUDA toolkit needed: CUDA is loaded at
-# run time) into .devbin/, to be carried to the GPU machine and run there with
-# tools/gpu/run.sh.
+# Builds the GPU test binaries and the kiln binary (for tools/gpu/bench.sh)
+# here (no CUDA toolkit needed: CUDA is loaded at run time) into .devbin/, to
+# be carried to the GPU machine and run there with tools/gpu/run.sh.
 #   tools/gpu/build.sh [packages...]   (default ./backend/cuda/...)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,8 +15,10 @@ for pkg in $(go list "${pkgs[@]}"); do
 	CGO_ENABLED=1 go test -c -o ".devbin/$name.test" "$pkg"
 	echo "built .devbin/$name.test"
 done
+CGO_ENABLED=1 go build -o .devbin/kiln ./cmd/kiln
+echo "built .devbin/kiln"
 # The binaries must need nothing from CUDA at link time.
-for b in .devbin/*.test; do
+for b in .devbin/*.test .devbin/kiln; do
 	if ldd "$b" 2>/dev/null | grep -Ev 'linux-vdso|libc\.so|libdl\.so|libpthread\.so|ld-linux|libm\.so|libresolv\.so' | grep -q .; then
 		echo "unexpected shared library dependency in $b:" >&2
 		ldd "$b" >&2

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after tools/gpu/build.sh here: the GPU benchmarks of
+# docs/PERF.md, kiln and its PyTorch/transformers peer in the same run, on a
+# Llama-3-8B-shaped model with random bf16 weights. Results under $OUT (or
+# ./gpu-logs).
+#   run tool: command "tools/gpu/bench.sh", carry [".devbin"]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-logs}
+mkdir -p "$out"
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
+k=.devbin/kiln
+keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
+# Prefill of 2048 tokens and decode at context 512, batches 1 to 256.
+$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 2048 --tg 128 --depth 512 \
+	--batch 1,16,64,256 --reps 3 --output "$out/kiln.json" >"$out/kiln.txt" 2>&1
+# The same decode with CUDA graphs off: what replaying graphs saves.
+$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 512 \
+	--batch 1,16 --reps 3 --cuda-graphs=false --output "$out/kiln-nographs.json" >"$out/kiln-nographs.txt" 2>&1
+python3 tools/gpu/torch_peer.py --batch 1,16,64,256 ${TORCH_COMPILE:+--compile} >"$out/torch.json" 2>"$out/torch.err"
+grep -v '^.loading' "$out/kiln.txt" | tail -20
+tail -12 "$out/kiln-nographs.txt"
+cat "$out/torch.json"

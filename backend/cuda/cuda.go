@@ -34,6 +34,9 @@ type Backend struct {
 	// NoGraphs launches decode steps kernel by kernel instead of replaying
 	// captured CUDA graphs (for comparisons).
 	NoGraphs bool
+	// HostSampling leaves token choice to the host (the executables do not
+	// offer RunSample), for comparisons.
+	HostSampling bool
 	// Timing records events around every step and adds the device time
 	// between them to Stats.DeviceTime.
 	Timing bool
@@ -191,9 +194,10 @@ type loaded struct {
 	compiled *compile.Compiled
 	// weights maps each weight and constant node to its device copy.
 	weights map[*ir.Node]deviceTensor
-	allocs  []cu.Ptr      // everything to free on Close
-	hosts   []*cu.HostBuf // pinned buffers of the executables
-	events  [2]*cu.Event  // step timing (Backend.Timing), made on first use
+	allocs  []cu.Ptr         // everything to free on Close
+	hosts   []*cu.HostBuf    // pinned buffers of the executables
+	events  [2]*cu.Event     // step timing (Backend.Timing), made on first use
+	smp     *kernels.Sampler // the device sampler, made on first use
 }
 
 // deviceTensor is a weight or constant on the device.
@@ -237,6 +241,11 @@ func (l *loaded) Close() error {
 		}
 	}
 	l.hosts = nil
+	if l.smp != nil {
+		if err := l.smp.Close(); err != nil {
+			keep(err)
+		}
+	}
 	for _, ev := range l.events {
 		if ev != nil {
 			ev.Close()
@@ -248,6 +257,18 @@ func (l *loaded) Close() error {
 		}
 	}
 	return first
+}
+
+// sampler returns the device sampler, compiling it on first use.
+func (l *loaded) sampler() (*kernels.Sampler, error) {
+	if l.smp == nil {
+		s, err := kernels.NewSampler(l.dev)
+		if err != nil {
+			return nil, err
+		}
+		l.smp = s
+	}
+	return l.smp, nil
 }
 
 // timer makes the step-timing events.

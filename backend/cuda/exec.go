@@ -66,6 +66,7 @@ type stepState struct {
 type graphKey struct {
 	t, s, r, tiles, ctx int
 	kv                  *kvCache
+	copyLogits          bool // ends with the logits' copy to the host
 }
 
 // graphState is a decode composition's graph: seen once (run directly, as a
@@ -101,6 +102,10 @@ type executable struct {
 	outHost  *cu.HostBuf
 
 	graphs map[graphKey]*graphState
+	// RunSample's converted parameters, reused.
+	sp      []kernels.SampleParams
+	hist    [][]kernels.HistoryEntry
+	entries []kernels.HistoryEntry
 }
 
 func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
@@ -185,8 +190,14 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, err
 	}
 	l.hosts = append(l.hosts, e.outHost)
+	if l.b.HostSampling {
+		return runOnly{e}, nil
+	}
 	return e, nil
 }
+
+// runOnly hides RunSample.
+type runOnly struct{ backend.Executable }
 
 func (e *executable) Kernels() []string {
 	names := make([]string, len(e.nodes))
@@ -199,6 +210,54 @@ func (e *executable) Kernels() []string {
 // Run implements backend.Executable. The whole step is queued from the
 // device's worker thread, and waits only for the logits.
 func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
+	vocab := e.output.cols
+	if len(logits) < len(b.Rows)*vocab {
+		return fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(logits), len(b.Rows), vocab)
+	}
+	return e.step(b, kv, nil, func() error {
+		n := len(b.Rows) * vocab
+		copy(logits[:n], unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(e.outHost.Bytes()))), n))
+		return nil
+	})
+}
+
+// RunSample implements backend.SamplingExecutable: the step's logits stay on
+// the device, where each row's token is chosen; only the ids come back.
+func (e *executable) RunSample(b *backend.Batch, kv backend.KVCache, params []backend.SampleParams, ids []int32) error {
+	r := len(b.Rows)
+	if len(params) != r || len(ids) < r {
+		return fmt.Errorf("cuda: %d rows with %d sampling parameters and %d ids", r, len(params), len(ids))
+	}
+	return e.step(b, kv, func() error {
+		s, err := e.l.sampler()
+		if err != nil {
+			return err
+		}
+		e.sp, e.hist, e.entries = e.sp[:0], e.hist[:0], e.entries[:0]
+		for _, p := range params {
+			e.sp = append(e.sp, kernels.SampleParams{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, MinP: p.MinP,
+				RepetitionPenalty: p.RepetitionPenalty, FrequencyPenalty: p.FrequencyPenalty, PresencePenalty: p.PresencePenalty, U: p.U})
+			for _, h := range p.History {
+				e.entries = append(e.entries, kernels.HistoryEntry{ID: h.ID, Count: h.Count, Seen: h.Seen})
+			}
+		}
+		at := 0
+		for _, p := range params {
+			e.hist = append(e.hist, e.entries[at:at+len(p.History)])
+			at += len(p.History)
+		}
+		out, err := s.SampleIDs(e.l.stream, e.output.p, r, e.output.cols, e.sp, e.hist, ids[:0])
+		if err == nil && len(out) != r {
+			err = fmt.Errorf("cuda: sampler returned %d ids for %d rows", len(out), r)
+		}
+		return err
+	}, nil)
+}
+
+// step runs one step: the nodes (a captured graph for decode), then either
+// sample (the logits stay on the device) or the copy of the logits to the
+// pinned buffer and done once the stream has finished.
+func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done func() error) error {
 	cache, ok := kv.(*kvCache)
 	if !ok || cache.l != e.l {
 		return fmt.Errorf("cuda: kv cache %T does not belong to this model", kv)
@@ -216,10 +275,6 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 			return fmt.Errorf("cuda: token id %d out of range [0,%d)", id, e.vocab)
 		}
 	}
-	vocab := e.output.cols
-	if len(logits) < r*vocab {
-		return fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(logits), r, vocab)
-	}
 	d := e.l.dev
 	return d.Do(func() error {
 		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs)}
@@ -235,7 +290,7 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 		if err := e.upload(m, x); err != nil {
 			return err
 		}
-		var key graphKey
+		key := graphKey{copyLogits: sample == nil}
 		if x.decode {
 			pm := *m
 			pm.MaxPos = max(64, 1<<bits.Len(uint(m.MaxPos))) - 1
@@ -243,10 +298,15 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 			if err := e.decodeWorkspace(x); err != nil {
 				return err
 			}
-			key = graphKey{t: m.T, s: m.S, r: m.R, tiles: m.Tiles, ctx: pm.MaxPos + 1, kv: cache}
+			key = graphKey{t: m.T, s: m.S, r: m.R, tiles: m.Tiles, ctx: pm.MaxPos + 1, kv: cache, copyLogits: sample == nil}
 		}
-		if err := e.launch(x, key, 4*r*vocab); err != nil {
+		if err := e.launch(x, key, 4*r*e.output.cols); err != nil {
 			return err
+		}
+		if sample != nil {
+			if err := sample(); err != nil {
+				return err
+			}
 		}
 		if timing {
 			if err := e.l.events[1].Record(e.l.stream); err != nil {
@@ -263,7 +323,9 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 			}
 			e.l.b.stats.DeviceTime += time.Duration(float64(ms) * 1e6)
 		}
-		copy(logits[:r*vocab], unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(e.outHost.Bytes()))), r*vocab))
+		if done != nil {
+			return done()
+		}
 		return nil
 	})
 }
@@ -279,6 +341,9 @@ func (e *executable) launch(x *stepState, key graphKey, n int) error {
 			if err := nd.launch(x, nd); err != nil {
 				return fmt.Errorf("cuda: node %d (%v, %s): %w", nd.n.ID, nd.n.Op, nd.kernel, err)
 			}
+		}
+		if !key.copyLogits {
+			return nil
 		}
 		return e.l.dev.CopyDtoHAsync(e.outHost, 0, e.output.p, n, e.l.stream)
 	}

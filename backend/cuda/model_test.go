@@ -359,3 +359,57 @@ func TestGraphsMatchDirect(t *testing.T) {
 		})
 	}
 }
+
+// TestDeviceSampling generates with several sampling settings, choosing each
+// token on the GPU and, from the same logits, on the host: the same seed must
+// give the same tokens (the device sampler reproduces engine.Sampler given
+// the host's uniform draw).
+func TestDeviceSampling(t *testing.T) {
+	dir := t.TempDir()
+	s := bench.Shape{Name: "s", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 3000, Context: 256}
+	if err := bench.WriteRandomModel(dir, s, tensor.F32, 5); err != nil {
+		t.Fatal(err)
+	}
+	settings := []engine.SamplingParams{
+		{},
+		{Temperature: 0.8, Seed: 1},
+		{Temperature: 1.2, TopK: 40, Seed: 2},
+		{Temperature: 1, TopP: 0.9, Seed: 3},
+		{Temperature: 0.7, TopK: 100, TopP: 0.95, MinP: 0.02, Seed: 4},
+		{Temperature: 1, RepetitionPenalty: 1.3, FrequencyPenalty: 0.5, PresencePenalty: 0.3, Seed: 5},
+		{RepetitionPenalty: 1.5},
+	}
+	gen := func(host bool) [][]int {
+		b := backendOf(t, "f32")
+		b.HostSampling = host
+		m, err := model.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		e, err := engine.New(m, b, engine.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var all [][]int
+		for _, p := range settings {
+			p.MaxTokens = 40
+			var ids []int
+			if _, err := e.Generate([]int{1, 17, 400, 17, 9}, p, func(id int) bool {
+				ids = append(ids, id)
+				return true
+			}); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, ids)
+		}
+		return all
+	}
+	device, host := gen(false), gen(true)
+	for i := range settings {
+		if !slices.Equal(device[i], host[i]) {
+			t.Errorf("%+v:\ndevice %v\n  host %v", settings[i], device[i], host[i])
+		}
+	}
+}

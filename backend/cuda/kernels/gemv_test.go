@@ -1,0 +1,400 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"kiln/backend/cuda/cu"
+	"kiln/tensor"
+)
+
+var (
+	gemvMu   sync.Mutex
+	gemvMods = map[string]*GEMV{}
+)
+
+// gemvMod returns the (cached) GEMV module of act; sweep: the one with
+// every benchmarked configuration.
+func gemvMod(t testing.TB, act cu.DType, sweep bool) *GEMV {
+	t.Helper()
+	d := gpu(t)
+	key := fmt.Sprint(act, sweep)
+	gemvMu.Lock()
+	defer gemvMu.Unlock()
+	if g := gemvMods[key]; g != nil {
+		return g
+	}
+	g, err := newGEMV(d, act, sweep)
+	if err != nil {
+		t.Fatalf("compile %v gemv (sweep %v): %v", act, sweep, err)
+	}
+	t.Logf("%v gemv module (sweep %v): cubin %v, from cache %v", act, sweep, g.M.Cubin, g.M.Hit)
+	gemvMods[key] = g
+	return g
+}
+
+// parallel runs f over [0, n) cut into one range per CPU.
+func parallel(n int, f func(part, lo, hi int)) {
+	parts := runtime.GOMAXPROCS(0)
+	chunk := (n + parts - 1) / parts
+	var wg sync.WaitGroup
+	for p := 0; p*chunk < n; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			f(p, p*chunk, min(n, (p+1)*chunk))
+		}(p)
+	}
+	wg.Wait()
+}
+
+// gemvRand draws n normal values rounded to dt (in parallel, from seed) and
+// their encoding.
+func gemvRand(seed uint64, n int, dt cu.DType) ([]float32, []byte) {
+	vals := make([]float32, n)
+	enc := make([]byte, n*dt.Size())
+	parallel(n, func(part, lo, hi int) {
+		rng := rand.New(rand.NewPCG(seed, uint64(part)))
+		for i := lo; i < hi; i++ {
+			v := float32(rng.NormFloat64())
+			switch dt {
+			case cu.F32:
+				binary.LittleEndian.PutUint32(enc[4*i:], math.Float32bits(v))
+			case cu.BF16:
+				h := tensor.F32ToBF16(v)
+				binary.LittleEndian.PutUint16(enc[2*i:], h)
+				v = tensor.BF16ToF32(h)
+			case cu.F16:
+				h := tensor.F32ToF16(v)
+				binary.LittleEndian.PutUint16(enc[2*i:], h)
+				v = tensor.F16ToF32(h)
+			}
+			vals[i] = v
+		}
+	})
+	return vals, enc
+}
+
+// gemvRef is out[t,n] = x[t,:]·w[n,:] in float64.
+func gemvRef(x, w []float32, t, k, n int) []float64 {
+	ref := make([]float64, t*n)
+	parallel(n, func(_, lo, hi int) {
+		for j := lo; j < hi; j++ {
+			wr := w[j*k : (j+1)*k]
+			for r := 0; r < t; r++ {
+				xr := x[r*k : (r+1)*k]
+				var s float64
+				for i, v := range wr {
+					s += float64(xr[i]) * float64(v)
+				}
+				ref[r*n+j] = s
+			}
+		}
+	})
+	return ref
+}
+
+func poisonWord(dt cu.DType) uint32 {
+	return map[cu.DType]uint32{cu.F32: 0x7fc00001, cu.F16: 0x7e017e01, cu.BF16: 0x7fc17fc1}[dt]
+}
+
+// gemvCase runs g on x[t,k] (the first t rows of the uploaded x) and w[n,k]
+// into a poisoned buffer with n spare elements plus slack after the output,
+// checks the output against ref (the first t·n values) and that the spare
+// elements kept the poison, and returns the worst error.
+func gemvCase(tb testing.TB, g *GEMV, c gemvCfg, x, w cu.Ptr, k, n int, outF32 bool, ref []float64) float64 {
+	tb.Helper()
+	d := gpu(tb)
+	rows := c.t
+	odt := g.Act
+	if outF32 {
+		odt = cu.F32
+	}
+	total := (rows+1)*n + 64
+	out := outBuf(tb, odt, total)
+	must(tb, g.Check(out, x, w, rows, k, n, outF32))
+	must(tb, g.run(nil, c, out, x, w, rows, k, n, outF32))
+	must(tb, d.Sync())
+	raw := make([]byte, total*odt.Size())
+	must(tb, d.Download(raw, out))
+	what := fmt.Sprintf("gemv %s T=%d k=%d n=%d outF32=%v", c.name(), rows, k, n, outF32)
+	worst := compare(tb, what, decode(odt, raw[:rows*n*odt.Size()]), ref[:rows*n], gemvTol(g.Act, outF32))
+	pw := poisonWord(odt)
+	for i := rows * n * odt.Size(); i < len(raw); i++ {
+		if raw[i] != byte(pw>>(8*(i%4))) {
+			tb.Errorf("%s: byte %d after the output overwritten", what, i-rows*n*odt.Size())
+			break
+		}
+	}
+	return worst
+}
+
+// gemvTol is the accepted error: that of the output dtype; for f16/bf16
+// inputs with an f32 output 1e-4, since the tensor cores' f32 accumulation
+// is not IEEE round-to-nearest.
+func gemvTol(act cu.DType, outF32 bool) float64 {
+	if !outF32 {
+		return tol(act)
+	}
+	if act != cu.F32 {
+		return 1e-4
+	}
+	return tol(cu.F32)
+}
+
+type gemvShape struct {
+	name string
+	k, n int
+}
+
+var gemvShapes = []gemvShape{
+	{"O", 4096, 4096}, {"QKV", 4096, 6144}, {"gate+up", 4096, 28672}, {"down", 14336, 4096}, {"logits", 4096, 128256},
+	{"small", 96, 301}, {"17·8", 136, 5}, {"tail", 4168, 33}, {"tiny", 8, 1},
+}
+
+// TestGEMV checks every row count 1..8 and both output dtypes on the
+// decode shapes of a Llama-3-8B and on small shapes with tails (K below one
+// warp's loads, K past whole groups of loads, N odd and below a warp's rows).
+func TestGEMV(t *testing.T) {
+	for _, act := range allDTypes {
+		g := gemvMod(t, act, false)
+		rng := newRNG(t)
+		for _, sh := range gemvShapes {
+			t.Run(fmt.Sprintf("%v/%s", act, sh.name), func(t *testing.T) {
+				k, n := sh.k, sh.n
+				xs, xb := gemvRand(rng.Uint64(), GEMVMaxT*k, act)
+				ws, wb := gemvRand(rng.Uint64(), n*k, act)
+				px, pw := alloc(t, len(xb)), alloc(t, len(wb))
+				must(t, gpu(t).Upload(px, xb))
+				must(t, gpu(t).Upload(pw, wb))
+				wb = nil
+				ref := gemvRef(xs, ws, GEMVMaxT, k, n)
+				ws = nil
+				var worst [2][2]float64 // [CUDA cores, tensor cores][out act, out f32]
+				for rows := 1; rows <= GEMVMaxT; rows++ {
+					for _, c := range gemvProd(act, rows) {
+						for i, outF32 := range []bool{false, true} {
+							worst[b2i(c.mma)][i] = max(worst[b2i(c.mma)][i], gemvCase(t, g, c, px, pw, k, n, outF32, ref))
+						}
+					}
+				}
+				tc := ""
+				if act != cu.F32 {
+					tc = fmt.Sprintf("; tensor cores %.3g, %.3g", worst[1][0], worst[1][1])
+				}
+				t.Logf("%-5v gemv k=%-5d n=%-6d T=1..8 max err: CUDA cores out %v %.3g (tol %.0e), out f32 %.3g (tol %.0e)%s",
+					act, k, n, act, worst[0][0], tol(act), worst[0][1], gemvTol(act, true), tc)
+			})
+		}
+	}
+}
+
+// TestGEMVSweepCorrect checks every configuration of the sweep module (bf16)
+// on shapes with tails, so that the benchmarked variants are right too.
+func TestGEMVSweepCorrect(t *testing.T) {
+	act := cu.BF16
+	g := gemvMod(t, act, true)
+	rng := newRNG(t)
+	for _, sh := range []gemvShape{{"small", 96, 301}, {"tail", 4168, 33}, {"QKV", 4096, 6144}} {
+		k, n := sh.k, sh.n
+		xs, xb := gemvRand(rng.Uint64(), GEMVMaxT*k, act)
+		ws, wb := gemvRand(rng.Uint64(), n*k, act)
+		px, pw := alloc(t, len(xb)), alloc(t, len(wb))
+		must(t, gpu(t).Upload(px, xb))
+		must(t, gpu(t).Upload(pw, wb))
+		ref := gemvRef(xs, ws, GEMVMaxT, k, n)
+		worst, count := 0.0, 0
+		for rows := 1; rows <= GEMVMaxT; rows++ {
+			for _, c := range gemvSweep(act, rows) {
+				worst = max(worst, gemvCase(t, g, c, px, pw, k, n, false, ref))
+				count++
+			}
+		}
+		t.Logf("bf16  gemv sweep k=%d n=%d, %d kernel runs (T=1..8): max err %.3g (tol %.0e)", k, n, count, worst, tol(act))
+	}
+}
+
+// gemvSweep lists the configurations of the sweep module for t rows
+// (GEMV_CC, GEMV_EXTRA and the tensor-core kernels in gemv.cu).
+func gemvSweep(act cu.DType, t int) []gemvCfg {
+	var cs []gemvCfg
+	var extra [][2]int
+	switch t {
+	case 1, 4:
+		extra = [][2]int{{1, 4}, {1, 8}, {2, 2}, {2, 8}, {4, 2}, {4, 4}}
+	case 8:
+		extra = [][2]int{{4, 2}, {2, 4}}
+	}
+	for lm := 0; lm <= 2; lm++ {
+		c := gemvCC(t)
+		c.lm = lm
+		cs = append(cs, c)
+		for _, ru := range extra {
+			cs = append(cs, gemvCfg{t: t, r: ru[0], u: ru[1], lm: lm})
+		}
+		if act == cu.F32 {
+			continue
+		}
+		for _, uw := range [][2]int{{4, 8}, {2, 4}, {4, 4}, {2, 8}, {8, 4}, {4, 16}} {
+			c := mmaCfg(t, uw[0], uw[1])
+			c.lm = lm
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// TestGEMVErrors: products GEMV does not take are refused with
+// ErrGEMVShape (the caller falls back to cuBLASLt); K a multiple of 4 but
+// not of 8 is taken for f32 activations and computed right.
+func TestGEMVErrors(t *testing.T) {
+	for _, act := range allDTypes {
+		g := gemvMod(t, act, false)
+		rng := newRNG(t)
+		const n = 37
+		for _, k := range []int{13, 100} {
+			xs, xb := gemvRand(rng.Uint64(), GEMVMaxT*k, act)
+			ws, wb := gemvRand(rng.Uint64(), n*k, act)
+			px, pw := alloc(t, len(xb)), alloc(t, len(wb))
+			must(t, gpu(t).Upload(px, xb))
+			must(t, gpu(t).Upload(pw, wb))
+			out := outBuf(t, cu.F32, GEMVMaxT*n)
+			err := g.Run(nil, out, px, pw, 3, k, n, true)
+			if k*act.Size()%16 != 0 {
+				if !errors.Is(err, ErrGEMVShape) {
+					t.Errorf("%v k=%d: err %v, want ErrGEMVShape", act, k, err)
+				}
+				continue
+			}
+			must(t, err)
+			ref := gemvRef(xs, ws, GEMVMaxT, k, n)
+			worst := 0.0
+			for rows := 1; rows <= GEMVMaxT; rows++ {
+				for _, c := range gemvProd(act, rows) {
+					worst = max(worst, gemvCase(t, g, c, px, pw, k, n, false, ref))
+				}
+			}
+			report(t, act, fmt.Sprintf("gemv k=%d n=%d T=1..8", k, n), worst)
+		}
+		k := 64
+		px, pw := alloc(t, GEMVMaxT*k*4+64), alloc(t, n*k*4+64)
+		out := alloc(t, GEMVMaxT*n*4+64)
+		for _, c := range []struct {
+			what         string
+			out, x, w    cu.Ptr
+			rows, k, n   int
+			outF32, fail bool
+		}{
+			{"ok", out, px, pw, 8, k, n, true, false},
+			{"0 rows", out, px, pw, 0, k, n, false, true},
+			{"9 rows", out, px, pw, 9, k, n, false, true},
+			{"k 0", out, px, pw, 1, 0, n, false, true},
+			{"n 0", out, px, pw, 1, k, 0, false, true},
+			{"x off by 4", out, px.Add(4), pw, 1, k, n, false, true},
+			{"w off by 8", out, px, pw.Add(8), 1, k, n, false, true},
+			{"f32 out off by 2", out.Add(2), px, pw, 1, k, n, true, true},
+			{"null w", out, px, 0, 1, k, n, false, true},
+		} {
+			err := g.Run(nil, c.out, c.x, c.w, c.rows, c.k, c.n, c.outF32)
+			if c.fail != (err != nil) || (err != nil && !errors.Is(err, ErrGEMVShape)) {
+				t.Errorf("%v %s: err %v, want failure %v (ErrGEMVShape)", act, c.what, err, c.fail)
+			}
+		}
+		must(t, gpu(t).Sync())
+	}
+}
+
+// TestGEMVSpeed compares GEMV with cuBLASLt (bf16 in and out) on the decode
+// products of a Llama-3-8B, weights rotated over buffers that L2 cannot
+// hold, against the device-to-device copy bandwidth of the same run; it also
+// times the other configurations of the sweep module. It logs, asserts
+// nothing.
+//
+// H100 80GB HBM3, 2026-11-22 (copy 3017 GB/s read+write; weight GB/s and
+// % of copy, GEMV default vs cuBLASLt bf16→bf16):
+//
+//	shape (K,N)          T=1               T=4               T=8
+//	O (4096,4096)        2461 82% / 2005   2408 80% / 2036   2375 79% / 2028
+//	QKV (4096,6144)      2492 83% / 2283   2565 85% / 2275   2535 84% / 2284
+//	gate+up (4096,28672) 3017 100% / 2849  2980 99% / 2835   2952 98% / 2819
+//	down (14336,4096)    2899 96% / 2627   2805 93% / 2631   2782 92% / 2618
+//	logits (4096,128256) 3129 104% / 2792  3087 102% / 2776  3062 101% / 2763
+func TestGEMVSpeed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("benchmark")
+	}
+	d := gpu(t)
+	act := cu.BF16
+	g := gemvMod(t, act, true)
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+
+	const cb = 1 << 30
+	src, dst := alloc(t, cb), alloc(t, cb)
+	must(t, d.Memset32(src, 0x3f803f80, cb/4, nil))
+	cms := gpuTime(t, 3, 11, func(int) error { return d.CopyDtoD(dst, src, cb, nil) })
+	copyBW := 2 * cb / (cms * 1e-3) / 1e9
+	t.Logf("device %s (%d SMs): cuMemcpyDtoD 1 GiB: %.3f ms, %.0f GB/s (read+write)", d.Name, d.SMs, cms, copyBW)
+	must(t, d.Free(src))
+	must(t, d.Free(dst))
+
+	rng := newRNG(t)
+	var table []string
+	for _, sh := range gemvShapes[:5] {
+		t.Run(sh.name, func(t *testing.T) {
+			k, n := sh.k, sh.n
+			bytes := k * n * act.Size()
+			nbuf := max(2, (200<<20+bytes-1)/bytes)
+			ws := make([]cu.Ptr, nbuf)
+			for i := range ws {
+				ws[i] = alloc(t, bytes)
+				must(t, d.Memset32(ws[i], 0x3c003c00^uint32(i*0x00010001), bytes/4, nil))
+			}
+			_, xb := gemvRand(rng.Uint64(), GEMVMaxT*k, act)
+			x := alloc(t, len(xb))
+			must(t, d.Upload(x, xb))
+			out := alloc(t, GEMVMaxT*n*4)
+			per := max(3, min(50, int(1.5e-3/(float64(bytes)/3e12))))
+			gbs := func(ms float64) float64 { return float64(bytes) / (ms * 1e-3) / 1e9 }
+			timeCfg := func(c gemvCfg, rows, reps int) float64 {
+				return gpuTime(t, per, reps, func(i int) error { return g.run(nil, c, out, x, ws[i%nbuf], rows, k, n, false) })
+			}
+			for _, rows := range []int{1, 4, 8} {
+				must(t, g.Check(out, x, ws[0], rows, k, n, false))
+				def := gemvDefault(act, rows)
+				gms := timeCfg(def, rows, 20)
+				lms := gpuTime(t, per, 20, func(i int) error {
+					return lt.Matmul(cu.Matmul{T: rows, K: k, N: n, In: act, Out: act, X: x, W: ws[i%nbuf], Dst: out})
+				})
+				var sweep []string
+				best, bestMs := def, gms
+				for _, c := range gemvSweep(act, rows) {
+					if c == def {
+						continue
+					}
+					ms := timeCfg(c, rows, 10)
+					sweep = append(sweep, fmt.Sprintf("%s %.0f", strings.TrimPrefix(c.name(), "gemv_"), gbs(ms)))
+					if ms < bestMs {
+						best, bestMs = c, ms
+					}
+				}
+				line := fmt.Sprintf("| %s (%d,%d) | %d | %.1f µs %.0f GB/s %.1f%% | %.1f µs %.0f GB/s %.1f%% | %.2f× | %s %.0f GB/s %.1f%% |",
+					sh.name, k, n, rows, gms*1e3, gbs(gms), 100*gbs(gms)/copyBW, lms*1e3, gbs(lms), 100*gbs(lms)/copyBW, lms/gms,
+					strings.TrimPrefix(best.name(), "gemv_"), gbs(bestMs), 100*gbs(bestMs)/copyBW)
+				table = append(table, line)
+				t.Logf("%s", line)
+				t.Logf("  %d buffers of %.1f MB, %d calls per timing; default %s; others (GB/s): %s", nbuf, float64(bytes)/1e6, per, def.name(), strings.Join(sweep, ", "))
+			}
+		})
+	}
+	t.Logf("copy %.0f GB/s; weight bytes read per second, %% of copy:\n| shape (K,N) | T | GEMV (default) | cuBLASLt bf16 | cuBLASLt / GEMV time | best sweep config |\n|---|---|---|---|---|---|\n%s",
+		copyBW, strings.Join(table, "\n"))
+}

@@ -34,6 +34,11 @@ type Backend struct {
 	// NoGraphs launches decode steps kernel by kernel instead of replaying
 	// captured CUDA graphs (for comparisons).
 	NoGraphs bool
+	// Products chooses the kernel of products of at most
+	// kernels.GEMVMaxT rows: "" measures GEMV against cuBLASLt per shape
+	// and keeps the faster, "gemv" takes GEMV wherever it applies,
+	// "cublaslt" never takes it (for tests and comparisons).
+	Products string
 	// HostSampling leaves token choice to the host (the executables do not
 	// offer RunSample), for comparisons.
 	HostSampling bool
@@ -175,7 +180,10 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		k.Close()
 		return nil, err
 	}
-	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c}
+	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}}
+	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
+		l.gemv = g
+	} // else: every product goes through cuBLASLt
 	if err := l.uploadWeights(b.Progress); err != nil {
 		l.Close()
 		return nil, err
@@ -196,8 +204,11 @@ type loaded struct {
 	weights map[*ir.Node]deviceTensor
 	allocs  []cu.Ptr         // everything to free on Close
 	hosts   []*cu.HostBuf    // pinned buffers of the executables
-	events  [2]*cu.Event     // step timing (Backend.Timing), made on first use
+	events  [4]*cu.Event     // step timing (Backend.Timing), then product timing; made on first use
 	smp     *kernels.Sampler // the device sampler, made on first use
+	gemv    *kernels.GEMV    // the skinny product kernel (nil: cuBLASLt only)
+	// gemvChoice records, per product shape, whether GEMV was measured faster.
+	gemvChoice map[mmKey]bool
 }
 
 // deviceTensor is a weight or constant on the device.
@@ -243,6 +254,11 @@ func (l *loaded) Close() error {
 	l.hosts = nil
 	if l.smp != nil {
 		if err := l.smp.Close(); err != nil {
+			keep(err)
+		}
+	}
+	if l.gemv != nil {
+		if err := l.gemv.Close(); err != nil {
 			keep(err)
 		}
 	}

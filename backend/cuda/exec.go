@@ -56,8 +56,9 @@ type stepState struct {
 	// largest position rounded up to a power of two, so that a captured
 	// graph serves every step up to that context (splits past a sequence's
 	// end exit at once).
-	planMeta *kernels.Meta
-	ws       cu.Ptr
+	planMeta  *kernels.Meta
+	ws        cu.Ptr
+	capturing bool // the launches are being captured into a graph
 }
 
 // graphKey identifies the steps one captured graph can replay: the same
@@ -366,7 +367,9 @@ func (e *executable) launch(x *stepState, key graphKey, n int) error {
 			stats.LastFailure = err
 			return direct()
 		}
+		x.capturing = true
 		err := direct()
+		x.capturing = false
 		g, cerr := e.l.stream.EndCapture()
 		if err != nil || cerr != nil {
 			// Nothing ran: run the step directly, and never capture this

@@ -234,64 +234,68 @@ func TestStories260KGreedy(t *testing.T) {
 
 // TestBatchedMatchesCPU decodes several sequences of different lengths
 // together on the GPU (f32) and compares every step's logits with the CPU
-// backend on the same steps, on a random model with head dim 64 and 128.
+// backend on the same steps, on a random model with head dim 64 and 128,
+// with the small products on GEMV, on cuBLASLt, and on the measured choice.
 func TestBatchedMatchesCPU(t *testing.T) {
-	b := backendOf(t, "f32")
-	for _, s := range []bench.Shape{
-		{Name: "hd64", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 300, Context: 512},
-		{Name: "hd128", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 1, FFN: 384, Vocab: 1000, Context: 512, Tied: true},
-	} {
-		t.Run(s.Name, func(t *testing.T) {
-			dir := t.TempDir()
-			if err := bench.WriteRandomModel(dir, s, tensor.F32, 7); err != nil {
-				t.Fatal(err)
-			}
-			run := func(bk backend.Backend) [][]float32 {
-				m, err := model.Load(dir)
-				if err != nil {
+	for _, products := range []string{"", "gemv", "cublaslt"} {
+		for _, s := range []bench.Shape{
+			{Name: "hd64", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 300, Context: 512},
+			{Name: "hd128", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 1, FFN: 384, Vocab: 1000, Context: 512, Tied: true},
+		} {
+			t.Run(s.Name+"/"+products, func(t *testing.T) {
+				b := backendOf(t, "f32")
+				b.Products = products
+				dir := t.TempDir()
+				if err := bench.WriteRandomModel(dir, s, tensor.F32, 7); err != nil {
 					t.Fatal(err)
 				}
-				defer m.Close()
-				e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
-				var out [][]float32
-				// Prompts of 70, 3 and 130 tokens in one step, then 20 decode steps.
-				var items []engine.Item
-				for i, n := range []int{70, 3, 130} {
-					toks := make([]int, n)
-					for j := range toks {
-						toks[j] = (j*7 + i*13) % s.Vocab
+				run := func(bk backend.Backend) [][]float32 {
+					m, err := model.Load(dir)
+					if err != nil {
+						t.Fatal(err)
 					}
-					items = append(items, engine.Item{Seq: seqs[i], Tokens: toks})
-				}
-				l, err := e.Step(items)
-				if err != nil {
-					t.Fatal(err)
-				}
-				out = append(out, slices.Clone(l))
-				for step := 0; step < 20; step++ {
-					for i := range items {
-						items[i].Tokens = []int{(step*31 + i*5) % s.Vocab}
+					defer m.Close()
+					e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer e.Close()
+					seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
+					var out [][]float32
+					// Prompts of 70, 3 and 130 tokens in one step, then 20 decode steps.
+					var items []engine.Item
+					for i, n := range []int{70, 3, 130} {
+						toks := make([]int, n)
+						for j := range toks {
+							toks[j] = (j*7 + i*13) % s.Vocab
+						}
+						items = append(items, engine.Item{Seq: seqs[i], Tokens: toks})
 					}
 					l, err := e.Step(items)
 					if err != nil {
 						t.Fatal(err)
 					}
 					out = append(out, slices.Clone(l))
+					for step := 0; step < 20; step++ {
+						for i := range items {
+							items[i].Tokens = []int{(step*31 + i*5) % s.Vocab}
+						}
+						l, err := e.Step(items)
+						if err != nil {
+							t.Fatal(err)
+						}
+						out = append(out, slices.Clone(l))
+					}
+					return out
 				}
-				return out
-			}
-			gpu, ref := run(b), run(&cpu.Backend{})
-			for i := range ref {
-				if e := relL2(gpu[i], ref[i]); e > 1e-4 || math.IsNaN(e) {
-					t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > 1e-4", i, e)
+				gpu, ref := run(b), run(&cpu.Backend{})
+				for i := range ref {
+					if e := relL2(gpu[i], ref[i]); e > 1e-4 || math.IsNaN(e) {
+						t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > 1e-4", i, e)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -309,6 +313,7 @@ func TestGraphsMatchDirect(t *testing.T) {
 			run := func(noGraphs bool) ([][]float32, cuda.Stats) {
 				b := backendOf(t, dtype)
 				b.NoGraphs = noGraphs
+				b.Products = "gemv" // the same kernels both ways (no timing-dependent choice)
 				m, err := model.Load(dir)
 				if err != nil {
 					t.Fatal(err)

@@ -39,10 +39,14 @@ func (l *loaded) choose(nd *node) error {
 		if w.dtype != l.act {
 			return fmt.Errorf("cuda: matmul weight %q is %v on the device, compute dtype %v", w.v.Def.Attrs.Name, w.dtype, l.act)
 		}
-		nd.kernel = fmt.Sprintf("cublasLt %v→%v", l.act, out[0].dtype)
+		nd.kernel = fmt.Sprintf("cublasLt %v→%v (gemv when measured faster, T ≤ %d)", l.act, out[0].dtype, kernels.GEMVMaxT)
 		nd.launch = func(x *stepState, nd *node) error {
-			return l.lt.Matmul(cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
-				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s})
+			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
+				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
+			if l.useGEMV(x, mm) {
+				return l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
+			}
+			return l.lt.Matmul(mm)
 		}
 	case ir.Add:
 		nd.kernel = "add"
@@ -141,4 +145,65 @@ func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
 	a := nd.n.Attrs
 	return kernels.Attn{Out: nd.out[0].p, Q: nd.in[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer],
 		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+}
+
+// mmKey identifies a product shape for the GEMV-or-cuBLASLt choice.
+type mmKey struct {
+	t, k, n int
+	outF32  bool
+}
+
+// useGEMV reports whether product mm runs on the skinny GEMV kernel rather
+// than cuBLASLt: for at most kernels.GEMVMaxT rows, the first time a shape
+// is seen both are timed on the stream (5 runs each after a warm-up) and the
+// faster is kept. Inside a graph capture an unmeasured shape takes cuBLASLt
+// (a capture cannot wait for timings; the warm-up step before it measures).
+func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
+	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
+		return false
+	}
+	key := mmKey{mm.T, mm.K, mm.N, mm.Out == cu.F32}
+	if use, ok := l.gemvChoice[key]; ok {
+		return use
+	}
+	if x.capturing || l.b.Products == "cublaslt" {
+		return false
+	}
+	use := false
+	fits := l.gemv.Check(mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) == nil
+	switch {
+	case fits && l.b.Products == "gemv":
+		use = true
+	case fits:
+		g, errG := l.timeOn(func() error { return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) })
+		b, errB := l.timeOn(func() error { return l.lt.Matmul(mm) })
+		use = errG == nil && (errB != nil || g < b)
+	}
+	l.gemvChoice[key] = use
+	return use
+}
+
+// timeOn is the stream time of 5 runs of f after one warm-up, in ms.
+func (l *loaded) timeOn(f func() error) (float32, error) {
+	if err := l.timer(); err != nil {
+		return 0, err
+	}
+	if err := f(); err != nil {
+		return 0, err
+	}
+	if err := l.events[2].Record(l.stream); err != nil {
+		return 0, err
+	}
+	for i := 0; i < 5; i++ {
+		if err := f(); err != nil {
+			return 0, err
+		}
+	}
+	if err := l.events[3].Record(l.stream); err != nil {
+		return 0, err
+	}
+	if err := l.events[3].Sync(); err != nil {
+		return 0, err
+	}
+	return cu.Elapsed(l.events[2], l.events[3])
 }

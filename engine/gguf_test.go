@@ -9,6 +9,7 @@ import (
 	"kiln/backend/cpu"
 	"kiln/compile"
 	"kiln/engine"
+	"kiln/internal/hffixture"
 	"kiln/ir"
 	"kiln/model"
 	"kiln/tensor"
@@ -95,7 +96,7 @@ func writeGGUF(t *testing.T, m *model.Model, quant tensor.DType, dequantized boo
 // the interleaved layout, llama3 scaling as rope_freqs) and checks the same
 // logits and greedy ids as transformers.
 func TestGGUFMatchesHF(t *testing.T) {
-	for dir, f := range loadHFFixtures(t) {
+	for dir, f := range hffixture.Load(t, "../testdata/hf") {
 		t.Run(f.Variant, func(t *testing.T) {
 			hf, err := model.Load(dir)
 			if err != nil {
@@ -116,7 +117,7 @@ func TestGGUFMatchesHF(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := relErrInf(logits, f.logits); got > 1e-4 {
+			if got := relErrInf(logits, f.Logits); got > 1e-4 {
 				t.Errorf("logits: ‖out−ref‖∞/‖ref‖∞ = %.3g > 1e-4", got)
 			}
 		})
@@ -128,7 +129,7 @@ func TestGGUFMatchesHF(t *testing.T) {
 // unquantized reference.
 func TestGGUFQuantized(t *testing.T) {
 	dir := "../testdata/hf/llama-gqa"
-	f := loadHFFixtures(t)[dir]
+	f := hffixture.Load(t, "../testdata/hf")[dir]
 	hf, err := model.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +161,7 @@ func TestGGUFQuantized(t *testing.T) {
 			if d := relErrInf(logits, run(true)); d > 1e-6 {
 				t.Errorf("%v model and its dequantized F32 copy differ: %.3g", q.d, d)
 			}
-			got := relErrInf(logits, f.logits)
+			got := relErrInf(logits, f.Logits)
 			t.Logf("%v: ‖out−ref‖∞/‖ref‖∞ = %.3g", q.d, got)
 			if got > q.tol {
 				t.Errorf("%v logits: ‖out−ref‖∞/‖ref‖∞ = %.3g > %g", q.d, got, q.tol)

@@ -1,61 +1,15 @@
 package engine_test
 
 import (
-	"encoding/binary"
-	"encoding/json"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"kiln/backend/cpu"
 	"kiln/engine"
+	"kiln/internal/hffixture"
 	"kiln/model"
 )
-
-// hfFixture is one model recorded by tools/hf-fixtures/make_fixtures.py with
-// Hugging Face transformers: random weights, a prompt, transformers' logits at
-// every prompt position and its greedy continuation.
-type hfFixture struct {
-	Variant     string `json:"variant"`
-	InputIDs    []int  `json:"input_ids"`
-	GreedyIDs   []int  `json:"greedy_ids"`
-	LogitsShape [2]int `json:"logits_shape"`
-	logits      []float32
-}
-
-func loadHFFixtures(t *testing.T) map[string]*hfFixture {
-	dirs, err := filepath.Glob("../testdata/hf/*/expected.json")
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no fixtures under testdata/hf: %v", err)
-	}
-	out := map[string]*hfFixture{}
-	for _, p := range dirs {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := &hfFixture{}
-		if err := json.Unmarshal(data, f); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		raw, err := os.ReadFile(filepath.Join(filepath.Dir(p), "logits.bin"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := f.LogitsShape[0] * f.LogitsShape[1]
-		if len(raw) != 4*n || f.LogitsShape[0] != len(f.InputIDs) {
-			t.Fatalf("%s: logits.bin has %d bytes for shape %v and %d ids", p, len(raw), f.LogitsShape, len(f.InputIDs))
-		}
-		f.logits = make([]float32, n)
-		for i := range f.logits {
-			f.logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		}
-		out[filepath.Dir(p)] = f
-	}
-	return out
-}
 
 // relErrInf is ‖got−want‖∞ / ‖want‖∞.
 func relErrInf(got, want []float32) float64 {
@@ -78,7 +32,7 @@ func relErrInf(got, want []float32) float64 {
 // exercises attention over a partly cached sequence). The reference runs
 // stack the Q/K/V and gate/up projections; the fast runs keep them apart.
 func TestHFTransformersFixtures(t *testing.T) {
-	for dir, f := range loadHFFixtures(t) {
+	for dir, f := range hffixture.Load(t, "../testdata/hf") {
 		for _, ref := range []bool{false, true} {
 			for _, buckets := range [][]int{nil, {1, 2, 4, 8}} {
 				name := f.Variant
@@ -105,7 +59,7 @@ func TestHFTransformersFixtures(t *testing.T) {
 						t.Fatal(err)
 					}
 					e.Free(seq)
-					got := relErrInf(logits, f.logits)
+					got := relErrInf(logits, f.Logits)
 					if got > 1e-4 {
 						t.Errorf("logits: ‖out−ref‖∞/‖ref‖∞ = %.3g > 1e-4", got)
 					}

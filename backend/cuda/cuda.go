@@ -164,6 +164,13 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	if _, _, err := ParseDType(b.DType); err != nil {
 		return nil, err
 	}
+	for _, n := range c.Graph.Nodes {
+		if n.Op == ir.Attention {
+			if err := checkHeadDim(n.Attrs.HeadDim); err != nil {
+				return nil, err
+			}
+		}
+	}
 	act := b.ComputeDType(c.Graph)
 	k, err := kernels.New(b.Device, act)
 	if err != nil {

@@ -1,11 +1,8 @@
 package cuda_test
 
 import (
-	"encoding/binary"
-	"encoding/json"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +14,7 @@ import (
 	"kiln/backend/cuda/cu"
 	"kiln/bench"
 	"kiln/engine"
+	"kiln/internal/hffixture"
 	"kiln/internal/testshared"
 	"kiln/model"
 	"kiln/tensor"
@@ -41,48 +39,6 @@ func backendOf(t *testing.T, dtype string) *cuda.Backend {
 		t.Fatalf("open device 0: %v", devErr)
 	}
 	return &cuda.Backend{Device: dev, DType: dtype}
-}
-
-// hfFixture is one model of testdata/hf (tools/hf-fixtures): transformers'
-// logits at every prompt position and its greedy continuation.
-type hfFixture struct {
-	Variant     string `json:"variant"`
-	InputIDs    []int  `json:"input_ids"`
-	GreedyIDs   []int  `json:"greedy_ids"`
-	LogitsShape [2]int `json:"logits_shape"`
-	logits      []float32
-}
-
-func loadHFFixtures(t *testing.T) map[string]*hfFixture {
-	paths, err := filepath.Glob("../../testdata/hf/*/expected.json")
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no fixtures under testdata/hf: %v", err)
-	}
-	out := map[string]*hfFixture{}
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := &hfFixture{}
-		if err := json.Unmarshal(data, f); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		raw, err := os.ReadFile(filepath.Join(filepath.Dir(p), "logits.bin"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := f.LogitsShape[0] * f.LogitsShape[1]
-		if len(raw) != 4*n || f.LogitsShape[0] != len(f.InputIDs) {
-			t.Fatalf("%s: logits.bin has %d bytes for shape %v", p, len(raw), f.LogitsShape)
-		}
-		f.logits = make([]float32, n)
-		for i := range f.logits {
-			f.logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		}
-		out[filepath.Dir(p)] = f
-	}
-	return out
 }
 
 // relL2 is ‖got−want‖₂ / ‖want‖₂ (infinite when got holds a NaN).
@@ -139,7 +95,7 @@ func checkArgmax(t *testing.T, got, want []float32, vocab int, exact bool) {
 // (prefill attention) and in chunks of 1 to 8 tokens (decode attention over a
 // growing cache, and mixed buckets).
 func TestHFTransformersFixtures(t *testing.T) {
-	for dir, f := range loadHFFixtures(t) {
+	for dir, f := range hffixture.Load(t, "../../testdata/hf") {
 		for _, dtype := range []string{"f32", "bf16"} {
 			for _, buckets := range [][]int{nil, {1, 2, 4, 8}} {
 				name := f.Variant + "/" + dtype
@@ -168,13 +124,13 @@ func TestHFTransformersFixtures(t *testing.T) {
 					if dtype == "bf16" {
 						limit = 2e-2
 					}
-					got := relL2(logits, f.logits)
+					got := relL2(logits, f.Logits)
 					t.Logf("‖Δ‖₂/‖ref‖₂ = %.3g (limit %g)", got, limit)
 					if got > limit {
 						t.Errorf("logits: ‖Δ‖₂/‖ref‖₂ = %.3g > %g", got, limit)
 					}
 					vocab := f.LogitsShape[1]
-					checkArgmax(t, logits, f.logits, vocab, dtype == "f32")
+					checkArgmax(t, logits, f.Logits, vocab, dtype == "f32")
 					if dtype != "f32" {
 						return // a near-tie flipped in bf16 changes the rest of a greedy continuation
 					}

@@ -179,6 +179,14 @@ func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engine
 		o.Buckets = bucketsFor(b)
 	}
 	e, err := engine.New(m, b, o)
+	if _, gpu := b.(*cuda.Backend); err != nil && gpu && (f.device == "auto" || f.device == "") {
+		// Under auto, a model the GPU backend cannot take runs on the CPU.
+		closeBackend(b)
+		fmt.Fprintf(os.Stderr, "kiln: running on the CPU (the GPU cannot run this model: %v)\n", err)
+		b = &cpu.Backend{Threads: f.threads, StackProjections: f.stack}
+		o.Buckets = bucketsFor(b)
+		e, err = engine.New(m, b, o)
+	}
 	if err != nil {
 		closeBackend(b)
 		return nil, err

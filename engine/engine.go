@@ -138,6 +138,9 @@ func (e *Engine) ContextLen() int { return e.ctxLen }
 // KVSpec describes the engine's KV cache.
 func (e *Engine) KVSpec() backend.KVSpec { return e.spec }
 
+// MaxSeqs is the most sequences one step may hold.
+func (e *Engine) MaxSeqs() int { return cap(e.batch.Seqs) }
+
 // MaxStepTokens is the most tokens one step may hold.
 func (e *Engine) MaxStepTokens() int { return e.buckets.Max() }
 
@@ -183,6 +186,12 @@ func (e *Engine) Free(s *Sequence) {
 	e.freeBlocks = append(e.freeBlocks, s.blocks...)
 	s.blocks = s.blocks[:0]
 	s.len = 0
+}
+
+// BlocksToGrow is the number of KV blocks s must take to hold n more tokens.
+func (e *Engine) BlocksToGrow(s *Sequence, n int) int {
+	bs := e.spec.BlockSize
+	return max(0, (s.len+n+bs-1)/bs-len(s.blocks))
 }
 
 // FreeBlocks is the number of unused KV blocks.
@@ -231,9 +240,11 @@ func (e *Engine) Step(items []Item) ([]float32, error) {
 }
 
 // StepSample is Step followed by the choice of each item's next token by its
-// sampler (samplers[i] for items[i]; AllRows is not allowed). On a backend
-// that samples on the device, only the ids come back from it. The returned
-// slice is reused by the next call. The samplers' Accept is not called.
+// sampler (samplers[i] for items[i]; AllRows is not allowed). A nil sampler
+// chooses nothing (a prompt chunk that is not its prompt's last): its id is
+// -1, and no sampler's random state moves for it. On a backend that samples
+// on the device, only the ids come back from it. The returned slice is
+// reused by the next call. The samplers' Accept is not called.
 func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
 	if len(samplers) != len(items) {
 		return nil, fmt.Errorf("step of %d items with %d samplers", len(items), len(samplers))
@@ -252,13 +263,20 @@ func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
 	if sx, ok := x.(backend.SamplingExecutable); ok {
 		e.params = e.params[:0]
 		for _, s := range samplers {
+			if s == nil {
+				e.params = append(e.params, backend.SampleParams{}) // greedy, cheapest; ignored
+				continue
+			}
 			e.params = append(e.params, s.deviceParams())
 		}
 		e.devIDs = slices.Grow(e.devIDs[:0], len(items))[:len(items)]
 		if err := sx.RunSample(b, e.kv, e.params, e.devIDs); err != nil {
 			return nil, err
 		}
-		for _, id := range e.devIDs {
+		for i, id := range e.devIDs {
+			if samplers[i] == nil {
+				id = -1
+			}
 			e.ids = append(e.ids, int(id))
 		}
 	} else {
@@ -267,7 +285,11 @@ func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
 			return nil, err
 		}
 		for i, s := range samplers {
-			e.ids = append(e.ids, s.Sample(out[i*e.vocab:(i+1)*e.vocab]))
+			id := -1
+			if s != nil {
+				id = s.Sample(out[i*e.vocab : (i+1)*e.vocab])
+			}
+			e.ids = append(e.ids, id)
 		}
 	}
 	e.advance(items)

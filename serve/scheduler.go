@@ -1,0 +1,422 @@
+// Package serve is kiln's OpenAI-compatible server: a scheduler that runs
+// many requests through one engine with continuous batching and chunked
+// prefill, and the HTTP API on top of it.
+//
+// Invariants: only the scheduler's goroutine touches the engine; a request's
+// events are delivered on a channel with room for all of them, so a slow
+// client never stalls a step; a request that leaves (finished, cancelled,
+// failed) has returned its KV blocks before the next step.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"kiln/engine"
+)
+
+// Config bounds the scheduler.
+type Config struct {
+	// MaxNumSeqs is the most sequences in the running batch.
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the per-step token budget, shared by decoding
+	// sequences (one token each) and prompt chunks.
+	MaxNumBatchedTokens int
+	// MaxQueuedRequests and MaxQueuedTokens bound the waiting queue (in
+	// requests, and in prompt tokens); over them Submit refuses.
+	MaxQueuedRequests, MaxQueuedTokens int
+}
+
+// Event is one step of a request's output: a generated token, or the end.
+type Event struct {
+	Token  int    // the generated token (when !Done)
+	Done   bool   // the last event
+	Finish string // engine.FinishStop or engine.FinishLength (when Done without Err)
+	Err    error  // why the request failed or was cancelled (when Done)
+	// Counts, in the last event.
+	PromptTokens, GeneratedTokens int
+}
+
+// Request is one generation.
+type Request struct {
+	Prompt   []int
+	Params   engine.SamplingParams
+	Priority int // higher first; FCFS among equals
+	// Ctx cancels the request (a client that went away): its sequence is
+	// dropped and its blocks freed at the next step.
+	Ctx context.Context
+	// Events receives the output, then one Done event; Submit makes it.
+	Events <-chan Event
+
+	events  chan Event
+	arrival uint64
+
+	// Scheduler state.
+	tokens    []int // prompt, then generated tokens
+	generated int
+	cached    int // tokens[:cached] are in the sequence's KV cache
+	seq       *engine.Sequence
+	sampler   *engine.Sampler
+	admitted  uint64 // admission order, for preemption
+}
+
+// ErrOverloaded is returned by Submit when the waiting queue is full.
+var ErrOverloaded = errors.New("serve: the server is at capacity")
+
+// ErrStopped is the error of requests left when the scheduler stops.
+var ErrStopped = errors.New("serve: the server is shutting down")
+
+// Scheduler runs requests on one engine.
+type Scheduler struct {
+	e   *engine.Engine
+	cfg Config
+
+	mu           sync.Mutex
+	waiting      []*Request
+	queuedTokens int
+	arrivals     uint64
+	stopped      bool
+	wake         chan struct{}
+
+	running   []*Request // owned by the loop
+	admitted  uint64
+	stats     Stats
+	statsMu   sync.Mutex
+	items     []engine.Item
+	samplers  []*engine.Sampler
+	itemOwner []*Request
+}
+
+// Stats are the scheduler's counters and gauges.
+type Stats struct {
+	Running, Waiting int
+	Steps            uint64
+	Preemptions      uint64
+	PromptTokens     uint64 // prompt tokens computed (recomputation included)
+	GeneratedTokens  uint64
+	FreeBlocks       int
+	TotalBlocks      int
+}
+
+// NewScheduler makes a scheduler for e; Run starts it.
+func NewScheduler(e *engine.Engine, cfg Config) (*Scheduler, error) {
+	if cfg.MaxNumSeqs <= 0 || cfg.MaxNumBatchedTokens <= 0 {
+		return nil, fmt.Errorf("serve: max-num-seqs %d and max-num-batched-tokens %d must be positive", cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
+	}
+	if cfg.MaxNumBatchedTokens > e.MaxStepTokens() {
+		return nil, fmt.Errorf("serve: max-num-batched-tokens %d exceeds the engine's largest step of %d", cfg.MaxNumBatchedTokens, e.MaxStepTokens())
+	}
+	if cfg.MaxNumSeqs > e.MaxSeqs() {
+		return nil, fmt.Errorf("serve: max-num-seqs %d exceeds the engine's %d sequences", cfg.MaxNumSeqs, e.MaxSeqs())
+	}
+	cfg.MaxNumSeqs = min(cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
+	return &Scheduler{e: e, cfg: cfg, wake: make(chan struct{}, 1)}, nil
+}
+
+// Submit queues r, or refuses with ErrOverloaded when the queue is full. The
+// prompt must fit the context with room for one generated token.
+func (s *Scheduler) Submit(r *Request) error {
+	if len(r.Prompt) == 0 {
+		return fmt.Errorf("serve: empty prompt")
+	}
+	if len(r.Prompt) >= s.e.ContextLen() {
+		return fmt.Errorf("serve: prompt of %d tokens leaves no room in the context of %d", len(r.Prompt), s.e.ContextLen())
+	}
+	if err := r.Params.Validate(); err != nil {
+		return err
+	}
+	if need := s.e.BlocksToGrow(s.e.NewSequence(), len(r.Prompt)+1); need > s.e.KVSpec().Blocks {
+		return fmt.Errorf("serve: prompt of %d tokens needs %d KV blocks, the cache has %d", len(r.Prompt), need, s.e.KVSpec().Blocks)
+	}
+	if r.Ctx == nil {
+		r.Ctx = context.Background()
+	}
+	max := s.e.ContextLen() - len(r.Prompt) + 1
+	if r.Params.MaxTokens > 0 {
+		max = min(max, r.Params.MaxTokens+1)
+	}
+	r.events = make(chan Event, max+1)
+	r.Events = r.events
+	r.tokens = slices.Clone(r.Prompt)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return ErrStopped
+	}
+	if (s.cfg.MaxQueuedRequests > 0 && len(s.waiting) >= s.cfg.MaxQueuedRequests) ||
+		(s.cfg.MaxQueuedTokens > 0 && s.queuedTokens+len(r.Prompt) > s.cfg.MaxQueuedTokens) {
+		return ErrOverloaded
+	}
+	s.arrivals++
+	r.arrival = s.arrivals
+	s.enqueue(r)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// enqueue inserts r in priority order, FCFS among equals (s.mu held).
+func (s *Scheduler) enqueue(r *Request) {
+	i, _ := slices.BinarySearchFunc(s.waiting, r, func(a, b *Request) int {
+		if a.Priority != b.Priority {
+			return b.Priority - a.Priority
+		}
+		return int(a.arrival) - int(b.arrival)
+	})
+	s.waiting = slices.Insert(s.waiting, i, r)
+	s.queuedTokens += len(r.tokens)
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Scheduler) Stats() Stats {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return s.stats
+}
+
+// Run steps the engine until ctx ends, then fails what is left with
+// ErrStopped.
+func (s *Scheduler) Run(ctx context.Context) {
+	defer s.shutdown()
+	for {
+		s.mu.Lock()
+		idle := len(s.waiting) == 0 && len(s.running) == 0
+		s.mu.Unlock()
+		if idle {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.wake:
+				continue
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.step()
+	}
+}
+
+// Idle reports whether nothing is waiting or running.
+func (s *Scheduler) Idle() bool {
+	st := s.Stats()
+	return st.Running == 0 && st.Waiting == 0
+}
+
+func (s *Scheduler) shutdown() {
+	s.mu.Lock()
+	s.stopped = true
+	left := append(s.waiting, s.running...)
+	s.waiting, s.queuedTokens = nil, 0
+	s.mu.Unlock()
+	for _, r := range left {
+		s.finish(r, "", ErrStopped)
+	}
+	s.running = nil
+	s.publish()
+}
+
+// step runs one engine step: drop cancelled requests, admit waiting ones,
+// gather one token per decoding sequence and prompt chunks up to the token
+// budget, make room in the KV cache (preempting if needed), step, and hand
+// out the tokens.
+func (s *Scheduler) step() {
+	s.dropCancelled()
+	s.admit()
+	s.gather()
+	if len(s.items) == 0 {
+		s.publish()
+		return
+	}
+	ids, err := s.e.StepSample(s.items, s.samplers)
+	if err != nil {
+		// A step error is not any one request's fault that we can tell:
+		// fail the step's requests, keep serving.
+		for _, r := range slices.Clone(s.itemOwner) {
+			s.remove(r)
+			s.finish(r, "", fmt.Errorf("serve: step failed: %w", err))
+		}
+		s.publish()
+		return
+	}
+	s.statsMu.Lock()
+	s.stats.Steps++
+	s.statsMu.Unlock()
+	for i, r := range slices.Clone(s.itemOwner) {
+		n := len(s.items[i].Tokens)
+		if decode := r.generated > 0 && n == 1 && r.cached == len(r.tokens)-1; !decode {
+			s.count(n, 0) // prompt tokens, or generated ones recomputed
+		}
+		r.cached += n
+		if r.cached == len(r.tokens) {
+			s.emit(r, ids[i])
+		}
+	}
+	s.publish()
+}
+
+func (s *Scheduler) count(prompt, gen int) {
+	s.statsMu.Lock()
+	s.stats.PromptTokens += uint64(prompt)
+	s.stats.GeneratedTokens += uint64(gen)
+	s.statsMu.Unlock()
+}
+
+// emit handles a sampled token of r: a stop token or a limit ends r.
+func (s *Scheduler) emit(r *Request, id int) {
+	p := &r.Params
+	if !p.IgnoreStop && slices.Contains(p.StopTokens, id) {
+		s.remove(r)
+		s.finish(r, engine.FinishStop, nil)
+		return
+	}
+	r.sampler.Accept(id)
+	r.tokens = append(r.tokens, id)
+	r.generated++
+	s.count(0, 1)
+	r.events <- Event{Token: id}
+	if (p.MaxTokens > 0 && r.generated >= p.MaxTokens) || len(r.tokens) >= s.e.ContextLen() {
+		s.remove(r)
+		s.finish(r, engine.FinishLength, nil)
+	}
+}
+
+// finish sends r's last event and frees its sequence.
+func (s *Scheduler) finish(r *Request, reason string, err error) {
+	if r.seq != nil {
+		s.e.Free(r.seq)
+		r.seq = nil
+	}
+	r.events <- Event{Done: true, Finish: reason, Err: err, PromptTokens: len(r.Prompt), GeneratedTokens: r.generated}
+}
+
+// remove takes r out of the running batch.
+func (s *Scheduler) remove(r *Request) {
+	if i := slices.Index(s.running, r); i >= 0 {
+		s.running = slices.Delete(s.running, i, i+1)
+	}
+}
+
+func (s *Scheduler) dropCancelled() {
+	for _, r := range slices.Clone(s.running) {
+		if err := r.Ctx.Err(); err != nil {
+			s.remove(r)
+			s.finish(r, "", err)
+		}
+	}
+	s.mu.Lock()
+	var gone []*Request
+	s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool {
+		if r.Ctx.Err() != nil {
+			gone = append(gone, r)
+			s.queuedTokens -= len(r.tokens)
+			return true
+		}
+		return false
+	})
+	s.mu.Unlock()
+	for _, r := range gone {
+		s.finish(r, "", r.Ctx.Err())
+	}
+}
+
+// admit moves waiting requests into the running batch, in queue order, while
+// the batch has room and the cache can hold the head's tokens besides one
+// more block for every running sequence.
+func (s *Scheduler) admit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reserve := len(s.running)
+	for len(s.waiting) > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+		r := s.waiting[0]
+		seq := s.e.NewSequence()
+		need := s.e.BlocksToGrow(seq, len(r.tokens)+1)
+		if need+reserve > s.e.FreeBlocks() && len(s.running) > 0 {
+			return // wait for blocks to come back
+		}
+		s.waiting = s.waiting[1:]
+		s.queuedTokens -= len(r.tokens)
+		r.seq, r.cached = seq, 0
+		if r.sampler == nil {
+			r.sampler = engine.NewSampler(r.Params, s.e.Vocab(), r.Prompt)
+		}
+		s.admitted++
+		r.admitted = s.admitted
+		s.running = append(s.running, r)
+		reserve++
+	}
+}
+
+// gather builds the step: one token for each decoding sequence, then prompt
+// chunks in admission order up to the budget; preempts when the cache
+// cannot hold the step.
+func (s *Scheduler) gather() {
+	for {
+		s.items, s.samplers, s.itemOwner = s.items[:0], s.samplers[:0], s.itemOwner[:0]
+		budget := s.cfg.MaxNumBatchedTokens
+		need := 0
+		add := func(r *Request, n int) {
+			s.items = append(s.items, engine.Item{Seq: r.seq, Tokens: r.tokens[r.cached : r.cached+n]})
+			var smp *engine.Sampler
+			if r.cached+n == len(r.tokens) {
+				smp = r.sampler
+			}
+			s.samplers = append(s.samplers, smp)
+			s.itemOwner = append(s.itemOwner, r)
+			budget -= n
+			need += s.e.BlocksToGrow(r.seq, n)
+		}
+		for _, r := range s.running {
+			if len(r.tokens)-r.cached == 1 && budget > 0 {
+				add(r, 1)
+			}
+		}
+		for _, r := range s.running {
+			if left := len(r.tokens) - r.cached; left > 1 && budget > 0 {
+				add(r, min(left, budget))
+			}
+		}
+		if need <= s.e.FreeBlocks() || len(s.running) <= 1 {
+			return
+		}
+		s.preempt()
+	}
+}
+
+// preempt returns the blocks of the lowest-priority, most recently admitted
+// running request and puts it back at the head of its priority in the
+// queue; it will be recomputed (its generated tokens included) when
+// readmitted, and its sampler keeps its state.
+func (s *Scheduler) preempt() {
+	victim := s.running[0]
+	for _, r := range s.running[1:] {
+		if r.Priority < victim.Priority || (r.Priority == victim.Priority && r.admitted > victim.admitted) {
+			victim = r
+		}
+	}
+	s.remove(victim)
+	s.e.Free(victim.seq)
+	victim.seq, victim.cached = nil, 0
+	s.mu.Lock()
+	s.enqueue(victim)
+	s.mu.Unlock()
+	s.statsMu.Lock()
+	s.stats.Preemptions++
+	s.statsMu.Unlock()
+}
+
+// publish refreshes the gauges.
+func (s *Scheduler) publish() {
+	s.mu.Lock()
+	waiting := len(s.waiting)
+	s.mu.Unlock()
+	s.statsMu.Lock()
+	s.stats.Running, s.stats.Waiting = len(s.running), waiting
+	s.stats.FreeBlocks, s.stats.TotalBlocks = s.e.FreeBlocks(), s.e.KVSpec().Blocks
+	s.statsMu.Unlock()
+}

@@ -1,0 +1,216 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"kiln/backend/cpu"
+	"kiln/engine"
+	"kiln/internal/testshared"
+	"kiln/model"
+)
+
+// stories opens stories260K (a real trained model, 512-token vocabulary) on
+// the CPU with room for maxSeqs sequences and kvBlocks blocks of 16 tokens
+// (0: a full context for each).
+func stories(t *testing.T, maxSeqs, kvBlocks int) *engine.Engine {
+	t.Helper()
+	m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: maxSeqs, KVBlocks: kvBlocks, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// prompts are distinct prompts of different lengths.
+func prompts(n int) [][]int {
+	var out [][]int
+	for i := 0; i < n; i++ {
+		p := []int{1}
+		for j := 0; j < 3+7*i%40; j++ {
+			p = append(p, 10+(i*31+j*17)%480)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// alone generates each prompt by itself, greedily.
+func alone(t *testing.T, e *engine.Engine, ps [][]int, maxTokens int) [][]int {
+	var out [][]int
+	for _, p := range ps {
+		var ids []int
+		if _, err := e.Generate(p, engine.SamplingParams{MaxTokens: maxTokens, IgnoreStop: true}, func(id int) bool {
+			ids = append(ids, id)
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ids)
+	}
+	return out
+}
+
+// collect reads a request's events to the end.
+func collect(t *testing.T, r *Request) ([]int, Event) {
+	t.Helper()
+	var ids []int
+	for {
+		select {
+		case ev := <-r.Events:
+			if ev.Done {
+				return ids, ev
+			}
+			ids = append(ids, ev.Token)
+		case <-time.After(30 * time.Second):
+			t.Fatal("request did not finish")
+		}
+	}
+}
+
+func runScheduler(t *testing.T, e *engine.Engine, cfg Config) *Scheduler {
+	t.Helper()
+	s, err := NewScheduler(e, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+// TestBatchedEqualsAlone: greedy outputs of requests batched together (with
+// chunked prefill under a small token budget, and preemption when the cache
+// is short) equal those of the same requests run one at a time, and every
+// KV block comes back.
+func TestBatchedEqualsAlone(t *testing.T) {
+	ps := prompts(12)
+	want := alone(t, stories(t, 1, 0), ps, 40)
+	for _, tc := range []struct {
+		name             string
+		kvBlocks, budget int
+		wantPreemptions  bool
+	}{
+		{"roomy", 0, 64, false},
+		{"short cache", 12, 32, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := stories(t, 8, tc.kvBlocks)
+			s := runScheduler(t, e, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: tc.budget})
+			var reqs []*Request
+			for _, p := range ps {
+				r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 40, IgnoreStop: true}}
+				if err := s.Submit(r); err != nil {
+					t.Fatal(err)
+				}
+				reqs = append(reqs, r)
+			}
+			for i, r := range reqs {
+				got, end := collect(t, r)
+				if end.Err != nil || end.Finish != engine.FinishLength || end.GeneratedTokens != 40 {
+					t.Errorf("request %d ended %+v", i, end)
+				}
+				if !slices.Equal(got, want[i]) {
+					t.Errorf("request %d:\n got %v\nwant %v", i, got, want[i])
+				}
+			}
+			waitIdle(t, s)
+			st := s.Stats()
+			t.Logf("%+v", st)
+			if st.FreeBlocks != st.TotalBlocks {
+				t.Errorf("%d of %d blocks free after all requests finished", st.FreeBlocks, st.TotalBlocks)
+			}
+			if tc.wantPreemptions && st.Preemptions == 0 {
+				t.Error("no preemption with a short cache")
+			}
+		})
+	}
+}
+
+func waitIdle(t *testing.T, s *Scheduler) {
+	t.Helper()
+	for i := 0; i < 1000 && !s.Idle(); i++ {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !s.Idle() {
+		t.Fatalf("scheduler not idle: %+v", s.Stats())
+	}
+}
+
+// TestCancel: a cancelled request ends with its context's error and its
+// blocks return.
+func TestCancel(t *testing.T) {
+	e := stories(t, 4, 0)
+	s := runScheduler(t, e, Config{MaxNumSeqs: 4, MaxNumBatchedTokens: 64})
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Request{Prompt: prompts(1)[0], Params: engine.SamplingParams{MaxTokens: 400, IgnoreStop: true}, Ctx: ctx}
+	if err := s.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	<-r.Events // running
+	cancel()
+	_, end := collect(t, r)
+	if !errors.Is(end.Err, context.Canceled) {
+		t.Errorf("ended %+v, want context.Canceled", end)
+	}
+	waitIdle(t, s)
+	if st := s.Stats(); st.FreeBlocks != st.TotalBlocks {
+		t.Errorf("%d of %d blocks free after the cancel", st.FreeBlocks, st.TotalBlocks)
+	}
+}
+
+// TestAdmission: a full queue refuses at once; a prompt the cache can never
+// hold is an error; higher priority runs first.
+func TestAdmission(t *testing.T) {
+	e := stories(t, 1, 8)
+	s, err := NewScheduler(e, Config{MaxNumSeqs: 1, MaxNumBatchedTokens: 64, MaxQueuedRequests: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := prompts(1)[0]
+	low := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 2}, Priority: 0}
+	high := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 2}, Priority: 5}
+	for _, r := range []*Request{low, high} {
+		if err := s.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Submit(&Request{Prompt: p}); !errors.Is(err, ErrOverloaded) {
+		t.Errorf("third request: %v, want ErrOverloaded", err)
+	}
+	if err := s.Submit(&Request{Prompt: make([]int, 200)}); err == nil {
+		t.Error("a prompt larger than the cache was accepted")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	var order []int
+	for len(order) < 2 {
+		select {
+		case ev := <-low.Events:
+			if ev.Done {
+				order = append(order, 0)
+			}
+		case ev := <-high.Events:
+			if ev.Done {
+				order = append(order, 5)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("timeout")
+		}
+	}
+	if !slices.Equal(order, []int{5, 0}) {
+		t.Errorf("finish order by priority %v, want [5 0]", order)
+	}
+}

@@ -21,10 +21,11 @@ usage:
   kiln inspect MODEL [--after PASS] [--tokens N]
   kiln perplexity MODEL --file TEXT [--window N] [--stride N]
   kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
+  kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
 
 MODEL is a Hugging Face directory, a .gguf file, or a llama2.c .bin (with
 --tokenizer for its tokenizer.bin); kiln run without one uses the built-in
-demo model. Run "kiln COMMAND -h" for a command's flags.
+demo model, and so does kiln serve. Run "kiln COMMAND -h" for a command's flags.
 `
 
 var commands = map[string]func(args []string) error{
@@ -35,6 +36,7 @@ var commands = map[string]func(args []string) error{
 	"inspect":    cmdInspect,
 	"perplexity": cmdPerplexity,
 	"bench":      cmdBench,
+	"serve":      cmdServe,
 }
 
 func main() {

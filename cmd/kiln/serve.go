@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"kiln/engine"
+	"kiln/serve"
+)
+
+// cmdServe runs the OpenAI-compatible server.
+func cmdServe(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var ef engineFlags
+	ef.register(fs)
+	host := fs.String("host", envString("KILN_HOST", "127.0.0.1"), "address to listen on [KILN_HOST]")
+	port := fs.Int("port", envInt("KILN_PORT", 8000), "port to listen on [KILN_PORT]")
+	name := fs.String("served-model-name", envString("KILN_SERVED_MODEL_NAME", ""), "the model's name in the API (default: the model's directory or file name) [KILN_SERVED_MODEL_NAME]")
+	apiKey := fs.String("api-key", envString("KILN_API_KEY", ""), "require this key as a Bearer token [KILN_API_KEY]")
+	maxSeqs := fs.Int("max-num-seqs", envInt("KILN_MAX_NUM_SEQS", 32), "most sequences in the running batch [KILN_MAX_NUM_SEQS]")
+	maxTokens := fs.Int("max-num-batched-tokens", envInt("KILN_MAX_NUM_BATCHED_TOKENS", 0), "tokens per step, decode and prompt chunks together (0: the largest step the engine takes) [KILN_MAX_NUM_BATCHED_TOKENS]")
+	maxQueued := fs.Int("max-queued-requests", envInt("KILN_MAX_QUEUED_REQUESTS", 1024), "waiting requests beyond which new ones get 429 [KILN_MAX_QUEUED_REQUESTS]")
+	maxQueuedTokens := fs.Int("max-queued-tokens", envInt("KILN_MAX_QUEUED_TOKENS", 1<<20), "waiting prompt tokens beyond which new requests get 429 [KILN_MAX_QUEUED_TOKENS]")
+	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: a full context for each of --max-num-seqs, at most 131072) [KILN_KV_CACHE_TOKENS]")
+	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may take to finish")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		return fmt.Errorf("give at most one MODEL")
+	}
+	if *maxSeqs < 1 || *maxTokens < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 {
+		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --max-queued-*, --kv-cache-tokens >= 0; --port in 0..65535")
+	}
+	m, tok, err := openModelOrDemo(pos, ef.tokenizer)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if *name == "" {
+		*name = modelName(m.Path, len(pos) == 0)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctxLen := ef.ctx
+	if ctxLen <= 0 {
+		ctxLen = min(m.Config.MaxPositions, engine.DefaultContextLen)
+	}
+	const blockSize = 16
+	blocks := *maxSeqs * ((ctxLen + blockSize - 1) / blockSize)
+	if *kvTokens > 0 {
+		blocks = (*kvTokens + blockSize - 1) / blockSize
+	} else {
+		blocks = min(blocks, 131072/blockSize)
+	}
+	e, err := newEngineOptions(m, &ef, engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: blockSize, KVBlocks: blocks})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	budget := *maxTokens
+	if budget == 0 {
+		budget = e.MaxStepTokens()
+	}
+	sched, err := serve.NewScheduler(e.Engine, serve.Config{MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
+		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens})
+	if err != nil {
+		return err
+	}
+	spec := e.KVSpec()
+	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", ctxLen,
+		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
+	api := serve.NewServer(sched, serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log})
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	schedCtx, stopSched := context.WithCancel(context.Background())
+	schedDone := make(chan struct{})
+	go func() { sched.Run(schedCtx); close(schedDone) }()
+	ln, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	if err != nil {
+		stopSched()
+		return err
+	}
+	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+	api.SetReady(true)
+	log.Info("listening", "address", "http://"+ln.Addr().String()+"/v1")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		stopSched()
+		<-schedDone
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new requests, finishing those in flight", "grace", *grace)
+	api.SetReady(false)
+	sctx, cancel := context.WithTimeout(context.Background(), *grace)
+	defer cancel()
+	err = srv.Shutdown(sctx) // waits for in-flight handlers, hence their generations
+	stopSched()
+	<-schedDone
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// modelName is the default served model name: the model's file or directory
+// name, or "kiln-demo".
+func modelName(path string, demo bool) string {
+	if demo || path == "" {
+		return "kiln-demo"
+	}
+	base := path
+	for len(base) > 1 && base[len(base)-1] == '/' {
+		base = base[:len(base)-1]
+	}
+	for i := len(base) - 1; i >= 0; i-- {
+		if base[i] == '/' {
+			return base[i+1:]
+		}
+	}
+	return base
+}

@@ -1,0 +1,359 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
+
+	"kiln/engine"
+	"kiln/internal/testshared"
+	"kiln/tokenizer"
+)
+
+// server starts the API over loopback on stories260K (CPU), with a fixed
+// chat template, and returns its URL and scheduler.
+func server(t *testing.T, cfg Config, apiKey string) (string, *Scheduler) {
+	t.Helper()
+	e := stories(t, 8, 0)
+	tok, err := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := runScheduler(t, e, cfg)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	v := NewServer(s, Options{ModelName: "stories", Tokenizer: tok, Chat: plainChat{}, StopTokens: []int{2}, APIKey: apiKey, Log: quiet})
+	v.SetReady(true)
+	ts := httptest.NewServer(v.Handler())
+	t.Cleanup(ts.Close)
+	return ts.URL, s
+}
+
+// plainChat is a stand-in chat template: "role: content" lines.
+type plainChat struct{}
+
+func (plainChat) Render(msgs []ChatMessage, gen bool) (string, error) {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString(m.Role + ": " + m.Content + "\n")
+	}
+	if gen {
+		b.WriteString("assistant:")
+	}
+	return b.String(), nil
+}
+
+func client(url string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+}
+
+// TestCompletionsOpenAIClient drives /v1/completions with the official Go
+// client, streaming and not: greedy text equals kiln's own generation, and
+// the streamed pieces join to the same text.
+func TestCompletionsOpenAIClient(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	c := client(url)
+	ctx := context.Background()
+	params := openai.CompletionNewParams{
+		Model:       "stories",
+		Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+		MaxTokens:   openai.Int(30),
+		Temperature: openai.Float(0),
+	}
+	resp, err := c.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Choices) != 1 || resp.Usage.CompletionTokens == 0 || resp.Usage.PromptTokens == 0 {
+		t.Fatalf("response %+v", resp)
+	}
+	text := resp.Choices[0].Text
+	t.Logf("%q (%s, %d+%d tokens)", text, resp.Choices[0].FinishReason, resp.Usage.PromptTokens, resp.Usage.CompletionTokens)
+
+	// The same through the engine directly.
+	tok, _ := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
+	e := stories(t, 1, 0)
+	ids := tok.Encode("Once upon a time", true)
+	dec := tok.NewDecoder()
+	for _, id := range ids {
+		dec.Add(id)
+	}
+	var want strings.Builder
+	if _, err := e.Generate(ids, engine.SamplingParams{MaxTokens: 30, StopTokens: []int{2}}, func(id int) bool {
+		want.WriteString(dec.Add(id))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want.WriteString(dec.Flush())
+	if text != want.String() {
+		t.Errorf("completion %q, want %q", text, want.String())
+	}
+
+	stream := c.Completions.NewStreaming(ctx, params)
+	var joined strings.Builder
+	chunks := 0
+	for stream.Next() {
+		for _, ch := range stream.Current().Choices {
+			joined.WriteString(ch.Text)
+		}
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if joined.String() != text || chunks < 3 {
+		t.Errorf("stream of %d chunks joined to %q, want %q", chunks, joined.String(), text)
+	}
+}
+
+// TestChatOpenAIClient: /v1/chat/completions, streaming and not, with usage
+// in the stream, and stop strings.
+func TestChatOpenAIClient(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	c := client(url)
+	ctx := context.Background()
+	params := openai.ChatCompletionNewParams{
+		Model:       "stories",
+		Messages:    []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Tell a story."), openai.UserMessage("A cat.")},
+		MaxTokens:   openai.Int(25),
+		Temperature: openai.Float(0),
+	}
+	resp, err := c.Chat.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := resp.Choices[0].Message.Content
+	if full == "" || resp.Choices[0].FinishReason != "length" {
+		t.Fatalf("response %+v", resp.Choices)
+	}
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := c.Chat.Completions.NewStreaming(ctx, params)
+	var joined strings.Builder
+	var usage int64
+	for stream.Next() {
+		ch := stream.Current()
+		for _, x := range ch.Choices {
+			joined.WriteString(x.Delta.Content)
+		}
+		if ch.Usage.TotalTokens > 0 {
+			usage = ch.Usage.CompletionTokens
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if joined.String() != full || usage != 25 {
+		t.Errorf("streamed %q (usage %d), want %q (25)", joined.String(), usage, full)
+	}
+	// A stop string cuts the text before it.
+	words := strings.Fields(full)
+	if len(words) > 3 {
+		params.Stop = openai.ChatCompletionNewParamsStopUnion{OfString: openai.String(words[2])}
+		params.StreamOptions = openai.ChatCompletionStreamOptionsParam{}
+		resp, err := c.Chat.Completions.New(ctx, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := resp.Choices[0].Message.Content
+		if want := full[:strings.Index(full, words[2])]; got != want || resp.Choices[0].FinishReason != "stop" {
+			t.Errorf("with stop %q: %q (%s), want %q (stop)", words[2], got, resp.Choices[0].FinishReason, want)
+		}
+	}
+}
+
+// post sends a raw JSON body and returns the status and the decoded error.
+func post(t *testing.T, url, path, body string, header ...string) (int, http.Header, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	json.Unmarshal(data, &out)
+	return resp.StatusCode, resp.Header, out
+}
+
+// TestErrors: each kind of bad request is a 4xx with an OpenAI-style error
+// naming the problem, and the server keeps serving.
+func TestErrors(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	long := strings.Repeat("Once upon a time ", 200)
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		param      string
+	}{
+		{"/v1/completions", `{"model": "stories", "prompt": "x"`, 400, ""},
+		{"/v1/completions", `{"model": "gpt-9", "prompt": "x"}`, 400, "model"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "temperature": "hot"}`, 400, "temperature"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "temperature": 7}`, 400, "temperature"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "max_tokens": 0}`, 400, "max_tokens"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "n": 99}`, 400, "n"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "top_k": -5}`, 400, "top_k"},
+		{"/v1/completions", `{"model": "stories"}`, 400, "prompt"},
+		{"/v1/completions", `{"model": "stories", "prompt": [1, 99999]}`, 400, "prompt"},
+		{"/v1/completions", `{"model": "stories", "prompt": "` + long + `", "max_tokens": 10}`, 400, "max_tokens"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "logprobs": 2}`, 400, "logprobs"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "stop": 5}`, 400, "stop"},
+		{"/v1/chat/completions", `{"model": "stories", "messages": []}`, 400, "messages"},
+		{"/v1/chat/completions", `{"model": "stories", "messages": [{"role": "wizard", "content": "x"}]}`, 400, "messages[0].role"},
+		{"/v1/completions", `{"model": "stories", "prompt": "` + strings.Repeat("x", 2<<20) + `"}`, 413, ""},
+	} {
+		status, _, body := post(t, url, tc.path, tc.body)
+		e, _ := body["error"].(map[string]any)
+		if status != tc.status || e == nil || e["message"] == "" {
+			t.Errorf("%s %.80s: status %d body %v, want %d with an error", tc.path, tc.body, status, body, tc.status)
+			continue
+		}
+		if tc.param != "" && e["param"] != tc.param {
+			t.Errorf("%.80s: param %v, want %q (%v)", tc.body, e["param"], tc.param, e["message"])
+		}
+	}
+	// Unknown fields are ignored.
+	if status, _, body := post(t, url, "/v1/completions", `{"model": "stories", "prompt": "x", "max_tokens": 2, "frobnicate": true}`); status != 200 {
+		t.Errorf("unknown field: status %d %v", status, body)
+	}
+}
+
+// TestAuth: with an API key, requests without it are refused.
+func TestAuth(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "secret")
+	if status, _, _ := post(t, url, "/v1/completions", `{"prompt": "x", "max_tokens": 2}`); status != 401 {
+		t.Errorf("no key: status %d", status)
+	}
+	if status, _, _ := post(t, url, "/v1/completions", `{"prompt": "x", "max_tokens": 2}`, "Authorization", "Bearer secret"); status != 200 {
+		t.Errorf("right key: status %d", status)
+	}
+}
+
+// TestLoad: hundreds of concurrent streams all complete with the text they
+// get alone, and no block leaks.
+func TestLoad(t *testing.T) {
+	ok, overloaded := loadTest(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64, MaxQueuedRequests: 1000}, 300)
+	if ok != 300 || overloaded != 0 {
+		t.Errorf("%d of 300 streams completed, %d refused", ok, overloaded)
+	}
+}
+
+// TestOverload: past the queue's bound requests are answered 429 with
+// Retry-After at once, the others complete, and no block leaks.
+func TestOverload(t *testing.T) {
+	ok, overloaded := loadTest(t, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64, MaxQueuedRequests: 4}, 100)
+	if overloaded == 0 || ok+overloaded != 100 || ok < 6 {
+		t.Errorf("%d completed, %d refused of 100", ok, overloaded)
+	}
+}
+
+// loadTest sends n concurrent streaming requests and checks each answer: a
+// 429 with Retry-After, or the text of the prompt alone.
+func loadTest(t *testing.T, cfg Config, n int) (ok, overloaded int) {
+	url, s := server(t, cfg, "")
+	c := client(url)
+	ctx := context.Background()
+	prompts := []string{"Once upon a time", "The little dog", "Lily was", "One day, a bird"}
+	want := map[string]string{}
+	for _, p := range prompts {
+		resp, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "stories", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(p)},
+			MaxTokens: openai.Int(20), Temperature: openai.Float(0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[p] = resp.Choices[0].Text
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := prompts[i%len(prompts)]
+			body := `{"model": "stories", "prompt": "` + p + `", "max_tokens": 20, "temperature": 0, "stream": true}`
+			req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode == 429 {
+				mu.Lock()
+				overloaded++
+				mu.Unlock()
+				if resp.Header.Get("Retry-After") == "" {
+					t.Error("429 without Retry-After")
+				}
+				return
+			}
+			data, _ := io.ReadAll(resp.Body)
+			var text strings.Builder
+			for _, line := range strings.Split(string(data), "\n") {
+				line = strings.TrimPrefix(line, "data: ")
+				if !strings.HasPrefix(line, "{") {
+					continue
+				}
+				var ch struct {
+					Choices []struct{ Text string } `json:"choices"`
+				}
+				json.Unmarshal([]byte(line), &ch)
+				for _, c := range ch.Choices {
+					text.WriteString(c.Text)
+				}
+			}
+			if !strings.HasSuffix(string(data), "data: [DONE]\n\n") || text.String() != want[p] {
+				t.Errorf("stream %d: %q, want %q", i, text.String(), want[p])
+				return
+			}
+			mu.Lock()
+			ok++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d completed, %d answered 429; %+v", ok, overloaded, s.Stats())
+	waitIdle(t, s)
+	if st := s.Stats(); st.FreeBlocks != st.TotalBlocks {
+		t.Errorf("%d of %d blocks free after the load", st.FreeBlocks, st.TotalBlocks)
+	}
+	return ok, overloaded
+}
+
+// TestDisconnect: a client that goes away mid-stream frees its sequence.
+func TestDisconnect(t *testing.T) {
+	url, s := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions",
+		strings.NewReader(`{"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	resp.Body.Read(buf) // streaming has begun
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if st := s.Stats(); st.Running == 0 && st.FreeBlocks == st.TotalBlocks {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("sequence not freed after the client left: %+v", s.Stats())
+}

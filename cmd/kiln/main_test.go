@@ -2,12 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"kiln/backend/cuda"
 	"kiln/internal/testshared"
@@ -208,5 +212,53 @@ func TestRunDemo(t *testing.T) {
 	}
 	if len(strings.TrimSpace(out)) == 0 {
 		t.Error("no text generated")
+	}
+}
+
+// TestServeDemo starts kiln serve with no model (the demo), asks it for a
+// completion over HTTP, and stops it with SIGTERM: it exits 0.
+func TestServeDemo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	cmd := exec.Command(kilnBin, "serve", "--port", port, "--max-num-seqs", "4")
+	cmd.Env = append(os.Environ(), "KILN_DEVICE=cpu")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	base := "http://127.0.0.1:" + port
+	for i := 0; ; i++ {
+		resp, err := http.Get(base + "/health")
+		if err == nil && resp.StatusCode == 200 {
+			resp.Body.Close()
+			break
+		}
+		if i == 300 {
+			t.Fatalf("no /health after 30 s: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "In the beginning", "max_tokens": 8, "temperature": 0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Model   string
+		Choices []struct{ Text string }
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || out.Model != "kiln-demo" || len(out.Choices) != 1 || out.Choices[0].Text == "" {
+		t.Fatalf("status %d, %+v", resp.StatusCode, out)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v\n%s", err, stderr.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"kiln/engine"
 )
@@ -53,6 +54,9 @@ type Request struct {
 
 	events  chan Event
 	arrival uint64
+	// submittedAt and admittedAt (first admission) time the queue wait;
+	// read them after the Done event.
+	submittedAt, admittedAt time.Time
 
 	// Scheduler state.
 	tokens    []int // prompt, then generated tokens
@@ -152,6 +156,7 @@ func (s *Scheduler) Submit(r *Request) error {
 	}
 	s.arrivals++
 	r.arrival = s.arrivals
+	r.submittedAt = time.Now()
 	s.enqueue(r)
 	select {
 	case s.wake <- struct{}{}:
@@ -347,6 +352,9 @@ func (s *Scheduler) admit() {
 		}
 		s.admitted++
 		r.admitted = s.admitted
+		if r.admittedAt.IsZero() {
+			r.admittedAt = time.Now()
+		}
 		s.running = append(s.running, r)
 		reserve++
 	}

@@ -44,6 +44,7 @@ type Options struct {
 type Server struct {
 	s       *Scheduler
 	o       Options
+	m       *metrics
 	ready   atomic.Bool
 	created int64
 	ignored sync.Map // unknown request fields already logged
@@ -58,7 +59,7 @@ func NewServer(s *Scheduler, o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{s: s, o: o, created: time.Now().Unix()}
+	return &Server{s: s, o: o, m: newMetrics(s), created: time.Now().Unix()}
 }
 
 // SetReady marks the model loaded (or not) for /health.
@@ -74,6 +75,7 @@ func (v *Server) Handler() http.Handler {
 		}
 		io.WriteString(w, "ok\n")
 	})
+	mux.Handle("GET /metrics", v.m.handler())
 	mux.HandleFunc("GET /v1/models", v.auth(v.models))
 	mux.HandleFunc("POST /v1/completions", v.auth(v.completions))
 	mux.HandleFunc("POST /v1/chat/completions", v.auth(v.chatCompletions))
@@ -285,6 +287,7 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			cancel()
 			stopAll()
 			if errors.Is(err, ErrOverloaded) || errors.Is(err, ErrStopped) {
+				v.m.rejected.WithLabelValues("overloaded").Inc()
 				w.Header().Set("Retry-After", "1")
 				e := &apiError{status: http.StatusTooManyRequests, Message: err.Error(), Type: "server_overloaded"}
 				if errors.Is(err, ErrStopped) {
@@ -327,6 +330,7 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		}
 	}
 	var firstToken time.Duration
+	lastToken := make([]time.Time, n)
 	left := n
 	for left > 0 {
 		var ce choiceEvent
@@ -344,9 +348,15 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		case !ev.Done && c.stopped:
 			continue
 		case !ev.Done:
+			now := time.Now()
 			if firstToken == 0 {
-				firstToken = time.Since(start)
+				firstToken = now.Sub(start)
+				v.m.ttft.Observe(firstToken.Seconds())
 			}
+			if !lastToken[c.index].IsZero() {
+				v.m.itl.Observe(now.Sub(lastToken[c.index]).Seconds())
+			}
+			lastToken[c.index] = now
 			c.gen++
 			var hit bool
 			piece, hit = c.stop.Add(c.dec.Add(ev.Token))
@@ -384,7 +394,15 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 	gen := 0
 	for _, c := range choices {
 		gen += c.gen
+		if !c.req.admittedAt.IsZero() {
+			v.m.queue.Observe(c.req.admittedAt.Sub(c.req.submittedAt).Seconds())
+		}
 		if c.err != nil {
+			reason := "error"
+			if errors.Is(c.err, context.Canceled) {
+				reason = "cancelled"
+			}
+			v.m.rejected.WithLabelValues(reason).Inc()
 			v.o.Log.Info("request ended early", "id", id, "error", c.err)
 			if sse == nil {
 				status := http.StatusInternalServerError
@@ -395,6 +413,10 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			}
 			return
 		}
+	}
+	v.m.e2e.Observe(time.Since(start).Seconds())
+	for _, c := range choices {
+		v.m.success.WithLabelValues(c.finish).Inc()
 	}
 	usage := map[string]any{"prompt_tokens": len(ids), "completion_tokens": gen, "total_tokens": len(ids) + gen,
 		"prompt_tokens_details": map[string]any{"cached_tokens": 0}}

@@ -1,0 +1,62 @@
+package serve
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the server's Prometheus metrics, named after vLLM's so that
+// existing dashboards translate (vllm: → kiln:).
+type metrics struct {
+	reg                       *prometheus.Registry
+	ttft, itl, e2e, queue     prometheus.Histogram
+	success                   *prometheus.CounterVec // by finish_reason
+	rejected                  *prometheus.CounterVec // by reason
+	prefixQueries, prefixHits prometheus.Counter
+}
+
+func newMetrics(s *Scheduler) *metrics {
+	reg := prometheus.NewRegistry()
+	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	hist := func(name, help string) prometheus.Histogram {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: latency})
+		reg.MustRegister(h)
+		return h
+	}
+	m := &metrics{
+		reg:   reg,
+		ttft:  hist("kiln:time_to_first_token_seconds", "Time from a request's arrival to its first generated token."),
+		itl:   hist("kiln:inter_token_latency_seconds", "Time between two consecutive tokens of a request."),
+		e2e:   hist("kiln:e2e_request_latency_seconds", "Time from a request's arrival to its last token."),
+		queue: hist("kiln:request_queue_time_seconds", "Time a request waited before it first ran."),
+		success: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln:request_success_total",
+			Help: "Requests finished, by finish reason."}, []string{"finish_reason"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln:requests_rejected_total",
+			Help: "Requests refused or failed, by reason."}, []string{"reason"}),
+		prefixQueries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln:prefix_cache_queries_total", Help: "Prompt tokens looked up in the prefix cache."}),
+		prefixHits:    prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln:prefix_cache_hits_total", Help: "Prompt tokens found in the prefix cache."}),
+	}
+	reg.MustRegister(m.success, m.rejected, m.prefixQueries, m.prefixHits)
+	gauge := func(name, help string, f func(Stats) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(s.Stats()) }))
+	}
+	gauge("kiln:num_requests_running", "Requests in the running batch.", func(st Stats) float64 { return float64(st.Running) })
+	gauge("kiln:num_requests_waiting", "Requests waiting to run.", func(st Stats) float64 { return float64(st.Waiting) })
+	gauge("kiln:kv_cache_usage_perc", "Fraction of the KV cache's blocks in use (0 to 1).", func(st Stats) float64 {
+		if st.TotalBlocks == 0 {
+			return 0
+		}
+		return 1 - float64(st.FreeBlocks)/float64(st.TotalBlocks)
+	})
+	counter := func(name, help string, f func(Stats) float64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return f(s.Stats()) }))
+	}
+	counter("kiln:prompt_tokens_total", "Prompt tokens computed (recomputation after preemption included).", func(st Stats) float64 { return float64(st.PromptTokens) })
+	counter("kiln:generation_tokens_total", "Tokens generated.", func(st Stats) float64 { return float64(st.GeneratedTokens) })
+	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks.", func(st Stats) float64 { return float64(st.Preemptions) })
+	return m
+}
+
+func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }

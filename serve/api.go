@@ -62,6 +62,7 @@ type samplingFields struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	User                string          `json:"user"`
 	Priority            *int            `json:"priority"`
+	Timeout             *float64        `json:"timeout"` // seconds the request may wait before it starts
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -94,7 +95,7 @@ var knownFields = func() map[string]bool {
 	m := map[string]bool{"prompt": true, "echo": true, "messages": true}
 	for _, f := range []string{"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
 		"seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs", "user", "priority",
-		"stream", "stream_options"} {
+		"stream", "stream_options", "timeout"} {
 		m[f] = true
 	}
 	return m

@@ -46,6 +46,10 @@ type Request struct {
 	Prompt   []int
 	Params   engine.SamplingParams
 	Priority int // higher first; FCFS among equals
+	// StartBy, when set, is when the request must have started running: one
+	// the queue cannot start in time is refused at once (ErrDeadline), and
+	// one still waiting then is dropped with ErrDeadline.
+	StartBy time.Time
 	// Ctx cancels the request (a client that went away): its sequence is
 	// dropped and its blocks freed at the next step.
 	Ctx context.Context
@@ -70,6 +74,10 @@ type Request struct {
 // ErrOverloaded is returned by Submit when the waiting queue is full.
 var ErrOverloaded = errors.New("serve: the server is at capacity")
 
+// ErrDeadline is the error of a request that could not start before its
+// StartBy.
+var ErrDeadline = errors.New("serve: the request cannot start before its deadline")
+
 // ErrStopped is the error of requests left when the scheduler stops.
 var ErrStopped = errors.New("serve: the server is shutting down")
 
@@ -84,6 +92,7 @@ type Scheduler struct {
 	arrivals     uint64
 	stopped      bool
 	wake         chan struct{}
+	runTime      time.Duration // moving mean of the time requests spend running
 
 	running   []*Request // owned by the loop
 	admitted  uint64
@@ -154,15 +163,38 @@ func (s *Scheduler) Submit(r *Request) error {
 		(s.cfg.MaxQueuedTokens > 0 && s.queuedTokens+len(r.Prompt) > s.cfg.MaxQueuedTokens) {
 		return ErrOverloaded
 	}
+	now := time.Now()
+	if !r.StartBy.IsZero() && now.Add(s.queueWait(r.Priority)).After(r.StartBy) {
+		return ErrDeadline
+	}
 	s.arrivals++
 	r.arrival = s.arrivals
-	r.submittedAt = time.Now()
+	r.submittedAt = now
 	s.enqueue(r)
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 	return nil
+}
+
+// queueWait estimates how long a request of the given priority would wait
+// (s.mu held): the requests ahead of it, in waves of MaxNumSeqs, each wave
+// taking the recent mean time a request spends running. An estimate: a
+// request refused by it might have made it, and the deadline is still
+// enforced in the queue.
+func (s *Scheduler) queueWait(priority int) time.Duration {
+	ahead := 0
+	for _, w := range s.waiting {
+		if w.Priority >= priority {
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		return 0
+	}
+	waves := (ahead + s.cfg.MaxNumSeqs - 1) / s.cfg.MaxNumSeqs
+	return time.Duration(waves) * s.runTime
 }
 
 // enqueue inserts r in priority order, FCFS among equals (s.mu held).
@@ -297,6 +329,12 @@ func (s *Scheduler) finish(r *Request, reason string, err error) {
 		s.e.Free(r.seq)
 		r.seq = nil
 	}
+	if err == nil && !r.admittedAt.IsZero() {
+		ran := time.Since(r.admittedAt)
+		s.mu.Lock()
+		s.runTime += (ran - s.runTime) / 8
+		s.mu.Unlock()
+	}
 	r.events <- Event{Done: true, Finish: reason, Err: err, PromptTokens: len(r.Prompt), GeneratedTokens: r.generated}
 }
 
@@ -316,17 +354,24 @@ func (s *Scheduler) dropCancelled() {
 	}
 	s.mu.Lock()
 	var gone []*Request
+	var why []error
+	now := time.Now()
 	s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool {
-		if r.Ctx.Err() != nil {
+		err := r.Ctx.Err()
+		if err == nil && !r.StartBy.IsZero() && r.admittedAt.IsZero() && now.After(r.StartBy) {
+			err = ErrDeadline
+		}
+		if err != nil {
 			gone = append(gone, r)
+			why = append(why, err)
 			s.queuedTokens -= len(r.tokens)
 			return true
 		}
 		return false
 	})
 	s.mu.Unlock()
-	for _, r := range gone {
-		s.finish(r, "", r.Ctx.Err())
+	for i, r := range gone {
+		s.finish(r, "", why[i])
 	}
 }
 

@@ -214,3 +214,24 @@ func TestAdmission(t *testing.T) {
 		t.Errorf("finish order by priority %v, want [5 0]", order)
 	}
 }
+
+// TestDeadlineInQueue: a request still waiting at its StartBy is dropped
+// with ErrDeadline.
+func TestDeadlineInQueue(t *testing.T) {
+	e := stories(t, 1, 0)
+	s, err := NewScheduler(e, Config{MaxNumSeqs: 1, MaxNumBatchedTokens: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Request{Prompt: prompts(1)[0], Params: engine.SamplingParams{MaxTokens: 2}, StartBy: time.Now().Add(20 * time.Millisecond)}
+	if err := s.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(40 * time.Millisecond) // the scheduler is not running yet
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	if _, end := collect(t, r); !errors.Is(end.Err, ErrDeadline) {
+		t.Errorf("ended %+v, want ErrDeadline", end)
+	}
+}

@@ -271,6 +271,11 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 	if f.Priority != nil {
 		priority = *f.Priority
 	}
+	startBy, aerr := deadline(r, f.Timeout, start)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
 	var choices []*choice
 	merged := make(chan choiceEvent)
 	stopAll := func() {
@@ -282,12 +287,16 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		cp := p
 		cp.Seed = p.Seed + uint64(i)
 		ctx, cancel := context.WithCancel(r.Context())
-		req := &Request{Prompt: ids, Params: cp, Priority: priority, Ctx: ctx}
+		req := &Request{Prompt: ids, Params: cp, Priority: priority, Ctx: ctx, StartBy: startBy}
 		if err := v.s.Submit(req); err != nil {
 			cancel()
 			stopAll()
-			if errors.Is(err, ErrOverloaded) || errors.Is(err, ErrStopped) {
-				v.m.rejected.WithLabelValues("overloaded").Inc()
+			if errors.Is(err, ErrOverloaded) || errors.Is(err, ErrStopped) || errors.Is(err, ErrDeadline) {
+				reason := "overloaded"
+				if errors.Is(err, ErrDeadline) {
+					reason = "deadline"
+				}
+				v.m.rejected.WithLabelValues(reason).Inc()
 				w.Header().Set("Retry-After", "1")
 				e := &apiError{status: http.StatusTooManyRequests, Message: err.Error(), Type: "server_overloaded"}
 				if errors.Is(err, ErrStopped) {
@@ -399,15 +408,21 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		}
 		if c.err != nil {
 			reason := "error"
-			if errors.Is(c.err, context.Canceled) {
+			switch {
+			case errors.Is(c.err, context.Canceled):
 				reason = "cancelled"
+			case errors.Is(c.err, ErrDeadline):
+				reason = "deadline"
 			}
 			v.m.rejected.WithLabelValues(reason).Inc()
 			v.o.Log.Info("request ended early", "id", id, "error", c.err)
 			if sse == nil {
 				status := http.StatusInternalServerError
-				if errors.Is(c.err, context.Canceled) {
+				switch {
+				case errors.Is(c.err, context.Canceled):
 					status = 499 // the client went away
+				case errors.Is(c.err, ErrDeadline):
+					status = http.StatusServiceUnavailable
 				}
 				writeError(w, &apiError{status: status, Message: c.err.Error(), Type: "server_error"})
 			}
@@ -439,6 +454,30 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		}
 	}
 	writeJSON(w, map[string]any{"id": id, "object": object, "created": v.created, "model": v.o.ModelName, "choices": out, "usage": usage})
+}
+
+// deadline is when a request must have started: its X-Request-Deadline
+// header (an RFC 3339 time) or its "timeout" (seconds from arrival); zero
+// when it has neither.
+func deadline(r *http.Request, timeout *float64, arrival time.Time) (time.Time, *apiError) {
+	var t time.Time
+	if h := r.Header.Get("X-Request-Deadline"); h != "" {
+		d, err := time.Parse(time.RFC3339Nano, h)
+		if err != nil {
+			return t, badRequest("X-Request-Deadline", "X-Request-Deadline %q is not an RFC 3339 time", h)
+		}
+		t = d
+	}
+	if timeout != nil {
+		if *timeout <= 0 || *timeout > 86400 {
+			return t, badRequest("timeout", "timeout must be between 0 and 86400 seconds, got %g", *timeout)
+		}
+		d := arrival.Add(time.Duration(*timeout * float64(time.Second)))
+		if t.IsZero() || d.Before(t) {
+			t = d
+		}
+	}
+	return t, nil
 }
 
 // echoOnce prefixes a streamed completion's first piece with the echoed

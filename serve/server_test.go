@@ -385,3 +385,23 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadline: a request whose deadline has passed, or that the queue
+// cannot start in time, is refused at once with 429; a bad deadline is 400.
+func TestDeadline(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	past := time.Now().Add(-time.Second).Format(time.RFC3339Nano)
+	status, hdr, body := post(t, url, "/v1/completions", `{"prompt": "x", "max_tokens": 2}`, "X-Request-Deadline", past)
+	if status != 429 || hdr.Get("Retry-After") == "" {
+		t.Errorf("past deadline: status %d %v", status, body)
+	}
+	if status, _, _ := post(t, url, "/v1/completions", `{"prompt": "x", "max_tokens": 2}`, "X-Request-Deadline", "soon"); status != 400 {
+		t.Errorf("bad deadline: status %d", status)
+	}
+	if status, _, _ := post(t, url, "/v1/completions", `{"prompt": "x", "max_tokens": 2, "timeout": -1}`); status != 400 {
+		t.Errorf("negative timeout: status %d", status)
+	}
+	if status, _, body := post(t, url, "/v1/completions", `{"prompt": "x", "max_tokens": 2, "timeout": 30}`); status != 200 {
+		t.Errorf("a timeout it meets: status %d %v", status, body)
+	}
+}

@@ -34,8 +34,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -233,40 +234,49 @@ func firstNonEmpty(a, b string) string {
 // string or a list of {"name", "template"} of which "default" is taken. BOS
 // and EOS come from tokenizer_config.json's bos_token and eos_token.
 func FromTokenizerConfig(dir string) (*Template, error) {
+	t, err := FromTokenizerConfigFS(os.DirFS(dir), ".")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return t, nil
+}
+
+// FromTokenizerConfigFS is FromTokenizerConfig for the folder dir of fsys
+// (a model embedded in the binary, say).
+func FromTokenizerConfigFS(fsys fs.FS, dir string) (*Template, error) {
 	var cfg struct {
 		ChatTemplate json.RawMessage `json:"chat_template"`
 		BOS          json.RawMessage `json:"bos_token"`
 		EOS          json.RawMessage `json:"eos_token"`
 	}
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	b, err := os.ReadFile(cfgPath)
+	cfgPath := path.Join(dir, "tokenizer_config.json")
+	b, err := fs.ReadFile(fsys, cfgPath)
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(b, &cfg); err != nil {
-			return nil, fmt.Errorf("read %s: %w", cfgPath, err)
+			return nil, fmt.Errorf("read tokenizer_config.json: %w", err)
 		}
-	case !errors.Is(err, os.ErrNotExist):
+	case !errors.Is(err, fs.ErrNotExist):
 		return nil, err
 	}
 
 	var source string
-	jinjaPath := filepath.Join(dir, "chat_template.jinja")
-	if b, err := os.ReadFile(jinjaPath); err == nil {
+	if b, err := fs.ReadFile(fsys, path.Join(dir, "chat_template.jinja")); err == nil {
 		source = string(b)
-	} else if !errors.Is(err, os.ErrNotExist) {
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	} else {
 		source, err = configTemplate(cfg.ChatTemplate)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", cfgPath, err)
+			return nil, fmt.Errorf("read tokenizer_config.json: %w", err)
 		}
 		if source == "" {
-			return nil, fmt.Errorf("%s: no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)", dir)
+			return nil, fmt.Errorf("no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)")
 		}
 	}
 	t, err := Parse(source)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
+		return nil, err
 	}
 	t.BOS, t.EOS = tokenText(cfg.BOS), tokenText(cfg.EOS)
 	return t, nil

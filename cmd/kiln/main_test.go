@@ -257,6 +257,22 @@ func TestServeDemo(t *testing.T) {
 	if resp.StatusCode != 200 || out.Model != "kiln-demo" || len(out.Choices) != 1 || out.Choices[0].Text == "" {
 		t.Fatalf("status %d, %+v", resp.StatusCode, out)
 	}
+	// The demo's chat template (tokenizer_config.json) renders the conversation.
+	resp, err = http.Post(base+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages": [{"role": "user", "content": "Who made the heaven?"}], "max_tokens": 8, "temperature": 0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chatOut struct {
+		Choices []struct {
+			Message struct{ Role, Content string }
+		}
+	}
+	json.NewDecoder(resp.Body).Decode(&chatOut)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(chatOut.Choices) != 1 || chatOut.Choices[0].Message.Role != "assistant" {
+		t.Fatalf("chat: status %d, %+v", resp.StatusCode, chatOut)
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("after SIGTERM: %v\n%s", err, stderr.String())

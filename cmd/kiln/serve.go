@@ -14,7 +14,10 @@ import (
 	"syscall"
 	"time"
 
+	"kiln/chat"
+	"kiln/demo"
 	"kiln/engine"
+	"kiln/model"
 	"kiln/serve"
 )
 
@@ -80,7 +83,13 @@ func cmdServe(args []string) error {
 	spec := e.KVSpec()
 	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", ctxLen,
 		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
-	api := serve.NewServer(sched, serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log})
+	opts := serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log}
+	if t, err := chatTemplate(m, len(pos) == 0); err != nil {
+		log.Warn("no chat template: /v1/chat/completions will answer 400", "reason", err)
+	} else {
+		opts.Chat = chatAdapter{t}
+	}
+	api := serve.NewServer(sched, opts)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -115,6 +124,32 @@ func cmdServe(args []string) error {
 		return err
 	}
 	return nil
+}
+
+// chatTemplate is the model's chat template: the demo's, a GGUF file's
+// tokenizer.chat_template, or a Hugging Face folder's (chat_template.jinja or
+// tokenizer_config.json).
+func chatTemplate(m *model.Model, demoModel bool) (*chat.Template, error) {
+	switch {
+	case demoModel:
+		return chat.FromTokenizerConfigFS(demo.FS(), ".")
+	case m.Metadata != nil:
+		return chat.FromGGUF(m.Metadata)
+	case m.Format == "llama2c":
+		return nil, fmt.Errorf("llama2.c checkpoints carry no chat template")
+	}
+	return chat.FromTokenizerConfig(m.Path)
+}
+
+// chatAdapter renders the server's conversations with a chat template.
+type chatAdapter struct{ t *chat.Template }
+
+func (a chatAdapter) Render(msgs []serve.ChatMessage, addGenerationPrompt bool) (string, error) {
+	cm := make([]chat.Message, len(msgs))
+	for i, m := range msgs {
+		cm[i] = chat.Message{Role: m.Role, Content: m.Content}
+	}
+	return a.t.Render(cm, chat.Options{AddGenerationPrompt: addGenerationPrompt})
 }
 
 // modelName is the default served model name: the model's file or directory

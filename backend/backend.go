@@ -138,3 +138,12 @@ type SamplingExecutable interface {
 	// of b.Rows into ids, chosen by params (one per row).
 	RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error
 }
+
+// MemoryReporter is a Loaded that can size its KV cache from the memory it
+// has left.
+type MemoryReporter interface {
+	// FreeMemory is the memory, in bytes, available for the KV cache now.
+	FreeMemory() (int64, error)
+	// KVBytes is the memory a cache of spec takes on this backend.
+	KVBytes(spec KVSpec) int64
+}

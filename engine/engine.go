@@ -30,8 +30,14 @@ type Options struct {
 	// BlockSize is the number of token slots in a KV block (default 16).
 	BlockSize int
 	// KVBlocks is the size of the KV cache in blocks, shared by all
-	// sequences (0: room for MaxSeqs sequences of ContextLen tokens).
+	// sequences (0: room for MaxSeqs sequences of ContextLen tokens, or
+	// what KVCacheFraction allows).
 	KVBlocks int
+	// KVCacheFraction, when KVBlocks is 0 and the backend reports its
+	// memory, sizes the cache to this fraction of the memory left once the
+	// weights and the largest step's activations are in place, at most
+	// MaxSeqs full contexts and at least one.
+	KVCacheFraction float64
 	// Buckets are the step sizes plans are built for (default
 	// compile.DefaultBuckets).
 	Buckets compile.Buckets
@@ -100,10 +106,39 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	}
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
 	blocks := blocksPerSeq * opts.MaxSeqs
-	if opts.KVBlocks > 0 {
-		blocks = opts.KVBlocks
-	}
 	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}
+	execs := map[compile.Bucket]backend.Executable{}
+	mem, reports := loaded.(backend.MemoryReporter)
+	switch {
+	case opts.KVBlocks > 0:
+		spec.Blocks = opts.KVBlocks
+	case opts.KVCacheFraction > 0 && reports:
+		// The largest step's activations first, then the cache from what is left.
+		bk, err := opts.Buckets.For(opts.Buckets.Max(), opts.Buckets.Max())
+		if err == nil {
+			var p *compile.Plan
+			if p, err = compiled.Plan(bk); err == nil {
+				execs[bk], err = loaded.Executable(p)
+			}
+		}
+		var free int64
+		if err == nil {
+			free, err = mem.FreeMemory()
+		}
+		if err != nil {
+			loaded.Close()
+			return nil, err
+		}
+		one := spec
+		one.Blocks = 1
+		fit := int(opts.KVCacheFraction * float64(free) / float64(mem.KVBytes(one)))
+		if fit < blocksPerSeq {
+			loaded.Close()
+			return nil, fmt.Errorf("kv cache: %.0f%% of the %d MiB left holds %d tokens, less than one context of %d",
+				100*opts.KVCacheFraction, free>>20, fit*opts.BlockSize, ctx)
+		}
+		spec.Blocks = min(blocks, fit)
+	}
 	kv, err := loaded.NewKVCache(spec)
 	if err != nil {
 		loaded.Close()
@@ -111,7 +146,7 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		Config: c, Compiled: compiled, loaded: loaded, buckets: opts.Buckets,
-		execs: map[compile.Bucket]backend.Executable{}, kv: kv, spec: spec, ctxLen: ctx,
+		execs: execs, kv: kv, spec: spec, ctxLen: ctx,
 		vocab: compiled.Graph.Outputs[0].Shape.Last(),
 	}
 	for i := spec.Blocks - 1; i >= 0; i-- {
@@ -137,6 +172,15 @@ func (e *Engine) ContextLen() int { return e.ctxLen }
 
 // KVSpec describes the engine's KV cache.
 func (e *Engine) KVSpec() backend.KVSpec { return e.spec }
+
+// KVBytes is the KV cache's memory on the backend (at 4 bytes an element
+// when the backend does not say).
+func (e *Engine) KVBytes() int64 {
+	if m, ok := e.loaded.(backend.MemoryReporter); ok {
+		return m.KVBytes(e.spec)
+	}
+	return e.spec.Bytes()
+}
 
 // MaxSeqs is the most sequences one step may hold.
 func (e *Engine) MaxSeqs() int { return cap(e.batch.Seqs) }

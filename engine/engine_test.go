@@ -176,3 +176,23 @@ func TestKVCacheExhaustion(t *testing.T) {
 		t.Error("an out-of-vocabulary token was accepted")
 	}
 }
+
+// TestKVCacheFraction: sized from the memory left, the cache holds at most
+// MaxSeqs full contexts; a fraction too small for one context is an error.
+func TestKVCacheFraction(t *testing.T) {
+	m := tinyModel(t, tensor.F32)
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 64, MaxSeqs: 3, KVCacheFraction: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.KVSpec().Blocks; got != 3*4 {
+		t.Errorf("%d blocks, want 12 (3 contexts of 64 tokens in blocks of 16)", got)
+	}
+	if e.KVBytes() != e.KVSpec().Bytes() {
+		t.Errorf("KVBytes %d, spec %d", e.KVBytes(), e.KVSpec().Bytes())
+	}
+	e.Close()
+	if _, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 64, KVCacheFraction: 1e-15}); err == nil || !strings.Contains(err.Error(), "less than one context") {
+		t.Errorf("a fraction too small: %v", err)
+	}
+}

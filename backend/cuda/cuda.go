@@ -319,10 +319,16 @@ type kvCache struct {
 
 func (c *kvCache) Spec() backend.KVSpec { return c.spec }
 
-// Bytes is the cache's device memory.
-func (c *kvCache) Bytes() int64 {
-	s := c.spec
-	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * int64(c.l.act.Size())
+// FreeMemory implements backend.MemoryReporter: the device's free memory.
+func (l *loaded) FreeMemory() (int64, error) {
+	free, _, err := l.dev.MemInfo()
+	return int64(free), err
+}
+
+// KVBytes implements backend.MemoryReporter: keys and values in the compute
+// dtype.
+func (l *loaded) KVBytes(s backend.KVSpec) int64 {
+	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * int64(l.act.Size())
 }
 
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {

@@ -28,6 +28,16 @@ func envInt(name string, def int) int {
 	return def
 }
 
+func envFloat(name string, def float64) float64 {
+	if v, ok := os.LookupEnv(name); ok {
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			return f
+		}
+		fmt.Fprintf(os.Stderr, "kiln: ignoring %s=%q: not a number\n", name, v)
+	}
+	return def
+}
+
 func envBool(name string) bool {
 	v := strings.ToLower(os.Getenv(name))
 	return v == "1" || v == "true" || v == "yes"

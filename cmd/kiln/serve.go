@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"kiln/backend/cuda"
 	"kiln/chat"
 	"kiln/demo"
 	"kiln/engine"
@@ -34,7 +35,8 @@ func cmdServe(args []string) error {
 	maxTokens := fs.Int("max-num-batched-tokens", envInt("KILN_MAX_NUM_BATCHED_TOKENS", 0), "tokens per step, decode and prompt chunks together (0: the largest step the engine takes) [KILN_MAX_NUM_BATCHED_TOKENS]")
 	maxQueued := fs.Int("max-queued-requests", envInt("KILN_MAX_QUEUED_REQUESTS", 1024), "waiting requests beyond which new ones get 429 [KILN_MAX_QUEUED_REQUESTS]")
 	maxQueuedTokens := fs.Int("max-queued-tokens", envInt("KILN_MAX_QUEUED_TOKENS", 1<<20), "waiting prompt tokens beyond which new requests get 429 [KILN_MAX_QUEUED_TOKENS]")
-	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: a full context for each of --max-num-seqs, at most 131072) [KILN_KV_CACHE_TOKENS]")
+	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: from --kv-cache-fraction) [KILN_KV_CACHE_TOKENS]")
+	kvFraction := fs.Float64("kv-cache-fraction", envFloat("KILN_KV_CACHE_FRACTION", 0), "fraction of the memory left after the weights and activations that the KV cache may take, at most a full context for each of --max-num-seqs (0: 0.9 on a GPU, 0.5 on the CPU) [KILN_KV_CACHE_FRACTION]")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may take to finish")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -43,8 +45,8 @@ func cmdServe(args []string) error {
 	if len(pos) > 1 {
 		return fmt.Errorf("give at most one MODEL")
 	}
-	if *maxSeqs < 1 || *maxTokens < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 {
-		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --max-queued-*, --kv-cache-tokens >= 0; --port in 0..65535")
+	if *maxSeqs < 1 || *maxTokens < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 || *kvFraction < 0 || *kvFraction > 1 {
+		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --max-queued-*, --kv-cache-tokens >= 0; --kv-cache-fraction in [0, 1]; --port in 0..65535")
 	}
 	m, tok, err := openModelOrDemo(pos, ef.tokenizer)
 	if err != nil {
@@ -60,13 +62,17 @@ func cmdServe(args []string) error {
 		ctxLen = min(m.Config.MaxPositions, engine.DefaultContextLen)
 	}
 	const blockSize = 16
-	blocks := *maxSeqs * ((ctxLen + blockSize - 1) / blockSize)
+	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: blockSize, KVCacheFraction: *kvFraction}
 	if *kvTokens > 0 {
-		blocks = (*kvTokens + blockSize - 1) / blockSize
-	} else {
-		blocks = min(blocks, 131072/blockSize)
+		o.KVBlocks = (*kvTokens + blockSize - 1) / blockSize
 	}
-	e, err := newEngineOptions(m, &ef, engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: blockSize, KVBlocks: blocks})
+	if o.KVCacheFraction == 0 {
+		o.KVCacheFraction = 0.5
+		if ef.device == "cuda" || ef.device == "gpu" || (ef.device == "auto" && cudaAvailable()) {
+			o.KVCacheFraction = 0.9
+		}
+	}
+	e, err := newEngineOptions(m, &ef, o)
 	if err != nil {
 		return err
 	}
@@ -82,7 +88,8 @@ func cmdServe(args []string) error {
 	}
 	spec := e.KVSpec()
 	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", ctxLen,
-		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
+		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "kv_cache_mib", e.KVBytes()>>20,
+		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
 	opts := serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log}
 	if t, err := chatTemplate(m, len(pos) == 0); err != nil {
 		log.Warn("no chat template: /v1/chat/completions will answer 400", "reason", err)
@@ -151,6 +158,8 @@ func (a chatAdapter) Render(msgs []serve.ChatMessage, addGenerationPrompt bool) 
 	}
 	return a.t.Render(cm, chat.Options{AddGenerationPrompt: addGenerationPrompt})
 }
+
+func cudaAvailable() bool { return cuda.Available() == nil }
 
 // modelName is the default served model name: the model's file or directory
 // name, or "kiln-demo".

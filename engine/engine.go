@@ -33,6 +33,11 @@ type Options struct {
 	// sequences (0: room for MaxSeqs sequences of ContextLen tokens, or
 	// what KVCacheFraction allows).
 	KVBlocks int
+	// PrefixCaching lets sequences share the KV blocks of a common prefix
+	// (NewSequenceFor): full blocks are indexed by the hash of their tokens
+	// and everything before them, and kept after use until a block is
+	// needed.
+	PrefixCaching bool
 	// KVCacheFraction, when KVBlocks is 0 and the backend reports its
 	// memory, sizes the cache to this fraction of the memory left once the
 	// weights and the largest step's activations are in place, at most
@@ -61,13 +66,14 @@ type Engine struct {
 	ctxLen   int
 	vocab    int
 
-	freeBlocks []int32
-	logits     []float32
-	batch      backend.Batch
-	ids        []int                  // StepSample's result
-	devIDs     []int32                // ids from a device sampler
-	params     []backend.SampleParams // per-row device sampling parameters
-	steps      uint64                 // steps started, to catch a sequence named twice in one
+	pool   *blockPool
+	prefix PrefixStats
+	logits []float32
+	batch  backend.Batch
+	ids    []int                  // StepSample's result
+	devIDs []int32                // ids from a device sampler
+	params []backend.SampleParams // per-row device sampling parameters
+	steps  uint64                 // steps started, to catch a sequence named twice in one
 }
 
 // New builds, compiles and loads m for b.
@@ -149,9 +155,7 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		execs: execs, kv: kv, spec: spec, ctxLen: ctx,
 		vocab: compiled.Graph.Outputs[0].Shape.Last(),
 	}
-	for i := spec.Blocks - 1; i >= 0; i-- {
-		e.freeBlocks = append(e.freeBlocks, int32(i))
-	}
+	e.pool = newBlockPool(spec.Blocks, opts.PrefixCaching)
 	maxT := opts.Buckets.Max()
 	e.logits = make([]float32, maxT*e.vocab)
 	e.batch = backend.Batch{
@@ -211,6 +215,10 @@ type Sequence struct {
 	len    int
 	freed  bool
 	inStep uint64 // the engine step that last included it
+	// tokens are the sequence's tokens, and hashes the chain hashes of its
+	// full blocks (for prefix caching).
+	tokens []int
+	hashes []uint64
 }
 
 // Len is the number of tokens in the cache.
@@ -221,13 +229,48 @@ func (e *Engine) NewSequence() *Sequence {
 	return &Sequence{blocks: make([]int32, 0, (e.ctxLen+e.spec.BlockSize-1)/e.spec.BlockSize)}
 }
 
+// NewSequenceFor starts a sequence that will hold prompt: with prefix
+// caching, it starts with the cached full blocks that hold the beginning of
+// prompt (never the last token, whose logits the caller needs), and Len says
+// how many tokens they hold; the caller steps only the rest.
+func (e *Engine) NewSequenceFor(prompt []int) *Sequence {
+	s := e.NewSequence()
+	if !e.pool.prefix {
+		return s
+	}
+	bs := e.spec.BlockSize
+	e.prefix.Queries += len(prompt)
+	var parent uint64
+	for (s.len + bs) <= len(prompt)-1 {
+		b, h, ok := e.pool.lookup(parent, prompt[s.len:s.len+bs])
+		if !ok {
+			break
+		}
+		s.blocks = append(s.blocks, b)
+		s.hashes = append(s.hashes, h)
+		s.tokens = append(s.tokens, prompt[s.len:s.len+bs]...)
+		s.len += bs
+		parent = h
+	}
+	e.prefix.Hits += s.len
+	return s
+}
+
+// PrefixStats count prompt tokens looked up in the prefix cache and found.
+type PrefixStats struct{ Queries, Hits int }
+
+// PrefixStats returns the prefix cache's counters.
+func (e *Engine) PrefixStats() PrefixStats { return e.prefix }
+
 // Free returns a sequence's blocks to the cache.
 func (e *Engine) Free(s *Sequence) {
 	if s.freed {
 		return
 	}
 	s.freed = true
-	e.freeBlocks = append(e.freeBlocks, s.blocks...)
+	for _, b := range s.blocks {
+		e.pool.release(b)
+	}
 	s.blocks = s.blocks[:0]
 	s.len = 0
 }
@@ -239,7 +282,7 @@ func (e *Engine) BlocksToGrow(s *Sequence, n int) int {
 }
 
 // FreeBlocks is the number of unused KV blocks.
-func (e *Engine) FreeBlocks() int { return len(e.freeBlocks) }
+func (e *Engine) FreeBlocks() int { return e.pool.available() }
 
 // grow makes s's block table cover n tokens.
 func (e *Engine) grow(s *Sequence, n int) error {
@@ -247,12 +290,11 @@ func (e *Engine) grow(s *Sequence, n int) error {
 		return fmt.Errorf("sequence of %d tokens exceeds the context length %d", n, e.ctxLen)
 	}
 	for len(s.blocks)*e.spec.BlockSize < n {
-		if len(e.freeBlocks) == 0 {
+		b, ok := e.pool.take()
+		if !ok {
 			return fmt.Errorf("kv cache is full (%d blocks of %d tokens)", e.spec.Blocks, e.spec.BlockSize)
 		}
-		last := len(e.freeBlocks) - 1
-		s.blocks = append(s.blocks, e.freeBlocks[last])
-		e.freeBlocks = e.freeBlocks[:last]
+		s.blocks = append(s.blocks, b)
 	}
 	return nil
 }
@@ -392,8 +434,21 @@ func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 
 // advance records that a step appended items' tokens to their sequences.
 func (e *Engine) advance(items []Item) {
+	bs := e.spec.BlockSize
 	for _, it := range items {
-		it.Seq.len += len(it.Tokens)
+		s := it.Seq
+		s.len += len(it.Tokens)
+		if !e.pool.prefix {
+			continue
+		}
+		s.tokens = append(s.tokens, it.Tokens...)
+		for full := len(s.hashes); (full+1)*bs <= s.len; full++ {
+			var parent uint64
+			if full > 0 {
+				parent = s.hashes[full-1]
+			}
+			s.hashes = append(s.hashes, e.pool.index(s.blocks[full], parent, s.tokens[full*bs:(full+1)*bs]))
+		}
 	}
 }
 

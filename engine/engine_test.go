@@ -196,3 +196,72 @@ func TestKVCacheFraction(t *testing.T) {
 		t.Errorf("a fraction too small: %v", err)
 	}
 }
+
+// TestPrefixCaching: a sequence whose prompt starts like an earlier one
+// starts with that one's full blocks (never the last token), its logits
+// match a cache-less engine's, and cached blocks are given up when blocks
+// run short.
+func TestPrefixCaching(t *testing.T) {
+	m := tinyModel(t, tensor.F32)
+	prompt := make([]int, 60)
+	for i := range prompt {
+		prompt[i] = (i*37 + 5) % 256
+	}
+	longer := append(append([]int(nil), prompt...), 7, 8, 9)
+	run := func(e *engine.Engine, s *engine.Sequence, toks []int) []float32 {
+		l, err := e.Prefill(s, toks[s.Len():], false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]float32(nil), l...)
+	}
+	plain, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 128, MaxSeqs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	want := run(plain, plain.NewSequenceFor(longer), longer)
+
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 128, MaxSeqs: 2, KVBlocks: 6, PrefixCaching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	first := e.NewSequenceFor(prompt)
+	if first.Len() != 0 {
+		t.Fatalf("an empty cache gave %d tokens", first.Len())
+	}
+	run(e, first, prompt)
+	e.Free(first) // its 3 full blocks stay cached, unreferenced
+	if e.FreeBlocks() != 6 {
+		t.Errorf("%d blocks available after free, want 6 (cached ones count)", e.FreeBlocks())
+	}
+	second := e.NewSequenceFor(longer)
+	if second.Len() != 48 {
+		t.Fatalf("second sequence starts with %d cached tokens, want 48 (3 full blocks)", second.Len())
+	}
+	got := run(e, second, longer)
+	var diff, norm float64
+	for i := range want {
+		diff = math.Max(diff, math.Abs(float64(got[i]-want[i])))
+		norm = math.Max(norm, math.Abs(float64(want[i])))
+	}
+	if diff/norm > 1e-5 {
+		t.Errorf("logits after a prefix hit differ: ‖Δ‖∞/‖ref‖∞ = %.3g", diff/norm)
+	}
+	if st := e.PrefixStats(); st.Queries != 60+63 || st.Hits != 48 {
+		t.Errorf("prefix stats %+v, want 123 queries, 48 hits", st)
+	}
+	e.Free(second)
+	// Another prompt needs all 6 blocks: the cached ones are evicted.
+	other := make([]int, 90)
+	for i := range other {
+		other[i] = (i*11 + 3) % 256
+	}
+	third := e.NewSequenceFor(other)
+	run(e, third, other)
+	e.Free(third)
+	if again := e.NewSequenceFor(longer); again.Len() != 0 {
+		t.Errorf("evicted prefix still found: %d tokens", again.Len())
+	}
+}

@@ -35,10 +35,8 @@ func newMetrics(s *Scheduler) *metrics {
 			Help: "Requests finished, by finish reason."}, []string{"finish_reason"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln:requests_rejected_total",
 			Help: "Requests refused or failed, by reason."}, []string{"reason"}),
-		prefixQueries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln:prefix_cache_queries_total", Help: "Prompt tokens looked up in the prefix cache."}),
-		prefixHits:    prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln:prefix_cache_hits_total", Help: "Prompt tokens found in the prefix cache."}),
 	}
-	reg.MustRegister(m.success, m.rejected, m.prefixQueries, m.prefixHits)
+	reg.MustRegister(m.success, m.rejected)
 	gauge := func(name, help string, f func(Stats) float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(s.Stats()) }))
 	}
@@ -55,6 +53,8 @@ func newMetrics(s *Scheduler) *metrics {
 	}
 	counter("kiln:prompt_tokens_total", "Prompt tokens computed (recomputation after preemption included).", func(st Stats) float64 { return float64(st.PromptTokens) })
 	counter("kiln:generation_tokens_total", "Tokens generated.", func(st Stats) float64 { return float64(st.GeneratedTokens) })
+	counter("kiln:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func(st Stats) float64 { return float64(st.PrefixQueries) })
+	counter("kiln:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", func(st Stats) float64 { return float64(st.PrefixHits) })
 	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks.", func(st Stats) float64 { return float64(st.Preemptions) })
 	return m
 }

@@ -37,8 +37,9 @@ type Event struct {
 	Done   bool   // the last event
 	Finish string // engine.FinishStop or engine.FinishLength (when Done without Err)
 	Err    error  // why the request failed or was cancelled (when Done)
-	// Counts, in the last event.
-	PromptTokens, GeneratedTokens int
+	// Counts, in the last event: CachedTokens of the prompt came from the
+	// prefix cache.
+	PromptTokens, GeneratedTokens, CachedTokens int
 }
 
 // Request is one generation.
@@ -67,8 +68,11 @@ type Request struct {
 	generated int
 	cached    int // tokens[:cached] are in the sequence's KV cache
 	seq       *engine.Sequence
-	sampler   *engine.Sampler
-	admitted  uint64 // admission order, for preemption
+	// cachedPrompt is how many prompt tokens the prefix cache held when
+	// the request was first admitted.
+	cachedPrompt int
+	sampler      *engine.Sampler
+	admitted     uint64 // admission order, for preemption
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -112,6 +116,8 @@ type Stats struct {
 	GeneratedTokens  uint64
 	FreeBlocks       int
 	TotalBlocks      int
+	// Prompt tokens looked up in the prefix cache, and found there.
+	PrefixQueries, PrefixHits int
 }
 
 // NewScheduler makes a scheduler for e; Run starts it.
@@ -335,7 +341,7 @@ func (s *Scheduler) finish(r *Request, reason string, err error) {
 		s.runTime += (ran - s.runTime) / 8
 		s.mu.Unlock()
 	}
-	r.events <- Event{Done: true, Finish: reason, Err: err, PromptTokens: len(r.Prompt), GeneratedTokens: r.generated}
+	r.events <- Event{Done: true, Finish: reason, Err: err, PromptTokens: len(r.Prompt), GeneratedTokens: r.generated, CachedTokens: r.cachedPrompt}
 }
 
 // remove takes r out of the running batch.
@@ -384,14 +390,18 @@ func (s *Scheduler) admit() {
 	reserve := len(s.running)
 	for len(s.waiting) > 0 && len(s.running) < s.cfg.MaxNumSeqs {
 		r := s.waiting[0]
-		seq := s.e.NewSequence()
-		need := s.e.BlocksToGrow(seq, len(r.tokens)+1)
+		seq := s.e.NewSequenceFor(r.tokens) // starts with the cached blocks of its prefix
+		need := s.e.BlocksToGrow(seq, len(r.tokens)-seq.Len()+1)
 		if need+reserve > s.e.FreeBlocks() && len(s.running) > 0 {
+			s.e.Free(seq)
 			return // wait for blocks to come back
 		}
 		s.waiting = s.waiting[1:]
 		s.queuedTokens -= len(r.tokens)
-		r.seq, r.cached = seq, 0
+		r.seq, r.cached = seq, seq.Len()
+		if r.admittedAt.IsZero() {
+			r.cachedPrompt = seq.Len()
+		}
 		if r.sampler == nil {
 			r.sampler = engine.NewSampler(r.Params, s.e.Vocab(), r.Prompt)
 		}
@@ -471,5 +481,7 @@ func (s *Scheduler) publish() {
 	s.statsMu.Lock()
 	s.stats.Running, s.stats.Waiting = len(s.running), waiting
 	s.stats.FreeBlocks, s.stats.TotalBlocks = s.e.FreeBlocks(), s.e.KVSpec().Blocks
+	ps := s.e.PrefixStats()
+	s.stats.PrefixQueries, s.stats.PrefixHits = ps.Queries, ps.Hits
 	s.statsMu.Unlock()
 }

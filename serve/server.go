@@ -241,6 +241,7 @@ type choice struct {
 	done    bool
 	err     error
 	gen     int
+	cached  int // prompt tokens from the prefix cache
 }
 
 type choiceEvent struct {
@@ -381,7 +382,7 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			case ev.Err != nil:
 				c.err = ev.Err
 			default:
-				c.finish = ev.Finish
+				c.finish, c.cached = ev.Finish, ev.CachedTokens
 				tail, _ := c.stop.Add(c.dec.Flush())
 				piece = tail + c.stop.Flush()
 			}
@@ -400,9 +401,10 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			}
 		}
 	}
-	gen := 0
+	gen, cached := 0, 0
 	for _, c := range choices {
 		gen += c.gen
+		cached = max(cached, c.cached)
 		if !c.req.admittedAt.IsZero() {
 			v.m.queue.Observe(c.req.admittedAt.Sub(c.req.submittedAt).Seconds())
 		}
@@ -434,7 +436,7 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		v.m.success.WithLabelValues(c.finish).Inc()
 	}
 	usage := map[string]any{"prompt_tokens": len(ids), "completion_tokens": gen, "total_tokens": len(ids) + gen,
-		"prompt_tokens_details": map[string]any{"cached_tokens": 0}}
+		"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
 	v.o.Log.Info("request", "id", id, "object", object, "prompt_tokens", len(ids), "completion_tokens", gen, "n", n,
 		"time_to_first_token", firstToken, "e2e", time.Since(start), "stream", f.Stream)
 	if sse != nil {

@@ -405,3 +405,50 @@ func TestDeadline(t *testing.T) {
 		t.Errorf("a timeout it meets: status %d %v", status, body)
 	}
 }
+
+// TestPrefixReuse: a second request sharing a long prefix with the first
+// reports the cached prompt tokens in its usage and gets the same text as
+// with no cache.
+func TestPrefixReuse(t *testing.T) {
+	url, s := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	system := strings.Repeat("Once upon a time there was a little cat. ", 6)
+	ask := func(q string) (string, float64) {
+		status, _, body := post(t, url, "/v1/completions", `{"prompt": "`+system+q+`", "max_tokens": 12, "temperature": 0}`)
+		if status != 200 {
+			t.Fatalf("status %d %v", status, body)
+		}
+		usage := body["usage"].(map[string]any)
+		details := usage["prompt_tokens_details"].(map[string]any)
+		return body["choices"].([]any)[0].(map[string]any)["text"].(string), details["cached_tokens"].(float64)
+	}
+	_, cached := ask("The cat")
+	if cached != 0 {
+		t.Errorf("first request: %v cached tokens", cached)
+	}
+	text, cached := ask("The dog")
+	if cached < 32 {
+		t.Errorf("second request: %v cached tokens, want the shared prefix's full blocks", cached)
+	}
+	// The same request on a server without prefix caching.
+	e := stories(t, 1, 0)
+	tok, _ := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
+	ids := tok.Encode(system+"The dog", true)
+	dec := tok.NewDecoder()
+	for _, id := range ids {
+		dec.Add(id)
+	}
+	var want strings.Builder
+	if _, err := e.Generate(ids, engine.SamplingParams{MaxTokens: 12, StopTokens: []int{2}}, func(id int) bool {
+		want.WriteString(dec.Add(id))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want.WriteString(dec.Flush())
+	if text != want.String() {
+		t.Errorf("with a prefix hit %q, want %q", text, want.String())
+	}
+	if st := s.Stats(); st.PrefixHits < 32 {
+		t.Errorf("stats %+v", st)
+	}
+}

@@ -37,6 +37,7 @@ func cmdServe(args []string) error {
 	maxQueuedTokens := fs.Int("max-queued-tokens", envInt("KILN_MAX_QUEUED_TOKENS", 1<<20), "waiting prompt tokens beyond which new requests get 429 [KILN_MAX_QUEUED_TOKENS]")
 	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: from --kv-cache-fraction) [KILN_KV_CACHE_TOKENS]")
 	kvFraction := fs.Float64("kv-cache-fraction", envFloat("KILN_KV_CACHE_FRACTION", 0), "fraction of the memory left after the weights and activations that the KV cache may take, at most a full context for each of --max-num-seqs (0: 0.9 on a GPU, 0.5 on the CPU) [KILN_KV_CACHE_FRACTION]")
+	prefix := fs.Bool("enable-prefix-caching", envString("KILN_PREFIX_CACHING", "1") != "0", "share the KV blocks of common prompt prefixes between requests (KILN_PREFIX_CACHING=0 turns it off) [KILN_PREFIX_CACHING]")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may take to finish")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -62,7 +63,7 @@ func cmdServe(args []string) error {
 		ctxLen = min(m.Config.MaxPositions, engine.DefaultContextLen)
 	}
 	const blockSize = 16
-	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: blockSize, KVCacheFraction: *kvFraction}
+	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: blockSize, KVCacheFraction: *kvFraction, PrefixCaching: *prefix}
 	if *kvTokens > 0 {
 		o.KVBlocks = (*kvTokens + blockSize - 1) / blockSize
 	}

@@ -224,6 +224,9 @@ type Sequence struct {
 // Len is the number of tokens in the cache.
 func (s *Sequence) Len() int { return s.len }
 
+// Blocks is the number of KV blocks the sequence holds.
+func (s *Sequence) Blocks() int { return len(s.blocks) }
+
 // NewSequence starts an empty sequence.
 func (e *Engine) NewSequence() *Sequence {
 	return &Sequence{blocks: make([]int32, 0, (e.ctxLen+e.spec.BlockSize-1)/e.spec.BlockSize)}

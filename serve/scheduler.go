@@ -118,6 +118,14 @@ type Stats struct {
 	TotalBlocks      int
 	// Prompt tokens looked up in the prefix cache, and found there.
 	PrefixQueries, PrefixHits int
+	// StepTime is the time spent in engine steps, LoopTime the time of the
+	// scheduler's steps around them (gathering, sampling bookkeeping,
+	// handing out tokens); LoopTime-StepTime is the scheduler's overhead.
+	StepTime, LoopTime time.Duration
+	// KVSlotsAllocated and KVSlotsUsed sum, over steps, the running
+	// sequences' block slots and the tokens in them: 1 - used/allocated is
+	// the share of allocated KV memory left empty.
+	KVSlotsAllocated, KVSlotsUsed int64
 }
 
 // NewScheduler makes a scheduler for e; Run starts it.
@@ -269,6 +277,12 @@ func (s *Scheduler) shutdown() {
 // budget, make room in the KV cache (preempting if needed), step, and hand
 // out the tokens.
 func (s *Scheduler) step() {
+	start := time.Now()
+	defer func() {
+		s.statsMu.Lock()
+		s.stats.LoopTime += time.Since(start)
+		s.statsMu.Unlock()
+	}()
 	s.dropCancelled()
 	s.admit()
 	s.gather()
@@ -276,7 +290,9 @@ func (s *Scheduler) step() {
 		s.publish()
 		return
 	}
+	t0 := time.Now()
 	ids, err := s.e.StepSample(s.items, s.samplers)
+	stepTime := time.Since(t0)
 	if err != nil {
 		// A step error is not any one request's fault that we can tell:
 		// fail the step's requests, keep serving.
@@ -287,8 +303,16 @@ func (s *Scheduler) step() {
 		s.publish()
 		return
 	}
+	var alloc, used int64
+	for _, r := range s.running {
+		alloc += int64(r.seq.Blocks() * s.e.KVSpec().BlockSize)
+		used += int64(r.seq.Len())
+	}
 	s.statsMu.Lock()
 	s.stats.Steps++
+	s.stats.StepTime += stepTime
+	s.stats.KVSlotsAllocated += alloc
+	s.stats.KVSlotsUsed += used
 	s.statsMu.Unlock()
 	for i, r := range slices.Clone(s.itemOwner) {
 		n := len(s.items[i].Tokens)

@@ -16,7 +16,7 @@ import (
 // stories opens stories260K (a real trained model, 512-token vocabulary) on
 // the CPU with room for maxSeqs sequences and kvBlocks blocks of 16 tokens
 // (0: a full context for each), with prefix caching.
-func stories(t *testing.T, maxSeqs, kvBlocks int) *engine.Engine {
+func stories(t testing.TB, maxSeqs, kvBlocks int) *engine.Engine {
 	t.Helper()
 	m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
 	if err != nil {
@@ -77,7 +77,7 @@ func collect(t *testing.T, r *Request) ([]int, Event) {
 	}
 }
 
-func runScheduler(t *testing.T, e *engine.Engine, cfg Config) *Scheduler {
+func runScheduler(t testing.TB, e *engine.Engine, cfg Config) *Scheduler {
 	t.Helper()
 	s, err := NewScheduler(e, cfg)
 	if err != nil {

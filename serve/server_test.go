@@ -22,9 +22,9 @@ import (
 
 // server starts the API over loopback on stories260K (CPU), with a fixed
 // chat template, and returns its URL and scheduler.
-func server(t *testing.T, cfg Config, apiKey string) (string, *Scheduler) {
+func server(t testing.TB, cfg Config, apiKey string) (string, *Scheduler) {
 	t.Helper()
-	e := stories(t, 8, 0)
+	e := stories(t, max(8, cfg.MaxNumSeqs), 0)
 	tok, err := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
 	if err != nil {
 		t.Fatal(err)

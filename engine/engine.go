@@ -335,21 +335,34 @@ func (e *Engine) Step(items []Item) ([]float32, error) {
 // on the device, only the ids come back from it. The returned slice is
 // reused by the next call. The samplers' Accept is not called.
 func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
+	ids, _, err := e.stepSample(items, samplers, false)
+	return ids, err
+}
+
+// StepSampleLogits is StepSample with the logits of each item's last token
+// brought back to the host (for log-probabilities): rows of Vocab(), in item
+// order, reused by the next step. The tokens are chosen on the host, as the
+// device would choose them.
+func (e *Engine) StepSampleLogits(items []Item, samplers []*Sampler) ([]int, []float32, error) {
+	return e.stepSample(items, samplers, true)
+}
+
+func (e *Engine) stepSample(items []Item, samplers []*Sampler, wantLogits bool) ([]int, []float32, error) {
 	if len(samplers) != len(items) {
-		return nil, fmt.Errorf("step of %d items with %d samplers", len(items), len(samplers))
+		return nil, nil, fmt.Errorf("step of %d items with %d samplers", len(items), len(samplers))
 	}
 	for i, it := range items {
 		if it.AllRows {
-			return nil, fmt.Errorf("item %d: sampling takes the last row only", i)
+			return nil, nil, fmt.Errorf("item %d: sampling takes the last row only", i)
 		}
 	}
 	x, err := e.prepare(items)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	b := &e.batch
 	e.ids = e.ids[:0]
-	if sx, ok := x.(backend.SamplingExecutable); ok {
+	if sx, ok := x.(backend.SamplingExecutable); ok && !wantLogits {
 		e.params = e.params[:0]
 		for _, s := range samplers {
 			if s == nil {
@@ -360,7 +373,7 @@ func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
 		}
 		e.devIDs = slices.Grow(e.devIDs[:0], len(items))[:len(items)]
 		if err := sx.RunSample(b, e.kv, e.params, e.devIDs); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for i, id := range e.devIDs {
 			if samplers[i] == nil {
@@ -368,21 +381,22 @@ func (e *Engine) StepSample(items []Item, samplers []*Sampler) ([]int, error) {
 			}
 			e.ids = append(e.ids, int(id))
 		}
-	} else {
-		out := e.logits[:len(b.Rows)*e.vocab]
-		if err := x.Run(b, e.kv, out); err != nil {
-			return nil, err
+		e.advance(items)
+		return e.ids, nil, nil
+	}
+	out := e.logits[:len(b.Rows)*e.vocab]
+	if err := x.Run(b, e.kv, out); err != nil {
+		return nil, nil, err
+	}
+	for i, s := range samplers {
+		id := -1
+		if s != nil {
+			id = s.Sample(out[i*e.vocab : (i+1)*e.vocab])
 		}
-		for i, s := range samplers {
-			id := -1
-			if s != nil {
-				id = s.Sample(out[i*e.vocab : (i+1)*e.vocab])
-			}
-			e.ids = append(e.ids, id)
-		}
+		e.ids = append(e.ids, id)
 	}
 	e.advance(items)
-	return e.ids, nil
+	return e.ids, out, nil
 }
 
 // prepare fills e.batch with items' tokens (growing their block tables) and

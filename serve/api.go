@@ -101,6 +101,42 @@ var knownFields = func() map[string]bool {
 	return m
 }()
 
+// logprobSpec is what log-probabilities a request wants.
+type logprobSpec struct {
+	on  bool
+	top int // alternatives per token
+}
+
+// logprobs reads "logprobs" (true/false for chat, a count of alternatives
+// for completions) and "top_logprobs" (chat).
+func (f *samplingFields) logprobs() (logprobSpec, *apiError) {
+	var l logprobSpec
+	raw := string(f.Logprobs)
+	var n int
+	switch {
+	case raw == "" || raw == "null" || raw == "false":
+	case raw == "true":
+		l.on = true
+	case json.Unmarshal(f.Logprobs, &n) == nil:
+		if n < 0 || n > 20 {
+			return l, badRequest("logprobs", "logprobs must be between 0 and 20, got %d", n)
+		}
+		l.on, l.top = true, n
+	default:
+		return l, badRequest("logprobs", "logprobs must be a boolean (chat) or an integer (completions)")
+	}
+	if f.TopLogprobs != nil {
+		if *f.TopLogprobs < 0 || *f.TopLogprobs > 20 {
+			return l, badRequest("top_logprobs", "top_logprobs must be between 0 and 20, got %d", *f.TopLogprobs)
+		}
+		if *f.TopLogprobs > 0 && !l.on {
+			return l, badRequest("top_logprobs", "top_logprobs needs logprobs: true")
+		}
+		l.top = *f.TopLogprobs
+	}
+	return l, nil
+}
+
 // params checks the sampling fields and turns them into engine parameters
 // for n choices; defaultMax applies when no maximum is given (0: up to the
 // context).
@@ -175,12 +211,6 @@ func (f *samplingFields) params(defaultMax int) (engine.SamplingParams, []string
 	}
 	if f.Seed != nil {
 		p.Seed = uint64(*f.Seed)
-	}
-	if len(f.Logprobs) > 0 && string(f.Logprobs) != "null" && string(f.Logprobs) != "false" && string(f.Logprobs) != "0" {
-		return p, nil, 0, withCode(badRequest("logprobs", "logprobs are not supported by kiln yet"), "unsupported_parameter")
-	}
-	if f.TopLogprobs != nil && *f.TopLogprobs != 0 {
-		return p, nil, 0, withCode(badRequest("top_logprobs", "top_logprobs are not supported by kiln yet"), "unsupported_parameter")
 	}
 	stops, err := stopStrings(f.Stop)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -33,13 +34,24 @@ type Config struct {
 
 // Event is one step of a request's output: a generated token, or the end.
 type Event struct {
-	Token  int    // the generated token (when !Done)
-	Done   bool   // the last event
-	Finish string // engine.FinishStop or engine.FinishLength (when Done without Err)
-	Err    error  // why the request failed or was cancelled (when Done)
+	Token int // the generated token (when !Done)
+	// Logprob is the token's log-probability under the model (its raw
+	// logits' log-softmax), and Top the most likely tokens with theirs, when
+	// the request asks for log-probabilities.
+	Logprob float32
+	Top     []TokenLogprob
+	Done    bool   // the last event
+	Finish  string // engine.FinishStop or engine.FinishLength (when Done without Err)
+	Err     error  // why the request failed or was cancelled (when Done)
 	// Counts, in the last event: CachedTokens of the prompt came from the
 	// prefix cache.
 	PromptTokens, GeneratedTokens, CachedTokens int
+}
+
+// TokenLogprob is a token with its log-probability.
+type TokenLogprob struct {
+	Token   int
+	Logprob float32
 }
 
 // Request is one generation.
@@ -51,6 +63,11 @@ type Request struct {
 	// the queue cannot start in time is refused at once (ErrDeadline), and
 	// one still waiting then is dropped with ErrDeadline.
 	StartBy time.Time
+	// Logprobs asks for each generated token's log-probability and the
+	// TopLogprobs most likely alternatives. Steps that carry such a request
+	// bring the logits to the host.
+	Logprobs    bool
+	TopLogprobs int
 	// Ctx cancels the request (a client that went away): its sequence is
 	// dropped and its blocks freed at the next step.
 	Ctx context.Context
@@ -291,7 +308,14 @@ func (s *Scheduler) step() {
 		return
 	}
 	t0 := time.Now()
-	ids, err := s.e.StepSample(s.items, s.samplers)
+	var ids []int
+	var logits []float32
+	var err error
+	if slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return r.Logprobs }) {
+		ids, logits, err = s.e.StepSampleLogits(s.items, s.samplers)
+	} else {
+		ids, err = s.e.StepSample(s.items, s.samplers)
+	}
 	stepTime := time.Since(t0)
 	if err != nil {
 		// A step error is not any one request's fault that we can tell:
@@ -321,7 +345,12 @@ func (s *Scheduler) step() {
 		}
 		r.cached += n
 		if r.cached == len(r.tokens) {
-			s.emit(r, ids[i])
+			var row []float32
+			if logits != nil && r.Logprobs {
+				v := s.e.Vocab()
+				row = logits[i*v : (i+1)*v]
+			}
+			s.emit(r, ids[i], row)
 		}
 	}
 	s.publish()
@@ -334,8 +363,9 @@ func (s *Scheduler) count(prompt, gen int) {
 	s.statsMu.Unlock()
 }
 
-// emit handles a sampled token of r: a stop token or a limit ends r.
-func (s *Scheduler) emit(r *Request, id int) {
+// emit handles a sampled token of r (with its logits row when r wants
+// log-probabilities): a stop token or a limit ends r.
+func (s *Scheduler) emit(r *Request, id int, row []float32) {
 	p := &r.Params
 	if !p.IgnoreStop && slices.Contains(p.StopTokens, id) {
 		s.remove(r)
@@ -346,7 +376,11 @@ func (s *Scheduler) emit(r *Request, id int) {
 	r.tokens = append(r.tokens, id)
 	r.generated++
 	s.count(0, 1)
-	r.events <- Event{Token: id}
+	ev := Event{Token: id}
+	if row != nil {
+		ev.Logprob, ev.Top = logprobs(row, id, r.TopLogprobs)
+	}
+	r.events <- ev
 	if (p.MaxTokens > 0 && r.generated >= p.MaxTokens) || len(r.tokens) >= s.e.ContextLen() {
 		s.remove(r)
 		s.finish(r, engine.FinishLength, nil)
@@ -508,4 +542,37 @@ func (s *Scheduler) publish() {
 	ps := s.e.PrefixStats()
 	s.stats.PrefixQueries, s.stats.PrefixHits = ps.Queries, ps.Hits
 	s.statsMu.Unlock()
+}
+
+// logprobs is the log-probability of token id under the log-softmax of row,
+// and the top most likely tokens (highest first, lower id first on ties).
+func logprobs(row []float32, id, top int) (float32, []TokenLogprob) {
+	maxL := float32(math.Inf(-1))
+	for _, v := range row {
+		maxL = max(maxL, v)
+	}
+	var sum float64
+	for _, v := range row {
+		sum += math.Exp(float64(v - maxL))
+	}
+	lse := float64(maxL) + math.Log(sum)
+	lp := func(i int) float32 { return float32(float64(row[i]) - lse) }
+	var best []TokenLogprob
+	for i, v := range row {
+		if len(best) == top && (top == 0 || v <= row[best[top-1].Token]) {
+			continue
+		}
+		at := len(best)
+		for at > 0 && row[best[at-1].Token] < v {
+			at--
+		}
+		best = slices.Insert(best, at, TokenLogprob{Token: i})
+		if len(best) > top {
+			best = best[:top]
+		}
+	}
+	for i := range best {
+		best[i].Logprob = lp(best[i].Token)
+	}
+	return lp(id), best
 }

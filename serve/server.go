@@ -242,6 +242,21 @@ type choice struct {
 	err     error
 	gen     int
 	cached  int // prompt tokens from the prefix cache
+	// Log-probabilities: all of them, and those not yet streamed.
+	prev         int // the previous token, for the text of the next
+	lps, pending []tokenLP
+}
+
+// tokenLP is a generated token's log-probability entry.
+type tokenLP struct {
+	text    string
+	logprob float32
+	top     []topLP
+}
+
+type topLP struct {
+	text    string
+	logprob float32
 }
 
 type choiceEvent struct {
@@ -254,6 +269,11 @@ type choiceEvent struct {
 func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFields, ids []int, defaultMax int, object, echo string) {
 	start := time.Now()
 	p, stops, n, aerr := f.params(defaultMax)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	lps, aerr := f.logprobs()
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -288,7 +308,7 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		cp := p
 		cp.Seed = p.Seed + uint64(i)
 		ctx, cancel := context.WithCancel(r.Context())
-		req := &Request{Prompt: ids, Params: cp, Priority: priority, Ctx: ctx, StartBy: startBy}
+		req := &Request{Prompt: ids, Params: cp, Priority: priority, Ctx: ctx, StartBy: startBy, Logprobs: lps.on, TopLogprobs: lps.top}
 		if err := v.s.Submit(req); err != nil {
 			cancel()
 			stopAll()
@@ -313,7 +333,7 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 		for _, id := range ids {
 			dec.Add(id) // prime, so that spacing continues from the prompt
 		}
-		c := &choice{index: i, req: req, cancel: cancel, dec: dec, stop: engine.NewStopStrings(stops)}
+		c := &choice{index: i, req: req, cancel: cancel, dec: dec, stop: engine.NewStopStrings(stops), prev: ids[len(ids)-1]}
 		choices = append(choices, c)
 		go func() {
 			for ev := range req.Events {
@@ -368,6 +388,14 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			}
 			lastToken[c.index] = now
 			c.gen++
+			if lps.on {
+				e := tokenLP{text: v.tokenText(c.prev, ev.Token), logprob: ev.Logprob}
+				for _, t := range ev.Top {
+					e.top = append(e.top, topLP{v.tokenText(c.prev, t.Token), t.Logprob})
+				}
+				c.lps, c.pending = append(c.lps, e), append(c.pending, e)
+			}
+			c.prev = ev.Token
 			var hit bool
 			piece, hit = c.stop.Add(c.dec.Add(ev.Token))
 			if hit {
@@ -393,11 +421,18 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			if c.done && c.err == nil {
 				fin = &c.finish
 			}
+			var lp any
+			if lps.on {
+				lp = formatLogprobs(object, c.pending, 0)
+				c.pending = c.pending[:0]
+			}
 			if object == "chat.completion" {
-				sse.send(chatChunk(id, v.created, v.o.ModelName, c.index, &delta{Content: piece}, fin))
+				ch := chatChunk(id, v.created, v.o.ModelName, c.index, &delta{Content: piece}, fin)
+				ch["choices"].([]any)[0].(map[string]any)["logprobs"] = lp
+				sse.send(ch)
 			} else {
 				sse.send(map[string]any{"id": id, "object": "text_completion", "created": v.created, "model": v.o.ModelName,
-					"choices": []any{map[string]any{"index": c.index, "text": echoOnce(c, echo, piece), "finish_reason": fin, "logprobs": nil}}})
+					"choices": []any{map[string]any{"index": c.index, "text": echoOnce(c, echo, piece), "finish_reason": fin, "logprobs": lp}}})
 			}
 		}
 	}
@@ -448,14 +483,65 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 	}
 	var out []any
 	for _, c := range choices {
+		var lp any
+		if lps.on {
+			lp = formatLogprobs(object, c.lps, len(echo))
+		}
 		if object == "chat.completion" {
 			out = append(out, map[string]any{"index": c.index, "message": map[string]any{"role": "assistant", "content": c.text.String()},
-				"finish_reason": c.finish, "logprobs": nil})
+				"finish_reason": c.finish, "logprobs": lp})
 		} else {
-			out = append(out, map[string]any{"index": c.index, "text": echo + c.text.String(), "finish_reason": c.finish, "logprobs": nil})
+			out = append(out, map[string]any{"index": c.index, "text": echo + c.text.String(), "finish_reason": c.finish, "logprobs": lp})
 		}
 	}
 	writeJSON(w, map[string]any{"id": id, "object": object, "created": v.created, "model": v.o.ModelName, "choices": out, "usage": usage})
+}
+
+// tokenText is the text token id adds after token prev.
+func (v *Server) tokenText(prev, id int) string {
+	d := v.o.Tokenizer.NewDecoder()
+	d.Add(prev)
+	return d.Add(id) + d.Flush()
+}
+
+// formatLogprobs lays out log-probabilities as OpenAI does: for chat,
+// {"content": [{token, logprob, bytes, top_logprobs}]}; for completions,
+// {tokens, token_logprobs, top_logprobs, text_offset}, offsets counted from
+// offset.
+func formatLogprobs(object string, lps []tokenLP, offset int) any {
+	bytesOf := func(s string) []int {
+		b := make([]int, len(s))
+		for i := range len(s) {
+			b[i] = int(s[i])
+		}
+		return b
+	}
+	if object == "chat.completion" {
+		content := []any{}
+		for _, e := range lps {
+			top := []any{}
+			for _, t := range e.top {
+				top = append(top, map[string]any{"token": t.text, "logprob": t.logprob, "bytes": bytesOf(t.text)})
+			}
+			content = append(content, map[string]any{"token": e.text, "logprob": e.logprob, "bytes": bytesOf(e.text), "top_logprobs": top})
+		}
+		return map[string]any{"content": content}
+	}
+	tokens, lp, tops, offsets := []string{}, []float32{}, []map[string]float32{}, []int{}
+	for _, e := range lps {
+		tokens = append(tokens, e.text)
+		lp = append(lp, e.logprob)
+		top := map[string]float32{}
+		for _, t := range e.top {
+			if _, dup := top[t.text]; !dup {
+				top[t.text] = t.logprob
+			}
+		}
+		tops = append(tops, top)
+		offsets = append(offsets, offset)
+		offset += len(e.text)
+	}
+	return map[string]any{"tokens": tokens, "token_logprobs": lp, "top_logprobs": tops, "text_offset": offsets}
 }
 
 // deadline is when a request must have started: its X-Request-Deadline

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -210,7 +211,8 @@ func TestErrors(t *testing.T) {
 		{"/v1/completions", `{"model": "stories"}`, 400, "prompt"},
 		{"/v1/completions", `{"model": "stories", "prompt": [1, 99999]}`, 400, "prompt"},
 		{"/v1/completions", `{"model": "stories", "prompt": "` + long + `", "max_tokens": 10}`, 400, "max_tokens"},
-		{"/v1/completions", `{"model": "stories", "prompt": "x", "logprobs": 2}`, 400, "logprobs"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "logprobs": 99}`, 400, "logprobs"},
+		{"/v1/chat/completions", `{"model": "stories", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}`, 400, "top_logprobs"},
 		{"/v1/completions", `{"model": "stories", "prompt": "x", "stop": 5}`, 400, "stop"},
 		{"/v1/chat/completions", `{"model": "stories", "messages": []}`, 400, "messages"},
 		{"/v1/chat/completions", `{"model": "stories", "messages": [{"role": "wizard", "content": "x"}]}`, 400, "messages[0].role"},
@@ -450,5 +452,70 @@ func TestPrefixReuse(t *testing.T) {
 	}
 	if st := s.Stats(); st.PrefixHits < 32 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestLogprobs: completions and chat return each generated token's
+// log-probability (the model's log-softmax, checked against the engine's
+// logits) and the asked-for alternatives; greedy tokens are the most likely.
+func TestLogprobs(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	status, _, body := post(t, url, "/v1/completions", `{"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 3}`)
+	if status != 200 {
+		t.Fatalf("status %d %v", status, body)
+	}
+	ch := body["choices"].([]any)[0].(map[string]any)
+	lp := ch["logprobs"].(map[string]any)
+	tokens, values, tops := lp["tokens"].([]any), lp["token_logprobs"].([]any), lp["top_logprobs"].([]any)
+	if len(tokens) != 5 || len(values) != 5 || len(tops) != 5 {
+		t.Fatalf("logprobs %v", lp)
+	}
+	var joined strings.Builder
+	for i := range tokens {
+		joined.WriteString(tokens[i].(string))
+		top := tops[i].(map[string]any)
+		best := math.Inf(-1)
+		for _, v := range top {
+			best = math.Max(best, v.(float64))
+		}
+		if len(top) == 0 || len(top) > 3 || values[i].(float64) > 0 || math.Abs(values[i].(float64)-best) > 1e-6 {
+			t.Errorf("token %d: logprob %v, top %v (greedy must be the most likely)", i, values[i], top)
+		}
+	}
+	if joined.String() != ch["text"] {
+		t.Errorf("tokens join to %q, text %q", joined.String(), ch["text"])
+	}
+	// The first token's log-probability from the engine's own logits.
+	tok, _ := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
+	e := stories(t, 1, 0)
+	logits, err := e.Prefill(e.NewSequence(), tok.Encode("Once upon a time", true), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := engine.Argmax(logits)
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v - logits[id]))
+	}
+	if want := -math.Log(sum); math.Abs(values[0].(float64)-want) > 1e-5 {
+		t.Errorf("first token's logprob %v, engine's %v", values[0], want)
+	}
+
+	c := client(url)
+	resp, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: "stories", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("A cat.")},
+		MaxTokens: openai.Int(6), Temperature: openai.Float(0), Logprobs: openai.Bool(true), TopLogprobs: openai.Int(2),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := resp.Choices[0].Logprobs.Content
+	if len(content) != int(resp.Usage.CompletionTokens) {
+		t.Fatalf("%d logprob entries for %d tokens", len(content), resp.Usage.CompletionTokens)
+	}
+	for i, x := range content {
+		if len(x.TopLogprobs) != 2 || x.Logprob != x.TopLogprobs[0].Logprob || x.TopLogprobs[1].Logprob > x.TopLogprobs[0].Logprob {
+			t.Errorf("entry %d: %+v", i, x)
+		}
 	}
 }

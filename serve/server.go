@@ -111,6 +111,7 @@ func (v *Server) models(w http.ResponseWriter, r *http.Request) {
 }
 
 func writeJSON(w http.ResponseWriter, x any) {
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeTimeout))
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(x)
 }
@@ -604,10 +605,14 @@ func newID(object string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// writeTimeout bounds each write to a client: one that stops reading is
+// cut off (its request context ends, which cancels its generation).
+const writeTimeout = 30 * time.Second
+
 // sseWriter streams server-sent events.
 type sseWriter struct {
 	w   http.ResponseWriter
-	f   http.Flusher
+	rc  *http.ResponseController
 	buf bytes.Buffer
 }
 
@@ -617,8 +622,7 @@ func newSSE(w http.ResponseWriter) *sseWriter {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	w.WriteHeader(http.StatusOK)
-	f, _ := w.(http.Flusher)
-	return &sseWriter{w: w, f: f}
+	return &sseWriter{w: w, rc: http.NewResponseController(w)}
 }
 
 func (s *sseWriter) send(x any) {
@@ -626,15 +630,13 @@ func (s *sseWriter) send(x any) {
 	s.buf.WriteString("data: ")
 	json.NewEncoder(&s.buf).Encode(x) // ends with a newline
 	s.buf.WriteString("\n")
-	s.w.Write(s.buf.Bytes())
-	if s.f != nil {
-		s.f.Flush()
-	}
+	s.write(s.buf.Bytes())
 }
 
-func (s *sseWriter) done() {
-	io.WriteString(s.w, "data: [DONE]\n\n")
-	if s.f != nil {
-		s.f.Flush()
-	}
+func (s *sseWriter) done() { s.write([]byte("data: [DONE]\n\n")) }
+
+func (s *sseWriter) write(b []byte) {
+	s.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	s.w.Write(b)
+	s.rc.Flush()
 }

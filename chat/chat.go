@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
+
+	"kiln/model"
 )
 
 // Message is one turn of a conversation, as OpenAI's chat API and
@@ -349,7 +351,7 @@ func FromGGUF(md map[string]any) (*Template, error) {
 // ggufToken is the text of the token whose id md[key] holds ("" when
 // either is missing or out of range).
 func ggufToken(md map[string]any, key string) string {
-	id, ok := ggufInt(md[key])
+	id, ok := model.MetadataInt(md[key])
 	if !ok || id < 0 {
 		return ""
 	}
@@ -367,26 +369,3 @@ func ggufToken(md map[string]any, key string) string {
 	return ""
 }
 
-func ggufInt(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int:
-		return int64(x), true
-	case int8:
-		return int64(x), true
-	case int16:
-		return int64(x), true
-	case int32:
-		return int64(x), true
-	case int64:
-		return x, true
-	case uint8:
-		return int64(x), true
-	case uint16:
-		return int64(x), true
-	case uint32:
-		return int64(x), true
-	case uint64:
-		return int64(x), x <= 1<<62
-	}
-	return 0, false
-}

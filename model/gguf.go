@@ -794,3 +794,33 @@ func mdFloat(md map[string]any, key string) (float64, bool, error) {
 	}
 	return float64(n), ok, nil
 }
+
+// MetadataInt reads an integer GGUF metadata value, whatever its stored
+// width (and a float64 holding an integer, as JSON-decoded metadata has).
+func MetadataInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int:
+		return int64(x), true
+	case int8:
+		return int64(x), true
+	case int16:
+		return int64(x), true
+	case int32:
+		return int64(x), true
+	case int64:
+		return x, true
+	case uint:
+		return int64(x), x <= math.MaxInt64
+	case uint8:
+		return int64(x), true
+	case uint16:
+		return int64(x), true
+	case uint32:
+		return int64(x), true
+	case uint64:
+		return int64(x), x <= math.MaxInt64
+	case float64:
+		return int64(x), x == math.Trunc(x) && math.Abs(x) < 1<<53
+	}
+	return 0, false
+}

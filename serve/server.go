@@ -154,14 +154,23 @@ func (v *Server) checkModel(name string) *apiError {
 	return nil
 }
 
+// read decodes the body into req and checks its model, answering the error
+// itself; it reports whether to go on.
+func (v *Server) read(w http.ResponseWriter, r *http.Request, req any, model *string) bool {
+	err := v.decode(w, r, req)
+	if err == nil {
+		err = v.checkModel(*model)
+	}
+	if err != nil {
+		writeError(w, err)
+		return false
+	}
+	return true
+}
+
 func (v *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if err := v.decode(w, r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := v.checkModel(req.Model); err != nil {
-		writeError(w, err)
+	if !v.read(w, r, &req, &req.Model) {
 		return
 	}
 	text, ids, aerr := promptOf(req.Prompt)
@@ -189,12 +198,7 @@ func (v *Server) completions(w http.ResponseWriter, r *http.Request) {
 
 func (v *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if err := v.decode(w, r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := v.checkModel(req.Model); err != nil {
-		writeError(w, err)
+	if !v.read(w, r, &req, &req.Model) {
 		return
 	}
 	if v.o.Chat == nil {

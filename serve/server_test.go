@@ -53,6 +53,31 @@ func (plainChat) Render(msgs []ChatMessage, gen bool) (string, error) {
 	return b.String(), nil
 }
 
+// engineText is the greedy continuation of prompt by a fresh engine, as the
+// server's text.
+func engineText(t *testing.T, prompt string, maxTokens int) string {
+	t.Helper()
+	tok, err := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := stories(t, 1, 0)
+	ids := tok.Encode(prompt, true)
+	dec := tok.NewDecoder()
+	for _, id := range ids {
+		dec.Add(id)
+	}
+	var b strings.Builder
+	if _, err := e.Generate(ids, engine.SamplingParams{MaxTokens: maxTokens, StopTokens: []int{2}}, func(id int) bool {
+		b.WriteString(dec.Add(id))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.WriteString(dec.Flush())
+	return b.String()
+}
+
 func client(url string) openai.Client {
 	return openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("k"), option.WithMaxRetries(0))
 }
@@ -80,24 +105,8 @@ func TestCompletionsOpenAIClient(t *testing.T) {
 	text := resp.Choices[0].Text
 	t.Logf("%q (%s, %d+%d tokens)", text, resp.Choices[0].FinishReason, resp.Usage.PromptTokens, resp.Usage.CompletionTokens)
 
-	// The same through the engine directly.
-	tok, _ := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
-	e := stories(t, 1, 0)
-	ids := tok.Encode("Once upon a time", true)
-	dec := tok.NewDecoder()
-	for _, id := range ids {
-		dec.Add(id)
-	}
-	var want strings.Builder
-	if _, err := e.Generate(ids, engine.SamplingParams{MaxTokens: 30, StopTokens: []int{2}}, func(id int) bool {
-		want.WriteString(dec.Add(id))
-		return true
-	}); err != nil {
-		t.Fatal(err)
-	}
-	want.WriteString(dec.Flush())
-	if text != want.String() {
-		t.Errorf("completion %q, want %q", text, want.String())
+	if want := engineText(t, "Once upon a time", 30); text != want {
+		t.Errorf("completion %q, want %q (the engine's own)", text, want)
 	}
 
 	stream := c.Completions.NewStreaming(ctx, params)
@@ -431,24 +440,8 @@ func TestPrefixReuse(t *testing.T) {
 	if cached < 32 {
 		t.Errorf("second request: %v cached tokens, want the shared prefix's full blocks", cached)
 	}
-	// The same request on a server without prefix caching.
-	e := stories(t, 1, 0)
-	tok, _ := tokenizer.Load(testshared.Path(t, "models", "stories260K", "tok512.bin"))
-	ids := tok.Encode(system+"The dog", true)
-	dec := tok.NewDecoder()
-	for _, id := range ids {
-		dec.Add(id)
-	}
-	var want strings.Builder
-	if _, err := e.Generate(ids, engine.SamplingParams{MaxTokens: 12, StopTokens: []int{2}}, func(id int) bool {
-		want.WriteString(dec.Add(id))
-		return true
-	}); err != nil {
-		t.Fatal(err)
-	}
-	want.WriteString(dec.Flush())
-	if text != want.String() {
-		t.Errorf("with a prefix hit %q, want %q", text, want.String())
+	if want := engineText(t, system+"The dog", 12); text != want {
+		t.Errorf("with a prefix hit %q, want %q (a fresh engine's)", text, want)
 	}
 	if st := s.Stats(); st.PrefixHits < 32 {
 		t.Errorf("stats %+v", st)

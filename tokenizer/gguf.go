@@ -22,6 +22,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"kiln/model"
 )
 
 // GGUF token types.
@@ -200,7 +202,7 @@ func fromGGUF(md map[string]any) (*Tokenizer, error) {
 		if !ok {
 			return -1, false, nil
 		}
-		n, ok := toInt(v)
+		n, ok := model.MetadataInt(v)
 		if !ok || n < 0 || n >= int64(len(tokens)) {
 			return -1, false, fmt.Errorf("%s: bad token id %v", key, v)
 		}
@@ -296,7 +298,7 @@ func intList(v any) ([]int64, error) {
 	case []any:
 		out := make([]int64, len(x))
 		for i, e := range x {
-			n, ok := toInt(e)
+			n, ok := model.MetadataInt(e)
 			if !ok {
 				return nil, fmt.Errorf("element %d is %T, not an integer", i, e)
 			}
@@ -352,7 +354,7 @@ func floatList(v any) ([]float64, error) {
 			case float64:
 				out[i] = f
 			default:
-				n, ok := toInt(e)
+				n, ok := model.MetadataInt(e)
 				if !ok {
 					return nil, fmt.Errorf("element %d is %T, not a number", i, e)
 				}
@@ -364,30 +366,3 @@ func floatList(v any) ([]float64, error) {
 	return nil, fmt.Errorf("unexpected type %T", v)
 }
 
-func toInt(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int:
-		return int64(x), true
-	case int8:
-		return int64(x), true
-	case int16:
-		return int64(x), true
-	case int32:
-		return int64(x), true
-	case int64:
-		return x, true
-	case uint:
-		return int64(x), x <= math.MaxInt64
-	case uint8:
-		return int64(x), true
-	case uint16:
-		return int64(x), true
-	case uint32:
-		return int64(x), true
-	case uint64:
-		return int64(x), x <= math.MaxInt64
-	case float64:
-		return int64(x), x == math.Trunc(x) && math.Abs(x) < 1<<53
-	}
-	return 0, false
-}

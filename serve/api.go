@@ -63,6 +63,7 @@ type samplingFields struct {
 	User                string          `json:"user"`
 	Priority            *int            `json:"priority"`
 	Timeout             *float64        `json:"timeout"` // seconds the request may wait before it starts
+	IgnoreEOS           bool            `json:"ignore_eos"` // vLLM's: generate through end-of-sequence tokens
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -95,7 +96,7 @@ var knownFields = func() map[string]bool {
 	m := map[string]bool{"prompt": true, "echo": true, "messages": true}
 	for _, f := range []string{"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
 		"seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs", "user", "priority",
-		"stream", "stream_options", "timeout"} {
+		"stream", "stream_options", "timeout", "ignore_eos"} {
 		m[f] = true
 	}
 	return m
@@ -212,6 +213,7 @@ func (f *samplingFields) params(defaultMax int) (engine.SamplingParams, []string
 	if f.Seed != nil {
 		p.Seed = uint64(*f.Seed)
 	}
+	p.IgnoreStop = f.IgnoreEOS
 	stops, err := stopStrings(f.Stop)
 	if err != nil {
 		return p, nil, 0, err

@@ -3,6 +3,7 @@ module kiln
 go 1.26.8
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/nikolalohinski/gonja/v2 v2.9.1
 	github.com/openai/openai-go v1.12.0
 	github.com/prometheus/client_golang v1.25.0

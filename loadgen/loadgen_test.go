@@ -1,0 +1,232 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeServer streams tokens with known delays: the first after ttft, the
+// rest gap ± jitter apart. It records the true delays it produced.
+type fakeServer struct {
+	ttft, gap, jitter time.Duration
+	tokens            int
+	mu                sync.Mutex
+	rng               *rand.Rand
+	trueTTFT, trueITL []time.Duration
+}
+
+func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	send := func(s string) {
+		fmt.Fprintf(w, "data: %s\n\n", s)
+		fl.Flush()
+	}
+	time.Sleep(f.ttft)
+	last := time.Now()
+	send(`{"choices":[{"index":0,"text":"a"}]}`)
+	f.mu.Lock()
+	f.trueTTFT = append(f.trueTTFT, last.Sub(start))
+	f.mu.Unlock()
+	for i := 1; i < f.tokens; i++ {
+		f.mu.Lock()
+		d := f.gap + time.Duration((f.rng.Float64()*2-1)*float64(f.jitter))
+		f.mu.Unlock()
+		time.Sleep(d)
+		now := time.Now()
+		send(`{"choices":[{"index":0,"text":"b"}]}`)
+		f.mu.Lock()
+		f.trueITL = append(f.trueITL, now.Sub(last))
+		f.mu.Unlock()
+		last = now
+	}
+	send(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}`, f.tokens))
+	send("[DONE]")
+}
+
+func within(got, want float64) bool {
+	d := got - want
+	if d < 0 {
+		d = -d
+	}
+	return d <= 1 || d <= 0.05*want
+}
+
+// TestAccuracy: every reported percentile of TTFT and ITL is within 5% (or
+// 1 ms) of the delays the server really produced.
+func TestAccuracy(t *testing.T) {
+	f := &fakeServer{ttft: 40 * time.Millisecond, gap: 8 * time.Millisecond, jitter: 4 * time.Millisecond, tokens: 12, rng: rand.New(rand.NewPCG(1, 2))}
+	ts := httptest.NewServer(f)
+	defer ts.Close()
+	res, err := Run(context.Background(), Config{URL: ts.URL, Concurrency: 6, NumRequests: 60, Warmup: 0,
+		Workload: Workload{PromptTokens: Dist{Mean: 16}, OutputTokens: Dist{Mean: 12}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(res, SLO{}, Cost{})
+	if s.Requests != 60 || s.ErrorRate != 0 || s.ITL.N != 60*11 {
+		t.Fatalf("summary %+v", s)
+	}
+	truth := func(ds []time.Duration) Stats { return statsOf(ds) }
+	for _, c := range []struct {
+		name      string
+		got, want Stats
+	}{{"ttft", s.TTFT, truth(f.trueTTFT)}, {"itl", s.ITL, truth(f.trueITL)}} {
+		for _, p := range []struct {
+			name      string
+			got, want float64
+		}{{"mean", c.got.Mean, c.want.Mean}, {"p50", c.got.P50, c.want.P50}, {"p90", c.got.P90, c.want.P90},
+			{"p95", c.got.P95, c.want.P95}, {"p99", c.got.P99, c.want.P99}, {"max", c.got.Max, c.want.Max}} {
+			if !within(p.got, p.want) {
+				t.Errorf("%s %s: reported %.2f ms, true %.2f ms", c.name, p.name, p.got, p.want)
+			}
+		}
+	}
+	if s.OutputTokensPerS <= 0 || s.InputTokensPerS <= 0 {
+		t.Errorf("throughput %+v", s)
+	}
+}
+
+// TestOpenLoop: at a constant rate the requests are sent on schedule.
+func TestOpenLoop(t *testing.T) {
+	f := &fakeServer{ttft: time.Millisecond, gap: time.Millisecond, tokens: 3, rng: rand.New(rand.NewPCG(1, 2))}
+	ts := httptest.NewServer(f)
+	defer ts.Close()
+	start := time.Now()
+	res, err := Run(context.Background(), Config{URL: ts.URL, Rate: 100, Constant: true, NumRequests: 50,
+		Workload: Workload{PromptTokens: Dist{Mean: 4}, OutputTokens: Dist{Mean: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	el := time.Since(start)
+	if len(res) != 50 || el < 480*time.Millisecond || el > 2*time.Second {
+		t.Errorf("%d requests in %v at 100/s", len(res), el)
+	}
+	s := Summarize(res, SLO{}, Cost{})
+	if s.SendDelay.P99 > 20 {
+		t.Errorf("the generator sent late: %+v", s.SendDelay)
+	}
+}
+
+// TestErrors: an unreachable server, HTTP errors, malformed and broken
+// streams are each counted by kind, never a crash.
+func TestErrors(t *testing.T) {
+	handlers := map[string]http.HandlerFunc{
+		"http 500": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) },
+		"malformed stream": func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, "data: {\"choices\": [\n\n")
+		},
+		"broken stream": func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n") // no [DONE]
+		},
+	}
+	for want, h := range handlers {
+		ts := httptest.NewServer(h)
+		res, err := Run(context.Background(), Config{URL: ts.URL, Concurrency: 2, NumRequests: 4,
+			Workload: Workload{PromptTokens: Dist{Mean: 4}, OutputTokens: Dist{Mean: 3}}})
+		ts.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := Summarize(res, SLO{}, Cost{})
+		if s.Errors[want] != 4 || s.ErrorRate != 1 {
+			t.Errorf("%s: errors %v", want, s.Errors)
+		}
+	}
+	ts := httptest.NewServer(http.NotFoundHandler())
+	url := ts.URL
+	ts.Close() // nothing listens there now
+	res, err := Run(context.Background(), Config{URL: url, Concurrency: 1, NumRequests: 2,
+		Workload: Workload{PromptTokens: Dist{Mean: 4}, OutputTokens: Dist{Mean: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := Summarize(res, SLO{}, Cost{}); s.Errors["connection refused"] != 2 {
+		t.Errorf("unreachable: %v", s.Errors)
+	}
+	if _, err := Run(context.Background(), Config{URL: url}); err == nil {
+		t.Error("a test with no concurrency and no rate ran")
+	}
+}
+
+func TestBudget(t *testing.T) {
+	b, err := ParseBudget(`
+p99_ttft_ms = 100
+min_output_tokens_per_s = 50.5
+max_error_rate = 0.01
+max_cost_per_1k_tokens = 0.2
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summary{TTFT: Stats{P99: 80}, OutputTokensPerS: 40, ErrorRate: 0, CostPer1kTokens: 0.1}
+	var got []string
+	for _, v := range b.Check(s) {
+		got = append(got, fmt.Sprintf("%s:%v", v.Name, v.OK))
+	}
+	want := []string{"p99_ttft_ms:true", "min_output_tokens_per_s:false", "max_error_rate:true", "max_cost_per_1k_tokens:true"}
+	if !slices.Equal(got, want) {
+		t.Errorf("verdicts %v, want %v", got, want)
+	}
+	for _, bad := range []string{`p99_ttft = 3`, `p99_ttft_ms = "fast"`, `[[x`} {
+		if _, err := ParseBudget(bad); err == nil {
+			t.Errorf("budget %q accepted", bad)
+		}
+	}
+}
+
+func TestWorkload(t *testing.T) {
+	w := Workload{PromptTokens: Dist{Kind: "uniform", Min: 10, Max: 20}, OutputTokens: Dist{Kind: "lognormal", Mean: 100, Std: 50, Max: 400},
+		Corpus: "one two three four five six seven eight nine ten", SharedPrefix: 0.5}
+	if err := w.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	var outs []int
+	for i := 0; i < 2000; i++ {
+		q := w.next(r)
+		if q.inputTokens < 9 || q.inputTokens > 22 || !strings.HasPrefix(q.prompt, "one two three") {
+			t.Fatalf("request %+v", q)
+		}
+		outs = append(outs, q.outputTokens)
+	}
+	var sum float64
+	for _, o := range outs {
+		sum += float64(o)
+	}
+	if mean := sum / float64(len(outs)); mean < 90 || mean > 110 {
+		t.Errorf("lognormal output lengths: mean %.1f, want about 100", mean)
+	}
+	for _, d := range []Dist{{Kind: "uniform", Min: 5, Max: 2}, {Kind: "zipf"}, {Mean: 0}} {
+		if d.validate("x") == nil {
+			t.Errorf("%+v accepted", d)
+		}
+	}
+}
+
+// BenchmarkGenerator measures the generator's own request rate against a
+// server that answers at once (the issue asks for at least 2,000/s on 2
+// cores).
+func BenchmarkGenerator(b *testing.B) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer ts.Close()
+	b.ResetTimer()
+	start := time.Now()
+	res, err := Run(context.Background(), Config{URL: ts.URL, Concurrency: 32, NumRequests: b.N,
+		Workload: Workload{PromptTokens: Dist{Mean: 32}, OutputTokens: Dist{Mean: 1}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(len(res))/time.Since(start).Seconds(), "requests/s")
+}

@@ -1,0 +1,157 @@
+package loadgen
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+)
+
+// Dist is a distribution of token counts.
+type Dist struct {
+	Kind     string  // "fixed" (Mean), "uniform" (Min..Max), "normal" or "lognormal" (Mean, Std; clamped to Min..Max when set)
+	Mean     float64 // for fixed, normal, lognormal
+	Std      float64
+	Min, Max int
+}
+
+func (d Dist) validate(what string) error {
+	switch d.Kind {
+	case "fixed", "":
+		if d.Mean < 1 {
+			return fmt.Errorf("loadgen: %s: a fixed count must be at least 1, got %g", what, d.Mean)
+		}
+	case "uniform":
+		if d.Min < 1 || d.Max < d.Min {
+			return fmt.Errorf("loadgen: %s: uniform needs 1 <= min <= max, got %d..%d", what, d.Min, d.Max)
+		}
+	case "normal", "lognormal":
+		if d.Mean < 1 || d.Std < 0 {
+			return fmt.Errorf("loadgen: %s: %s needs mean >= 1 and std >= 0", what, d.Kind)
+		}
+	default:
+		return fmt.Errorf("loadgen: %s: unknown distribution %q (fixed, uniform, normal, lognormal)", what, d.Kind)
+	}
+	return nil
+}
+
+// draw returns a count of at least 1.
+func (d Dist) draw(r *rand.Rand) int {
+	var x float64
+	switch d.Kind {
+	case "uniform":
+		return d.Min + r.IntN(d.Max-d.Min+1)
+	case "normal":
+		x = d.Mean + d.Std*r.NormFloat64()
+	case "lognormal":
+		// Parameters of the underlying normal that give this mean and std.
+		v := math.Log(1 + d.Std*d.Std/(d.Mean*d.Mean))
+		x = math.Exp(math.Log(d.Mean) - v/2 + math.Sqrt(v)*r.NormFloat64())
+	default:
+		x = d.Mean
+	}
+	n := int(math.Round(x))
+	if d.Min > 0 {
+		n = max(n, d.Min)
+	}
+	if d.Max > 0 {
+		n = min(n, d.Max)
+	}
+	return max(n, 1)
+}
+
+// Workload describes the requests: prompt and output lengths, the text
+// prompts are cut from, and how much of each prompt is a prefix shared by
+// all requests.
+type Workload struct {
+	PromptTokens, OutputTokens Dist
+	// Corpus is the text prompts are built from (words taken in order,
+	// wrapping around); empty: a built-in pangram text.
+	Corpus string
+	// SharedPrefix is the fraction (0..1) of each prompt that is the same
+	// for every request (it exercises prefix caches).
+	SharedPrefix float64
+	// Tokens counts a text's tokens with the served model's tokenizer; nil:
+	// about 4 tokens for every 3 words, and the counts reported are those.
+	Tokens func(string) int
+
+	words  []string
+	cursor int
+}
+
+func (w *Workload) prepare() error {
+	if err := w.PromptTokens.validate("prompt tokens"); err != nil {
+		return err
+	}
+	if err := w.OutputTokens.validate("output tokens"); err != nil {
+		return err
+	}
+	if w.SharedPrefix < 0 || w.SharedPrefix > 1 {
+		return fmt.Errorf("loadgen: shared prefix %g must be in [0, 1]", w.SharedPrefix)
+	}
+	text := w.Corpus
+	if strings.TrimSpace(text) == "" {
+		text = "The quick brown fox jumps over the lazy dog while five boxing wizards jump quickly and a wise old owl watches."
+	}
+	w.words = strings.Fields(text)
+	return nil
+}
+
+// request is one request to send.
+type request struct {
+	prompt                    string
+	inputTokens, outputTokens int
+}
+
+// next draws a request. Words are taken from the corpus in order, so
+// consecutive prompts differ; the shared prefix always starts the corpus.
+func (w *Workload) next(r *rand.Rand) request {
+	n := w.PromptTokens.draw(r)
+	shared := int(math.Round(w.SharedPrefix * float64(n)))
+	prefix := w.take(shared, 0)
+	rest := w.take(n-shared, -1)
+	prompt := strings.TrimSpace(prefix + " " + rest)
+	return request{prompt: prompt, inputTokens: w.count(prompt), outputTokens: w.OutputTokens.draw(r)}
+}
+
+// take builds text of about n tokens from the corpus, starting at word
+// from (-1: where the last take stopped).
+func (w *Workload) take(n, from int) string {
+	if n <= 0 {
+		return ""
+	}
+	at := w.cursor
+	if from >= 0 {
+		at = from
+	}
+	var b strings.Builder
+	words := 0
+	for {
+		if words > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(w.words[at%len(w.words)])
+		at++
+		words++
+		if w.Tokens == nil && (words*4+2)/3 >= n {
+			break
+		}
+		if w.Tokens != nil && words%8 == 0 && w.Tokens(b.String()) >= n {
+			break
+		}
+		if words > 64*n+64 {
+			break
+		}
+	}
+	if from < 0 {
+		w.cursor = at % len(w.words)
+	}
+	return b.String()
+}
+
+func (w *Workload) count(text string) int {
+	if w.Tokens != nil {
+		return w.Tokens(text)
+	}
+	return (len(strings.Fields(text))*4 + 2) / 3
+}

@@ -18,10 +18,15 @@ import (
 )
 
 func cmdBench(args []string) error {
-	if len(args) == 0 || args[0] != "model" {
-		return fmt.Errorf("usage: kiln bench model MODEL [flags] (run kiln bench model -h)")
+	if len(args) > 0 {
+		switch args[0] {
+		case "model":
+			return cmdBenchModel(args[1:])
+		case "serve":
+			return cmdBenchServe(args[1:])
+		}
 	}
-	return cmdBenchModel(args[1:])
+	return fmt.Errorf("usage: kiln bench model MODEL [flags] | kiln bench serve --url URL [flags] (-h for the flags)")
 }
 
 func cmdBenchModel(args []string) error {

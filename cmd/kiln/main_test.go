@@ -81,6 +81,9 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"run", garbage, "--tokenizer", tok},
 		{"logits", bin},
 		{"logits", bin, "--ids", "1,99999"},
+		{"bench", "serve", "--url", "http://127.0.0.1:1", "--concurrency", "1", "--num-requests", "2"},
+		{"bench", "serve", "--concurrency", "1", "--num-requests", "2", "--prompt-tokens", "zipf:3"},
+		{"bench", "serve", "--concurrency", "1", "--num-requests", "2", "--budget", garbage},
 		{"tokenize", "--text", "hi"},
 		{"tokenize", "--tokenizer", garbage, "--text", "hi"},
 		{"detokenize", "--tokenizer", tok, "--ids", "600"},
@@ -272,6 +275,32 @@ func TestServeDemo(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || len(chatOut.Choices) != 1 || chatOut.Choices[0].Message.Role != "assistant" {
 		t.Fatalf("chat: status %d, %+v", resp.StatusCode, chatOut)
+	}
+	// kiln bench serve against it: a budget it meets exits 0 and writes the
+	// results; one it misses exits 1.
+	dir := t.TempDir()
+	pass, fail := filepath.Join(dir, "pass.toml"), filepath.Join(dir, "fail.toml")
+	os.WriteFile(pass, []byte("p99_ttft_ms = 60000\nmax_error_rate = 0\nmin_output_tokens_per_s = 1\n"), 0o644)
+	os.WriteFile(fail, []byte("p99_ttft_ms = 0.001\n"), 0o644)
+	results := filepath.Join(dir, "results.json")
+	bench := func(budget string) (string, string, int) {
+		return kiln(t, "bench", "serve", "--url", base, "--concurrency", "4", "--num-requests", "12", "--prompt-tokens", "32",
+			"--output-tokens", "8", "--budget", budget, "--output", results)
+	}
+	if out, stderr, code := bench(pass); code != 0 || !strings.Contains(out, "| p99_ttft_ms | 60000 |") {
+		t.Errorf("bench serve with a budget it meets: exit %d\n%s\n%s", code, out, stderr)
+	}
+	var saved struct {
+		Schema   string
+		Summary  struct{ Requests int }
+		Requests []json.RawMessage
+	}
+	if data, err := os.ReadFile(results); err != nil || json.Unmarshal(data, &saved) != nil || saved.Schema != "kiln.bench.serve/v1" ||
+		saved.Summary.Requests != 12 || len(saved.Requests) != 12 {
+		t.Errorf("results file: %v %+v", err, saved.Summary)
+	}
+	if _, stderr, code := bench(fail); code != 1 || !strings.Contains(stderr, "budget targets missed") {
+		t.Errorf("bench serve with a budget it misses: exit %d, %q", code, stderr)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"kiln/loadgen"
+)
+
+// cmdBenchServe load-tests an OpenAI-compatible server.
+func cmdBenchServe(args []string) error {
+	fs := flag.NewFlagSet("bench serve", flag.ContinueOnError)
+	url := fs.String("url", "http://127.0.0.1:8000", "the server's base URL")
+	model := fs.String("model", "", "model name to send")
+	chat := fs.Bool("chat", false, "use /v1/chat/completions (default /v1/completions)")
+	key := fs.String("api-key", envString("KILN_API_KEY", ""), "Bearer key [KILN_API_KEY]")
+	concurrency := fs.Int("concurrency", 0, "closed loop: this many clients, each sending its next request when the last ends")
+	rate := fs.Float64("rate", 0, "open loop: requests per second (Poisson arrivals unless --constant)")
+	constant := fs.Bool("constant", false, "open loop with evenly spaced arrivals")
+	num := fs.Int("num-requests", 0, "requests to send (0: until --duration)")
+	duration := fs.Duration("duration", 0, "how long to send requests (0: until --num-requests)")
+	warmup := fs.Int("warmup", 0, "first requests left out of the figures")
+	prompt := fs.String("prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MEAN:STD")
+	output := fs.String("output-tokens", "128", "output length, same forms (ignore_eos is sent so servers that support it generate exactly that)")
+	corpus := fs.String("corpus", "", "text file prompts are cut from (default: a built-in sentence)")
+	shared := fs.Float64("shared-prefix", 0, "fraction of each prompt shared by all requests (0..1)")
+	tokFile := fs.String("tokenizer", "", "count prompt tokens with this tokenizer (tokenizer.json, tokenizer.bin or a model) instead of about 4 per 3 words")
+	sloTTFT := fs.Float64("slo-ttft-ms", 0, "goodput counts requests with TTFT at most this (0: no limit)")
+	sloTPOT := fs.Float64("slo-tpot-ms", 0, "and time per output token at most this (0: no limit)")
+	price := fs.Float64("gpu-hour-price", 0, "price of one GPU-hour, for the cost per 1,000 output tokens")
+	gpus := fs.Int("gpus", 1, "GPUs the server uses")
+	budgetFile := fs.String("budget", "", "TOML file of targets: exit non-zero when one is missed")
+	out := fs.String("output", "", "write the results (summary, verdicts, every request) as JSON to this file")
+	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
+	seed := fs.Uint64("seed", 1, "seed of the workload")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	pd, err := parseDist(*prompt)
+	if err != nil {
+		return fmt.Errorf("--prompt-tokens: %w", err)
+	}
+	od, err := parseDist(*output)
+	if err != nil {
+		return fmt.Errorf("--output-tokens: %w", err)
+	}
+	var budget *loadgen.Budget
+	if *budgetFile != "" {
+		text, err := os.ReadFile(*budgetFile)
+		if err != nil {
+			return err
+		}
+		if budget, err = loadgen.ParseBudget(string(text)); err != nil {
+			return err
+		}
+	}
+	w := loadgen.Workload{PromptTokens: pd, OutputTokens: od, SharedPrefix: *shared}
+	if *corpus != "" {
+		text, err := os.ReadFile(*corpus)
+		if err != nil {
+			return err
+		}
+		w.Corpus = string(text)
+	}
+	if *tokFile != "" {
+		tok, err := loadTokenizerFile(*tokFile)
+		if err != nil {
+			return err
+		}
+		w.Tokens = func(s string) int { return len(tok.Encode(s, false)) }
+	}
+	cfg := loadgen.Config{URL: *url, Model: *model, Chat: *chat, Key: *key, Concurrency: *concurrency, Rate: *rate, Constant: *constant,
+		NumRequests: *num, Duration: *duration, Warmup: *warmup, Workload: w, Seed: *seed, Timeout: *timeout}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	results, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	sum := loadgen.Summarize(results, loadgen.SLO{TTFT: ms(*sloTTFT), TPOT: ms(*sloTPOT)}, loadgen.Cost{GPUHourPrice: *price, GPUs: *gpus})
+	var verdicts []loadgen.Verdict
+	if budget != nil {
+		verdicts = budget.Check(sum)
+	}
+	if *out != "" {
+		data, err := json.MarshalIndent(map[string]any{"schema": "kiln.bench.serve/v1", "date": time.Now().UTC().Format(time.RFC3339),
+			"config": map[string]any{"url": *url, "model": *model, "chat": *chat, "concurrency": *concurrency, "rate": *rate,
+				"num_requests": *num, "duration_s": duration.Seconds(), "warmup": *warmup, "prompt_tokens": *prompt, "output_tokens": *output},
+			"summary": sum, "budget": verdicts, "requests": results}, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		data, _ := json.MarshalIndent(sum, "", "  ")
+		fmt.Println(string(data))
+	} else {
+		printServeSummary(sum)
+	}
+	failed := 0
+	if len(verdicts) > 0 {
+		fmt.Printf("\n| budget | target | measured | |\n|---|---|---|---|\n")
+		for _, v := range verdicts {
+			mark := "ok"
+			if !v.OK {
+				mark = "MISSED"
+				failed++
+			}
+			fmt.Printf("| %s | %g | %.4g | %s |\n", v.Name, v.Target, v.Measured, mark)
+		}
+	}
+	if sum.Requests == 0 {
+		return fmt.Errorf("no request was measured")
+	}
+	if sum.ErrorRate == 1 {
+		var kinds []string
+		for kind, n := range sum.Errors {
+			kinds = append(kinds, fmt.Sprintf("%s: %d", kind, n))
+		}
+		return fmt.Errorf("all %d requests failed (%s)", sum.Requests, strings.Join(kinds, ", "))
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d budget targets missed", failed, len(verdicts))
+	}
+	return nil
+}
+
+func ms(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+
+// parseDist reads N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MEAN:STD.
+func parseDist(s string) (loadgen.Dist, error) {
+	parts := strings.Split(s, ":")
+	num := func(i int) (float64, error) {
+		if i >= len(parts) {
+			return 0, fmt.Errorf("%q: missing a number", s)
+		}
+		return strconv.ParseFloat(parts[i], 64)
+	}
+	var d loadgen.Dist
+	var err error
+	switch parts[0] {
+	case "uniform":
+		var lo, hi float64
+		if lo, err = num(1); err == nil {
+			hi, err = num(2)
+		}
+		d = loadgen.Dist{Kind: "uniform", Min: int(lo), Max: int(hi)}
+	case "normal", "lognormal":
+		var mean, std float64
+		if mean, err = num(1); err == nil {
+			std, err = num(2)
+		}
+		d = loadgen.Dist{Kind: parts[0], Mean: mean, Std: std}
+	default:
+		var n float64
+		n, err = num(0)
+		d = loadgen.Dist{Kind: "fixed", Mean: n}
+	}
+	if err != nil || len(parts) > 3 {
+		return d, fmt.Errorf("%q: want N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MEAN:STD", s)
+	}
+	return d, nil
+}
+
+func printServeSummary(s loadgen.Summary) {
+	fmt.Printf("%d requests in %.2f s, error rate %.2f%%", s.Requests, s.Seconds, 100*s.ErrorRate)
+	for kind, n := range s.Errors {
+		fmt.Printf(", %s: %d", kind, n)
+	}
+	fmt.Printf("\nthroughput: %.2f requests/s, %.1f input tokens/s, %.1f output tokens/s, goodput %.2f requests/s",
+		s.RequestsPerS, s.InputTokensPerS, s.OutputTokensPerS, s.GoodputPerS)
+	if s.CostPer1kTokens > 0 {
+		fmt.Printf(", %.5f per 1,000 output tokens", s.CostPer1kTokens)
+	}
+	fmt.Printf("\n\n| ms | mean | p50 | p90 | p95 | p99 | max |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range []struct {
+		name string
+		st   loadgen.Stats
+	}{{"TTFT", s.TTFT}, {"ITL", s.ITL}, {"TPOT", s.TPOT}, {"E2E", s.E2E}, {"generator send delay", s.SendDelay}} {
+		fmt.Printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.name, r.st.Mean, r.st.P50, r.st.P90, r.st.P95, r.st.P99, r.st.Max)
+	}
+}

@@ -230,3 +230,40 @@ func BenchmarkGenerator(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(res))/time.Since(start).Seconds(), "requests/s")
 }
+
+// TestCompare: a run whose TTFTs are 40% longer is a regression in TTFT,
+// the same run against itself is none.
+func TestCompare(t *testing.T) {
+	mk := func(ttft time.Duration, n int, seed uint64) []Result {
+		r := rand.New(rand.NewPCG(seed, 1))
+		var rs []Result
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			d := ttft + time.Duration(r.Float64()*float64(ttft)/5)
+			rs = append(rs, Result{Start: start.Add(time.Duration(i) * 10 * time.Millisecond), TTFT: d, E2E: d + 100*time.Millisecond,
+				ITL: []time.Duration{10 * time.Millisecond, 11 * time.Millisecond}, OutputTokens: 3})
+		}
+		return rs
+	}
+	base := mk(50*time.Millisecond, 200, 1)
+	for _, c := range CompareRequests(base, mk(50*time.Millisecond, 200, 2), 0.05) {
+		if c.Regression {
+			t.Errorf("same distribution flagged: %+v", c)
+		}
+	}
+	var flagged []string
+	for _, c := range CompareRequests(base, mk(70*time.Millisecond, 200, 3), 0.05) {
+		if c.Regression {
+			flagged = append(flagged, c.Name)
+		}
+	}
+	if !slices.Contains(flagged, "p50_ttft_ms") || !slices.Contains(flagged, "p99_ttft_ms") || slices.Contains(flagged, "p50_itl_ms") {
+		t.Errorf("flagged %v, want the TTFT figures only", flagged)
+	}
+	if c := CompareSamples("tokens/s", true, []float64{100, 101, 99, 100}, []float64{80, 81, 79, 80}, 0.05); !c.Regression {
+		t.Errorf("a 20%% drop in tokens/s not flagged: %+v", c)
+	}
+	if c := CompareSamples("tokens/s", true, []float64{100, 101, 99, 100}, []float64{100, 99, 101, 100}, 0.05); c.Regression {
+		t.Errorf("no change flagged: %+v", c)
+	}
+}

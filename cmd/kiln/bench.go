@@ -24,9 +24,11 @@ func cmdBench(args []string) error {
 			return cmdBenchModel(args[1:])
 		case "serve":
 			return cmdBenchServe(args[1:])
+		case "compare":
+			return cmdBenchCompare(args[1:])
 		}
 	}
-	return fmt.Errorf("usage: kiln bench model MODEL [flags] | kiln bench serve --url URL [flags] (-h for the flags)")
+	return fmt.Errorf("usage: kiln bench model MODEL [flags] | kiln bench serve --url URL [flags] | kiln bench compare BASE.json NEW.json (-h for the flags)")
 }
 
 func cmdBenchModel(args []string) error {

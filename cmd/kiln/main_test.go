@@ -84,6 +84,8 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"bench", "serve", "--url", "http://127.0.0.1:1", "--concurrency", "1", "--num-requests", "2"},
 		{"bench", "serve", "--concurrency", "1", "--num-requests", "2", "--prompt-tokens", "zipf:3"},
 		{"bench", "serve", "--concurrency", "1", "--num-requests", "2", "--budget", garbage},
+		{"bench", "compare", garbage, garbage},
+		{"bench", "compare", garbage},
 		{"tokenize", "--text", "hi"},
 		{"tokenize", "--tokenizer", garbage, "--text", "hi"},
 		{"detokenize", "--tokenizer", tok, "--ids", "600"},
@@ -301,6 +303,9 @@ func TestServeDemo(t *testing.T) {
 	}
 	if _, stderr, code := bench(fail); code != 1 || !strings.Contains(stderr, "budget targets missed") {
 		t.Errorf("bench serve with a budget it misses: exit %d, %q", code, stderr)
+	}
+	if out, stderr, code := kiln(t, "bench", "compare", results, results); code != 0 || !strings.Contains(out, "p99_ttft_ms") {
+		t.Errorf("bench compare of a run with itself: exit %d\n%s\n%s", code, out, stderr)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {

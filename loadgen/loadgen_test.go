@@ -267,3 +267,20 @@ func TestCompare(t *testing.T) {
 		t.Errorf("no change flagged: %+v", c)
 	}
 }
+
+func TestProfilesAndDataset(t *testing.T) {
+	for name, w := range Profiles {
+		if err := w.prepare(); err != nil {
+			t.Errorf("profile %s: %v", name, err)
+		}
+	}
+	w := Workload{OutputTokens: Dist{Mean: 9}, Dataset: []Item{{Prompt: "a b c"}, {Prompt: "d e", OutputTokens: 3}}}
+	if err := w.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	got := []request{w.next(r), w.next(r), w.next(r)}
+	if got[0].prompt != "a b c" || got[0].outputTokens != 9 || got[1].outputTokens != 3 || got[2].prompt != "a b c" {
+		t.Errorf("dataset requests %+v", got)
+	}
+}

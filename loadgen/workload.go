@@ -74,14 +74,20 @@ type Workload struct {
 	// Tokens counts a text's tokens with the served model's tokenizer; nil:
 	// about 4 tokens for every 3 words, and the counts reported are those.
 	Tokens func(string) int
+	// Dataset, when set, supplies the prompts (in order, wrapping around)
+	// instead of the corpus; an item's OutputTokens, when set, overrides the
+	// output distribution.
+	Dataset []Item
 
 	words  []string
 	cursor int
 }
 
 func (w *Workload) prepare() error {
-	if err := w.PromptTokens.validate("prompt tokens"); err != nil {
-		return err
+	if len(w.Dataset) == 0 {
+		if err := w.PromptTokens.validate("prompt tokens"); err != nil {
+			return err
+		}
 	}
 	if err := w.OutputTokens.validate("output tokens"); err != nil {
 		return err
@@ -97,6 +103,26 @@ func (w *Workload) prepare() error {
 	return nil
 }
 
+// Item is one prompt of a dataset.
+type Item struct {
+	Prompt       string `json:"prompt"`
+	OutputTokens int    `json:"output_tokens,omitempty"`
+}
+
+// Profiles are built-in workloads: typical prompt and output lengths of a
+// kind of traffic.
+var Profiles = map[string]Workload{
+	// Chat: medium prompts (system prompt and history), medium answers.
+	"chat": {PromptTokens: Dist{Kind: "lognormal", Mean: 512, Std: 256, Min: 16, Max: 4096},
+		OutputTokens: Dist{Kind: "lognormal", Mean: 256, Std: 128, Min: 8, Max: 1024}, SharedPrefix: 0.2},
+	// Retrieval-augmented generation: long prompts, short answers.
+	"rag": {PromptTokens: Dist{Kind: "uniform", Min: 2048, Max: 4096},
+		OutputTokens: Dist{Kind: "normal", Mean: 128, Std: 32, Min: 16, Max: 512}},
+	// Code completion: long shared file context, short completions.
+	"code": {PromptTokens: Dist{Kind: "normal", Mean: 1024, Std: 256, Min: 64, Max: 4096},
+		OutputTokens: Dist{Kind: "lognormal", Mean: 64, Std: 48, Min: 4, Max: 512}, SharedPrefix: 0.5},
+}
+
 // request is one request to send.
 type request struct {
 	prompt                    string
@@ -106,6 +132,15 @@ type request struct {
 // next draws a request. Words are taken from the corpus in order, so
 // consecutive prompts differ; the shared prefix always starts the corpus.
 func (w *Workload) next(r *rand.Rand) request {
+	if len(w.Dataset) > 0 {
+		it := w.Dataset[w.cursor%len(w.Dataset)]
+		w.cursor++
+		out := it.OutputTokens
+		if out <= 0 {
+			out = w.OutputTokens.draw(r)
+		}
+		return request{prompt: it.Prompt, inputTokens: w.count(it.Prompt), outputTokens: out}
+	}
 	n := w.PromptTokens.draw(r)
 	shared := int(math.Round(w.SharedPrefix * float64(n)))
 	prefix := w.take(shared, 0)

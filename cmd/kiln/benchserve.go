@@ -21,8 +21,8 @@ func cmdBenchServe(args []string) error {
 	model := fs.String("model", "", "model name to send")
 	chat := fs.Bool("chat", false, "use /v1/chat/completions (default /v1/completions)")
 	key := fs.String("api-key", envString("KILN_API_KEY", ""), "Bearer key [KILN_API_KEY]")
-	concurrency := fs.Int("concurrency", 0, "closed loop: this many clients, each sending its next request when the last ends")
-	rate := fs.Float64("rate", 0, "open loop: requests per second (Poisson arrivals unless --constant)")
+	concurrency := fs.String("concurrency", "", "closed loop: this many clients, each sending its next request when the last ends; a list (1,4,16) sweeps")
+	rate := fs.String("rate", "", "open loop: requests per second (Poisson arrivals unless --constant); a list (1,2,4) sweeps")
 	constant := fs.Bool("constant", false, "open loop with evenly spaced arrivals")
 	num := fs.Int("num-requests", 0, "requests to send (0: until --duration)")
 	duration := fs.Duration("duration", 0, "how long to send requests (0: until --num-requests)")
@@ -31,6 +31,8 @@ func cmdBenchServe(args []string) error {
 	output := fs.String("output-tokens", "128", "output length, same forms (ignore_eos is sent so servers that support it generate exactly that)")
 	corpus := fs.String("corpus", "", "text file prompts are cut from (default: a built-in sentence)")
 	shared := fs.Float64("shared-prefix", 0, "fraction of each prompt shared by all requests (0..1)")
+	profile := fs.String("profile", "", "a built-in workload (chat, rag, code) for the lengths and shared prefix not given by flags")
+	dataset := fs.String("dataset", "", `JSONL file of prompts, one {"prompt": "...", "output_tokens": N} per line (output_tokens optional)`)
 	tokFile := fs.String("tokenizer", "", "count prompt tokens with this tokenizer (tokenizer.json, tokenizer.bin or a model) instead of about 4 per 3 words")
 	sloTTFT := fs.Float64("slo-ttft-ms", 0, "goodput counts requests with TTFT at most this (0: no limit)")
 	sloTPOT := fs.Float64("slo-tpot-ms", 0, "and time per output token at most this (0: no limit)")
@@ -44,6 +46,8 @@ func cmdBenchServe(args []string) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	pd, err := parseDist(*prompt)
 	if err != nil {
 		return fmt.Errorf("--prompt-tokens: %w", err)
@@ -52,7 +56,7 @@ func cmdBenchServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--output-tokens: %w", err)
 	}
-	var budget *loadgen.Budget
+	var budget *loadgen.Budget // checked against every run of a sweep
 	if *budgetFile != "" {
 		text, err := os.ReadFile(*budgetFile)
 		if err != nil {
@@ -63,6 +67,28 @@ func cmdBenchServe(args []string) error {
 		}
 	}
 	w := loadgen.Workload{PromptTokens: pd, OutputTokens: od, SharedPrefix: *shared}
+	if *profile != "" {
+		p, ok := loadgen.Profiles[*profile]
+		if !ok {
+			return fmt.Errorf("--profile %q: want chat, rag or code", *profile)
+		}
+		if !set["prompt-tokens"] {
+			w.PromptTokens = p.PromptTokens
+		}
+		if !set["output-tokens"] {
+			w.OutputTokens = p.OutputTokens
+		}
+		if !set["shared-prefix"] {
+			w.SharedPrefix = p.SharedPrefix
+		}
+	}
+	if *dataset != "" {
+		items, err := readDataset(*dataset)
+		if err != nil {
+			return err
+		}
+		w.Dataset = items
+	}
 	if *corpus != "" {
 		text, err := os.ReadFile(*corpus)
 		if err != nil {
@@ -77,24 +103,77 @@ func cmdBenchServe(args []string) error {
 		}
 		w.Tokens = func(s string) int { return len(tok.Encode(s, false)) }
 	}
-	cfg := loadgen.Config{URL: *url, Model: *model, Chat: *chat, Key: *key, Concurrency: *concurrency, Rate: *rate, Constant: *constant,
-		NumRequests: *num, Duration: *duration, Warmup: *warmup, Workload: w, Seed: *seed, Timeout: *timeout}
+	concs, err := parseList(*concurrency)
+	if err != nil {
+		return fmt.Errorf("--concurrency: %w", err)
+	}
+	rates, err := parseList(*rate)
+	if err != nil {
+		return fmt.Errorf("--rate: %w", err)
+	}
+	if (len(concs) == 0) == (len(rates) == 0) {
+		return fmt.Errorf("give --concurrency or --rate (one of them)")
+	}
+	levels, name := concs, "concurrency"
+	if len(rates) > 0 {
+		levels, name = rates, "rate"
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	results, err := loadgen.Run(ctx, cfg)
-	if err != nil {
-		return err
+	type run struct {
+		Level    float64           `json:"level"`
+		Summary  loadgen.Summary   `json:"summary"`
+		Verdicts []loadgen.Verdict `json:"budget"`
+		Requests []loadgen.Result  `json:"requests"`
 	}
-	sum := loadgen.Summarize(results, loadgen.SLO{TTFT: ms(*sloTTFT), TPOT: ms(*sloTPOT)}, loadgen.Cost{GPUHourPrice: *price, GPUs: *gpus})
-	var verdicts []loadgen.Verdict
-	if budget != nil {
-		verdicts = budget.Check(sum)
+	var runs []run
+	for _, level := range levels {
+		cfg := loadgen.Config{URL: *url, Model: *model, Chat: *chat, Key: *key, Constant: *constant,
+			NumRequests: *num, Duration: *duration, Warmup: *warmup, Workload: w, Seed: *seed, Timeout: *timeout}
+		if name == "concurrency" {
+			cfg.Concurrency = int(level)
+		} else {
+			cfg.Rate = level
+		}
+		results, err := loadgen.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		sum := loadgen.Summarize(results, loadgen.SLO{TTFT: ms(*sloTTFT), TPOT: ms(*sloTPOT)}, loadgen.Cost{GPUHourPrice: *price, GPUs: *gpus})
+		r := run{Level: level, Summary: sum, Requests: results}
+		if budget != nil {
+			r.Verdicts = budget.Check(sum)
+		}
+		runs = append(runs, r)
+		if len(levels) > 1 {
+			fmt.Printf("\n## %s %g\n\n", name, level)
+		}
+		if *asJSON {
+			data, _ := json.MarshalIndent(sum, "", "  ")
+			fmt.Println(string(data))
+		} else {
+			printServeSummary(sum)
+		}
+	}
+	if len(levels) > 1 {
+		fmt.Printf("\n| %s | requests/s | output tokens/s | p50 TTFT ms | p99 TTFT ms | p50 ITL ms | p99 ITL ms | errors |\n|---|---|---|---|---|---|---|---|\n", name)
+		for _, r := range runs {
+			s := r.Summary
+			fmt.Printf("| %g | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.1f%% |\n", r.Level, s.RequestsPerS, s.OutputTokensPerS,
+				s.TTFT.P50, s.TTFT.P99, s.ITL.P50, s.ITL.P99, 100*s.ErrorRate)
+		}
 	}
 	if *out != "" {
-		data, err := json.MarshalIndent(map[string]any{"schema": "kiln.bench.serve/v1", "date": time.Now().UTC().Format(time.RFC3339),
-			"config": map[string]any{"url": *url, "model": *model, "chat": *chat, "concurrency": *concurrency, "rate": *rate,
-				"num_requests": *num, "duration_s": duration.Seconds(), "warmup": *warmup, "prompt_tokens": *prompt, "output_tokens": *output},
-			"summary": sum, "budget": verdicts, "requests": results}, "", "  ")
+		doc := map[string]any{"schema": "kiln.bench.serve/v1", "date": time.Now().UTC().Format(time.RFC3339),
+			"config": map[string]any{"url": *url, "model": *model, "chat": *chat, name: levels,
+				"num_requests": *num, "duration_s": duration.Seconds(), "warmup": *warmup, "prompt_tokens": w.PromptTokens, "output_tokens": w.OutputTokens,
+				"profile": *profile, "dataset": *dataset, "shared_prefix": w.SharedPrefix}}
+		// The top level holds the first run, so that compare reads any file.
+		doc["summary"], doc["budget"], doc["requests"] = runs[0].Summary, runs[0].Verdicts, runs[0].Requests
+		if len(runs) > 1 {
+			doc["sweep"] = runs
+		}
+		data, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -102,11 +181,15 @@ func cmdBenchServe(args []string) error {
 			return err
 		}
 	}
-	if *asJSON {
-		data, _ := json.MarshalIndent(sum, "", "  ")
-		fmt.Println(string(data))
-	} else {
-		printServeSummary(sum)
+	sum := runs[len(runs)-1].Summary
+	var verdicts []loadgen.Verdict
+	for _, r := range runs {
+		for _, v := range r.Verdicts {
+			if len(runs) > 1 {
+				v.Name += fmt.Sprintf(" (%s %g)", name, r.Level)
+			}
+			verdicts = append(verdicts, v)
+		}
 	}
 	failed := 0
 	if len(verdicts) > 0 {
@@ -137,6 +220,45 @@ func cmdBenchServe(args []string) error {
 }
 
 func ms(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+
+// parseList reads "4" or "1,4,16" (empty: none).
+func parseList(s string) ([]float64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// readDataset reads a JSONL file of {"prompt", "output_tokens"} lines.
+func readDataset(path string) ([]loadgen.Item, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var items []loadgen.Item
+	for i, line := range strings.Split(string(data), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var it loadgen.Item
+		if err := json.Unmarshal([]byte(line), &it); err != nil || it.Prompt == "" {
+			return nil, fmt.Errorf("%s line %d: want {\"prompt\": \"...\"}", path, i+1)
+		}
+		items = append(items, it)
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("%s: no prompts", path)
+	}
+	return items, nil
+}
 
 // parseDist reads N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MEAN:STD.
 func parseDist(s string) (loadgen.Dist, error) {

@@ -284,3 +284,34 @@ func TestProfilesAndDataset(t *testing.T) {
 		t.Errorf("dataset requests %+v", got)
 	}
 }
+
+// TestHTMLReport: the report is self-contained (no script, nothing fetched)
+// and holds each chart with data in it.
+func TestHTMLReport(t *testing.T) {
+	start := time.Now()
+	var rs []Result
+	for i := 0; i < 50; i++ {
+		rs = append(rs, Result{Start: start.Add(time.Duration(i) * 50 * time.Millisecond), TTFT: time.Duration(20+i) * time.Millisecond,
+			E2E: time.Duration(200+i) * time.Millisecond, ITL: []time.Duration{5 * time.Millisecond, 7 * time.Millisecond}, OutputTokens: 3})
+	}
+	s := Summarize(rs, SLO{}, Cost{})
+	var b strings.Builder
+	if err := WriteHTML(&b, "test <run>", []Level{{Label: "concurrency 1", Level: 1, Summary: s, Requests: rs}, {Label: "concurrency 4", Level: 4, Summary: s, Requests: rs}}); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	if n := strings.Count(page, "<svg"); n != 3+2*3 {
+		t.Errorf("%d charts, want 9 (3 against load, 3 per run)", n)
+	}
+	for _, title := range []string{"TTFT against load", "Throughput against load", "Latency distribution (CDF)", "Output tokens per second over time"} {
+		if !strings.Contains(page, title) {
+			t.Errorf("no chart %q", title)
+		}
+	}
+	if strings.Contains(page, "<script") || strings.Contains(page, "src=") || strings.Contains(page, "href=") || strings.Contains(page, "<run>") {
+		t.Error("the page has a script, a reference to fetch, or unescaped text")
+	}
+	if strings.Count(page, `points=""`) > 0 {
+		t.Error("a chart line has no points")
+	}
+}

@@ -40,6 +40,7 @@ func cmdBenchServe(args []string) error {
 	gpus := fs.Int("gpus", 1, "GPUs the server uses")
 	budgetFile := fs.String("budget", "", "TOML file of targets: exit non-zero when one is missed")
 	out := fs.String("output", "", "write the results (summary, verdicts, every request) as JSON to this file")
+	htmlOut := fs.String("html", "", "write a self-contained HTML report with charts to this file")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
 	seed := fs.Uint64("seed", 1, "seed of the workload")
@@ -178,6 +179,23 @@ func cmdBenchServe(args []string) error {
 			return err
 		}
 		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if *htmlOut != "" {
+		var levels []loadgen.Level
+		for _, r := range runs {
+			levels = append(levels, loadgen.Level{Label: fmt.Sprintf("%s %g", name, r.Level), Level: r.Level, Summary: r.Summary, Requests: r.Requests})
+		}
+		f, err := os.Create(*htmlOut)
+		if err != nil {
+			return err
+		}
+		err = loadgen.WriteHTML(f, "kiln bench serve: "+*url, levels)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return err
 		}
 	}

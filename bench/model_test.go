@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -59,5 +61,24 @@ func TestRunModelReports(t *testing.T) {
 		if r.Roofline <= 0 || r.ReadFraction <= 0 {
 			t.Errorf("roofline %g, read-pass fraction %g", r.Roofline, r.ReadFraction)
 		}
+	}
+}
+
+func TestModelBudget(t *testing.T) {
+	b, err := ParseModelBudget("[min_tokens_per_s]\n\"pp512\" = 100\n\"tg128 batch 1\" = 50\n\"tg64 batch 9\" = 1\n[min_roofline]\n\"tg128 batch 1\" = 0.5\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ModelReport{Results: []ModelResult{{Test: "pp512", Batch: 1, TokensPerSec: 120}, {Test: "tg128", Batch: 1, TokensPerSec: 40, Roofline: 0.6}}}
+	var got []string
+	for _, v := range b.Check(r) {
+		got = append(got, fmt.Sprintf("%s=%v", v.Name, v.OK))
+	}
+	want := []string{"min_tokens_per_s pp512=true", "min_tokens_per_s tg128 batch 1=false", "min_tokens_per_s tg64 batch 9=false", "min_roofline tg128 batch 1=true"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("verdicts %v, want %v", got, want)
+	}
+	if _, err := ParseModelBudget("min_tokens = 3"); err == nil {
+		t.Error("an unknown key was accepted")
 	}
 }

@@ -45,6 +45,7 @@ func cmdBenchModel(args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	output := fs.String("output", "", "also write the JSON report to this file")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the benchmark to this file")
+	budgetFile := fs.String("budget", "", `TOML file of targets ([min_tokens_per_s] "tg128 batch 1" = 60, [min_roofline] ...): exit 1 when one is missed`)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -60,6 +61,16 @@ func cmdBenchModel(args []string) error {
 	}
 	if *pp < 0 || *tg < 0 || *depth < 0 || *reps < 1 {
 		return fmt.Errorf("--pp, --tg, --depth must be >= 0 and --reps >= 1")
+	}
+	var budget *bench.ModelBudget
+	if *budgetFile != "" {
+		text, err := os.ReadFile(*budgetFile)
+		if err != nil {
+			return err
+		}
+		if budget, err = bench.ParseModelBudget(string(text)); err != nil {
+			return err
+		}
 	}
 	be, err := ef.backend()
 	if err != nil {
@@ -175,9 +186,24 @@ func cmdBenchModel(args []string) error {
 	}
 	if *asJSON {
 		fmt.Println(string(data))
+	} else {
+		printModelReport(rep)
+	}
+	if budget == nil {
 		return nil
 	}
-	printModelReport(rep)
+	missed := 0
+	fmt.Printf("\n| budget | target | measured | |\n|---|---|---|---|\n")
+	for _, v := range budget.Check(rep) {
+		mark := "ok"
+		if !v.OK {
+			mark, missed = "MISSED", missed+1
+		}
+		fmt.Printf("| %s | %g | %.4g | %s |\n", v.Name, v.Target, v.Measured, mark)
+	}
+	if missed > 0 {
+		return fmt.Errorf("%d budget targets missed", missed)
+	}
 	return nil
 }
 

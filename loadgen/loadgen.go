@@ -48,6 +48,9 @@ type Config struct {
 	Seed     uint64
 	Timeout  time.Duration // per request (0: 5 minutes)
 	Client   *http.Client  // nil: a client with enough connections
+	// Progress, when set, is called about twice a second with the
+	// requests sent, finished and failed so far.
+	Progress func(sent, done, failed int)
 }
 
 // Result is one request's measurements.
@@ -115,10 +118,33 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		results = append(results, Result{})
 		return len(results) - 1, cfg.Workload.next(rng), true
 	}
+	done, failed := 0, 0
 	record := func(i int, r Result) {
 		mu.Lock()
 		results[i] = r
+		done++
+		if r.Error != "" {
+			failed++
+		}
 		mu.Unlock()
+	}
+	if cfg.Progress != nil {
+		tick := time.NewTicker(500 * time.Millisecond)
+		stopTick := make(chan struct{})
+		defer func() { close(stopTick); tick.Stop() }()
+		go func() {
+			for {
+				select {
+				case <-tick.C:
+					mu.Lock()
+					s, d, f := len(results), done, failed
+					mu.Unlock()
+					cfg.Progress(s, d, f)
+				case <-stopTick:
+					return
+				}
+			}
+		}()
 	}
 	var wg sync.WaitGroup
 	if cfg.Concurrency > 0 {
@@ -206,7 +232,7 @@ type gen struct {
 func (g *gen) do(ctx context.Context, q request, planned time.Duration, start time.Time) Result {
 	r := Result{Scheduled: planned, InputTokens: q.inputTokens}
 	body := map[string]any{"model": g.cfg.Model, "max_tokens": q.outputTokens, "stream": true,
-		"stream_options": map[string]any{"include_usage": true}, "temperature": 0, "ignore_eos": true}
+		"stream_options": map[string]any{"include_usage": true}, "temperature": 0, "ignore_eos": true, "min_tokens": q.outputTokens}
 	if g.cfg.Chat {
 		body["messages"] = []map[string]string{{"role": "user", "content": q.prompt}}
 	} else {

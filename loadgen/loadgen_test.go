@@ -315,3 +315,23 @@ func TestHTMLReport(t *testing.T) {
 		t.Error("a chart line has no points")
 	}
 }
+
+func TestHistogram(t *testing.T) {
+	d := Dist{Kind: "histogram", Values: []int{10, 100}, Weights: []float64{3, 1}}
+	if err := d.validate("x"); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(5, 5))
+	tens := 0
+	for i := 0; i < 4000; i++ {
+		if d.draw(r) == 10 {
+			tens++
+		}
+	}
+	if tens < 2800 || tens > 3200 {
+		t.Errorf("%d of 4000 draws were 10, want about 3000", tens)
+	}
+	if (Dist{Kind: "histogram", Values: []int{5}, Weights: []float64{0}}).validate("x") == nil {
+		t.Error("a histogram of zero weight was accepted")
+	}
+}

@@ -9,10 +9,13 @@ import (
 
 // Dist is a distribution of token counts.
 type Dist struct {
-	Kind     string  // "fixed" (Mean), "uniform" (Min..Max), "normal" or "lognormal" (Mean, Std; clamped to Min..Max when set)
+	Kind     string  // "fixed" (Mean), "uniform" (Min..Max), "normal" or "lognormal" (Mean, Std; clamped to Min..Max when set), "histogram" (Values, Weights)
 	Mean     float64 // for fixed, normal, lognormal
 	Std      float64
 	Min, Max int
+	// A histogram: Values[i] drawn with probability Weights[i]/ΣWeights.
+	Values  []int
+	Weights []float64
 }
 
 func (d Dist) validate(what string) error {
@@ -29,8 +32,19 @@ func (d Dist) validate(what string) error {
 		if d.Mean < 1 || d.Std < 0 {
 			return fmt.Errorf("loadgen: %s: %s needs mean >= 1 and std >= 0", what, d.Kind)
 		}
+	case "histogram":
+		var total float64
+		for i, v := range d.Values {
+			if v < 1 || i >= len(d.Weights) || d.Weights[i] < 0 {
+				return fmt.Errorf("loadgen: %s: a histogram needs counts >= 1 with weights >= 0", what)
+			}
+			total += d.Weights[i]
+		}
+		if len(d.Values) == 0 || len(d.Values) != len(d.Weights) || total <= 0 {
+			return fmt.Errorf("loadgen: %s: a histogram needs as many weights as counts, not all zero", what)
+		}
 	default:
-		return fmt.Errorf("loadgen: %s: unknown distribution %q (fixed, uniform, normal, lognormal)", what, d.Kind)
+		return fmt.Errorf("loadgen: %s: unknown distribution %q (fixed, uniform, normal, lognormal, histogram)", what, d.Kind)
 	}
 	return nil
 }
@@ -41,6 +55,18 @@ func (d Dist) draw(r *rand.Rand) int {
 	switch d.Kind {
 	case "uniform":
 		return d.Min + r.IntN(d.Max-d.Min+1)
+	case "histogram":
+		var total float64
+		for _, w := range d.Weights {
+			total += w
+		}
+		u := r.Float64() * total
+		for i, w := range d.Weights {
+			if u -= w; u < 0 {
+				return d.Values[i]
+			}
+		}
+		return d.Values[len(d.Values)-1]
 	case "normal":
 		x = d.Mean + d.Std*r.NormFloat64()
 	case "lognormal":

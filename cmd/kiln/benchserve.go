@@ -27,7 +27,7 @@ func cmdBenchServe(args []string) error {
 	num := fs.Int("num-requests", 0, "requests to send (0: until --duration)")
 	duration := fs.Duration("duration", 0, "how long to send requests (0: until --num-requests)")
 	warmup := fs.Int("warmup", 0, "first requests left out of the figures")
-	prompt := fs.String("prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MEAN:STD")
+	prompt := fs.String("prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD, lognormal:MEAN:STD or hist:COUNT=WEIGHT,...")
 	output := fs.String("output-tokens", "128", "output length, same forms (ignore_eos is sent so servers that support it generate exactly that)")
 	corpus := fs.String("corpus", "", "text file prompts are cut from (default: a built-in sentence)")
 	shared := fs.Float64("shared-prefix", 0, "fraction of each prompt shared by all requests (0..1)")
@@ -131,12 +131,21 @@ func cmdBenchServe(args []string) error {
 	for _, level := range levels {
 		cfg := loadgen.Config{URL: *url, Model: *model, Chat: *chat, Key: *key, Constant: *constant,
 			NumRequests: *num, Duration: *duration, Warmup: *warmup, Workload: w, Seed: *seed, Timeout: *timeout}
+		if pw := progressWriter(); pw != nil {
+			began := time.Now()
+			cfg.Progress = func(sent, done, failed int) {
+				fmt.Fprintf(pw, "\r%s %g: %d sent, %d done, %d failed, %.0f s ", name, level, sent, done, failed, time.Since(began).Seconds())
+			}
+		}
 		if name == "concurrency" {
 			cfg.Concurrency = int(level)
 		} else {
 			cfg.Rate = level
 		}
 		results, err := loadgen.Run(ctx, cfg)
+		if cfg.Progress != nil {
+			fmt.Fprintln(os.Stderr)
+		}
 		if err != nil {
 			return err
 		}
@@ -296,6 +305,22 @@ func parseDist(s string) (loadgen.Dist, error) {
 			hi, err = num(2)
 		}
 		d = loadgen.Dist{Kind: "uniform", Min: int(lo), Max: int(hi)}
+	case "hist", "histogram":
+		// hist:64=0.5,128=0.3,512=0.2
+		d = loadgen.Dist{Kind: "histogram"}
+		if len(parts) != 2 {
+			return d, fmt.Errorf("%q: want hist:COUNT=WEIGHT,COUNT=WEIGHT,...", s)
+		}
+		for _, kv := range strings.Split(parts[1], ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			n, err1 := strconv.Atoi(k)
+			w, err2 := strconv.ParseFloat(v, 64)
+			if !ok || err1 != nil || err2 != nil {
+				return d, fmt.Errorf("%q: want hist:COUNT=WEIGHT,COUNT=WEIGHT,...", s)
+			}
+			d.Values, d.Weights = append(d.Values, n), append(d.Weights, w)
+		}
+		return d, nil
 	case "normal", "lognormal":
 		var mean, std float64
 		if mean, err = num(1); err == nil {

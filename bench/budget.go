@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/BurntSushi/toml"
-
 	"kiln/loadgen"
 )
 
@@ -26,16 +24,8 @@ type ModelBudget struct {
 // ParseModelBudget reads a budget file's text; unknown keys are an error.
 func ParseModelBudget(text string) (*ModelBudget, error) {
 	var b ModelBudget
-	md, err := toml.Decode(text, &b)
-	if err != nil {
-		return nil, fmt.Errorf("budget: %w", err)
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		var keys []string
-		for _, k := range und {
-			keys = append(keys, k.String())
-		}
-		return nil, fmt.Errorf("budget: unknown keys %s", strings.Join(keys, ", "))
+	if err := loadgen.DecodeBudget(text, &b); err != nil {
+		return nil, err
 	}
 	return &b, nil
 }

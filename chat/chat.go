@@ -368,4 +368,3 @@ func ggufToken(md map[string]any, key string) string {
 	}
 	return ""
 }
-

@@ -27,18 +27,27 @@ type Budget struct {
 // ParseBudget reads a budget file's text.
 func ParseBudget(text string) (*Budget, error) {
 	var b Budget
-	md, err := toml.Decode(text, &b)
+	if err := DecodeBudget(text, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// DecodeBudget decodes a TOML budget into v; a key v has no field for is an
+// error, so that a misspelled target cannot go unchecked.
+func DecodeBudget(text string, v any) error {
+	md, err := toml.Decode(text, v)
 	if err != nil {
-		return nil, fmt.Errorf("budget: %w", err)
+		return fmt.Errorf("budget: %w", err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		var keys []string
 		for _, k := range und {
 			keys = append(keys, k.String())
 		}
-		return nil, fmt.Errorf("budget: unknown keys %s", strings.Join(keys, ", "))
+		return fmt.Errorf("budget: unknown keys %s", strings.Join(keys, ", "))
 	}
-	return &b, nil
+	return nil
 }
 
 // Verdict is one target against its measurement.

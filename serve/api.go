@@ -62,7 +62,7 @@ type samplingFields struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	User                string          `json:"user"`
 	Priority            *int            `json:"priority"`
-	Timeout             *float64        `json:"timeout"` // seconds the request may wait before it starts
+	Timeout             *float64        `json:"timeout"`    // seconds the request may wait before it starts
 	IgnoreEOS           bool            `json:"ignore_eos"` // vLLM's: generate through end-of-sequence tokens
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {

@@ -365,4 +365,3 @@ func floatList(v any) ([]float64, error) {
 	}
 	return nil, fmt.Errorf("unexpected type %T", v)
 }
-

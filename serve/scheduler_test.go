@@ -203,3 +203,44 @@ func TestAdmission(t *testing.T) {
 		t.Errorf("the priority-5 request was admitted at %v, after the priority-0 one at %v", high.admittedAt, low.admittedAt)
 	}
 }
+
+// TestChunkedPrefillKeepsDecoding: while a long prompt is prefilled in
+// chunks, a running stream gets a token at every step (its inter-token
+// latency stays one step), and the prompt takes the rest of the budget.
+func TestChunkedPrefillKeepsDecoding(t *testing.T) {
+	e := stories(t, 2, 0)
+	s, err := NewScheduler(e, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Request{Prompt: prompts(1)[0], Params: engine.SamplingParams{MaxTokens: 100, IgnoreStop: true}}
+	if err := s.Submit(a); err != nil {
+		t.Fatal(err)
+	}
+	s.step() // a's prompt
+	s.step() // a decodes
+	long := make([]int, 300)
+	for i := range long {
+		long[i] = 1 + (i*7)%500
+	}
+	b := &Request{Prompt: long, Params: engine.SamplingParams{MaxTokens: 1}}
+	if err := s.Submit(b); err != nil {
+		t.Fatal(err)
+	}
+	steps := 0
+	for b.generated == 0 && b.seq != nil || steps == 0 {
+		before := a.generated
+		s.step()
+		steps++
+		if a.generated != before+1 {
+			t.Fatalf("step %d of the long prompt: the running stream got %d tokens, want 1", steps, a.generated-before)
+		}
+		if steps > 20 {
+			t.Fatal("the long prompt did not finish")
+		}
+	}
+	// 300 prompt tokens at 31 a step (one token of the budget goes to a).
+	if want := (300 + 30) / 31; steps != want {
+		t.Errorf("the prompt took %d steps, want %d", steps, want)
+	}
+}

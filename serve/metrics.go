@@ -55,6 +55,9 @@ func newMetrics(s *Scheduler) *metrics {
 	counter("kiln:generation_tokens_total", "Tokens generated.", func(st Stats) float64 { return float64(st.GeneratedTokens) })
 	counter("kiln:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func(st Stats) float64 { return float64(st.PrefixQueries) })
 	counter("kiln:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", func(st Stats) float64 { return float64(st.PrefixHits) })
+	counter("kiln:engine_step_seconds_total", "Time the scheduler spent in engine steps.", func(st Stats) float64 { return st.StepTime.Seconds() })
+	counter("kiln:scheduler_loop_seconds_total", "Time the scheduler spent in its steps, engine steps included (the difference is its own overhead).",
+		func(st Stats) float64 { return st.LoopTime.Seconds() })
 	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks.", func(st Stats) float64 { return float64(st.Preemptions) })
 	return m
 }

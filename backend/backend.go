@@ -40,6 +40,10 @@ type Executable interface {
 // KVCache is a backend's paged key/value storage.
 type KVCache interface {
 	Spec() KVSpec
+	// CopyBlocks copies, in every layer, the keys and values of block
+	// pair[0] into block pair[1], before the next step runs (copy-on-write
+	// of a block that sequences shared).
+	CopyBlocks(pairs [][2]int32) error
 }
 
 // KVSpec sizes a paged KV cache: for each layer, Blocks blocks of BlockSize

@@ -86,6 +86,12 @@ func (p *blockPool) take() (int32, bool) {
 	return b, true
 }
 
+// share takes one more reference to b, which is in use.
+func (p *blockPool) share(b int32) { p.refs[b]++ }
+
+// shared reports whether more than one sequence holds b.
+func (p *blockPool) shared(b int32) bool { return p.refs[b] > 1 }
+
 // release lets go of one reference to b.
 func (p *blockPool) release(b int32) {
 	p.refs[b]--

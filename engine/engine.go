@@ -68,6 +68,8 @@ type Engine struct {
 
 	pool   *blockPool
 	prefix PrefixStats
+	copies int        // blocks copied on write
+	cow    [][2]int32 // this step's copies
 	logits []float32
 	batch  backend.Batch
 	ids    []int                  // StepSample's result
@@ -259,6 +261,24 @@ func (e *Engine) NewSequenceFor(prompt []int) *Sequence {
 	return s
 }
 
+// Fork starts a sequence holding the same tokens as s, sharing its blocks.
+// Full blocks are never written again; the first write into a shared
+// partial block copies it (copy-on-write), so the two diverge from there.
+func (e *Engine) Fork(s *Sequence) *Sequence {
+	f := e.NewSequence()
+	f.blocks = append(f.blocks, s.blocks...)
+	for _, b := range s.blocks {
+		e.pool.share(b)
+	}
+	f.len = s.len
+	f.tokens = append(f.tokens, s.tokens...)
+	f.hashes = append(f.hashes, s.hashes...)
+	return f
+}
+
+// Copies is the number of blocks copied on write so far.
+func (e *Engine) Copies() int { return e.copies }
+
 // PrefixStats count prompt tokens looked up in the prefix cache and found.
 type PrefixStats struct{ Queries, Hits int }
 
@@ -278,10 +298,15 @@ func (e *Engine) Free(s *Sequence) {
 	s.len = 0
 }
 
-// BlocksToGrow is the number of KV blocks s must take to hold n more tokens.
+// BlocksToGrow is the number of KV blocks s must take to hold n more
+// tokens, counting the copy of a shared partial block it would write into.
 func (e *Engine) BlocksToGrow(s *Sequence, n int) int {
 	bs := e.spec.BlockSize
-	return max(0, (s.len+n+bs-1)/bs-len(s.blocks))
+	need := max(0, (s.len+n+bs-1)/bs-len(s.blocks))
+	if n > 0 && s.len%bs != 0 && e.pool.shared(s.blocks[s.len/bs]) {
+		need++
+	}
+	return need
 }
 
 // FreeBlocks is the number of unused KV blocks.
@@ -403,6 +428,7 @@ func (e *Engine) stepSample(items []Item, samplers []*Sampler, wantLogits bool) 
 // returns the executable of its bucket.
 func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 	e.steps++
+	e.cow = e.cow[:0]
 	b := &e.batch
 	b.Tokens, b.Positions, b.SeqIndex, b.Seqs, b.Rows = b.Tokens[:0], b.Positions[:0], b.SeqIndex[:0], b.Seqs[:0], b.Rows[:0]
 	total := 0
@@ -426,6 +452,9 @@ func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 			return nil, fmt.Errorf("item %d repeats a sequence of the step", i)
 		}
 		it.Seq.inStep = e.steps
+		if err := e.unshare(it.Seq); err != nil {
+			return nil, err
+		}
 		if err := e.grow(it.Seq, it.Seq.len+len(it.Tokens)); err != nil {
 			return nil, err
 		}
@@ -446,7 +475,35 @@ func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(e.cow) > 0 {
+		if err := e.kv.CopyBlocks(e.cow); err != nil {
+			return nil, err
+		}
+		e.copies += len(e.cow)
+	}
 	return e.Executable(bucket)
+}
+
+// unshare gives s its own copy of the partial block it is about to write
+// into when another sequence shares it (queued in e.cow for the step).
+func (e *Engine) unshare(s *Sequence) error {
+	bs := e.spec.BlockSize
+	if s.len%bs == 0 {
+		return nil
+	}
+	i := s.len / bs
+	old := s.blocks[i]
+	if !e.pool.shared(old) {
+		return nil
+	}
+	b, ok := e.pool.take()
+	if !ok {
+		return fmt.Errorf("kv cache is full (%d blocks of %d tokens)", e.spec.Blocks, e.spec.BlockSize)
+	}
+	e.cow = append(e.cow, [2]int32{old, b})
+	e.pool.release(old)
+	s.blocks[i] = b
+	return nil
 }
 
 // advance records that a step appended items' tokens to their sequences.

@@ -265,3 +265,68 @@ func TestPrefixCaching(t *testing.T) {
 		t.Errorf("evicted prefix still found: %d tokens", again.Len())
 	}
 }
+
+// TestForkCopyOnWrite: a forked sequence shares its parent's blocks; the
+// first write into the shared partial block copies it, and both continue
+// exactly as sequences computed from scratch would.
+func TestForkCopyOnWrite(t *testing.T) {
+	m := tinyModel(t, tensor.F32)
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 64, MaxSeqs: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	prompt := make([]int, 20) // one full block of 16 and a partial one
+	for i := range prompt {
+		prompt[i] = (i*29 + 3) % 256
+	}
+	step := func(s *engine.Sequence, tok int) []float32 {
+		l, err := e.Step([]engine.Item{{Seq: s, Tokens: []int{tok}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]float32(nil), l...)
+	}
+	fresh := func(tok int) []float32 {
+		s := e.NewSequence()
+		defer e.Free(s)
+		l, err := e.Prefill(s, append(append([]int(nil), prompt...), tok), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]float32(nil), l...)
+	}
+	wantA, wantB := fresh(7), fresh(9)
+	total := e.FreeBlocks()
+	a := e.NewSequence()
+	if _, err := e.Prefill(a, prompt, false); err != nil {
+		t.Fatal(err)
+	}
+	b := e.Fork(a)
+	if e.FreeBlocks() != total-2 {
+		t.Errorf("after the fork %d blocks free, want %d (shared, not copied)", e.FreeBlocks(), total-2)
+	}
+	if need := e.BlocksToGrow(b, 1); need != 1 {
+		t.Errorf("the fork needs %d blocks to write, want 1 (the copy of the partial block)", need)
+	}
+	gotB := step(b, 9)
+	gotA := step(a, 7)
+	if e.Copies() != 1 {
+		t.Errorf("%d copies on write, want 1 (the second writer owns the block alone by then)", e.Copies())
+	}
+	for name, pair := range map[string][2][]float32{"parent": {gotA, wantA}, "fork": {gotB, wantB}} {
+		var diff, norm float64
+		for i := range pair[1] {
+			diff = math.Max(diff, math.Abs(float64(pair[0][i]-pair[1][i])))
+			norm = math.Max(norm, math.Abs(float64(pair[1][i])))
+		}
+		if diff/norm > 1e-5 {
+			t.Errorf("%s: ‖Δ‖∞/‖ref‖∞ = %.3g", name, diff/norm)
+		}
+	}
+	e.Free(a)
+	e.Free(b)
+	if e.FreeBlocks() != total {
+		t.Errorf("%d blocks free at the end, want %d", e.FreeBlocks(), total)
+	}
+}

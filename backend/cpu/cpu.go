@@ -75,6 +75,20 @@ type kvCache struct {
 
 func (c *kvCache) Spec() backend.KVSpec { return c.spec }
 
+func (c *kvCache) CopyBlocks(pairs [][2]int32) error {
+	n := c.spec.BlockSize * c.spec.KVHeads * c.spec.HeadDim
+	for _, p := range pairs {
+		if p[0] < 0 || p[1] < 0 || int(p[0]) >= c.spec.Blocks || int(p[1]) >= c.spec.Blocks {
+			return fmt.Errorf("cpu: copy of block %d to %d in a cache of %d", p[0], p[1], c.spec.Blocks)
+		}
+		for l := range c.k {
+			copy(c.k[l][int(p[1])*n:(int(p[1])+1)*n], c.k[l][int(p[0])*n:])
+			copy(c.v[l][int(p[1])*n:(int(p[1])+1)*n], c.v[l][int(p[0])*n:])
+		}
+	}
+	return nil
+}
+
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cpu: bad kv cache spec %+v", spec)

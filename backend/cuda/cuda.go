@@ -319,6 +319,27 @@ type kvCache struct {
 
 func (c *kvCache) Spec() backend.KVSpec { return c.spec }
 
+// CopyBlocks queues the copies on the model's stream, ahead of the next step.
+func (c *kvCache) CopyBlocks(pairs [][2]int32) error {
+	s := c.spec
+	n := s.BlockSize * s.KVHeads * s.HeadDim * c.l.act.Size()
+	return c.l.dev.Do(func() error {
+		for _, p := range pairs {
+			if p[0] < 0 || p[1] < 0 || int(p[0]) >= s.Blocks || int(p[1]) >= s.Blocks {
+				return fmt.Errorf("cuda: copy of block %d to %d in a cache of %d", p[0], p[1], s.Blocks)
+			}
+			for l := range c.k {
+				for _, base := range []cu.Ptr{c.k[l], c.v[l]} {
+					if err := c.l.dev.CopyDtoD(base.Add(int(p[1])*n), base.Add(int(p[0])*n), n, c.l.stream); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // FreeMemory implements backend.MemoryReporter: the device's free memory.
 func (l *loaded) FreeMemory() (int64, error) {
 	free, _, err := l.dev.MemInfo()

@@ -88,8 +88,11 @@ type Request struct {
 	// cachedPrompt is how many prompt tokens the prefix cache held when
 	// the request was first admitted.
 	cachedPrompt int
-	sampler      *engine.Sampler
-	admitted     uint64 // admission order, for preemption
+	// followers are the rest of a group, waiting to fork this request's
+	// sequence once its prompt but the last token is in the cache.
+	followers []*Request
+	sampler   *engine.Sampler
+	admitted  uint64 // admission order, for preemption
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -162,7 +165,58 @@ func NewScheduler(e *engine.Engine, cfg Config) (*Scheduler, error) {
 
 // Submit queues r, or refuses with ErrOverloaded when the queue is full. The
 // prompt must fit the context with room for one generated token.
-func (s *Scheduler) Submit(r *Request) error {
+func (s *Scheduler) Submit(r *Request) error { return s.SubmitGroup([]*Request{r}) }
+
+// SubmitGroup queues requests of one prompt (the n choices of an API
+// request) as a group: the first computes the prompt, the others fork its
+// KV blocks before its last token and share them (a shared partial block is
+// copied on its first write), so the prompt is computed once. The group is
+// refused or queued as a whole.
+func (s *Scheduler) SubmitGroup(rs []*Request) error {
+	if len(rs) == 0 {
+		return fmt.Errorf("serve: empty group")
+	}
+	for _, r := range rs {
+		if !slices.Equal(r.Prompt, rs[0].Prompt) {
+			return fmt.Errorf("serve: a group's requests must share their prompt")
+		}
+		if err := s.prepare(r); err != nil {
+			return err
+		}
+	}
+	if len(rs) > s.cfg.MaxNumSeqs {
+		return fmt.Errorf("serve: a group of %d requests, the running batch holds %d", len(rs), s.cfg.MaxNumSeqs)
+	}
+	r := rs[0]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return ErrStopped
+	}
+	if (s.cfg.MaxQueuedRequests > 0 && len(s.waiting)+len(rs) > s.cfg.MaxQueuedRequests) ||
+		(s.cfg.MaxQueuedTokens > 0 && s.queuedTokens+len(r.Prompt) > s.cfg.MaxQueuedTokens) {
+		return ErrOverloaded
+	}
+	now := time.Now()
+	if !r.StartBy.IsZero() && now.Add(s.queueWait(r.Priority)).After(r.StartBy) {
+		return ErrDeadline
+	}
+	for _, f := range rs {
+		s.arrivals++
+		f.arrival = s.arrivals
+		f.submittedAt = now
+	}
+	r.followers = rs[1:]
+	s.enqueue(r)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// prepare checks r and sets up its event channel.
+func (s *Scheduler) prepare(r *Request) error {
 	if len(r.Prompt) == 0 {
 		return fmt.Errorf("serve: empty prompt")
 	}
@@ -185,27 +239,6 @@ func (s *Scheduler) Submit(r *Request) error {
 	r.events = make(chan Event, max+1)
 	r.Events = r.events
 	r.tokens = slices.Clone(r.Prompt)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return ErrStopped
-	}
-	if (s.cfg.MaxQueuedRequests > 0 && len(s.waiting) >= s.cfg.MaxQueuedRequests) ||
-		(s.cfg.MaxQueuedTokens > 0 && s.queuedTokens+len(r.Prompt) > s.cfg.MaxQueuedTokens) {
-		return ErrOverloaded
-	}
-	now := time.Now()
-	if !r.StartBy.IsZero() && now.Add(s.queueWait(r.Priority)).After(r.StartBy) {
-		return ErrDeadline
-	}
-	s.arrivals++
-	r.arrival = s.arrivals
-	r.submittedAt = now
-	s.enqueue(r)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 	return nil
 }
 
@@ -387,11 +420,20 @@ func (s *Scheduler) emit(r *Request, id int, row []float32) {
 	}
 }
 
-// finish sends r's last event and frees its sequence.
+// finish sends r's last event and frees its sequence; followers it has not
+// forked go on without it (or stop with it, at shutdown).
 func (s *Scheduler) finish(r *Request, reason string, err error) {
 	if r.seq != nil {
 		s.e.Free(r.seq)
 		r.seq = nil
+	}
+	if errors.Is(err, ErrStopped) {
+		for _, f := range r.followers {
+			s.finish(f, "", err)
+		}
+		r.followers = nil
+	} else {
+		s.orphan(r)
 	}
 	if err == nil && !r.admittedAt.IsZero() {
 		ran := time.Since(r.admittedAt)
@@ -446,10 +488,14 @@ func (s *Scheduler) admit() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	reserve := len(s.running)
-	for len(s.waiting) > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+	for len(s.waiting) > 0 {
 		r := s.waiting[0]
+		if len(s.running)+1+len(r.followers) > s.cfg.MaxNumSeqs {
+			return
+		}
 		seq := s.e.NewSequenceFor(r.tokens) // starts with the cached blocks of its prefix
-		need := s.e.BlocksToGrow(seq, len(r.tokens)-seq.Len()+1)
+		// The group's followers each need a block or two of their own.
+		need := s.e.BlocksToGrow(seq, len(r.tokens)-seq.Len()+1) + 2*len(r.followers)
 		if need+reserve > s.e.FreeBlocks() && len(s.running) > 0 {
 			s.e.Free(seq)
 			return // wait for blocks to come back
@@ -469,14 +515,52 @@ func (s *Scheduler) admit() {
 			r.admittedAt = time.Now()
 		}
 		s.running = append(s.running, r)
-		reserve++
+		reserve += 1 + len(r.followers)
 	}
+}
+
+// fork starts r's followers on forks of its sequence, now that the cache
+// holds r's prompt but its last token; each then computes that token (and
+// its own first sample) in the coming step.
+func (s *Scheduler) fork(r *Request) {
+	for _, f := range r.followers {
+		if err := f.Ctx.Err(); err != nil {
+			s.finish(f, "", err)
+			continue
+		}
+		f.seq, f.cached = s.e.Fork(r.seq), r.cached
+		f.sampler = engine.NewSampler(f.Params, s.e.Vocab(), f.Prompt)
+		s.admitted++
+		f.admitted = s.admitted
+		f.admittedAt = time.Now()
+		s.running = append(s.running, f)
+	}
+	r.followers = nil
+}
+
+// orphan gives r's unforked followers their own way: the first leads the
+// rest, back in the queue (r is leaving without having forked them).
+func (s *Scheduler) orphan(r *Request) {
+	if len(r.followers) == 0 {
+		return
+	}
+	lead := r.followers[0]
+	lead.followers = r.followers[1:]
+	r.followers = nil
+	s.mu.Lock()
+	s.enqueue(lead)
+	s.mu.Unlock()
 }
 
 // gather builds the step: one token for each decoding sequence, then prompt
 // chunks in admission order up to the budget; preempts when the cache
 // cannot hold the step.
 func (s *Scheduler) gather() {
+	for _, r := range slices.Clone(s.running) {
+		if len(r.followers) > 0 && r.cached == len(r.tokens)-1 {
+			s.fork(r)
+		}
+	}
 	for {
 		s.items, s.samplers, s.itemOwner = s.items[:0], s.samplers[:0], s.itemOwner[:0]
 		budget := s.cfg.MaxNumBatchedTokens
@@ -498,7 +582,11 @@ func (s *Scheduler) gather() {
 			}
 		}
 		for _, r := range s.running {
-			if left := len(r.tokens) - r.cached; left > 1 && budget > 0 {
+			left := len(r.tokens) - r.cached
+			if len(r.followers) > 0 {
+				left-- // stop before the last token: the group forks there
+			}
+			if left > 1 && budget > 0 || len(r.followers) > 0 && left > 0 && budget > 0 {
 				add(r, min(left, budget))
 			}
 		}

@@ -244,3 +244,48 @@ func TestChunkedPrefillKeepsDecoding(t *testing.T) {
 		t.Errorf("the prompt took %d steps, want %d", steps, want)
 	}
 }
+
+// TestGroupForks: the n choices of one prompt compute the prompt once (the
+// others fork its blocks, copying the shared partial block on write), and
+// each choice generates what it would alone.
+func TestGroupForks(t *testing.T) {
+	prompt := prompts(6)[5] // not a whole number of 16-token blocks
+	if len(prompt)%16 == 0 {
+		t.Fatalf("prompt of %d tokens", len(prompt))
+	}
+	params := []engine.SamplingParams{{MaxTokens: 20, IgnoreStop: true}, {MaxTokens: 20, Temperature: 0.9, Seed: 5, IgnoreStop: true},
+		{MaxTokens: 12, Temperature: 1.1, TopK: 20, Seed: 6, IgnoreStop: true}}
+	// Each alone.
+	var want [][]int
+	for _, p := range params {
+		e := stories(t, 1, 0)
+		var ids []int
+		if _, err := e.Generate(prompt, p, func(id int) bool { ids = append(ids, id); return true }); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, ids)
+	}
+	e := stories(t, 4, 0)
+	s := runScheduler(t, e, Config{MaxNumSeqs: 4, MaxNumBatchedTokens: 64})
+	var group []*Request
+	for _, p := range params {
+		group = append(group, &Request{Prompt: prompt, Params: p})
+	}
+	if err := s.SubmitGroup(group); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range group {
+		got, end := collect(t, r)
+		if end.Err != nil || !slices.Equal(got, want[i]) {
+			t.Errorf("choice %d ended %+v:\n got %v\nwant %v", i, end, got, want[i])
+		}
+	}
+	waitIdle(t, s)
+	st := s.Stats()
+	if st.PromptTokens != uint64(len(prompt)+2) {
+		t.Errorf("%d prompt tokens computed, want %d (the prompt once, and its last token by each of the two forks)", st.PromptTokens, len(prompt)+2)
+	}
+	if e.Copies() != 2 || st.FreeBlocks != st.TotalBlocks {
+		t.Errorf("%d copies on write (want 2), %d of %d blocks free", e.Copies(), st.FreeBlocks, st.TotalBlocks)
+	}
+}

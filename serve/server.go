@@ -309,39 +309,42 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			c.cancel()
 		}
 	}
+	var group []*Request
 	for i := 0; i < n; i++ {
 		cp := p
 		cp.Seed = p.Seed + uint64(i)
 		ctx, cancel := context.WithCancel(r.Context())
 		req := &Request{Prompt: ids, Params: cp, Priority: priority, Ctx: ctx, StartBy: startBy, Logprobs: lps.on, TopLogprobs: lps.top}
-		if err := v.s.Submit(req); err != nil {
-			cancel()
-			stopAll()
-			if errors.Is(err, ErrOverloaded) || errors.Is(err, ErrStopped) || errors.Is(err, ErrDeadline) {
-				reason := "overloaded"
-				if errors.Is(err, ErrDeadline) {
-					reason = "deadline"
-				}
-				v.m.rejected.WithLabelValues(reason).Inc()
-				w.Header().Set("Retry-After", "1")
-				e := &apiError{status: http.StatusTooManyRequests, Message: err.Error(), Type: "server_overloaded"}
-				if errors.Is(err, ErrStopped) {
-					e.status = http.StatusServiceUnavailable
-				}
-				writeError(w, withCode(e, "server_overloaded"))
-			} else {
-				writeError(w, badRequest("", "%v", err))
-			}
-			return
-		}
 		dec := v.o.Tokenizer.NewDecoder()
 		for _, id := range ids {
 			dec.Add(id) // prime, so that spacing continues from the prompt
 		}
-		c := &choice{index: i, req: req, cancel: cancel, dec: dec, stop: engine.NewStopStrings(stops), prev: ids[len(ids)-1]}
-		choices = append(choices, c)
+		choices = append(choices, &choice{index: i, req: req, cancel: cancel, dec: dec, stop: engine.NewStopStrings(stops), prev: ids[len(ids)-1]})
+		group = append(group, req)
+	}
+	// The n choices go as one group: the prompt is computed once.
+	if err := v.s.SubmitGroup(group); err != nil {
+		stopAll()
+		if errors.Is(err, ErrOverloaded) || errors.Is(err, ErrStopped) || errors.Is(err, ErrDeadline) {
+			reason := "overloaded"
+			if errors.Is(err, ErrDeadline) {
+				reason = "deadline"
+			}
+			v.m.rejected.WithLabelValues(reason).Inc()
+			w.Header().Set("Retry-After", "1")
+			e := &apiError{status: http.StatusTooManyRequests, Message: err.Error(), Type: "server_overloaded"}
+			if errors.Is(err, ErrStopped) {
+				e.status = http.StatusServiceUnavailable
+			}
+			writeError(w, withCode(e, "server_overloaded"))
+		} else {
+			writeError(w, badRequest("", "%v", err))
+		}
+		return
+	}
+	for _, c := range choices {
 		go func() {
-			for ev := range req.Events {
+			for ev := range c.req.Events {
 				select {
 				case merged <- choiceEvent{c, ev}:
 				case <-r.Context().Done(): // the handler has returned

@@ -512,3 +512,33 @@ func TestLogprobs(t *testing.T) {
 		}
 	}
 }
+
+// TestN: n choices come back with their indices; greedy ones agree, and the
+// prompt is computed once for all of them.
+func TestN(t *testing.T) {
+	url, s := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	before := s.Stats().PromptTokens
+	status, _, body := post(t, url, "/v1/completions", `{"prompt": "Once upon a time there was a little", "max_tokens": 10, "temperature": 0, "n": 3}`)
+	if status != 200 {
+		t.Fatalf("status %d %v", status, body)
+	}
+	choices := body["choices"].([]any)
+	if len(choices) != 3 {
+		t.Fatalf("%d choices", len(choices))
+	}
+	texts := map[string]bool{}
+	for i, c := range choices {
+		m := c.(map[string]any)
+		if int(m["index"].(float64)) != i {
+			t.Errorf("choice %d has index %v", i, m["index"])
+		}
+		texts[m["text"].(string)] = true
+	}
+	if len(texts) != 1 {
+		t.Errorf("greedy choices differ: %v", texts)
+	}
+	prompt := int(body["usage"].(map[string]any)["prompt_tokens"].(float64))
+	if got := s.Stats().PromptTokens - before; got != uint64(prompt+2) {
+		t.Errorf("%d prompt tokens computed for n=3, want %d (once, and the last token by each fork)", got, prompt+2)
+	}
+}

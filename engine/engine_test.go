@@ -30,6 +30,9 @@ func tinyModel(t *testing.T, d tensor.DType) *model.Model {
 // TestDecodeAllocatesNothing checks the hot path: a decode step on the fast
 // kernels allocates no memory once its bucket's plan exists.
 func TestDecodeAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
 	for _, d := range []tensor.DType{tensor.F32, tensor.BF16} {
 		m := tinyModel(t, d)
 		e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: 2})

@@ -27,17 +27,22 @@ type Change struct {
 // (e.g. 0.05 for 5%).
 func CompareRequests(base, next []Result, tolerance float64) []Change {
 	base, next = measured(base), measured(next)
+	ttft := func(r Result) []time.Duration { return []time.Duration{r.TTFT} }
+	itl := func(r Result) []time.Duration { return r.ITL }
+	e2e := func(r Result) []time.Duration { return []time.Duration{r.E2E} }
+	p50 := func(s Stats) float64 { return s.P50 }
+	p99 := func(s Stats) float64 { return s.P99 }
 	figures := []struct {
 		name   string
 		higher bool
 		f      func([]Result) float64
 	}{
-		{"p50_ttft_ms", false, pct(func(r Result) []time.Duration { return []time.Duration{r.TTFT} }, 50)},
-		{"p99_ttft_ms", false, pct(func(r Result) []time.Duration { return []time.Duration{r.TTFT} }, 99)},
-		{"p50_itl_ms", false, pct(func(r Result) []time.Duration { return r.ITL }, 50)},
-		{"p99_itl_ms", false, pct(func(r Result) []time.Duration { return r.ITL }, 99)},
-		{"p50_e2e_ms", false, pct(func(r Result) []time.Duration { return []time.Duration{r.E2E} }, 50)},
-		{"p99_e2e_ms", false, pct(func(r Result) []time.Duration { return []time.Duration{r.E2E} }, 99)},
+		{"p50_ttft_ms", false, latency(ttft, p50)},
+		{"p99_ttft_ms", false, latency(ttft, p99)},
+		{"p50_itl_ms", false, latency(itl, p50)},
+		{"p99_itl_ms", false, latency(itl, p99)},
+		{"p50_e2e_ms", false, latency(e2e, p50)},
+		{"p99_e2e_ms", false, latency(e2e, p99)},
 		{"output_tokens_per_s", true, func(rs []Result) float64 { return Summarize(rs, SLO{}, Cost{}).OutputTokensPerS }},
 	}
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -53,16 +58,15 @@ func measured(rs []Result) []Result {
 	return slices.DeleteFunc(slices.Clone(rs), func(r Result) bool { return r.Warmup || r.Error != "" })
 }
 
-func pct(get func(Result) []time.Duration, p float64) func([]Result) float64 {
+// latency is a statistic (pick, of statsOf) of the durations get takes from
+// each request.
+func latency(get func(Result) []time.Duration, pick func(Stats) float64) func([]Result) float64 {
 	return func(rs []Result) float64 {
-		var ms []float64
+		var ds []time.Duration
 		for _, r := range rs {
-			for _, d := range get(r) {
-				ms = append(ms, float64(d)/1e6)
-			}
+			ds = append(ds, get(r)...)
 		}
-		slices.Sort(ms)
-		return percentile(ms, p)
+		return pick(statsOf(ds))
 	}
 }
 

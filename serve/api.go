@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -90,15 +91,22 @@ type chatRequest struct {
 	Messages []chatMessage `json:"messages"`
 }
 
-// knownFields lists the JSON fields kiln reads; others are ignored (and
-// logged once).
+// knownFields lists the JSON fields kiln reads (the tags of the request
+// types); others are ignored (and logged once).
 var knownFields = func() map[string]bool {
-	m := map[string]bool{"prompt": true, "echo": true, "messages": true}
-	for _, f := range []string{"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
-		"seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs", "user", "priority",
-		"stream", "stream_options", "timeout", "ignore_eos"} {
-		m[f] = true
+	m := map[string]bool{}
+	var add func(t reflect.Type)
+	add = func(t reflect.Type) {
+		for f := range t.Fields() {
+			if f.Anonymous {
+				add(f.Type)
+			} else if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+				m[name] = true
+			}
+		}
 	}
+	add(reflect.TypeFor[completionRequest]())
+	add(reflect.TypeFor[chatRequest]())
 	return m
 }()
 

@@ -81,6 +81,7 @@ type node struct {
 	n       *ir.Node
 	kernel  string
 	in, out []operand
+	plan    kernels.DecodePlan // attention: this step's flash-decoding split
 	launch  func(x *stepState, nd *node) error
 }
 
@@ -102,7 +103,8 @@ type executable struct {
 	wsCap    int
 	outHost  *cu.HostBuf
 
-	graphs map[graphKey]*graphState
+	graphs    map[graphKey]*graphState
+	attention []int // indices of the attention nodes
 	// RunSample's converted parameters, reused.
 	sp      []kernels.SampleParams
 	hist    [][]kernels.HistoryEntry
@@ -177,6 +179,9 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		}
 		if n.Op == ir.Embed {
 			e.vocab = nd.in[0].vocab
+		}
+		if n.Op == ir.Attention {
+			e.attention = append(e.attention, len(e.nodes))
 		}
 		e.nodes = append(e.nodes, nd)
 	}
@@ -450,11 +455,17 @@ func (e *executable) upload(m *kernels.Meta, x *stepState) error {
 // attention layer.
 func (e *executable) decodeWorkspace(x *stepState) error {
 	need := 0
-	for i := range e.nodes {
-		if nd := &e.nodes[i]; nd.n.Op == ir.Attention {
-			p := kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs)
-			need = max(need, p.WorkspaceBytes)
+	var last *node // consecutive layers of the same shape share a plan
+	for _, i := range e.attention {
+		nd := &e.nodes[i]
+		if a, b := nd.n.Attrs, last; b != nil && a.Window == b.n.Attrs.Window && a.Heads == b.n.Attrs.Heads &&
+			a.KVHeads == b.n.Attrs.KVHeads && a.HeadDim == b.n.Attrs.HeadDim {
+			nd.plan = last.plan
+		} else {
+			nd.plan = kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs)
 		}
+		last = nd
+		need = max(need, nd.plan.WorkspaceBytes)
 	}
 	if need > e.wsCap {
 		if err := e.l.stream.Sync(); err != nil {

@@ -41,6 +41,23 @@ func backendOf(t *testing.T, dtype string) *cuda.Backend {
 	return &cuda.Backend{Device: dev, DType: dtype}
 }
 
+// openEngine loads the model at path and builds an engine on b; both are
+// closed when the test ends.
+func openEngine(t *testing.T, path string, b backend.Backend, o engine.Options) *engine.Engine {
+	t.Helper()
+	m, err := model.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	e, err := engine.New(m, b, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
 // relL2 is ‖got−want‖₂ / ‖want‖₂ (infinite when got holds a NaN).
 func relL2(got, want []float32) float64 {
 	var num, den float64
@@ -104,16 +121,7 @@ func TestHFTransformersFixtures(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					b := backendOf(t, dtype)
-					m, err := model.Load(dir)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer m.Close()
-					e, err := engine.New(m, b, engine.Options{Buckets: buckets})
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer e.Close()
+					e := openEngine(t, dir, b, engine.Options{Buckets: buckets})
 					seq := e.NewSequence()
 					logits, err := e.Prefill(seq, f.InputIDs, true)
 					if err != nil {
@@ -164,16 +172,7 @@ func TestStories260KGreedy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := model.Load(dir + "/stories260K.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	e, err := engine.New(m, b, engine.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := openEngine(t, dir+"/stories260K.bin", b, engine.Options{})
 	ids := []int{1}
 	_, err = e.Generate([]int{1}, engine.SamplingParams{MaxTokens: 200, StopTokens: []int{1}}, func(id int) bool {
 		ids = append(ids, id)
@@ -206,16 +205,7 @@ func TestBatchedMatchesCPU(t *testing.T) {
 					t.Fatal(err)
 				}
 				run := func(bk backend.Backend) [][]float32 {
-					m, err := model.Load(dir)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer m.Close()
-					e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer e.Close()
+					e := openEngine(t, dir, bk, engine.Options{MaxSeqs: 3})
 					seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
 					var out [][]float32
 					// Prompts of 70, 3 and 130 tokens in one step, then 20 decode steps.
@@ -270,16 +260,7 @@ func TestGraphsMatchDirect(t *testing.T) {
 				b := backendOf(t, dtype)
 				b.NoGraphs = noGraphs
 				b.Products = "gemv" // the same kernels both ways (no timing-dependent choice)
-				m, err := model.Load(dir)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer m.Close()
-				e, err := engine.New(m, b, engine.Options{MaxSeqs: 4})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
+				e := openEngine(t, dir, b, engine.Options{MaxSeqs: 4})
 				var out [][]float32
 				seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
 				for i, sq := range seqs {
@@ -343,16 +324,7 @@ func TestDeviceSampling(t *testing.T) {
 	gen := func(host bool) [][]int {
 		b := backendOf(t, "f32")
 		b.HostSampling = host
-		m, err := model.Load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		e, err := engine.New(m, b, engine.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := openEngine(t, dir, b, engine.Options{})
 		var all [][]int
 		for _, p := range settings {
 			p.MaxTokens = 40

@@ -107,7 +107,7 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			at := l.attn(x, nd)
 			if x.decode {
-				return k.DecodeAttention(s, at, x.m, kernels.PlanDecode(at, x.planMeta, l.dev.SMs), x.ws)
+				return k.DecodeAttention(s, at, x.m, nd.plan, x.ws) // planned by decodeWorkspace
 			}
 			return k.PrefillAttention(s, at, x.m)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"kiln/backend/cuda"
+	"kiln/backend/cuda/cu"
 	"kiln/bench"
 	"kiln/engine"
 	"kiln/tensor"
@@ -78,15 +79,14 @@ func cmdBenchModel(args []string) error {
 	}
 	defer closeBackend(be)
 	gpu, _ := be.(*cuda.Backend)
-	// The --random model's weights are written in --dtype; under auto, f32
-	// for the CPU and bf16 for the GPU.
-	dtype := ef.dtype
-	if dtype == "auto" || dtype == "" {
-		dtype = "f32"
-		if gpu != nil {
-			dtype = "bf16"
-		}
+	// The --random model's weights are written in --dtype (already checked
+	// by ParseDType); under auto, f32 for the CPU and bf16 for the GPU.
+	cd, auto, _ := cuda.ParseDType(ef.dtype)
+	if auto && gpu == nil {
+		cd = cu.F32
 	}
+	d := map[cu.DType]tensor.DType{cu.F32: tensor.F32, cu.F16: tensor.F16, cu.BF16: tensor.BF16}[cd]
+	dtype := d.String()
 	path := ""
 	switch {
 	case *random != "" && len(pos) == 0:
@@ -94,8 +94,6 @@ func cmdBenchModel(args []string) error {
 		if !ok {
 			return fmt.Errorf("--random: unknown shape %q (%s)", *random, bench.ShapeNames())
 		}
-		d := map[string]tensor.DType{"f32": tensor.F32, "float32": tensor.F32, "fp32": tensor.F32, "f16": tensor.F16, "float16": tensor.F16, "fp16": tensor.F16,
-			"bf16": tensor.BF16, "bfloat16": tensor.BF16}[dtype]
 		dir := *keep
 		if dir == "" {
 			if dir, err = os.MkdirTemp("", "kiln-bench-"); err != nil {

@@ -147,6 +147,20 @@ func bucketsFor(b backend.Backend) compile.Buckets {
 	return compile.DefaultBuckets
 }
 
+// autoKVFraction asks newEngineOptions for the KV cache fraction that suits
+// the backend it opens (kvFractionFor).
+const autoKVFraction = -1
+
+// kvFractionFor is the share of the memory left after the weights and
+// activations that the KV cache takes by default: most of a GPU's, half of
+// the host's (which the rest of the machine shares).
+func kvFractionFor(b backend.Backend) float64 {
+	if _, ok := b.(*cuda.Backend); ok {
+		return 0.9
+	}
+	return 0.5
+}
+
 // closeBackend releases what backend opened (the GPU device).
 func closeBackend(b backend.Backend) {
 	if c, ok := b.(*cuda.Backend); ok {
@@ -178,6 +192,10 @@ func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engine
 	if o.Buckets == nil {
 		o.Buckets = bucketsFor(b)
 	}
+	auto := o.KVCacheFraction == autoKVFraction
+	if auto {
+		o.KVCacheFraction = kvFractionFor(b)
+	}
 	e, err := engine.New(m, b, o)
 	if _, gpu := b.(*cuda.Backend); err != nil && gpu && (f.device == "auto" || f.device == "") {
 		// Under auto, a model the GPU backend cannot take runs on the CPU.
@@ -185,6 +203,9 @@ func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engine
 		fmt.Fprintf(os.Stderr, "kiln: running on the CPU (the GPU cannot run this model: %v)\n", err)
 		b = &cpu.Backend{Threads: f.threads, StackProjections: f.stack}
 		o.Buckets = bucketsFor(b)
+		if auto {
+			o.KVCacheFraction = kvFractionFor(b)
+		}
 		e, err = engine.New(m, b, o)
 	}
 	if err != nil {

@@ -10,11 +10,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
 
-	"kiln/backend/cuda"
 	"kiln/chat"
 	"kiln/demo"
 	"kiln/engine"
@@ -68,10 +68,7 @@ func cmdServe(args []string) error {
 		o.KVBlocks = (*kvTokens + blockSize - 1) / blockSize
 	}
 	if o.KVCacheFraction == 0 {
-		o.KVCacheFraction = 0.5
-		if ef.device == "cuda" || ef.device == "gpu" || (ef.device == "auto" && cudaAvailable()) {
-			o.KVCacheFraction = 0.9
-		}
+		o.KVCacheFraction = autoKVFraction // set for the backend that opens
 	}
 	e, err := newEngineOptions(m, &ef, o)
 	if err != nil {
@@ -160,22 +157,11 @@ func (a chatAdapter) Render(msgs []serve.ChatMessage, addGenerationPrompt bool) 
 	return a.t.Render(cm, chat.Options{AddGenerationPrompt: addGenerationPrompt})
 }
 
-func cudaAvailable() bool { return cuda.Available() == nil }
-
 // modelName is the default served model name: the model's file or directory
 // name, or "kiln-demo".
 func modelName(path string, demo bool) string {
 	if demo || path == "" {
 		return "kiln-demo"
 	}
-	base := path
-	for len(base) > 1 && base[len(base)-1] == '/' {
-		base = base[:len(base)-1]
-	}
-	for i := len(base) - 1; i >= 0; i-- {
-		if base[i] == '/' {
-			return base[i+1:]
-		}
-	}
-	return base
+	return filepath.Base(path)
 }

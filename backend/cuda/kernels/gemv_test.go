@@ -315,17 +315,7 @@ func TestGEMVErrors(t *testing.T) {
 // products of a Llama-3-8B, weights rotated over buffers that L2 cannot
 // hold, against the device-to-device copy bandwidth of the same run; it also
 // times the other configurations of the sweep module. It logs, asserts
-// nothing.
-//
-// H100 80GB HBM3, 2026-11-22 (copy 3017 GB/s read+write; weight GB/s and
-// % of copy, GEMV default vs cuBLASLt bf16→bf16):
-//
-//	shape (K,N)          T=1               T=4               T=8
-//	O (4096,4096)        2461 82% / 2005   2408 80% / 2036   2375 79% / 2028
-//	QKV (4096,6144)      2492 83% / 2283   2565 85% / 2275   2535 84% / 2284
-//	gate+up (4096,28672) 3017 100% / 2849  2980 99% / 2835   2952 98% / 2819
-//	down (14336,4096)    2899 96% / 2627   2805 93% / 2631   2782 92% / 2618
-//	logits (4096,128256) 3129 104% / 2792  3087 102% / 2776  3062 101% / 2763
+// nothing. The figures of a run are in docs/PERF.md (GPU kernels).
 func TestGEMVSpeed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("benchmark")

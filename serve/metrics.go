@@ -58,6 +58,10 @@ func newMetrics(s *Scheduler) *metrics {
 	counter("kiln:engine_step_seconds_total", "Time the scheduler spent in engine steps.", func(st Stats) float64 { return st.StepTime.Seconds() })
 	counter("kiln:scheduler_loop_seconds_total", "Time the scheduler spent in its steps, engine steps included (the difference is its own overhead).",
 		func(st Stats) float64 { return st.LoopTime.Seconds() })
+	counter("kiln:kv_cache_slots_allocated_total", "Running sequences' allocated KV slots, summed over steps.",
+		func(st Stats) float64 { return float64(st.KVSlotsAllocated) })
+	counter("kiln:kv_cache_slots_used_total", "Tokens held in the running sequences' allocated KV slots, summed over steps (1 - used/allocated is the share left empty).",
+		func(st Stats) float64 { return float64(st.KVSlotsUsed) })
 	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks.", func(st Stats) float64 { return float64(st.Preemptions) })
 	return m
 }

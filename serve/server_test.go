@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -394,6 +395,24 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	value := func(name string) float64 {
+		for _, line := range strings.Split(text, "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+				v, err := strconv.ParseFloat(f[1], 64)
+				if err != nil {
+					t.Fatalf("%s: %v", line, err)
+				}
+				return v
+			}
+		}
+		t.Fatalf("/metrics lacks %s", name)
+		return 0
+	}
+	// Every step held at least one token per running sequence in its slots.
+	alloc, used := value("kiln:kv_cache_slots_allocated_total"), value("kiln:kv_cache_slots_used_total")
+	if used <= 0 || used > alloc {
+		t.Errorf("KV slots: %v used of %v allocated", used, alloc)
 	}
 }
 

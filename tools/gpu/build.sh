@@ -12,10 +12,10 @@ for pkg in $(go list "${pkgs[@]}"); do
 	name=$(echo "${pkg#kiln/}" | tr / _)
 	# Skip packages without test files.
 	if [ -z "$(go list -f '{{join .TestGoFiles ""}}{{join .XTestGoFiles ""}}' "$pkg")" ]; then continue; fi
-	CGO_ENABLED=1 go test -c -o ".devbin/$name.test" "$pkg"
+	CGO_ENABLED=1 go test -c -ldflags=-s\ -w -o ".devbin/$name.test" "$pkg"
 	echo "built .devbin/$name.test"
 done
-CGO_ENABLED=1 go build -o .devbin/kiln ./cmd/kiln
+CGO_ENABLED=1 go build -ldflags="-s -w" -o .devbin/kiln ./cmd/kiln
 echo "built .devbin/kiln"
 # The binaries must need nothing from CUDA at link time.
 for b in .devbin/*.test .devbin/kiln; do

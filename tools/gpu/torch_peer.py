@@ -32,6 +32,45 @@ def cuda_time(fn, reps):
     return statistics.median(times)
 
 
+def event_time(fn, reps=20):
+    """Median of reps CUDA-event timings of fn, after a warm-up, in seconds."""
+    fn()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times)
+
+
+def attention_alone():
+    """PyTorch's scaled_dot_product_attention on the shapes of kiln's kernel
+    benchmarks (backend/cuda/kernels): prefill of 4096 tokens, 32 query and 8
+    KV heads of 128 (GQA), causal and not, in model TFLOP/s (4·T·T·d·heads,
+    halved when causal); decode of one token over 512 and 4096 cached tokens,
+    in GB/s of K and V read."""
+    import torch.nn.functional as F
+    res = {}
+    T, H, KV, D = 4096, 32, 8, 128
+    q = torch.randn(1, H, T, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, KV, T, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(1, KV, T, D, dtype=torch.bfloat16, device="cuda")
+    for causal in (True, False):
+        t = event_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+        flops = 4 * T * T * D * H / (2 if causal else 1)
+        res["prefill_causal" if causal else "prefill_full"] = {"tokens": T, "ms": t * 1e3, "tflops": flops / t / 1e12}
+    for ctx in (512, 4096):
+        q1 = torch.randn(1, H, 1, D, dtype=torch.bfloat16, device="cuda")
+        kc = torch.randn(1, KV, ctx, D, dtype=torch.bfloat16, device="cuda")
+        vc = torch.randn(1, KV, ctx, D, dtype=torch.bfloat16, device="cuda")
+        t = event_time(lambda: F.scaled_dot_product_attention(q1, kc, vc, enable_gqa=True))
+        res[f"decode_ctx{ctx}"] = {"us": t * 1e6, "gb_per_s": 2 * ctx * KV * D * 2 / t / 1e9}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--depth", type=int, default=512)
@@ -56,6 +95,8 @@ def main():
     y = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
     out["gemm_tflops"] = 2 * m**3 / cuda_time(lambda: x @ y, 10) / 1e12
     del x, y
+
+    out["attention"] = attention_alone()
 
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=a.layers,
                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,

@@ -8,7 +8,7 @@ import (
 )
 
 // PrefillTile is the number of query tokens of one prefill attention tile
-// (PF_BQ in kernels.cu).
+// (PF_BQ in attention.cu).
 const PrefillTile = 64
 
 // Meta is a backend.Batch packed into one int32 buffer, uploaded once per

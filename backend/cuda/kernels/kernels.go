@@ -1,7 +1,8 @@
-// Package kernels holds kiln's CUDA kernels (kernels.cu, compiled by NVRTC
-// for the exact device) and their Go launch wrappers. One Kernels value
-// serves one activation dtype (f32, f16 or bf16); math is f32. Every op
-// follows the CPU reference kernels of backend/cpu (ref.go).
+// Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu and
+// prefill_mma.cu, one source compiled by NVRTC for the exact device) and
+// their Go launch wrappers. One Kernels value serves one activation dtype
+// (f32, f16 or bf16); math is f32. Every op follows the CPU reference
+// kernels of backend/cpu (ref.go).
 //
 // Pointers are device addresses; all launches are asynchronous on the given
 // stream (nil: the default stream).
@@ -17,8 +18,17 @@ import (
 	"kiln/backend/cuda/cu"
 )
 
-//go:embed kernels.cu
-var source string
+var (
+	//go:embed kernels.cu
+	common string
+	//go:embed attention.cu
+	attention string
+	//go:embed prefill_mma.cu
+	prefillMMA string
+	// source is the one NVRTC source: the common and elementwise kernels,
+	// then attention, then the tensor-core prefill.
+	source = common + "\n" + attention + "\n" + prefillMMA
+)
 
 // Source is the CUDA C source of the kernels.
 func Source() string { return source }

@@ -1,0 +1,385 @@
+// kiln CUDA kernels: attention. Appended to kernels.cu by kernels.go (one
+// NVRTC source).
+
+// ---------------------------------------------------------------- attention
+//
+// Cache layout per layer: [blocks][blockSize][kvHeads][hd]. Token at position p
+// of sequence s attends to keys j, window_start(p) <= j <= p, stored at slot
+// bt[seqOff[s] + j/bs]*bs + j%bs. Scores are kept in the log2 domain (q is
+// pre-scaled by scale·log2 e) and exponentiated with exp2f.
+
+#define PF_BQ 64  // queries per prefill tile (the Go packer's PrefillTile)
+#define PF_BK 32  // keys per shared-memory stage
+#define PF_THREADS 128
+
+__device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
+	long long slot = (long long)bt[seqOff + j / bs] * bs + j % bs;
+	return (slot * kvHeads + kvh) * hd;
+}
+
+// Prefill: grid (tiles, heads), block 128. Tile i covers tokens
+// [tileTok0[i], tileTok0[i]+tileCnt[i]), all of one sequence. Two threads per
+// query; thread half h owns the float4 chunks c of the head with c%2 == h.
+template <int HD>
+__device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
+                             const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
+                             int kvHeads, int bs, int window, float scale) {
+	constexpr int NC = HD / 4;    // float4 chunks per row
+	constexpr int NCH = NC / 2;   // per thread
+	constexpr int CPR = HD / VEC; // 16-byte chunks per cache row
+	__shared__ float4 Ks[PF_BK][NC];
+	__shared__ float4 Vs[PF_BK][NC];
+	__shared__ int sLo, sHi;
+
+	int tile = blockIdx.x, h = blockIdx.y;
+	int tok0 = tileTok0[tile], cnt = tileCnt[tile];
+	int seq = seqIndex[tok0];
+	int seqOff = seqBlockOff[seq];
+	int kvh = h / (heads / kvHeads);
+	int tid = threadIdx.x, qi = tid >> 1, hf = tid & 1;
+	bool valid = qi < cnt;
+	int tok = tok0 + (valid ? qi : 0);
+	int p = valid ? positions[tok] : -1;
+	int lo = valid ? window_start(p, window) : 0;
+
+	if (tid == 0) {
+		sLo = 0x7fffffff;
+		sHi = -1;
+	}
+	__syncthreads();
+	if (valid) {
+		atomicMin(&sLo, lo);
+		atomicMax(&sHi, p);
+	}
+	__syncthreads();
+	int kLo = sLo, kHi = sHi;
+
+	float4 qv[NCH], acc[NCH];
+	float qs = scale * LOG2E;
+	const T* qr = q + ((long long)tok * heads + h) * HD;
+#pragma unroll
+	for (int i = 0; i < NCH; i++) {
+		int c = (2 * i + hf) * 4;
+		qv[i] = f4(tof(qr[c]) * qs, tof(qr[c + 1]) * qs, tof(qr[c + 2]) * qs, tof(qr[c + 3]) * qs);
+		acc[i] = f4(0.f, 0.f, 0.f, 0.f);
+	}
+	float m = NEG_INF, l = 0.f;
+
+	for (int kb = kLo; kb <= kHi; kb += PF_BK) {
+		__syncthreads();
+		for (int i = tid; i < PF_BK * CPR; i += PF_THREADS) {
+			int row = i / CPR, cc = i % CPR;
+			int j = kb + row;
+			float fk[VEC], fv[VEC];
+			if (j <= kHi) {
+				long long at = kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + cc * VEC;
+				load16(kc + at, fk);
+				load16(vc + at, fv);
+			} else {
+#pragma unroll
+				for (int e = 0; e < VEC; e++) fk[e] = fv[e] = 0.f;
+			}
+			float* kd = (float*)&Ks[row][0] + cc * VEC;
+			float* vd = (float*)&Vs[row][0] + cc * VEC;
+#pragma unroll
+			for (int e = 0; e < VEC; e++) {
+				kd[e] = fk[e];
+				vd[e] = fv[e];
+			}
+		}
+		__syncthreads();
+
+		float s[PF_BK];
+		float mt = NEG_INF;
+#pragma unroll
+		for (int j = 0; j < PF_BK; j++) {
+			float d = 0.f;
+#pragma unroll
+			for (int i = 0; i < NCH; i++) {
+				float4 k = Ks[j][2 * i + hf];
+				d += qv[i].x * k.x + qv[i].y * k.y + qv[i].z * k.z + qv[i].w * k.w;
+			}
+			d += __shfl_xor_sync(FULL_MASK, d, 1);
+			int kp = kb + j;
+			s[j] = (kp >= lo && kp <= p) ? d : NEG_INF;
+			mt = fmaxf(mt, s[j]);
+		}
+		float mn = fmaxf(m, mt);
+		if (mn != NEG_INF) {
+			float corr = exp2f(m - mn);
+			l *= corr;
+#pragma unroll
+			for (int i = 0; i < NCH; i++) {
+				acc[i].x *= corr; acc[i].y *= corr; acc[i].z *= corr; acc[i].w *= corr;
+			}
+#pragma unroll
+			for (int j = 0; j < PF_BK; j++) {
+				float pj = exp2f(s[j] - mn);
+				l += pj;
+#pragma unroll
+				for (int i = 0; i < NCH; i++) {
+					float4 v = Vs[j][2 * i + hf];
+					acc[i].x += pj * v.x; acc[i].y += pj * v.y; acc[i].z += pj * v.z; acc[i].w += pj * v.w;
+				}
+			}
+			m = mn;
+		}
+	}
+	if (valid) {
+		float inv = 1.0f / l;
+		T* o = out + ((long long)tok * heads + h) * HD;
+#pragma unroll
+		for (int i = 0; i < NCH; i++) {
+			int c = (2 * i + hf) * 4;
+			o[c] = fromf<T>(acc[i].x * inv);
+			o[c + 1] = fromf<T>(acc[i].y * inv);
+			o[c + 2] = fromf<T>(acc[i].z * inv);
+			o[c + 3] = fromf<T>(acc[i].w * inv);
+		}
+	}
+}
+
+
+// Decode (flash-decoding): grid (maxSplits, kvHeads, tokens), block 128.
+// Block (sp, kvh, t) covers keys [lo + sp*chunk, min(lo+(sp+1)*chunk, p+1)) of
+// token t (chunk <= 128) for the group of query heads sharing kv head kvh, and
+// writes per head the partial max m (log2 domain), sum l and unnormalised
+// acc[hd] into ws at index (t*heads + h)*maxSplits + sp. Dynamic shared memory
+// (floats): qs[group*hd] sc[group*chunk] slots[chunk] red[NS*4*hd] sm[group] sl[group].
+// Each thread loads its key's K row (phase 1) and its share of V rows (phase
+// 2, prefetched into registers at the start) so that all loads are in flight
+// at once.
+#define DC_THREADS 128
+
+template <int HD>
+__device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc,
+                            const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
+                            int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
+	constexpr int CPR = HD / VEC;                       // 16-byte chunks per row
+	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
+	constexpr int PVI = (DC_THREADS + NS - 1) / NS;     // rows per thread in the PV phase
+	constexpr bool PRE = PVI <= 16;                     // prefetch V into registers
+	int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+	int p = positions[t];
+	int lo = window_start(p, window);
+	int nsplit = (p - lo + chunk) / chunk;
+	if (sp >= nsplit) return; // uniform over the block
+	int k0 = lo + sp * chunk;
+	int nk = imin(chunk, p + 1 - k0);
+	int seqOff = seqBlockOff[seqIndex[t]];
+	int group = heads / kvHeads, h0 = kvh * group;
+	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+	extern __shared__ float smem[];
+	float* qs = smem;
+	float* sc = qs + group * HD;
+	int* slots = (int*)(sc + group * chunk);
+	float* red = (float*)(slots + chunk);
+	float* sm = red + NS * 4 * HD;
+	float* sl = sm + group;
+
+	const T* kr = kc;
+	if (tid < nk) {
+		int kp = k0 + tid;
+		int sl0 = bt[seqOff + kp / bs] * bs + kp % bs;
+		slots[tid] = sl0;
+		kr = kc + ((long long)sl0 * kvHeads + kvh) * HD;
+	}
+	uint4 kraw[CPR];
+	if (tid < nk) {
+#pragma unroll
+		for (int c = 0; c < CPR; c++) kraw[c] = ((const uint4*)kr)[c];
+	}
+	float qscale = scale * LOG2E;
+	const T* qr = q + ((long long)t * heads + h0) * HD;
+	for (int i = tid; i < group * HD; i += DC_THREADS) qs[i] = tof(qr[i]) * qscale;
+	__syncthreads();
+
+	int r = tid / CPR, cc = tid % CPR;
+	uint4 vpre[PRE ? PVI : 1];
+	if constexpr (PRE) {
+		if (r < NS) {
+#pragma unroll
+			for (int i = 0; i < PVI; i++) {
+				int j = r + i * NS;
+				if (j < nk) vpre[i] = *(const uint4*)(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC);
+			}
+		}
+	}
+
+	// Scores: one thread per key, four heads at a time.
+	if (tid < nk) {
+		for (int g0 = 0; g0 < group; g0 += 4) {
+			float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+			for (int c = 0; c < CPR; c++) {
+				float f[VEC];
+				unpack16(kraw[c], f, kc);
+#pragma unroll
+				for (int gg = 0; gg < 4; gg++) {
+					if (g0 + gg < group) {
+						const float* qh = qs + (g0 + gg) * HD + c * VEC;
+#pragma unroll
+						for (int e = 0; e < VEC; e++) d[gg] += qh[e] * f[e];
+					}
+				}
+			}
+#pragma unroll
+			for (int gg = 0; gg < 4; gg++)
+				if (g0 + gg < group) sc[(g0 + gg) * chunk + tid] = d[gg];
+		}
+	}
+	__syncthreads();
+
+	// Softmax statistics per head: one warp per head.
+	for (int g = warp; g < group; g += DC_THREADS / 32) {
+		float* s = sc + g * chunk;
+		float mx = NEG_INF;
+		for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, s[j]);
+		mx = warp_max(mx);
+		float sum = 0.f;
+		for (int j = lane; j < nk; j += 32) {
+			float e = exp2f(s[j] - mx);
+			s[j] = e;
+			sum += e;
+		}
+		sum = warp_sum(sum);
+		if (lane == 0) {
+			sm[g] = mx;
+			sl[g] = sum;
+		}
+	}
+	__syncthreads();
+
+	// PV: thread (r, cc) sums rows r, r+NS, ... of its 16-byte column chunk.
+	for (int g0 = 0; g0 < group; g0 += 4) {
+		float acc[4][VEC];
+#pragma unroll
+		for (int gg = 0; gg < 4; gg++)
+#pragma unroll
+			for (int e = 0; e < VEC; e++) acc[gg][e] = 0.f;
+		if (r < NS) {
+			if constexpr (PRE) {
+#pragma unroll
+				for (int i = 0; i < PVI; i++) {
+					int j = r + i * NS;
+					if (j < nk) {
+						float f[VEC];
+						unpack16(vpre[i], f, vc);
+#pragma unroll
+						for (int gg = 0; gg < 4; gg++) {
+							if (g0 + gg < group) {
+								float pj = sc[(g0 + gg) * chunk + j];
+#pragma unroll
+								for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+							}
+						}
+					}
+				}
+			} else {
+				for (int j = r; j < nk; j += NS) {
+					float f[VEC];
+					load16(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, f);
+#pragma unroll
+					for (int gg = 0; gg < 4; gg++) {
+						if (g0 + gg < group) {
+							float pj = sc[(g0 + gg) * chunk + j];
+#pragma unroll
+							for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+						}
+					}
+				}
+			}
+#pragma unroll
+			for (int gg = 0; gg < 4; gg++)
+#pragma unroll
+				for (int e = 0; e < VEC; e++) red[(r * 4 + gg) * HD + cc * VEC + e] = acc[gg][e];
+		}
+		__syncthreads();
+		for (int i = tid; i < 4 * HD; i += DC_THREADS) {
+			int gg = i / HD, d = i % HD;
+			if (g0 + gg < group) {
+				float v = 0.f;
+				for (int rr = 0; rr < NS; rr++) v += red[(rr * 4 + gg) * HD + d];
+				long long w = ((long long)t * heads + h0 + g0 + gg) * maxSplits + sp;
+				wsAcc[w * HD + d] = v;
+			}
+		}
+		__syncthreads();
+	}
+	if (tid < group) {
+		long long w = ((long long)t * heads + h0 + tid) * maxSplits + sp;
+		wsM[w] = sm[tid];
+		wsL[w] = sl[tid];
+	}
+}
+
+__device__ float block_max(float v, float* sh) {
+	v = warp_max(v);
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0) sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : NEG_INF;
+	return warp_max(v);
+}
+
+// Merge: grid (heads, tokens), block MG_THREADS (hd <= MG_THREADS):
+// out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s, the splits shared among
+// MG_THREADS/hd thread groups.
+#define MG_THREADS 512
+extern "C" __global__ void __launch_bounds__(MG_THREADS) decode_merge(const float* wsM, const float* wsL,
+                                                                      const float* wsAcc, T* out, const int* positions,
+                                                                      int heads, int hd, int window, int chunk,
+                                                                      int maxSplits) {
+	__shared__ float sh[32];
+	__shared__ float part[MG_THREADS];
+	int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+	int p = positions[t];
+	int lo = window_start(p, window);
+	int nsplit = (p - lo + chunk) / chunk;
+	long long w0 = ((long long)t * heads + h) * maxSplits;
+	float M = NEG_INF;
+	for (int s = tid; s < nsplit; s += MG_THREADS) M = fmaxf(M, wsM[w0 + s]);
+	M = block_max(M, sh);
+	float L = 0.f;
+	for (int s = tid; s < nsplit; s += MG_THREADS) L += exp2f(wsM[w0 + s] - M) * wsL[w0 + s];
+	L = block_sum(L, sh);
+	int G = MG_THREADS / hd, sg = tid / hd, d = tid % hd;
+	float v = 0.f;
+	if (sg < G) {
+#pragma unroll 4
+		for (int s = sg; s < nsplit; s += G) v += exp2f(wsM[w0 + s] - M) * wsAcc[(w0 + s) * hd + d];
+	}
+	part[tid] = v;
+	__syncthreads();
+	if (tid < hd) {
+		float o = 0.f;
+		for (int g = 0; g < G; g++) o += part[g * hd + tid];
+		out[((long long)t * heads + h) * hd + tid] = fromf<T>(o / L);
+	}
+}
+
+#define ATTN_KERNELS(HD)                                                                                             \
+	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
+	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
+	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
+	    float scale) {                                                                                                 \
+		prefill_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, \
+		                 window, scale);                                                                               \
+	}                                                                                                                  \
+	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_##HD(                                        \
+	    const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc, const int* positions,              \
+	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
+	    float scale, int chunk, int maxSplits) {                                                                       \
+		decode_impl<HD>(q, kc, vc, wsM, wsL, wsAcc, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window,  \
+		                scale, chunk, maxSplits);                                                                      \
+	}
+
+ATTN_KERNELS(8)
+ATTN_KERNELS(16)
+ATTN_KERNELS(32)
+ATTN_KERNELS(64)
+ATTN_KERNELS(80)
+ATTN_KERNELS(96)
+ATTN_KERNELS(128)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after tools/gpu/build.sh here: a kernel-by-kernel
+# profile of the Llama-3-8B-shaped model's steps under Nsight Compute (the
+# duration of every kernel, caches flushed between them, clocks left alone),
+# summarised per step kind by tools/gpu/ncu_steps.py: a 2048-token prefill
+# step, and batch-1 decode steps at context 512 (graphs off, so that each
+# kernel is its own launch; the kernels are the same).
+#   run tool: command "tools/gpu/profile.sh", carry [".devbin"]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-logs}
+mkdir -p "$out"
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
+k=.devbin/kiln
+keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
+# Make the model once (and compile the kernels) outside the profiler.
+$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 64 --tg 2 --batch 1 --reps 1 >"$out/warm.txt" 2>&1
+prof() { # name, bench arguments...
+	local name=$1
+	shift
+	"$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+		--log-file "$out/$name.csv" $k bench model --random llama3-8b --keep "$keep" --device cuda --reps 1 \
+		--cuda-graphs=false "$@" >"$out/$name.txt" 2>&1
+	python3 tools/gpu/ncu_steps.py "$out/$name.csv" | tee "$out/$name.summary"
+}
+prof prefill --pp 2048 --tg 0
+prof decode1 --pp 0 --tg 4 --depth 512 --batch 1
+prof decode16 --pp 0 --tg 4 --depth 512 --batch 16

@@ -40,6 +40,7 @@ var passes = []pass{
 	{name: "fuse-swiglu", fn: fuseSwiGLU},
 	{name: "fuse-add-rmsnorm", fn: fuseAddRMSNorm},
 	{name: "fuse-rope-kv-write", fn: fuseRoPEKVWrite},
+	{name: "fuse-packed", fn: fusePacked},
 	{name: "fold-constants", fn: foldConstants, required: true},
 	{name: "deadcode", fn: deadcode, required: true},
 }
@@ -53,6 +54,10 @@ var passOrder = [...][2]string{
 	{"fuse-qkv", "deadcode"},                 // ... and dead matmuls
 	{"fold-constants", "deadcode"},           // folding orphans its inputs
 	{"fuse-rope-kv-write", "fold-constants"}, // no reason beyond keeping folding last among rewrites
+	{"fuse-qkv", "fuse-packed"},              // fuse-packed removes the splits fuse-qkv makes
+	{"fuse-swiglu", "fuse-packed"},           // ... read by SwiGLU
+	{"fuse-rope-kv-write", "fuse-packed"},    // ... and by RoPEKVWrite
+	{"fuse-packed", "deadcode"},              // ... leaving them dead
 }
 
 func init() {

@@ -14,7 +14,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 func TestPassNames(t *testing.T) {
-	want := []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fold-constants", "deadcode"}
+	want := []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fuse-packed", "fold-constants", "deadcode"}
 	if got := PassNames(); !slices.Equal(got, want) {
 		t.Errorf("PassNames() = %v, want %v", got, want)
 	}
@@ -92,7 +92,7 @@ func TestCompileDisable(t *testing.T) {
 		{[]string{"fold-constants"}, nil, nil, []ir.Op{ir.RopeTable, ir.ConcatRows}},
 		{[]string{"deadcode"}, nil, nil, []ir.Op{ir.SiLU, ir.Mul, ir.KVWrite}},
 		{[]string{"no-such-pass"}, nil, nil, nil},
-		{PassNames(), []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write"},
+		{PassNames(), []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fuse-packed"},
 			[]ir.Op{ir.SiLU, ir.Mul, ir.KVWrite, ir.Add}, []ir.Op{ir.Split, ir.SwiGLU, ir.AddRMSNorm, ir.RoPEKVWrite, ir.RopeTable, ir.ConcatRows}},
 	} {
 		t.Run(strings.Join(tc.disable, ","), func(t *testing.T) {
@@ -137,9 +137,10 @@ func TestCompileMissingOps(t *testing.T) {
 		{"attention", []ir.Op{ir.Attention}, []string{"backend fake does not implement attention"}},
 		{"attention and embed", []ir.Op{ir.Attention, ir.Embed}, []string{"embed", "attention"}},
 		{"const", []ir.Op{ir.Const}, []string{"const"}},
-		{"rope", []ir.Op{ir.RoPE}, []string{"rope"}}, // queries are still rotated by RoPE
+		{"rope", []ir.Op{ir.RoPE, ir.RoPEQKVWrite}, []string{"rope"}}, // queries are still rotated by RoPE
+		{"rope when packed", []ir.Op{ir.RoPE}, nil},                   // ... unless rope_qkv_write takes them
 		{"kv write without fusion", []ir.Op{ir.KVWrite, ir.RoPEKVWrite}, []string{"kv_write"}},
-		{"fused ops", []ir.Op{ir.AddRMSNorm, ir.SwiGLU, ir.RoPEKVWrite, ir.Split, ir.ConcatRows}, nil},
+		{"fused ops", []ir.Op{ir.AddRMSNorm, ir.SwiGLU, ir.RoPEKVWrite, ir.Split, ir.ConcatRows, ir.SwiGLUPacked, ir.RoPEQKVWrite}, nil},
 		{"folded ops", []ir.Op{ir.RopeTable, ir.ConcatRows}, nil},
 		{"kv write when fused", []ir.Op{ir.KVWrite}, nil},
 		{"silu and mul when fused", []ir.Op{ir.SiLU, ir.Mul}, nil},
@@ -211,14 +212,22 @@ func TestCompileVerifiesAfterEveryPass(t *testing.T) {
 // The whole pipeline on the tiny Llama, with every op supported.
 func TestCompileTinyLlama(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		bias bool
-		tied bool
-	}{{"llama", false, false}, {"qkv bias", true, false}, {"tied embeddings", false, true}} {
+		name   string
+		bias   bool
+		tied   bool
+		packed bool // the target reads stacked products (no splits)
+	}{
+		{"llama", false, false, false}, {"qkv bias", true, false, false}, {"tied embeddings", false, true, false},
+		{"llama packed", false, false, true}, {"qkv bias packed", true, false, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tinyConfig()
 			c.QKVBias, c.TiedEmbeddings = tc.bias, tc.tied
-			comp := compileTiny(t, c, everything)
+			target := targetWithout(ir.SwiGLUPacked, ir.RoPEQKVWrite)
+			if tc.packed {
+				target = everything
+			}
+			comp := compileTiny(t, c, target)
 			g := comp.Graph
 			if err := g.Verify(); err != nil {
 				t.Fatal(err)
@@ -249,6 +258,11 @@ func TestCompileTinyLlama(t *testing.T) {
 				ir.SiLU:    0, ir.Mul: 0, // fused into SwiGLU
 				ir.KVWrite: 0, ir.RopeTable: 0, ir.ConcatRows: 0,
 			}
+			if tc.packed {
+				// The splits' readers take the stacked products apart.
+				want[ir.SwiGLU], want[ir.RoPEKVWrite], want[ir.RoPE], want[ir.Split] = 0, 0, 0, 0
+				want[ir.SwiGLUPacked], want[ir.RoPEQKVWrite] = L, L
+			}
 			got := countOps(g)
 			for _, op := range ir.AllOps() {
 				if got[op] != want[op] {
@@ -264,6 +278,11 @@ func TestCompileTinyLlama(t *testing.T) {
 				k, v := w.Inputs[0], w.Inputs[1]
 				if k.Def != v.Def || k.Def.Op != ir.Split || k.Index != 1 || v.Index != 2 {
 					t.Errorf("rope_kv_write reads %v, %v: want the qkv split's k and v", k, v)
+				}
+			}
+			for _, n := range nodesOf(g, ir.RoPEQKVWrite) {
+				if n.Attrs.Heads != c.NumHeads || n.Attrs.KVHeads != c.NumKVHeads || n.Inputs[0].Shape.Last() != (c.NumHeads+2*c.NumKVHeads)*c.HeadDim {
+					t.Errorf("rope_qkv_write %v of %v: not the stacked q, k and v", n.Attrs, n.Inputs[0])
 				}
 			}
 			for _, n := range g.Nodes {

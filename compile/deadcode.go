@@ -18,7 +18,7 @@ func deadcode(g *ir.Graph, _ Target) error {
 		mark(o.Def)
 	}
 	for _, n := range g.Nodes {
-		if n.Op == ir.KVWrite || n.Op == ir.RoPEKVWrite {
+		if n.Op.WritesCache() {
 			mark(n)
 		}
 	}

@@ -107,10 +107,24 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 			outs = [][]float64{mul(silu(x(0)), x(1))}
 		case ir.RoPE:
 			outs = [][]float64{rope(x(0), x(1), x(2), n.Attrs.Heads, n.Attrs.HeadDim, n.Attrs.Interleaved)}
-		case ir.KVWrite, ir.RoPEKVWrite:
-			k, v, a := x(0), x(1), n.Attrs
-			if n.Op == ir.RoPEKVWrite {
-				k = rope(k, x(2), x(3), a.KVHeads, a.HeadDim, a.Interleaved)
+		case ir.SwiGLUPacked:
+			gu, d := x(0), cols(n.Inputs[0])
+			g, u := columns(gu, d, 0, d/2), columns(gu, d, d/2, d/2)
+			outs = [][]float64{mul(silu(g), u)}
+		case ir.KVWrite, ir.RoPEKVWrite, ir.RoPEQKVWrite:
+			a := n.Attrs
+			var k, v []float64
+			switch n.Op {
+			case ir.KVWrite:
+				k, v = x(0), x(1)
+			case ir.RoPEKVWrite:
+				k, v = rope(x(0), x(2), x(3), a.KVHeads, a.HeadDim, a.Interleaved), x(1)
+			case ir.RoPEQKVWrite:
+				qkv, d, qw, kw := x(0), cols(n.Inputs[0]), a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+				q := rope(columns(qkv, d, 0, qw), x(1), x(2), a.Heads, a.HeadDim, a.Interleaved)
+				k = rope(columns(qkv, d, qw, kw), x(1), x(2), a.KVHeads, a.HeadDim, a.Interleaved)
+				v = columns(qkv, d, qw+kw, kw)
+				outs = append(outs, q)
 			}
 			w := a.KVHeads * a.HeadDim
 			for t := 0; t < T; t++ {
@@ -120,7 +134,7 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 				}
 				in.cache[a.Layer][p] = [2][]float64{k[t*w : (t+1)*w], v[t*w : (t+1)*w]}
 			}
-			outs = [][]float64{nil}
+			outs = append(outs, nil)
 		case ir.Attention:
 			outs = [][]float64{in.attention(x(0), positions, n.Attrs)}
 		case ir.SelectRows:
@@ -134,11 +148,7 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 			a, d := x(0), cols(n.Inputs[0])
 			off := 0
 			for _, s := range n.Attrs.Sizes {
-				var o []float64
-				for r := 0; r < len(a)/d; r++ {
-					o = append(o, a[r*d+off:r*d+off+s]...)
-				}
-				outs = append(outs, o)
+				outs = append(outs, columns(a, d, off, s))
 				off += s
 			}
 		case ir.ConcatRows:
@@ -200,6 +210,15 @@ func (in *interp) attention(q []float64, positions []int, a ir.Attrs) []float64 
 				}
 			}
 		}
+	}
+	return o
+}
+
+// columns returns columns [off, off+n) of the row-major matrix a of d columns.
+func columns(a []float64, d, off, n int) []float64 {
+	var o []float64
+	for r := 0; r < len(a)/d; r++ {
+		o = append(o, a[r*d+off:r*d+off+n]...)
 	}
 	return o
 }

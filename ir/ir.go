@@ -128,7 +128,7 @@ type Attrs struct {
 	Name   string         // Weight: model tensor name; Const: description
 	Tensor *tensor.Tensor // Weight, Const: the data
 	Eps    float32        // RMSNorm, AddRMSNorm
-	Layer  int            // KVWrite, Attention, RoPEKVWrite: KV-cache layer
+	Layer  int            // KVWrite, Attention, RoPEKVWrite, RoPEQKVWrite: KV-cache layer
 	// Heads, KVHeads, HeadDim shape attention and RoPE.
 	Heads, KVHeads, HeadDim int
 	Window                  int     // Attention: sliding window (0: none)

@@ -39,6 +39,14 @@ const (
 	RoPEKVWrite // (k, v, pos, table) -> state: RoPE on k, then KVWrite(k, v)
 	Split       // (x[X,ΣSizes]) -> one output per Attrs.Sizes, column slices
 	ConcatRows  // (w₁[N₁,K], w₂[N₂,K], ...) -> [ΣN,K]: weights stacked; always folded to a Const
+	// SwiGLUPacked (gu[X,2N]) -> SiLU(gu[:, :N])·gu[:, N:]: SwiGLU of the two
+	// halves of a stacked gate/up product, without splitting it first.
+	SwiGLUPacked
+	// RoPEQKVWrite (qkv[T,(Heads+2·KVHeads)·HeadDim], pos, table) -> (q, state):
+	// a stacked Q/K/V product taken apart without copies: q rotated into
+	// f32[T,Heads·HeadDim], k rotated and v stored into layer Attrs.Layer's
+	// cache.
+	RoPEQKVWrite
 
 	numOps
 )
@@ -81,11 +89,13 @@ func init() {
 			}
 			return []Shape{{RowDim, x.Shape[1]}}, []tensor.DType{x.DType}, nil
 		}},
-		AddRMSNorm:  {name: "add_rmsnorm", fused: true, infer: inferAddRMSNorm},
-		SwiGLU:      {name: "swiglu", fused: true, infer: inferSame(2)},
-		RoPEKVWrite: {name: "rope_kv_write", fused: true, infer: inferRoPEKVWrite},
-		Split:       {name: "split", fused: true, infer: inferSplit},
-		ConcatRows:  {name: "concat_rows", fused: true, infer: inferConcatRows},
+		AddRMSNorm:   {name: "add_rmsnorm", fused: true, infer: inferAddRMSNorm},
+		SwiGLU:       {name: "swiglu", fused: true, infer: inferSame(2)},
+		RoPEKVWrite:  {name: "rope_kv_write", fused: true, infer: inferRoPEKVWrite},
+		Split:        {name: "split", fused: true, infer: inferSplit},
+		ConcatRows:   {name: "concat_rows", fused: true, infer: inferConcatRows},
+		SwiGLUPacked: {name: "swiglu_packed", fused: true, infer: inferSwiGLUPacked},
+		RoPEQKVWrite: {name: "rope_qkv_write", fused: true, infer: inferRoPEQKVWrite},
 	}
 }
 
@@ -119,6 +129,10 @@ func infer(n *Node) ([]Shape, []tensor.DType, error) {
 	}
 	return ops[n.Op].infer(n)
 }
+
+// WritesCache reports whether o stores into the KV cache: such a node is
+// never dead code, whatever reads its outputs.
+func (o Op) WritesCache() bool { return o == KVWrite || o == RoPEKVWrite || o == RoPEQKVWrite }
 
 // IsState reports whether v is a KV-cache ordering token rather than data.
 func IsState(v *Value) bool { return v.DType == tensor.Invalid }
@@ -332,6 +346,34 @@ func inferRoPEKVWrite(n *Node) ([]Shape, []tensor.DType, error) {
 		return nil, nil, err
 	}
 	return []Shape{nil}, stateOut, nil
+}
+
+func inferSwiGLUPacked(n *Node) ([]Shape, []tensor.DType, error) {
+	if err := arity(n, 1); err != nil {
+		return nil, nil, err
+	}
+	x := n.Inputs[0]
+	if len(x.Shape) != 2 || x.Shape[1] <= 0 || x.Shape[1]%2 != 0 || !isFloat(x.DType) {
+		return nil, nil, fmt.Errorf("input %v %v, want [X,2N]", x.DType, x.Shape)
+	}
+	return []Shape{{x.Shape[0], x.Shape[1] / 2}}, []tensor.DType{x.DType}, nil
+}
+
+func inferRoPEQKVWrite(n *Node) ([]Shape, []tensor.DType, error) {
+	if err := arity(n, 3); err != nil {
+		return nil, nil, err
+	}
+	a := n.Attrs
+	if a.Layer < 0 || a.KVHeads <= 0 || a.Heads <= 0 || a.Heads%a.KVHeads != 0 {
+		return nil, nil, fmt.Errorf("layer %d, %d heads over %d kv heads", a.Layer, a.Heads, a.KVHeads)
+	}
+	if err := checkHeads(n.Inputs[0], a.Heads+2*a.KVHeads, a.HeadDim); err != nil {
+		return nil, nil, fmt.Errorf("qkv: %w", err)
+	}
+	if err := checkTable(n.Inputs[1], n.Inputs[2], a.HeadDim); err != nil {
+		return nil, nil, err
+	}
+	return []Shape{{TokenDim, Dim(a.Heads * a.HeadDim)}, nil}, []tensor.DType{tensor.F32, tensor.Invalid}, nil
 }
 
 func inferAttention(n *Node) ([]Shape, []tensor.DType, error) {

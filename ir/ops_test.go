@@ -169,6 +169,16 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"split rows", ir.Split, ir.Attrs{Sizes: []int{4, 4}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "f32[R,4], f32[R,4]"},
 		{"split sizes do not sum", ir.Split, ir.Attrs{Sizes: []int{8, 8}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "error: split of [T,12] into [8 8]"},
 		{"split one size", ir.Split, ir.Attrs{Sizes: []int{12}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "error: split of"},
+		{"swiglu packed", ir.SwiGLUPacked, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "f32[T,6]"},
+		{"swiglu packed 1-D", ir.SwiGLUPacked, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.w8} }), "error: want [X,2N]"},
+		{"swiglu packed i32", ir.SwiGLUPacked, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: want [X,2N]"},
+
+		{"rope qkv write", ir.RoPEQKVWrite, ir.Attrs{Layer: 1, Heads: 1, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12, v.pos, v.table4} }), "f32[T,4], state"},
+		{"rope qkv write width", ir.RoPEQKVWrite, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12, v.pos, v.table4} }), "error: qkv: "},
+		{"rope qkv write kv heads do not divide", ir.RoPEQKVWrite, ir.Attrs{Heads: 2, KVHeads: 3, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12, v.pos, v.table4} }), "error: 2 heads over 3 kv heads"},
+		{"rope qkv write table", ir.RoPEQKVWrite, ir.Attrs{Heads: 1, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12, v.pos, v.table8} }), "error: does not match head dim 4"},
+		{"rope qkv write negative layer", ir.RoPEQKVWrite, ir.Attrs{Layer: -1, Heads: 1, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12, v.pos, v.table4} }), "error: layer -1"},
+
 		{"split no sizes", ir.Split, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "error: split of"},
 		{"split zero size", ir.Split, ir.Attrs{Sizes: []int{12, 0}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "error: split size 0"},
 		{"split 1-D", ir.Split, ir.Attrs{Sizes: []int{4, 4}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.w8} }), "error: split of [8]"},
@@ -188,7 +198,7 @@ func TestAddInfersAndRejects(t *testing.T) {
 	// Every op with inputs rejects a nil one.
 	arities := map[ir.Op]int{ir.Embed: 2, ir.RMSNorm: 2, ir.MatMul: 2, ir.Add: 2, ir.AddBias: 2, ir.SiLU: 1, ir.Mul: 2,
 		ir.RoPE: 3, ir.KVWrite: 2, ir.Attention: 2, ir.SelectRows: 1, ir.AddRMSNorm: 3, ir.SwiGLU: 2,
-		ir.RoPEKVWrite: 4, ir.Split: 1, ir.ConcatRows: 2}
+		ir.RoPEKVWrite: 4, ir.Split: 1, ir.ConcatRows: 2, ir.SwiGLUPacked: 1, ir.RoPEQKVWrite: 3}
 	for op, k := range arities {
 		cases = append(cases, tc{"nil input to " + op.String(), op, ir.Attrs{}, func(v *vals) []*ir.Value {
 			in := make([]*ir.Value, k)
@@ -288,7 +298,8 @@ func TestOpNames(t *testing.T) {
 	if got := ir.Op(250).String(); got != "op(250)" {
 		t.Errorf("Op(250) = %q", got)
 	}
-	fused := map[ir.Op]bool{ir.AddRMSNorm: true, ir.SwiGLU: true, ir.RoPEKVWrite: true, ir.Split: true, ir.ConcatRows: true}
+	fused := map[ir.Op]bool{ir.AddRMSNorm: true, ir.SwiGLU: true, ir.RoPEKVWrite: true, ir.Split: true, ir.ConcatRows: true,
+		ir.SwiGLUPacked: true, ir.RoPEQKVWrite: true}
 	for _, op := range ir.AllOps() {
 		if op.Fused() != fused[op] {
 			t.Errorf("%v.Fused() = %v", op, op.Fused())

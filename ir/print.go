@@ -64,6 +64,8 @@ func (n *Node) attrString() string {
 		add("layer=%d kv_heads=%d head_dim=%d", a.Layer, a.KVHeads, a.HeadDim)
 	case RoPEKVWrite:
 		add("layer=%d kv_heads=%d head_dim=%d interleaved=%v", a.Layer, a.KVHeads, a.HeadDim, a.Interleaved)
+	case RoPEQKVWrite:
+		add("layer=%d heads=%d kv_heads=%d head_dim=%d interleaved=%v", a.Layer, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
 	case Attention:
 		add("layer=%d heads=%d kv_heads=%d head_dim=%d scale=%g", a.Layer, a.Heads, a.KVHeads, a.HeadDim, a.Scale)
 		if a.Window > 0 {

@@ -96,6 +96,31 @@ func init() {
 			out[i] = silu(g[i]) * u[i]
 		}
 	})
+	ref(ir.SwiGLUPacked, "ref.swiglu_packed", func(x *execState, s *step) {
+		rows, n := s.out[0].rows(x), s.out[0].cols
+		for r := 0; r < rows; r++ {
+			g, u, out := s.in[0].f[2*n*r:], s.in[0].f[2*n*r+n:], s.out[0].f[r*n:(r+1)*n]
+			for i := range out {
+				out[i] = silu(g[i]) * u[i]
+			}
+		}
+	})
+	ref(ir.RoPEQKVWrite, "ref.rope_qkv_write", func(x *execState, s *step) {
+		a := s.node.Attrs
+		cols, qw, kw := s.in[0].cols, a.Heads*a.HeadDim, a.KVHeads*a.HeadDim
+		q := s.out[0].f[:x.tokens*qw]
+		k, v := make([]float32, x.tokens*kw), make([]float32, x.tokens*kw)
+		for t := 0; t < x.tokens; t++ {
+			row := s.in[0].f[t*cols : (t+1)*cols]
+			copy(q[t*qw:(t+1)*qw], row[:qw])
+			copy(k[t*kw:(t+1)*kw], row[qw:qw+kw])
+			copy(v[t*kw:(t+1)*kw], row[qw+kw:])
+		}
+		pos := s.in[1].i[:x.tokens]
+		refRoPE(q, pos, s.in[2].t, a.Heads, a.HeadDim, a.Interleaved)
+		refRoPE(k, pos, s.in[2].t, a.KVHeads, a.HeadDim, a.Interleaved)
+		refKVWrite(x, a, k, v)
+	})
 	ref(ir.Split, "ref.split", func(x *execState, s *step) {
 		rows, cols := s.in[0].rows(x), s.in[0].cols
 		for r := 0; r < rows; r++ {

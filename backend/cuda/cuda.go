@@ -60,6 +60,9 @@ type Stats struct {
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.
 	DeviceTime time.Duration
+	// Choices lists the product shapes timed on both the skinny GEMV and
+	// cuBLASLt, with both times and the one kept, in the order first met.
+	Choices []string
 }
 
 // Stats returns the launch counters of everything loaded on b.
@@ -129,7 +132,7 @@ func (b *Backend) Supports(op ir.Op) bool {
 	switch op {
 	case ir.Tokens, ir.Positions, ir.Weight, ir.Const, ir.Embed, ir.RMSNorm, ir.MatMul, ir.Add, ir.AddBias,
 		ir.SiLU, ir.Mul, ir.RoPE, ir.KVWrite, ir.Attention, ir.SelectRows, ir.AddRMSNorm, ir.SwiGLU,
-		ir.RoPEKVWrite, ir.Split:
+		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite:
 		return true
 	}
 	return false

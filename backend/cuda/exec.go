@@ -475,6 +475,10 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 		if err != nil {
 			return err
 		}
+		// Zeroed once: the kernel leaves its split counters at zero.
+		if err := e.l.dev.Memset8(p, 0, 2*need, e.l.stream); err != nil {
+			return err
+		}
 		e.ws, e.wsCap = p, 2*need
 		e.dropGraphs()
 	}

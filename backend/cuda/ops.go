@@ -68,6 +68,11 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			return k.SwiGLU(s, out[0].p, in[0].p, in[1].p, in[0].rows(x)*in[0].cols)
 		}
+	case ir.SwiGLUPacked:
+		nd.kernel = "swiglu_packed"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.SwiGLUPacked(s, out[0].p, in[0].p, in[0].rows(x), out[0].cols)
+		}
 	case ir.AddBias:
 		nd.kernel = "add_bias" + ws(in[1])
 		nd.launch = func(x *stepState, nd *node) error {
@@ -94,6 +99,15 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			return k.RoPEKVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, in[2].ptr(x), x.m.At(x.m.Slots), in[3].p,
 				x.m.T, a.KVHeads, a.HeadDim, a.Interleaved)
+		}
+	case ir.RoPEQKVWrite:
+		if in[2].dtype != cu.F32 {
+			return fmt.Errorf("cuda: rope table is %v", in[2].dtype)
+		}
+		nd.kernel = "rope_qkv_write"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
+				x.m.T, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
 		}
 	case ir.Attention:
 		if err := checkHeadDim(a.HeadDim); err != nil {
@@ -178,6 +192,12 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 		g, errG := l.timeOn(func() error { return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) })
 		b, errB := l.timeOn(func() error { return l.lt.Matmul(mm) })
 		use = errG == nil && (errB != nil || g < b)
+		kept := "cuBLASLt"
+		if use {
+			kept = "gemv"
+		}
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d: gemv %.1f µs, cuBLASLt %.1f µs (5 runs each): %s",
+			mm.T, mm.K, mm.N, 1e3*g/5, 1e3*b/5, kept))
 	}
 	l.gemvChoice[key] = use
 	return use

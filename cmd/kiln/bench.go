@@ -13,6 +13,7 @@ import (
 
 	"kiln/backend/cuda"
 	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
 	"kiln/bench"
 	"kiln/engine"
 	"kiln/tensor"
@@ -186,6 +187,12 @@ func cmdBenchModel(args []string) error {
 		fmt.Println(string(data))
 	} else {
 		printModelReport(rep)
+		if gpu != nil && len(gpu.Stats().Choices) > 0 {
+			fmt.Printf("\nproducts of at most %d rows, timed at first use:\n", kernels.GEMVMaxT)
+			for _, c := range gpu.Stats().Choices {
+				fmt.Println("  " + c)
+			}
+		}
 	}
 	if budget == nil {
 		return nil

@@ -151,9 +151,17 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 // at once.
 #define DC_THREADS 128
 
+// ldcg loads through L2 only (not the SM's L1, which does not see other
+// blocks' stores).
+__device__ __forceinline__ float ldcg(const float* p) {
+	float v;
+	asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+	return v;
+}
+
 template <int HD>
-__device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc,
-                            const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
+__device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsM, float* wsL, float* wsAcc,
+                            int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
                             int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
 	constexpr int CPR = HD / VEC;                       // 16-byte chunks per row
 	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
@@ -312,53 +320,33 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, float* wsM, fl
 		wsM[w] = sm[tid];
 		wsL[w] = sl[tid];
 	}
-}
 
-__device__ float block_max(float v, float* sh) {
-	v = warp_max(v);
-	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	// The last of the token's splits to finish (for this kv head) merges
+	// them: out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s, reading the others'
+	// partials from L2, and leaves the counter at zero for the next launch.
+	__shared__ int last;
+	__threadfence();
 	__syncthreads();
-	if (lane == 0) sh[w] = v;
+	if (tid == 0) last = atomicAdd(counters + t * kvHeads + kvh, 1) == nsplit - 1;
 	__syncthreads();
-	v = lane < nw ? sh[lane] : NEG_INF;
-	return warp_max(v);
-}
-
-// Merge: grid (heads, tokens), block MG_THREADS (hd <= MG_THREADS):
-// out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s, the splits shared among
-// MG_THREADS/hd thread groups.
-#define MG_THREADS 512
-extern "C" __global__ void __launch_bounds__(MG_THREADS) decode_merge(const float* wsM, const float* wsL,
-                                                                      const float* wsAcc, T* out, const int* positions,
-                                                                      int heads, int hd, int window, int chunk,
-                                                                      int maxSplits) {
-	__shared__ float sh[32];
-	__shared__ float part[MG_THREADS];
-	int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-	int p = positions[t];
-	int lo = window_start(p, window);
-	int nsplit = (p - lo + chunk) / chunk;
-	long long w0 = ((long long)t * heads + h) * maxSplits;
-	float M = NEG_INF;
-	for (int s = tid; s < nsplit; s += MG_THREADS) M = fmaxf(M, wsM[w0 + s]);
-	M = block_max(M, sh);
-	float L = 0.f;
-	for (int s = tid; s < nsplit; s += MG_THREADS) L += exp2f(wsM[w0 + s] - M) * wsL[w0 + s];
-	L = block_sum(L, sh);
-	int G = MG_THREADS / hd, sg = tid / hd, d = tid % hd;
-	float v = 0.f;
-	if (sg < G) {
-#pragma unroll 4
-		for (int s = sg; s < nsplit; s += G) v += exp2f(wsM[w0 + s] - M) * wsAcc[(w0 + s) * hd + d];
-	}
-	part[tid] = v;
-	__syncthreads();
-	if (tid < hd) {
-		float o = 0.f;
-		for (int g = 0; g < G; g++) o += part[g * hd + tid];
-		out[((long long)t * heads + h) * hd + tid] = fromf<T>(o / L);
+	if (!last) return;
+	if (tid == 0) counters[t * kvHeads + kvh] = 0;
+	__threadfence();
+	for (int i = tid; i < group * HD; i += DC_THREADS) {
+		int gg = i / HD, d = i % HD;
+		long long w0 = ((long long)t * heads + h0 + gg) * maxSplits;
+		float M = NEG_INF;
+		for (int s = 0; s < nsplit; s++) M = fmaxf(M, ldcg(wsM + w0 + s));
+		float L = 0.f, o = 0.f;
+		for (int s = 0; s < nsplit; s++) {
+			float e = exp2f(ldcg(wsM + w0 + s) - M);
+			L += e * ldcg(wsL + w0 + s);
+			o += e * ldcg(wsAcc + (w0 + s) * HD + d);
+		}
+		out[((long long)t * heads + h0 + gg) * HD + d] = fromf<T>(o / L);
 	}
 }
+
 
 #define ATTN_KERNELS(HD)                                                                                             \
 	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
@@ -369,11 +357,11 @@ extern "C" __global__ void __launch_bounds__(MG_THREADS) decode_merge(const floa
 		                 window, scale);                                                                               \
 	}                                                                                                                  \
 	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_##HD(                                        \
-	    const T* q, const T* kc, const T* vc, float* wsM, float* wsL, float* wsAcc, const int* positions,              \
-	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
-	    float scale, int chunk, int maxSplits) {                                                                       \
-		decode_impl<HD>(q, kc, vc, wsM, wsL, wsAcc, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window,  \
-		                scale, chunk, maxSplits);                                                                      \
+	    const T* q, const T* kc, const T* vc, T* out, float* wsM, float* wsL, float* wsAcc, int* counters,            \
+	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads,      \
+	    int bs, int window, float scale, int chunk, int maxSplits) {                                                   \
+		decode_impl<HD>(q, kc, vc, out, wsM, wsL, wsAcc, counters, positions, seqIndex, seqBlockOff, bt, heads,        \
+		                kvHeads, bs, window, scale, chunk, maxSplits);                                                 \
 	}
 
 ATTN_KERNELS(8)

@@ -127,12 +127,15 @@ func decode(t cu.DType, b []byte) []float32 {
 	return x
 }
 
+// alloc allocates n bytes on the device, zeroed (as the decode attention's
+// workspace must be).
 func alloc(t testing.TB, n int) cu.Ptr {
 	t.Helper()
 	d := gpu(t)
 	p, err := d.Alloc((n + 3) &^ 3)
 	must(t, err)
 	t.Cleanup(func() { d.Free(p) })
+	must(t, d.Memset8(p, 0, (n+3)&^3, nil))
 	return p
 }
 

@@ -61,12 +61,29 @@ template <typename X> __device__ __forceinline__ void load16(const X* p, float* 
 
 #define VEC (16 / (int)sizeof(T))
 
+
 __device__ __forceinline__ float4 f4(float x, float y, float z, float w) {
 	float4 v;
 	v.x = x; v.y = y; v.z = z; v.w = w;
 	return v;
 }
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// store16 rounds VEC floats to T and writes them as 16 bytes at p (16-byte aligned).
+template <typename H> __device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
+	return (unsigned)fromf<H>(lo).x | ((unsigned)fromf<H>(hi).x << 16);
+}
+__device__ __forceinline__ void store16(float* p, const float* f) { *(float4*)p = f4(f[0], f[1], f[2], f[3]); }
+template <typename H> __device__ __forceinline__ void store16(H* p, const float* f) {
+	uint4 v;
+	v.x = pack_h2<H>(f[0], f[1]);
+	v.y = pack_h2<H>(f[2], f[3]);
+	v.z = pack_h2<H>(f[4], f[5]);
+	v.w = pack_h2<H>(f[6], f[7]);
+	*(uint4*)p = v;
+}
+// round_t is v rounded to T and back.
+__device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -147,6 +164,49 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* 
 	for (int c = threadIdx.x; c < dim; c += blockDim.x) normed[base + c] = fromf<T>(tof(sum[base + c]) * scale * tof(w[c]));
 }
 
+// The register path of rmsnorm and add_rmsnorm, for rows whose dim is a
+// multiple of VEC and at most NORM_MAXV·VEC·blockDim: each thread loads its
+// 16-byte vectors once (all the loads in flight together), keeps them in
+// registers over the block's sum, and writes them scaled. r null: plain
+// rmsnorm (sum unused). sum may alias x or r: every thread reads its own
+// elements before the block's sum and writes them after.
+#define NORM_MAXV 8
+template <typename W>
+__device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out, int dim, float eps) {
+	__shared__ float sh[32];
+	long long base = (long long)blockIdx.x * dim;
+	float v[NORM_MAXV][VEC];
+	float ss = 0.f;
+#pragma unroll
+	for (int i = 0; i < NORM_MAXV; i++) {
+		int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < dim) {
+			load16(x + base + c, v[i]);
+			if (r) {
+				float b[VEC];
+				load16(r + base + c, b);
+#pragma unroll
+				for (int j = 0; j < VEC; j++) v[i][j] = round_t(v[i][j] + b[j]);
+			}
+#pragma unroll
+			for (int j = 0; j < VEC; j++) ss += v[i][j] * v[i][j];
+		}
+	}
+	ss = block_sum(ss, sh);
+	float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+	for (int i = 0; i < NORM_MAXV; i++) {
+		int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < dim) {
+			if (r) store16(sum + base + c, v[i]);
+			float o[VEC];
+#pragma unroll
+			for (int j = 0; j < VEC; j++) o[j] = v[i][j] * scale * tof(w[c + j]);
+			store16(out + base + c, o);
+		}
+	}
+}
+
 // ---------------------------------------------------------------- add_bias
 
 template <typename W>
@@ -166,6 +226,13 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 	extern "C" __global__ void add_rmsnorm_w##W(const T* x, const T* r, const W* w, T* sum, T* normed, int rows, \
 	                                            int dim, float eps) {                                            \
 		add_rmsnorm_impl<W>(x, r, w, sum, normed, rows, dim, eps);                                                 \
+	}                                                                                                              \
+	extern "C" __global__ void rmsnorm_v_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {     \
+		norm_vec_impl<W>(x, (const T*)0, w, (T*)0, out, dim, eps);                                                   \
+	}                                                                                                              \
+	extern "C" __global__ void add_rmsnorm_v_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,         \
+	                                              int rows, int dim, float eps) {                                \
+		norm_vec_impl<W>(x, r, w, sum, normed, dim, eps);                                                          \
 	}                                                                                                              \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
 		add_bias_impl<W>(x, b, out, rows, cols);                                                                   \
@@ -192,6 +259,43 @@ extern "C" __global__ void silu(const T* a, T* out, long long n) {
 }
 extern "C" __global__ void swiglu(const T* g, const T* u, T* out, long long n) {
 	GRID_STRIDE(i, n) out[i] = fromf<T>(silu_f(tof(g[i])) * tof(u[i]));
+}
+// swiglu over nv 16-byte vectors (16-byte aligned operands).
+extern "C" __global__ void swiglu_v(const T* g, const T* u, T* out, long long nv) {
+	GRID_STRIDE(i, nv) {
+		float a[VEC], b[VEC];
+		load16(g + i * VEC, a);
+		load16(u + i * VEC, b);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
+		store16(out + i * VEC, a);
+	}
+}
+// gu[rows, 2n] (gate columns, then up) → out[rows, n] = SiLU(gate)·up.
+extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n) {
+	long long total = (long long)rows * n;
+	GRID_STRIDE(i, total) {
+		long long r = i / n;
+		int c = (int)(i % n);
+		const T* row = gu + r * 2 * n;
+		out[i] = fromf<T>(silu_f(tof(row[c])) * tof(row[n + c]));
+	}
+}
+// swiglu_packed for n = nv·VEC, by 16-byte vectors (16-byte aligned operands).
+extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv) {
+	long long total = (long long)rows * nv;
+	int n = nv * VEC;
+	GRID_STRIDE(i, total) {
+		long long r = i / nv;
+		int c = (int)(i % nv) * VEC;
+		const T* row = gu + r * 2 * n;
+		float a[VEC], b[VEC];
+		load16(row + c, a);
+		load16(row + n + c, b);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
+		store16(out + r * n + c, a);
+	}
 }
 
 // ---------------------------------------------------------------- rope, kv write
@@ -258,6 +362,37 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, c
 		kc[dst + b] = fromf<T>(x2 * c + x1 * s);
 		vc[dst + a] = v[src + a];
 		vc[dst + b] = v[src + b];
+	}
+}
+
+// qkv[rows, (heads+2·kvHeads)·hd], the stacked Q, K and V of each token:
+// q heads rotated into q[rows, heads·hd], k heads rotated and v heads stored
+// into the cache slots. One thread per rotated pair (q and k) or per pair of
+// v elements.
+extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, const int* pos, const int* slots,
+                                          const float* table, int rows, int heads, int kvHeads, int hd, int interleaved) {
+	int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
+	long long n = (long long)rows * nh * half;
+	GRID_STRIDE(idx, n) {
+		int i = (int)(idx % half);
+		long long rh = idx / half;
+		int t = (int)(rh / nh), h = (int)(rh % nh);
+		const T* src = qkv + rh * hd;
+		if (h >= heads + kvHeads) {
+			long long dst = (long long)slots[t] * width + (long long)(h - heads - kvHeads) * hd;
+			vc[dst + 2 * i] = src[2 * i];
+			vc[dst + 2 * i + 1] = src[2 * i + 1];
+			continue;
+		}
+		int p = pos[t];
+		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
+		int a, b;
+		rope_pair(i, half, interleaved, &a, &b);
+		float x1 = tof(src[a]), x2 = tof(src[b]);
+		T* dst = h < heads ? q + ((long long)t * heads + h) * hd
+		                   : kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
+		dst[a] = fromf<T>(x1 * c - x2 * s);
+		dst[b] = fromf<T>(x2 * c + x1 * s);
 	}
 }
 

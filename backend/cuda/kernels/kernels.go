@@ -133,12 +133,40 @@ func (k *Kernels) Embed(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, 
 	return k.launch("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim))
 }
 
+// vec is the number of activations in 16 bytes (VEC in kernels.cu).
+func (k *Kernels) vec() int { return 16 / k.Act.Size() }
+
+// aligned16 reports whether every pointer is 16-byte aligned.
+func aligned16(ps ...cu.Ptr) bool {
+	for _, p := range ps {
+		if p%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// normMaxVectors is NORM_MAXV in kernels.cu: 16-byte vectors per thread of
+// the norms' register path, at 256 threads.
+const normMaxVectors = 8
+
+// normKernel picks a norm's kernel and block: the register path ("_v") when
+// the rows split into 16-byte vectors that fit it, else the plain loop.
+func (k *Kernels) normKernel(name string, wt cu.DType, dim int, ptrs ...cu.Ptr) (string, cu.Dim3) {
+	nv := dim / k.vec()
+	if dim%k.vec() == 0 && nv <= normMaxVectors*256 && aligned16(ptrs...) {
+		return name + "_v" + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32))
+	}
+	return name + wsuffix(wt), normBlock(dim)
+}
+
 // RMSNorm: out[r,:] = x[r,:] / sqrt(mean(x[r,:]²)+eps) · w (w of dtype wt).
 func (k *Kernels) RMSNorm(s *cu.Stream, out, x, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
 	if err := checkRows("rmsnorm", rows, dim); err != nil {
 		return err
 	}
-	return k.launch("rmsnorm"+wsuffix(wt), cu.D1(rows), normBlock(dim), 0, s, x, w, out, int32(rows), int32(dim), eps)
+	name, block := k.normKernel("rmsnorm", wt, dim, out, x)
+	return k.launch(name, cu.D1(rows), block, 0, s, x, w, out, int32(rows), int32(dim), eps)
 }
 
 // AddRMSNorm: sum = x + r; normed = RMSNorm(sum, w). sum may alias x or r.
@@ -146,7 +174,8 @@ func (k *Kernels) AddRMSNorm(s *cu.Stream, sum, normed, x, r, w cu.Ptr, wt cu.DT
 	if err := checkRows("add_rmsnorm", rows, dim); err != nil {
 		return err
 	}
-	return k.launch("add_rmsnorm"+wsuffix(wt), cu.D1(rows), normBlock(dim), 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
+	name, block := k.normKernel("add_rmsnorm", wt, dim, sum, normed, x, r)
+	return k.launch(name, cu.D1(rows), block, 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
 }
 
 // AddBias: out[r,c] = x[r,c] + b[c] (b of dtype bt).
@@ -174,7 +203,21 @@ func (k *Kernels) SiLU(s *cu.Stream, out, x cu.Ptr, n int) error {
 
 // SwiGLU: out = SiLU(gate) · up over n elements.
 func (k *Kernels) SwiGLU(s *cu.Stream, out, gate, up cu.Ptr, n int) error {
+	if v := k.vec(); n%v == 0 && aligned16(out, gate, up) {
+		return k.launch("swiglu_v", ewGrid(n/v), cu.D1(256), 0, s, gate, up, out, int64(n/v))
+	}
 	return k.launch("swiglu", ewGrid(n), cu.D1(256), 0, s, gate, up, out, int64(n))
+}
+
+// SwiGLUPacked: out[rows, n] = SiLU(gu[:, :n]) · gu[:, n:] for gu[rows, 2n].
+func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, rows, n int) error {
+	if err := checkRows("swiglu_packed", rows, 2*n); err != nil {
+		return err
+	}
+	if v := k.vec(); n%v == 0 && aligned16(out, gu) {
+		return k.launch("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, out, int32(rows), int32(n/v))
+	}
+	return k.launch("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n))
 }
 
 func b2i(b bool) int32 {
@@ -202,6 +245,17 @@ func (k *Kernels) KVWrite(s *cu.Stream, kc, vc, kx, vx, slots cu.Ptr, rows, widt
 		return err
 	}
 	return k.launch("kv_write", ewGrid(rows*width), cu.D1(256), 0, s, kx, vx, kc, vc, slots, int32(rows), int32(width))
+}
+
+// RoPEQKVWrite takes qkv[rows, (heads+2·kvHeads)·headDim] apart: the q heads
+// rotated by pos into q[rows, heads·headDim], the k heads rotated and the v
+// heads stored into one layer's caches at slots, like RoPE and RoPEKVWrite.
+func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv, pos, slots, table cu.Ptr, rows, heads, kvHeads, headDim int, interleaved bool) error {
+	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
+		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
+	}
+	return k.launch("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, q, kc, vc, pos, slots, table,
+		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 
 // RoPEKVWrite rotates k by pos, then stores k and v like KVWrite.
@@ -304,7 +358,7 @@ func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 		chunk /= 2
 	}
 	splits := (ctx + chunk - 1) / chunk
-	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: 4 * m.T * a.Heads * splits * (a.HeadDim + 2)}
+	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: 4*m.T*a.Heads*splits*(a.HeadDim+2) + 4*m.T*a.KVHeads}
 }
 
 func decodeShared(act cu.DType, a Attn, chunk int) int {
@@ -317,8 +371,10 @@ func decodeShared(act cu.DType, a Attn, chunk int) int {
 // DecodeAttention runs attention for every token of the batch with
 // flash-decoding: each token's key range is cut into plan.MaxSplits chunks
 // handled by separate blocks (partial max, sum, accumulator into the f32
-// workspace ws of plan.WorkspaceBytes), then merged. Suited to batches of
-// few tokens per sequence (decode steps).
+// workspace ws of plan.WorkspaceBytes), and the last block of a token's
+// splits to finish merges them, in the same launch. ws must be zeroed when
+// allocated: its counters are left at zero by every launch. Suited to
+// batches of few tokens per sequence (decode steps).
 func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws cu.Ptr) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
@@ -348,25 +404,15 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 			k.mu.Unlock()
 		}
 	}
-	wsM, wsL, wsAcc := plan.ws(a, m, ws)
-	err := k.launch(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
-		a.Q, a.KCache, a.VCache, wsM, wsL, wsAcc, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
+	wsM, wsL, wsAcc, counters := plan.ws(a, m, ws)
+	return k.launch(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
+		a.Q, a.KCache, a.VCache, a.Out, wsM, wsL, wsAcc, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
 		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits))
-	if err != nil {
-		return err
-	}
-	return k.decodeMerge(s, a, m, plan, ws)
 }
 
-// ws splits the workspace: maxima, sums, accumulators.
-func (p DecodePlan) ws(a Attn, m DevMeta, ws cu.Ptr) (wsM, wsL, wsAcc cu.Ptr) {
+// ws splits the workspace: maxima, sums, accumulators, then one counter of
+// finished splits per token and kv head.
+func (p DecodePlan) ws(a Attn, m DevMeta, ws cu.Ptr) (wsM, wsL, wsAcc, counters cu.Ptr) {
 	n := m.T * a.Heads * p.MaxSplits
-	return ws, ws.Add(4 * n), ws.Add(8 * n)
-}
-
-// decodeMerge launches the merge of DecodeAttention's splits alone.
-func (k *Kernels) decodeMerge(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws cu.Ptr) error {
-	wsM, wsL, wsAcc := plan.ws(a, m, ws)
-	return k.launch("decode_merge", cu.Dim3{X: a.Heads, Y: m.T, Z: 1}, cu.D1(512), 0, s,
-		wsM, wsL, wsAcc, a.Out, m.At(m.Positions), int32(a.Heads), int32(a.HeadDim), int32(a.Window), int32(plan.Chunk), int32(plan.MaxSplits))
+	return ws, ws.Add(4 * n), ws.Add(8 * n), ws.Add(4 * n * (a.HeadDim + 2))
 }

@@ -60,7 +60,7 @@ func TestRMSNorm(t *testing.T) {
 		k := kern(t, act)
 		rng := newRNG(t)
 		for _, wt := range allDTypes {
-			for _, dim := range []int{96, 4096, 17} {
+			for _, dim := range []int{96, 4096, 17, 8200} {
 				w := roundTo(wt, randn(rng, dim, 1))
 				pw := up(t, wt, w)
 				for _, rows := range testRows {

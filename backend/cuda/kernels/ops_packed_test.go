@@ -1,0 +1,83 @@
+package kernels
+
+import (
+	"fmt"
+	"testing"
+
+	"kiln/backend/cuda/cu"
+)
+
+// TestSwiGLUPacked: gu[rows, 2n] → SiLU(gate)·up, on the 16-byte vector
+// path (n a multiple of the vector) and the element path.
+func TestSwiGLUPacked(t *testing.T) {
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		rng := newRNG(t)
+		for _, shape := range [][2]int{{1, 96}, {3, 4096}, {17, 14336}, {300, 1024}, {7, 13}, {5, 12}} {
+			rows, n := shape[0], shape[1]
+			gu := roundTo(act, randn(rng, rows*2*n, 3))
+			out := outBuf(t, act, rows*n)
+			must(t, k.SwiGLUPacked(nil, out, up(t, act, gu), rows, n))
+			ref := make([]float64, rows*n)
+			for r := 0; r < rows; r++ {
+				for c := 0; c < n; c++ {
+					ref[r*n+c] = silu64(float64(gu[r*2*n+c])) * float64(gu[r*2*n+n+c])
+				}
+			}
+			e := compare(t, "swiglu_packed", down(t, act, out, rows*n), ref, tol(act))
+			report(t, act, fmt.Sprintf("swiglu_packed %dx%d", rows, n), e)
+		}
+	}
+}
+
+// TestRoPEQKVWrite: the stacked q, k and v of each token taken apart: q
+// rotated into its buffer, k rotated and v into random cache slots; the
+// other slots keep what they held.
+func TestRoPEQKVWrite(t *testing.T) {
+	const bs, maxPos = 16, 4096
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		rng := newRNG(t)
+		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}, {5, 1, 80}} {
+			heads, kvHeads, hd := hs[0], hs[1], hs[2]
+			qw, width := heads*hd, kvHeads*hd
+			cols := qw + 2*width
+			tab := ropeTable(maxPos, hd, 500000)
+			ptab := up(t, cu.F32, tab)
+			for _, rows := range testRows {
+				nslot := ((rows+bs-1)/bs + 3) * bs
+				perm := rng.Perm(nslot)
+				slots, pos := make([]int32, rows), make([]int32, rows)
+				for i := range slots {
+					slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
+				}
+				for _, il := range []bool{false, true} {
+					qkv := roundTo(act, randn(rng, rows*cols, 1))
+					kc0 := roundTo(act, randn(rng, nslot*width, 1))
+					vc0 := roundTo(act, randn(rng, nslot*width, 1))
+					pq, pkc, pvc := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
+					must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, up(t, act, qkv), upI32(t, pos), upI32(t, slots), ptab,
+						rows, heads, kvHeads, hd, il))
+					x := f64(qkv)
+					qref, kr := make([]float64, rows*qw), make([]float64, rows*width)
+					kref, vref := f64(kc0), f64(vc0)
+					for r := 0; r < rows; r++ {
+						copy(qref[r*qw:], x[r*cols:r*cols+qw])
+						copy(kr[r*width:], x[r*cols+qw:r*cols+qw+width])
+					}
+					refRoPE(qref, pos, tab, heads, hd, il)
+					refRoPE(kr, pos, tab, kvHeads, hd, il)
+					for r, s := range slots {
+						copy(kref[int(s)*width:(int(s)+1)*width], kr[r*width:])
+						copy(vref[int(s)*width:(int(s)+1)*width], x[r*cols+qw+width:(r+1)*cols])
+					}
+					op := fmt.Sprintf("rope_qkv_write interleaved=%v", il)
+					e1 := compare(t, op+" q", down(t, act, pq, rows*qw), qref, tol(act))
+					e2 := compare(t, op+" k", down(t, act, pkc, nslot*width), kref, tol(act))
+					e3 := compare(t, op+" v", down(t, act, pvc, nslot*width), vref, tol(act))
+					report(t, act, fmt.Sprintf("%s rows=%d heads=%d/%d hd=%d", op, rows, heads, kvHeads, hd), max(e1, e2, e3))
+				}
+			}
+		}
+	}
+}

@@ -34,6 +34,10 @@ type Backend struct {
 	// NoGraphs launches decode steps kernel by kernel instead of replaying
 	// captured CUDA graphs (for comparisons).
 	NoGraphs bool
+	// NoPDL launches every kernel plainly instead of as programmatic
+	// dependent launches (Hopper: a kernel is scheduled while the previous
+	// one finishes), for comparisons.
+	NoPDL bool
 	// Products chooses the kernel of products of at most
 	// kernels.GEMVMaxT rows: "" measures GEMV against cuBLASLt per shape
 	// and keeps the faster, "gemv" takes GEMV wherever it applies,
@@ -179,6 +183,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	if err != nil {
 		return nil, err
 	}
+	k.PDL = !b.NoPDL
 	lt, err := b.Device.NewBlasLt(32 << 20)
 	if err != nil {
 		k.Close()
@@ -192,6 +197,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	}
 	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}}
 	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
+		g.PDL = !b.NoPDL
 		l.gemv = g
 	} // else: every product goes through cuBLASLt
 	if err := l.uploadWeights(b.Progress); err != nil {

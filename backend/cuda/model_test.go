@@ -246,8 +246,9 @@ func TestBatchedMatchesCPU(t *testing.T) {
 }
 
 // TestGraphsMatchDirect decodes the same steps with captured CUDA graphs and
-// kernel by kernel: the logits must be bit-identical (the same kernels and
-// products on the same data), and the graphs must have been replayed.
+// kernel by kernel, each with and without programmatic dependent launches:
+// the logits must be bit-identical (the same kernels and products on the
+// same data), and the graphs must have been replayed.
 func TestGraphsMatchDirect(t *testing.T) {
 	for _, dtype := range []string{"f32", "bf16"} {
 		t.Run(dtype, func(t *testing.T) {
@@ -256,9 +257,9 @@ func TestGraphsMatchDirect(t *testing.T) {
 			if err := bench.WriteRandomModel(dir, s, tensor.F32, 3); err != nil {
 				t.Fatal(err)
 			}
-			run := func(noGraphs bool) ([][]float32, cuda.Stats) {
+			run := func(noGraphs, noPDL bool) ([][]float32, cuda.Stats) {
 				b := backendOf(t, dtype)
-				b.NoGraphs = noGraphs
+				b.NoGraphs, b.NoPDL = noGraphs, noPDL
 				b.Products = "gemv" // the same kernels both ways (no timing-dependent choice)
 				e := openEngine(t, dir, b, engine.Options{MaxSeqs: 4})
 				var out [][]float32
@@ -287,16 +288,24 @@ func TestGraphsMatchDirect(t *testing.T) {
 				}
 				return out, b.Stats()
 			}
-			direct, ds := run(true)
-			graphed, gs := run(false)
-			t.Logf("direct %+v; graphs %+v", ds, gs)
-			if gs.GraphFailures > 0 || gs.GraphCaptures < 3 || gs.GraphReplays < 120 || ds.GraphReplays != 0 {
-				t.Errorf("graphs: %+v (want at least 3 captures, 120 replays, no failure)", gs)
-			}
-			for i := range direct {
-				if !slices.Equal(direct[i], graphed[i]) {
-					t.Fatalf("step %d: logits differ between graph replay and direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(graphed[i], direct[i]))
+			direct, ds := run(true, true)
+			for _, v := range []struct {
+				name            string
+				noGraphs, noPDL bool
+			}{{"direct launches with PDL", true, false}, {"graph replay without PDL", false, true}, {"graph replay with PDL", false, false}} {
+				got, gs := run(v.noGraphs, v.noPDL)
+				t.Logf("%s: %+v", v.name, gs)
+				if !v.noGraphs && (gs.GraphFailures > 0 || gs.GraphCaptures < 3 || gs.GraphReplays < 120) {
+					t.Errorf("%s: %+v (want at least 3 captures, 120 replays, no failure)", v.name, gs)
 				}
+				for i := range direct {
+					if !slices.Equal(direct[i], got[i]) {
+						t.Fatalf("step %d: logits differ between %s and plain direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, v.name, relL2(got[i], direct[i]))
+					}
+				}
+			}
+			if ds.GraphReplays != 0 {
+				t.Errorf("direct: %+v replayed graphs", ds)
 			}
 		})
 	}

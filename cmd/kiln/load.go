@@ -108,7 +108,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress, b.NoGraphs = progressWriter(), !f.graphs
+		b.Progress, b.NoGraphs, b.NoPDL = progressWriter(), !f.graphs, !f.pdl
 		return b, nil
 	case "auto", "":
 		if f.reference {
@@ -122,7 +122,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress, b.NoGraphs = progressWriter(), !f.graphs
+		b.Progress, b.NoGraphs, b.NoPDL = progressWriter(), !f.graphs, !f.pdl
 		return b, nil
 	}
 	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)

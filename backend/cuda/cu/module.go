@@ -178,11 +178,36 @@ func (m *Module) Launch(name string, grid, block Dim3, shared int, s *Stream, ar
 	return f.Launch(grid, block, shared, s, args...)
 }
 
+// LaunchDependent looks up the kernel by name and launches it with
+// Function.LaunchDependent.
+func (m *Module) LaunchDependent(name string, grid, block Dim3, shared int, s *Stream, args ...any) error {
+	f, err := m.Function(name)
+	if err != nil {
+		return err
+	}
+	return f.LaunchDependent(grid, block, shared, s, args...)
+}
+
 // Launch queues the kernel on stream s (nil: the default stream). Arguments
 // are int32, uint32, int64, uint64, float32, float64 or Ptr, matching the
 // kernel's parameters in order; plain int is refused (its size is
 // ambiguous). They are packed into C memory owned by the device's worker.
 func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) error {
+	return f.launch(false, grid, block, shared, s, args...)
+}
+
+// LaunchDependent is Launch as a programmatic dependent launch (Hopper and
+// later; CUDA graphs capture it as a programmatic edge): the kernel may
+// start while the previous kernel in the stream is still running, and must
+// itself wait for it (PTX griddepcontrol.wait) before reading or writing
+// memory that kernel uses; it may prefetch what that kernel does not write.
+// Without cuLaunchKernelEx, or on devices before compute capability 9.0, it
+// is a plain launch.
+func (f *Function) LaunchDependent(grid, block Dim3, shared int, s *Stream, args ...any) error {
+	return f.launch(f.m.d.Major >= 9 && drvHasLaunchEx(), grid, block, shared, s, args...)
+}
+
+func (f *Function) launch(dependent bool, grid, block Dim3, shared int, s *Stream, args ...any) error {
 	if len(args) > maxArgs {
 		return fmt.Errorf("cuda: launch %s: %d arguments, at most %d", f.Name, len(args), maxArgs)
 	}
@@ -221,6 +246,9 @@ func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) 
 				slot[b] = byte(u >> (8 * b))
 			}
 			params[i] = unsafe.Pointer(slot)
+		}
+		if dependent {
+			return drvLaunchDependent(f.h, f.Name, grid, block, shared, s.handle(), d.params)
 		}
 		return drvLaunch(f.h, f.Name, grid, block, shared, s.handle(), d.params)
 	})

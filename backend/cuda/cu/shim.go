@@ -99,6 +99,17 @@ FN(CUresult, cuModuleGetFunction, (CUfunction*, CUmodule, const char*))
 FN(CUresult, cuModuleGetGlobal_v2, (CUdeviceptr*, size_t*, CUmodule, const char*))
 FN(CUresult, cuFuncSetAttribute, (CUfunction, int, int))
 FN(CUresult, cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**))
+// cuLaunchKernelEx (CUDA 11.8+, optional): CUlaunchConfig and
+// CUlaunchAttribute as laid out in cuda.h (the attribute's value is a
+// 64-byte union at offset 8).
+typedef struct { int id; char pad[4]; union { char pad[64]; int i; void* align; } value; } k_launchAttr;
+typedef struct {
+	unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+	CUstream hStream;
+	k_launchAttr* attrs;
+	unsigned numAttrs;
+} k_launchConfig;
+FN(CUresult, cuLaunchKernelEx, (const k_launchConfig*, CUfunction, void**, void**))
 // Stream capture and graphs. The mode and status arguments are the enums
 // CUstreamCaptureMode and CUstreamCaptureStatus (int-sized).
 FN(CUresult, cuStreamBeginCapture_v2, (CUstream, int))
@@ -190,6 +201,7 @@ static const char* k_bindCUDA(void* h) {
 	const char* miss = k_bind(h, cudaSyms);
 	if (miss) return miss;
 	// CUDA 12.8+ exports cuEventElapsedTime_v2 (same signature); prefer it.
+	p_cuLaunchKernelEx = dlsym(h, "cuLaunchKernelEx"); // optional: programmatic dependent launches
 	p_cuEventElapsedTime = dlsym(h, "cuEventElapsedTime_v2");
 	if (!p_cuEventElapsedTime) p_cuEventElapsedTime = dlsym(h, "cuEventElapsedTime");
 	return p_cuEventElapsedTime ? 0 : "cuEventElapsedTime";
@@ -247,6 +259,27 @@ static int k_cuFuncSetAttribute(void* f, int attr, int v) { return p_cuFuncSetAt
 static int k_cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 		unsigned shmem, void* st, void** params) {
 	return p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, st, params, 0);
+}
+// k_cuLaunchDependent launches with programmatic stream serialization
+// (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6): the grid may
+// start before the previous kernel in the stream ends, and must wait for it
+// itself (griddepcontrol.wait) before touching what that kernel touches.
+static int k_hasLaunchEx(void) { return p_cuLaunchKernelEx != 0; }
+static int k_cuLaunchDependent(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+		unsigned shmem, void* st, void** params) {
+	k_launchAttr attr;
+	memset(&attr, 0, sizeof attr);
+	attr.id = 6;
+	attr.value.i = 1;
+	k_launchConfig c;
+	memset(&c, 0, sizeof c);
+	c.gridDimX = gx; c.gridDimY = gy; c.gridDimZ = gz;
+	c.blockDimX = bx; c.blockDimY = by; c.blockDimZ = bz;
+	c.sharedMemBytes = shmem;
+	c.hStream = st;
+	c.attrs = &attr;
+	c.numAttrs = 1;
+	return p_cuLaunchKernelEx(&c, f, params, 0);
 }
 static int k_cuStreamBeginCapture(void* s, int mode) { return p_cuStreamBeginCapture_v2(s, mode); }
 static kp k_cuStreamEndCapture(void* s) { CUgraph g = 0; kp r; r.rc = p_cuStreamEndCapture(s, &g); r.p = g; return r; }
@@ -600,6 +633,17 @@ func drvLaunch(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s uns
 		C.uint(shmem), s, (*unsafe.Pointer)(params))
 	if rc != 0 {
 		return cuErr(fmt.Sprintf("cuLaunchKernel(%s, grid %v, block %v, shared %d)", name, grid, block, shmem), rc)
+	}
+	return nil
+}
+
+func drvHasLaunchEx() bool { return C.k_hasLaunchEx() != 0 }
+
+func drvLaunchDependent(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s unsafe.Pointer, params unsafe.Pointer) error {
+	rc := C.k_cuLaunchDependent(f, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z), C.uint(block.X), C.uint(block.Y), C.uint(block.Z),
+		C.uint(shmem), s, (*unsafe.Pointer)(params))
+	if rc != 0 {
+		return cuErr(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, shared %d, programmatic serialization)", name, grid, block, shmem), rc)
 	}
 	return nil
 }

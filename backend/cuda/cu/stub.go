@@ -57,6 +57,10 @@ func drvFuncSetAttr(unsafe.Pointer, string, int, int) error    { return errNoCgo
 func drvLaunch(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.Pointer) error {
 	return errNoCgo
 }
+func drvHasLaunchEx() bool { return false }
+func drvLaunchDependent(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.Pointer) error {
+	return errNoCgo
+}
 func drvStreamBeginCapture(unsafe.Pointer, int) error            { return errNoCgo }
 func drvStreamEndCapture(unsafe.Pointer) (unsafe.Pointer, error) { return nil, errNoCgo }
 func drvStreamIsCapturing(unsafe.Pointer) (int, error)           { return 0, errNoCgo }

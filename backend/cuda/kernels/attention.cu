@@ -167,6 +167,7 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
 	constexpr int PVI = (DC_THREADS + NS - 1) / NS;     // rows per thread in the PV phase
 	constexpr bool PRE = PVI <= 16;                     // prefetch V into registers
+	pdl_enter();
 	int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
 	int p = positions[t];
 	int lo = window_start(p, window);

@@ -34,6 +34,22 @@ typedef ACT T;
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
+// Programmatic dependent launches (GEMV.Run launches that way on compute
+// capability 9.0+): pdl_trigger lets the next kernel launch early;
+// pdl_wait waits until the previous kernel has finished and its writes are
+// visible. The weights are read before the wait (no kernel writes them),
+// the activations after it. Both cost nothing after a plain launch.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // unpack widens 16 raw bytes of X elements (the null pointer picks X) to floats.
 __device__ __forceinline__ void unpack(uint4 v, float* f, const float*) {
 	f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
@@ -116,6 +132,7 @@ __device__ __forceinline__ void dot(float (&acc)[TT][R], const uint4 (&wv)[R], c
 
 template <int TT, int R, int U, int LM>
 __device__ __forceinline__ void gemv_impl(const T* x, const T* w, void* out, int K, int N, int outF32) {
+	pdl_trigger();
 	const int lane = threadIdx.x & 31;
 	const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
 	if (n0 >= N) return; // the whole warp
@@ -133,12 +150,15 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, void* out, int
 
 	constexpr int STEP = 32 * U;
 	const int full = kv / STEP; // groups of U columns per lane without bounds checks
+	uint4 cur[U][R];
 	if (full > 0) {
-		uint4 cur[U][R];
 #pragma unroll
 		for (int u = 0; u < U; u++)
 #pragma unroll
 			for (int r = 0; r < R; r++) cur[u][r] = ldw<LM>(wr[r] + u * 32);
+	}
+	pdl_wait(); // x is the previous kernel's output
+	if (full > 0) {
 		for (int i = 0; i < full; i++) {
 			const int base = i * STEP;
 			uint4 nxt[U][R];
@@ -233,6 +253,8 @@ __device__ __forceinline__ void mma2(float (&c)[4], uint4 a, uint4 b, uint4 x) {
 template <int U, int WARPS, int LM>
 __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, void* out, int K, int N, int TT, int outF32) {
 	__shared__ float red[WARPS][128];
+	pdl_trigger();
+	pdl_wait();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int g = lane >> 2, q = lane & 3;
 	const int n0 = blockIdx.x * 16;

@@ -44,6 +44,10 @@ type GEMV struct {
 	D   *cu.Device
 	Act cu.DType
 	M   *cu.Module
+	// PDL launches as programmatic dependent launches (cu.LaunchDependent):
+	// the weights stream in while the previous kernel finishes. On by
+	// default.
+	PDL bool
 
 	mu  sync.Mutex
 	fns map[gemvCfg]*cu.Function
@@ -128,7 +132,7 @@ func newGEMV(d *cu.Device, act cu.DType, sweep bool) (*GEMV, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &GEMV{D: d, Act: act, M: m, fns: map[gemvCfg]*cu.Function{}}, nil
+	return &GEMV{D: d, Act: act, M: m, PDL: true, fns: map[gemvCfg]*cu.Function{}}, nil
 }
 
 // Close unloads the module.
@@ -191,11 +195,15 @@ func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF3
 		g.mu.Unlock()
 	}
 	var err error
+	launch := f.Launch
+	if g.PDL {
+		launch = f.LaunchDependent
+	}
 	if c.mma {
-		err = f.Launch(cu.D1((n+15)/16), cu.D1(32*c.warps), 0, s, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
+		err = launch(cu.D1((n+15)/16), cu.D1(32*c.warps), 0, s, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
 	} else {
 		warps := (n + c.r - 1) / c.r
-		err = f.Launch(cu.D1((warps*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, w, out, int32(k), int32(n), b2i(outF32))
+		err = launch(cu.D1((warps*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, w, out, int32(k), int32(n), b2i(outF32))
 	}
 	if err != nil {
 		return fmt.Errorf("kernels: %s: %w", c.name(), err)

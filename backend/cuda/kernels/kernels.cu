@@ -61,6 +61,19 @@ template <typename X> __device__ __forceinline__ void load16(const X* p, float* 
 
 #define VEC (16 / (int)sizeof(T))
 
+// pdl_enter starts a kernel that may have been launched as a programmatic
+// dependent launch (Kernels.launchDep): it waits until the previous kernel
+// in the stream has finished and its writes are visible, then lets the next
+// kernel launch early (that one waits in turn). Every kernel launched that
+// way calls it before touching memory. Before compute capability 9.0, or
+// after a plain launch, it costs nothing.
+__device__ __forceinline__ void pdl_enter() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 
 __device__ __forceinline__ float4 f4(float x, float y, float z, float w) {
 	float4 v;
@@ -116,6 +129,7 @@ __device__ __forceinline__ int window_start(int p, int window) {
 // grid (rows), block 256: out[r,:] = table[ids[r],:]; an id out of range gives NaN.
 template <typename W>
 __device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int vocab, int dim) {
+	pdl_enter();
 	int r = blockIdx.x;
 	if (r >= rows) return;
 	int id = ids[r];
@@ -133,6 +147,7 @@ __device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int
 // grid (rows), block 256: out = x / sqrt(mean(x²)+eps) · w.
 template <typename W>
 __device__ void rmsnorm_impl(const T* x, const W* w, T* out, int rows, int dim, float eps) {
+	pdl_enter();
 	__shared__ float sh[32];
 	const T* xr = x + (long long)blockIdx.x * dim;
 	T* o = out + (long long)blockIdx.x * dim;
@@ -150,6 +165,7 @@ __device__ void rmsnorm_impl(const T* x, const W* w, T* out, int rows, int dim, 
 // sum may alias x or r.
 template <typename W>
 __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* normed, int rows, int dim, float eps) {
+	pdl_enter();
 	__shared__ float sh[32];
 	long long base = (long long)blockIdx.x * dim;
 	float ss = 0.f;
@@ -173,6 +189,7 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* 
 #define NORM_MAXV 8
 template <typename W>
 __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out, int dim, float eps) {
+	pdl_enter();
 	__shared__ float sh[32];
 	long long base = (long long)blockIdx.x * dim;
 	float v[NORM_MAXV][VEC];
@@ -211,6 +228,7 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 
 template <typename W>
 __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols) {
+	pdl_enter();
 	long long n = (long long)rows * cols;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
 		out[i] = fromf<T>(tof(x[i]) + tof(b[i % cols]));
@@ -249,19 +267,24 @@ WEIGHT_KERNELS(bf16)
 __device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
 
 extern "C" __global__ void add(const T* a, const T* b, T* out, long long n) {
+	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) + tof(b[i]));
 }
 extern "C" __global__ void mul(const T* a, const T* b, T* out, long long n) {
+	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) * tof(b[i]));
 }
 extern "C" __global__ void silu(const T* a, T* out, long long n) {
+	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(silu_f(tof(a[i])));
 }
 extern "C" __global__ void swiglu(const T* g, const T* u, T* out, long long n) {
+	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(silu_f(tof(g[i])) * tof(u[i]));
 }
 // swiglu over nv 16-byte vectors (16-byte aligned operands).
 extern "C" __global__ void swiglu_v(const T* g, const T* u, T* out, long long nv) {
+	pdl_enter();
 	GRID_STRIDE(i, nv) {
 		float a[VEC], b[VEC];
 		load16(g + i * VEC, a);
@@ -273,6 +296,7 @@ extern "C" __global__ void swiglu_v(const T* g, const T* u, T* out, long long nv
 }
 // gu[rows, 2n] (gate columns, then up) → out[rows, n] = SiLU(gate)·up.
 extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n) {
+	pdl_enter();
 	long long total = (long long)rows * n;
 	GRID_STRIDE(i, total) {
 		long long r = i / n;
@@ -283,6 +307,7 @@ extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n) {
 }
 // swiglu_packed for n = nv·VEC, by 16-byte vectors (16-byte aligned operands).
 extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv) {
+	pdl_enter();
 	long long total = (long long)rows * nv;
 	int n = nv * VEC;
 	GRID_STRIDE(i, total) {
@@ -314,6 +339,7 @@ __device__ __forceinline__ void rope_pair(int i, int half, int interleaved, int*
 // out may equal x. One thread per rotated pair.
 extern "C" __global__ void rope(const T* x, T* out, const int* pos, const float* table, int rows, int heads, int hd,
                                 int interleaved) {
+	pdl_enter();
 	int half = hd / 2;
 	long long n = (long long)rows * heads * half;
 	GRID_STRIDE(idx, n) {
@@ -333,6 +359,7 @@ extern "C" __global__ void rope(const T* x, T* out, const int* pos, const float*
 
 // kc, vc: one layer's cache [slots][width]; k, v: [rows][width]; slots[t] is token t's cache slot.
 extern "C" __global__ void kv_write(const T* k, const T* v, T* kc, T* vc, const int* slots, int rows, int width) {
+	pdl_enter();
 	long long n = (long long)rows * width;
 	GRID_STRIDE(idx, n) {
 		int t = (int)(idx / width), e = (int)(idx % width);
@@ -345,6 +372,7 @@ extern "C" __global__ void kv_write(const T* k, const T* v, T* kc, T* vc, const 
 // RoPE on k (kvHeads heads of hd), then k and v into their cache slots.
 extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, const int* pos, const int* slots,
                                          const float* table, int rows, int kvHeads, int hd, int interleaved) {
+	pdl_enter();
 	int half = hd / 2, width = kvHeads * hd;
 	long long n = (long long)rows * kvHeads * half;
 	GRID_STRIDE(idx, n) {
@@ -371,6 +399,7 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, c
 // v elements.
 extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, const int* pos, const int* slots,
                                           const float* table, int rows, int heads, int kvHeads, int hd, int interleaved) {
+	pdl_enter();
 	int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
 	long long n = (long long)rows * nh * half;
 	GRID_STRIDE(idx, n) {
@@ -401,6 +430,7 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, cons
 // Columns [off, off+span) of x[rows, cols] go to up to four outputs of widths w0..w3 (summing to span).
 extern "C" __global__ void split(const T* x, int rows, int cols, int off, int span, T* o0, int w0, T* o1, int w1, T* o2,
                                  int w2, T* o3, int w3) {
+	pdl_enter();
 	long long n = (long long)rows * span;
 	GRID_STRIDE(idx, n) {
 		long long r = idx / span;
@@ -417,6 +447,7 @@ extern "C" __global__ void split(const T* x, int rows, int cols, int off, int sp
 }
 
 extern "C" __global__ void select_rows(const T* x, T* out, const int* rowIdx, int nrows, int cols) {
+	pdl_enter();
 	long long n = (long long)nrows * cols;
 	GRID_STRIDE(idx, n) {
 		long long r = idx / cols;

@@ -43,6 +43,11 @@ type Kernels struct {
 	D   *cu.Device
 	Act cu.DType
 	M   *cu.Module
+	// PDL launches the kernels that start with pdl_enter (every kernel of
+	// kernels.cu, and decode attention) as programmatic dependent launches:
+	// each is scheduled while the previous kernel finishes, hiding the gap
+	// between them. On by default.
+	PDL bool
 
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
@@ -66,7 +71,7 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: m, sharedSet: map[string]int{}, opts: opts}, nil
+	return &Kernels{D: d, Act: act, M: m, PDL: true, sharedSet: map[string]int{}, opts: opts}, nil
 }
 
 // expModule compiles (once) the source with the experimental kernels, kept
@@ -95,6 +100,18 @@ func (k *Kernels) Close() error {
 
 func (k *Kernels) launch(name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
 	return launchOn(k.M, name, grid, block, shared, s, args...)
+}
+
+// launchDep launches a kernel that starts with pdl_enter: as a
+// programmatic dependent launch when k.PDL is set.
+func (k *Kernels) launchDep(name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
+	if !k.PDL {
+		return k.launch(name, grid, block, shared, s, args...)
+	}
+	if err := k.M.LaunchDependent(name, grid, block, shared, s, args...); err != nil {
+		return fmt.Errorf("kernels: %s: %w", name, err)
+	}
+	return nil
 }
 
 func launchOn(m *cu.Module, name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
@@ -130,7 +147,7 @@ func (k *Kernels) Embed(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, 
 	if err := checkRows("embed", rows, dim); err != nil {
 		return err
 	}
-	return k.launch("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim))
+	return k.launchDep("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim))
 }
 
 // vec is the number of activations in 16 bytes (VEC in kernels.cu).
@@ -166,7 +183,7 @@ func (k *Kernels) RMSNorm(s *cu.Stream, out, x, w cu.Ptr, wt cu.DType, rows, dim
 		return err
 	}
 	name, block := k.normKernel("rmsnorm", wt, dim, out, x)
-	return k.launch(name, cu.D1(rows), block, 0, s, x, w, out, int32(rows), int32(dim), eps)
+	return k.launchDep(name, cu.D1(rows), block, 0, s, x, w, out, int32(rows), int32(dim), eps)
 }
 
 // AddRMSNorm: sum = x + r; normed = RMSNorm(sum, w). sum may alias x or r.
@@ -175,7 +192,7 @@ func (k *Kernels) AddRMSNorm(s *cu.Stream, sum, normed, x, r, w cu.Ptr, wt cu.DT
 		return err
 	}
 	name, block := k.normKernel("add_rmsnorm", wt, dim, sum, normed, x, r)
-	return k.launch(name, cu.D1(rows), block, 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
+	return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
 }
 
 // AddBias: out[r,c] = x[r,c] + b[c] (b of dtype bt).
@@ -183,30 +200,30 @@ func (k *Kernels) AddBias(s *cu.Stream, out, x, b cu.Ptr, bt cu.DType, rows, col
 	if err := checkRows("add_bias", rows, cols); err != nil {
 		return err
 	}
-	return k.launch("add_bias"+wsuffix(bt), ewGrid(rows*cols), cu.D1(256), 0, s, x, b, out, int32(rows), int32(cols))
+	return k.launchDep("add_bias"+wsuffix(bt), ewGrid(rows*cols), cu.D1(256), 0, s, x, b, out, int32(rows), int32(cols))
 }
 
 // Add: out = a + b over n elements.
 func (k *Kernels) Add(s *cu.Stream, out, a, b cu.Ptr, n int) error {
-	return k.launch("add", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
+	return k.launchDep("add", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
 }
 
 // Mul: out = a · b over n elements.
 func (k *Kernels) Mul(s *cu.Stream, out, a, b cu.Ptr, n int) error {
-	return k.launch("mul", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
+	return k.launchDep("mul", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
 }
 
 // SiLU: out = x · sigmoid(x) over n elements.
 func (k *Kernels) SiLU(s *cu.Stream, out, x cu.Ptr, n int) error {
-	return k.launch("silu", ewGrid(n), cu.D1(256), 0, s, x, out, int64(n))
+	return k.launchDep("silu", ewGrid(n), cu.D1(256), 0, s, x, out, int64(n))
 }
 
 // SwiGLU: out = SiLU(gate) · up over n elements.
 func (k *Kernels) SwiGLU(s *cu.Stream, out, gate, up cu.Ptr, n int) error {
 	if v := k.vec(); n%v == 0 && aligned16(out, gate, up) {
-		return k.launch("swiglu_v", ewGrid(n/v), cu.D1(256), 0, s, gate, up, out, int64(n/v))
+		return k.launchDep("swiglu_v", ewGrid(n/v), cu.D1(256), 0, s, gate, up, out, int64(n/v))
 	}
-	return k.launch("swiglu", ewGrid(n), cu.D1(256), 0, s, gate, up, out, int64(n))
+	return k.launchDep("swiglu", ewGrid(n), cu.D1(256), 0, s, gate, up, out, int64(n))
 }
 
 // SwiGLUPacked: out[rows, n] = SiLU(gu[:, :n]) · gu[:, n:] for gu[rows, 2n].
@@ -215,9 +232,9 @@ func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, rows, n int) error 
 		return err
 	}
 	if v := k.vec(); n%v == 0 && aligned16(out, gu) {
-		return k.launch("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, out, int32(rows), int32(n/v))
+		return k.launchDep("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, out, int32(rows), int32(n/v))
 	}
-	return k.launch("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n))
+	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n))
 }
 
 func b2i(b bool) int32 {
@@ -234,7 +251,7 @@ func (k *Kernels) RoPE(s *cu.Stream, out, x, pos, table cu.Ptr, rows, heads, hea
 	if err := checkRows("rope", rows, heads*headDim); err != nil || headDim%2 != 0 {
 		return fmt.Errorf("kernels: rope of %d rows, %d heads of %d", rows, heads, headDim)
 	}
-	return k.launch("rope", ewGrid(rows*heads*headDim/2), cu.D1(256), 0, s, x, out, pos, table,
+	return k.launchDep("rope", ewGrid(rows*heads*headDim/2), cu.D1(256), 0, s, x, out, pos, table,
 		int32(rows), int32(heads), int32(headDim), b2i(interleaved))
 }
 
@@ -244,7 +261,7 @@ func (k *Kernels) KVWrite(s *cu.Stream, kc, vc, kx, vx, slots cu.Ptr, rows, widt
 	if err := checkRows("kv_write", rows, width); err != nil {
 		return err
 	}
-	return k.launch("kv_write", ewGrid(rows*width), cu.D1(256), 0, s, kx, vx, kc, vc, slots, int32(rows), int32(width))
+	return k.launchDep("kv_write", ewGrid(rows*width), cu.D1(256), 0, s, kx, vx, kc, vc, slots, int32(rows), int32(width))
 }
 
 // RoPEQKVWrite takes qkv[rows, (heads+2·kvHeads)·headDim] apart: the q heads
@@ -254,7 +271,7 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv, pos, slots, table c
 	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
-	return k.launch("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, q, kc, vc, pos, slots, table,
+	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, q, kc, vc, pos, slots, table,
 		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 
@@ -263,7 +280,7 @@ func (k *Kernels) RoPEKVWrite(s *cu.Stream, kc, vc, kx, vx, pos, slots, table cu
 	if err := checkRows("rope_kv_write", rows, kvHeads*headDim); err != nil || headDim%2 != 0 {
 		return fmt.Errorf("kernels: rope_kv_write of %d rows, %d heads of %d", rows, kvHeads, headDim)
 	}
-	return k.launch("rope_kv_write", ewGrid(rows*kvHeads*headDim/2), cu.D1(256), 0, s, kx, vx, kc, vc, pos, slots, table,
+	return k.launchDep("rope_kv_write", ewGrid(rows*kvHeads*headDim/2), cu.D1(256), 0, s, kx, vx, kc, vc, pos, slots, table,
 		int32(rows), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 
@@ -295,7 +312,7 @@ func (k *Kernels) Split(s *cu.Stream, x cu.Ptr, rows int, outs []cu.Ptr, sizes [
 			}
 		}
 		args[4] = int32(span)
-		if err := k.launch("split", ewGrid(rows*span), cu.D1(256), 0, s, args...); err != nil {
+		if err := k.launchDep("split", ewGrid(rows*span), cu.D1(256), 0, s, args...); err != nil {
 			return err
 		}
 		off += span
@@ -308,7 +325,7 @@ func (k *Kernels) SelectRows(s *cu.Stream, out, x, rowIdx cu.Ptr, nrows, cols in
 	if err := checkRows("select_rows", nrows, cols); err != nil {
 		return err
 	}
-	return k.launch("select_rows", ewGrid(nrows*cols), cu.D1(256), 0, s, x, out, rowIdx, int32(nrows), int32(cols))
+	return k.launchDep("select_rows", ewGrid(nrows*cols), cu.D1(256), 0, s, x, out, rowIdx, int32(nrows), int32(cols))
 }
 
 // Attn describes one attention layer call.
@@ -405,7 +422,7 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 		}
 	}
 	wsM, wsL, wsAcc, counters := plan.ws(a, m, ws)
-	return k.launch(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
+	return k.launchDep(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
 		a.Q, a.KCache, a.VCache, a.Out, wsM, wsL, wsAcc, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
 		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits))
 }

@@ -92,6 +92,7 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"inspect", bin, "--after", "no-such-pass"},
 		{"bench", "model", "--random", "nope"},
 		{"run", bin, "--tokenizer", tok, "--no-such-flag"},
+		{"serve", bin, "--tokenizer", tok, "--block-size", "0"},
 	}
 	for _, args := range cases {
 		_, stderr, code := kiln(t, args...)

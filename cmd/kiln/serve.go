@@ -31,6 +31,7 @@ func cmdServe(args []string) error {
 	port := fs.Int("port", envInt("KILN_PORT", 8000), "port to listen on [KILN_PORT]")
 	name := fs.String("served-model-name", envString("KILN_SERVED_MODEL_NAME", ""), "the model's name in the API (default: the model's directory or file name) [KILN_SERVED_MODEL_NAME]")
 	apiKey := fs.String("api-key", envString("KILN_API_KEY", ""), "require this key as a Bearer token [KILN_API_KEY]")
+	blockSize := fs.Int("block-size", envInt("KILN_BLOCK_SIZE", 16), "tokens per KV-cache block, 1 to 256: smaller blocks waste less of the last block, larger ones mean shorter block tables [KILN_BLOCK_SIZE]")
 	maxSeqs := fs.Int("max-num-seqs", envInt("KILN_MAX_NUM_SEQS", 32), "most sequences in the running batch [KILN_MAX_NUM_SEQS]")
 	maxTokens := fs.Int("max-num-batched-tokens", envInt("KILN_MAX_NUM_BATCHED_TOKENS", 0), "tokens per step, decode and prompt chunks together (0: the largest step the engine takes) [KILN_MAX_NUM_BATCHED_TOKENS]")
 	maxQueued := fs.Int("max-queued-requests", envInt("KILN_MAX_QUEUED_REQUESTS", 1024), "waiting requests beyond which new ones get 429 [KILN_MAX_QUEUED_REQUESTS]")
@@ -62,10 +63,12 @@ func cmdServe(args []string) error {
 	if ctxLen <= 0 {
 		ctxLen = min(m.Config.MaxPositions, engine.DefaultContextLen)
 	}
-	const blockSize = 16
-	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: blockSize, KVCacheFraction: *kvFraction, PrefixCaching: *prefix}
+	if *blockSize < 1 || *blockSize > 256 {
+		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
+	}
+	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: *blockSize, KVCacheFraction: *kvFraction, PrefixCaching: *prefix}
 	if *kvTokens > 0 {
-		o.KVBlocks = (*kvTokens + blockSize - 1) / blockSize
+		o.KVBlocks = (*kvTokens + *blockSize - 1) / *blockSize
 	}
 	if o.KVCacheFraction == 0 {
 		o.KVCacheFraction = autoKVFraction // set for the backend that opens

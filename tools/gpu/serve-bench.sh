@@ -27,11 +27,17 @@ for i in $(seq 1 600); do curl -sf http://127.0.0.1:8765/health >/dev/null && br
 metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 $k bench serve --url http://127.0.0.1:8765 --concurrency 256 --num-requests 768 --warmup 256 \
 	--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$out/serve256.json" >"$out/serve256.txt" 2>&1
+a0=$(metric kiln:kv_cache_slots_allocated_total); u0=$(metric kiln:kv_cache_slots_used_total)
 s0=$(metric kiln:engine_step_seconds_total); l0=$(metric kiln:scheduler_loop_seconds_total)
 $k bench serve --url http://127.0.0.1:8765 --concurrency 64 --num-requests 256 --warmup 64 \
 	--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$out/serve64.json" >"$out/serve64.txt" 2>&1
 s1=$(metric kiln:engine_step_seconds_total); l1=$(metric kiln:scheduler_loop_seconds_total)
+a1=$(metric kiln:kv_cache_slots_allocated_total); u1=$(metric kiln:kv_cache_slots_used_total)
+curl -s http://127.0.0.1:8765/metrics >"$out/metrics.txt"
 kill -TERM $server; wait $server
 grep -E '^\| tg' "$out/offline.txt"
 head -3 "$out/serve256.txt"; head -3 "$out/serve64.txt"
-python3 -c "s0,l0,s1,l1=map(float,'$s0 $l0 $s1 $l1'.split()); print(f'64 streams: scheduler time outside engine steps {100*((l1-l0)-(s1-s0))/(l1-l0):.2f}%')"
+python3 -c "
+s0,l0,s1,l1,a0,u0,a1,u1=map(float,'$s0 $l0 $s1 $l1 $a0 $u0 $a1 $u1'.split())
+print(f'256 streams: allocated KV slots left empty {100*(1-u0/a0):.2f}%')
+print(f'64 streams: scheduler time outside engine steps {100*((l1-l0)-(s1-s0))/(l1-l0):.2f}%; allocated KV slots left empty {100*(1-(u1-u0)/(a1-a0)):.2f}%')"

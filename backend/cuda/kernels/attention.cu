@@ -336,13 +336,34 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	for (int i = tid; i < group * HD; i += DC_THREADS) {
 		int gg = i / HD, d = i % HD;
 		long long w0 = ((long long)t * heads + h0 + gg) * maxSplits;
-		float M = NEG_INF;
-		for (int s = 0; s < nsplit; s++) M = fmaxf(M, ldcg(wsM + w0 + s));
-		float L = 0.f, o = 0.f;
-		for (int s = 0; s < nsplit; s++) {
-			float e = exp2f(ldcg(wsM + w0 + s) - M);
-			L += e * ldcg(wsL + w0 + s);
-			o += e * ldcg(wsAcc + (w0 + s) * HD + d);
+		// Online over groups of MG splits, each group's loads issued
+		// together. Split 0 is in the first group and has keys, so M is
+		// finite after it; splits past nsplit weigh 2^-inf = 0.
+		constexpr int MG = 8;
+		float M = NEG_INF, L = 0.f, o = 0.f;
+		for (int s0 = 0; s0 < nsplit; s0 += MG) {
+			float ms[MG], ls[MG], as[MG];
+#pragma unroll
+			for (int j = 0; j < MG; j++) {
+				bool in = s0 + j < nsplit;
+				long long w = w0 + (in ? s0 + j : 0);
+				ms[j] = in ? ldcg(wsM + w) : NEG_INF;
+				ls[j] = in ? ldcg(wsL + w) : 0.f;
+				as[j] = in ? ldcg(wsAcc + w * HD + d) : 0.f;
+			}
+			float mn = M;
+#pragma unroll
+			for (int j = 0; j < MG; j++) mn = fmaxf(mn, ms[j]);
+			float c = exp2f(M - mn);
+			L *= c;
+			o *= c;
+#pragma unroll
+			for (int j = 0; j < MG; j++) {
+				float e = exp2f(ms[j] - mn);
+				L += e * ls[j];
+				o += e * as[j];
+			}
+			M = mn;
 		}
 		out[((long long)t * heads + h0 + gg) * HD + d] = fromf<T>(o / L);
 	}

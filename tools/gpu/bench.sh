@@ -4,14 +4,8 @@
 # Llama-3-8B-shaped model with random bf16 weights. Results under $OUT (or
 # ./gpu-logs).
 #   run tool: command "tools/gpu/bench.sh", carry [".devbin"]
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-out=${OUT:-gpu-logs}
-mkdir -p "$out"
-export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
-k=.devbin/kiln
-keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
 # Prefill of 2048 tokens and decode at context 512, batches 1 to 256.
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 2048 --tg 128 --depth 512 \
 	--batch 1,16,64,256 --reps 3 --output "$out/kiln.json" >"$out/kiln.txt" 2>&1

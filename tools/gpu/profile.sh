@@ -6,13 +6,7 @@
 # step, and batch-1 decode steps at context 512 (graphs off, so that each
 # kernel is its own launch; the kernels are the same).
 #   run tool: command "tools/gpu/profile.sh", carry [".devbin"]
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-out=${OUT:-gpu-logs}
-mkdir -p "$out"
-export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
-k=.devbin/kiln
-keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
+source "$(dirname "$0")/env.sh"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
 # Make the model once (and compile the kernels) outside the profiler.

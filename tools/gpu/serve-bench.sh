@@ -9,13 +9,7 @@
 # The random model has no tokenizer: prompts are encoded with the demo
 # model's (ids below 4096 are valid ids of the 128256-token vocabulary).
 #   run tool: command "tools/gpu/serve-bench.sh", carry [".devbin"]
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-out=${OUT:-gpu-logs}
-mkdir -p "$out"
-export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
-k=.devbin/kiln
-keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
+source "$(dirname "$0")/env.sh"
 tok=demo/files/tokenizer.json
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --reps 2 \
 	--output "$out/offline.json" >"$out/offline.txt" 2>&1

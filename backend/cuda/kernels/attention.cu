@@ -151,6 +151,20 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 // at once.
 #define DC_THREADS 128
 
+// pv_add adds key j's V values f (VEC of them) to the accumulators of the
+// up to 4 query heads g0.. of the group, weighted by their scores sc.
+__device__ __forceinline__ void pv_add(float (&acc)[4][VEC], const float* f, const float* sc, int g0, int group, int chunk,
+                                       int j) {
+#pragma unroll
+	for (int gg = 0; gg < 4; gg++) {
+		if (g0 + gg < group) {
+			float pj = sc[(g0 + gg) * chunk + j];
+#pragma unroll
+			for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
+		}
+	}
+}
+
 // ldcg loads through L2 only (not the SM's L1, which does not see other
 // blocks' stores).
 __device__ __forceinline__ float ldcg(const float* p) {
@@ -275,28 +289,14 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 					if (j < nk) {
 						float f[VEC];
 						unpack16(vpre[i], f, vc);
-#pragma unroll
-						for (int gg = 0; gg < 4; gg++) {
-							if (g0 + gg < group) {
-								float pj = sc[(g0 + gg) * chunk + j];
-#pragma unroll
-								for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
-							}
-						}
+						pv_add(acc, f, sc, g0, group, chunk, j);
 					}
 				}
 			} else {
 				for (int j = r; j < nk; j += NS) {
 					float f[VEC];
 					load16(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, f);
-#pragma unroll
-					for (int gg = 0; gg < 4; gg++) {
-						if (g0 + gg < group) {
-							float pj = sc[(g0 + gg) * chunk + j];
-#pragma unroll
-							for (int e = 0; e < VEC; e++) acc[gg][e] += pj * f[e];
-						}
-					}
+					pv_add(acc, f, sc, g0, group, chunk, j);
 				}
 			}
 #pragma unroll

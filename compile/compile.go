@@ -41,6 +41,7 @@ var passes = []pass{
 	{name: "fuse-add-rmsnorm", fn: fuseAddRMSNorm},
 	{name: "fuse-rope-kv-write", fn: fuseRoPEKVWrite},
 	{name: "fuse-packed", fn: fusePacked},
+	{name: "fuse-matmul-bias", fn: fuseMatMulBias},
 	{name: "fold-constants", fn: foldConstants, required: true},
 	{name: "deadcode", fn: deadcode, required: true},
 }
@@ -58,6 +59,9 @@ var passOrder = [...][2]string{
 	{"fuse-swiglu", "fuse-packed"},           // ... read by SwiGLU
 	{"fuse-rope-kv-write", "fuse-packed"},    // ... and by RoPEKVWrite
 	{"fuse-packed", "deadcode"},              // ... leaving them dead
+	{"fuse-qkv", "fuse-matmul-bias"},         // the stacked biases are added to the stacked product
+	{"fuse-matmul-bias", "deadcode"},         // fusion leaves the unbiased products dead
+	{"fuse-matmul-bias", "fold-constants"},   // ... whose stacked weights are then folded
 }
 
 func init() {

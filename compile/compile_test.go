@@ -14,7 +14,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 func TestPassNames(t *testing.T) {
-	want := []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fuse-packed", "fold-constants", "deadcode"}
+	want := []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fuse-packed", "fuse-matmul-bias", "fold-constants", "deadcode"}
 	if got := PassNames(); !slices.Equal(got, want) {
 		t.Errorf("PassNames() = %v, want %v", got, want)
 	}
@@ -92,7 +92,7 @@ func TestCompileDisable(t *testing.T) {
 		{[]string{"fold-constants"}, nil, nil, []ir.Op{ir.RopeTable, ir.ConcatRows}},
 		{[]string{"deadcode"}, nil, nil, []ir.Op{ir.SiLU, ir.Mul, ir.KVWrite}},
 		{[]string{"no-such-pass"}, nil, nil, nil},
-		{PassNames(), []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fuse-packed"},
+		{PassNames(), []string{"fuse-qkv", "fuse-swiglu", "fuse-add-rmsnorm", "fuse-rope-kv-write", "fuse-packed", "fuse-matmul-bias"},
 			[]ir.Op{ir.SiLU, ir.Mul, ir.KVWrite, ir.Add}, []ir.Op{ir.Split, ir.SwiGLU, ir.AddRMSNorm, ir.RoPEKVWrite, ir.RopeTable, ir.ConcatRows}},
 	} {
 		t.Run(strings.Join(tc.disable, ","), func(t *testing.T) {
@@ -252,10 +252,10 @@ func TestCompileTinyLlama(t *testing.T) {
 				ir.AddRMSNorm: 2*L - 1, ir.RMSNorm: 2, ir.Add: 1,
 				ir.SwiGLU:      L,
 				ir.RoPEKVWrite: L, ir.RoPE: L, ir.Attention: L,
-				ir.Split:   2 * L,        // qkv, gate/up
-				ir.MatMul:  4*L + 1,      // qkv, o, gate/up, down; head
-				ir.AddBias: bias,         // one stacked bias per layer
-				ir.SiLU:    0, ir.Mul: 0, // fused into SwiGLU
+				ir.Split:      2 * L,          // qkv, gate/up
+				ir.MatMul:     4*L + 1 - bias, // qkv, o, gate/up, down; head
+				ir.MatMulBias: bias,           // qkv with its stacked bias
+				ir.SiLU:       0, ir.Mul: 0,   // fused into SwiGLU
 				ir.KVWrite: 0, ir.RopeTable: 0, ir.ConcatRows: 0,
 			}
 			if tc.packed {

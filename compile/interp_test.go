@@ -76,20 +76,7 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 			s := add(x(0), x(1))
 			outs = [][]float64{s, rmsnorm(s, x(2), float64(n.Attrs.Eps))}
 		case ir.MatMul:
-			a, w := x(0), x(1)
-			k, nOut := cols(n.Inputs[0]), int(n.Inputs[1].Shape[0])
-			r := len(a) / k
-			o := make([]float64, r*nOut)
-			for i := 0; i < r; i++ {
-				for j := 0; j < nOut; j++ {
-					s := 0.0
-					for c := 0; c < k; c++ {
-						s += a[i*k+c] * w[j*k+c]
-					}
-					o[i*nOut+j] = s
-				}
-			}
-			outs = [][]float64{o}
+			outs = [][]float64{matmul(x(0), x(1), cols(n.Inputs[0]))}
 		case ir.Add:
 			outs = [][]float64{add(x(0), x(1))}
 		case ir.AddBias:
@@ -107,6 +94,12 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 			outs = [][]float64{mul(silu(x(0)), x(1))}
 		case ir.RoPE:
 			outs = [][]float64{rope(x(0), x(1), x(2), n.Attrs.Heads, n.Attrs.HeadDim, n.Attrs.Interleaved)}
+		case ir.MatMulBias:
+			o, b := matmul(x(0), x(1), cols(n.Inputs[0])), x(2)
+			for i := range o {
+				o[i] += b[i%len(b)]
+			}
+			outs = [][]float64{o}
 		case ir.SwiGLUPacked:
 			gu, d := x(0), cols(n.Inputs[0])
 			g, u := columns(gu, d, 0, d/2), columns(gu, d, d/2, d/2)
@@ -209,6 +202,22 @@ func (in *interp) attention(q []float64, positions []int, a ir.Attrs) []float64 
 					out[c] += scores[i] / sum * v[c]
 				}
 			}
+		}
+	}
+	return o
+}
+
+// matmul returns a[r,k]·w[n,k]ᵀ.
+func matmul(a, w []float64, k int) []float64 {
+	r, nOut := len(a)/k, len(w)/k
+	o := make([]float64, r*nOut)
+	for i := 0; i < r; i++ {
+		for j := 0; j < nOut; j++ {
+			s := 0.0
+			for c := 0; c < k; c++ {
+				s += a[i*k+c] * w[j*k+c]
+			}
+			o[i*nOut+j] = s
 		}
 	}
 	return o

@@ -47,6 +47,9 @@ const (
 	// f32[T,Heads·HeadDim], k rotated and v stored into layer Attrs.Layer's
 	// cache.
 	RoPEQKVWrite
+	// MatMulBias (x[X,K], w[N,K], b[N]) -> f32[X,N]: x·wᵀ + b, the bias
+	// added in the product's epilogue.
+	MatMulBias
 
 	numOps
 )
@@ -96,6 +99,7 @@ func init() {
 		ConcatRows:   {name: "concat_rows", fused: true, infer: inferConcatRows},
 		SwiGLUPacked: {name: "swiglu_packed", fused: true, infer: inferSwiGLUPacked},
 		RoPEQKVWrite: {name: "rope_qkv_write", fused: true, infer: inferRoPEQKVWrite},
+		MatMulBias:   {name: "matmul_bias", fused: true, infer: inferMatMulBias},
 	}
 }
 
@@ -346,6 +350,22 @@ func inferRoPEKVWrite(n *Node) ([]Shape, []tensor.DType, error) {
 		return nil, nil, err
 	}
 	return []Shape{nil}, stateOut, nil
+}
+
+func inferMatMulBias(n *Node) ([]Shape, []tensor.DType, error) {
+	if err := arity(n, 3); err != nil {
+		return nil, nil, err
+	}
+	mm := &Node{Op: MatMul, Inputs: n.Inputs[:2]}
+	shapes, dtypes, err := inferMatMul(mm)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := &Value{Shape: shapes[0], DType: dtypes[0]}
+	if err := checkRowVector(out, n.Inputs[2], "bias"); err != nil {
+		return nil, nil, err
+	}
+	return shapes, dtypes, nil
 }
 
 func inferSwiGLUPacked(n *Node) ([]Shape, []tensor.DType, error) {

@@ -169,6 +169,10 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"split rows", ir.Split, ir.Attrs{Sizes: []int{4, 4}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "f32[R,4], f32[R,4]"},
 		{"split sizes do not sum", ir.Split, ir.Attrs{Sizes: []int{8, 8}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "error: split of [T,12] into [8 8]"},
 		{"split one size", ir.Split, ir.Attrs{Sizes: []int{12}}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "error: split of"},
+		{"matmul bias", ir.MatMulBias, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.m12x8, v.w12} }), "f32[T,12]"},
+		{"matmul bias length", ir.MatMulBias, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.m12x8, v.w8} }), "error: bias vector"},
+		{"matmul bias K mismatch", ir.MatMulBias, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.m12x6, v.w12} }), "error: does not fit"},
+
 		{"swiglu packed", ir.SwiGLUPacked, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "f32[T,6]"},
 		{"swiglu packed 1-D", ir.SwiGLUPacked, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.w8} }), "error: want [X,2N]"},
 		{"swiglu packed i32", ir.SwiGLUPacked, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: want [X,2N]"},
@@ -198,7 +202,7 @@ func TestAddInfersAndRejects(t *testing.T) {
 	// Every op with inputs rejects a nil one.
 	arities := map[ir.Op]int{ir.Embed: 2, ir.RMSNorm: 2, ir.MatMul: 2, ir.Add: 2, ir.AddBias: 2, ir.SiLU: 1, ir.Mul: 2,
 		ir.RoPE: 3, ir.KVWrite: 2, ir.Attention: 2, ir.SelectRows: 1, ir.AddRMSNorm: 3, ir.SwiGLU: 2,
-		ir.RoPEKVWrite: 4, ir.Split: 1, ir.ConcatRows: 2, ir.SwiGLUPacked: 1, ir.RoPEQKVWrite: 3}
+		ir.RoPEKVWrite: 4, ir.Split: 1, ir.ConcatRows: 2, ir.SwiGLUPacked: 1, ir.RoPEQKVWrite: 3, ir.MatMulBias: 3}
 	for op, k := range arities {
 		cases = append(cases, tc{"nil input to " + op.String(), op, ir.Attrs{}, func(v *vals) []*ir.Value {
 			in := make([]*ir.Value, k)
@@ -299,7 +303,7 @@ func TestOpNames(t *testing.T) {
 		t.Errorf("Op(250) = %q", got)
 	}
 	fused := map[ir.Op]bool{ir.AddRMSNorm: true, ir.SwiGLU: true, ir.RoPEKVWrite: true, ir.Split: true, ir.ConcatRows: true,
-		ir.SwiGLUPacked: true, ir.RoPEQKVWrite: true}
+		ir.SwiGLUPacked: true, ir.RoPEQKVWrite: true, ir.MatMulBias: true}
 	for _, op := range ir.AllOps() {
 		if op.Fused() != fused[op] {
 			t.Errorf("%v.Fused() = %v", op, op.Fused())

@@ -19,6 +19,10 @@ func init() {
 	register(ir.MatMul, kernel{name: "gemm.matmul", priority: fastPriority, run: func(x *execState, s *step) {
 		gemm.MatMul(x.l.pool, s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)
 	}})
+	register(ir.MatMulBias, kernel{name: "gemm.matmul_bias", priority: fastPriority, run: func(x *execState, s *step) {
+		gemm.MatMul(x.l.pool, s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)
+		addBias(s.out[0].f, s.in[2].f, s.in[0].rows(x))
+	}})
 	register(ir.Attention, kernel{name: "cpu.attention_online_softmax", priority: fastPriority,
 		prepare: func(l *loaded, s *step) { s.task = &attnTask{} },
 		run: func(x *execState, s *step) {

@@ -30,6 +30,10 @@ func init() {
 	ref(ir.MatMul, "ref.matmul", func(x *execState, s *step) {
 		gemm.MatMulRef(s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)
 	})
+	ref(ir.MatMulBias, "ref.matmul_bias", func(x *execState, s *step) {
+		gemm.MatMulRef(s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)
+		addBias(s.out[0].f, s.in[2].f, s.in[0].rows(x))
+	})
 	ref(ir.Add, "ref.add", func(x *execState, s *step) {
 		n := s.out[0].rows(x) * s.out[0].cols
 		a, b, out := s.in[0].f[:n], s.in[1].f[:n], s.out[0].f[:n]
@@ -53,11 +57,8 @@ func init() {
 	})
 	ref(ir.AddBias, "ref.add_bias", func(x *execState, s *step) {
 		rows, cols := s.in[0].rows(x), s.in[0].cols
-		for r := 0; r < rows; r++ {
-			for c := 0; c < cols; c++ {
-				s.out[0].f[r*cols+c] = s.in[0].f[r*cols+c] + s.in[1].f[c]
-			}
-		}
+		copy(s.out[0].f[:rows*cols], s.in[0].f[:rows*cols])
+		addBias(s.out[0].f, s.in[1].f, rows)
 	})
 	ref(ir.RoPE, "ref.rope", func(x *execState, s *step) {
 		a := s.node.Attrs
@@ -258,6 +259,17 @@ func refAttention(x *execState, s *step) {
 				}
 				oh[d] = float32(acc / sum)
 			}
+		}
+	}
+}
+
+// addBias adds b to each of the first rows rows of x (rows of len(b)).
+func addBias(x, b []float32, rows int) {
+	cols := len(b)
+	for r := 0; r < rows; r++ {
+		row := x[r*cols : (r+1)*cols]
+		for c := range row {
+			row[c] += b[c]
 		}
 	}
 }

@@ -136,7 +136,7 @@ func (b *Backend) Supports(op ir.Op) bool {
 	switch op {
 	case ir.Tokens, ir.Positions, ir.Weight, ir.Const, ir.Embed, ir.RMSNorm, ir.MatMul, ir.Add, ir.AddBias,
 		ir.SiLU, ir.Mul, ir.RoPE, ir.KVWrite, ir.Attention, ir.SelectRows, ir.AddRMSNorm, ir.SwiGLU,
-		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite:
+		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite, ir.MatMulBias:
 		return true
 	}
 	return false

@@ -116,7 +116,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, fmt.Errorf("cuda: graph has %d outputs, want the logits", len(p.Graph.Outputs))
 	}
 	logits := p.Graph.Outputs[0]
-	if logits.Def.Op != ir.MatMul {
+	if logits.Def.Op != ir.MatMul && logits.Def.Op != ir.MatMulBias {
 		return nil, fmt.Errorf("cuda: the logits come from %v, want a matmul", logits.Def.Op)
 	}
 	arena, err := l.alloc(p.ArenaBytes)

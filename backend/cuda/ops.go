@@ -31,7 +31,7 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			return k.AddRMSNorm(s, out[0].p, out[1].p, in[0].p, in[1].p, in[2].p, in[2].dtype, in[0].rows(x), in[0].cols, a.Eps)
 		}
-	case ir.MatMul:
+	case ir.MatMul, ir.MatMulBias:
 		w := in[1]
 		if w.v.Def.Op != ir.Weight && w.v.Def.Op != ir.Const {
 			return fmt.Errorf("cuda: matmul of two activations")
@@ -39,14 +39,33 @@ func (l *loaded) choose(nd *node) error {
 		if w.dtype != l.act {
 			return fmt.Errorf("cuda: matmul weight %q is %v on the device, compute dtype %v", w.v.Def.Attrs.Name, w.dtype, l.act)
 		}
+		var bias *operand
+		epilogue := false // cuBLASLt adds the bias (of the output's dtype)
+		if nd.n.Op == ir.MatMulBias {
+			bias = &in[2]
+			epilogue = bias.dtype == out[0].dtype
+		}
 		nd.kernel = fmt.Sprintf("cublasLt %v→%v (gemv when measured faster, T ≤ %d)", l.act, out[0].dtype, kernels.GEMVMaxT)
+		if bias != nil {
+			nd.kernel += " + bias"
+		}
 		nd.launch = func(x *stepState, nd *node) error {
 			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
-			if l.useGEMV(x, mm) {
-				return l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
+			var err error
+			switch {
+			case l.useGEMV(x, mm):
+				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
+			case epilogue:
+				mm.Bias = bias.p
+				return l.lt.Matmul(mm)
+			default:
+				err = l.lt.Matmul(mm)
 			}
-			return l.lt.Matmul(mm)
+			if err != nil || bias == nil {
+				return err
+			}
+			return k.AddBias(s, mm.Dst, mm.Dst, bias.p, bias.dtype, mm.T, mm.N)
 		}
 	case ir.Add:
 		nd.kernel = "add"

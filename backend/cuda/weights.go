@@ -14,17 +14,24 @@ import (
 )
 
 // weightDTypes decides the device dtype of every weight and constant: the
-// compute dtype for matrices read by products and embedding lookups, f32 for
-// the rest (norm weights, biases, RoPE tables).
+// compute dtype for matrices read by products and embedding lookups, the
+// product's output dtype for the biases of MatMulBias (cuBLASLt's epilogue
+// takes them so), f32 for the rest (norm weights, other biases, RoPE
+// tables).
 func weightDTypes(g *ir.Graph, act cu.DType) map[*ir.Node]cu.DType {
 	want := map[*ir.Node]cu.DType{}
+	output := map[*ir.Value]bool{}
+	for _, o := range g.Outputs {
+		output[o] = true // the logits, in f32
+	}
 	for _, n := range g.Nodes {
 		for i, in := range n.Inputs {
 			if in.Def.Op != ir.Weight && in.Def.Op != ir.Const {
 				continue
 			}
 			dt := cu.F32
-			if (n.Op == ir.MatMul && i == 1) || (n.Op == ir.Embed && i == 0) {
+			product := n.Op == ir.MatMul || n.Op == ir.MatMulBias
+			if (product && i == 1) || (n.Op == ir.Embed && i == 0) || (n.Op == ir.MatMulBias && i == 2 && !output[n.Out()]) {
 				dt = act
 			}
 			if old, ok := want[in.Def]; ok && old != dt {

@@ -185,6 +185,22 @@ var prefillCases = []attnCfg{
 	{heads: 4, kvHeads: 2, hd: 16, window: 8, seqs: [][2]int{{70, 70}, {33, 5}}},
 	{heads: 4, kvHeads: 2, hd: 32, seqs: [][2]int{{100, 100}, {3, 1}}},
 	{heads: 8, kvHeads: 4, hd: 8, seqs: [][2]int{{130, 130}, {9, 2}}},
+	// The tensor-core kernel's paths: GQA groups 8, 4, 3 and 1 (two heads per
+	// block for even groups), chunked prefill over earlier context, stages
+	// with and without masks (sliding windows inside long contexts), several
+	// sequences, odd token counts, tiles of one token.
+	{heads: 16, kvHeads: 2, hd: 128, seqs: [][2]int{{150, 150}}},
+	{heads: 3, kvHeads: 3, hd: 128, seqs: [][2]int{{500, 77}}},
+	{heads: 8, kvHeads: 2, hd: 128, seqs: [][2]int{{1100, 1100}}},
+	{heads: 8, kvHeads: 2, hd: 128, window: 300, seqs: [][2]int{{1000, 200}, {70, 70}}},
+	{heads: 8, kvHeads: 1, hd: 128, seqs: [][2]int{{64, 64}, {129, 129}, {5, 1}, {300, 100}}},
+	{heads: 12, kvHeads: 4, hd: 128, window: 64, seqs: [][2]int{{257, 193}}},
+	{heads: 8, kvHeads: 2, hd: 80, window: 50, seqs: [][2]int{{200, 150}}},
+	{heads: 4, kvHeads: 1, hd: 96, seqs: [][2]int{{130, 130}, {700, 33}}},
+	{heads: 2, kvHeads: 2, hd: 32, window: 20, seqs: [][2]int{{90, 90}}},
+	{heads: 8, kvHeads: 2, hd: 32, window: 40, seqs: [][2]int{{150, 150}, {3, 3}}},
+	{heads: 8, kvHeads: 2, hd: 16, seqs: [][2]int{{200, 200}}},
+	{heads: 8, kvHeads: 2, hd: 64, seqs: [][2]int{{600, 300}}},
 }
 
 var decodeCases = []attnCfg{
@@ -214,6 +230,13 @@ func TestPrefillAttention(t *testing.T) {
 			if act != cu.F32 && c.hd%16 == 0 {
 				e = compare(t, "prefill simt "+c.String(), runAttnVariant(t, act, st, false, "attn"), ref, tol(act))
 				report(t, act, "prefill-simt "+c.String(), e)
+				// "mma" took as many heads per block as the group allows: check the kernels of fewer heads too.
+				if mmaHeads(c.heads/c.kvHeads) > 2 {
+					checkMMA(t, act, st, ref, c, "mma2")
+				}
+				if mmaHeads(c.heads/c.kvHeads) > 1 {
+					checkMMA(t, act, st, ref, c, "mma1")
+				}
 			}
 			// The decode kernel computes the same function on any batch.
 			e = compare(t, "decode kernel on "+c.String(), runAttn(t, act, st, true), ref, tol(act))
@@ -222,28 +245,17 @@ func TestPrefillAttention(t *testing.T) {
 	}
 }
 
-// TestPrefillAttentionLdm checks the experimental ldmatrix variant of the
-// tensor-core prefill kernel (its own module; run it in its own process on
-// the GPU machine, so that a fault cannot spoil the other tests).
-func TestPrefillAttentionLdm(t *testing.T) {
-	for _, act := range []cu.DType{cu.F16, cu.BF16} {
-		kern(t, act)
-		rng := newRNG(t)
-		for _, c := range prefillCases {
-			if c.hd%16 != 0 {
-				continue // no tensor-core kernel
-			}
-			st := newAttn(t, rng, act, c)
-			ref := st.ref()
-			got := runAttnVariant(t, act, st, false, "ldm")
-			e := compare(t, "prefill ldmatrix "+c.String(), got, ref, mmaTol(act))
-			l2 := l2rel(got, ref)
-			if l2 > tol(act)/2 {
-				t.Errorf("prefill ldmatrix %v: relative L2 error %.3g, limit %.3g", c, l2, tol(act)/2)
-			}
-			report(t, act, fmt.Sprintf("prefill-ldm %v (L2 %.2g)", c, l2), e)
-		}
+// checkMMA runs a tensor-core prefill variant on st and checks it against
+// ref: every element within mmaTol, the relative L2 error within tol/2.
+func checkMMA(t *testing.T, act cu.DType, st *attnSetup, ref []float64, c attnCfg, variant string) {
+	t.Helper()
+	got := runAttnVariant(t, act, st, false, variant)
+	e := compare(t, "prefill "+variant+" "+c.String(), got, ref, mmaTol(act))
+	l2 := l2rel(got, ref)
+	if l2 > tol(act)/2 {
+		t.Errorf("prefill %s %v: relative L2 error %.3g, limit %.3g", variant, c, l2, tol(act)/2)
 	}
+	report(t, act, fmt.Sprintf("prefill-%s %v (L2 %.2g)", variant, c, l2), e)
 }
 
 func TestDecodeAttention(t *testing.T) {

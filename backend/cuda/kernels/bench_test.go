@@ -146,19 +146,26 @@ func BenchmarkDecodeAttention(b *testing.B) {
 	}
 }
 
-func BenchmarkPrefillAttention(b *testing.B) { benchPrefill(b, "mma", "attn") }
+// BenchmarkPrefillAttention times the prefill kernels on one sequence of
+// 4096 tokens (causal, and full: every token sees all 4096 keys) and of 2048
+// tokens (causal); bf16, 32/8 heads, head dim 128, block size 16.
+func BenchmarkPrefillAttention(b *testing.B) {
+	benchPrefill(b, 4096, cu.BF16, "mma", "mma2", "mma1", "attn")
+	benchPrefill(b, 4096, cu.F16, "mma")
+	benchPrefill(b, 2048, cu.BF16, "mma")
+}
 
-// BenchmarkPrefillAttentionLdm times the experimental ldmatrix variant.
-func BenchmarkPrefillAttentionLdm(b *testing.B) { benchPrefill(b, "ldm") }
-
-func benchPrefill(b *testing.B, variants ...string) {
+func benchPrefill(b *testing.B, T int, act cu.DType, variants ...string) {
 	type vt struct {
 		causal  bool
 		variant string
 	}
 	var vs []vt
 	for _, v := range variants {
-		vs = append(vs, vt{true, v}, vt{false, v})
+		vs = append(vs, vt{true, v})
+		if T == 4096 {
+			vs = append(vs, vt{false, v})
+		}
 	}
 	for _, v := range vs {
 		causal, variant := v.causal, v.variant
@@ -166,10 +173,12 @@ func benchPrefill(b *testing.B, variants ...string) {
 		if !causal {
 			nm = "full"
 		}
-		nm += "/" + variant
+		nm += itoa(T) + "/" + variant
+		if act != cu.BF16 {
+			nm += "/" + cname(act)
+		}
 		b.Run(nm, func(b *testing.B) {
-			const T, heads, kvHeads, hd, bs = 4096, 32, 8, 128, 16
-			act := cu.BF16
+			const heads, kvHeads, hd, bs = 32, 8, 128, 16
 			k := kern(b, act)
 			d := gpu(b)
 			rng := rand.New(rand.NewPCG(3, 4))
@@ -177,11 +186,10 @@ func benchPrefill(b *testing.B, variants ...string) {
 			width := kvHeads * hd
 			spec := backend.KVSpec{Layers: 1, Blocks: nb, BlockSize: bs, KVHeads: kvHeads, HeadDim: hd}
 			seq := backend.Seq{Len: T}
-			for i, p := range rng.Perm(nb) {
-				_ = i
+			for _, p := range rng.Perm(nb) {
 				seq.Blocks = append(seq.Blocks, int32(p))
 			}
-			bt := &backend.Batch{Seqs: []backend.Seq{seq}, Rows: []int32{T - 1}}
+			bt := &backend.Batch{Seqs: []backend.Seq{seq}, Rows: []int32{int32(T - 1)}}
 			flops := 0.0
 			for i := 0; i < T; i++ {
 				p := i
@@ -207,7 +215,7 @@ func benchPrefill(b *testing.B, variants ...string) {
 			tf := flops / (ms * 1e-3) / 1e12
 			b.ReportMetric(ms, "ms/call")
 			b.ReportMetric(tf, "TFLOP/s")
-			b.Logf("device %s: prefill attention bf16 %s, 4096 tokens, 32/8 heads, hd 128: %.3f ms, %.1f TFLOP/s", d.Name, nm, ms, tf)
+			b.Logf("device %s: prefill attention %s %s, %d tokens, 32/8 heads, hd 128: %.3f ms, %.1f TFLOP/s", d.Name, cname(act), nm, T, ms, tf)
 		})
 	}
 }

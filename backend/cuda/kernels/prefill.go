@@ -8,37 +8,139 @@ import (
 
 // PrefillAttention runs causal (optionally windowed) attention for every
 // token of the batch, tiled over its prefill tiles: FlashAttention-style,
-// keys in shared-memory tiles, online softmax. f16 and bf16 run on the
-// tensor cores (mma.sync), f32 on the CUDA cores.
+// keys in shared-memory stages, online softmax. f16 and bf16 run on the
+// tensor cores (mma.sync, prefill_fa in prefill_mma.cu), f32 on the CUDA
+// cores.
 func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
 	v := "mma"
-	if k.Act == cu.F32 || a.HeadDim%16 != 0 {
+	if k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a) {
 		v = "attn"
 	}
 	return k.prefill(s, a, m, v)
 }
 
+// mmaOK reports whether the tensor-core kernel takes a: 16-byte aligned
+// queries and output (16-byte cp.async of Q rows, 32-bit stores), and a
+// positive scale (the online softmax takes maxima of the unscaled scores).
+func mmaOK(a Attn) bool { return aligned16(a.Q, a.Out) && a.Scale > 0 }
+
+// pfCfg is one build of prefill_fa (prefill_mma.cu): mb query heads per
+// warp, wg groups of 4 warps per block (mb·wg heads per block), bk keys per
+// stage, stages of K and V in shared memory, Q fragments in registers (qreg)
+// or in shared memory.
+type pfCfg struct {
+	mb, wg, bk, stages int
+	qreg               bool
+}
+
+// heads is the number of query heads of one block.
+func (c pfCfg) heads() int { return c.mb * c.wg }
+
+// shared is the dynamic shared memory of the kernel at head dim hd.
+func (c pfCfg) shared(hd int) int {
+	rows := 2 * c.stages * c.bk
+	if !c.qreg {
+		rows += c.heads() * PrefillTile
+	}
+	return rows * (hd + 8) * 2
+}
+
+// pfMMA is the shape of prefill_mma<suffix>_<hd> for heads (4, 2 or 1)
+// query heads per block: 4 warps of 16 rows of one or two heads each (two
+// heads: each K/V fragment serves both), and with 4 heads two such groups of
+// warps sharing the K/V stages.
+func pfMMA(hd, heads int) (suffix string, c pfCfg) {
+	switch heads {
+	case 4:
+		return "", pfCfg{mb: 2, wg: 2, bk: 64, stages: 2, qreg: 2*hd <= 128}
+	case 2:
+		c = pfCfg{mb: 2, wg: 1, bk: 64, stages: 2, qreg: 2*hd <= 128}
+		if !c.qreg {
+			c.bk = 32 // measured faster at head dim 128 (4 warps a block)
+		}
+		return "2", c
+	}
+	return "1", pfCfg{mb: 1, wg: 1, bk: 64, stages: 2, qreg: true}
+}
+
 // prefill runs one variant of the prefill kernel: "attn" (CUDA cores, any
-// dtype), "mma" (tensor cores, f16/bf16) or "ldm" (tensor cores, fragments
-// through ldmatrix).
+// dtype), "mma" (tensor cores, f16/bf16: four heads per block when the GQA
+// group allows, else two, else one), "mma2" and "mma1" (two heads, one head
+// per block).
 func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	if variant != "attn" && k.Act == cu.F32 {
+	args := []any{a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
+		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale}
+	if variant == "attn" {
+		return k.launch(fmt.Sprintf("prefill_attn_%d", a.HeadDim), cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s, args...)
+	}
+	if k.Act == cu.F32 {
 		return fmt.Errorf("kernels: no tensor-core prefill for f32")
 	}
-	name := fmt.Sprintf("prefill_%s_%d", variant, a.HeadDim)
-	if variant == "ldm" {
-		m2, err := k.expModule()
-		if err != nil {
-			return err
-		}
-		return launchOn(m2, name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
-			a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
-			m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)
+	if a.HeadDim%16 != 0 || !mmaOK(a) {
+		return fmt.Errorf("kernels: tensor-core prefill needs a head dim multiple of 16, 16-byte aligned q and out, scale > 0")
 	}
-	return k.launch(name, cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s,
-		a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
-		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale)
+	group := a.Heads / a.KVHeads
+	hb := mmaHeads(group)
+	switch variant {
+	case "mma":
+	case "mma2":
+		hb = min(hb, 2)
+	case "mma1":
+		hb = 1
+	default:
+		return fmt.Errorf("kernels: no prefill variant %q", variant)
+	}
+	suffix, cfg := pfMMA(a.HeadDim, hb)
+	name := fmt.Sprintf("prefill_mma%s_%d", suffix, a.HeadDim)
+	shared := cfg.shared(a.HeadDim)
+	if err := k.raiseShared(name, shared); err != nil {
+		return err
+	}
+	return launchOn(k.M, name, cu.D1(m.Tiles*a.Heads/cfg.heads()), cu.D1(128*cfg.wg), shared, s, args...)
+}
+
+// raiseShared lets kernel name take shared bytes of dynamic shared memory
+// (above 48 KiB it must be raised, once per function), and prefers the
+// largest shared memory carveout, so that the blocks' stages fit beside
+// each other on a multiprocessor.
+func (k *Kernels) raiseShared(name string, shared int) error {
+	if shared <= 48<<10 {
+		return nil
+	}
+	key := name
+	k.mu.Lock()
+	have := k.sharedSet[key]
+	k.mu.Unlock()
+	if have >= shared {
+		return nil
+	}
+	f, err := k.M.Function(name)
+	if err != nil {
+		return err
+	}
+	if err := f.SetMaxDynamicShared(shared); err != nil {
+		return err
+	}
+	if err := f.SetPreferredSharedCarveout(100); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.sharedSet[key] = shared
+	k.mu.Unlock()
+	return nil
+}
+
+// mmaHeads is the number of query heads of one tensor-core prefill block
+// for a GQA group (query heads per kv head).
+func mmaHeads(group int) int {
+	switch {
+	case group%4 == 0:
+		return 4
+	case group%2 == 0:
+		return 2
+	}
+	return 1
 }

@@ -3,11 +3,15 @@
 
 #ifdef ACT_MMA
 // Prefill on the tensor cores (f16/bf16 activations): mma.sync m16n8k16 with
-// f32 accumulation, FlashAttention-2 style. grid (tiles, heads), block 128:
-// warp w owns query rows 16w..16w+15 of the tile; keys come in stages of
-// FA_BK through shared memory (rows padded by 16 bytes: no bank conflicts).
-// P is rounded to the activation dtype for the PV product.
-#define FA_BK 64
+// f32 accumulation, FlashAttention-2 style (prefill_fa below). One block
+// takes one prefill tile (up to PF_BQ = 64 query tokens) for 4, 2 or 1 query
+// heads of one kv head (as many as the GQA group allows): 4 warps per 2
+// heads, warp w owning the tile's rows 16(w%4).. of its two heads, so that
+// every K/V fragment serves both, and every K/V stage all the block's heads.
+// K and V come in stages of BK keys through shared memory by cp.async (16
+// bytes, .cg; rows padded by 16 bytes: no bank conflicts for ldmatrix),
+// fragments by ldmatrix (V transposed). P is rounded to bf16 for the PV
+// product, as FlashAttention does; f16 takes P as hi + lo parts.
 
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const bf16*) {
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -19,8 +23,23 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-	return (unsigned)fromf<T>(lo).x | ((unsigned)fromf<T>(hi).x << 16);
+// cvt2 rounds two floats to the activation dtype and packs them (lo in the low half).
+__device__ __forceinline__ unsigned cvt2(float lo, float hi, const bf16*) {
+	unsigned r;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+__device__ __forceinline__ unsigned cvt2(float lo, float hi, const f16*) {
+	unsigned r;
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+#define PK2(lo, hi) cvt2((lo), (hi), (const T*)0)
+
+__device__ __forceinline__ float ex2f(float x) {
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -28,225 +47,332 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
 	return a;
 }
-// ldsm4 loads four 8×8 b16 matrices (lane i gives the row address of row i%8 of matrix i/8).
-__device__ __forceinline__ void ldsm4(unsigned* r, const void* p) {
+// ldsm4 loads four 8×8 b16 matrices (lane i gives the shared address of row
+// i%8 of matrix i/8); ldsm4t loads them transposed.
+__device__ __forceinline__ void ldsm4(unsigned* r, unsigned a) {
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
 	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(smem_addr(p)));
+	             : "r"(a));
 }
-__device__ __forceinline__ void ldsm4t(unsigned* r, const void* p) {
+__device__ __forceinline__ void ldsm4t(unsigned* r, unsigned a) {
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
 	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(smem_addr(p)));
+	             : "r"(a));
 }
+// cp16 copies 16 bytes global → shared asynchronously (zero-fills when !in).
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool in) {
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(in ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+template <typename X> struct pf_is_f16 { static constexpr bool v = false; };
+template <> struct pf_is_f16<f16> { static constexpr bool v = true; };
 
-// LDM: fragments of K and V through ldmatrix (else plain shared loads; LDM
-// only in the experimental module, built with -DKILN_EXP).
-template <int HD, bool LDM>
-__device__ void prefill_mma_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
-                                 const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt,
-                                 int heads, int kvHeads, int bs, int window, float scale) {
-	constexpr int STR = HD + 8;   // shared row stride (elements)
-	constexpr int CPR = HD / 8;   // 16-byte chunks per row
-	constexpr int KC = HD / 16;   // k-chunks of Q·Kᵀ
-	constexpr int NT = FA_BK / 8; // 8-key column tiles of S
-	constexpr int OT = HD / 8;    // 8-wide column tiles of O
-	__shared__ __align__(16) unsigned short Ks[FA_BK * STR];
-	__shared__ __align__(16) unsigned short Vs[FA_BK * STR];
-	__shared__ int sLo, sHi;
+extern __shared__ __align__(16) unsigned short pf_smem[];
 
-	int tile = blockIdx.x, h = blockIdx.y;
-	int tok0 = tileTok0[tile], cnt = tileCnt[tile];
-	int seqOff = seqBlockOff[seqIndex[tok0]];
-	int kvh = h / (heads / kvHeads);
-	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-	int r0 = warp * 16 + g, r1 = r0 + 8;
-	bool v0 = r0 < cnt, v1 = r1 < cnt;
-	int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
-	int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
+// prefill_fa: HD head dim, MB query heads per warp (of one kv head), WG groups
+// of 4 warps per block (each its own MB heads: MB·WG heads per block, 128·WG
+// threads), BK keys per stage, ST ≥ 2 stages of K and V in a ring (stage
+// n+ST−1 loaded by cp.async during the whole of stage n), QREG: Q
+// fragments held in registers (else reloaded from shared memory by ldmatrix
+// each stage). Dynamic shared memory: ((QREG ? 0 : MB·WG·PF_BQ) +
+// 2·ST·BK)·(HD+8)·2 bytes (pfCfg.shared in prefill.go). Grid: tiles·heads/
+// (MB·WG) blocks, the last tile (the most keys, causal) first.
+//
+// f16 splits P into f16 hi + lo parts for P·V (two products): P rounded to
+// f16 alone costs single outputs up to ~2e-3 of the outputs' rms, the
+// test's whole f16 limit. bf16 rounds P once, as FlashAttention does.
+template <int HD, int MB, int WG, int BK, int ST, bool QREG>
+__device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0,
+                                           const int* tileCnt, const int* positions, const int* seqIndex,
+                                           const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs,
+                                           int window, float scale) {
+	constexpr int STR = HD + 8; // shared row stride (elements)
+	constexpr int CPR = HD / 8; // 16-byte chunks per row
+	constexpr int KC = HD / 16; // k-chunks of Q·Kᵀ
+	constexpr int NT = BK / 8;  // 8-key column tiles of S
+	constexpr int OT = HD / 8;  // 8-wide column tiles of O
+	constexpr int QROWS = QREG ? 0 : MB * WG * PF_BQ;
+	constexpr int NTH = 128 * WG; // threads
+	constexpr bool PSPLIT = pf_is_f16<T>::v;
+	constexpr int RB = STR * 2; // row bytes
+	static_assert(HD % 16 == 0 && BK % 16 == 0 && ST >= 2, "prefill_fa shape");
+	__shared__ int sLo, sHi, sLoMax, sHiMin;
+	unsigned short* Qs = pf_smem;
+	unsigned short* Ks = pf_smem + QROWS * STR;
+	unsigned short* Vs = Ks + ST * BK * STR;
 
+	const int hg = heads / (MB * WG);
+	const int bid = blockIdx.x;
+	const int tile = (int)gridDim.x / hg - 1 - bid / hg;
+	const int h0 = (bid % hg) * MB * WG;
+	const int tok0 = tileTok0[tile], cnt = tileCnt[tile];
+	const int seqOff = seqBlockOff[seqIndex[tok0]];
+	const int kvh = h0 / (heads / kvHeads);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+	const int mi = lane >> 3, rr = lane & 7;
+	const int wl = warp & 3, hw = h0 + (warp >> 2) * MB; // the warp's rows 16wl.., heads hw..hw+MB-1
+	const int r0 = wl * 16 + g, r1 = r0 + 8;
+	const bool v0 = r0 < cnt, v1 = r1 < cnt;
+
+	if constexpr (!QREG) {
+		for (int i = tid; i < MB * WG * PF_BQ * CPR; i += NTH) {
+			int row = i / CPR, c = i % CPR, mb = row / PF_BQ, r = row % PF_BQ;
+			bool in = r < cnt;
+			const T* src = in ? q + ((long long)(tok0 + r) * heads + h0 + mb) * HD + c * 8 : q;
+			cp16(smem_addr(Qs + row * STR + c * 8), src, in);
+		}
+	}
+	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
+	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
 	if (tid == 0) {
 		sLo = 0x7fffffff;
 		sHi = -1;
+		sLoMax = -1;
+		sHiMin = 0x7fffffff;
 	}
 	__syncthreads();
 	if (tid < cnt) {
-		int pp = positions[tok0 + tid];
-		atomicMin(&sLo, window_start(pp, window));
+		int pp = positions[tok0 + tid], w = window_start(pp, window);
+		atomicMin(&sLo, w);
 		atomicMax(&sHi, pp);
+		atomicMax(&sLoMax, w);
+		atomicMin(&sHiMin, pp);
 	}
 	__syncthreads();
-	int kLo = sLo, kHi = sHi;
+	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
+	const int kLo = sLo, kHi = sHi, fLo = sLoMax, fHi = sHiMin;
 
-	// Q fragments (A operand, row-major 16×16 per k-chunk), straight from global memory.
-	unsigned qf[KC][4];
-	const unsigned* q0 = (const unsigned*)(q + ((long long)(tok0 + (v0 ? r0 : 0)) * heads + h) * HD);
-	const unsigned* q1 = (const unsigned*)(q + ((long long)(tok0 + (v1 ? r1 : 0)) * heads + h) * HD);
+	// load copies keys kb..kb+BK-1 of K into stage kd and of V into stage vd
+	// (zeros past kHi: masked, and no NaN garbage in P·V).
+	auto load = [&](unsigned short* kd, unsigned short* vd, int kb) {
+		constexpr int N = BK * CPR;
 #pragma unroll
-	for (int c = 0; c < KC; c++) {
-		int w = c * 8 + tq; // 32-bit word of elements c*16 + 2tq, +1
-		qf[c][0] = v0 ? q0[w] : 0u;
-		qf[c][1] = v1 ? q1[w] : 0u;
-		qf[c][2] = v0 ? q0[w + 4] : 0u;
-		qf[c][3] = v1 ? q1[w + 4] : 0u;
+		for (int i0 = 0; i0 < N; i0 += NTH) {
+			int i = i0 + tid;
+			if (N % NTH == 0 || i < N) {
+				int row = i / CPR, c = i % CPR, j = kb + row;
+				bool in = j <= kHi;
+				long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * 8 : 0;
+				cp16(smem_addr(kd + row * STR + c * 8), kc + at, in);
+				cp16(smem_addr(vd + row * STR + c * 8), vc + at, in);
+			}
+		}
+	};
+
+	// Q fragments (A operand, row-major 16×16 per k-chunk) in registers.
+	unsigned qf[QREG ? MB : 1][QREG ? KC : 1][4];
+	if constexpr (QREG) {
+#pragma unroll
+		for (int mb = 0; mb < MB; mb++) {
+			const unsigned* q0 = (const unsigned*)(q + ((long long)(tok0 + (v0 ? r0 : 0)) * heads + hw + mb) * HD);
+			const unsigned* q1 = (const unsigned*)(q + ((long long)(tok0 + (v1 ? r1 : 0)) * heads + hw + mb) * HD);
+#pragma unroll
+			for (int c = 0; c < KC; c++) {
+				int w = c * 8 + tq; // 32-bit word of elements c*16 + 2tq, +1
+				qf[mb][c][0] = v0 ? q0[w] : 0u;
+				qf[mb][c][1] = v1 ? q1[w] : 0u;
+				qf[mb][c][2] = v0 ? q0[w + 4] : 0u;
+				qf[mb][c][3] = v1 ? q1[w + 4] : 0u;
+			}
+		}
 	}
 
-	float o[OT][4];
-#pragma unroll
-	for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-	float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
-	const float sl2 = scale * LOG2E;
+	const unsigned sQ = smem_addr(Qs) + (((warp >> 2) * MB * PF_BQ + wl * 16 + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
+	const unsigned sK = smem_addr(Ks) + (((mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2;
+	const unsigned sV = smem_addr(Vs) + (((mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
 
-	for (int kb = kLo; kb <= kHi; kb += FA_BK) {
-		__syncthreads();
-		for (int i = tid; i < FA_BK * CPR; i += 128) {
-			int row = i / CPR, c = i % CPR;
-			int j = kb + row;
-			uint4 kv, vv;
-			kv.x = kv.y = kv.z = kv.w = 0u;
-			vv = kv;
-			if (j <= kHi) {
-				long long at = kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * 8;
-				kv = *(const uint4*)(kc + at);
-				vv = *(const uint4*)(vc + at);
-			}
-			*(uint4*)&Ks[row * STR + c * 8] = kv;
-			*(uint4*)&Vs[row * STR + c * 8] = vv;
-		}
-		__syncthreads();
+	float o[MB][OT][4];
+	float m[MB][2], l[MB][2];
+#pragma unroll
+	for (int mb = 0; mb < MB; mb++) {
+#pragma unroll
+		for (int i = 0; i < OT; i++) o[mb][i][0] = o[mb][i][1] = o[mb][i][2] = o[mb][i][3] = 0.f;
+		m[mb][0] = m[mb][1] = NEG_INF;
+		l[mb][0] = l[mb][1] = 0.f;
+	}
+	const float sl2 = scale * LOG2E; // scale > 0 (PrefillAttention)
+	const int nblk = (kHi - kLo) / BK + 1;
+	const bool wact = wl * 16 < cnt; // the warp has a row of the tile
 
-		float s[NT][4];
+	load(Ks, Vs, kLo);
+	cp_commit();
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+	for (int i = 1; i < ST - 1; i++) {
+		if (i < nblk) load(Ks + i * BK * STR, Vs + i * BK * STR, kLo + i * BK);
+		cp_commit();
+	}
+
+	for (int n = 0; n < nblk; n++) {
+		const int kb = kLo + n * BK;
+		const int buf = n % ST;
+		cp_wait<ST - 2>(); // stage n is in (the later ones may not be)
+		__syncthreads();                  // and every warp is done with stage n−1
+		const int nb = (n + ST - 1) % ST;
+		if (n + ST - 1 < nblk) load(Ks + nb * BK * STR, Vs + nb * BK * STR, kb + (ST - 1) * BK);
+		cp_commit();
+
+		float s[MB][NT][4];
+		if (wact) {
 #pragma unroll
-		for (int c = 0; c < KC; c++) {
-			if constexpr (LDM) {
-				int mi = lane >> 3, rr = lane & 7;
+			for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+				for (int nt = 0; nt < NT; nt++) s[mb][nt][0] = s[mb][nt][1] = s[mb][nt][2] = s[mb][nt][3] = 0.f;
+			const unsigned kbase = sK + buf * BK * RB;
+#pragma unroll
+			for (int c = 0; c < KC; c++) {
+				unsigned qa[MB][4];
+#pragma unroll
+				for (int mb = 0; mb < MB; mb++) {
+					if constexpr (QREG) {
+						qa[mb][0] = qf[mb][c][0];
+						qa[mb][1] = qf[mb][c][1];
+						qa[mb][2] = qf[mb][c][2];
+						qa[mb][3] = qf[mb][c][3];
+					} else {
+						ldsm4(qa[mb], sQ + mb * PF_BQ * RB + c * 32);
+					}
+				}
 #pragma unroll
 				for (int nt = 0; nt < NT; nt += 2) {
 					unsigned b[4];
-					ldsm4(b, Ks + ((nt + (mi >> 1)) * 8 + rr) * STR + c * 16 + (mi & 1) * 8);
-					mma16816(s[nt], qf[c], b[0], b[1], q);
-					mma16816(s[nt + 1], qf[c], b[2], b[3], q);
+					ldsm4(b, kbase + nt * 8 * RB + c * 32);
+#pragma unroll
+					for (int mb = 0; mb < MB; mb++) {
+						mma16816(s[mb][nt], qa[mb], b[0], b[1], q);
+						mma16816(s[mb][nt + 1], qa[mb], b[2], b[3], q);
+					}
 				}
-			} else {
+			}
+		}
+		if (wact) {
+			if (!(kb >= fLo && kb + BK - 1 <= fHi)) {
 #pragma unroll
 				for (int nt = 0; nt < NT; nt++) {
-					const unsigned short* kr = Ks + (nt * 8 + g) * STR + c * 16 + 2 * tq;
-					mma16816(s[nt], qf[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8), q);
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						int j = kb + nt * 8 + 2 * tq + e;
+						bool in0 = j >= lo0 && j <= p0, in1 = j >= lo1 && j <= p1;
+#pragma unroll
+						for (int mb = 0; mb < MB; mb++) {
+							if (!in0) s[mb][nt][e] = NEG_INF;
+							if (!in1) s[mb][nt][2 + e] = NEG_INF;
+						}
+					}
 				}
 			}
-		}
-		float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++) {
+			for (int mb = 0; mb < MB; mb++) {
+				float mx0 = m[mb][0], mx1 = m[mb][1];
 #pragma unroll
-			for (int e = 0; e < 2; e++) {
-				int j = kb + nt * 8 + 2 * tq + e;
-				s[nt][e] = (j >= lo0 && j <= p0) ? s[nt][e] * sl2 : NEG_INF;
-				s[nt][2 + e] = (j >= lo1 && j <= p1) ? s[nt][2 + e] * sl2 : NEG_INF;
-				mx0 = fmaxf(mx0, s[nt][e]);
-				mx1 = fmaxf(mx1, s[nt][2 + e]);
+				for (int nt = 0; nt < NT; nt++) {
+					mx0 = fmaxf(mx0, fmaxf(s[mb][nt][0], s[mb][nt][1]));
+					mx1 = fmaxf(mx1, fmaxf(s[mb][nt][2], s[mb][nt][3]));
+				}
+				mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+				mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+				mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+				mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+				// Scores in the log2 domain: p = 2^(s·sl2 − m·sl2).
+				const float b0 = mx0 == NEG_INF ? 0.f : mx0 * sl2, b1 = mx1 == NEG_INF ? 0.f : mx1 * sl2;
+				const float c0 = ex2f(fmaf(m[mb][0], sl2, -b0)), c1 = ex2f(fmaf(m[mb][1], sl2, -b1));
+				m[mb][0] = mx0;
+				m[mb][1] = mx1;
+				float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+				for (int nt = 0; nt < NT; nt++) {
+					s[mb][nt][0] = ex2f(fmaf(s[mb][nt][0], sl2, -b0));
+					s[mb][nt][1] = ex2f(fmaf(s[mb][nt][1], sl2, -b0));
+					s[mb][nt][2] = ex2f(fmaf(s[mb][nt][2], sl2, -b1));
+					s[mb][nt][3] = ex2f(fmaf(s[mb][nt][3], sl2, -b1));
+					ls0 += s[mb][nt][0] + s[mb][nt][1];
+					ls1 += s[mb][nt][2] + s[mb][nt][3];
+				}
+				l[mb][0] = l[mb][0] * c0 + ls0;
+				l[mb][1] = l[mb][1] * c1 + ls1;
+#pragma unroll
+				for (int i = 0; i < OT; i++) {
+					o[mb][i][0] *= c0;
+					o[mb][i][1] *= c0;
+					o[mb][i][2] *= c1;
+					o[mb][i][3] *= c1;
+				}
 			}
-		}
-		mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-		mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-		mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-		mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
-		float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-		float b0 = mn0 == NEG_INF ? 0.f : mn0, b1 = mn1 == NEG_INF ? 0.f : mn1;
-		float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-		m0 = mn0;
-		m1 = mn1;
-		l0 *= c0;
-		l1 *= c1;
+			const unsigned vbase = sV + buf * BK * RB;
 #pragma unroll
-		for (int i = 0; i < OT; i++) {
-			o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1;
-		}
+			for (int kk = 0; kk < BK / 16; kk++) {
+				unsigned pa[MB][4], pl[MB][PSPLIT ? 4 : 1];
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++) {
-			s[nt][0] = exp2f(s[nt][0] - b0);
-			s[nt][1] = exp2f(s[nt][1] - b0);
-			s[nt][2] = exp2f(s[nt][2] - b1);
-			s[nt][3] = exp2f(s[nt][3] - b1);
-			l0 += s[nt][0] + s[nt][1];
-			l1 += s[nt][2] + s[nt][3];
-		}
+				for (int mb = 0; mb < MB; mb++) {
 #pragma unroll
-		for (int kk = 0; kk < FA_BK / 16; kk++) {
-			unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-			                 pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-			if constexpr (LDM) {
-				int mi = lane >> 3, rr = lane & 7;
+					for (int i = 0; i < 4; i++) {
+						// i: (row g, keys 2tq..), (row g+8, ..), (row g, keys 8+2tq..), (row g+8, ..)
+						float x = s[mb][2 * kk + (i >> 1)][(i & 1) * 2], y = s[mb][2 * kk + (i >> 1)][(i & 1) * 2 + 1];
+						pa[mb][i] = PK2(x, y);
+						if constexpr (PSPLIT) pl[mb][i] = PK2(x - lo16(pa[mb][i], (f16*)0), y - hi16(pa[mb][i], (f16*)0));
+					}
+				}
 #pragma unroll
 				for (int ot = 0; ot < OT; ot += 2) {
 					unsigned b[4];
-					ldsm4t(b, Vs + (kk * 16 + (mi & 1) * 8 + rr) * STR + (ot + (mi >> 1)) * 8);
-					mma16816(o[ot], a, b[0], b[1], q);
-					mma16816(o[ot + 1], a, b[2], b[3], q);
-				}
-			} else {
+					ldsm4t(b, vbase + kk * 16 * RB + ot * 16);
 #pragma unroll
-				for (int ot = 0; ot < OT; ot++) {
-					const unsigned short* vr = Vs + (kk * 16 + 2 * tq) * STR + ot * 8 + g;
-					unsigned vb0 = (unsigned)vr[0] | ((unsigned)vr[STR] << 16);
-					unsigned vb1 = (unsigned)vr[8 * STR] | ((unsigned)vr[9 * STR] << 16);
-					mma16816(o[ot], a, vb0, vb1, q);
+					for (int mb = 0; mb < MB; mb++) {
+						mma16816(o[mb][ot], pa[mb], b[0], b[1], q);
+						mma16816(o[mb][ot + 1], pa[mb], b[2], b[3], q);
+						if constexpr (PSPLIT) {
+							mma16816(o[mb][ot], pl[mb], b[0], b[1], q);
+							mma16816(o[mb][ot + 1], pl[mb], b[2], b[3], q);
+						}
+					}
 				}
 			}
 		}
 	}
-	l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-	l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-	l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-	l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
-	if (v0) {
-		T* op = out + ((long long)(tok0 + r0) * heads + h) * HD;
-		float inv = 1.0f / l0;
 #pragma unroll
-		for (int ot = 0; ot < OT; ot++) {
-			op[ot * 8 + 2 * tq] = fromf<T>(o[ot][0] * inv);
-			op[ot * 8 + 2 * tq + 1] = fromf<T>(o[ot][1] * inv);
+	for (int mb = 0; mb < MB; mb++) {
+		float l0 = l[mb][0], l1 = l[mb][1];
+		l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+		l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+		l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+		l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+		if (v0) {
+			unsigned* op = (unsigned*)(out + ((long long)(tok0 + r0) * heads + hw + mb) * HD + 2 * tq);
+			float inv = 1.0f / l0;
+#pragma unroll
+			for (int ot = 0; ot < OT; ot++) op[ot * 4] = PK2(o[mb][ot][0] * inv, o[mb][ot][1] * inv);
 		}
-	}
-	if (v1) {
-		T* op = out + ((long long)(tok0 + r1) * heads + h) * HD;
-		float inv = 1.0f / l1;
+		if (v1) {
+			unsigned* op = (unsigned*)(out + ((long long)(tok0 + r1) * heads + hw + mb) * HD + 2 * tq);
+			float inv = 1.0f / l1;
 #pragma unroll
-		for (int ot = 0; ot < OT; ot++) {
-			op[ot * 8 + 2 * tq] = fromf<T>(o[ot][2] * inv);
-			op[ot * 8 + 2 * tq + 1] = fromf<T>(o[ot][3] * inv);
+			for (int ot = 0; ot < OT; ot++) op[ot * 4] = PK2(o[mb][ot][2] * inv, o[mb][ot][3] * inv);
 		}
 	}
 }
 
-#define MMA_KERNELS(HD)                                                                                              \
-	extern "C" __global__ void __launch_bounds__(128) prefill_mma_##HD(                                               \
-	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
-	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
-	    float scale) {                                                                                                 \
-		prefill_mma_impl<HD, false>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads,    \
-		                            kvHeads, bs, window, scale);                                                       \
-	}                                                                                                                  \
-	MMA_EXP_KERNELS(HD)
-#ifdef KILN_EXP
-#define MMA_EXP_KERNELS(HD)                                                                                          \
-	extern "C" __global__ void __launch_bounds__(128) prefill_ldm_##HD(                                               \
-	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
-	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
-	    float scale) {                                                                                                 \
-		prefill_mma_impl<HD, true>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads,     \
-		                           kvHeads, bs, window, scale);                                                        \
+#define PF_PARAMS                                                                                                     \
+	const T *q, const T *kc, const T *vc, T *out, const int *tileTok0, const int *tileCnt, const int *positions,      \
+	    const int *seqIndex, const int *seqBlockOff, const int *bt, int heads, int kvHeads, int bs, int window,       \
+	    float scale
+#define PF_ARGS q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window, scale
+#define PF_KERNEL(NAME, HD, MB, WG, BK, ST, QREG)                                                                    \
+	extern "C" __global__ void __launch_bounds__(128 * WG) NAME(PF_PARAMS) {                                          \
+		prefill_fa<HD, MB, WG, BK, ST, QREG>(PF_ARGS);                                                                 \
 	}
-#else
-#define MMA_EXP_KERNELS(HD)
-#endif
+// prefill_mma_<HD>: four heads per block, 8 warps (GQA groups of a multiple
+// of 4); prefill_mma2_<HD>: two heads per block, 4 warps (even groups);
+// prefill_mma1_<HD>: one head per block. Their shapes are pfMMA in prefill.go.
+#define MMA_KERNELS(HD)                                                                                              \
+	PF_KERNEL(prefill_mma_##HD, HD, 2, 2, 64, 2, (2 * HD <= 128))                                                   \
+	PF_KERNEL(prefill_mma2_##HD, HD, 2, 1, (2 * HD <= 128 ? 64 : 32), 2, (2 * HD <= 128))                          \
+	PF_KERNEL(prefill_mma1_##HD, HD, 1, 1, 64, 2, true)
 MMA_KERNELS(16)
 MMA_KERNELS(32)
 MMA_KERNELS(64)
 MMA_KERNELS(80)
 MMA_KERNELS(96)
 MMA_KERNELS(128)
+
 #endif // ACT_MMA

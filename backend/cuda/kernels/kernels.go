@@ -12,7 +12,6 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 
 	"kiln/backend/cuda/cu"
@@ -51,8 +50,6 @@ type Kernels struct {
 
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
-	exp       *cu.Module     // experimental kernels (-DKILN_EXP), built on first use
-	opts      []string
 }
 
 func cname(t cu.DType) string { return [...]string{"f32", "f16", "bf16"}[t] }
@@ -71,32 +68,11 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: m, PDL: true, sharedSet: map[string]int{}, opts: opts}, nil
+	return &Kernels{D: d, Act: act, M: m, PDL: true, sharedSet: map[string]int{}}, nil
 }
 
-// expModule compiles (once) the source with the experimental kernels, kept
-// apart so that they can never break the main module.
-func (k *Kernels) expModule() (*cu.Module, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.exp != nil {
-		return k.exp, nil
-	}
-	m, err := k.D.Compile("kiln_kernels_exp_"+cname(k.Act), source, slices.Concat(k.opts, []string{"-DKILN_EXP=1"})...)
-	if err != nil {
-		return nil, err
-	}
-	k.exp = m
-	return m, nil
-}
-
-// Close unloads the modules.
-func (k *Kernels) Close() error {
-	if k.exp != nil {
-		k.exp.Close()
-	}
-	return k.M.Close()
-}
+// Close unloads the module.
+func (k *Kernels) Close() error { return k.M.Close() }
 
 func (k *Kernels) launch(name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
 	return launchOn(k.M, name, grid, block, shared, s, args...)

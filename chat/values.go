@@ -158,6 +158,19 @@ func numberValue(n json.Number) (any, error) {
 	return f, nil
 }
 
+// goList converts each element with goValue into a template list.
+func goList[E any](x []E) ([]any, error) {
+	out := make([]any, len(x))
+	for i, e := range x {
+		c, err := goValue(e)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = c
+	}
+	return out, nil
+}
+
 // goValue converts a Go value given in Options.Extra into a template value:
 // json.RawMessage is decoded in document order, maps are sorted by key,
 // slices become lists, numbers become int or float64.
@@ -174,31 +187,11 @@ func goValue(v any) (any, error) {
 	case json.RawMessage:
 		return decodeJSON(x)
 	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			c, err := goValue(e)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = c
-		}
-		return out, nil
+		return goList(x)
 	case []string:
-		out := make([]any, len(x))
-		for i, e := range x {
-			out[i] = e
-		}
-		return out, nil
+		return goList(x)
 	case []map[string]any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			c, err := goValue(e)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = c
-		}
-		return out, nil
+		return goList(x)
 	case map[string]any:
 		d := newDict()
 		for _, k := range slices.Sorted(maps.Keys(x)) {

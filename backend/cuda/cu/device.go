@@ -30,6 +30,9 @@ type Device struct {
 	ctx  unsafe.Pointer
 	work chan func()
 	tid  int // the worker's OS thread
+	// dependent: programmatic dependent launches are available (compute
+	// capability 9.0+ and cuLaunchKernelEx).
+	dependent bool
 
 	mu     sync.Mutex
 	closed bool
@@ -99,6 +102,7 @@ func (d *Device) setup() (err error) {
 	if d.Minor, err = drvDeviceAttr(d.dev, attrComputeMinor); err != nil {
 		return err
 	}
+	d.dependent = d.Major >= 9 && drvHasLaunchEx()
 	if d.SMs, err = drvDeviceAttr(d.dev, attrMultiprocessorCount); err != nil {
 		return err
 	}

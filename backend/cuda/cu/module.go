@@ -204,7 +204,7 @@ func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) 
 // Without cuLaunchKernelEx, or on devices before compute capability 9.0, it
 // is a plain launch.
 func (f *Function) LaunchDependent(grid, block Dim3, shared int, s *Stream, args ...any) error {
-	return f.launch(f.m.d.Major >= 9 && drvHasLaunchEx(), grid, block, shared, s, args...)
+	return f.launch(f.m.d.dependent, grid, block, shared, s, args...)
 }
 
 func (f *Function) launch(dependent bool, grid, block Dim3, shared int, s *Stream, args ...any) error {

@@ -159,6 +159,18 @@ var gemvShapes = []gemvShape{
 	{"small", 96, 301}, {"17·8", 136, 5}, {"tail", 4168, 33}, {"tiny", 8, 1},
 }
 
+// gemvInputs uploads random x[GEMVMaxT,k] and w[n,k] of dtype act (from
+// seed) and returns them with the float64 reference product.
+func gemvInputs(t *testing.T, seed uint64, act cu.DType, k, n int) (px, pw cu.Ptr, ref []float64) {
+	t.Helper()
+	xs, xb := gemvRand(seed, GEMVMaxT*k, act)
+	ws, wb := gemvRand(seed+1, n*k, act)
+	px, pw = alloc(t, len(xb)), alloc(t, len(wb))
+	must(t, gpu(t).Upload(px, xb))
+	must(t, gpu(t).Upload(pw, wb))
+	return px, pw, gemvRef(xs, ws, GEMVMaxT, k, n)
+}
+
 // TestGEMV checks every row count 1..8 and both output dtypes on the
 // decode shapes of a Llama-3-8B and on small shapes with tails (K below one
 // warp's loads, K past whole groups of loads, N odd and below a warp's rows).
@@ -169,14 +181,7 @@ func TestGEMV(t *testing.T) {
 		for _, sh := range gemvShapes {
 			t.Run(fmt.Sprintf("%v/%s", act, sh.name), func(t *testing.T) {
 				k, n := sh.k, sh.n
-				xs, xb := gemvRand(rng.Uint64(), GEMVMaxT*k, act)
-				ws, wb := gemvRand(rng.Uint64(), n*k, act)
-				px, pw := alloc(t, len(xb)), alloc(t, len(wb))
-				must(t, gpu(t).Upload(px, xb))
-				must(t, gpu(t).Upload(pw, wb))
-				wb = nil
-				ref := gemvRef(xs, ws, GEMVMaxT, k, n)
-				ws = nil
+				px, pw, ref := gemvInputs(t, rng.Uint64(), act, k, n)
 				var worst [2][2]float64 // [CUDA cores, tensor cores][out act, out f32]
 				for rows := 1; rows <= GEMVMaxT; rows++ {
 					for _, c := range gemvProd(act, rows) {
@@ -204,12 +209,7 @@ func TestGEMVSweepCorrect(t *testing.T) {
 	rng := newRNG(t)
 	for _, sh := range []gemvShape{{"small", 96, 301}, {"tail", 4168, 33}, {"QKV", 4096, 6144}} {
 		k, n := sh.k, sh.n
-		xs, xb := gemvRand(rng.Uint64(), GEMVMaxT*k, act)
-		ws, wb := gemvRand(rng.Uint64(), n*k, act)
-		px, pw := alloc(t, len(xb)), alloc(t, len(wb))
-		must(t, gpu(t).Upload(px, xb))
-		must(t, gpu(t).Upload(pw, wb))
-		ref := gemvRef(xs, ws, GEMVMaxT, k, n)
+		px, pw, ref := gemvInputs(t, rng.Uint64(), act, k, n)
 		worst, count := 0.0, 0
 		for rows := 1; rows <= GEMVMaxT; rows++ {
 			for _, c := range gemvSweep(act, rows) {

@@ -331,6 +331,36 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 	return nil
 }
 
+// raiseShared lets kernel name take shared bytes of dynamic shared memory
+// (above 48 KiB it must be raised, once per function), and prefers the
+// largest shared memory carveout, so that the blocks' stages fit beside
+// each other on a multiprocessor.
+func (k *Kernels) raiseShared(name string, shared int) error {
+	if shared <= 48<<10 {
+		return nil
+	}
+	k.mu.Lock()
+	have := k.sharedSet[name]
+	k.mu.Unlock()
+	if have >= shared {
+		return nil
+	}
+	f, err := k.M.Function(name)
+	if err != nil {
+		return err
+	}
+	if err := f.SetMaxDynamicShared(shared); err != nil {
+		return err
+	}
+	if err := f.SetPreferredSharedCarveout(100); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.sharedSet[name] = shared
+	k.mu.Unlock()
+	return nil
+}
+
 // DecodePlan is the split of a decode attention call.
 type DecodePlan struct {
 	Chunk, MaxSplits int
@@ -377,25 +407,11 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	}
 	name := fmt.Sprintf("decode_attn_%d", a.HeadDim)
 	shared := decodeShared(k.Act, a, plan.Chunk)
-	if shared > 48<<10 {
-		if shared > 200<<10 {
-			return fmt.Errorf("kernels: decode attention needs %d bytes of shared memory", shared)
-		}
-		k.mu.Lock()
-		have := k.sharedSet[name]
-		k.mu.Unlock()
-		if have < shared {
-			f, err := k.M.Function(name)
-			if err != nil {
-				return err
-			}
-			if err := f.SetMaxDynamicShared(shared); err != nil {
-				return err
-			}
-			k.mu.Lock()
-			k.sharedSet[name] = shared
-			k.mu.Unlock()
-		}
+	if shared > 200<<10 {
+		return fmt.Errorf("kernels: decode attention needs %d bytes of shared memory", shared)
+	}
+	if err := k.raiseShared(name, shared); err != nil {
+		return err
 	}
 	wsM, wsL, wsAcc, counters := plan.ws(a, m, ws)
 	return k.launchDep(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,

@@ -102,37 +102,6 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 	return launchOn(k.M, name, cu.D1(m.Tiles*a.Heads/cfg.heads()), cu.D1(128*cfg.wg), shared, s, args...)
 }
 
-// raiseShared lets kernel name take shared bytes of dynamic shared memory
-// (above 48 KiB it must be raised, once per function), and prefers the
-// largest shared memory carveout, so that the blocks' stages fit beside
-// each other on a multiprocessor.
-func (k *Kernels) raiseShared(name string, shared int) error {
-	if shared <= 48<<10 {
-		return nil
-	}
-	key := name
-	k.mu.Lock()
-	have := k.sharedSet[key]
-	k.mu.Unlock()
-	if have >= shared {
-		return nil
-	}
-	f, err := k.M.Function(name)
-	if err != nil {
-		return err
-	}
-	if err := f.SetMaxDynamicShared(shared); err != nil {
-		return err
-	}
-	if err := f.SetPreferredSharedCarveout(100); err != nil {
-		return err
-	}
-	k.mu.Lock()
-	k.sharedSet[key] = shared
-	k.mu.Unlock()
-	return nil
-}
-
 // mmaHeads is the number of query heads of one tensor-core prefill block
 // for a GQA group (query heads per kv head).
 func mmaHeads(group int) int {

@@ -167,6 +167,16 @@ __device__ __forceinline__ bool better(float a, int ia, float b, int ib) {
 	return a > b || (a == b && ia < ib);
 }
 
+// load_strip reads this thread's U elements of the strip of a row of V at
+// base (all the loads in flight before any is used), pad past the end.
+__device__ __forceinline__ void load_strip(const float* src, int base, int V, float pad, float (&v)[U]) {
+#pragma unroll
+	for (int j = 0; j < U; j++) {
+		int i = base + j * NT + (int)threadIdx.x;
+		v[j] = i < V ? src[i] : pad;
+	}
+}
+
 // block_argmax: the first index of the largest src[i] (NaN never wins; all
 // NaN: 0). The common case takes one comparison per element; rows of only
 // NaN and -Inf take a second pass.
@@ -176,11 +186,7 @@ __device__ int block_argmax(const float* src, int V, Smem& s) {
 	int bi = -1;
 	for (int base = 0; base < V; base += U * NT) {
 		float v[U];
-#pragma unroll
-		for (int j = 0; j < U; j++) {
-			int i = base + j * NT + (int)threadIdx.x;
-			v[j] = i < V ? src[i] : 0.f;
-		}
+		load_strip(src, base, V, 0.f, v);
 #pragma unroll
 		for (int j = 0; j < U; j++) {
 			int i = base + j * NT + (int)threadIdx.x;
@@ -497,11 +503,7 @@ __device__ int sample_compact(const float* src, float scl, int V, unsigned tk_ke
 	__syncthreads();
 	for (int base = 0; base < V; base += U * NT) {
 		float v[U];
-#pragma unroll
-		for (int j = 0; j < U; j++) {
-			int i = base + j * NT + (int)threadIdx.x;
-			v[j] = i < V ? src[i] : 0.f;
-		}
+		load_strip(src, base, V, 0.f, v);
 #pragma unroll
 		for (int j = 0; j < U; j++) {
 			int i = base + j * NT + (int)threadIdx.x;
@@ -700,11 +702,7 @@ sample_rows(const float* logits, int V, const RowParams* params, const int* hist
 		float* X = xs + (long long)row * V;
 		for (int base = 0; base < V; base += U * NT) {
 			float v[U];
-#pragma unroll
-			for (int j = 0; j < U; j++) {
-				int i = base + j * NT + (int)threadIdx.x;
-				v[j] = i < V ? L[i] : 0.f;
-			}
+			load_strip(L, base, V, 0.f, v);
 #pragma unroll
 			for (int j = 0; j < U; j++) {
 				int i = base + j * NT + (int)threadIdx.x;
@@ -765,11 +763,7 @@ sample_rows(const float* logits, int V, const RowParams* params, const int* hist
 	double sum = 0;
 	for (int base = 0; base < V; base += U * NT) {
 		float v[U];
-#pragma unroll
-		for (int j = 0; j < U; j++) {
-			int i = base + j * NT + (int)threadIdx.x;
-			v[j] = i < V ? src[i] : 0.f;
-		}
+		load_strip(src, base, V, 0.f, v);
 #pragma unroll
 		for (int j = 0; j < U; j++) {
 			int i = base + j * NT + (int)threadIdx.x;
@@ -788,11 +782,7 @@ sample_rows(const float* logits, int V, const RowParams* params, const int* hist
 	float maxp = 0.f;
 	for (int base = 0; base < V; base += U * NT) {
 		float v[U];
-#pragma unroll
-		for (int j = 0; j < U; j++) {
-			int i = base + j * NT + (int)threadIdx.x;
-			v[j] = i < V ? Pr[i] : -1.f;
-		}
+		load_strip(Pr, base, V, -1.f, v);
 #pragma unroll
 		for (int j = 0; j < U; j++) {
 			int i = base + j * NT + (int)threadIdx.x;

@@ -90,7 +90,11 @@ type Matmul struct {
 	X, W, Dst  Ptr
 	Bias       Ptr // optional
 	Accumulate bool
-	Stream     *Stream
+	// Algo picks among the heuristic's candidate algorithms for this
+	// product (Algorithms says how many): 0, its first choice, unless a
+	// timing found another faster.
+	Algo   int
+	Stream *Stream
 }
 
 type planKey struct {
@@ -118,6 +122,40 @@ func alignOf(p Ptr) int {
 // (descriptors and the heuristic's algorithm) are cached per shape, types
 // and pointer alignment.
 func (lt *BlasLt) Matmul(m Matmul) error {
+	if err := m.check(); err != nil {
+		return err
+	}
+	return lt.d.Do(func() error {
+		plan, err := lt.plan(m)
+		if err != nil {
+			return err
+		}
+		beta := float32(0)
+		if m.Accumulate {
+			beta = 1
+		}
+		return ltRun(lt.h, plan, m.Algo, m.W, m.X, m.Dst, m.Bias, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
+	})
+}
+
+// Algorithms is the number of candidate algorithms cuBLASLt's heuristic
+// offers for m (at most 8, best guess first): the values m.Algo may take.
+func (lt *BlasLt) Algorithms(m Matmul) (int, error) {
+	if err := m.check(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := lt.d.Do(func() error {
+		plan, err := lt.plan(m)
+		if err == nil {
+			n = ltAlgos(plan)
+		}
+		return err
+	})
+	return n, err
+}
+
+func (m Matmul) check() error {
 	if m.T <= 0 || m.K <= 0 || m.N <= 0 {
 		return fmt.Errorf("cublasLt: matmul of %d×%d by %d×%d", m.T, m.K, m.N, m.K)
 	}
@@ -127,28 +165,26 @@ func (lt *BlasLt) Matmul(m Matmul) error {
 	if m.X == 0 || m.W == 0 || m.Dst == 0 {
 		return fmt.Errorf("cublasLt: matmul with a null operand")
 	}
+	return nil
+}
+
+// plan returns m's plan, made on first use; on the device's thread.
+func (lt *BlasLt) plan(m Matmul) (unsafe.Pointer, error) {
 	key := planKey{m.In, m.Out, m.T, m.K, m.N, m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
-	return lt.d.Do(func() error {
-		plan := lt.plans[key]
-		if plan == nil {
-			var err error
-			plan, err = ltPlanCreate(lt.h, ltPlanArgs{
-				abType: m.In.cuda(), cdType: m.Out.cuda(), transa: 1, transb: 0,
-				m: m.N, n: m.T, k: m.K, lda: m.K, ldb: m.K, ldc: m.N,
-				bias: m.Bias != 0, ws: lt.wsSize, alA: key.alW, alB: key.alX, alC: key.alD,
-			})
-			if err != nil {
-				err.(*Error).Call += fmt.Sprintf(" [T=%d K=%d N=%d %s→%s]", m.T, m.K, m.N, m.In, m.Out)
-				return err
-			}
-			lt.plans[key] = plan
-		}
-		beta := float32(0)
-		if m.Accumulate {
-			beta = 1
-		}
-		return ltRun(lt.h, plan, m.W, m.X, m.Dst, m.Bias, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
+	if plan := lt.plans[key]; plan != nil {
+		return plan, nil
+	}
+	plan, err := ltPlanCreate(lt.h, ltPlanArgs{
+		abType: m.In.cuda(), cdType: m.Out.cuda(), transa: 1, transb: 0,
+		m: m.N, n: m.T, k: m.K, lda: m.K, ldb: m.K, ldc: m.N,
+		bias: m.Bias != 0, ws: lt.wsSize, alA: key.alW, alB: key.alX, alC: key.alD,
 	})
+	if err != nil {
+		err.(*Error).Call += fmt.Sprintf(" [T=%d K=%d N=%d %s→%s]", m.T, m.K, m.N, m.In, m.Out)
+		return nil, err
+	}
+	lt.plans[key] = plan
+	return plan, nil
 }
 
 type ltPlanArgs struct {

@@ -529,6 +529,69 @@ func TestBlasLtMatmul(t *testing.T) {
 	}
 }
 
+// TestBlasLtAlgorithms runs every candidate algorithm cuBLASLt's heuristic
+// offers (what a timing may pick instead of its first choice) on fresh
+// random inputs, each into a NaN-poisoned output, against a float64
+// reference; and refuses an index past the candidates.
+func TestBlasLtAlgorithms(t *testing.T) {
+	d := gpu(t)
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 5))
+	randv := func(n int) []float64 {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = rng.NormFloat64()
+		}
+		return v
+	}
+	cases := []struct {
+		in, out DType
+		T, K, N int
+		tol     float64
+	}{
+		{BF16, BF16, 256, 2048, 768, 4e-3}, // a prefill-like product
+		{BF16, F32, 33, 1000, 257, 1e-5},   // odd sizes
+		{F16, F16, 64, 512, 300, 1e-3},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("%s->%s_T%d_K%d_N%d", c.in, c.out, c.T, c.K, c.N)
+		t.Run(name, func(t *testing.T) {
+			xb, x := encode(c.in, randv(c.T*c.K))
+			wb, w := encode(c.in, randv(c.N*c.K))
+			px, pw := upload(t, d, bytesU16(xb)), upload(t, d, bytesU16(wb))
+			ob := make([]byte, c.T*c.N*c.out.Size())
+			po, err := d.Alloc(len(ob))
+			must(t, err)
+			defer d.Free(po)
+			want := ref(x, w, nil, c.T, c.K, c.N)
+			mm := Matmul{T: c.T, K: c.K, N: c.N, In: c.in, Out: c.out, X: px, W: pw, Dst: po}
+			n, err := lt.Algorithms(mm)
+			must(t, err)
+			if n < 1 || n > 8 {
+				t.Fatalf("%d candidate algorithms", n)
+			}
+			for i := 0; i < n; i++ {
+				must(t, d.Memset8(po, 0xff, len(ob), nil)) // NaN poison
+				mm.Algo = i
+				must(t, lt.Matmul(mm))
+				must(t, d.Sync())
+				must(t, d.Download(ob, po))
+				e := relErr(decode(c.out, ob), want)
+				t.Logf("algorithm %d of %d: ‖out−ref‖/‖ref‖ = %.3g (tolerance %.0g)", i, n, e, c.tol)
+				if !(e <= c.tol) {
+					t.Fatalf("algorithm %d: relative error %.3g over %.0g", i, e, c.tol)
+				}
+			}
+			mm.Algo = n
+			if err := lt.Matmul(mm); err == nil {
+				t.Fatalf("algorithm %d of %d accepted", n, n)
+			}
+		})
+	}
+}
+
 func bytesU16(b []byte) []uint16 {
 	s := make([]uint16, (len(b)+1)/2)
 	copy(AsBytes(s), b)

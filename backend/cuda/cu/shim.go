@@ -354,10 +354,13 @@ static size_t k_ltVersion(void) { return p_cublasLtGetVersion(); }
 static kp k_ltCreate(void) { cublasLtHandle_t h = 0; kp r; r.rc = p_cublasLtCreate(&h); r.p = h; return r; }
 static int k_ltDestroy(void* h) { return p_cublasLtDestroy(h); }
 
+#define LT_ALGOS 8
+
 typedef struct {
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c;
-	cublasLtMatmulHeuristicResult_t heur;
+	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS]; // the heuristic's candidates, best first
+	int nheur;
 	int bias;
 } ltPlan;
 
@@ -375,14 +378,13 @@ static void k_ltPlanFree(ltPlan* p) {
 #define LT(name, expr) do { o.call = name; o.rc = (expr); if (o.rc) goto fail; } while (0)
 
 // k_ltPlan builds the descriptors of D[m,n] = op(A)[m,k]·op(B)[k,n] (+ bias[m])
-// in column-major terms and picks an algorithm by heuristic.
+// in column-major terms and asks the heuristic for up to LT_ALGOS algorithms.
 static ltPlanOut k_ltPlan(void* h, int abType, int cdType, int transa, int transb,
 		uint64_t m, uint64_t n, uint64_t k, int64_t lda, int64_t ldb, int64_t ldc,
 		int bias, uint64_t wsSize, uint32_t alA, uint32_t alB, uint32_t alC) {
 	ltPlanOut o; memset(&o, 0, sizeof o);
 	ltPlan* p = calloc(1, sizeof *p);
 	cublasLtMatmulPreference_t pref = 0;
-	int found = 0;
 	int32_t ta = transa, tb = transb;
 	uint32_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 	p->bias = bias;
@@ -399,8 +401,8 @@ static ltPlanOut k_ltPlan(void* h, int abType, int cdType, int transa, int trans
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alB, sizeof alB));
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alC, sizeof alC));
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alC, sizeof alC));
-	LT("cublasLtMatmulAlgoGetHeuristic", p_cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->c, p->c, pref, 1, &p->heur, &found));
-	if (found < 1) { o.call = "cublasLtMatmulAlgoGetHeuristic (no algorithm found)"; o.rc = 15; goto fail; }
+	LT("cublasLtMatmulAlgoGetHeuristic", p_cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->c, p->c, pref, LT_ALGOS, p->heur, &p->nheur));
+	if (p->nheur < 1) { o.call = "cublasLtMatmulAlgoGetHeuristic (no algorithm found)"; o.rc = 15; goto fail; }
 	p_cublasLtMatmulPreferenceDestroy(pref);
 	o.plan = p;
 	return o;
@@ -412,16 +414,21 @@ fail:
 
 typedef struct { int rc; const char* call; } ltOut;
 
-static ltOut k_ltRun(void* h, ltPlan* p, CUdeviceptr A, CUdeviceptr B, CUdeviceptr C, CUdeviceptr bias,
+static int k_ltAlgos(ltPlan* p) { return p->nheur; }
+
+// k_ltRun runs the plan with its algorithm algo (an index into the
+// heuristic's candidates).
+static ltOut k_ltRun(void* h, ltPlan* p, int algo, CUdeviceptr A, CUdeviceptr B, CUdeviceptr C, CUdeviceptr bias,
 		float alpha, float beta, CUdeviceptr ws, size_t wsSize, void* stream) {
 	ltOut o; memset(&o, 0, sizeof o);
 	if (p->bias) {
 		void* bp = (void*)(uintptr_t)bias;
 		LT("cublasLtMatmulDescSetAttribute(BIAS_POINTER)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
 	}
-	if (p->heur.workspaceSize > wsSize) { o.call = "cublasLtMatmul (workspace too small)"; o.rc = 7; return o; }
+	if (algo < 0 || algo >= p->nheur) { o.call = "cublasLtMatmul (no such algorithm)"; o.rc = 7; return o; }
+	if (p->heur[algo].workspaceSize > wsSize) { o.call = "cublasLtMatmul (workspace too small)"; o.rc = 7; return o; }
 	LT("cublasLtMatmul", p_cublasLtMatmul(h, p->desc, &alpha, (void*)(uintptr_t)A, p->a, (void*)(uintptr_t)B, p->b,
-		&beta, (void*)(uintptr_t)C, p->c, (void*)(uintptr_t)C, p->c, &p->heur.algo, (void*)(uintptr_t)ws, wsSize, stream));
+		&beta, (void*)(uintptr_t)C, p->c, (void*)(uintptr_t)C, p->c, &p->heur[algo].algo, (void*)(uintptr_t)ws, wsSize, stream));
 fail:
 	return o;
 }
@@ -743,9 +750,10 @@ func ltPlanCreate(h unsafe.Pointer, a ltPlanArgs) (unsafe.Pointer, error) {
 	}
 	return unsafe.Pointer(o.plan), nil
 }
-func ltPlanFree(p unsafe.Pointer) { C.k_ltPlanFree((*C.ltPlan)(p)) }
-func ltRun(h, plan unsafe.Pointer, a, b, c, bias Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
-	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(bias),
+func ltPlanFree(p unsafe.Pointer)  { C.k_ltPlanFree((*C.ltPlan)(p)) }
+func ltAlgos(p unsafe.Pointer) int { return int(C.k_ltAlgos((*C.ltPlan)(p))) }
+func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, bias Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
+	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.int(algo), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(bias),
 		C.float(alpha), C.float(beta), C.CUdeviceptr(ws), C.size_t(wsSize), s)
 	return ltErr(C.GoString(o.call), o.rc)
 }

@@ -78,7 +78,8 @@ func ltCreate() (unsafe.Pointer, error)                               { return n
 func ltDestroy(unsafe.Pointer) error                                  { return errNoCgo }
 func ltPlanFree(unsafe.Pointer)                                       {}
 func ltPlanCreate(unsafe.Pointer, ltPlanArgs) (unsafe.Pointer, error) { return nil, errNoCgo }
-func ltRun(unsafe.Pointer, unsafe.Pointer, Ptr, Ptr, Ptr, Ptr, float32, float32, Ptr, int, unsafe.Pointer) error {
+func ltAlgos(unsafe.Pointer) int                                      { return 0 }
+func ltRun(unsafe.Pointer, unsafe.Pointer, int, Ptr, Ptr, Ptr, Ptr, float32, float32, Ptr, int, unsafe.Pointer) error {
 	return errNoCgo
 }
 

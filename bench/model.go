@@ -38,7 +38,8 @@ type ModelOptions struct {
 	// machine's host memory).
 	Memory Memory
 	// PeakFLOPS, when set, measures the device's large-GEMM rate in the
-	// compute dtype (FLOP/s), which prompt processing is compared with.
+	// compute dtype (FLOP/s), which prompt processing is compared with; it
+	// is called before each timed repetition.
 	PeakFLOPS func() (float64, error)
 	// DeviceTime, when set, is the device's cumulative busy time over the
 	// steps run (stream time from a step's first operation to its last).
@@ -71,7 +72,10 @@ type ModelResult struct {
 	// token (the logits' only for the last token) plus causal attention's
 	// 4·heads·headDim per key, over the measured time.
 	FLOPS float64 `json:"flops_per_s,omitempty"`
-	// PeakFraction is FLOPS over the report's PeakFLOPS.
+	// PeakFraction is the median over repetitions of each one's model
+	// FLOP/s over the GEMM rate measured just before it (the device's
+	// clocks drift as it warms, so each run is compared with its own
+	// moment).
 	PeakFraction float64 `json:"peak_fraction,omitempty"`
 	// DeviceBusy is the fraction of a decode step's wall time during which
 	// the device ran the step (DeviceTime); the rest is spent outside it
@@ -134,7 +138,16 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 	if o.PromptTokens > 0 {
 		prompt := randomTokens(o.PromptTokens)
 		res := ModelResult{Test: fmt.Sprintf("pp%d", o.PromptTokens), Batch: 1, Tokens: o.PromptTokens}
+		flopsPerToken := prefillFLOPsPerToken(m, o.PromptTokens)
+		var peaks, fractions []float64
 		for i := 0; i <= o.Reps; i++ { // the first run warms up and is discarded
+			peak := 0.0
+			if o.PeakFLOPS != nil && i > 0 {
+				var err error
+				if peak, err = o.PeakFLOPS(); err != nil {
+					return nil, err
+				}
+			}
 			seq := e.NewSequence()
 			start := time.Now()
 			if _, err := e.Prefill(seq, prompt, false); err != nil {
@@ -142,19 +155,20 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			}
 			el := time.Since(start)
 			e.Free(seq)
-			if i > 0 {
-				res.Samples = append(res.Samples, float64(o.PromptTokens)/el.Seconds())
+			if i == 0 {
+				continue
+			}
+			rate := float64(o.PromptTokens) / el.Seconds()
+			res.Samples = append(res.Samples, rate)
+			if peak > 0 {
+				peaks = append(peaks, peak)
+				fractions = append(fractions, rate*flopsPerToken/peak)
 			}
 		}
 		res.TokensPerSec, res.StdDev = meanStd(res.Samples)
-		res.FLOPS = res.TokensPerSec * prefillFLOPsPerToken(m, o.PromptTokens)
-		if o.PeakFLOPS != nil {
-			peak, err := o.PeakFLOPS()
-			if err != nil {
-				return nil, err
-			}
-			rep.PeakFLOPS = peak
-			res.PeakFraction = res.FLOPS / peak
+		res.FLOPS = res.TokensPerSec * flopsPerToken
+		if len(peaks) > 0 {
+			rep.PeakFLOPS, res.PeakFraction = median(peaks), median(fractions)
 		}
 		rep.Results = append(rep.Results, res)
 	}

@@ -15,23 +15,7 @@ import (
 // requested test is present, rates are positive, and the bytes a decode step
 // reads are the weights plus the KV cache it holds.
 func TestRunModelReports(t *testing.T) {
-	dir := t.TempDir()
-	if err := WriteRandomModel(dir, Shapes["tiny"], tensor.BF16, 1); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if m.Config.DType != tensor.BF16 || m.Config.TiedEmbeddings {
-		t.Fatalf("random model is %v tied=%v", m.Config.DType, m.Config.TiedEmbeddings)
-	}
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	m, e := tinyEngine(t)
 	rep, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, GenTokens: 8, Batches: []int{1, 2}, Reps: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -80,5 +64,65 @@ func TestModelBudget(t *testing.T) {
 	}
 	if _, err := ParseModelBudget("min_tokens = 3"); err == nil {
 		t.Error("an unknown key was accepted")
+	}
+}
+
+// tinyEngine is a CPU engine on a random model of the tiny shape.
+func tinyEngine(t *testing.T) (*model.Model, *engine.Engine) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := WriteRandomModel(dir, Shapes["tiny"], tensor.BF16, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if m.Config.DType != tensor.BF16 || m.Config.TiedEmbeddings {
+		t.Fatalf("random model is %v tied=%v", m.Config.DType, m.Config.TiedEmbeddings)
+	}
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return m, e
+}
+
+// TestPeakFractionPerRepetition checks that prompt processing is compared
+// with a GEMM rate measured before each timed repetition: the fraction is
+// the median of the repetitions' own ratios, and the reported rate the
+// median of the measurements.
+func TestPeakFractionPerRepetition(t *testing.T) {
+	m, e := tinyEngine(t)
+	peaks := []float64{1e12, 4e12, 2e12}
+	calls := 0
+	peak := func() (float64, error) {
+		calls++
+		return peaks[(calls-1)%len(peaks)], nil
+	}
+	rep, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, Reps: 3, PeakFLOPS: peak})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 3 {
+		t.Fatalf("the GEMM was measured %d times for 3 repetitions", calls)
+	}
+	r := rep.Results[0]
+	per := prefillFLOPsPerToken(m, 16)
+	var fr []float64
+	for i, s := range r.Samples {
+		fr = append(fr, s*per/peaks[i])
+	}
+	if want := median(fr); r.PeakFraction != want {
+		t.Errorf("peak fraction %g, want the median of %v", r.PeakFraction, fr)
+	}
+	if rep.PeakFLOPS != 2e12 {
+		t.Errorf("peak %g, want the median 2e12", rep.PeakFLOPS)
+	}
+	if _, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, Reps: 1,
+		PeakFLOPS: func() (float64, error) { return 0, fmt.Errorf("no device") }}); err == nil {
+		t.Error("a failed GEMM measurement was not reported")
 	}
 }

@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"math"
-	"slices"
 
 	"kiln/backend/cuda/cu"
 )
@@ -98,68 +97,4 @@ func (m *Memory) Close() {
 			e.Close()
 		}
 	}
-}
-
-// GEMMRate measures the device's matrix rate in the compute dtype act: the
-// median FLOP/s of n×n×n products through cuBLASLt (10 runs after a warm-up,
-// timed with events).
-func (b *Backend) GEMMRate(act cu.DType, n int) (float64, error) {
-	d := b.Device
-	lt, err := d.NewBlasLt(32 << 20)
-	if err != nil {
-		return 0, err
-	}
-	defer lt.Close()
-	var bufs [3]cu.Ptr
-	for i := range bufs {
-		if bufs[i], err = d.Alloc(n * n * act.Size()); err != nil {
-			return 0, err
-		}
-		defer d.Free(bufs[i])
-	}
-	s, err := d.NewStream()
-	if err != nil {
-		return 0, err
-	}
-	defer s.Close()
-	for _, p := range bufs[:2] {
-		if err := d.Memset8(p, 0x3c, n*n*act.Size(), s); err != nil { // small finite values
-			return 0, err
-		}
-	}
-	start, err := d.NewEvent(true)
-	if err != nil {
-		return 0, err
-	}
-	defer start.Close()
-	end, err := d.NewEvent(true)
-	if err != nil {
-		return 0, err
-	}
-	defer end.Close()
-	mm := cu.Matmul{T: n, K: n, N: n, In: act, Out: act, X: bufs[0], W: bufs[1], Dst: bufs[2], Stream: s}
-	var ms []float64
-	for i := 0; i <= 10; i++ {
-		if err := start.Record(s); err != nil {
-			return 0, err
-		}
-		if err := lt.Matmul(mm); err != nil {
-			return 0, err
-		}
-		if err := end.Record(s); err != nil {
-			return 0, err
-		}
-		if err := end.Sync(); err != nil {
-			return 0, err
-		}
-		t, err := cu.Elapsed(start, end)
-		if err != nil {
-			return 0, err
-		}
-		if i > 0 {
-			ms = append(ms, float64(t))
-		}
-	}
-	slices.Sort(ms)
-	return 2 * math.Pow(float64(n), 3) / (ms[len(ms)/2] / 1e3), nil
 }

@@ -141,6 +141,7 @@ func cmdBenchModel(args []string) error {
 	defer e.Close()
 	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth}
 	threads := ef.threads
+	var gemm *cuda.GEMM // the GPU's reference matrix rate
 	if gpu != nil {
 		mem, err := gpu.NewMemory(1 << 30)
 		if err != nil {
@@ -151,7 +152,13 @@ func cmdBenchModel(args []string) error {
 		opts.WeightElemBytes = gpu.ComputeDType(e.Compiled.Graph).Size()
 		opts.KVElemBytes = opts.WeightElemBytes
 		act := gpu.ComputeDType(e.Compiled.Graph)
-		opts.PeakFLOPS = func() (float64, error) { return gpu.GEMMRate(act, 8192) }
+		if *pp > 0 {
+			if gemm, err = gpu.NewGEMM(act, 8192); err != nil {
+				return err
+			}
+			defer gemm.Close()
+			opts.PeakFLOPS = gemm.Rate
+		}
 		gpu.Timing = true
 		opts.DeviceTime = func() time.Duration { return gpu.Stats().DeviceTime }
 		threads = 0
@@ -187,6 +194,9 @@ func cmdBenchModel(args []string) error {
 		fmt.Println(string(data))
 	} else {
 		printModelReport(rep)
+		if gemm != nil {
+			fmt.Printf("\nthe 8192³ GEMM: %s\n", gemm.Choice)
+		}
 		if gpu != nil && len(gpu.Stats().Choices) > 0 {
 			fmt.Printf("\nproducts of at most %d rows, timed at first use:\n", kernels.GEMVMaxT)
 			for _, c := range gpu.Stats().Choices {
@@ -241,7 +251,7 @@ func printModelReport(r *bench.ModelReport) {
 		if x.FLOPS > 0 {
 			fmt.Printf("\n%s: %.2f TFLOP/s of model FLOPs", x.Test, x.FLOPS/1e12)
 			if x.PeakFraction > 0 {
-				fmt.Printf(", %.1f%% of an 8192³ GEMM's %.1f TFLOP/s measured in the same run", 100*x.PeakFraction, r.PeakFLOPS/1e12)
+				fmt.Printf(", %.1f%% of an 8192³ GEMM's %.1f TFLOP/s measured in the same run\n(median of each repetition's ratio to the GEMM timed just before it)", 100*x.PeakFraction, r.PeakFLOPS/1e12)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -102,21 +103,26 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 }
 
 // randomTensor fills a tensor with N(0, std²) values, or 1 + N(0, 0.01) when
-// std < 0 (norm weights). Chunks of a million values are drawn in parallel,
-// each from its own generator seeded from r, so the result depends only on r.
+// std < 0 (norm weights). Chunks of a million values are drawn and encoded
+// in parallel, each from its own generator seeded from r, so the result
+// depends only on r.
 func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape tensor.Shape) (*tensor.Tensor, error) {
-	vals := make([]float32, shape.Elements())
+	n := int(shape.Elements())
+	size := d.BlockBytes() // f32, f16, bf16: blocks of one value
+	data := make([]byte, n*size)
 	const chunk = 1 << 20
 	seed := r.Uint64()
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	for lo := 0; lo < len(vals); lo += chunk {
+	for lo := 0; lo < n; lo += chunk {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			cr := rand.New(rand.NewPCG(seed, uint64(lo)))
-			part := vals[lo:min(lo+chunk, len(vals))]
+			part := make([]float32, min(chunk, n-lo))
 			for i := range part {
 				if std < 0 {
 					part[i] = 1 + float32(cr.NormFloat64()*0.1)
@@ -124,8 +130,19 @@ func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape 
 					part[i] = float32(cr.NormFloat64() * std)
 				}
 			}
+			t, err := tensor.Encode(name, tensor.Shape{len(part)}, d, part)
+			if err != nil {
+				mu.Lock()
+				firstErr = cmp.Or(firstErr, err)
+				mu.Unlock()
+				return
+			}
+			copy(data[lo*size:], t.Data)
 		}()
 	}
 	wg.Wait()
-	return tensor.Encode(name, shape, d, vals)
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return &tensor.Tensor{Name: name, DType: d, Shape: shape, Data: data}, nil
 }

@@ -72,12 +72,12 @@ func Encode(name string, shape Shape, d DType, vals []float32) (*Tensor, error) 
 		return FromF32(name, shape, vals), nil
 	case F16, BF16:
 		data = make([]byte, 2*len(vals))
+		conv := F32ToF16
+		if d == BF16 {
+			conv = F32ToBF16
+		}
 		for i, v := range vals {
-			h := F32ToF16(v)
-			if d == BF16 {
-				h = F32ToBF16(v)
-			}
-			binary.LittleEndian.PutUint16(data[2*i:], h)
+			binary.LittleEndian.PutUint16(data[2*i:], conv(v))
 		}
 	default:
 		var err error

@@ -8,4 +8,9 @@ out=${OUT:-gpu-logs}
 mkdir -p "$out"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
 k=.devbin/kiln
+# The random model (16 GB) goes to shared memory when it has room: writing
+# it to the GPU machine's disk took minutes (2026-11-23).
 keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
+if [ -z "${KILN_BENCH_DIR:-}" ] && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 20000000 ] 2>/dev/null; then
+	keep=/dev/shm/kiln-bench
+fi

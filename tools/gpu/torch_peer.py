@@ -96,6 +96,9 @@ def main():
     x = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
     y = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
     out["gemm_tflops"] = 2 * m**3 / cuda_time(lambda: x @ y, 10) / 1e12
+    # The layout of a model's products (and of kiln's reference GEMM):
+    # x·yᵀ, as torch.nn.functional.linear computes it.
+    out["gemm_linear_tflops"] = 2 * m**3 / cuda_time(lambda: torch.nn.functional.linear(x, y), 10) / 1e12
     del x, y
 
     out["attention"] = attention_alone()
@@ -153,7 +156,10 @@ def main():
             # difference between generating tg tokens and 1 token after the
             # same depth-token prompt, over tg-1 tokens.
             try:
-                model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+                # generate() compiles the decoding forward itself when the
+                # cache is static (transformers' auto-compile); compiling it
+                # by hand as well made Inductor's CUDA graphs overwrite the
+                # static cache's counters (2026-11-23).
                 prompt = torch.randint(0, vocab, (1, a.depth), device="cuda")
 
                 def gen(n):
@@ -168,7 +174,8 @@ def main():
                 tn = cuda_time(lambda: gen(a.tg), a.reps)
                 t1 = cuda_time(lambda: gen(1), a.reps)
                 out["tg_compiled"] = {"batch": 1, "depth": a.depth, "tokens": a.tg,
-                                      "tokens_per_s": (a.tg - 1) / (tn - t1), "compile_and_warmup_s": warm}
+                                      "tokens_per_s": (a.tg - 1) / (tn - t1), "compile_and_warmup_s": warm,
+                                      "compiled": hasattr(model, "_compiled_call") and model._compiled_call is not None}
             except Exception as e:  # report, never hide
                 out["tg_compiled"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     print(json.dumps(out, indent=1))

@@ -8,8 +8,9 @@ Figures: device-to-device copy bandwidth (bytes read + written per second), a
 large bf16 GEMM's TFLOP/s, prefill tokens/s of one pp-token prompt, and
 decode tokens/s of `batch` sequences that hold `depth` tokens of context,
 greedy, with transformers' DynamicCache (eager). --compile adds batch-1
-decode through generate() with a static cache and the forward compiled by
-torch.compile(mode="reduce-overhead"). Also PyTorch's attention alone
+decode through generate() with a static cache, for which transformers
+compiles the decoding forward itself (torch.compile, mode
+"reduce-overhead"). Also PyTorch's attention alone
 (scaled_dot_product_attention) on the shapes of kiln's kernel benchmarks.
 """
 import argparse

@@ -3,7 +3,6 @@ package cu
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -190,14 +189,7 @@ func TestGraphMatmul(t *testing.T) {
 	lt, err := d.NewBlasLt(0)
 	must(t, err)
 	defer lt.Close()
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 5))
-	randv := func(n int) []float64 {
-		v := make([]float64, n)
-		for i := range v {
-			v[i] = rng.NormFloat64()
-		}
-		return v
-	}
+	randv := normals(5)
 	const T, K, N, N2 = 5, 320, 96, 40
 	xb, x := encode(BF16, randv(T*K))
 	wb, w := encode(BF16, randv(N*K))

@@ -454,14 +454,7 @@ func TestBlasLtMatmul(t *testing.T) {
 	lt, err := d.NewBlasLt(0)
 	must(t, err)
 	defer lt.Close()
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 3))
-	randv := func(n int) []float64 {
-		v := make([]float64, n)
-		for i := range v {
-			v[i] = rng.NormFloat64()
-		}
-		return v
-	}
+	randv := normals(3)
 	cases := []struct {
 		in, out DType
 		T, K, N int
@@ -538,14 +531,7 @@ func TestBlasLtAlgorithms(t *testing.T) {
 	lt, err := d.NewBlasLt(0)
 	must(t, err)
 	defer lt.Close()
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 5))
-	randv := func(n int) []float64 {
-		v := make([]float64, n)
-		for i := range v {
-			v[i] = rng.NormFloat64()
-		}
-		return v
-	}
+	randv := normals(5)
 	cases := []struct {
 		in, out DType
 		T, K, N int
@@ -589,6 +575,19 @@ func TestBlasLtAlgorithms(t *testing.T) {
 				t.Fatalf("algorithm %d of %d accepted", n, n)
 			}
 		})
+	}
+}
+
+// normals returns a source of fresh N(0,1) vectors (a new seed each run,
+// stream names the test's stream).
+func normals(stream uint64) func(n int) []float64 {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), stream))
+	return func(n int) []float64 {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = rng.NormFloat64()
+		}
+		return v
 	}
 }
 

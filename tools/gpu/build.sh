@@ -17,6 +17,13 @@ for pkg in $(go list "${pkgs[@]}"); do
 done
 CGO_ENABLED=1 go build -ldflags="-s -w" -o .devbin/kiln ./cmd/kiln
 echo "built .devbin/kiln"
+# The shared test data the GPU tests read (../shared does not travel to the
+# GPU machine; tools/gpu/run.sh points KILN_SHARED_DIR here).
+if [ -d ../shared/models/stories260K ]; then
+	mkdir -p .devbin/shared/models
+	cp -r ../shared/models/stories260K .devbin/shared/models/
+	echo "copied ../shared/models/stories260K to .devbin/shared"
+fi
 # The binaries must need nothing from CUDA at link time.
 for b in .devbin/*.test .devbin/kiln; do
 	if ldd "$b" 2>/dev/null | grep -Ev 'linux-vdso|libc\.so|libdl\.so|libpthread\.so|ld-linux|libm\.so|libresolv\.so' | grep -q .; then

@@ -15,6 +15,10 @@ mkdir -p "$out"
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-kernels}
+# The shared test data that tools/gpu/build.sh copied.
+if [ -z "${KILN_SHARED_DIR:-}" ] && [ -d .devbin/shared ]; then
+	export KILN_SHARED_DIR=$(pwd)/.devbin/shared
+fi
 status=0
 summary=()
 for b in .devbin/*.test; do

@@ -1,8 +1,8 @@
 package bench
 
 import (
-	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -113,8 +113,7 @@ func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape 
 	const chunk = 1 << 20
 	seed := r.Uint64()
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
+	errs := make([]error, (n+chunk-1)/chunk)
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	for lo := 0; lo < n; lo += chunk {
 		wg.Add(1)
@@ -132,17 +131,15 @@ func randomTensor(r *rand.Rand, name string, d tensor.DType, std float64, shape 
 			}
 			t, err := tensor.Encode(name, tensor.Shape{len(part)}, d, part)
 			if err != nil {
-				mu.Lock()
-				firstErr = cmp.Or(firstErr, err)
-				mu.Unlock()
+				errs[lo/chunk] = err
 				return
 			}
 			copy(data[lo*size:], t.Data)
 		}()
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return nil, firstErr
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return &tensor.Tensor{Name: name, DType: d, Shape: shape, Data: data}, nil
 }

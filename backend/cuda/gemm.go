@@ -1,14 +1,11 @@
 package cuda
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 
 	"kiln/backend/cuda/cu"
-	"kiln/tensor"
 )
 
 // GEMM is the device's large-matrix-product rate, the limit a prefill is
@@ -18,12 +15,11 @@ import (
 // offers for the shape, so that the reference is the best cuBLASLt does
 // rather than its first guess.
 type GEMM struct {
-	d          *cu.Device
-	lt         *cu.BlasLt
-	bufs       [3]cu.Ptr
-	s          *cu.Stream
-	start, end *cu.Event
-	mm         cu.Matmul
+	d     *cu.Device
+	lt    *cu.BlasLt
+	bufs  [3]cu.Ptr
+	timer streamTimer
+	mm    cu.Matmul
 	// Choice says which algorithm was kept and what the others gave.
 	Choice string
 }
@@ -43,15 +39,7 @@ func (b *Backend) NewGEMM(act cu.DType, n int) (*GEMM, error) {
 			return nil, err
 		}
 	}
-	if g.s, err = d.NewStream(); err != nil {
-		g.Close()
-		return nil, err
-	}
-	if g.start, err = d.NewEvent(true); err != nil {
-		g.Close()
-		return nil, err
-	}
-	if g.end, err = d.NewEvent(true); err != nil {
+	if g.timer, err = newStreamTimer(d); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -59,7 +47,7 @@ func (b *Backend) NewGEMM(act cu.DType, n int) (*GEMM, error) {
 		g.Close()
 		return nil, err
 	}
-	g.mm = cu.Matmul{T: n, K: n, N: n, In: act, Out: act, X: g.bufs[0], W: g.bufs[1], Dst: g.bufs[2], Stream: g.s}
+	g.mm = cu.Matmul{T: n, K: n, N: n, In: act, Out: act, X: g.bufs[0], W: g.bufs[1], Dst: g.bufs[2], Stream: g.timer.s}
 	if err := g.choose(); err != nil {
 		g.Close()
 		return nil, err
@@ -72,18 +60,12 @@ func (b *Backend) NewGEMM(act cu.DType, n int) (*GEMM, error) {
 // rows differ).
 func (g *GEMM) fill(act cu.DType, elems int) error {
 	r := rand.New(rand.NewPCG(1, 2))
-	block := make([]byte, (1<<20+17)*act.Size())
-	for i := 0; i < len(block)/act.Size(); i++ {
-		v := float32(r.NormFloat64())
-		switch act {
-		case cu.BF16:
-			binary.LittleEndian.PutUint16(block[2*i:], tensor.F32ToBF16(v))
-		case cu.F16:
-			binary.LittleEndian.PutUint16(block[2*i:], tensor.F32ToF16(v))
-		default:
-			binary.LittleEndian.PutUint32(block[4*i:], math.Float32bits(v))
-		}
+	vals := make([]float32, 1<<20+17)
+	for i := range vals {
+		vals[i] = float32(r.NormFloat64())
 	}
+	block := make([]byte, len(vals)*act.Size())
+	encode(vals, act, block)
 	bytes := elems * act.Size()
 	for _, p := range g.bufs[:2] {
 		for off := 0; off < bytes; off += len(block) {
@@ -106,8 +88,7 @@ func (g *GEMM) choose() error {
 	for i := range rates {
 		g.mm.Algo = i
 		if rates[i], err = g.median(3); err != nil {
-			rates[i] = 0 // an algorithm that fails to run is not chosen
-			continue
+			continue // an algorithm that fails to run is not chosen
 		}
 		if best < 0 || rates[i] > rates[best] {
 			best = i
@@ -129,19 +110,7 @@ func (g *GEMM) Rate() (float64, error) { return g.median(5) }
 func (g *GEMM) median(reps int) (float64, error) {
 	var ms []float64
 	for i := 0; i <= reps; i++ { // the first run warms up
-		if err := g.start.Record(g.s); err != nil {
-			return 0, err
-		}
-		if err := g.lt.Matmul(g.mm); err != nil {
-			return 0, err
-		}
-		if err := g.end.Record(g.s); err != nil {
-			return 0, err
-		}
-		if err := g.end.Sync(); err != nil {
-			return 0, err
-		}
-		t, err := cu.Elapsed(g.start, g.end)
+		t, err := g.timer.time(func() error { return g.lt.Matmul(g.mm) })
 		if err != nil {
 			return 0, err
 		}
@@ -154,21 +123,14 @@ func (g *GEMM) median(reps int) (float64, error) {
 	return 2 * n * n * n / (ms[len(ms)/2] / 1e3), nil
 }
 
-// Close frees the buffers, the stream, the events and the handle.
+// Close frees the buffers, the timer and the handle.
 func (g *GEMM) Close() {
 	for _, p := range g.bufs {
 		if p != 0 {
 			g.d.Free(p)
 		}
 	}
-	if g.s != nil {
-		g.s.Close()
-	}
-	for _, e := range []*cu.Event{g.start, g.end} {
-		if e != nil {
-			e.Close()
-		}
-	}
+	g.timer.close()
 	if g.lt != nil {
 		g.lt.Close()
 	}

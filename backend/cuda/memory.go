@@ -6,15 +6,66 @@ import (
 	"kiln/backend/cuda/cu"
 )
 
+// streamTimer times device work queued on its own stream with a pair of
+// events: what the benchmark probes (Memory, GEMM) measure with.
+type streamTimer struct {
+	s          *cu.Stream
+	start, end *cu.Event
+}
+
+func newStreamTimer(d *cu.Device) (streamTimer, error) {
+	var t streamTimer
+	var err error
+	if t.s, err = d.NewStream(); err != nil {
+		return t, err
+	}
+	if t.start, err = d.NewEvent(true); err != nil {
+		t.close()
+		return t, err
+	}
+	if t.end, err = d.NewEvent(true); err != nil {
+		t.close()
+		return t, err
+	}
+	return t, nil
+}
+
+// time is the stream time of the work f queues on t.s, in ms.
+func (t streamTimer) time(f func() error) (float32, error) {
+	if err := t.start.Record(t.s); err != nil {
+		return 0, err
+	}
+	if err := f(); err != nil {
+		return 0, err
+	}
+	if err := t.end.Record(t.s); err != nil {
+		return 0, err
+	}
+	if err := t.end.Sync(); err != nil {
+		return 0, err
+	}
+	return cu.Elapsed(t.start, t.end)
+}
+
+func (t streamTimer) close() {
+	if t.s != nil {
+		t.s.Close()
+	}
+	for _, e := range []*cu.Event{t.start, t.end} {
+		if e != nil {
+			e.Close()
+		}
+	}
+}
+
 // Memory measures the device's memory bandwidth, for the roofline of a
 // benchmark: device-to-device copies of a buffer far larger than the L2
 // cache, timed with events.
 type Memory struct {
-	d          *cu.Device
-	n          int
-	src, dst   cu.Ptr
-	start, end *cu.Event
-	s          *cu.Stream
+	d        *cu.Device
+	n        int
+	src, dst cu.Ptr
+	timer    streamTimer
 }
 
 // NewMemory allocates two buffers of n bytes for the measurements.
@@ -28,19 +79,11 @@ func (b *Backend) NewMemory(n int) (*Memory, error) {
 		m.Close()
 		return nil, err
 	}
-	if m.s, err = b.Device.NewStream(); err != nil {
+	if m.timer, err = newStreamTimer(b.Device); err != nil {
 		m.Close()
 		return nil, err
 	}
-	if m.start, err = b.Device.NewEvent(true); err != nil {
-		m.Close()
-		return nil, err
-	}
-	if m.end, err = b.Device.NewEvent(true); err != nil {
-		m.Close()
-		return nil, err
-	}
-	if err := b.Device.Memset8(m.src, 1, n, m.s); err != nil {
+	if err := b.Device.Memset8(m.src, 1, n, m.timer.s); err != nil {
 		m.Close()
 		return nil, err
 	}
@@ -52,7 +95,7 @@ func (b *Backend) NewMemory(n int) (*Memory, error) {
 func (m *Memory) CopyRate(reps int) float64 {
 	best := 0.0
 	for i := 0; i <= reps; i++ { // the first copy warms up
-		ms, err := m.time()
+		ms, err := m.timer.time(func() error { return m.d.CopyDtoD(m.dst, m.src, m.n, m.timer.s) })
 		if err != nil {
 			return math.NaN()
 		}
@@ -61,22 +104,6 @@ func (m *Memory) CopyRate(reps int) float64 {
 		}
 	}
 	return best
-}
-
-func (m *Memory) time() (float32, error) {
-	if err := m.start.Record(m.s); err != nil {
-		return 0, err
-	}
-	if err := m.d.CopyDtoD(m.dst, m.src, m.n, m.s); err != nil {
-		return 0, err
-	}
-	if err := m.end.Record(m.s); err != nil {
-		return 0, err
-	}
-	if err := m.end.Sync(); err != nil {
-		return 0, err
-	}
-	return cu.Elapsed(m.start, m.end)
 }
 
 // ReadRate is not measured on the GPU: 0.
@@ -89,12 +116,5 @@ func (m *Memory) Close() {
 			m.d.Free(p)
 		}
 	}
-	if m.s != nil {
-		m.s.Close()
-	}
-	for _, e := range []*cu.Event{m.start, m.end} {
-		if e != nil {
-			e.Close()
-		}
-	}
+	m.timer.close()
 }

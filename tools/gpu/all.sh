@@ -14,10 +14,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 final=${OUT:-gpu-logs}
 work=$(mktemp -d)
-steps=("${@:-tests bench}")
+steps=${*:-tests bench}
 limit() { case $1 in tests) echo 150 ;; bench) echo 430 ;; profile) echo 300 ;; *) echo 0 ;; esac; }
 summary=()
-for step in ${steps[@]}; do
+for step in $steps; do
 	t=$(limit "$step")
 	[ "$t" -gt 0 ] || { echo "unknown step $step (tests, bench, profile)" >&2; exit 2; }
 	mkdir -p "$work/$step"

@@ -119,8 +119,8 @@ func alignOf(p Ptr) int {
 // lt must outlive the graph. In column-major terms Outᵀ[N,T] = W[K,N]ᵀ·X[K,T]: A is W
 // (stored K×N, ld K, transposed), B is X (stored K×T, ld K), D is Out
 // (N×T, ld N); the bias runs along D's rows, i.e. Out's columns. Plans
-// (descriptors and the heuristic's algorithm) are cached per shape, types
-// and pointer alignment.
+// (descriptors and the heuristic's candidate algorithms) are cached per
+// shape, types and pointer alignment; m.Algo picks the candidate.
 func (lt *BlasLt) Matmul(m Matmul) error {
 	if err := m.check(); err != nil {
 		return err

@@ -43,6 +43,11 @@ type Backend struct {
 	// and keeps the faster, "gemv" takes GEMV wherever it applies,
 	// "cublaslt" never takes it (for tests and comparisons).
 	Products string
+	// FixedDecodePlan keeps kernels.PlanDecode's split for decode attention
+	// instead of timing the candidates (kernels.DecodePlans) on first use of
+	// each batch shape and context bucket, for tests that compare runs bit
+	// for bit.
+	FixedDecodePlan bool
 	// HostSampling leaves token choice to the host (the executables do not
 	// offer RunSample), for comparisons.
 	HostSampling bool
@@ -65,7 +70,8 @@ type Stats struct {
 	// with Timing.
 	DeviceTime time.Duration
 	// Choices lists the product shapes timed on both the skinny GEMV and
-	// cuBLASLt, with both times and the one kept, in the order first met.
+	// cuBLASLt, and the decode attention splits timed, with the times and
+	// the one kept, in the order first met.
 	Choices []string
 }
 
@@ -195,7 +201,8 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		k.Close()
 		return nil, err
 	}
-	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}}
+	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{},
+		decodeChoice: map[decodeKey]int{}}
 	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
 		g.PDL = !b.NoPDL
 		l.gemv = g
@@ -225,6 +232,9 @@ type loaded struct {
 	gemv    *kernels.GEMV    // the skinny product kernel (nil: cuBLASLt only)
 	// gemvChoice records, per product shape, whether GEMV was measured faster.
 	gemvChoice map[mmKey]bool
+	// decodeChoice records, per decode attention shape, the keys per split
+	// measured fastest.
+	decodeChoice map[decodeKey]int
 }
 
 // deviceTensor is a weight or constant on the device.

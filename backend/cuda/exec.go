@@ -57,8 +57,9 @@ type stepState struct {
 	// graph serves every step up to that context (splits past a sequence's
 	// end exit at once).
 	planMeta  *kernels.Meta
-	ws        cu.Ptr
-	capturing bool // the launches are being captured into a graph
+	ws        cu.Ptr // decode attention's partial results
+	counters  cu.Ptr // and its split counters
+	capturing bool   // the launches are being captured into a graph
 }
 
 // graphKey identifies the steps one captured graph can replay: the same
@@ -94,8 +95,9 @@ type executable struct {
 	vocab  int // rows of the embedding table: token ids must be below it
 
 	// Per-step buffers: the packed batch (pinned and on the device) and the
-	// decode-attention workspace, grown on demand (dropping the graphs), and
-	// the logits' pinned copy.
+	// decode-attention workspace (split counters for the bucket's tokens,
+	// then partial results), grown on demand (dropping the graphs), and the
+	// logits' pinned copy.
 	metaHost *cu.HostBuf
 	metaDev  cu.Ptr
 	metaCap  int
@@ -451,37 +453,66 @@ func (e *executable) upload(m *kernels.Meta, x *stepState) error {
 	return nil
 }
 
-// decodeWorkspace sizes the flash-decoding workspace for the step's largest
-// attention layer.
+// decodeWorkspace plans each attention layer's flash-decoding split for the
+// step (consecutive layers of the same shape share one) and sizes the
+// workspace for the plans it may choose from.
 func (e *executable) decodeWorkspace(x *stepState) error {
-	need := 0
-	var last *node // consecutive layers of the same shape share a plan
+	var cands [][]kernels.DecodePlan // per run of same-shaped layers
+	need, kvHeads := 0, 0
+	var last *node
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
-		if a, b := nd.n.Attrs, last; b != nil && a.Window == b.n.Attrs.Window && a.Heads == b.n.Attrs.Heads &&
-			a.KVHeads == b.n.Attrs.KVHeads && a.HeadDim == b.n.Attrs.HeadDim {
-			nd.plan = last.plan
-		} else {
-			nd.plan = kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs)
+		if !sameAttn(nd, last) {
+			c := kernels.DecodePlans(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs)
+			cands = append(cands, c)
+			need = max(need, c[0].WorkspaceBytes) // the most splits
+			kvHeads = max(kvHeads, nd.n.Attrs.KVHeads)
 		}
 		last = nd
-		need = max(need, nd.plan.WorkspaceBytes)
 	}
-	if need > e.wsCap {
+	counters := (kernels.DecodeCounterBytes(e.plan.Bucket.Tokens, kvHeads) + 255) &^ 255
+	if counters+need > e.wsCap {
 		if err := e.l.stream.Sync(); err != nil {
 			return err
 		}
-		p, err := e.l.alloc(2 * need)
+		size := counters + 2*need
+		p, err := e.l.alloc(size)
 		if err != nil {
 			return err
 		}
 		// Zeroed once: the kernel leaves its split counters at zero.
-		if err := e.l.dev.Memset8(p, 0, 2*need, e.l.stream); err != nil {
+		if err := e.l.dev.Memset8(p, 0, size, e.l.stream); err != nil {
 			return err
 		}
-		e.ws, e.wsCap = p, 2*need
+		e.ws, e.wsCap = p, size
 		e.dropGraphs()
 	}
-	x.ws = e.ws
+	x.counters, x.ws = e.ws, e.ws.Add(counters)
+	last = nil
+	run := -1
+	for _, i := range e.attention {
+		nd := &e.nodes[i]
+		if !sameAttn(nd, last) {
+			run++
+			plan, err := e.l.decodePlan(x, nd, cands[run])
+			if err != nil {
+				return err
+			}
+			nd.plan = plan
+		} else {
+			nd.plan = last.plan
+		}
+		last = nd
+	}
 	return nil
+}
+
+// sameAttn reports whether attention nodes a and b (nil: none) have the
+// same shape, and so the same decode plan.
+func sameAttn(a, b *node) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	x, y := a.n.Attrs, b.n.Attrs
+	return x.Window == y.Window && x.Heads == y.Heads && x.KVHeads == y.KVHeads && x.HeadDim == y.HeadDim
 }

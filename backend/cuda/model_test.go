@@ -260,7 +260,8 @@ func TestGraphsMatchDirect(t *testing.T) {
 			run := func(noGraphs, noPDL bool) ([][]float32, cuda.Stats) {
 				b := backendOf(t, dtype)
 				b.NoGraphs, b.NoPDL = noGraphs, noPDL
-				b.Products = "gemv" // the same kernels both ways (no timing-dependent choice)
+				// The same kernels both ways (no timing-dependent choice).
+				b.Products, b.FixedDecodePlan = "gemv", true
 				e := openEngine(t, dir, b, engine.Options{MaxSeqs: 4})
 				var out [][]float32
 				seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}

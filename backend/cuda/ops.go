@@ -2,6 +2,8 @@ package cuda
 
 import (
 	"fmt"
+	"math"
+	"strings"
 
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
@@ -140,7 +142,7 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			at := l.attn(x, nd)
 			if x.decode {
-				return k.DecodeAttention(s, at, x.m, nd.plan, x.ws) // planned by decodeWorkspace
+				return k.DecodeAttention(s, at, x.m, nd.plan, x.ws, x.counters) // planned by decodeWorkspace
 			}
 			return k.PrefillAttention(s, at, x.m)
 		}
@@ -220,6 +222,48 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 	}
 	l.gemvChoice[key] = use
 	return use
+}
+
+// decodeKey identifies a decode attention call for the choice of its split.
+type decodeKey struct {
+	heads, kvHeads, headDim, window int
+	t, ctx                          int // tokens, context bucket
+}
+
+// decodePlan picks attention node nd's split for step x among cands
+// (kernels.DecodePlans): the first time a shape and context bucket are seen
+// each candidate is timed on the step's batch (5 runs after a warm-up;
+// decodeWorkspace runs before the step's kernels, so what the runs write is
+// overwritten) and the fastest kept.
+func (l *loaded) decodePlan(x *stepState, nd *node, cands []kernels.DecodePlan) (kernels.DecodePlan, error) {
+	a := nd.n.Attrs
+	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, x.planMeta.T, x.planMeta.MaxPos + 1}
+	if chunk, ok := l.decodeChoice[key]; ok {
+		for _, p := range cands {
+			if p.Chunk == chunk {
+				return p, nil
+			}
+		}
+	}
+	if l.b.FixedDecodePlan || len(cands) == 1 {
+		return cands[0], nil
+	}
+	at := l.attn(x, nd)
+	best, bestMs := cands[0], float32(math.MaxFloat32)
+	line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim)
+	for _, p := range cands {
+		ms, err := l.timeOn(func() error { return l.k.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
+		if err != nil {
+			return p, err
+		}
+		line += fmt.Sprintf(" %d keys a split %.1f µs,", p.Chunk, 1e3*ms/5)
+		if ms < bestMs {
+			best, bestMs = p, ms
+		}
+	}
+	l.decodeChoice[key] = best.Chunk
+	l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %d kept", strings.TrimSuffix(line, ","), best.Chunk))
+	return best, nil
 }
 
 // timeOn is the stream time of 5 runs of f after one warm-up, in ms.

@@ -142,13 +142,21 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 
 // Decode (flash-decoding): grid (maxSplits, kvHeads, tokens), block 128.
 // Block (sp, kvh, t) covers keys [lo + sp*chunk, min(lo+(sp+1)*chunk, p+1)) of
-// token t (chunk <= 128) for the group of query heads sharing kv head kvh, and
-// writes per head the partial max m (log2 domain), sum l and unnormalised
-// acc[hd] into ws at index (t*heads + h)*maxSplits + sp. Dynamic shared memory
-// (floats): qs[group*hd] sc[group*chunk] slots[chunk] red[NS*4*hd] sm[group] sl[group].
-// Each thread loads its key's K row (phase 1) and its share of V rows (phase
-// 2, prefetched into registers at the start) so that all loads are in flight
-// at once.
+// token t (chunk <= 128) for the group of query heads sharing kv head kvh.
+// A token whose keys fit in one split gets its output from that block.
+// Otherwise each block writes per head the partial max m (log2 domain), sum
+// l and unnormalised acc[hd] into the workspace at index
+// w = (t*heads + h)*maxSplits + sp (acc at w*hd: 16-byte aligned, then m,
+// then l), and the last of the token's blocks to finish merges them.
+// Dynamic shared memory (floats): qs[group*hd] sc[group*chunk] slots[chunk]
+// red[NS*4*hd] sm[group] sl[group].
+//
+// Latency, not bandwidth, bounds it at short context, so the dependent
+// memory round trips are kept few: the block's cache slots are read before
+// the wait for the previous kernel (the batch's metadata comes from the host
+// before the step and no kernel writes it), then Q, every K row (one thread
+// per key) and every V row (each thread its share, into registers) are
+// loaded at once, and the merge loads each split's partials in batches.
 #define DC_THREADS 128
 
 // pv_add adds key j's V values f (VEC of them) to the accumulators of the
@@ -165,31 +173,29 @@ __device__ __forceinline__ void pv_add(float (&acc)[4][VEC], const float* f, con
 	}
 }
 
-// ldcg loads through L2 only (not the SM's L1, which does not see other
-// blocks' stores).
+// ldcg and ldcg4 load through L2 only (not the SM's L1, which does not see
+// other blocks' stores); volatile keeps them after the fence that precedes
+// them.
 __device__ __forceinline__ float ldcg(const float* p) {
 	float v;
 	asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
 	return v;
 }
+__device__ __forceinline__ float4 ldcg4(const float* p) {
+	float4 v;
+	asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+	return v;
+}
 
 template <int HD>
-__device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsM, float* wsL, float* wsAcc,
+__device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL,
                             int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
                             int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
 	constexpr int CPR = HD / VEC;                       // 16-byte chunks per row
 	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
 	constexpr int PVI = (DC_THREADS + NS - 1) / NS;     // rows per thread in the PV phase
 	constexpr bool PRE = PVI <= 16;                     // prefetch V into registers
-	pdl_enter();
 	int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
-	int p = positions[t];
-	int lo = window_start(p, window);
-	int nsplit = (p - lo + chunk) / chunk;
-	if (sp >= nsplit) return; // uniform over the block
-	int k0 = lo + sp * chunk;
-	int nk = imin(chunk, p + 1 - k0);
-	int seqOff = seqBlockOff[seqIndex[t]];
 	int group = heads / kvHeads, h0 = kvh * group;
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -201,23 +207,28 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	float* sm = red + NS * 4 * HD;
 	float* sl = sm + group;
 
-	const T* kr = kc;
+	// Before the wait: positions, block table, slots.
+	int p = positions[t];
+	int lo = window_start(p, window);
+	int nsplit = (p - lo + chunk) / chunk;
+	if (sp >= nsplit) return; // uniform over the block
+	int k0 = lo + sp * chunk;
+	int nk = imin(chunk, p + 1 - k0);
+	int seqOff = seqBlockOff[seqIndex[t]];
 	if (tid < nk) {
 		int kp = k0 + tid;
-		int sl0 = bt[seqOff + kp / bs] * bs + kp % bs;
-		slots[tid] = sl0;
-		kr = kc + ((long long)sl0 * kvHeads + kvh) * HD;
+		slots[tid] = bt[seqOff + kp / bs] * bs + kp % bs;
 	}
+	__syncthreads();
+	pdl_enter();
+
+	// Q, K and V loads, all in flight together.
 	uint4 kraw[CPR];
 	if (tid < nk) {
+		const uint4* kr = (const uint4*)(kc + ((long long)slots[tid] * kvHeads + kvh) * HD);
 #pragma unroll
-		for (int c = 0; c < CPR; c++) kraw[c] = ((const uint4*)kr)[c];
+		for (int c = 0; c < CPR; c++) kraw[c] = kr[c];
 	}
-	float qscale = scale * LOG2E;
-	const T* qr = q + ((long long)t * heads + h0) * HD;
-	for (int i = tid; i < group * HD; i += DC_THREADS) qs[i] = tof(qr[i]) * qscale;
-	__syncthreads();
-
 	int r = tid / CPR, cc = tid % CPR;
 	uint4 vpre[PRE ? PVI : 1];
 	if constexpr (PRE) {
@@ -229,6 +240,16 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 			}
 		}
 	}
+	float qscale = scale * LOG2E;
+	const uint4* qr = (const uint4*)(q + ((long long)t * heads + h0) * HD);
+#pragma unroll 2
+	for (int i = tid; i < group * CPR; i += DC_THREADS) {
+		float f[VEC];
+		unpack16(qr[i], f, q);
+#pragma unroll
+		for (int e = 0; e < VEC; e++) qs[i * VEC + e] = f[e] * qscale;
+	}
+	__syncthreads();
 
 	// Scores: one thread per key, four heads at a time.
 	if (tid < nk) {
@@ -274,7 +295,10 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	}
 	__syncthreads();
 
-	// PV: thread (r, cc) sums rows r, r+NS, ... of its 16-byte column chunk.
+	// PV: thread (r, cc) sums rows r, r+NS, ... of its 16-byte column chunk;
+	// the slices are summed through shared memory into the output (one
+	// split) or the block's partial accumulators.
+	bool single = nsplit == 1;
 	for (int g0 = 0; g0 < group; g0 += 4) {
 		float acc[4][VEC];
 #pragma unroll
@@ -310,12 +334,14 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 			if (g0 + gg < group) {
 				float v = 0.f;
 				for (int rr = 0; rr < NS; rr++) v += red[(rr * 4 + gg) * HD + d];
-				long long w = ((long long)t * heads + h0 + g0 + gg) * maxSplits + sp;
-				wsAcc[w * HD + d] = v;
+				long long row = (long long)t * heads + h0 + g0 + gg;
+				if (single) out[row * HD + d] = fromf<T>(v / sl[g0 + gg]);
+				else wsAcc[(row * maxSplits + sp) * HD + d] = v;
 			}
 		}
 		__syncthreads();
 	}
+	if (single) return;
 	if (tid < group) {
 		long long w = ((long long)t * heads + h0 + tid) * maxSplits + sp;
 		wsM[w] = sm[tid];
@@ -333,42 +359,50 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	if (!last) return;
 	if (tid == 0) counters[t * kvHeads + kvh] = 0;
 	__threadfence();
-	for (int i = tid; i < group * HD; i += DC_THREADS) {
-		int gg = i / HD, d = i % HD;
-		long long w0 = ((long long)t * heads + h0 + gg) * maxSplits;
-		// Online over groups of MG splits, each group's loads issued
-		// together. Split 0 is in the first group and has keys, so M is
-		// finite after it; splits past nsplit weigh 2^-inf = 0.
-		constexpr int MG = 8;
-		float M = NEG_INF, L = 0.f, o = 0.f;
+	// Thread i takes four dims (one float4) of one head, online over
+	// batches of MG splits whose loads are issued together. Split 0 is in
+	// the first batch and has keys, so M is finite after it; splits past
+	// nsplit weigh 2^-inf = 0.
+	constexpr int Q4 = HD / 4;
+	constexpr int MG = 8;
+	for (int i = tid; i < group * Q4; i += DC_THREADS) {
+		int gg = i / Q4, d = (i % Q4) * 4;
+		long long row = (long long)t * heads + h0 + gg;
+		long long w0 = row * maxSplits;
+		float M = NEG_INF, L = 0.f;
+		float4 o = f4(0.f, 0.f, 0.f, 0.f);
 		for (int s0 = 0; s0 < nsplit; s0 += MG) {
-			float ms[MG], ls[MG], as[MG];
+			float ms[MG], ls[MG];
+			float4 as[MG];
 #pragma unroll
 			for (int j = 0; j < MG; j++) {
 				bool in = s0 + j < nsplit;
-				long long w = w0 + (in ? s0 + j : 0);
+				long long w = w0 + (in ? s0 + j : s0);
 				ms[j] = in ? ldcg(wsM + w) : NEG_INF;
 				ls[j] = in ? ldcg(wsL + w) : 0.f;
-				as[j] = in ? ldcg(wsAcc + w * HD + d) : 0.f;
+				as[j] = in ? ldcg4(wsAcc + w * HD + d) : f4(0.f, 0.f, 0.f, 0.f);
 			}
 			float mn = M;
 #pragma unroll
 			for (int j = 0; j < MG; j++) mn = fmaxf(mn, ms[j]);
 			float c = exp2f(M - mn);
 			L *= c;
-			o *= c;
+			o.x *= c; o.y *= c; o.z *= c; o.w *= c;
 #pragma unroll
 			for (int j = 0; j < MG; j++) {
 				float e = exp2f(ms[j] - mn);
 				L += e * ls[j];
-				o += e * as[j];
+				o.x += e * as[j].x; o.y += e * as[j].y; o.z += e * as[j].z; o.w += e * as[j].w;
 			}
 			M = mn;
 		}
-		out[((long long)t * heads + h0 + gg) * HD + d] = fromf<T>(o / L);
+		T* dst = out + row * HD + d;
+		dst[0] = fromf<T>(o.x / L);
+		dst[1] = fromf<T>(o.y / L);
+		dst[2] = fromf<T>(o.z / L);
+		dst[3] = fromf<T>(o.w / L);
 	}
 }
-
 
 #define ATTN_KERNELS(HD)                                                                                             \
 	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
@@ -379,10 +413,10 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 		                 window, scale);                                                                               \
 	}                                                                                                                  \
 	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_##HD(                                        \
-	    const T* q, const T* kc, const T* vc, T* out, float* wsM, float* wsL, float* wsAcc, int* counters,            \
+	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
 	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads,      \
 	    int bs, int window, float scale, int chunk, int maxSplits) {                                                   \
-		decode_impl<HD>(q, kc, vc, out, wsM, wsL, wsAcc, counters, positions, seqIndex, seqBlockOff, bt, heads,        \
+		decode_impl<HD>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, bt, heads,        \
 		                kvHeads, bs, window, scale, chunk, maxSplits);                                                 \
 	}
 

@@ -143,8 +143,7 @@ func runAttnVariant(t *testing.T, act cu.DType, st *attnSetup, decode bool, vari
 	poison(t, act, st.a.Out, n)
 	if decode {
 		plan := PlanDecode(st.a, st.meta, gpu(t).SMs)
-		ws := alloc(t, plan.WorkspaceBytes)
-		must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws))
+		must(t, k.DecodeAttention(nil, st.a, st.dm, plan, alloc(t, plan.WorkspaceBytes), alloc(t, DecodeCounterBytes(st.meta.T, st.a.KVHeads))))
 	} else {
 		must(t, k.prefill(nil, st.a, st.dm, variant))
 	}
@@ -258,17 +257,29 @@ func checkMMA(t *testing.T, act cu.DType, st *attnSetup, ref []float64, c attnCf
 	report(t, act, fmt.Sprintf("prefill-%s %v (L2 %.2g)", variant, c, l2), e)
 }
 
+// TestDecodeAttention runs every plan DecodePlans offers on each case,
+// all through one workspace and one set of split counters, as the backend
+// does: a plan must not leave anything another plan trips on.
 func TestDecodeAttention(t *testing.T) {
+	ws := alloc(t, 64<<20)
+	counters := alloc(t, DecodeCounterBytes(64, 64))
 	for _, act := range allDTypes {
-		kern(t, act)
+		k := kern(t, act)
 		rng := newRNG(t)
 		for _, c := range decodeCases {
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
-			plan := PlanDecode(st.a, st.meta, gpu(t).SMs)
-			e := compare(t, "decode "+c.String(), runAttn(t, act, st, true), ref, tol(act))
-			report(t, act, fmt.Sprintf("decode %v (chunk %d, splits %d)", c, plan.Chunk, plan.MaxSplits), e)
-			e = compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
+			n := len(st.q)
+			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs) {
+				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
+					t.Fatalf("%v: plan %+v needs more than the test's workspace", c, plan)
+				}
+				poison(t, act, st.a.Out, n)
+				must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
+				e := compare(t, fmt.Sprintf("decode %v chunk %d", c, plan.Chunk), down(t, act, st.a.Out, n), ref, tol(act))
+				report(t, act, fmt.Sprintf("decode %v (chunk %d, splits %d)", c, plan.Chunk, plan.MaxSplits), e)
+			}
+			e := compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
 			report(t, act, "prefill-kernel "+c.String(), e)
 		}
 	}

@@ -88,5 +88,16 @@ func TestPlanDecode(t *testing.T) {
 		if sh := decodeShared(cu.BF16, a, p.Chunk); sh > 100<<10 {
 			t.Errorf("%+v: %d bytes of shared memory", c, sh)
 		}
+		// The candidates: PlanDecode's first, then longer chunks up to 128,
+		// none needing more workspace than the first.
+		plans := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms)
+		if plans[0] != p || plans[len(plans)-1].Chunk != 128 {
+			t.Errorf("%+v: candidates %+v", c, plans)
+		}
+		for i, q := range plans[1:] {
+			if q.Chunk != 2*plans[i].Chunk || q.WorkspaceBytes > p.WorkspaceBytes || q.MaxSplits*q.Chunk < ctx || (q.MaxSplits-1)*q.Chunk >= ctx {
+				t.Errorf("%+v: candidate %+v after %+v", c, q, plans[i])
+			}
+		}
 	}
 }

@@ -125,11 +125,6 @@ func BenchmarkDecodeAttention(b *testing.B) {
 				must(b, err)
 			}
 			a := Attn{Out: out, Q: q, KCache: kc, VCache: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
-			plan := PlanDecode(a, metas[0].Meta, d.SMs)
-			ws := alloc(b, plan.WorkspaceBytes)
-			ms := gpuTime(b, 64, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws) })
-			bytes := float64(ctx) * float64(width) * 2 * 2
-			gbs := bytes / (ms * 1e-3) / 1e9
 			emptyMs := gpuTime(b, 64, 7, func(int) error {
 				if err := spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0)); err != nil {
 					return err
@@ -137,11 +132,21 @@ func BenchmarkDecodeAttention(b *testing.B) {
 				return spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0))
 			})
 			b.Logf("two empty back-to-back launches: %.2f µs", emptyMs*1e3)
-			b.ReportMetric(ms*1e3, "us/call")
-			b.ReportMetric(gbs, "GB/s")
-			b.ReportMetric(gbs/bw, "of-copy-bw")
-			b.Logf("device %s: decode attention bf16 batch 1 ctx %d, 32/8 heads, hd 128 (chunk %d, %d splits): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
-				d.Name, ctx, plan.Chunk, plan.MaxSplits, ms*1e3, gbs, 100*gbs/bw, bw)
+			plans := DecodePlans(a, metas[0].Meta, d.SMs)
+			ws := alloc(b, plans[0].WorkspaceBytes)
+			counters := alloc(b, DecodeCounterBytes(1, kvHeads))
+			bytes := float64(ctx) * float64(width) * 2 * 2
+			for _, plan := range plans {
+				b.Run("chunk="+itoa(plan.Chunk), func(b *testing.B) {
+					ms := gpuTime(b, 64, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws, counters) })
+					gbs := bytes / (ms * 1e-3) / 1e9
+					b.ReportMetric(ms*1e3, "us/call")
+					b.ReportMetric(gbs, "GB/s")
+					b.ReportMetric(gbs/bw, "of-copy-bw")
+					b.Logf("device %s: decode attention bf16 batch 1 ctx %d, 32/8 heads, hd 128 (chunk %d, %d splits): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
+						d.Name, ctx, plan.Chunk, plan.MaxSplits, ms*1e3, gbs, 100*gbs/bw, bw)
+				})
+			}
 		})
 	}
 }

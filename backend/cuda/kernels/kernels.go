@@ -361,7 +361,8 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 	return nil
 }
 
-// DecodePlan is the split of a decode attention call.
+// DecodePlan is the split of a decode attention call: keys per split, the
+// grid's splits per token, and the bytes of partial results it needs.
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
@@ -371,18 +372,45 @@ type DecodePlan struct {
 // the device's sms multiprocessors where it can, keeping shared memory within
 // bounds.
 func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
-	ctx := m.MaxPos + 1
-	if a.Window > 0 {
-		ctx = min(ctx, a.Window)
-	}
+	ctx := decodeContext(a, m)
 	group := a.Heads / a.KVHeads
 	chunk := 128 // at most the split kernel's 128 threads
 	for chunk > 32 && (group*chunk > 4096 || m.T*a.KVHeads*((ctx+chunk-1)/chunk) < sms) {
 		chunk /= 2
 	}
-	splits := (ctx + chunk - 1) / chunk
-	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: 4*m.T*a.Heads*splits*(a.HeadDim+2) + 4*m.T*a.KVHeads}
+	return planChunk(a, m, chunk)
 }
+
+// DecodePlans lists the plans worth timing for a batch: PlanDecode's, then
+// the same with two and four times the keys per split, up to 128 (fewer
+// blocks, less merging: at short context latency decides, not how many
+// multiprocessors read). The first needs the most workspace.
+func DecodePlans(a Attn, m *Meta, sms int) []DecodePlan {
+	plans := []DecodePlan{PlanDecode(a, m, sms)}
+	for c := 2 * plans[0].Chunk; c <= 128 && (a.Heads/a.KVHeads)*c <= 4096; c *= 2 {
+		plans = append(plans, planChunk(a, m, c))
+	}
+	return plans
+}
+
+func decodeContext(a Attn, m *Meta) int {
+	ctx := m.MaxPos + 1
+	if a.Window > 0 {
+		ctx = min(ctx, a.Window)
+	}
+	return ctx
+}
+
+func planChunk(a Attn, m *Meta, chunk int) DecodePlan {
+	splits := (decodeContext(a, m) + chunk - 1) / chunk
+	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: 4 * m.T * a.Heads * splits * (a.HeadDim + 2)}
+}
+
+// DecodeCounterBytes is the size of the split counters DecodeAttention
+// needs for a batch of tokens with kvHeads kv heads. The counters are kept
+// apart from the partial results, whose layout changes with the plan: a
+// launch leaves them at zero for the next one, whatever its plan.
+func DecodeCounterBytes(tokens, kvHeads int) int { return 4 * tokens * kvHeads }
 
 func decodeShared(act cu.DType, a Attn, chunk int) int {
 	vec := 16 / act.Size()
@@ -395,15 +423,19 @@ func decodeShared(act cu.DType, a Attn, chunk int) int {
 // flash-decoding: each token's key range is cut into plan.MaxSplits chunks
 // handled by separate blocks (partial max, sum, accumulator into the f32
 // workspace ws of plan.WorkspaceBytes), and the last block of a token's
-// splits to finish merges them, in the same launch. ws must be zeroed when
-// allocated: its counters are left at zero by every launch. Suited to
+// splits to finish merges them, in the same launch; a token whose keys fit
+// one chunk is finished by its block. counters (DecodeCounterBytes) must be
+// zeroed when allocated: every launch leaves them at zero. Suited to
 // batches of few tokens per sequence (decode steps).
-func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws cu.Ptr) error {
+func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws, counters cu.Ptr) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	if plan.Chunk <= 0 || plan.MaxSplits <= 0 {
+	if plan.Chunk <= 0 || plan.Chunk > 128 || plan.MaxSplits <= 0 || plan.WorkspaceBytes < 4*m.T*a.Heads*plan.MaxSplits*(a.HeadDim+2) {
 		return fmt.Errorf("kernels: decode plan %+v", plan)
+	}
+	if !aligned16(a.Q, ws) || counters%4 != 0 {
+		return fmt.Errorf("kernels: decode attention's q and workspace must be 16-byte aligned")
 	}
 	name := fmt.Sprintf("decode_attn_%d", a.HeadDim)
 	shared := decodeShared(k.Act, a, plan.Chunk)
@@ -413,15 +445,16 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	if err := k.raiseShared(name, shared); err != nil {
 		return err
 	}
-	wsM, wsL, wsAcc, counters := plan.ws(a, m, ws)
+	wsAcc, wsM, wsL := plan.ws(a, m, ws)
 	return k.launchDep(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
-		a.Q, a.KCache, a.VCache, a.Out, wsM, wsL, wsAcc, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
+		a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
 		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits))
 }
 
-// ws splits the workspace: maxima, sums, accumulators, then one counter of
-// finished splits per token and kv head.
-func (p DecodePlan) ws(a Attn, m DevMeta, ws cu.Ptr) (wsM, wsL, wsAcc, counters cu.Ptr) {
+// ws splits the workspace: accumulators (first, so that they are 16-byte
+// aligned), maxima, sums.
+func (p DecodePlan) ws(a Attn, m DevMeta, ws cu.Ptr) (wsAcc, wsM, wsL cu.Ptr) {
 	n := m.T * a.Heads * p.MaxSplits
-	return ws, ws.Add(4 * n), ws.Add(8 * n), ws.Add(4 * n * (a.HeadDim + 2))
+	wsM = ws.Add(4 * n * a.HeadDim)
+	return ws, wsM, wsM.Add(4 * n)
 }

@@ -183,15 +183,25 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* 
 // The register path of rmsnorm and add_rmsnorm, for rows whose dim is a
 // multiple of VEC and at most NORM_MAXV·VEC·blockDim: each thread loads its
 // 16-byte vectors once (all the loads in flight together), keeps them in
-// registers over the block's sum, and writes them scaled. r null: plain
-// rmsnorm (sum unused). sum may alias x or r: every thread reads its own
-// elements before the block's sum and writes them after.
+// registers over the block's sum, and writes them scaled. Its weights are
+// loaded before the wait for the previous kernel (no kernel writes them).
+// r null: plain rmsnorm (sum unused). sum may alias x or r: every thread
+// reads its own elements before the block's sum and writes them after.
 #define NORM_MAXV 8
 template <typename W>
 __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out, int dim, float eps) {
-	pdl_enter();
 	__shared__ float sh[32];
 	long long base = (long long)blockIdx.x * dim;
+	float wv[NORM_MAXV][VEC];
+#pragma unroll
+	for (int i = 0; i < NORM_MAXV; i++) {
+		int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < dim) {
+#pragma unroll
+			for (int j = 0; j < VEC; j++) wv[i][j] = tof(w[c + j]);
+		}
+	}
+	pdl_enter();
 	float v[NORM_MAXV][VEC];
 	float ss = 0.f;
 #pragma unroll
@@ -218,7 +228,7 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 			if (r) store16(sum + base + c, v[i]);
 			float o[VEC];
 #pragma unroll
-			for (int j = 0; j < VEC; j++) o[j] = v[i][j] * scale * tof(w[c + j]);
+			for (int j = 0; j < VEC; j++) o[j] = v[i][j] * scale * wv[i][j];
 			store16(out + base + c, o);
 		}
 	}

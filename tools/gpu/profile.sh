@@ -4,21 +4,29 @@
 # duration of every kernel, caches flushed between them, clocks left alone),
 # summarised per step kind by tools/gpu/ncu_steps.py: a 2048-token prefill
 # step, and batch-1 decode steps at context 512 (graphs off, so that each
-# kernel is its own launch; the kernels are the same).
+# kernel is its own launch; the kernels are the same). Decode kernels run
+# without the cache flush: in a real step the small activations stay in L2
+# and the weights never fit in it. The steps to profile can be named:
+#   tools/gpu/profile.sh [prefill] [decode1] [decode16]   (default all three)
 #   run tool: command "tools/gpu/profile.sh", carry [".devbin"]
 source "$(dirname "$0")/env.sh"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
 # Make the model once (and compile the kernels) outside the profiler.
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 64 --tg 2 --batch 1 --reps 1 >"$out/warm.txt" 2>&1
-prof() { # name, bench arguments...
-	local name=$1
-	shift
-	"$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+prof() { # name, cache control, bench arguments...
+	local name=$1 cache=$2
+	shift 2
+	"$ncu" --clock-control none --cache-control "$cache" --metrics gpu__time_duration.sum --csv --print-units base \
 		--log-file "$out/$name.csv" $k bench model --random llama3-8b --keep "$keep" --device cuda --reps 1 \
 		--cuda-graphs=false "$@" >"$out/$name.txt" 2>&1
 	python3 tools/gpu/ncu_steps.py "$out/$name.csv" | tee "$out/$name.summary"
 }
-prof prefill --pp 2048 --tg 0
-prof decode1 --pp 0 --tg 4 --depth 512 --batch 1
-prof decode16 --pp 0 --tg 4 --depth 512 --batch 16
+for step in ${*:-prefill decode1 decode16}; do
+	case $step in
+	prefill) prof prefill all --pp 2048 --tg 0 ;;
+	decode1) prof decode1 none --pp 0 --tg 4 --depth 512 --batch 1 ;;
+	decode16) prof decode16 none --pp 0 --tg 4 --depth 512 --batch 16 ;;
+	*) echo "unknown step $step (prefill, decode1, decode16)" >&2; exit 2 ;;
+	esac
+done

@@ -8,6 +8,37 @@
 // bt[seqOff[s] + j/bs]*bs + j%bs. Scores are kept in the log2 domain (q is
 // pre-scaled by scale·log2 e) and exponentiated with exp2f.
 
+// smem_addr is the shared-state-space address of p (in shared memory).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+	unsigned a;
+	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+	return a;
+}
+// cp16 copies 16 bytes global → shared asynchronously (zero-fills when
+// !in); cp_commit closes a group of copies, cp_wait<N> waits until at most
+// N groups are still in flight. Before compute capability 8.0 the copy is a
+// plain load and store.
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool in) {
+#if __CUDA_ARCH__ >= 800
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(in ? 16 : 0) : "memory");
+#else
+	uint4 v;
+	v.x = v.y = v.z = v.w = 0u;
+	if (in) v = *(const uint4*)src;
+	asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#if __CUDA_ARCH__ >= 800
+	asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 #define PF_BQ 64  // queries per prefill tile (the Go packer's PrefillTile)
 #define PF_BK 32  // keys per shared-memory stage
 #define PF_THREADS 128
@@ -148,15 +179,19 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 // l and unnormalised acc[hd] into the workspace at index
 // w = (t*heads + h)*maxSplits + sp (acc at w*hd: 16-byte aligned, then m,
 // then l), and the last of the token's blocks to finish merges them.
-// Dynamic shared memory (floats): qs[group*hd] sc[group*chunk] slots[chunk]
-// red[NS*4*hd] sm[group] sl[group].
+// Dynamic shared memory: floats qs[group][hd+4] sc[group*chunk], ints
+// slots[chunk], floats red[NS*4*hd] sm[group] sl[group], then (at a 16-byte
+// boundary) the chunk's K rows, each padded by 16 bytes.
 //
 // Latency, not bandwidth, bounds it at short context, so the dependent
 // memory round trips are kept few: the block's cache slots are read before
 // the wait for the previous kernel (the batch's metadata comes from the host
-// before the step and no kernel writes it), then Q, every K row (one thread
-// per key) and every V row (each thread its share, into registers) are
-// loaded at once, and the merge loads each split's partials in batches.
+// before the step and no kernel writes it), then Q, every K row (cp.async
+// into shared memory) and every V row (each thread its share, into
+// registers) are loaded at once, and the merge loads each split's partials
+// in batches. Each score (key, query head) is one thread's dot product, so
+// that a short chunk spreads its scores over the block (padded rows: no
+// bank conflicts).
 #define DC_THREADS 128
 
 // pv_add adds key j's V values f (VEC of them) to the accumulators of the
@@ -199,13 +234,16 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	int group = heads / kvHeads, h0 = kvh * group;
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
+	constexpr int QS = HD + 4;                     // floats per q row in shared memory
+	constexpr int KROW = HD * (int)sizeof(T) + 16; // bytes per K row in shared memory
 	extern __shared__ float smem[];
 	float* qs = smem;
-	float* sc = qs + group * HD;
+	float* sc = qs + group * QS;
 	int* slots = (int*)(sc + group * chunk);
 	float* red = (float*)(slots + chunk);
 	float* sm = red + NS * 4 * HD;
 	float* sl = sm + group;
+	char* ks = (char*)smem + ((4 * (group * QS + group * chunk + chunk + NS * 4 * HD + 2 * group) + 15) & ~15);
 
 	// Before the wait: positions, block table, slots.
 	int p = positions[t];
@@ -223,13 +261,10 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	pdl_enter();
 
 	// Q, K and V loads, all in flight together.
-	uint4 kraw[CPR];
-	if (tid < nk) {
-		const uint4* kr = (const uint4*)(kc + ((long long)slots[tid] * kvHeads + kvh) * HD);
-#pragma unroll
-		for (int c = 0; c < CPR; c++) kraw[c] = kr[c];
-	}
 	int r = tid / CPR, cc = tid % CPR;
+	for (int j = r; j < nk; j += NS)
+		cp16(smem_addr(ks + j * KROW + cc * 16), kc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, true);
+	cp_commit();
 	uint4 vpre[PRE ? PVI : 1];
 	if constexpr (PRE) {
 		if (r < NS) {
@@ -246,32 +281,27 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	for (int i = tid; i < group * CPR; i += DC_THREADS) {
 		float f[VEC];
 		unpack16(qr[i], f, q);
+		float* qd = qs + (i / CPR) * QS + (i % CPR) * VEC;
 #pragma unroll
-		for (int e = 0; e < VEC; e++) qs[i * VEC + e] = f[e] * qscale;
+		for (int e = 0; e < VEC; e++) qd[e] = f[e] * qscale;
 	}
+	cp_wait<0>();
 	__syncthreads();
 
-	// Scores: one thread per key, four heads at a time.
-	if (tid < nk) {
-		for (int g0 = 0; g0 < group; g0 += 4) {
-			float d[4] = {0.f, 0.f, 0.f, 0.f};
+	// Scores: thread i takes (key i / group, head i % group), ...
+	for (int i = tid; i < nk * group; i += DC_THREADS) {
+		int j = i / group, g = i % group;
+		const uint4* kr = (const uint4*)(ks + j * KROW);
+		const float* qh = qs + g * QS;
+		float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-			for (int c = 0; c < CPR; c++) {
-				float f[VEC];
-				unpack16(kraw[c], f, kc);
+		for (int c = 0; c < CPR; c++) {
+			float f[VEC];
+			unpack16(kr[c], f, kc);
 #pragma unroll
-				for (int gg = 0; gg < 4; gg++) {
-					if (g0 + gg < group) {
-						const float* qh = qs + (g0 + gg) * HD + c * VEC;
-#pragma unroll
-						for (int e = 0; e < VEC; e++) d[gg] += qh[e] * f[e];
-					}
-				}
-			}
-#pragma unroll
-			for (int gg = 0; gg < 4; gg++)
-				if (g0 + gg < group) sc[(g0 + gg) * chunk + tid] = d[gg];
+			for (int e = 0; e < VEC; e++) d[e & 3] += qh[c * VEC + e] * f[e];
 		}
+		sc[g * chunk + j] = (d[0] + d[1]) + (d[2] + d[3]);
 	}
 	__syncthreads();
 

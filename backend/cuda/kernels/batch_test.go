@@ -85,8 +85,10 @@ func TestPlanDecode(t *testing.T) {
 		if p.Chunk < 32 || p.Chunk > 128 || p.MaxSplits*p.Chunk < ctx || (p.MaxSplits-1)*p.Chunk >= ctx || (c.heads/c.kv)*p.Chunk > 4096 {
 			t.Errorf("%+v: plan %+v", c, p)
 		}
-		if sh := decodeShared(cu.BF16, a, p.Chunk); sh > 100<<10 {
-			t.Errorf("%+v: %d bytes of shared memory", c, sh)
+		for _, act := range []cu.DType{cu.BF16, cu.F32} {
+			if sh := decodeShared(act, a, 128); sh > decodeMaxShared {
+				t.Errorf("%+v: %d bytes of %v shared memory at 128 keys a split", c, sh, act)
+			}
 		}
 		// The candidates: PlanDecode's first, then longer chunks up to 128,
 		// none needing more workspace than the first.

@@ -412,12 +412,20 @@ func planChunk(a Attn, m *Meta, chunk int) DecodePlan {
 // launch leaves them at zero for the next one, whatever its plan.
 func DecodeCounterBytes(tokens, kvHeads int) int { return 4 * tokens * kvHeads }
 
+// decodeShared is decode attention's dynamic shared memory (decode_impl in
+// attention.cu): q rows padded by 4 floats, scores, slots, sums and
+// statistics, then the chunk's K rows padded by 16 bytes.
 func decodeShared(act cu.DType, a Attn, chunk int) int {
-	vec := 16 / act.Size()
-	ns := 128 / (a.HeadDim / vec)
+	es := act.Size()
+	ns := 128 / (a.HeadDim * es / 16)
 	group := a.Heads / a.KVHeads
-	return 4 * (group*a.HeadDim + group*chunk + chunk + ns*4*a.HeadDim + 2*group)
+	floats := 4 * (group*(a.HeadDim+4) + group*chunk + chunk + ns*4*a.HeadDim + 2*group)
+	return (floats+15)&^15 + chunk*(a.HeadDim*es+16)
 }
+
+// decodeMaxShared bounds decode attention's shared memory (Hopper allows
+// 227 KiB a block).
+const decodeMaxShared = 200 << 10
 
 // DecodeAttention runs attention for every token of the batch with
 // flash-decoding: each token's key range is cut into plan.MaxSplits chunks
@@ -439,7 +447,7 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	}
 	name := fmt.Sprintf("decode_attn_%d", a.HeadDim)
 	shared := decodeShared(k.Act, a, plan.Chunk)
-	if shared > 200<<10 {
+	if shared > decodeMaxShared {
 		return fmt.Errorf("kernels: decode attention needs %d bytes of shared memory", shared)
 	}
 	if err := k.raiseShared(name, shared); err != nil {

@@ -42,11 +42,6 @@ __device__ __forceinline__ float ex2f(float x) {
 	return y;
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-	unsigned a;
-	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-	return a;
-}
 // ldsm4 loads four 8×8 b16 matrices (lane i gives the shared address of row
 // i%8 of matrix i/8); ldsm4t loads them transposed.
 __device__ __forceinline__ void ldsm4(unsigned* r, unsigned a) {
@@ -59,12 +54,6 @@ __device__ __forceinline__ void ldsm4t(unsigned* r, unsigned a) {
 	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
 	             : "r"(a));
 }
-// cp16 copies 16 bytes global → shared asynchronously (zero-fills when !in).
-__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool in) {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(in ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 template <typename X> struct pf_is_f16 { static constexpr bool v = false; };
 template <> struct pf_is_f16<f16> { static constexpr bool v = true; };

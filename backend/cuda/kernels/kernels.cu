@@ -183,22 +183,27 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* 
 // The register path of rmsnorm and add_rmsnorm, for rows whose dim is a
 // multiple of VEC and at most NORM_MAXV·VEC·blockDim: each thread loads its
 // 16-byte vectors once (all the loads in flight together), keeps them in
-// registers over the block's sum, and writes them scaled. Its weights are
-// loaded before the wait for the previous kernel (no kernel writes them).
-// r null: plain rmsnorm (sum unused). sum may alias x or r: every thread
-// reads its own elements before the block's sum and writes them after.
+// registers over the block's sum, and writes them scaled. With PREW its
+// weights are loaded too, before the wait for the previous kernel (no kernel
+// writes them): for the few rows of decode steps, where the norm's latency
+// counts; the registers they take halve the blocks a multiprocessor holds,
+// which costs prefill's thousands of rows more than it saves. r null: plain
+// rmsnorm (sum unused). sum may alias x or r: every thread reads its own
+// elements before the block's sum and writes them after.
 #define NORM_MAXV 8
-template <typename W>
+template <typename W, bool PREW>
 __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out, int dim, float eps) {
 	__shared__ float sh[32];
 	long long base = (long long)blockIdx.x * dim;
-	float wv[NORM_MAXV][VEC];
+	float wv[PREW ? NORM_MAXV : 1][VEC];
+	if constexpr (PREW) {
 #pragma unroll
-	for (int i = 0; i < NORM_MAXV; i++) {
-		int c = (threadIdx.x + i * blockDim.x) * VEC;
-		if (c < dim) {
+		for (int i = 0; i < NORM_MAXV; i++) {
+			int c = (threadIdx.x + i * blockDim.x) * VEC;
+			if (c < dim) {
 #pragma unroll
-			for (int j = 0; j < VEC; j++) wv[i][j] = tof(w[c + j]);
+				for (int j = 0; j < VEC; j++) wv[i][j] = tof(w[c + j]);
+			}
 		}
 	}
 	pdl_enter();
@@ -228,7 +233,12 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 			if (r) store16(sum + base + c, v[i]);
 			float o[VEC];
 #pragma unroll
-			for (int j = 0; j < VEC; j++) o[j] = v[i][j] * scale * wv[i][j];
+			for (int j = 0; j < VEC; j++) {
+				float wj;
+				if constexpr (PREW) wj = wv[i][j];
+				else wj = tof(w[c + j]);
+				o[j] = v[i][j] * scale * wj;
+			}
 			store16(out + base + c, o);
 		}
 	}
@@ -256,11 +266,18 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 		add_rmsnorm_impl<W>(x, r, w, sum, normed, rows, dim, eps);                                                 \
 	}                                                                                                              \
 	extern "C" __global__ void rmsnorm_v_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {     \
-		norm_vec_impl<W>(x, (const T*)0, w, (T*)0, out, dim, eps);                                                   \
+		norm_vec_impl<W, false>(x, (const T*)0, w, (T*)0, out, dim, eps);                                            \
 	}                                                                                                              \
 	extern "C" __global__ void add_rmsnorm_v_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,         \
 	                                              int rows, int dim, float eps) {                                \
-		norm_vec_impl<W>(x, r, w, sum, normed, dim, eps);                                                          \
+		norm_vec_impl<W, false>(x, r, w, sum, normed, dim, eps);                                                   \
+	}                                                                                                              \
+	extern "C" __global__ void rmsnorm_vp_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {    \
+		norm_vec_impl<W, true>(x, (const T*)0, w, (T*)0, out, dim, eps);                                             \
+	}                                                                                                              \
+	extern "C" __global__ void add_rmsnorm_vp_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,        \
+	                                               int rows, int dim, float eps) {                               \
+		norm_vec_impl<W, true>(x, r, w, sum, normed, dim, eps);                                                    \
 	}                                                                                                              \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
 		add_bias_impl<W>(x, b, out, rows, cols);                                                                   \

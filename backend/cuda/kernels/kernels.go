@@ -143,12 +143,23 @@ func aligned16(ps ...cu.Ptr) bool {
 // the norms' register path, at 256 threads.
 const normMaxVectors = 8
 
-// normKernel picks a norm's kernel and block: the register path ("_v") when
-// the rows split into 16-byte vectors that fit it, else the plain loop.
-func (k *Kernels) normKernel(name string, wt cu.DType, dim int, ptrs ...cu.Ptr) (string, cu.Dim3) {
+// normPrefetchRows is the most rows for which the norms' register path also
+// loads its weights before the PDL wait ("_vp"): decode batches. On
+// 2048-row prefills (H100 and H200, 2026-11-23) that variant's registers
+// coincided with prefill 5% slower.
+const normPrefetchRows = 256
+
+// normKernel picks a norm's kernel and block for rows of dim: the register
+// path ("_v", "_vp" for few rows) when the rows split into 16-byte vectors
+// that fit it, else the plain loop.
+func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, ptrs ...cu.Ptr) (string, cu.Dim3) {
 	nv := dim / k.vec()
 	if dim%k.vec() == 0 && nv <= normMaxVectors*256 && aligned16(ptrs...) {
-		return name + "_v" + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32))
+		v := "_v"
+		if rows <= normPrefetchRows {
+			v = "_vp"
+		}
+		return name + v + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32))
 	}
 	return name + wsuffix(wt), normBlock(dim)
 }
@@ -158,7 +169,7 @@ func (k *Kernels) RMSNorm(s *cu.Stream, out, x, w cu.Ptr, wt cu.DType, rows, dim
 	if err := checkRows("rmsnorm", rows, dim); err != nil {
 		return err
 	}
-	name, block := k.normKernel("rmsnorm", wt, dim, out, x)
+	name, block := k.normKernel("rmsnorm", wt, rows, dim, out, x)
 	return k.launchDep(name, cu.D1(rows), block, 0, s, x, w, out, int32(rows), int32(dim), eps)
 }
 
@@ -167,7 +178,7 @@ func (k *Kernels) AddRMSNorm(s *cu.Stream, sum, normed, x, r, w cu.Ptr, wt cu.DT
 	if err := checkRows("add_rmsnorm", rows, dim); err != nil {
 		return err
 	}
-	name, block := k.normKernel("add_rmsnorm", wt, dim, sum, normed, x, r)
+	name, block := k.normKernel("add_rmsnorm", wt, rows, dim, sum, normed, x, r)
 	return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
 }
 

@@ -1,0 +1,50 @@
+package kernels
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestSourcesCompile checks every CUDA C source with clang's CUDA front end
+// (device side: syntax, types, every template the kernels instantiate), for
+// each activation dtype, on an Ampere target (cp.async) and a Turing one
+// (the fallbacks), so that a compile error shows here, without a GPU,
+// rather than when NVRTC meets it on a GPU machine. clang knows neither the
+// NVRTC built-ins nor Hopper's instructions (they are PTX strings, checked
+// by the GPU tests); testdata/nvrtc_prelude.h declares the built-ins.
+// Skipped when clang is not installed (.ci/run installs it).
+func TestSourcesCompile(t *testing.T) {
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		t.Skip("clang is not installed")
+	}
+	prelude, err := os.ReadFile("testdata/nvrtc_prelude.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, act := range []string{"bf16", "f16", "f32"} {
+		for _, arch := range []string{"sm_86", "sm_75"} {
+			for _, m := range []struct{ name, src, defs string }{
+				{"kernels", Source(), "-DACT_MMA=1"},
+				{"gemv", gemvSource, "-DGEMV_MMA=1"},
+				{"sample", sampleSource, ""},
+			} {
+				f := filepath.Join(dir, m.name+".cu")
+				if err := os.WriteFile(f, append(append(prelude, '\n'), m.src...), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				args := []string{"-x", "cuda", "--cuda-gpu-arch=" + arch, "--cuda-device-only", "-nocudainc", "-nocudalib",
+					"-std=c++17", "-fsyntax-only", "-Wno-unknown-cuda-version", "-DACT=" + act, "-DGEMV_SWEEP=1"}
+				if act != "f32" && m.defs != "" {
+					args = append(args, m.defs)
+				}
+				if out, err := exec.Command(clang, append(args, f)...).CombinedOutput(); err != nil {
+					t.Errorf("%s.cu, ACT=%s, %s: %v\n%s", m.name, act, arch, err, out)
+				}
+			}
+		}
+	}
+}

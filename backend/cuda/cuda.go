@@ -202,7 +202,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{},
-		decodeChoice: map[decodeKey]int{}}
+		decodeChoice: map[decodeKey]kernels.DecodePlan{}}
 	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
 		g.PDL = !b.NoPDL
 		l.gemv = g
@@ -232,9 +232,10 @@ type loaded struct {
 	gemv    *kernels.GEMV    // the skinny product kernel (nil: cuBLASLt only)
 	// gemvChoice records, per product shape, whether GEMV was measured faster.
 	gemvChoice map[mmKey]bool
-	// decodeChoice records, per decode attention shape, the keys per split
-	// measured fastest.
-	decodeChoice map[decodeKey]int
+	// decodeChoice records, per decode attention shape and context bucket,
+	// the split kept (measured fastest, or PlanDecode's under
+	// Backend.FixedDecodePlan).
+	decodeChoice map[decodeKey]kernels.DecodePlan
 }
 
 // deviceTensor is a weight or constant on the device.

@@ -455,17 +455,15 @@ func (e *executable) upload(m *kernels.Meta, x *stepState) error {
 
 // decodeWorkspace plans each attention layer's flash-decoding split for the
 // step (consecutive layers of the same shape share one) and sizes the
-// workspace for the plans it may choose from.
+// workspace for the plans it may choose from: PlanDecode's has the most
+// splits.
 func (e *executable) decodeWorkspace(x *stepState) error {
-	var cands [][]kernels.DecodePlan // per run of same-shaped layers
 	need, kvHeads := 0, 0
 	var last *node
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
 		if !sameAttn(nd, last) {
-			c := kernels.DecodePlans(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs)
-			cands = append(cands, c)
-			need = max(need, c[0].WorkspaceBytes) // the most splits
+			need = max(need, kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs).WorkspaceBytes)
 			kvHeads = max(kvHeads, nd.n.Attrs.KVHeads)
 		}
 		last = nd
@@ -489,18 +487,16 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 	}
 	x.counters, x.ws = e.ws, e.ws.Add(counters)
 	last = nil
-	run := -1
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
-		if !sameAttn(nd, last) {
-			run++
-			plan, err := e.l.decodePlan(x, nd, cands[run])
+		if sameAttn(nd, last) {
+			nd.plan = last.plan
+		} else {
+			plan, err := e.l.decodePlan(x, nd)
 			if err != nil {
 				return err
 			}
 			nd.plan = plan
-		} else {
-			nd.plan = last.plan
 		}
 		last = nd
 	}

@@ -230,39 +230,36 @@ type decodeKey struct {
 	t, ctx                          int // tokens, context bucket
 }
 
-// decodePlan picks attention node nd's split for step x among cands
-// (kernels.DecodePlans): the first time a shape and context bucket are seen
+// decodePlan picks attention node nd's split for step x among
+// kernels.DecodePlans: the first time a shape and context bucket are seen
 // each candidate is timed on the step's batch (5 runs after a warm-up;
 // decodeWorkspace runs before the step's kernels, so what the runs write is
 // overwritten) and the fastest kept.
-func (l *loaded) decodePlan(x *stepState, nd *node, cands []kernels.DecodePlan) (kernels.DecodePlan, error) {
+func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
 	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, x.planMeta.T, x.planMeta.MaxPos + 1}
-	if chunk, ok := l.decodeChoice[key]; ok {
-		for _, p := range cands {
-			if p.Chunk == chunk {
-				return p, nil
-			}
-		}
-	}
-	if l.b.FixedDecodePlan || len(cands) == 1 {
-		return cands[0], nil
+	if p, ok := l.decodeChoice[key]; ok {
+		return p, nil
 	}
 	at := l.attn(x, nd)
-	best, bestMs := cands[0], float32(math.MaxFloat32)
-	line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim)
-	for _, p := range cands {
-		ms, err := l.timeOn(func() error { return l.k.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
-		if err != nil {
-			return p, err
+	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs)
+	best := cands[0]
+	if !l.b.FixedDecodePlan && len(cands) > 1 {
+		bestMs := float32(math.MaxFloat32)
+		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim)
+		for _, p := range cands {
+			ms, err := l.timeOn(func() error { return l.k.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
+			if err != nil {
+				return p, err
+			}
+			line += fmt.Sprintf(" %d keys a split %.1f µs,", p.Chunk, 1e3*ms/5)
+			if ms < bestMs {
+				best, bestMs = p, ms
+			}
 		}
-		line += fmt.Sprintf(" %d keys a split %.1f µs,", p.Chunk, 1e3*ms/5)
-		if ms < bestMs {
-			best, bestMs = p, ms
-		}
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %d kept", strings.TrimSuffix(line, ","), best.Chunk))
 	}
-	l.decodeChoice[key] = best.Chunk
-	l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %d kept", strings.TrimSuffix(line, ","), best.Chunk))
+	l.decodeChoice[key] = best
 	return best, nil
 }
 

@@ -186,8 +186,8 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* 
 // registers over the block's sum, and writes them scaled. With PREW its
 // weights are loaded too, before the wait for the previous kernel (no kernel
 // writes them): for the few rows of decode steps, where the norm's latency
-// counts; the registers they take halve the blocks a multiprocessor holds,
-// which costs prefill's thousands of rows more than it saves. r null: plain
+// counts (the registers they take halve the blocks a multiprocessor holds:
+// prefill's many rows take the plain variant). r null: plain
 // rmsnorm (sum unused). sum may alias x or r: every thread reads its own
 // elements before the block's sum and writes them after.
 #define NORM_MAXV 8
@@ -254,6 +254,17 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 		out[i] = fromf<T>(tof(x[i]) + tof(b[i % cols]));
 }
 
+// The register-path norms of weight dtype W: rmsnorm_<V>_w<W> and
+// add_rmsnorm_<V>_w<W>, PREW as norm_vec_impl's.
+#define NORM_VEC_KERNELS(W, V, PREW)                                                                            \
+	extern "C" __global__ void rmsnorm_##V##_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) { \
+		norm_vec_impl<W, PREW>(x, (const T*)0, w, (T*)0, out, dim, eps);                                           \
+	}                                                                                                              \
+	extern "C" __global__ void add_rmsnorm_##V##_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,     \
+	                                                  int rows, int dim, float eps) {                            \
+		norm_vec_impl<W, PREW>(x, r, w, sum, normed, dim, eps);                                                    \
+	}
+
 #define WEIGHT_KERNELS(W)                                                                                        \
 	extern "C" __global__ void embed_w##W(const W* table, const int* ids, T* out, int rows, int vocab, int dim) { \
 		embed_impl<W>(table, ids, out, rows, vocab, dim);                                                          \
@@ -265,20 +276,8 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 	                                            int dim, float eps) {                                            \
 		add_rmsnorm_impl<W>(x, r, w, sum, normed, rows, dim, eps);                                                 \
 	}                                                                                                              \
-	extern "C" __global__ void rmsnorm_v_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {     \
-		norm_vec_impl<W, false>(x, (const T*)0, w, (T*)0, out, dim, eps);                                            \
-	}                                                                                                              \
-	extern "C" __global__ void add_rmsnorm_v_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,         \
-	                                              int rows, int dim, float eps) {                                \
-		norm_vec_impl<W, false>(x, r, w, sum, normed, dim, eps);                                                   \
-	}                                                                                                              \
-	extern "C" __global__ void rmsnorm_vp_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {    \
-		norm_vec_impl<W, true>(x, (const T*)0, w, (T*)0, out, dim, eps);                                             \
-	}                                                                                                              \
-	extern "C" __global__ void add_rmsnorm_vp_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,        \
-	                                               int rows, int dim, float eps) {                               \
-		norm_vec_impl<W, true>(x, r, w, sum, normed, dim, eps);                                                    \
-	}                                                                                                              \
+	NORM_VEC_KERNELS(W, v, false)                                                                                  \
+	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
 		add_bias_impl<W>(x, b, out, rows, cols);                                                                   \
 	}

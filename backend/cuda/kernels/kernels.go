@@ -144,9 +144,9 @@ func aligned16(ps ...cu.Ptr) bool {
 const normMaxVectors = 8
 
 // normPrefetchRows is the most rows for which the norms' register path also
-// loads its weights before the PDL wait ("_vp"): decode batches. On
-// 2048-row prefills (H100 and H200, 2026-11-23) that variant's registers
-// coincided with prefill 5% slower.
+// loads its weights before the PDL wait ("_vp"): decode batches. Prefill's
+// thousands of rows keep the plain path, which needs fewer registers
+// (docs/PERF.md: prefill fell while the prefetching variant served it).
 const normPrefetchRows = 256
 
 // normKernel picks a norm's kernel and block for rows of dim: the register
@@ -414,7 +414,14 @@ func decodeContext(a Attn, m *Meta) int {
 
 func planChunk(a Attn, m *Meta, chunk int) DecodePlan {
 	splits := (decodeContext(a, m) + chunk - 1) / chunk
-	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: 4 * m.T * a.Heads * splits * (a.HeadDim + 2)}
+	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: decodePartialBytes(a, m.T, splits)}
+}
+
+// decodePartialBytes is the size of the partial results of tokens × splits
+// blocks: per query head an accumulator of HeadDim floats, a maximum and a
+// sum (DecodePlan.ws).
+func decodePartialBytes(a Attn, tokens, splits int) int {
+	return 4 * tokens * a.Heads * splits * (a.HeadDim + 2)
 }
 
 // DecodeCounterBytes is the size of the split counters DecodeAttention
@@ -450,7 +457,7 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	if plan.Chunk <= 0 || plan.Chunk > 128 || plan.MaxSplits <= 0 || plan.WorkspaceBytes < 4*m.T*a.Heads*plan.MaxSplits*(a.HeadDim+2) {
+	if plan.Chunk <= 0 || plan.Chunk > 128 || plan.MaxSplits <= 0 || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits) {
 		return fmt.Errorf("kernels: decode plan %+v", plan)
 	}
 	if !aligned16(a.Q, ws) || counters%4 != 0 {

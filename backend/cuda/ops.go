@@ -234,7 +234,8 @@ type decodeKey struct {
 // kernels.DecodePlans: the first time a shape and context bucket are seen
 // each candidate is timed on the step's batch (5 runs after a warm-up;
 // decodeWorkspace runs before the step's kernels, so what the runs write is
-// overwritten) and the fastest kept.
+// overwritten) and the fastest kept; a cluster plan whose launch is refused
+// is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
 	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, x.planMeta.T, x.planMeta.MaxPos + 1}
@@ -242,22 +243,28 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		return p, nil
 	}
 	at := l.attn(x, nd)
-	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs)
+	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs, l.dev.Clusters())
 	best := cands[0]
 	if !l.b.FixedDecodePlan && len(cands) > 1 {
 		bestMs := float32(math.MaxFloat32)
 		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim)
 		for _, p := range cands {
 			ms, err := l.timeOn(func() error { return l.k.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
+			if err != nil && p.Cluster {
+				// A cluster the device cannot place (a launch error, not
+				// a fault): not a candidate.
+				line += fmt.Sprintf(" %v refused (%v),", p, err)
+				continue
+			}
 			if err != nil {
 				return p, err
 			}
-			line += fmt.Sprintf(" %d keys a split %.1f µs,", p.Chunk, 1e3*ms/5)
+			line += fmt.Sprintf(" %v %.1f µs,", p, 1e3*ms/5)
 			if ms < bestMs {
 				best, bestMs = p, ms
 			}
 		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %d kept", strings.TrimSuffix(line, ","), best.Chunk))
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %v kept", strings.TrimSuffix(line, ","), best))
 	}
 	l.decodeChoice[key] = best
 	return best, nil

@@ -30,8 +30,8 @@ type Device struct {
 	ctx  unsafe.Pointer
 	work chan func()
 	tid  int // the worker's OS thread
-	// dependent: programmatic dependent launches are available (compute
-	// capability 9.0+ and cuLaunchKernelEx).
+	// dependent: programmatic dependent launches and thread-block clusters
+	// are available (compute capability 9.0+ and cuLaunchKernelEx).
 	dependent bool
 
 	mu     sync.Mutex
@@ -124,6 +124,10 @@ func (d *Device) setup() (err error) {
 // onWorker reports whether the caller runs on the device's worker thread. A
 // goroutine locked to a thread is the only one that runs on it, so the
 // thread id identifies the worker.
+// Clusters reports whether kernels can be launched in thread-block clusters
+// (Function.LaunchInClusters): compute capability 9.0+ and cuLaunchKernelEx.
+func (d *Device) Clusters() bool { return d.dependent }
+
 func (d *Device) onWorker() bool { return gettid() == d.tid }
 
 // Do runs f on the device's worker, with the device's context current, and

@@ -25,6 +25,9 @@ type Function struct {
 	m    *Module
 	Name string
 	h    unsafe.Pointer
+	// nonPortable: clusters of more than maxPortableCluster blocks are
+	// allowed (set on the device's worker at the first such launch).
+	nonPortable bool
 }
 
 // Image kinds, the first byte of a cached payload.
@@ -178,6 +181,16 @@ func (m *Module) Launch(name string, grid, block Dim3, shared int, s *Stream, ar
 	return f.Launch(grid, block, shared, s, args...)
 }
 
+// LaunchInClusters looks up kernel name and launches it with
+// Function.LaunchInClusters.
+func (m *Module) LaunchInClusters(name string, cluster int, dependent bool, grid, block Dim3, shared int, s *Stream, args ...any) error {
+	f, err := m.Function(name)
+	if err != nil {
+		return err
+	}
+	return f.LaunchInClusters(cluster, dependent, grid, block, shared, s, args...)
+}
+
 // LaunchDependent looks up the kernel by name and launches it with
 // Function.LaunchDependent.
 func (m *Module) LaunchDependent(name string, grid, block Dim3, shared int, s *Stream, args ...any) error {
@@ -193,7 +206,7 @@ func (m *Module) LaunchDependent(name string, grid, block Dim3, shared int, s *S
 // kernel's parameters in order; plain int is refused (its size is
 // ambiguous). They are packed into C memory owned by the device's worker.
 func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) error {
-	return f.launch(false, grid, block, shared, s, args...)
+	return f.launch(false, 0, grid, block, shared, s, args...)
 }
 
 // LaunchDependent is Launch as a programmatic dependent launch (Hopper and
@@ -204,10 +217,36 @@ func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) 
 // Without cuLaunchKernelEx, or on devices before compute capability 9.0, it
 // is a plain launch.
 func (f *Function) LaunchDependent(grid, block Dim3, shared int, s *Stream, args ...any) error {
-	return f.launch(f.m.d.dependent, grid, block, shared, s, args...)
+	return f.launch(f.m.d.dependent, 0, grid, block, shared, s, args...)
 }
 
-func (f *Function) launch(dependent bool, grid, block Dim3, shared int, s *Stream, args ...any) error {
+// MaxCluster is the most blocks LaunchInClusters puts in a thread-block
+// cluster: Hopper's non-portable limit. Clusters of up to
+// maxPortableCluster blocks run on every device that has clusters; larger
+// ones need the function's CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+// (set at the first such launch) and may not fit a device, which the launch
+// then reports.
+const (
+	MaxCluster         = 16
+	maxPortableCluster = 8
+)
+
+// LaunchInClusters is Launch with the grid's blocks grouped in thread-block
+// clusters of cluster consecutive blocks along x (1 to MaxCluster, dividing
+// grid.X), which run at once and may read each other's shared memory; as a
+// programmatic dependent launch (see LaunchDependent) when dependent is set
+// and the device has them. It needs Device.Clusters.
+func (f *Function) LaunchInClusters(cluster int, dependent bool, grid, block Dim3, shared int, s *Stream, args ...any) error {
+	if !f.m.d.Clusters() {
+		return fmt.Errorf("cuda: launch %s: thread-block clusters need compute capability 9.0 and cuLaunchKernelEx", f.Name)
+	}
+	if cluster < 1 || cluster > MaxCluster || grid.X%cluster != 0 {
+		return fmt.Errorf("cuda: launch %s: cluster of %d blocks for grid %v", f.Name, cluster, grid)
+	}
+	return f.launch(dependent && f.m.d.dependent, cluster, grid, block, shared, s, args...)
+}
+
+func (f *Function) launch(dependent bool, cluster int, grid, block Dim3, shared int, s *Stream, args ...any) error {
 	if len(args) > maxArgs {
 		return fmt.Errorf("cuda: launch %s: %d arguments, at most %d", f.Name, len(args), maxArgs)
 	}
@@ -247,8 +286,15 @@ func (f *Function) launch(dependent bool, grid, block Dim3, shared int, s *Strea
 			}
 			params[i] = unsafe.Pointer(slot)
 		}
-		if dependent {
-			return drvLaunchDependent(f.h, f.Name, grid, block, shared, s.handle(), d.params)
+		if cluster > maxPortableCluster && !f.nonPortable {
+			// CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+			if err := drvFuncSetAttr(f.h, f.Name, 14, 1); err != nil {
+				return err
+			}
+			f.nonPortable = true
+		}
+		if dependent || cluster > 0 {
+			return drvLaunchEx(f.h, f.Name, grid, block, shared, s.handle(), d.params, dependent, cluster)
 		}
 		return drvLaunch(f.h, f.Name, grid, block, shared, s.handle(), d.params)
 	})

@@ -260,25 +260,38 @@ static int k_cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsi
 		unsigned shmem, void* st, void** params) {
 	return p_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, st, params, 0);
 }
-// k_cuLaunchDependent launches with programmatic stream serialization
-// (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6): the grid may
-// start before the previous kernel in the stream ends, and must wait for it
-// itself (griddepcontrol.wait) before touching what that kernel touches.
+// k_cuLaunchEx launches through cuLaunchKernelEx with programmatic stream
+// serialization (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6)
+// when dependent is set (the grid may start before the previous kernel in
+// the stream ends, and must wait for it itself with griddepcontrol.wait
+// before touching what that kernel touches), and in thread-block clusters
+// of cluster blocks along x (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4, its
+// value three unsigned ints) when cluster > 0.
 static int k_hasLaunchEx(void) { return p_cuLaunchKernelEx != 0; }
-static int k_cuLaunchDependent(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-		unsigned shmem, void* st, void** params) {
-	k_launchAttr attr;
-	memset(&attr, 0, sizeof attr);
-	attr.id = 6;
-	attr.value.i = 1;
+static int k_cuLaunchEx(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+		unsigned shmem, void* st, void** params, int dependent, unsigned cluster) {
+	k_launchAttr attrs[2];
+	memset(attrs, 0, sizeof attrs);
+	unsigned n = 0;
+	if (dependent) {
+		attrs[n].id = 6;
+		attrs[n].value.i = 1;
+		n++;
+	}
+	if (cluster > 0) {
+		unsigned dims[3] = {cluster, 1, 1};
+		attrs[n].id = 4;
+		memcpy(attrs[n].value.pad, dims, sizeof dims);
+		n++;
+	}
 	k_launchConfig c;
 	memset(&c, 0, sizeof c);
 	c.gridDimX = gx; c.gridDimY = gy; c.gridDimZ = gz;
 	c.blockDimX = bx; c.blockDimY = by; c.blockDimZ = bz;
 	c.sharedMemBytes = shmem;
 	c.hStream = st;
-	c.attrs = &attr;
-	c.numAttrs = 1;
+	c.attrs = attrs;
+	c.numAttrs = n;
 	return p_cuLaunchKernelEx(&c, f, params, 0);
 }
 static int k_cuStreamBeginCapture(void* s, int mode) { return p_cuStreamBeginCapture_v2(s, mode); }
@@ -646,11 +659,16 @@ func drvLaunch(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s uns
 
 func drvHasLaunchEx() bool { return C.k_hasLaunchEx() != 0 }
 
-func drvLaunchDependent(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s unsafe.Pointer, params unsafe.Pointer) error {
-	rc := C.k_cuLaunchDependent(f, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z), C.uint(block.X), C.uint(block.Y), C.uint(block.Z),
-		C.uint(shmem), s, (*unsafe.Pointer)(params))
+// drvLaunchEx launches through cuLaunchKernelEx (k_cuLaunchEx).
+func drvLaunchEx(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s unsafe.Pointer, params unsafe.Pointer, dependent bool, cluster int) error {
+	dep := C.int(0)
+	if dependent {
+		dep = 1
+	}
+	rc := C.k_cuLaunchEx(f, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z), C.uint(block.X), C.uint(block.Y), C.uint(block.Z),
+		C.uint(shmem), s, (*unsafe.Pointer)(params), dep, C.uint(cluster))
 	if rc != 0 {
-		return cuErr(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, shared %d, programmatic serialization)", name, grid, block, shmem), rc)
+		return cuErr(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, shared %d, programmatic serialization %v, cluster %d)", name, grid, block, shmem, dependent, cluster), rc)
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func drvLaunch(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.P
 	return errNoCgo
 }
 func drvHasLaunchEx() bool { return false }
-func drvLaunchDependent(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.Pointer) error {
+func drvLaunchEx(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.Pointer, bool, int) error {
 	return errNoCgo
 }
 func drvStreamBeginCapture(unsafe.Pointer, int) error            { return errNoCgo }

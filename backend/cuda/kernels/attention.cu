@@ -39,6 +39,44 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 #endif
 }
 
+// Thread-block clusters (compute capability 9.0+; decode attention's
+// cluster kernels are launched only there): cluster_sync is a barrier over
+// every thread of the cluster that makes the shared memory each block
+// wrote before it visible to the others after it; dsmem maps the address
+// of a variable in this block's shared memory to the same variable in the
+// cluster's block rank, and lds_cluster, lds_cluster4 load through such an
+// address.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned dsmem(const void* p, int rank) {
+	unsigned r = smem_addr(p);
+#if __CUDA_ARCH__ >= 900
+	asm volatile("mapa.shared::cluster.u32 %0, %0, %1;" : "+r"(r) : "r"(rank));
+#endif
+	return r;
+}
+__device__ __forceinline__ float lds_cluster(unsigned a) {
+	float v;
+#if __CUDA_ARCH__ >= 900
+	asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#else
+	asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+	return v;
+}
+__device__ __forceinline__ float4 lds_cluster4(unsigned a) {
+	float4 v;
+#if __CUDA_ARCH__ >= 900
+	asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+#else
+	asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+#endif
+	return v;
+}
+
 #define PF_BQ 64  // queries per prefill tile (the Go packer's PrefillTile)
 #define PF_BK 32  // keys per shared-memory stage
 #define PF_THREADS 128
@@ -179,9 +217,20 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 // l and unnormalised acc[hd] into the workspace at index
 // w = (t*heads + h)*maxSplits + sp (acc at w*hd: 16-byte aligned, then m,
 // then l), and the last of the token's blocks to finish merges them.
-// Dynamic shared memory: floats qs[group][hd+4] sc[group*chunk], ints
-// slots[chunk], floats red[NS*4*hd] sm[group] sl[group], then (at a 16-byte
-// boundary) the chunk's K rows, each padded by 16 bytes.
+//
+// The cluster variant (CL, compute capability 9.0+): the grid's maxSplits
+// blocks along x are one thread-block cluster, and each token's keys are
+// spread evenly over them (ceil(keys/maxSplits) a block, at most chunk).
+// Each block keeps its partials in its shared memory; after a cluster
+// barrier every block merges a share of the outputs, reading the others'
+// partials through distributed shared memory (no workspace, no counters,
+// no round trip through L2), and a second barrier keeps each block's shared
+// memory alive until the others have read it.
+//
+// Dynamic shared memory: floats qs[group][hd+4], part[group][hd] (CL only),
+// sc[group*chunk], ints slots[chunk], floats red[NS*4*hd] sm[group]
+// sl[group], then (at a 16-byte boundary) the chunk's K rows, each padded
+// by 16 bytes.
 //
 // Latency, not bandwidth, bounds it at short context, so the dependent
 // memory round trips are kept few: the block's cache slots are read before
@@ -222,7 +271,7 @@ __device__ __forceinline__ float4 ldcg4(const float* p) {
 	return v;
 }
 
-template <int HD>
+template <int HD, bool CL>
 __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL,
                             int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
                             int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
@@ -238,20 +287,31 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	constexpr int KROW = HD * (int)sizeof(T) + 16; // bytes per K row in shared memory
 	extern __shared__ float smem[];
 	float* qs = smem;
-	float* sc = qs + group * QS;
+	float* part = qs + group * QS; // 16-byte aligned: QS is a multiple of 4
+	float* sc = part + (CL ? group * HD : 0);
 	int* slots = (int*)(sc + group * chunk);
 	float* red = (float*)(slots + chunk);
 	float* sm = red + NS * 4 * HD;
 	float* sl = sm + group;
-	char* ks = (char*)smem + ((4 * (group * QS + group * chunk + chunk + NS * 4 * HD + 2 * group) + 15) & ~15);
+	char* ks = (char*)smem + ((4 * (int)(sl + group - smem) + 15) & ~15);
 
 	// Before the wait: positions, block table, slots.
 	int p = positions[t];
 	int lo = window_start(p, window);
-	int nsplit = (p - lo + chunk) / chunk;
-	if (sp >= nsplit) return; // uniform over the block
-	int k0 = lo + sp * chunk;
-	int nk = imin(chunk, p + 1 - k0);
+	int nsplit, k0, nk;
+	if constexpr (CL) {
+		// Every block of the cluster goes on to the barriers, with or
+		// without keys (no keys: m = -inf, l = 0, acc = 0).
+		nsplit = gridDim.x;
+		int per = (p - lo + nsplit) / nsplit; // ceil(keys / blocks) <= chunk
+		k0 = lo + sp * per;
+		nk = p + 1 - k0 < 0 ? 0 : imin(per, p + 1 - k0);
+	} else {
+		nsplit = (p - lo + chunk) / chunk;
+		if (sp >= nsplit) return; // uniform over the block
+		k0 = lo + sp * chunk;
+		nk = imin(chunk, p + 1 - k0);
+	}
 	int seqOff = seqBlockOff[seqIndex[t]];
 	if (tid < nk) {
 		int kp = k0 + tid;
@@ -366,12 +426,51 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 				for (int rr = 0; rr < NS; rr++) v += red[(rr * 4 + gg) * HD + d];
 				long long row = (long long)t * heads + h0 + g0 + gg;
 				if (single) out[row * HD + d] = fromf<T>(v / sl[g0 + gg]);
+				else if (CL) part[(g0 + gg) * HD + d] = v;
 				else wsAcc[(row * maxSplits + sp) * HD + d] = v;
 			}
 		}
 		__syncthreads();
 	}
 	if (single) return;
+	constexpr int Q4 = HD / 4;
+	if constexpr (CL) {
+		// Block sp merges outputs sp, sp + nsplit, ... (one float4 of one
+		// head each): out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s over the
+		// cluster's blocks s. Block 0 has keys, so M is finite.
+		constexpr int MAXC = 16; // cu.MaxCluster
+		cluster_sync();
+		for (int i = sp + nsplit * tid; i < group * Q4; i += nsplit * DC_THREADS) {
+			int gg = i / Q4, d = (i % Q4) * 4;
+			float ms[MAXC], ls[MAXC];
+			float4 as[MAXC];
+#pragma unroll
+			for (int s = 0; s < MAXC; s++) {
+				bool in = s < nsplit;
+				ms[s] = in ? lds_cluster(dsmem(sm + gg, s)) : NEG_INF;
+				ls[s] = in ? lds_cluster(dsmem(sl + gg, s)) : 0.f;
+				as[s] = in ? lds_cluster4(dsmem(part + gg * HD + d, s)) : f4(0.f, 0.f, 0.f, 0.f);
+			}
+			float M = ms[0];
+#pragma unroll
+			for (int s = 1; s < MAXC; s++) M = fmaxf(M, ms[s]);
+			float L = 0.f;
+			float4 o = f4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+			for (int s = 0; s < MAXC; s++) {
+				float e = exp2f(ms[s] - M);
+				L += e * ls[s];
+				o.x += e * as[s].x; o.y += e * as[s].y; o.z += e * as[s].z; o.w += e * as[s].w;
+			}
+			T* dst = out + ((long long)t * heads + h0 + gg) * HD + d;
+			dst[0] = fromf<T>(o.x / L);
+			dst[1] = fromf<T>(o.y / L);
+			dst[2] = fromf<T>(o.z / L);
+			dst[3] = fromf<T>(o.w / L);
+		}
+		cluster_sync();
+		return;
+	}
 	if (tid < group) {
 		long long w = ((long long)t * heads + h0 + tid) * maxSplits + sp;
 		wsM[w] = sm[tid];
@@ -393,7 +492,6 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	// batches of MG splits whose loads are issued together. Split 0 is in
 	// the first batch and has keys, so M is finite after it; splits past
 	// nsplit weigh 2^-inf = 0.
-	constexpr int Q4 = HD / 4;
 	constexpr int MG = 8;
 	for (int i = tid; i < group * Q4; i += DC_THREADS) {
 		int gg = i / Q4, d = (i % Q4) * 4;
@@ -446,8 +544,15 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
 	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads,      \
 	    int bs, int window, float scale, int chunk, int maxSplits) {                                                   \
-		decode_impl<HD>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, bt, heads,        \
-		                kvHeads, bs, window, scale, chunk, maxSplits);                                                 \
+		decode_impl<HD, false>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, bt, heads, \
+		                       kvHeads, bs, window, scale, chunk, maxSplits);                                          \
+	}                                                                                                                  \
+	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_cl_##HD(                                     \
+	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
+	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads,      \
+	    int bs, int window, float scale, int chunk, int maxSplits) {                                                   \
+		decode_impl<HD, true>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, bt, heads,  \
+		                      kvHeads, bs, window, scale, chunk, maxSplits);                                           \
 	}
 
 ATTN_KERNELS(8)

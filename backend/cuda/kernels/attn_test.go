@@ -207,6 +207,8 @@ var decodeCases = []attnCfg{
 	{heads: 32, kvHeads: 1, hd: 64, seqs: [][2]int{{1, 1}, {37, 1}, {1000, 1}, {4100, 1}}},
 	{heads: 8, kvHeads: 2, hd: 80, window: 500, seqs: [][2]int{{37, 1}, {1000, 1}, {4100, 1}}},
 	{heads: 32, kvHeads: 8, hd: 128, seqs: [][2]int{{4100, 1}}},
+	// Up to 1024 keys: the cluster plans too, with blocks left without keys.
+	{heads: 32, kvHeads: 8, hd: 128, seqs: [][2]int{{1, 1}, {5, 1}, {513, 1}, {1000, 2}}},
 	{heads: 12, kvHeads: 4, hd: 96, seqs: [][2]int{{513, 3}, {2, 2}}},
 	{heads: 4, kvHeads: 1, hd: 16, seqs: [][2]int{{1, 1}, {300, 1}}},
 	{heads: 8, kvHeads: 4, hd: 8, seqs: [][2]int{{1, 1}, {256, 1}, {257, 1}}},
@@ -270,14 +272,14 @@ func TestDecodeAttention(t *testing.T) {
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
 			n := len(st.q)
-			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs) {
+			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters()) {
 				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
 					t.Fatalf("%v: plan %+v needs more than the test's workspace", c, plan)
 				}
 				poison(t, act, st.a.Out, n)
 				must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
-				e := compare(t, fmt.Sprintf("decode %v chunk %d", c, plan.Chunk), down(t, act, st.a.Out, n), ref, tol(act))
-				report(t, act, fmt.Sprintf("decode %v (chunk %d, splits %d)", c, plan.Chunk, plan.MaxSplits), e)
+				e := compare(t, fmt.Sprintf("decode %v, %v", c, plan), down(t, act, st.a.Out, n), ref, tol(act))
+				report(t, act, fmt.Sprintf("decode %v (%v, at most %d keys a block)", c, plan, plan.Chunk), e)
 			}
 			e := compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
 			report(t, act, "prefill-kernel "+c.String(), e)

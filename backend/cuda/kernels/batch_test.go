@@ -86,20 +86,34 @@ func TestPlanDecode(t *testing.T) {
 			t.Errorf("%+v: plan %+v", c, p)
 		}
 		for _, act := range []cu.DType{cu.BF16, cu.F32} {
-			if sh := decodeShared(act, a, 128); sh > decodeMaxShared {
-				t.Errorf("%+v: %d bytes of %v shared memory at 128 keys a split", c, sh, act)
+			for _, q := range []DecodePlan{{Chunk: 128}, {Chunk: 128, Cluster: true}} {
+				if sh := decodeShared(act, a, q); sh > decodeMaxShared {
+					t.Errorf("%+v: %d bytes of %v shared memory for %+v", c, sh, act, q)
+				}
 			}
 		}
 		// The candidates: PlanDecode's first, then longer chunks up to 128,
-		// none needing more workspace than the first.
-		plans := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms)
+		// none needing more workspace than the first; then, with clusters,
+		// clusters of 2, 4, 8 and 16 blocks where their blocks take at most
+		// 128 keys.
+		plans := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, false)
 		if plans[0] != p || plans[len(plans)-1].Chunk != 128 {
 			t.Errorf("%+v: candidates %+v", c, plans)
 		}
 		for i, q := range plans[1:] {
-			if q.Chunk != 2*plans[i].Chunk || q.WorkspaceBytes > p.WorkspaceBytes || q.MaxSplits*q.Chunk < ctx || (q.MaxSplits-1)*q.Chunk >= ctx {
+			if q.Chunk != 2*plans[i].Chunk || q.WorkspaceBytes > p.WorkspaceBytes || q.MaxSplits*q.Chunk < ctx || (q.MaxSplits-1)*q.Chunk >= ctx || q.Cluster {
 				t.Errorf("%+v: candidate %+v after %+v", c, q, plans[i])
 			}
+		}
+		withClusters := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true)
+		var want []DecodePlan
+		for n := 2; n <= 16; n *= 2 {
+			if chunk := (ctx + n - 1) / n; chunk <= 128 {
+				want = append(want, DecodePlan{Chunk: chunk, MaxSplits: n, Cluster: true})
+			}
+		}
+		if !slices.Equal(withClusters[len(plans):], want) || !slices.Equal(withClusters[:len(plans)], plans) {
+			t.Errorf("%+v: candidates with clusters %+v, want %+v then %+v", c, withClusters, plans, want)
 		}
 	}
 }

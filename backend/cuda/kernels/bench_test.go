@@ -132,19 +132,23 @@ func BenchmarkDecodeAttention(b *testing.B) {
 				return spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0))
 			})
 			b.Logf("two empty back-to-back launches: %.2f µs", emptyMs*1e3)
-			plans := DecodePlans(a, metas[0].Meta, d.SMs)
+			plans := DecodePlans(a, metas[0].Meta, d.SMs, d.Clusters())
 			ws := alloc(b, plans[0].WorkspaceBytes)
 			counters := alloc(b, DecodeCounterBytes(1, kvHeads))
 			bytes := float64(ctx) * float64(width) * 2 * 2
 			for _, plan := range plans {
-				b.Run("chunk="+itoa(plan.Chunk), func(b *testing.B) {
+				name := "chunk=" + itoa(plan.Chunk)
+				if plan.Cluster {
+					name = "cluster=" + itoa(plan.MaxSplits)
+				}
+				b.Run(name, func(b *testing.B) {
 					ms := gpuTime(b, 64, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws, counters) })
 					gbs := bytes / (ms * 1e-3) / 1e9
 					b.ReportMetric(ms*1e3, "us/call")
 					b.ReportMetric(gbs, "GB/s")
 					b.ReportMetric(gbs/bw, "of-copy-bw")
-					b.Logf("device %s: decode attention bf16 batch 1 ctx %d, 32/8 heads, hd 128 (chunk %d, %d splits): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
-						d.Name, ctx, plan.Chunk, plan.MaxSplits, ms*1e3, gbs, 100*gbs/bw, bw)
+					b.Logf("device %s: decode attention bf16 batch 1 ctx %d, 32/8 heads, hd 128 (%v, at most %d keys a block): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
+						d.Name, ctx, plan, plan.Chunk, ms*1e3, gbs, 100*gbs/bw, bw)
 				})
 			}
 		})

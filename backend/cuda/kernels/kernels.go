@@ -373,10 +373,23 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 }
 
 // DecodePlan is the split of a decode attention call: keys per split, the
-// grid's splits per token, and the bytes of partial results it needs.
+// grid's splits per token, and the bytes of partial results it needs. A
+// cluster plan (Cluster set, compute capability 9.0+) spreads each token's
+// keys evenly over the MaxSplits blocks of one thread-block cluster, which
+// merge through distributed shared memory (no workspace); Chunk is then the
+// most keys a block takes.
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
+	Cluster          bool
+}
+
+// String names the plan in the backend's statistics.
+func (p DecodePlan) String() string {
+	if p.Cluster {
+		return fmt.Sprintf("a cluster of %d", p.MaxSplits)
+	}
+	return fmt.Sprintf("%d keys a split", p.Chunk)
 }
 
 // PlanDecode picks the keys per split (32 to 128) so that the grid covers
@@ -395,11 +408,22 @@ func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 // DecodePlans lists the plans worth timing for a batch: PlanDecode's, then
 // the same with two and four times the keys per split, up to 128 (fewer
 // blocks, less merging: at short context latency decides, not how many
-// multiprocessors read). The first needs the most workspace.
-func DecodePlans(a Attn, m *Meta, sms int) []DecodePlan {
+// multiprocessors read). The first needs the most workspace. With clusters
+// (Device.Clusters) the cluster plans of 2 to cu.MaxCluster (16) blocks
+// whose blocks take at most 128 keys follow.
+func DecodePlans(a Attn, m *Meta, sms int, clusters bool) []DecodePlan {
 	plans := []DecodePlan{PlanDecode(a, m, sms)}
-	for c := 2 * plans[0].Chunk; c <= 128 && (a.Heads/a.KVHeads)*c <= 4096; c *= 2 {
+	group := a.Heads / a.KVHeads
+	for c := 2 * plans[0].Chunk; c <= 128 && group*c <= 4096; c *= 2 {
 		plans = append(plans, planChunk(a, m, c))
+	}
+	if clusters {
+		ctx := decodeContext(a, m)
+		for n := 2; n <= cu.MaxCluster; n *= 2 {
+			if chunk := (ctx + n - 1) / n; chunk <= 128 && group*chunk <= 4096 {
+				plans = append(plans, DecodePlan{Chunk: chunk, MaxSplits: n, Cluster: true})
+			}
+		}
 	}
 	return plans
 }
@@ -431,14 +455,18 @@ func decodePartialBytes(a Attn, tokens, splits int) int {
 func DecodeCounterBytes(tokens, kvHeads int) int { return 4 * tokens * kvHeads }
 
 // decodeShared is decode attention's dynamic shared memory (decode_impl in
-// attention.cu): q rows padded by 4 floats, scores, slots, sums and
-// statistics, then the chunk's K rows padded by 16 bytes.
-func decodeShared(act cu.DType, a Attn, chunk int) int {
+// attention.cu): q rows padded by 4 floats, the partial accumulators
+// (cluster plans), scores, slots, sums and statistics, then the chunk's K
+// rows padded by 16 bytes.
+func decodeShared(act cu.DType, a Attn, p DecodePlan) int {
 	es := act.Size()
 	ns := 128 / (a.HeadDim * es / 16)
 	group := a.Heads / a.KVHeads
-	floats := 4 * (group*(a.HeadDim+4) + group*chunk + chunk + ns*4*a.HeadDim + 2*group)
-	return (floats+15)&^15 + chunk*(a.HeadDim*es+16)
+	floats := group*(a.HeadDim+4) + group*p.Chunk + p.Chunk + ns*4*a.HeadDim + 2*group
+	if p.Cluster {
+		floats += group * a.HeadDim
+	}
+	return (4*floats+15)&^15 + p.Chunk*(a.HeadDim*es+16)
 }
 
 // decodeMaxShared bounds decode attention's shared memory (Hopper allows
@@ -457,14 +485,23 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	if plan.Chunk <= 0 || plan.Chunk > 128 || plan.MaxSplits <= 0 || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits) {
-		return fmt.Errorf("kernels: decode plan %+v", plan)
+	bad := plan.Chunk <= 0 || plan.Chunk > 128 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < decodeContext(a, m.Meta)
+	if plan.Cluster {
+		bad = bad || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
+	} else {
+		bad = bad || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
+	}
+	if bad {
+		return fmt.Errorf("kernels: decode plan %+v for context %d", plan, decodeContext(a, m.Meta))
 	}
 	if !aligned16(a.Q, ws) || counters%4 != 0 {
 		return fmt.Errorf("kernels: decode attention's q and workspace must be 16-byte aligned")
 	}
 	name := fmt.Sprintf("decode_attn_%d", a.HeadDim)
-	shared := decodeShared(k.Act, a, plan.Chunk)
+	if plan.Cluster {
+		name = fmt.Sprintf("decode_attn_cl_%d", a.HeadDim)
+	}
+	shared := decodeShared(k.Act, a, plan)
 	if shared > decodeMaxShared {
 		return fmt.Errorf("kernels: decode attention needs %d bytes of shared memory", shared)
 	}
@@ -472,9 +509,16 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 		return err
 	}
 	wsAcc, wsM, wsL := plan.ws(a, m, ws)
-	return k.launchDep(name, cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}, cu.D1(128), shared, s,
-		a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
-		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits))
+	grid := cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}
+	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
+		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits)}
+	if plan.Cluster {
+		if err := k.M.LaunchInClusters(name, plan.MaxSplits, k.PDL, grid, cu.D1(128), shared, s, args...); err != nil {
+			return fmt.Errorf("kernels: %s: %w", name, err)
+		}
+		return nil
+	}
+	return k.launchDep(name, grid, cu.D1(128), shared, s, args...)
 }
 
 // ws splits the workspace: accumulators (first, so that they are 16-byte

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestAvailable runs everywhere: with no GPU the reason is one line.
@@ -110,5 +111,31 @@ func TestErrorText(t *testing.T) {
 	e := &Error{Lib: "cuda", Call: `cuModuleGetFunction("nosuch")`, Code: 500, Name: "CUDA_ERROR_NOT_FOUND", Msg: "named symbol not found"}
 	if got := e.Error(); got != `cuda: cuModuleGetFunction("nosuch"): CUDA_ERROR_NOT_FOUND (named symbol not found)` {
 		t.Fatal(got)
+	}
+}
+
+// TestReceive checks the polling receive of the worker hand-offs: a value
+// sent before, during or after the polling arrives, in order, and a closed
+// channel ends it.
+func TestReceive(t *testing.T) {
+	ch := make(chan int, 1)
+	ch <- 1
+	if v, ok := receive(ch, time.Millisecond); v != 1 || !ok {
+		t.Fatalf("ready value: %d %v", v, ok)
+	}
+	go func() {
+		time.Sleep(200 * time.Microsecond) // during the polling
+		ch <- 2
+		time.Sleep(20 * time.Millisecond) // after it: a blocking receive
+		ch <- 3
+		close(ch)
+	}()
+	for want := 2; want <= 3; want++ {
+		if v, ok := receive(ch, 5*time.Millisecond); v != want || !ok {
+			t.Fatalf("got %d %v, want %d", v, ok, want)
+		}
+	}
+	if _, ok := receive(ch, time.Millisecond); ok {
+		t.Fatal("closed channel: ok")
 	}
 }

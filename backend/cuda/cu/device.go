@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 	"unsafe"
 
 	"kiln/backend/cuda/kcache"
@@ -67,7 +68,7 @@ func Open(ordinal int) (*Device, error) {
 	if ordinal < 0 || ordinal >= devCount {
 		return nil, fmt.Errorf("cuda: device %d of %d", ordinal, devCount)
 	}
-	d := &Device{Ordinal: ordinal, work: make(chan func()), cache: kcache.New(kcache.DefaultDir())}
+	d := &Device{Ordinal: ordinal, work: make(chan func(), 1), cache: kcache.New(kcache.DefaultDir())}
 	ready := make(chan error)
 	go d.worker(ready)
 	if err := <-ready; err != nil {
@@ -84,9 +85,48 @@ func (d *Device) worker(ready chan<- error) {
 	if err != nil {
 		return
 	}
-	for f := range d.work {
+	for {
+		f, ok := receive(d.work, workerSpin)
+		if !ok {
+			return
+		}
 		f()
 	}
+}
+
+// Hand-offs between the worker and its callers poll their channel for a
+// while before blocking on it: waking a parked thread took 50–100 µs a
+// round trip on a 2-core machine here (a goroutine locked to its thread,
+// 2026-11-23), the order of a whole decode step's time outside the device
+// on an H200 (docs/PERF.md). The worker polls for the next call for up to
+// workerSpin after each one (a decode loop calls again within
+// microseconds); Do polls for its result for up to callerSpin, longer than
+// a decode step, while the worker waits for the device.
+const (
+	workerSpin = time.Millisecond
+	callerSpin = 20 * time.Millisecond
+)
+
+// receive is a receive from ch that polls it for up to spin before
+// blocking.
+func receive[T any](ch <-chan T, spin time.Duration) (T, bool) {
+	var start time.Time
+	for i := 0; ; i++ {
+		select {
+		case v, ok := <-ch:
+			return v, ok
+		default:
+		}
+		if i%64 == 0 {
+			if i == 0 {
+				start = time.Now()
+			} else if time.Since(start) > spin {
+				break
+			}
+		}
+	}
+	v, ok := <-ch
+	return v, ok
 }
 
 func (d *Device) setup() (err error) {
@@ -121,13 +161,13 @@ func (d *Device) setup() (err error) {
 	return nil
 }
 
-// onWorker reports whether the caller runs on the device's worker thread. A
-// goroutine locked to a thread is the only one that runs on it, so the
-// thread id identifies the worker.
 // Clusters reports whether kernels can be launched in thread-block clusters
 // (Function.LaunchInClusters): compute capability 9.0+ and cuLaunchKernelEx.
 func (d *Device) Clusters() bool { return d.dependent }
 
+// onWorker reports whether the caller runs on the device's worker thread. A
+// goroutine locked to a thread is the only one that runs on it, so the
+// thread id identifies the worker.
 func (d *Device) onWorker() bool { return gettid() == d.tid }
 
 // Do runs f on the device's worker, with the device's context current, and
@@ -152,7 +192,8 @@ func (d *Device) Do(f func() error) error {
 		done <- d.noteCapture(f())
 	}
 	d.mu.Unlock()
-	return <-done
+	err, _ := receive(done, callerSpin)
+	return err
 }
 
 // Close synchronises the device, frees the package's buffers, releases the

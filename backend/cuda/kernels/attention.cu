@@ -235,10 +235,12 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 // Latency, not bandwidth, bounds it at short context, so the dependent
 // memory round trips are kept few: the block's cache slots are read before
 // the wait for the previous kernel (the batch's metadata comes from the host
-// before the step and no kernel writes it), then Q, every K row (cp.async
-// into shared memory) and every V row (each thread its share, into
-// registers) are loaded at once, and the merge loads each split's partials
-// in batches. Each score (key, query head) is one thread's dot product, so
+// before the step and no kernel writes it), and so are the K and V rows of
+// the keys before the sequence's first position in the batch (seqFresh:
+// earlier steps wrote them; the previous kernel writes this step's); then
+// Q and the remaining rows are loaded, every K row by cp.async into shared
+// memory, every V row (each thread its share) into registers, and the
+// merge loads each split's partials in batches. Each score (key, query head) is one thread's dot product, so
 // that a short chunk spreads its scores over the block (padded rows: no
 // bank conflicts).
 #define DC_THREADS 128
@@ -273,7 +275,7 @@ __device__ __forceinline__ float4 ldcg4(const float* p) {
 
 template <int HD, bool CL>
 __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL,
-                            int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
+                            int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt, int heads,
                             int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
 	constexpr int CPR = HD / VEC;                       // 16-byte chunks per row
 	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
@@ -317,21 +319,38 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 		int kp = k0 + tid;
 		slots[tid] = bt[seqOff + kp / bs] * bs + kp % bs;
 	}
+	// Keys before the first of this step's positions of the sequence were
+	// written by earlier steps: their K and V loads start before the wait
+	// (block rows [0, nold)); the rest were written by the previous kernel.
+	int nold = imin(nk, seqFresh[seqIndex[t]] - k0);
 	__syncthreads();
-	pdl_enter();
 
-	// Q, K and V loads, all in flight together.
+	// K and V loads: the older rows', then (after the wait) the others' and
+	// Q, all in flight together.
 	int r = tid / CPR, cc = tid % CPR;
-	for (int j = r; j < nk; j += NS)
+	for (int j = r; j < nold; j += NS)
 		cp16(smem_addr(ks + j * KROW + cc * 16), kc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, true);
-	cp_commit();
 	uint4 vpre[PRE ? PVI : 1];
 	if constexpr (PRE) {
 		if (r < NS) {
 #pragma unroll
 			for (int i = 0; i < PVI; i++) {
 				int j = r + i * NS;
-				if (j < nk) vpre[i] = *(const uint4*)(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC);
+				if (j < nold) vpre[i] = *(const uint4*)(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC);
+			}
+		}
+	}
+	pdl_enter();
+	for (int j = r; j < nk; j += NS)
+		if (j >= nold)
+			cp16(smem_addr(ks + j * KROW + cc * 16), kc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC, true);
+	cp_commit();
+	if constexpr (PRE) {
+		if (r < NS) {
+#pragma unroll
+			for (int i = 0; i < PVI; i++) {
+				int j = r + i * NS;
+				if (j < nk && j >= nold) vpre[i] = *(const uint4*)(vc + ((long long)slots[j] * kvHeads + kvh) * HD + cc * VEC);
 			}
 		}
 	}
@@ -542,17 +561,17 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	}                                                                                                                  \
 	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_##HD(                                        \
 	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
-	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads,      \
-	    int bs, int window, float scale, int chunk, int maxSplits) {                                                   \
-		decode_impl<HD, false>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, bt, heads, \
-		                       kvHeads, bs, window, scale, chunk, maxSplits);                                          \
+	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt,         \
+	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {                           \
+		decode_impl<HD, false>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh,  \
+		                       bt, heads, kvHeads, bs, window, scale, chunk, maxSplits);                               \
 	}                                                                                                                  \
 	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_cl_##HD(                                     \
 	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
-	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads,      \
-	    int bs, int window, float scale, int chunk, int maxSplits) {                                                   \
-		decode_impl<HD, true>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, bt, heads,  \
-		                      kvHeads, bs, window, scale, chunk, maxSplits);                                           \
+	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt,         \
+	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {                           \
+		decode_impl<HD, true>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh,   \
+		                      bt, heads, kvHeads, bs, window, scale, chunk, maxSplits);                                \
 	}
 
 ATTN_KERNELS(8)

@@ -27,6 +27,7 @@ type Meta struct {
 	Slots       int // [T] cache slot of each token: Blocks[p/bs]*bs + p%bs
 	SeqBlockOff int // [S] offset of each sequence's block table in BlockTable
 	SeqLen      int // [S] sequence lengths
+	SeqFresh    int // [S] each sequence's first position among the batch's tokens (earlier ones are cached)
 	BlockTable  int // [ΣBlocks] the sequences' block tables, one after another
 	Rows        int // [R] token indices whose logits are wanted
 	TileTok0    int // [Tiles] first token of each prefill tile
@@ -59,7 +60,7 @@ func Pack(b *backend.Batch, spec backend.KVSpec) (*Meta, error) {
 	for _, s := range b.Seqs {
 		nblk += len(s.Blocks)
 	}
-	d := make([]int32, 0, 4*m.T+2*m.S+nblk+m.R+2*m.Tiles)
+	d := make([]int32, 0, 4*m.T+3*m.S+nblk+m.R+2*m.Tiles)
 	put := func(off *int, v []int32) {
 		*off = len(d)
 		d = append(d, v...)
@@ -83,6 +84,14 @@ func Pack(b *backend.Batch, spec backend.KVSpec) (*Meta, error) {
 	m.SeqLen = len(d)
 	for _, s := range b.Seqs {
 		d = append(d, int32(s.Len))
+	}
+	m.SeqFresh = len(d)
+	for _, s := range b.Seqs {
+		d = append(d, int32(s.Len)) // lowered below; a sequence without tokens keeps its length
+	}
+	for i, p := range b.Positions {
+		f := &d[m.SeqFresh+int(b.SeqIndex[i])]
+		*f = min(*f, p)
 	}
 	put(&m.Rows, b.Rows)
 	put(&m.TileTok0, tok0)

@@ -49,6 +49,9 @@ func TestPack(t *testing.T) {
 	if !slices.Equal(get(m.SeqBlockOff, 3), []int32{0, 18, 20}) || !slices.Equal(get(m.SeqLen, 3), []int32{70, 6, 1}) {
 		t.Fatalf("block offsets %v lengths %v", get(m.SeqBlockOff, 3), get(m.SeqLen, 3))
 	}
+	if !slices.Equal(get(m.SeqFresh, 3), []int32{0, 3, 0}) {
+		t.Fatalf("first positions in the batch %v", get(m.SeqFresh, 3))
+	}
 	bt := get(m.BlockTable, 21)
 	for i := 0; i < m.T; i++ {
 		s := b.Seqs[b.SeqIndex[i]]

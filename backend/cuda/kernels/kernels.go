@@ -510,8 +510,8 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	}
 	wsAcc, wsM, wsL := plan.ws(a, m, ws)
 	grid := cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}
-	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.BlockTable),
-		int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits)}
+	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.SeqFresh),
+		m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits)}
 	if plan.Cluster {
 		if err := k.M.LaunchInClusters(name, plan.MaxSplits, k.PDL, grid, cu.D1(128), shared, s, args...); err != nil {
 			return fmt.Errorf("kernels: %s: %w", name, err)

@@ -234,8 +234,8 @@ const (
 // LaunchInClusters is Launch with the grid's blocks grouped in thread-block
 // clusters of cluster consecutive blocks along x (1 to MaxCluster, dividing
 // grid.X), which run at once and may read each other's shared memory; as a
-// programmatic dependent launch (see LaunchDependent) when dependent is set
-// and the device has them. It needs Device.Clusters.
+// programmatic dependent launch (see LaunchDependent) when dependent is set.
+// It needs Device.Clusters, which implies programmatic dependent launches.
 func (f *Function) LaunchInClusters(cluster int, dependent bool, grid, block Dim3, shared int, s *Stream, args ...any) error {
 	if !f.m.d.Clusters() {
 		return fmt.Errorf("cuda: launch %s: thread-block clusters need compute capability 9.0 and cuLaunchKernelEx", f.Name)
@@ -243,7 +243,7 @@ func (f *Function) LaunchInClusters(cluster int, dependent bool, grid, block Dim
 	if cluster < 1 || cluster > MaxCluster || grid.X%cluster != 0 {
 		return fmt.Errorf("cuda: launch %s: cluster of %d blocks for grid %v", f.Name, cluster, grid)
 	}
-	return f.launch(dependent && f.m.d.dependent, cluster, grid, block, shared, s, args...)
+	return f.launch(dependent, cluster, grid, block, shared, s, args...)
 }
 
 func (f *Function) launch(dependent bool, cluster int, grid, block Dim3, shared int, s *Stream, args ...any) error {

@@ -392,13 +392,18 @@ func (p DecodePlan) String() string {
 	return fmt.Sprintf("%d keys a split", p.Chunk)
 }
 
+// decodeThreads is decode attention's block size (DC_THREADS in
+// attention.cu); a block takes at most that many keys (a thread a key's
+// slot).
+const decodeThreads = 128
+
 // PlanDecode picks the keys per split (32 to 128) so that the grid covers
 // the device's sms multiprocessors where it can, keeping shared memory within
 // bounds.
 func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 	ctx := decodeContext(a, m)
 	group := a.Heads / a.KVHeads
-	chunk := 128 // at most the split kernel's 128 threads
+	chunk := decodeThreads
 	for chunk > 32 && (group*chunk > 4096 || m.T*a.KVHeads*((ctx+chunk-1)/chunk) < sms) {
 		chunk /= 2
 	}
@@ -414,13 +419,13 @@ func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 func DecodePlans(a Attn, m *Meta, sms int, clusters bool) []DecodePlan {
 	plans := []DecodePlan{PlanDecode(a, m, sms)}
 	group := a.Heads / a.KVHeads
-	for c := 2 * plans[0].Chunk; c <= 128 && group*c <= 4096; c *= 2 {
+	for c := 2 * plans[0].Chunk; c <= decodeThreads && group*c <= 4096; c *= 2 {
 		plans = append(plans, planChunk(a, m, c))
 	}
 	if clusters {
 		ctx := decodeContext(a, m)
 		for n := 2; n <= cu.MaxCluster; n *= 2 {
-			if chunk := (ctx + n - 1) / n; chunk <= 128 && group*chunk <= 4096 {
+			if chunk := (ctx + n - 1) / n; chunk <= decodeThreads && group*chunk <= 4096 {
 				plans = append(plans, DecodePlan{Chunk: chunk, MaxSplits: n, Cluster: true})
 			}
 		}
@@ -460,7 +465,7 @@ func DecodeCounterBytes(tokens, kvHeads int) int { return 4 * tokens * kvHeads }
 // rows padded by 16 bytes.
 func decodeShared(act cu.DType, a Attn, p DecodePlan) int {
 	es := act.Size()
-	ns := 128 / (a.HeadDim * es / 16)
+	ns := decodeThreads / (a.HeadDim * es / 16)
 	group := a.Heads / a.KVHeads
 	floats := group*(a.HeadDim+4) + group*p.Chunk + p.Chunk + ns*4*a.HeadDim + 2*group
 	if p.Cluster {
@@ -479,13 +484,14 @@ const decodeMaxShared = 200 << 10
 // workspace ws of plan.WorkspaceBytes), and the last block of a token's
 // splits to finish merges them, in the same launch; a token whose keys fit
 // one chunk is finished by its block. counters (DecodeCounterBytes) must be
-// zeroed when allocated: every launch leaves them at zero. Suited to
-// batches of few tokens per sequence (decode steps).
+// zeroed when allocated: every launch leaves them at zero. A cluster plan
+// merges through its cluster's shared memory and uses neither ws nor
+// counters. Suited to batches of few tokens per sequence (decode steps).
 func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws, counters cu.Ptr) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	bad := plan.Chunk <= 0 || plan.Chunk > 128 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < decodeContext(a, m.Meta)
+	bad := plan.Chunk <= 0 || plan.Chunk > decodeThreads || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < decodeContext(a, m.Meta)
 	if plan.Cluster {
 		bad = bad || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
 	} else {
@@ -513,12 +519,12 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.SeqFresh),
 		m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits)}
 	if plan.Cluster {
-		if err := k.M.LaunchInClusters(name, plan.MaxSplits, k.PDL, grid, cu.D1(128), shared, s, args...); err != nil {
+		if err := k.M.LaunchInClusters(name, plan.MaxSplits, k.PDL, grid, cu.D1(decodeThreads), shared, s, args...); err != nil {
 			return fmt.Errorf("kernels: %s: %w", name, err)
 		}
 		return nil
 	}
-	return k.launchDep(name, grid, cu.D1(128), shared, s, args...)
+	return k.launchDep(name, grid, cu.D1(decodeThreads), shared, s, args...)
 }
 
 // ws splits the workspace: accumulators (first, so that they are 16-byte

@@ -3,7 +3,8 @@ package compile
 // Memory planning gives every activation value of the compiled graph an
 // offset in one arena, for one bucket's concrete sizes. Values are live from
 // the node that produces them to the last node that reads them (graph outputs
-// to the end); walking the nodes in order, a node's outputs are allocated
+// to the end, a product's inputs through the op its epilogue may compute:
+// EpilogueReaders); walking the nodes in order, a node's outputs are allocated
 // before the inputs it reads for the last time are freed, so a kernel never
 // writes over its own inputs. Allocation is best fit over a free list of
 // coalesced intervals, growing the arena only when nothing fits.
@@ -61,6 +62,16 @@ func planMemory(g *ir.Graph, b Bucket) (*Plan, error) {
 	}
 	for _, o := range g.Outputs {
 		last[o] = len(g.Nodes)
+	}
+	// A product's inputs stay live through the op its epilogue may compute.
+	index := map[*ir.Node]int{}
+	for i, n := range g.Nodes {
+		index[n] = i
+	}
+	for prod, reader := range EpilogueReaders(g) {
+		for _, in := range prod.Inputs {
+			last[in] = max(last[in], index[reader])
+		}
 	}
 	p := &Plan{Graph: g, Bucket: b, Bindings: bind, Buffers: map[*ir.Value]Buffer{}}
 	var free freeList

@@ -45,6 +45,19 @@ func checkPlan(t *testing.T, g *ir.Graph, p *Plan) {
 			s.last = len(g.Nodes)
 		}
 	}
+	// A product's inputs live through the op its epilogue may compute.
+	index := map[*ir.Node]int{}
+	for i, n := range g.Nodes {
+		index[n] = i
+	}
+	epilogues := EpilogueReaders(g)
+	for prod, reader := range epilogues {
+		for _, in := range prod.Inputs {
+			if s, ok := live[in]; ok {
+				s.last = max(s.last, index[reader])
+			}
+		}
+	}
 	if len(p.Buffers) != len(vals) {
 		t.Errorf("%d buffers for %d activations", len(p.Buffers), len(vals))
 	}
@@ -84,7 +97,20 @@ func checkPlan(t *testing.T, g *ir.Graph, p *Plan) {
 			}
 		}
 	}
-	// In particular, no node writes over its inputs.
+	// In particular, no node writes over its inputs, nor an epilogue's op
+	// over its product's.
+	overlap := func(x, y Buffer) bool { return x.Offset < y.Offset+y.Bytes && y.Offset < x.Offset+x.Bytes }
+	for prod, reader := range epilogues {
+		for _, o := range reader.Outputs {
+			for _, in := range prod.Inputs {
+				bo, ok1 := p.Buffers[o]
+				bi, ok2 := p.Buffers[in]
+				if ok1 && ok2 && overlap(bo, bi) {
+					t.Errorf("%v output %v %+v overlaps input %v %+v of the product it reads", reader.Op, o, bo, in, bi)
+				}
+			}
+		}
+	}
 	for _, n := range g.Nodes {
 		for _, o := range n.Outputs {
 			bo, ok := p.Buffers[o]

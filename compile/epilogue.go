@@ -1,0 +1,39 @@
+package compile
+
+import "kiln/ir"
+
+// Epilogues: a backend may run an elementwise op that takes a matrix
+// product apart in the product's own epilogue (the CUDA backend's decode
+// GEMV computes SwiGLUPacked and RoPEQKVWrite that way), writing the op's
+// outputs while the product's inputs are still being read. The memory plan
+// keeps those inputs live through the op, so that its outputs never share
+// their memory.
+
+// epilogueOps are the ops a product's epilogue may compute.
+var epilogueOps = map[ir.Op]bool{ir.SwiGLUPacked: true, ir.RoPEQKVWrite: true}
+
+// EpilogueReaders maps each MatMul of g whose product is read by exactly
+// one node, an op of epilogueOps taking it as its first input, and is not a
+// graph output, to that reader.
+func EpilogueReaders(g *ir.Graph) map[*ir.Node]*ir.Node {
+	readers := map[*ir.Value][]*ir.Node{}
+	for _, n := range g.Nodes {
+		for _, in := range n.Inputs {
+			readers[in] = append(readers[in], n)
+		}
+	}
+	for _, o := range g.Outputs {
+		readers[o] = append(readers[o], nil)
+	}
+	fused := map[*ir.Node]*ir.Node{}
+	for _, n := range g.Nodes {
+		if n.Op != ir.MatMul || len(n.Outputs) != 1 {
+			continue
+		}
+		rs := readers[n.Outputs[0]]
+		if len(rs) == 1 && rs[0] != nil && epilogueOps[rs[0].Op] && rs[0].Inputs[0] == n.Outputs[0] {
+			fused[n] = rs[0]
+		}
+	}
+	return fused
+}

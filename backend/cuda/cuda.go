@@ -43,6 +43,10 @@ type Backend struct {
 	// and keeps the faster, "gemv" takes GEMV wherever it applies,
 	// "cublaslt" never takes it (for tests and comparisons).
 	Products string
+	// NoEpilogues runs the ops that take a GEMV's product apart (SwiGLU;
+	// RoPE with the cache writes) as kernels of their own instead of in the
+	// GEMV's epilogue, for comparisons.
+	NoEpilogues bool
 	// FixedDecodePlan keeps kernels.PlanDecode's split for decode attention
 	// instead of timing the candidates (kernels.DecodePlans) on first use of
 	// each batch shape and context bucket, for tests that compare runs bit
@@ -60,11 +64,14 @@ type Backend struct {
 
 // Stats counts how steps were launched.
 type Stats struct {
-	Steps         int   // steps run
-	GraphReplays  int   // decode steps replayed from a captured graph
-	GraphCaptures int   // graphs captured
-	GraphFailures int   // captures that failed (those compositions run directly)
-	LastFailure   error // the latest capture failure
+	Steps         int // steps run
+	GraphReplays  int // decode steps replayed from a captured graph
+	GraphCaptures int // graphs captured
+	GraphFailures int // captures that failed (those compositions run directly)
+	// Epilogues counts the launches (captures included) of a GEMV with the
+	// op reading its product in its epilogue.
+	Epilogues   int
+	LastFailure error // the latest capture failure
 	// DeviceTime is the stream time from a step's first operation (the
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.

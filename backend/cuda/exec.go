@@ -60,6 +60,9 @@ type stepState struct {
 	ws        cu.Ptr // decode attention's partial results
 	counters  cu.Ptr // and its split counters
 	capturing bool   // the launches are being captured into a graph
+	// done is a node whose outputs the product before it wrote in its
+	// epilogue: not launched.
+	done *node
 }
 
 // graphKey identifies the steps one captured graph can replay: the same
@@ -84,6 +87,10 @@ type node struct {
 	in, out []operand
 	plan    kernels.DecodePlan // attention: this step's flash-decoding split
 	launch  func(x *stepState, nd *node) error
+	// epilogue (products): the next node, which takes this product apart
+	// and which the GEMV computes in its epilogue when it runs the product
+	// (compile.EpilogueReaders).
+	epilogue *node
 }
 
 type executable struct {
@@ -186,6 +193,14 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			e.attention = append(e.attention, len(e.nodes))
 		}
 		e.nodes = append(e.nodes, nd)
+	}
+	epilogues := compile.EpilogueReaders(p.Graph)
+	for i := 0; i+1 < len(e.nodes); i++ {
+		if nd, next := &e.nodes[i], &e.nodes[i+1]; epilogues[nd.n] == next.n && l.gemv != nil && !l.b.NoEpilogues {
+			nd.epilogue = next
+			nd.kernel += fmt.Sprintf(" (gemv: + %s in its epilogue)", next.kernel)
+			next.kernel += " (unless in the gemv's epilogue)"
+		}
 	}
 	out, err := bind(logits)
 	if err != nil {
@@ -346,6 +361,9 @@ func (e *executable) launch(x *stepState, key graphKey, n int) error {
 	direct := func() error {
 		for i := range e.nodes {
 			nd := &e.nodes[i]
+			if nd == x.done {
+				continue
+			}
 			if err := nd.launch(x, nd); err != nil {
 				return fmt.Errorf("cuda: node %d (%v, %s): %w", nd.n.ID, nd.n.Op, nd.kernel, err)
 			}

@@ -246,9 +246,11 @@ func TestBatchedMatchesCPU(t *testing.T) {
 }
 
 // TestGraphsMatchDirect decodes the same steps with captured CUDA graphs and
-// kernel by kernel, each with and without programmatic dependent launches:
-// the logits must be bit-identical (the same kernels and products on the
-// same data), and the graphs must have been replayed.
+// kernel by kernel, each with and without programmatic dependent launches,
+// and with the GEMV's epilogues off (SwiGLU and RoPE as kernels of their
+// own): the logits must be bit-identical (the same products, rounded the
+// same way, on the same data), the graphs must have been replayed and the
+// epilogues run where on.
 func TestGraphsMatchDirect(t *testing.T) {
 	for _, dtype := range []string{"f32", "bf16"} {
 		t.Run(dtype, func(t *testing.T) {
@@ -257,9 +259,9 @@ func TestGraphsMatchDirect(t *testing.T) {
 			if err := bench.WriteRandomModel(dir, s, tensor.F32, 3); err != nil {
 				t.Fatal(err)
 			}
-			run := func(noGraphs, noPDL bool) ([][]float32, cuda.Stats) {
+			run := func(noGraphs, noPDL, noEpilogues bool) ([][]float32, cuda.Stats) {
 				b := backendOf(t, dtype)
-				b.NoGraphs, b.NoPDL = noGraphs, noPDL
+				b.NoGraphs, b.NoPDL, b.NoEpilogues = noGraphs, noPDL, noEpilogues
 				// The same kernels both ways (no timing-dependent choice).
 				b.Products, b.FixedDecodePlan = "gemv", true
 				e := openEngine(t, dir, b, engine.Options{MaxSeqs: 4})
@@ -289,21 +291,32 @@ func TestGraphsMatchDirect(t *testing.T) {
 				}
 				return out, b.Stats()
 			}
-			direct, ds := run(true, true)
+			direct, ds := run(true, true, false)
 			for _, v := range []struct {
-				name            string
-				noGraphs, noPDL bool
-			}{{"direct launches with PDL", true, false}, {"graph replay without PDL", false, true}, {"graph replay with PDL", false, false}} {
-				got, gs := run(v.noGraphs, v.noPDL)
+				name                         string
+				noGraphs, noPDL, noEpilogues bool
+			}{
+				{"direct launches with PDL", true, false, false},
+				{"graph replay without PDL", false, true, false},
+				{"graph replay with PDL", false, false, false},
+				{"graph replay with PDL, SwiGLU and RoPE as kernels of their own", false, false, true},
+			} {
+				got, gs := run(v.noGraphs, v.noPDL, v.noEpilogues)
 				t.Logf("%s: %+v", v.name, gs)
 				if !v.noGraphs && (gs.GraphFailures > 0 || gs.GraphCaptures < 3 || gs.GraphReplays < 120) {
 					t.Errorf("%s: %+v (want at least 3 captures, 120 replays, no failure)", v.name, gs)
+				}
+				if (gs.Epilogues == 0) != v.noEpilogues {
+					t.Errorf("%s: %d epilogue launches", v.name, gs.Epilogues)
 				}
 				for i := range direct {
 					if !slices.Equal(direct[i], got[i]) {
 						t.Fatalf("step %d: logits differ between %s and plain direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, v.name, relL2(got[i], direct[i]))
 					}
 				}
+			}
+			if ds.Epilogues < 2*s.Layers*130 {
+				t.Errorf("direct: %d epilogue launches, want 2 a layer and step", ds.Epilogues)
 			}
 			if ds.GraphReplays != 0 {
 				t.Errorf("direct: %+v replayed graphs", ds)

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -56,6 +57,19 @@ func (l *loaded) choose(nd *node) error {
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
 			var err error
 			switch {
+			case l.useGEMV(x, mm) && nd.epilogue != nil && bias == nil:
+				err = l.gemvEpilogue(x, nd.epilogue, mm)
+				if err == nil {
+					x.done = nd.epilogue
+					l.b.stats.Epilogues++
+					return nil
+				}
+				if !errors.Is(err, kernels.ErrGEMVShape) {
+					return err
+				}
+				// A shape the epilogue does not take: the plain product,
+				// then the reader's own kernel.
+				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
 			case l.useGEMV(x, mm):
 				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
 			case epilogue:
@@ -180,6 +194,32 @@ func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
 	a := nd.n.Attrs
 	return kernels.Attn{Out: nd.out[0].p, Q: nd.in[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer],
 		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+}
+
+// gemvEpilogue runs product mm on the GEMV with the op of node ep (its
+// sole reader, compile.EpilogueReaders) in its epilogue, writing ep's
+// outputs instead of the product. Shapes the epilogue does not take get an
+// error wrapping kernels.ErrGEMVShape before anything is queued.
+func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
+	if mm.Out != l.act {
+		return fmt.Errorf("%w: product of %v", kernels.ErrGEMVShape, mm.Out)
+	}
+	a := ep.n.Attrs
+	switch ep.n.Op {
+	case ir.SwiGLUPacked:
+		if 2*ep.out[0].cols != mm.N {
+			return fmt.Errorf("%w: swiglu of %d columns from %d", kernels.ErrGEMVShape, ep.out[0].cols, mm.N)
+		}
+		return l.gemv.RunSwiGLU(mm.Stream, ep.out[0].p, mm.X, mm.W, mm.T, mm.K, ep.out[0].cols)
+	case ir.RoPEQKVWrite:
+		if (a.Heads+2*a.KVHeads)*a.HeadDim != mm.N {
+			return fmt.Errorf("%w: rope of %d columns from %d", kernels.ErrGEMVShape, (a.Heads+2*a.KVHeads)*a.HeadDim, mm.N)
+		}
+		r := kernels.RoPEQKV{Q: ep.out[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer], Pos: ep.in[1].ptr(x),
+			Slots: x.m.At(x.m.Slots), Table: ep.in[2].p, Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Interleaved: a.Interleaved}
+		return l.gemv.RunRoPEQKV(mm.Stream, r, mm.X, mm.W, mm.T, mm.K)
+	}
+	return fmt.Errorf("%w: no epilogue for %v", kernels.ErrGEMVShape, ep.n.Op)
 }
 
 // mmKey identifies a product shape for the GEMV-or-cuBLASLt choice.

@@ -108,7 +108,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress, b.NoGraphs, b.NoPDL = progressWriter(), !f.graphs, !f.pdl
+		f.configure(b)
 		return b, nil
 	case "auto", "":
 		if f.reference {
@@ -122,7 +122,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.Progress, b.NoGraphs, b.NoPDL = progressWriter(), !f.graphs, !f.pdl
+		f.configure(b)
 		return b, nil
 	}
 	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)
@@ -227,4 +227,9 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 		}
 	}
 	return stops
+}
+
+// configure applies the CUDA flags to b.
+func (f *engineFlags) configure(b *cuda.Backend) {
+	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues = progressWriter(), !f.graphs, !f.pdl, !f.epilogues
 }

@@ -16,6 +16,16 @@
 // warps owns 16 rows of w and splits K among its warps; mma.sync m16n8k16
 // with x as the 8 columns of B, f32 accumulation.
 //
+// Epilogues (the E of gemv_impl and gemv_mma_impl): what is done with the
+// sums. OutStore stores them (the plain product). The paired epilogues give
+// each warp (CUDA cores) or block (tensor cores) the two weight rows of
+// every output it writes and round both sums to ACT, as the product's own
+// store would, before combining them as the kernel of kernels.cu that
+// would read that product does: SwiGLUOut (gemv_swiglu_*, the stacked
+// gate/up product → SwiGLU, swiglu_packed) and RoPEOut (gemv_rope_*, the
+// stacked Q/K/V product → q rotated, k rotated and v into the cache slots,
+// rope_qkv_write). Fusing them saves a kernel a layer in decode steps.
+//
 // Both: K·sizeof(ACT) must be a multiple of 16 and x, w 16-byte aligned
 // (checked by the Go wrapper); K need not be a multiple of a group of loads
 // (tail loops). LM is the weight load flavour: 0 plain ld.global.nc, 1 +
@@ -86,6 +96,125 @@ __device__ __forceinline__ void store(f16* p, float v) {
 	p->x = r;
 }
 
+// rnd rounds v to ACT and back (as the product's store and a reload would).
+__device__ __forceinline__ float rnd(float v, const float*) { return v; }
+__device__ __forceinline__ float rnd(float v, const bf16*) {
+	unsigned short r;
+	asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+	return __uint_as_float((unsigned)r << 16);
+}
+__device__ __forceinline__ float rnd(float v, const f16*) {
+	unsigned short r;
+	float f;
+	asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(r));
+	return f;
+}
+__device__ __forceinline__ float rnd(float v) { return rnd(v, (const T*)0); }
+
+// ---------------------------------------------------------------- epilogues
+
+// Every epilogue E: ROWS weight rows an output; units(), its number of
+// outputs; row(n, which), the weight row of output n (which < ROWS); pre(t,
+// n), what the store of output n for token t needs from memory, loaded
+// before the products (its operands are the step's packed batch and
+// constants, never the previous kernel's output, so it may run before the
+// PDL wait); put(pre, t, n, sum, partner's sum) stores it. LATE: the
+// kernel lets the next one launch after its products rather than at its
+// start. The SwiGLU epilogue's reader is the down projection's GEMV, whose
+// blocks, launched early, would fill the first multiprocessors to free up
+// rather than spread over all of them (H200, batch-1 decode, 2026-11-23:
+// the SwiGLU epilogue with the early launch gave no gain over none,
+// 232.7–234.2 against 234.1–234.7 tokens/s; launched late, 0.5% over the
+// RoPE epilogue alone, docs/PERF.md).
+
+// OutStore: out[t·N + n] = sum (of ACT, or f32 when outF32); one row an output.
+struct OutStore {
+	void* out;
+	int N, outF32;
+	static constexpr int ROWS = 1;
+	static constexpr bool LATE = false;
+	struct Pre {};
+	__device__ __forceinline__ int units() const { return N; }
+	__device__ __forceinline__ long long row(int n, int) const { return n; }
+	__device__ __forceinline__ Pre pre(int, int) const { return Pre{}; }
+	__device__ __forceinline__ void put(const Pre&, int t, int n, float s, float) const {
+		long long o = (long long)t * N + n;
+		if (outF32) store((float*)out + o, s);
+		else store((T*)out + o, s);
+	}
+};
+
+__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+
+// SwiGLUOut: w is the stacked [gate; up] weight (2F rows); output j of
+// token t is out[t·F + j] = SiLU(gate_j)·up_j, from rows j and F + j.
+struct SwiGLUOut {
+	T* out;
+	int F;
+	static constexpr int ROWS = 2;
+	static constexpr bool LATE = true;
+	struct Pre {};
+	__device__ __forceinline__ int units() const { return F; }
+	__device__ __forceinline__ long long row(int j, int which) const { return j + (long long)which * F; }
+	__device__ __forceinline__ Pre pre(int, int) const { return Pre{}; }
+	__device__ __forceinline__ void put(const Pre&, int t, int j, float g, float u) const {
+		store(out + (long long)t * F + j, silu_f(rnd(g)) * rnd(u));
+	}
+};
+
+// rot1, rot2: the rotated pair (x1·c − x2·s, x2·c + x1·s), with the
+// multiply-adds written out so that every RoPE kernel (kernels.cu, and
+// gemv.cu's RoPE epilogue) rounds alike.
+__device__ __forceinline__ float rot1(float x1, float x2, float c, float s) { return fmaf(x1, c, -(x2 * s)); }
+__device__ __forceinline__ float rot2(float x1, float x2, float c, float s) { return fmaf(x2, c, x1 * s); }
+
+// RoPEOut: w is the stacked [q; k; v] weight ((heads + 2·kvHeads)·hd
+// rows); each output is one rotated pair (a, b) of a head: rows (i,
+// i + hd/2), or (2i, 2i+1) when interleaved. Query heads are rotated by
+// token t's position into q[t, heads·hd], key heads rotated and value heads
+// stored into the layer's caches at token t's slot.
+struct RoPEOut {
+	T *q, *kc, *vc;
+	const int *pos, *slots;
+	const float* table; // [maxPos, hd]: cos, then sin
+	int heads, kvHeads, hd, interleaved;
+	static constexpr int ROWS = 2;
+	static constexpr bool LATE = false;
+	struct Pre {
+		T* dst;     // the head's first element
+		float c, s; // its rotation (value heads: none, c = 1, s = 0)
+	};
+	__device__ __forceinline__ int units() const { return (heads + 2 * kvHeads) * (hd / 2); }
+	__device__ __forceinline__ int elem(int i, int which) const {
+		return interleaved ? 2 * i + which : i + which * (hd / 2);
+	}
+	__device__ __forceinline__ long long row(int j, int which) const {
+		const int half = hd / 2;
+		return (long long)(j / half) * hd + elem(j % half, which);
+	}
+	__device__ __forceinline__ Pre pre(int t, int j) const {
+		const int half = hd / 2, h = j / half, i = j % half;
+		const long long width = (long long)kvHeads * hd;
+		if (h >= heads + kvHeads) return Pre{vc + slots[t] * width + (long long)(h - heads - kvHeads) * hd, 1.f, 0.f};
+		const long long p = pos[t];
+		T* dst = h < heads ? q + ((long long)t * heads + h) * hd : kc + slots[t] * width + (long long)(h - heads) * hd;
+		return Pre{dst, table[p * hd + i], table[p * hd + half + i]};
+	}
+	__device__ __forceinline__ void put(const Pre& pr, int, int j, float x1, float x2) const {
+		const int i = j % (hd / 2);
+		x1 = rnd(x1);
+		x2 = rnd(x2);
+		if (j / (hd / 2) >= heads + kvHeads) { // values: stored as they are
+			store(pr.dst + elem(i, 0), x1);
+			store(pr.dst + elem(i, 1), x2);
+			return;
+		}
+		store(pr.dst + elem(i, 0), rot1(x1, x2, pr.c, pr.s));
+		store(pr.dst + elem(i, 1), rot2(x1, x2, pr.c, pr.s));
+	}
+};
+
 // ldw loads 16 bytes of weights (read once: streamed).
 template <int LM> __device__ __forceinline__ uint4 ldw(const uint4* p);
 template <> __device__ __forceinline__ uint4 ldw<0>(const uint4* p) {
@@ -130,17 +259,23 @@ __device__ __forceinline__ void dot(float (&acc)[TT][R], const uint4 (&wv)[R], c
 	}
 }
 
-template <int TT, int R, int U, int LM>
-__device__ __forceinline__ void gemv_impl(const T* x, const T* w, void* out, int K, int N, int outF32) {
-	pdl_trigger();
+// gemv_impl: every warp computes the outputs n0 .. n0 + R/E::ROWS - 1 of
+// epilogue e from their R weight rows (output n0 + r is row r, paired with
+// row r + R/2 when E::ROWS is 2).
+template <int TT, int R, int U, int LM, class E>
+__device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E& e) {
+	static_assert(R % E::ROWS == 0, "rows per warp");
+	constexpr int OUTS = R / E::ROWS; // outputs per warp
+	if (!E::LATE) pdl_trigger();
 	const int lane = threadIdx.x & 31;
-	const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
+	const int N = e.units();
+	const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * OUTS;
 	if (n0 >= N) return; // the whole warp
 	const int kv = K / VEC; // 16-byte columns per row
 	const uint4* xv = (const uint4*)x;
 	const uint4* wr[R];
 #pragma unroll
-	for (int r = 0; r < R; r++) wr[r] = (const uint4*)w + (long long)imin(n0 + r, N - 1) * kv + lane;
+	for (int r = 0; r < R; r++) wr[r] = (const uint4*)w + e.row(imin(n0 + r % OUTS, N - 1), r / OUTS) * kv + lane;
 
 	float acc[TT][R];
 #pragma unroll
@@ -157,6 +292,11 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, void* out, int
 #pragma unroll
 			for (int r = 0; r < R; r++) cur[u][r] = ldw<LM>(wr[r] + u * 32);
 	}
+	// Lane t·OUTS+r stores output (t, n0+r) (TT·OUTS ≤ 32): what it needs
+	// comes in with the first weights.
+	static_assert(TT * OUTS <= 32, "one store a lane");
+	typename E::Pre pre{};
+	if (lane < TT * OUTS && n0 + lane % OUTS < N) pre = e.pre(lane / OUTS, n0 + lane % OUTS);
 	pdl_wait(); // x is the previous kernel's output
 	if (full > 0) {
 		for (int i = 0; i < full; i++) {
@@ -185,6 +325,7 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, void* out, int
 		for (int r = 0; r < R; r++) cur[r] = ldw<LM>(wr[r] + k);
 		dot<TT, R>(acc, cur, xv, kv, k + lane);
 	}
+	if (E::LATE) pdl_trigger();
 
 #pragma unroll
 	for (int t = 0; t < TT; t++)
@@ -195,24 +336,31 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, void* out, int
 			for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
 			acc[t][r] = v;
 		}
-	// Lane t·R+r stores output (t, n0+r).
 #pragma unroll
 	for (int t = 0; t < TT; t++)
 #pragma unroll
-		for (int r = 0; r < R; r++) {
+		for (int r = 0; r < OUTS; r++) {
 			const int n = n0 + r;
-			if (lane == ((t * R + r) & 31) && n < N) {
-				long long o = (long long)t * N + n;
-				if (outF32) store((float*)out + o, acc[t][r]);
-				else store((T*)out + o, acc[t][r]);
-			}
+			if (lane == t * OUTS + r && n < N) e.put(pre, t, n, acc[t][r], acc[t][(r + OUTS) % R]);
 		}
 }
 
+// The CUDA-core kernels: the plain product, and the two paired epilogues
+// (R even).
 #define GEMV(TT, R, U, LM)                                                                                         \
 	extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                 \
 	    gemv_##TT##_##R##_##U##_##LM(const T* x, const T* w, void* out, int K, int N, int outF32) {           \
-		gemv_impl<TT, R, U, LM>(x, w, out, K, N, outF32);                                                  \
+		gemv_impl<TT, R, U, LM>(x, w, K, OutStore{out, N, outF32});                                        \
+	}
+#define GEMV_EPI(TT, R, U, LM)                                                                                     \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                 \
+	    gemv_swiglu_##TT##_##R##_##U##_##LM(const T* x, const T* w, T* out, int K, int F) {                   \
+		gemv_impl<TT, R, U, LM>(x, w, K, SwiGLUOut{out, F});                                               \
+	}                                                                                                          \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_rope_##TT##_##R##_##U##_##LM(             \
+	    const T* x, const T* w, int K, T* q, T* kc, T* vc, const int* pos, const int* slots, const float* table, \
+	    int heads, int kvHeads, int hd, int interleaved) {                                                     \
+		gemv_impl<TT, R, U, LM>(x, w, K, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
 	}
 
 #ifdef GEMV_MMA
@@ -243,24 +391,36 @@ __device__ __forceinline__ void mma2(float (&c)[4], uint4 a, uint4 b, uint4 x) {
 	mma(c, a.z, b.z, a.w, b.w, x.z, x.w, (const T*)0);
 }
 
-// gemv_mma: grid ceil(N/16), block 32·WARPS; the block owns w rows
-// n0..n0+15 (rows past N re-read row N-1, not stored) and its warps split K:
+// gemv_mma: block 32·WARPS; the block owns 16 rows of w, those of
+// outputs n0..n0+15 of epilogue e (grid ceil(N/16)), or, paired
+// (E::ROWS 2), both rows of outputs n0..n0+7 (grid ceil(N/8)), the first
+// rows at tile rows 0-7, their partners at 8-15 (outputs past N re-read
+// output N-1's rows, not stored); its warps split K:
 // warp v takes the groups v, v+WARPS, ... of U·32 columns (per row, lane
 // (g, q) loads 16 bytes at column 8q of each 32), double buffered in
 // registers, and a last partial group 32 columns at a time. x rows past T
 // re-read row T-1 (their output columns are dropped). The warps' 16×8
 // accumulators are summed through shared memory.
-template <int U, int WARPS, int LM>
-__device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, void* out, int K, int N, int TT, int outF32) {
+template <int U, int WARPS, int LM, class E>
+__device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, int K, int TT, const E& e) {
 	__shared__ float red[WARPS][128];
-	pdl_trigger();
-	pdl_wait();
+	if (!E::LATE) pdl_trigger();
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int g = lane >> 2, q = lane & 3;
-	const int n0 = blockIdx.x * 16;
+	const int N = e.units();
+	constexpr int OUTS = 16 / E::ROWS; // outputs per block
+	const int n0 = blockIdx.x * OUTS;
+	// Thread i < 8·OUTS stores (token i%8, output n0 + i/8).
+	typename E::Pre pre{};
+	const int pt = threadIdx.x & 7, pn = n0 + (threadIdx.x >> 3);
+	const bool stores = threadIdx.x < 8 * OUTS && pt < TT && pn < N;
+	if (stores) pre = e.pre(pt, pn);
+	pdl_wait();
 	const int k8 = K / 8; // 16-byte columns per row
-	const uint4* w0 = (const uint4*)w + (long long)imin(n0 + g, N - 1) * k8 + q;
-	const uint4* w1 = (const uint4*)w + (long long)imin(n0 + g + 8, N - 1) * k8 + q;
+	const long long r0 = e.row(imin(n0 + g, N - 1), 0);
+	const long long r1 = E::ROWS == 1 ? e.row(imin(n0 + g + 8, N - 1), 0) : e.row(imin(n0 + g, N - 1), 1);
+	const uint4* w0 = (const uint4*)w + r0 * k8 + q;
+	const uint4* w1 = (const uint4*)w + r1 * k8 + q;
 	const uint4* xr = (const uint4*)x + imin(g, TT - 1) * k8 + q;
 	float c[4] = {0.f, 0.f, 0.f, 0.f};
 
@@ -312,29 +472,41 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, void* out,
 		mma2(c, a, b, xv);
 	}
 
+	if (E::LATE) pdl_trigger();
 	// c: (row g, col 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1); row = n - n0, col = t.
 	red[warp][g * 8 + 2 * q] = c[0];
 	red[warp][g * 8 + 2 * q + 1] = c[1];
 	red[warp][(g + 8) * 8 + 2 * q] = c[2];
 	red[warp][(g + 8) * 8 + 2 * q + 1] = c[3];
 	__syncthreads();
-	if (threadIdx.x < 128) {
-		const int i = threadIdx.x, t = i & 7, n = n0 + (i >> 3);
-		float s = 0.f;
+	// Thread i sums (tile row i/8, token i%8) and, paired, its partner
+	// row's (tile row i/8 + 8).
+	if (stores) {
+		const int i = threadIdx.x;
+		float s = 0.f, s2 = 0.f;
 #pragma unroll
-		for (int v = 0; v < WARPS; v++) s += red[v][i];
-		if (t < TT && n < N) {
-			long long o = (long long)t * N + n;
-			if (outF32) store((float*)out + o, s);
-			else store((T*)out + o, s);
+		for (int v = 0; v < WARPS; v++) {
+			s += red[v][i];
+			if (E::ROWS == 2) s2 += red[v][i + 64];
 		}
+		e.put(pre, pt, pn, s, s2);
 	}
 }
 
 #define GEMV_MMA_K(U, WARPS, LM)                                                                                   \
 	extern "C" __global__ void __launch_bounds__(32 * WARPS)                                                   \
 	    gemv_mma_##U##_##WARPS##_##LM(const T* x, const T* w, void* out, int K, int N, int TT, int outF32) { \
-		gemv_mma_impl<U, WARPS, LM>(x, w, out, K, N, TT, outF32);                                          \
+		gemv_mma_impl<U, WARPS, LM>(x, w, K, TT, OutStore{out, N, outF32});                                \
+	}
+#define GEMV_MMA_EPI(U, WARPS, LM)                                                                                 \
+	extern "C" __global__ void __launch_bounds__(32 * WARPS)                                                   \
+	    gemv_mma_swiglu_##U##_##WARPS##_##LM(const T* x, const T* w, T* out, int K, int F, int TT) {          \
+		gemv_mma_impl<U, WARPS, LM>(x, w, K, TT, SwiGLUOut{out, F});                                       \
+	}                                                                                                          \
+	extern "C" __global__ void __launch_bounds__(32 * WARPS) gemv_mma_rope_##U##_##WARPS##_##LM(              \
+	    const T* x, const T* w, int K, int TT, T* q, T* kc, T* vc, const int* pos, const int* slots,          \
+	    const float* table, int heads, int kvHeads, int hd, int interleaved) {                                 \
+		gemv_mma_impl<U, WARPS, LM>(x, w, K, TT, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
 	}
 #endif // GEMV_MMA
 
@@ -344,8 +516,11 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, void* out,
 	GEMV(1, 2, 4, LM) GEMV(2, 2, 4, LM) GEMV(3, 2, 4, LM) GEMV(4, 2, 4, LM) \
 	GEMV(5, 4, 4, LM) GEMV(6, 4, 4, LM) GEMV(7, 4, 4, LM) GEMV(8, 4, 4, LM)
 GEMV_CC(1)
+GEMV_EPI(1, 2, 4, 1) GEMV_EPI(2, 2, 4, 1) GEMV_EPI(3, 2, 4, 1) GEMV_EPI(4, 2, 4, 1)
+GEMV_EPI(5, 4, 4, 1) GEMV_EPI(6, 4, 4, 1) GEMV_EPI(7, 4, 4, 1) GEMV_EPI(8, 4, 4, 1)
 #ifdef GEMV_MMA
 GEMV_MMA_K(4, 8, 2)
+GEMV_MMA_EPI(4, 8, 2)
 #endif
 
 #ifdef GEMV_SWEEP

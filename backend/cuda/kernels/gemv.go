@@ -53,24 +53,65 @@ type GEMV struct {
 	fns map[gemvCfg]*cu.Function
 }
 
+// gemvEpi is what a GEMV kernel does with its sums (the epilogues of gemv.cu).
+type gemvEpi int
+
+const (
+	epiStore  gemvEpi = iota // store the product
+	epiSwiGLU                // SwiGLU of the stacked gate/up product (RunSwiGLU)
+	epiRoPE                  // RoPE and the cache writes of the stacked Q/K/V product (RunRoPEQKV)
+)
+
+// rows is the number of weight rows behind one output.
+func (e gemvEpi) rows() int {
+	if e == epiStore {
+		return 1
+	}
+	return 2
+}
+
+func (e gemvEpi) prefix() string {
+	return [...]string{"", "swiglu_", "rope_"}[e]
+}
+
 // gemvCfg is one kernel of gemv.cu for t rows of x. CUDA cores
 // (gemv_<t>_<r>_<u>_<lm>): r rows of w per warp, u 16-byte loads per row
 // and lane in flight. Tensor cores (gemv_mma_<u>_<warps>_<lm>, f16/bf16, t
 // at run time): 16 rows of w per block of warps warps splitting K, u loads
-// per row and lane in flight. lm: the weight load flavour.
+// per row and lane in flight. lm: the weight load flavour. epi: the
+// epilogue (gemv_swiglu_…, gemv_mma_rope_…).
 type gemvCfg struct {
 	t     int
 	mma   bool
 	r, u  int
 	warps int
 	lm    int
+	epi   gemvEpi
 }
 
 func (c gemvCfg) name() string {
 	if c.mma {
-		return fmt.Sprintf("gemv_mma_%d_%d_%d", c.u, c.warps, c.lm)
+		return fmt.Sprintf("gemv_mma_%s%d_%d_%d", c.epi.prefix(), c.u, c.warps, c.lm)
 	}
-	return fmt.Sprintf("gemv_%d_%d_%d_%d", c.t, c.r, c.u, c.lm)
+	return fmt.Sprintf("gemv_%s%d_%d_%d_%d", c.epi.prefix(), c.t, c.r, c.u, c.lm)
+}
+
+// grid is the launch grid for n outputs.
+func (c gemvCfg) grid(n int) cu.Dim3 {
+	if c.mma {
+		outs := 16 / c.epi.rows()
+		return cu.D1((n + outs - 1) / outs)
+	}
+	outs := c.r / c.epi.rows() // per warp
+	warps := (n + outs - 1) / outs
+	return cu.D1((warps*32 + gemvThreads - 1) / gemvThreads)
+}
+
+func (c gemvCfg) block() cu.Dim3 {
+	if c.mma {
+		return cu.D1(32 * c.warps)
+	}
+	return cu.D1(gemvThreads)
 }
 
 func ccCfg(t, r, u int) gemvCfg { return gemvCfg{t: t, r: r, u: u, lm: 1} }
@@ -176,6 +217,15 @@ func (g *GEMV) Run(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) err
 // run launches configuration c on a checked product of t rows (c.t for
 // the CUDA-core kernels).
 func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	if c.mma {
+		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
+	}
+	return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), b2i(outF32))
+}
+
+// launch launches configuration c for t rows of x and n outputs with the
+// kernel's arguments args.
+func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 	key := c
 	if c.mma {
 		key.t = 0
@@ -194,19 +244,71 @@ func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF3
 		g.fns[key] = f
 		g.mu.Unlock()
 	}
-	var err error
 	launch := f.Launch
 	if g.PDL {
 		launch = f.LaunchDependent
 	}
-	if c.mma {
-		err = launch(cu.D1((n+15)/16), cu.D1(32*c.warps), 0, s, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
-	} else {
-		warps := (n + c.r - 1) / c.r
-		err = launch(cu.D1((warps*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, w, out, int32(k), int32(n), b2i(outF32))
-	}
-	if err != nil {
+	if err := launch(c.grid(n), c.block(), 0, s, args...); err != nil {
 		return fmt.Errorf("kernels: %s: %w", c.name(), err)
 	}
 	return nil
+}
+
+// RunSwiGLU queues out[t,f] = SiLU(x·w[:f]ᵀ)·(x·w[f:]ᵀ) for the stacked
+// gate/up weight w[2f,k]: the product of Run with the SwiGLU of
+// Kernels.SwiGLUPacked in its epilogue (both halves rounded to the
+// activation dtype first, as Run's store would), so that decode steps skip
+// that kernel. out is of the activation dtype. It can be captured into a
+// CUDA graph.
+func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int) error {
+	if f <= 0 || f > math.MaxInt32/2 {
+		return fmt.Errorf("%w: swiglu of %d columns", ErrGEMVShape, f)
+	}
+	if err := g.Check(out, x, w, t, k, 2*f, false); err != nil {
+		return err
+	}
+	c := gemvDefault(g.Act, t)
+	c.epi = epiSwiGLU
+	if c.mma {
+		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t))
+	}
+	return g.launch(s, c, t, f, x, w, out, int32(k), int32(f))
+}
+
+// RoPEQKV is where RunRoPEQKV puts the stacked Q/K/V product, as
+// Kernels.RoPEQKVWrite does: the query heads rotated by the tokens'
+// positions Pos (int32) into Q[t, Heads·HeadDim], the key heads rotated and
+// the value heads stored into one layer's caches at the tokens' Slots
+// (int32); Table is the folded f32 [maxPos, HeadDim] table (cos, then sin);
+// pairs (2i, 2i+1) when Interleaved, else (i, i+HeadDim/2).
+type RoPEQKV struct {
+	Q, KCache, VCache, Pos, Slots, Table cu.Ptr
+	Heads, KVHeads, HeadDim              int
+	Interleaved                          bool
+}
+
+// RunRoPEQKV queues the product x[t,k]·w[n,k]ᵀ of the stacked Q/K/V weight
+// (n = (Heads+2·KVHeads)·HeadDim rows) with r's rotations and cache writes
+// in its epilogue (each element rounded to the activation dtype first, as
+// Run's store would), so that decode steps skip Kernels.RoPEQKVWrite. It
+// can be captured into a CUDA graph.
+func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error {
+	if r.Heads <= 0 || r.KVHeads <= 0 || r.HeadDim <= 0 || r.HeadDim%2 != 0 ||
+		int64(r.Heads+2*r.KVHeads)*int64(r.HeadDim) > math.MaxInt32/GEMVMaxT {
+		return fmt.Errorf("%w: rope of %d heads and %d kv heads of %d", ErrGEMVShape, r.Heads, r.KVHeads, r.HeadDim)
+	}
+	if r.Q == 0 || r.KCache == 0 || r.VCache == 0 || r.Pos == 0 || r.Slots == 0 || r.Table == 0 {
+		return fmt.Errorf("%w: rope with a null operand", ErrGEMVShape)
+	}
+	n := (r.Heads + 2*r.KVHeads) * r.HeadDim
+	if err := g.Check(r.Q, x, w, t, k, n, false); err != nil {
+		return err
+	}
+	c := gemvDefault(g.Act, t)
+	c.epi = epiRoPE
+	args := []any{r.Q, r.KCache, r.VCache, r.Pos, r.Slots, r.Table, int32(r.Heads), int32(r.KVHeads), int32(r.HeadDim), b2i(r.Interleaved)}
+	if c.mma {
+		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t)}, args...)...)
+	}
+	return g.launch(s, c, t, n/2, append([]any{x, w, int32(k)}, args...)...)
 }

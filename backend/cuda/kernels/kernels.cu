@@ -351,6 +351,12 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv
 
 // ---------------------------------------------------------------- rope, kv write
 
+// rot1, rot2: the rotated pair (x1·c − x2·s, x2·c + x1·s), with the
+// multiply-adds written out so that every RoPE kernel (kernels.cu, and
+// gemv.cu's RoPE epilogue) rounds alike.
+__device__ __forceinline__ float rot1(float x1, float x2, float c, float s) { return fmaf(x1, c, -(x2 * s)); }
+__device__ __forceinline__ float rot2(float x1, float x2, float c, float s) { return fmaf(x2, c, x1 * s); }
+
 // rotate_pair rotates the pair (a, b) of head vector v (of x) by the table row of p.
 __device__ __forceinline__ void rope_pair(int i, int half, int interleaved, int* a, int* b) {
 	if (interleaved) {
@@ -378,8 +384,8 @@ extern "C" __global__ void rope(const T* x, T* out, const int* pos, const float*
 		rope_pair(i, half, interleaved, &a, &b);
 		long long base = rh * hd;
 		float x1 = tof(x[base + a]), x2 = tof(x[base + b]);
-		out[base + a] = fromf<T>(x1 * c - x2 * s);
-		out[base + b] = fromf<T>(x2 * c + x1 * s);
+		out[base + a] = fromf<T>(rot1(x1, x2, c, s));
+		out[base + b] = fromf<T>(rot2(x1, x2, c, s));
 	}
 }
 
@@ -412,8 +418,8 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, c
 		long long src = rh * hd;
 		long long dst = (long long)slots[t] * width + (long long)h * hd;
 		float x1 = tof(k[src + a]), x2 = tof(k[src + b]);
-		kc[dst + a] = fromf<T>(x1 * c - x2 * s);
-		kc[dst + b] = fromf<T>(x2 * c + x1 * s);
+		kc[dst + a] = fromf<T>(rot1(x1, x2, c, s));
+		kc[dst + b] = fromf<T>(rot2(x1, x2, c, s));
 		vc[dst + a] = v[src + a];
 		vc[dst + b] = v[src + b];
 	}
@@ -446,8 +452,8 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, cons
 		float x1 = tof(src[a]), x2 = tof(src[b]);
 		T* dst = h < heads ? q + ((long long)t * heads + h) * hd
 		                   : kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
-		dst[a] = fromf<T>(x1 * c - x2 * s);
-		dst[b] = fromf<T>(x2 * c + x1 * s);
+		dst[a] = fromf<T>(rot1(x1, x2, c, s));
+		dst[b] = fromf<T>(rot2(x1, x2, c, s));
 	}
 }
 

@@ -58,19 +58,7 @@ func TestRoPEQKVWrite(t *testing.T) {
 					pq, pkc, pvc := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
 					must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, up(t, act, qkv), upI32(t, pos), upI32(t, slots), ptab,
 						rows, heads, kvHeads, hd, il))
-					x := f64(qkv)
-					qref, kr := make([]float64, rows*qw), make([]float64, rows*width)
-					kref, vref := f64(kc0), f64(vc0)
-					for r := 0; r < rows; r++ {
-						copy(qref[r*qw:], x[r*cols:r*cols+qw])
-						copy(kr[r*width:], x[r*cols+qw:r*cols+qw+width])
-					}
-					refRoPE(qref, pos, tab, heads, hd, il)
-					refRoPE(kr, pos, tab, kvHeads, hd, il)
-					for r, s := range slots {
-						copy(kref[int(s)*width:(int(s)+1)*width], kr[r*width:])
-						copy(vref[int(s)*width:(int(s)+1)*width], x[r*cols+qw+width:(r+1)*cols])
-					}
+					qref, kref, vref := refRoPEQKV(f64(qkv), pos, slots, tab, kc0, vc0, heads, kvHeads, hd, il)
 					op := fmt.Sprintf("rope_qkv_write interleaved=%v", il)
 					e1 := compare(t, op+" q", down(t, act, pq, rows*qw), qref, tol(act))
 					e2 := compare(t, op+" k", down(t, act, pkc, nslot*width), kref, tol(act))
@@ -80,4 +68,26 @@ func TestRoPEQKVWrite(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refRoPEQKV is RoPEQKVWrite in float64 on the stacked rows x (one per
+// token of pos and slots) and the caches kc0, vc0: the rotated queries and
+// the caches after the writes.
+func refRoPEQKV(x []float64, pos, slots []int32, tab, kc0, vc0 []float32, heads, kvHeads, hd int, il bool) (q, kc, vc []float64) {
+	qw, width := heads*hd, kvHeads*hd
+	cols := qw + 2*width
+	rows := len(pos)
+	q, kr := make([]float64, rows*qw), make([]float64, rows*width)
+	kc, vc = f64(kc0), f64(vc0)
+	for r := 0; r < rows; r++ {
+		copy(q[r*qw:], x[r*cols:r*cols+qw])
+		copy(kr[r*width:], x[r*cols+qw:r*cols+qw+width])
+	}
+	refRoPE(q, pos, tab, heads, hd, il)
+	refRoPE(kr, pos, tab, kvHeads, hd, il)
+	for r, s := range slots {
+		copy(kc[int(s)*width:(int(s)+1)*width], kr[r*width:])
+		copy(vc[int(s)*width:(int(s)+1)*width], x[r*cols+qw+width:(r+1)*cols])
+	}
+	return q, kc, vc
 }

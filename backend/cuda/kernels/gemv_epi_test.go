@@ -1,0 +1,174 @@
+package kernels
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"kiln/backend/cuda/cu"
+)
+
+// round64 rounds v to dtype dt.
+func round64(dt cu.DType, v float64) float64 {
+	return float64(roundTo(dt, []float32{float32(v)})[0])
+}
+
+// epiInputs uploads x[GEMVMaxT,k] (normal, scaled by 1/√k so that the
+// products are of order 1) and w[n,k] of dtype act and returns them with
+// the float64 product.
+func epiInputs(t *testing.T, act cu.DType, k, n int) (px, pw cu.Ptr, ref []float64) {
+	t.Helper()
+	rng := newRNG(t)
+	xs := roundTo(act, randn(rng, GEMVMaxT*k, 1/math.Sqrt(float64(k))))
+	ws, wb := gemvRand(rng.Uint64(), n*k, act)
+	px, pw = up(t, act, xs), alloc(t, len(wb))
+	must(t, gpu(t).Upload(pw, wb))
+	return px, pw, gemvRef(xs, ws, GEMVMaxT, k, n)
+}
+
+// bytesOf downloads n elements of dtype dt at p.
+func bytesOf(t *testing.T, dt cu.DType, p cu.Ptr, n int) []byte {
+	t.Helper()
+	must(t, gpu(t).Sync())
+	b := make([]byte, n*dt.Size())
+	must(t, gpu(t).Download(b, p))
+	return b
+}
+
+// TestGEMVSwiGLU: RunSwiGLU against the float64 product with its halves
+// rounded to the activation dtype, then SiLU(gate)·up; against Run followed
+// by SwiGLUPacked bit for bit (the same sums, rounded the same way); and
+// nothing written past the output. Every row count 1..8 (CUDA cores and,
+// for f16/bf16, tensor cores), on the Llama-3-8B shape and odd ones.
+func TestGEMVSwiGLU(t *testing.T) {
+	for _, act := range allDTypes {
+		g := gemvMod(t, act, false)
+		kk := kern(t, act)
+		for _, sh := range []gemvShape{{"llama3-8b", 4096, 14336}, {"odd", 96, 301}, {"tiny", 136, 5}} {
+			k, f := sh.k, sh.n
+			px, pw, prod := epiInputs(t, act, k, 2*f)
+			worst := 0.0
+			for rows := 1; rows <= GEMVMaxT; rows++ {
+				what := fmt.Sprintf("%v gemv_swiglu %s k=%d f=%d T=%d", act, sh.name, k, f, rows)
+				total := rows*f + f + 64
+				out := outBuf(t, act, total)
+				must(t, g.RunSwiGLU(nil, out, px, pw, rows, k, f))
+				got := bytesOf(t, act, out, total)
+				ref := make([]float64, rows*f)
+				for r := 0; r < rows; r++ {
+					for j := 0; j < f; j++ {
+						gate, up := round64(act, prod[r*2*f+j]), round64(act, prod[r*2*f+f+j])
+						ref[r*f+j] = silu64(gate) * up
+					}
+				}
+				n := rows * f * act.Size()
+				worst = max(worst, compare(t, what, decode(act, got[:n]), ref, tol(act)))
+				pwd := poisonWord(act)
+				for i := n; i < len(got); i++ {
+					if got[i] != byte(pwd>>(8*(i%4))) {
+						t.Errorf("%s: byte %d after the output overwritten", what, i-n)
+						break
+					}
+				}
+				prodBuf, out2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
+				must(t, g.Run(nil, prodBuf, px, pw, rows, k, 2*f, false))
+				must(t, kk.SwiGLUPacked(nil, out2, prodBuf, rows, f))
+				if want := bytesOf(t, act, out2, rows*f); !bytes.Equal(got[:n], want) {
+					t.Errorf("%s: differs from gemv + swiglu_packed", what)
+				}
+			}
+			report(t, act, fmt.Sprintf("gemv_swiglu %s k=%d f=%d T=1..8", sh.name, k, f), worst)
+		}
+	}
+}
+
+// TestGEMVRoPEQKV: RunRoPEQKV against the float64 product rounded to the
+// activation dtype and taken apart as RoPEQKVWrite does (queries rotated,
+// keys rotated and values into random cache slots, the other slots kept,
+// every query element written); against Run followed by RoPEQKVWrite bit
+// for bit. Every row count 1..8, both pairings, GQA, MQA and MHA shapes.
+func TestGEMVRoPEQKV(t *testing.T) {
+	const maxPos = 4096
+	for _, act := range allDTypes {
+		g := gemvMod(t, act, false)
+		kk := kern(t, act)
+		rng := newRNG(t)
+		for _, hs := range [][4]int{{32, 8, 128, 4096}, {4, 4, 64, 96}, {5, 1, 80, 136}} {
+			heads, kvHeads, hd, k := hs[0], hs[1], hs[2], hs[3]
+			qw, width := heads*hd, kvHeads*hd
+			n := qw + 2*width
+			px, pw, prod := epiInputs(t, act, k, n)
+			tab := ropeTable(maxPos, hd, 500000)
+			ptab := up(t, cu.F32, tab)
+			worst := 0.0
+			for rows := 1; rows <= GEMVMaxT; rows++ {
+				nslot := rows + 5
+				perm := rng.Perm(nslot)
+				slots, pos := make([]int32, rows), make([]int32, rows)
+				for i := range slots {
+					slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
+				}
+				pslots, ppos := upI32(t, slots), upI32(t, pos)
+				qkv := make([]float64, rows*n)
+				for i := range qkv {
+					qkv[i] = round64(act, prod[i])
+				}
+				for _, il := range []bool{false, true} {
+					what := fmt.Sprintf("%v gemv_rope heads=%d/%d hd=%d k=%d T=%d interleaved=%v", act, heads, kvHeads, hd, k, rows, il)
+					kc0 := roundTo(act, randn(rng, nslot*width, 1))
+					vc0 := roundTo(act, randn(rng, nslot*width, 1))
+					r := RoPEQKV{Q: outBuf(t, act, rows*qw), KCache: up(t, act, kc0), VCache: up(t, act, vc0),
+						Pos: ppos, Slots: pslots, Table: ptab, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Interleaved: il}
+					must(t, g.RunRoPEQKV(nil, r, px, pw, rows, k))
+					qref, kref, vref := refRoPEQKV(qkv, pos, slots, tab, kc0, vc0, heads, kvHeads, hd, il)
+					got := [3][]byte{bytesOf(t, act, r.Q, rows*qw), bytesOf(t, act, r.KCache, nslot*width), bytesOf(t, act, r.VCache, nslot*width)}
+					e1 := compare(t, what+" q", decode(act, got[0]), qref, tol(act))
+					e2 := compare(t, what+" k", decode(act, got[1]), kref, tol(act))
+					e3 := compare(t, what+" v", decode(act, got[2]), vref, tol(act))
+					worst = max(worst, e1, e2, e3)
+
+					prodBuf := outBuf(t, act, rows*n)
+					q2, kc2, vc2 := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
+					must(t, g.Run(nil, prodBuf, px, pw, rows, k, n, false))
+					must(t, kk.RoPEQKVWrite(nil, q2, kc2, vc2, prodBuf, ppos, pslots, ptab, rows, heads, kvHeads, hd, il))
+					want := [3][]byte{bytesOf(t, act, q2, rows*qw), bytesOf(t, act, kc2, nslot*width), bytesOf(t, act, vc2, nslot*width)}
+					for i, part := range []string{"q", "k cache", "v cache"} {
+						if !bytes.Equal(got[i], want[i]) {
+							t.Errorf("%s: %s differs from gemv + rope_qkv_write", what, part)
+						}
+					}
+				}
+			}
+			report(t, act, fmt.Sprintf("gemv_rope heads=%d/%d hd=%d k=%d T=1..8", heads, kvHeads, hd, k), worst)
+		}
+	}
+}
+
+// TestGEMVEpilogueErrors: shapes the epilogues do not take are refused with
+// ErrGEMVShape before anything is queued.
+func TestGEMVEpilogueErrors(t *testing.T) {
+	act := cu.BF16
+	g := gemvMod(t, act, false)
+	p := alloc(t, 1<<16)
+	r := RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, KVHeads: 1, HeadDim: 8}
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"swiglu f 0", g.RunSwiGLU(nil, p, p, p, 1, 64, 0)},
+		{"swiglu 9 rows", g.RunSwiGLU(nil, p, p, p, 9, 64, 8)},
+		{"swiglu k 12", g.RunSwiGLU(nil, p, p, p, 1, 12, 8)},
+		{"rope odd head dim", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, KVHeads: 1, HeadDim: 7}, p, p, 1, 64)},
+		{"rope no kv heads", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, HeadDim: 8}, p, p, 1, 64)},
+		{"rope null table", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Heads: 2, KVHeads: 1, HeadDim: 8}, p, p, 1, 64)},
+		{"rope 0 rows", g.RunRoPEQKV(nil, r, p, p, 0, 64)},
+		{"rope x misaligned", g.RunRoPEQKV(nil, r, p.Add(2), p, 1, 64)},
+	} {
+		if !errors.Is(c.err, ErrGEMVShape) {
+			t.Errorf("%s: err %v, want ErrGEMVShape", c.what, c.err)
+		}
+	}
+	must(t, gpu(t).Sync())
+}

@@ -154,12 +154,59 @@ func runAttnVariant(t *testing.T, act cu.DType, st *attnSetup, decode bool, vari
 // tensor cores (f16, bf16) the probabilities P are rounded to the activation
 // dtype for the P·V product, as FlashAttention does, which for bf16 adds up
 // to about 1e-2 on single elements at a few hundred keys; the relative L2
-// error stays under tol/2.
+// error stays under tol/2. The elements are compared by compareRows.
 func mmaTol(act cu.DType) float64 {
 	if act == cu.BF16 {
 		return 2e-2
 	}
 	return tol(act)
+}
+
+// compareRows is compare with each element's error relative to its own
+// row of hd values (one token and head: one softmax average) rather than
+// to the whole output: the rounding of P moves an output by a share of the
+// row's values, and a row that attends to a few keys has outputs far larger
+// than the rms over all rows, which long rows average down (H100,
+// 2026-11-23: a token seeing 2 of 1100 keys missed 2e-2 against the whole
+// output's rms by 0.0025 absolute, its row's values being of order 1). It logs the
+// worst error by the whole-output measure too.
+func compareRows(t *testing.T, what string, got []float32, ref []float64, hd int, limit float64) float64 {
+	t.Helper()
+	worst, whole := 0.0, 0.0
+	var ss float64
+	for _, r := range ref {
+		ss += r * r
+	}
+	rmsAll := math.Sqrt(ss/float64(max(len(ref), 1))) + 1e-30
+	bad := 0
+	for r0 := 0; r0 < len(ref); r0 += hd {
+		row := ref[r0:min(r0+hd, len(ref))]
+		ss = 0
+		for _, v := range row {
+			ss += v * v
+		}
+		rms := math.Sqrt(ss/float64(len(row))) + 1e-30
+		for i, want := range row {
+			g := got[r0+i]
+			e := math.Abs(float64(g)-want) / (math.Abs(want) + rms)
+			if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) || !(e <= limit) {
+				if bad < 5 {
+					t.Errorf("%s: [%d] = %v, want %v (error %.3g against its row, limit %.3g)", what, r0+i, g, want, e, limit)
+				}
+				bad++
+				if math.IsNaN(e) {
+					e = math.Inf(1)
+				}
+			}
+			worst = max(worst, e)
+			whole = max(whole, math.Abs(float64(g)-want)/(math.Abs(want)+rmsAll))
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%s: %d of %d values wrong", what, bad, len(got))
+	}
+	t.Logf("%s: worst error against the row %.3g, against the whole output %.3g", what, worst, whole)
+	return worst
 }
 
 // l2rel is ‖got−ref‖/‖ref‖.
@@ -222,7 +269,7 @@ func TestPrefillAttention(t *testing.T) {
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
 			got := runAttn(t, act, st, false)
-			e := compare(t, "prefill "+c.String(), got, ref, mmaTol(act))
+			e := compareRows(t, "prefill "+c.String(), got, ref, c.hd, mmaTol(act))
 			l2 := l2rel(got, ref)
 			if l2 > tol(act)/2 {
 				t.Errorf("prefill %v: relative L2 error %.3g, limit %.3g", c, l2, tol(act)/2)
@@ -251,7 +298,7 @@ func TestPrefillAttention(t *testing.T) {
 func checkMMA(t *testing.T, act cu.DType, st *attnSetup, ref []float64, c attnCfg, variant string) {
 	t.Helper()
 	got := runAttnVariant(t, act, st, false, variant)
-	e := compare(t, "prefill "+variant+" "+c.String(), got, ref, mmaTol(act))
+	e := compareRows(t, "prefill "+variant+" "+c.String(), got, ref, c.hd, mmaTol(act))
 	l2 := l2rel(got, ref)
 	if l2 > tol(act)/2 {
 		t.Errorf("prefill %s %v: relative L2 error %.3g, limit %.3g", variant, c, l2, tol(act)/2)

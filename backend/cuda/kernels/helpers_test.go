@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -65,9 +67,17 @@ func must(t testing.TB, err error) {
 	}
 }
 
-// newRNG returns a fresh random source and logs its seed on failure.
+// newRNG returns a fresh random source and logs its seed on failure;
+// KILN_TEST_SEED (a number, e.g. the 0x… a failure logged) replays one.
 func newRNG(t testing.TB) *rand.Rand {
 	seed := rand.Uint64()
+	if s := os.Getenv("KILN_TEST_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 0, 64)
+		if err != nil {
+			t.Fatalf("KILN_TEST_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("seed %#x", seed)

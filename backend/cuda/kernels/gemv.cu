@@ -30,8 +30,9 @@
 // (checked by the Go wrapper); K need not be a multiple of a group of loads
 // (tail loops). LM is the weight load flavour: 0 plain ld.global.nc, 1 +
 // L1::no_allocate (every weight byte is read once), 2 + L2::256B prefetch.
-// The module holds the kernels gemv.go uses (GEMV_CC, and gemv_mma_4_8_2
-// for f16/bf16); -DGEMV_SWEEP=1 adds the others that the benchmark compares.
+// The module holds the kernels gemv.go uses (GEMV_CC and their epilogue
+// variants GEMV_EPI, and gemv_mma_4_8_2 with its GEMV_MMA_EPI for
+// f16/bf16); -DGEMV_SWEEP=1 adds the others that the benchmark compares.
 
 struct bf16 { unsigned short x; };
 struct f16 { unsigned short x; };

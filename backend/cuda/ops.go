@@ -55,10 +55,9 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
-			var err error
-			switch {
-			case l.useGEMV(x, mm) && nd.epilogue != nil && bias == nil:
-				err = l.gemvEpilogue(x, nd.epilogue, mm)
+			gemv := l.useGEMV(x, mm)
+			if gemv && nd.epilogue != nil && bias == nil {
+				err := l.gemvEpilogue(x, nd.epilogue, mm)
 				if err == nil {
 					x.done = nd.epilogue
 					l.b.stats.Epilogues++
@@ -69,8 +68,10 @@ func (l *loaded) choose(nd *node) error {
 				}
 				// A shape the epilogue does not take: the plain product,
 				// then the reader's own kernel.
-				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
-			case l.useGEMV(x, mm):
+			}
+			var err error
+			switch {
+			case gemv:
 				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
 			case epilogue:
 				mm.Bias = bias.p

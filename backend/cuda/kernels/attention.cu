@@ -551,6 +551,17 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	}
 }
 
+// DECODE_ATTN defines decode kernel NAME: split plans (CL false) or
+// cluster plans (CL true).
+#define DECODE_ATTN(NAME, HD, CL)                                                                                    \
+	extern "C" __global__ void __launch_bounds__(DC_THREADS)                                                          \
+	    NAME(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,       \
+	         const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt,    \
+	         int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {                      \
+		decode_impl<HD, CL>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh,     \
+		                    bt, heads, kvHeads, bs, window, scale, chunk, maxSplits);                                  \
+	}
+
 #define ATTN_KERNELS(HD)                                                                                             \
 	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
 	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
@@ -559,20 +570,8 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 		prefill_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, \
 		                 window, scale);                                                                               \
 	}                                                                                                                  \
-	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_##HD(                                        \
-	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
-	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt,         \
-	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {                           \
-		decode_impl<HD, false>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh,  \
-		                       bt, heads, kvHeads, bs, window, scale, chunk, maxSplits);                               \
-	}                                                                                                                  \
-	extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attn_cl_##HD(                                     \
-	    const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,            \
-	    const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt,         \
-	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {                           \
-		decode_impl<HD, true>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh,   \
-		                      bt, heads, kvHeads, bs, window, scale, chunk, maxSplits);                                \
-	}
+	DECODE_ATTN(decode_attn_##HD, HD, false)                                                                         \
+	DECODE_ATTN(decode_attn_cl_##HD, HD, true)
 
 ATTN_KERNELS(8)
 ATTN_KERNELS(16)

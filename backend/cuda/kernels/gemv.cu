@@ -124,10 +124,8 @@ __device__ __forceinline__ float rnd(float v) { return rnd(v, (const T*)0); }
 // kernel lets the next one launch after its products rather than at its
 // start. The SwiGLU epilogue's reader is the down projection's GEMV, whose
 // blocks, launched early, would fill the first multiprocessors to free up
-// rather than spread over all of them (H200, batch-1 decode, 2026-11-23:
-// the SwiGLU epilogue with the early launch gave no gain over none,
-// 232.7–234.2 against 234.1–234.7 tokens/s; launched late, 0.5% over the
-// RoPE epilogue alone, docs/PERF.md).
+// rather than spread over all of them: with the early launch the SwiGLU
+// epilogue gained nothing (the measurements are in docs/PERF.md).
 
 // OutStore: out[t·N + n] = sum (of ACT, or f32 when outF32); one row an output.
 struct OutStore {
@@ -146,8 +144,6 @@ struct OutStore {
 	}
 };
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
-
 // SwiGLUOut: w is the stacked [gate; up] weight (2F rows); output j of
 // token t is out[t·F + j] = SiLU(gate_j)·up_j, from rows j and F + j.
 struct SwiGLUOut {
@@ -163,12 +159,6 @@ struct SwiGLUOut {
 		store(out + (long long)t * F + j, silu_f(rnd(g)) * rnd(u));
 	}
 };
-
-// rot1, rot2: the rotated pair (x1·c − x2·s, x2·c + x1·s), with the
-// multiply-adds written out so that every RoPE kernel (kernels.cu, and
-// gemv.cu's RoPE epilogue) rounds alike.
-__device__ __forceinline__ float rot1(float x1, float x2, float c, float s) { return fmaf(x1, c, -(x2 * s)); }
-__device__ __forceinline__ float rot2(float x1, float x2, float c, float s) { return fmaf(x2, c, x1 * s); }
 
 // RoPEOut: w is the stacked [q; k; v] weight ((heads + 2·kvHeads)·hd
 // rows); each output is one rotated pair (a, b) of a head: rows (i,

@@ -15,7 +15,11 @@ import (
 // the time is the streaming of the weights.
 
 //go:embed gemv.cu
-var gemvSource string
+var gemvFile string
+
+// gemvSource is the module's NVRTC source: the functions shared with
+// kernels.cu (shared.cu), then gemv.cu.
+var gemvSource = shared + "\n" + gemvFile
 
 // GEMVSource is the CUDA C source of the skinny matrix product.
 func GEMVSource() string { return gemvSource }

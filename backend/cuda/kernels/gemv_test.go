@@ -126,14 +126,21 @@ func gemvCase(tb testing.TB, g *GEMV, c gemvCfg, x, w cu.Ptr, k, n int, outF32 b
 	must(tb, d.Download(raw, out))
 	what := fmt.Sprintf("gemv %s T=%d k=%d n=%d outF32=%v", c.name(), rows, k, n, outF32)
 	worst := compare(tb, what, decode(odt, raw[:rows*n*odt.Size()]), ref[:rows*n], gemvTol(g.Act, outF32))
-	pw := poisonWord(odt)
-	for i := rows * n * odt.Size(); i < len(raw); i++ {
+	checkPoisonTail(tb, what, raw, rows*n*odt.Size(), odt)
+	return worst
+}
+
+// checkPoisonTail reports a byte of raw (a download of a buffer poisoned
+// for dtype dt) past the first n that no longer holds the poison.
+func checkPoisonTail(tb testing.TB, what string, raw []byte, n int, dt cu.DType) {
+	tb.Helper()
+	pw := poisonWord(dt)
+	for i := n; i < len(raw); i++ {
 		if raw[i] != byte(pw>>(8*(i%4))) {
-			tb.Errorf("%s: byte %d after the output overwritten", what, i-rows*n*odt.Size())
-			break
+			tb.Errorf("%s: byte %d after the output overwritten", what, i-n)
+			return
 		}
 	}
-	return worst
 }
 
 // gemvTol is the accepted error: that of the output dtype; for f16/bf16

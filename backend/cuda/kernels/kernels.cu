@@ -290,8 +290,6 @@ WEIGHT_KERNELS(bf16)
 
 #define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
-
 extern "C" __global__ void add(const T* a, const T* b, T* out, long long n) {
 	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) + tof(b[i]));
@@ -350,12 +348,6 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv
 }
 
 // ---------------------------------------------------------------- rope, kv write
-
-// rot1, rot2: the rotated pair (x1·c − x2·s, x2·c + x1·s), with the
-// multiply-adds written out so that every RoPE kernel (kernels.cu, and
-// gemv.cu's RoPE epilogue) rounds alike.
-__device__ __forceinline__ float rot1(float x1, float x2, float c, float s) { return fmaf(x1, c, -(x2 * s)); }
-__device__ __forceinline__ float rot2(float x1, float x2, float c, float s) { return fmaf(x2, c, x1 * s); }
 
 // rotate_pair rotates the pair (a, b) of head vector v (of x) by the table row of p.
 __device__ __forceinline__ void rope_pair(int i, int half, int interleaved, int* a, int* b) {

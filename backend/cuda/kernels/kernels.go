@@ -18,15 +18,18 @@ import (
 )
 
 var (
+	//go:embed shared.cu
+	shared string
 	//go:embed kernels.cu
 	common string
 	//go:embed attention.cu
 	attention string
 	//go:embed prefill_mma.cu
 	prefillMMA string
-	// source is the one NVRTC source: the common and elementwise kernels,
-	// then attention, then the tensor-core prefill.
-	source = common + "\n" + attention + "\n" + prefillMMA
+	// source is the one NVRTC source: the functions shared with gemv.cu,
+	// the common and elementwise kernels, then attention, then the
+	// tensor-core prefill.
+	source = shared + "\n" + common + "\n" + attention + "\n" + prefillMMA
 )
 
 // Source is the CUDA C source of the kernels.

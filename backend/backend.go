@@ -132,6 +132,9 @@ type HistoryEntry struct {
 	ID    int32
 	Count int32 // times generated (frequency and presence penalties)
 	Seen  bool  // in the prompt or the output (repetition penalty)
+	// Banned makes the token's logit -inf (a stop token before the
+	// request's min_tokens).
+	Banned bool
 }
 
 // SamplingExecutable is an Executable that can also choose each logit row's

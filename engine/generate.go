@@ -52,7 +52,7 @@ func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool
 			return res, err
 		}
 		id := ids[0]
-		if !p.IgnoreStop && slices.Contains(p.StopTokens, id) {
+		if !p.IgnoreStop && res.GeneratedTokens >= p.MinTokens && slices.Contains(p.StopTokens, id) {
 			res.FinishReason = FinishStop
 			return res, nil
 		}

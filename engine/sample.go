@@ -30,6 +30,10 @@ type SamplingParams struct {
 	StopStrings       []string
 	// IgnoreStop keeps generating through stop tokens.
 	IgnoreStop bool
+	// MinTokens is the fewest tokens generated before a stop token or a
+	// stop string may end generation (vLLM's min_tokens): until then the
+	// stop tokens' logits are -inf, so they are never chosen.
+	MinTokens int
 }
 
 // Validate rejects out-of-range parameters.
@@ -51,6 +55,10 @@ func (p *SamplingParams) Validate() error {
 		return fmt.Errorf("presence penalty %g must be in [-2, 2]", p.PresencePenalty)
 	case p.MaxTokens < 0:
 		return fmt.Errorf("max tokens %d must be >= 0", p.MaxTokens)
+	case p.MinTokens < 0:
+		return fmt.Errorf("min tokens %d must be >= 0", p.MinTokens)
+	case p.MaxTokens > 0 && p.MinTokens > p.MaxTokens:
+		return fmt.Errorf("min tokens %d exceeds max tokens %d", p.MinTokens, p.MaxTokens)
 	}
 	return nil
 }
@@ -68,6 +76,10 @@ type Sampler struct {
 	// counts, for a device sampler's penalties; histIdx[id]-1 indexes it.
 	hist    []backend.HistoryEntry
 	histIdx []int32
+	// generated counts accepted tokens (for MinTokens); banned is the
+	// device history while stop tokens are banned, rebuilt per choice.
+	generated int
+	banned    []backend.HistoryEntry
 }
 
 type candidate struct {
@@ -102,11 +114,61 @@ func (p *SamplingParams) penalized() bool {
 
 // Accept records a generated token.
 func (s *Sampler) Accept(id int) {
+	s.generated++
 	if s.seen != nil && id >= 0 && id < len(s.seen) {
 		s.seen[id] = true
 		s.outCount[id]++
 		s.entry(id).Count++
 	}
+}
+
+// Banning reports whether the stop tokens are banned from the next choice:
+// fewer than MinTokens tokens were generated (and stop tokens stop).
+func (s *Sampler) Banning() bool {
+	return !s.p.IgnoreStop && s.generated < s.p.MinTokens && len(s.p.StopTokens) > 0
+}
+
+// ban sets the stop tokens' logits to -inf while Banning.
+func (s *Sampler) ban(l []float32) {
+	if !s.Banning() {
+		return
+	}
+	for _, id := range s.p.StopTokens {
+		if id >= 0 && id < len(l) {
+			l[id] = float32(math.Inf(-1))
+		}
+	}
+}
+
+// deviceHistory is the history a device sampler applies: the penalties'
+// entries, with the stop tokens marked Banned (added when absent) while
+// Banning.
+func (s *Sampler) deviceHistory() []backend.HistoryEntry {
+	var h []backend.HistoryEntry
+	if s.p.penalized() {
+		h = s.hist
+	}
+	if !s.Banning() {
+		return h
+	}
+	s.banned = append(s.banned[:0], h...)
+	for _, id := range s.p.StopTokens {
+		if id < 0 || id > math.MaxInt32 {
+			continue
+		}
+		at := -1
+		if s.histIdx != nil && id < len(s.histIdx) {
+			at = int(s.histIdx[id]) - 1
+		} else {
+			at = slices.IndexFunc(s.banned, func(e backend.HistoryEntry) bool { return e.ID == int32(id) })
+		}
+		if at >= 0 {
+			s.banned[at].Banned = true
+		} else {
+			s.banned = append(s.banned, backend.HistoryEntry{ID: int32(id), Banned: true})
+		}
+	}
+	return s.banned
 }
 
 // entry returns id's history entry, adding it when new.
@@ -128,9 +190,7 @@ func (s *Sampler) deviceParams() backend.SampleParams {
 	if s.p.Temperature != 0 {
 		p.U = s.rng.Float64()
 	}
-	if s.p.penalized() {
-		p.History = s.hist
-	}
+	p.History = s.deviceHistory()
 	return p
 }
 
@@ -143,6 +203,7 @@ func (s *Sampler) Sample(row []float32) int {
 	l := s.logits[:len(row)]
 	copy(l, row)
 	s.penalize(l)
+	s.ban(l)
 	if s.p.Temperature == 0 {
 		return Argmax(l)
 	}

@@ -106,10 +106,44 @@ func TestPenalties(t *testing.T) {
 	}
 }
 
+// TestMinTokens checks that stop tokens are banned until MinTokens tokens
+// were accepted, on the host (Sample) and in the device sampler's history
+// (Banned entries, merged with the penalties' entries), and free after.
+func TestMinTokens(t *testing.T) {
+	for _, rep := range []float64{1, 1.3} {
+		p := SamplingParams{MinTokens: 2, StopTokens: []int{0, 3}, RepetitionPenalty: rep}
+		s := NewSampler(p, 4, []int{3, 1})
+		row := []float32{5, 1, 2, 4} // the stop tokens 0 and 3 lead
+		for step := 0; step < 3; step++ {
+			got := s.Sample(row)
+			banned := map[int32]bool{}
+			for _, e := range s.deviceParams().History {
+				if e.Banned {
+					banned[e.ID] = true
+				}
+			}
+			if step < 2 {
+				if got != 2 || !s.Banning() || !banned[0] || !banned[3] || len(banned) != 2 {
+					t.Errorf("rep %g step %d: chose %d, banned %v, want 2 with 0 and 3 banned", rep, step, got, banned)
+				}
+			} else if got != 0 || s.Banning() || len(banned) != 0 {
+				t.Errorf("rep %g step %d: chose %d, banned %v, want 0 and nothing banned", rep, step, got, banned)
+			}
+			s.Accept(got)
+		}
+	}
+	// With ignore_eos nothing is banned.
+	s := NewSampler(SamplingParams{MinTokens: 5, StopTokens: []int{0}, IgnoreStop: true}, 2, nil)
+	if s.Banning() || s.Sample([]float32{1, 0}) != 0 {
+		t.Error("min tokens banned a stop token under IgnoreStop")
+	}
+}
+
 func TestSamplingParamsValidate(t *testing.T) {
 	bad := []SamplingParams{
 		{Temperature: -1}, {Temperature: math.NaN()}, {TopK: -1}, {TopP: 1.5}, {MinP: -0.1},
 		{RepetitionPenalty: -1}, {FrequencyPenalty: 3}, {PresencePenalty: -2.5}, {MaxTokens: -1},
+		{MinTokens: -1}, {MaxTokens: 3, MinTokens: 4},
 	}
 	for _, p := range bad {
 		if p.Validate() == nil {

@@ -56,6 +56,18 @@ func (s *StopStrings) Add(text string) (string, bool) {
 	return out, false
 }
 
+// Pass takes the next piece of text without looking for stop strings in it
+// (text generated before a request's min_tokens) and returns it with any
+// text held back before it.
+func (s *StopStrings) Pass(text string) string {
+	if s.stopped {
+		return ""
+	}
+	out := s.pending + text
+	s.pending = ""
+	return out
+}
+
 // Flush returns the held-back text once generation ends for another reason.
 func (s *StopStrings) Flush() string {
 	out := s.pending

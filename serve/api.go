@@ -65,6 +65,7 @@ type samplingFields struct {
 	Priority            *int            `json:"priority"`
 	Timeout             *float64        `json:"timeout"`    // seconds the request may wait before it starts
 	IgnoreEOS           bool            `json:"ignore_eos"` // vLLM's: generate through end-of-sequence tokens
+	MinTokens           *int            `json:"min_tokens"` // vLLM's: no stop token or stop string ends generation before this many
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -222,6 +223,12 @@ func (f *samplingFields) params(defaultMax int) (engine.SamplingParams, []string
 		p.Seed = uint64(*f.Seed)
 	}
 	p.IgnoreStop = f.IgnoreEOS
+	if f.MinTokens != nil {
+		if *f.MinTokens < 0 || *f.MinTokens > max {
+			return p, nil, 0, badRequest("min_tokens", "min_tokens must be between 0 and max_tokens (%d), got %d", max, *f.MinTokens)
+		}
+		p.MinTokens = *f.MinTokens
+	}
 	stops, err := stopStrings(f.Stop)
 	if err != nil {
 		return p, nil, 0, err

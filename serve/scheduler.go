@@ -400,7 +400,7 @@ func (s *Scheduler) count(prompt, gen int) {
 // log-probabilities): a stop token or a limit ends r.
 func (s *Scheduler) emit(r *Request, id int, row []float32) {
 	p := &r.Params
-	if !p.IgnoreStop && slices.Contains(p.StopTokens, id) {
+	if !p.IgnoreStop && r.generated >= p.MinTokens && slices.Contains(p.StopTokens, id) {
 		s.remove(r)
 		s.finish(r, engine.FinishStop, nil)
 		return

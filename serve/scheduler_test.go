@@ -289,3 +289,24 @@ func TestGroupForks(t *testing.T) {
 		t.Errorf("%d copies on write (want 2), %d of %d blocks free", e.Copies(), st.FreeBlocks, st.TotalBlocks)
 	}
 }
+
+// TestSchedulerMinTokens: a stop token is never chosen before min_tokens
+// (its logit is -inf), and ends the request after.
+func TestSchedulerMinTokens(t *testing.T) {
+	e := stories(t, 4, 0)
+	s := runScheduler(t, e, Config{MaxNumSeqs: 4, MaxNumBatchedTokens: 64})
+	prompt := prompts(1)[0]
+	free := alone(t, e, [][]int{prompt}, 20)[0]
+	stop := free[2] // greedy would stop at the third token
+	r := &Request{Prompt: prompt, Params: engine.SamplingParams{MaxTokens: 20, MinTokens: 10, StopTokens: []int{stop}}}
+	if err := s.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	ids, ev := collect(t, r)
+	if ev.Err != nil || len(ids) < 10 || slices.Contains(ids[:10], stop) {
+		t.Fatalf("min_tokens 10, stop token %d: %v (%s, %v)", stop, ids, ev.Finish, ev.Err)
+	}
+	if i := slices.Index(ids, stop); i >= 0 {
+		t.Errorf("stop token %d emitted at %d: %v", stop, i, ids)
+	}
+}

@@ -405,7 +405,11 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			}
 			c.prev = ev.Token
 			var hit bool
-			piece, hit = c.stop.Add(c.dec.Add(ev.Token))
+			if c.gen < p.MinTokens {
+				piece = c.stop.Pass(c.dec.Add(ev.Token)) // no stop string before min_tokens
+			} else {
+				piece, hit = c.stop.Add(c.dec.Add(ev.Token))
+			}
 			if hit {
 				c.stopped, c.finish = true, engine.FinishStop
 				c.cancel() // the scheduler frees its blocks at the next step

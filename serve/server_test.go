@@ -224,6 +224,8 @@ func TestErrors(t *testing.T) {
 		{"/v1/completions", `{"model": "stories", "prompt": "x", "logprobs": 99}`, 400, "logprobs"},
 		{"/v1/chat/completions", `{"model": "stories", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}`, 400, "top_logprobs"},
 		{"/v1/completions", `{"model": "stories", "prompt": "x", "stop": 5}`, 400, "stop"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "max_tokens": 5, "min_tokens": 6}`, 400, "min_tokens"},
+		{"/v1/completions", `{"model": "stories", "prompt": "x", "min_tokens": -1}`, 400, "min_tokens"},
 		{"/v1/chat/completions", `{"model": "stories", "messages": []}`, 400, "messages"},
 		{"/v1/chat/completions", `{"model": "stories", "messages": [{"role": "wizard", "content": "x"}]}`, 400, "messages[0].role"},
 		{"/v1/completions", `{"model": "stories", "prompt": "` + strings.Repeat("x", 2<<20) + `"}`, 413, ""},
@@ -559,5 +561,29 @@ func TestN(t *testing.T) {
 	prompt := int(body["usage"].(map[string]any)["prompt_tokens"].(float64))
 	if got := s.Stats().PromptTokens - before; got != uint64(prompt+2) {
 		t.Errorf("%d prompt tokens computed for n=3, want %d (once, and the last token by each fork)", got, prompt+2)
+	}
+}
+
+// TestMinTokens: min_tokens keeps a stop string from ending a greedy
+// completion before that many tokens, as vLLM does (stop tokens:
+// TestSchedulerMinTokens).
+func TestMinTokens(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	complete := func(body string) (string, string, int) {
+		t.Helper()
+		status, _, b := post(t, url, "/v1/completions", body)
+		if status != 200 {
+			t.Fatalf("%s: status %d %v", body, status, b)
+		}
+		c := b["choices"].([]any)[0].(map[string]any)
+		return c["text"].(string), c["finish_reason"].(string), int(b["usage"].(map[string]any)["completion_tokens"].(float64))
+	}
+	text, fin, k := complete(`{"prompt": "Once upon a time", "max_tokens": 100, "temperature": 0, "stop": ["."]}`)
+	if fin != "stop" || strings.Contains(text, ".") {
+		t.Fatalf("stop string: %q (%s)", text, fin)
+	}
+	text, _, j := complete(`{"prompt": "Once upon a time", "max_tokens": 100, "temperature": 0, "stop": ["."], "min_tokens": ` + strconv.Itoa(k+8) + `}`)
+	if j < k+8 || !strings.Contains(text, ".") {
+		t.Errorf("stop string under min_tokens %d: %d tokens, %q", k+8, j, text)
 	}
 }

@@ -261,7 +261,7 @@ func (e *executable) RunSample(b *backend.Batch, kv backend.KVCache, params []ba
 			e.sp = append(e.sp, kernels.SampleParams{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, MinP: p.MinP,
 				RepetitionPenalty: p.RepetitionPenalty, FrequencyPenalty: p.FrequencyPenalty, PresencePenalty: p.PresencePenalty, U: p.U})
 			for _, h := range p.History {
-				e.entries = append(e.entries, kernels.HistoryEntry{ID: h.ID, Count: h.Count, Seen: h.Seen})
+				e.entries = append(e.entries, kernels.HistoryEntry{ID: h.ID, Count: h.Count, Seen: h.Seen, Banned: h.Banned})
 			}
 		}
 		at := 0

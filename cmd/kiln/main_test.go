@@ -127,6 +127,41 @@ func TestRunGreedyJSON(t *testing.T) {
 	}
 }
 
+// TestRunIDsWithoutTokenizer checks that a model without a tokenizer runs
+// from --ids and prints ids: JSON with an empty text, or the ids on the
+// terminal.
+func TestRunIDsWithoutTokenizer(t *testing.T) {
+	bin, _ := stories(t) // llama2.c: no tokenizer inside
+	out, stderr, code := kiln(t, "run", bin, "--ids", "1,403", "--temperature", "0", "--max-tokens", "6", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res struct {
+		IDs  []int  `json:"ids"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	if len(res.IDs) != 6 || res.Text != "" {
+		t.Errorf("got %d ids and text %q, want 6 ids and no text", len(res.IDs), res.Text)
+	}
+	plain, stderr, code := kiln(t, "run", bin, "--ids", "1,403", "--temperature", "0", "--max-tokens", "6")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var want []string
+	for _, id := range res.IDs {
+		want = append(want, strconv.Itoa(id))
+	}
+	if strings.TrimSpace(plain) != strings.Join(want, " ") {
+		t.Errorf("plain output %q, want the ids %q", plain, strings.Join(want, " "))
+	}
+	if _, stderr, code := kiln(t, "run", bin, "--ids", "1", "--stop", "x"); code == 0 || !strings.Contains(stderr, "tokenizer") {
+		t.Errorf("--stop without a tokenizer: exit %d, stderr %q", code, stderr)
+	}
+}
+
 func TestTokenizeDetokenize(t *testing.T) {
 	_, tok := stories(t)
 	out, stderr, code := kiln(t, "tokenize", "--tokenizer", tok, "--text", "Once upon a time")

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 
 	"kiln/engine"
+	"kiln/model"
+	"kiln/tokenizer"
 )
 
 func cmdRun(args []string) error {
@@ -42,17 +45,21 @@ func cmdRun(args []string) error {
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
 	}
-	m, tok, err := openModelOrDemo(pos, ef.tokenizer)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
 	var ids []int
 	if *idsFlag != "" {
 		if ids, err = parseIDs(*idsFlag); err != nil {
 			return err
 		}
-	} else {
+	}
+	m, tok, err := openRunModel(pos, ef.tokenizer, ids != nil)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if tok == nil && len(stops) > 0 {
+		return fmt.Errorf("--stop needs a tokenizer (give --tokenizer)")
+	}
+	if ids == nil {
 		ids = tok.Encode(*prompt, true)
 		if len(ids) == 0 && tok.BOS() >= 0 {
 			ids = []int{tok.BOS()}
@@ -81,11 +88,6 @@ func cmdRun(args []string) error {
 
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
-	dec := tok.NewDecoder()
-	for _, id := range ids {
-		dec.Add(id) // prime the decoder with the prompt so spacing continues
-	}
-	stop := engine.NewStopStrings(stops)
 	var gen []int
 	var text []byte
 	show := func(s string) {
@@ -95,17 +97,40 @@ func cmdRun(args []string) error {
 			out.Flush()
 		}
 	}
-	_, err = e.Generate(ids, params, func(id int) bool {
-		gen = append(gen, id)
-		piece, stopped := stop.Add(dec.Add(id))
-		show(piece)
-		return !stopped
-	})
+	if tok == nil {
+		// No tokenizer: the ids are the output (space-separated on the
+		// terminal, the JSON's text empty).
+		_, err = e.Generate(ids, params, func(id int) bool {
+			if !*asJSON {
+				if len(gen) > 0 {
+					out.WriteString(" ")
+				}
+				out.WriteString(strconv.Itoa(id))
+				out.Flush()
+			}
+			gen = append(gen, id)
+			return true
+		})
+	} else {
+		dec := tok.NewDecoder()
+		for _, id := range ids {
+			dec.Add(id) // prime the decoder with the prompt so spacing continues
+		}
+		stop := engine.NewStopStrings(stops)
+		_, err = e.Generate(ids, params, func(id int) bool {
+			gen = append(gen, id)
+			piece, stopped := stop.Add(dec.Add(id))
+			show(piece)
+			return !stopped
+		})
+		if err == nil {
+			piece, _ := stop.Add(dec.Flush())
+			show(piece + stop.Flush())
+		}
+	}
 	if err != nil {
 		return err
 	}
-	piece, _ := stop.Add(dec.Flush())
-	show(piece + stop.Flush())
 	if *asJSON {
 		if gen == nil {
 			gen = []int{}
@@ -117,6 +142,25 @@ func cmdRun(args []string) error {
 	}
 	out.WriteString("\n")
 	return nil
+}
+
+// openRunModel opens run's model and its tokenizer. With prompt ids given
+// (haveIDs) and no --tokenizer, a model that carries no tokenizer runs
+// without one: tok is nil and the output is ids.
+func openRunModel(args []string, tokenizerFlag string, haveIDs bool) (*model.Model, *tokenizer.Tokenizer, error) {
+	if !haveIDs || len(args) == 0 || tokenizerFlag != "" {
+		return openModelOrDemo(args, tokenizerFlag)
+	}
+	m, err := openModel(args[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := openTokenizer("", m)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kiln: no tokenizer (%v): printing token ids\n", err)
+		return m, nil, nil
+	}
+	return m, tok, nil
 }
 
 type stringList []string

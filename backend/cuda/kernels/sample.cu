@@ -712,10 +712,14 @@ sample_rows(const float* logits, int V, const RowParams* params, const int* hist
 		__syncthreads();
 		const int* h = hist + 3LL * P.hist_off;
 		for (int e = threadIdx.x; e < P.hist_len; e += NT) {
-			int id = h[3 * e], n = h[3 * e + 1], seen = h[3 * e + 2];
+			int id = h[3 * e], n = h[3 * e + 1], seen = h[3 * e + 2]; // seen: 1 seen, 2 banned
 			if (id < 0 || id >= V) continue;
+			if (seen & 2) {
+				X[id] = __int_as_float(0xff800000); // -inf
+				continue;
+			}
 			float l = L[id];
-			if (P.rep != 0.f && P.rep != 1.f && seen) l = l > 0.f ? __fdiv_rn(l, P.rep) : __fmul_rn(l, P.rep);
+			if (P.rep != 0.f && P.rep != 1.f && (seen & 1)) l = l > 0.f ? __fdiv_rn(l, P.rep) : __fmul_rn(l, P.rep);
 			if (n > 0) l = __fsub_rn(l, __fadd_rn(__fmul_rn(P.freq, (float)n), P.pres));
 			X[id] = __fmul_rn(l, inv);
 		}

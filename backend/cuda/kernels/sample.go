@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"kiln/backend/cuda/cu"
 )
@@ -51,6 +52,9 @@ type HistoryEntry struct {
 	ID    int32
 	Count int32 // times generated (frequency and presence penalties)
 	Seen  bool  // in the prompt or the output (repetition penalty)
+	// Banned makes the token's logit -inf, whatever the penalties (a stop
+	// token before the request's min_tokens).
+	Banned bool
 }
 
 // Sampler is the compiled sampling kernel and its buffers: scratch of one
@@ -201,7 +205,8 @@ func encodeSample(buf []byte, rows, vocab int, params []SampleParams, history []
 			h = history[r]
 		}
 		off, n := entries, 0
-		if !((rep == 0 || rep == 1) && freq == 0 && pres == 0) && len(h) > 0 {
+		penalized := !((rep == 0 || rep == 1) && freq == 0 && pres == 0)
+		if (penalized || slices.ContainsFunc(h, func(e HistoryEntry) bool { return e.Banned })) && len(h) > 0 {
 			flags |= samplePenalty
 			penalty = true
 			for _, e := range h {
@@ -214,9 +219,12 @@ func encodeSample(buf []byte, rows, vocab int, params []SampleParams, history []
 					return buf, false, fmt.Errorf("kernels: sample row %d: token %d twice in the history", r, e.ID)
 				}
 				mark[e.ID/64] |= 1 << (e.ID % 64)
-				seen := int32(0)
+				seen := int32(0) // flags: 1 seen, 2 banned
 				if e.Seen {
-					seen = 1
+					seen |= 1
+				}
+				if e.Banned {
+					seen |= 2
 				}
 				hist = le.AppendUint32(hist, uint32(e.ID))
 				hist = le.AppendUint32(hist, uint32(e.Count))

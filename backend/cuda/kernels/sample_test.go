@@ -59,8 +59,9 @@ type refResult struct {
 func refSample(row []float32, sp SampleParams, hist []HistoryEntry) refResult {
 	seen := make([]bool, len(row))
 	outCount := make([]int32, len(row))
+	banned := make([]bool, len(row))
 	for _, e := range hist {
-		seen[e.ID], outCount[e.ID] = e.Seen, e.Count
+		seen[e.ID], outCount[e.ID], banned[e.ID] = e.Seen, e.Count, e.Banned
 	}
 	l := slices.Clone(row)
 	// penalize
@@ -78,6 +79,11 @@ func refSample(row []float32, sp SampleParams, hist []HistoryEntry) refResult {
 			if n := outCount[i]; n > 0 {
 				l[i] -= float32(freq*float32(n)) + pres // the conversion forbids a fused multiply-add, as on amd64
 			}
+		}
+	}
+	for i, b := range banned {
+		if b {
+			l[i] = float32(math.Inf(-1))
 		}
 	}
 	if sp.Temperature == 0 {
@@ -274,6 +280,24 @@ func genSampleBatch(rng *rand.Rand, vocab, perSet int) *sampleBatch {
 					h = append(h, HistoryEntry{ID: int32(id), Count: cnt, Seen: cnt > 0 || rng.IntN(2) == 0})
 				}
 			}
+			// Stop tokens banned before min_tokens: on rows without -Inf or
+			// NaN, up to three of the row's largest logits (merged with
+			// the penalties' entries when there are some), so that a ban
+			// moves the choice.
+			if kind < 2 && nans == 0 && vocab > 4 && rng.IntN(3) == 0 {
+				top := make([]int, vocab)
+				for i := range top {
+					top[i] = i
+				}
+				slices.SortFunc(top, func(a, b int) int { return refByLogitDesc(refCand{int32(a), row[a]}, refCand{int32(b), row[b]}) })
+				for _, id := range top[:1+rng.IntN(3)] {
+					if at := slices.IndexFunc(h, func(e HistoryEntry) bool { return e.ID == int32(id) }); at >= 0 {
+						h[at].Banned = true
+					} else {
+						h = append(h, HistoryEntry{ID: int32(id), Banned: true})
+					}
+				}
+			}
 			b.logits = append(b.logits, row...)
 			b.params = append(b.params, p)
 			b.hist = append(b.hist, h)
@@ -431,8 +455,13 @@ func TestSampleRejects(t *testing.T) {
 			t.Fatalf("marks left set: %#x", mark[0])
 		}
 	}
+	// Penalties off but a token banned: the history is uploaded.
+	buf, pen, err := encodeSample(nil, 1, 7, []SampleParams{{Temperature: 1}}, [][]HistoryEntry{{{ID: 3, Banned: true}}}, mark)
+	if err != nil || !pen || len(buf) != sampleRowBytes+12 {
+		t.Errorf("a banned token: %d bytes, penalty %v, %v", len(buf), pen, err)
+	}
 	// Penalties off: the history is not uploaded.
-	buf, pen, err := encodeSample(nil, 1, 7, []SampleParams{{Temperature: 1, RepetitionPenalty: 1}}, [][]HistoryEntry{{{ID: 3, Count: 1}}}, mark)
+	buf, pen, err = encodeSample(nil, 1, 7, []SampleParams{{Temperature: 1, RepetitionPenalty: 1}}, [][]HistoryEntry{{{ID: 3, Count: 1}}}, mark)
 	if err != nil || pen || len(buf) != sampleRowBytes {
 		t.Errorf("penalties off: %d bytes, penalty %v, %v", len(buf), pen, err)
 	}

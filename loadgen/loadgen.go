@@ -282,8 +282,10 @@ func (g *gen) do(ctx context.Context, q request, planned time.Duration, start ti
 			Choices []struct {
 				Text  string `json:"text"`
 				Delta struct {
+					Role    string `json:"role"`
 					Content string `json:"content"`
 				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *struct {
 				PromptTokens     int `json:"prompt_tokens"`
@@ -300,11 +302,16 @@ func (g *gen) do(ctx context.Context, q request, planned time.Duration, start ti
 				r.InputTokens = ev.Usage.PromptTokens
 			}
 		}
-		text := false
+		// A chunk brings a token when it has text, or when it is neither
+		// the chat's opening role chunk nor a closing chunk that only
+		// carries the finish reason (servers stream a token whose text is
+		// not complete yet as an empty chunk).
+		token := false
 		for _, c := range ev.Choices {
-			text = text || c.Text != "" || c.Delta.Content != ""
+			text := c.Text != "" || c.Delta.Content != ""
+			token = token || text || (c.Delta.Role == "" && c.FinishReason == nil)
 		}
-		if !text {
+		if !token {
 			continue
 		}
 		now := time.Now()

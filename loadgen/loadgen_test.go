@@ -14,7 +14,9 @@ import (
 )
 
 // fakeServer streams tokens with known delays: the first after ttft, the
-// rest gap ± jitter apart. It records the true delays it produced.
+// rest gap ± jitter apart; every third token's chunk has no text (a token
+// whose text is held back), and a closing chunk carries only the finish
+// reason. It records the true delays it produced.
 type fakeServer struct {
 	ttft, gap, jitter time.Duration
 	tokens            int
@@ -43,12 +45,17 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		time.Sleep(d)
 		now := time.Now()
-		send(`{"choices":[{"index":0,"text":"b"}]}`)
+		if i%3 == 0 {
+			send(`{"choices":[{"index":0,"text":"","finish_reason":null}]}`)
+		} else {
+			send(`{"choices":[{"index":0,"text":"b"}]}`)
+		}
 		f.mu.Lock()
 		f.trueITL = append(f.trueITL, now.Sub(last))
 		f.mu.Unlock()
 		last = now
 	}
+	send(`{"choices":[{"index":0,"text":"","finish_reason":"length"}]}`)
 	send(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}`, f.tokens))
 	send("[DONE]")
 }

@@ -428,7 +428,11 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 			}
 		}
 		c.text.WriteString(piece)
-		if sse != nil && (piece != "" || c.done && c.err == nil) {
+		// Every generated token is streamed when its step ends, as vLLM
+		// does, even when it adds no text yet (part of a UTF-8 character,
+		// text held back for a stop string, a token without text): the
+		// client sees the model's pace, not bursts.
+		if sse != nil && (!ev.Done || c.done && c.err == nil) {
 			var fin *string
 			if c.done && c.err == nil {
 				fin = &c.finish

@@ -587,3 +587,74 @@ func TestMinTokens(t *testing.T) {
 		t.Errorf("stop string under min_tokens %d: %d tokens, %q", k+8, j, text)
 	}
 }
+
+// TestStreamEveryToken: each generated token is streamed as its own chunk
+// when its step ends, also when it adds no text yet (here, text held back
+// because it could begin the stop string "e z"), for completions and chat;
+// the stream's token chunks equal the usage's completion tokens, and the
+// joined text equals the non-streamed text.
+func TestStreamEveryToken(t *testing.T) {
+	url, _ := server(t, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64}, "")
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		body := `"max_tokens": 40, "temperature": 0, "stop": ["e z"]`
+		if path == "/v1/completions" {
+			body = `{"prompt": "Once upon a time", ` + body
+		} else {
+			body = `{"messages": [{"role": "user", "content": "Once upon a time"}], ` + body
+		}
+		status, _, whole := post(t, url, path, body+`}`)
+		if status != 200 {
+			t.Fatalf("%s: status %d %v", path, status, whole)
+		}
+		c := whole["choices"].([]any)[0].(map[string]any)
+		want := c["text"]
+		if want == nil {
+			want = c["message"].(map[string]any)["content"]
+		}
+		resp, err := http.Post(url+path, "application/json", strings.NewReader(body+`, "stream": true, "stream_options": {"include_usage": true}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var text strings.Builder
+		tokens, empty, usage := 0, 0, -1
+		for _, line := range strings.Split(string(data), "\n") {
+			line = strings.TrimPrefix(line, "data: ")
+			if !strings.HasPrefix(line, "{") {
+				continue
+			}
+			var ch struct {
+				Choices []struct {
+					Text  string
+					Delta struct{ Role, Content string }
+					// finish_reason is null in a token's chunk
+					FinishReason *string `json:"finish_reason"`
+				}
+				Usage *struct {
+					CompletionTokens int `json:"completion_tokens"`
+				}
+			}
+			if err := json.Unmarshal([]byte(line), &ch); err != nil {
+				t.Fatalf("%s: chunk %q: %v", path, line, err)
+			}
+			if ch.Usage != nil {
+				usage = ch.Usage.CompletionTokens
+			}
+			for _, c := range ch.Choices {
+				piece := c.Text + c.Delta.Content
+				text.WriteString(piece)
+				if c.FinishReason == nil && c.Delta.Role == "" {
+					tokens++
+					if piece == "" {
+						empty++
+					}
+				}
+			}
+		}
+		if text.String() != want || usage <= 0 || tokens != usage || empty == 0 {
+			t.Errorf("%s: %d token chunks (%d without text) for %d completion tokens, text %q, want %q and some held back",
+				path, tokens, empty, usage, text.String(), want)
+		}
+	}
+}

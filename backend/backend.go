@@ -8,6 +8,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 
 	"kiln/compile"
@@ -144,6 +145,20 @@ type SamplingExecutable interface {
 	// RunSample executes one step like Run and writes one token id per row
 	// of b.Rows into ids, chosen by params (one per row).
 	RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error
+}
+
+// ErrOutOfMemory marks an error caused by a failed device memory
+// allocation: a step that fails with it may succeed smaller, or after its
+// caller frees something, so the scheduler retries it rather than failing
+// its requests.
+var ErrOutOfMemory = errors.New("out of memory")
+
+// StepReserver is a Loaded that sets aside, before the KV cache is sized
+// from the memory left, the memory every step the engine can form will
+// need (for steps of up to maxSeqs sequences of up to context tokens, on
+// the given plans), so that no step allocates device memory afterwards.
+type StepReserver interface {
+	ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 }
 
 // MemoryReporter is a Loaded that can size its KV cache from the memory it

@@ -58,6 +58,18 @@ func (bs Buckets) For(tokens, rows int) (Bucket, error) {
 	return Bucket{Tokens: t, Rows: r}, nil
 }
 
+// All lists every bucket a step can fall in: each token count with each
+// row count up to it.
+func (bs Buckets) All() []Bucket {
+	var all []Bucket
+	for i, t := range bs {
+		for _, r := range bs[:i+1] {
+			all = append(all, Bucket{Tokens: t, Rows: r})
+		}
+	}
+	return all
+}
+
 func (bs Buckets) round(n int) int {
 	for _, b := range bs {
 		if b >= n {

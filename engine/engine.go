@@ -121,14 +121,10 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	case opts.KVBlocks > 0:
 		spec.Blocks = opts.KVBlocks
 	case opts.KVCacheFraction > 0 && reports:
-		// The largest step's activations first, then the cache from what is left.
-		bk, err := opts.Buckets.For(opts.Buckets.Max(), opts.Buckets.Max())
-		if err == nil {
-			var p *compile.Plan
-			if p, err = compiled.Plan(bk); err == nil {
-				execs[bk], err = loaded.Executable(p)
-			}
-		}
+		// What every step needs first (a backend that can reserve it for
+		// every bucket's plan does, else the largest step's executable is
+		// built), then the cache from what is left.
+		err := reserveSteps(loaded, compiled, opts.Buckets, opts.MaxSeqs, ctx, execs)
 		var free int64
 		if err == nil {
 			free, err = mem.FreeMemory()
@@ -165,6 +161,34 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		Seqs: make([]backend.Seq, 0, opts.MaxSeqs), Rows: make([]int32, 0, maxT),
 	}
 	return e, nil
+}
+
+// reserveSteps sets aside the backend memory of every step the buckets
+// allow, before the KV cache is sized from what is left: through
+// backend.StepReserver where the backend offers it, else by building the
+// largest bucket's executable (into execs).
+func reserveSteps(loaded backend.Loaded, c *compile.Compiled, buckets compile.Buckets, maxSeqs, ctx int, execs map[compile.Bucket]backend.Executable) error {
+	if r, ok := loaded.(backend.StepReserver); ok {
+		var plans []*compile.Plan
+		for _, bk := range buckets.All() {
+			p, err := c.Plan(bk)
+			if err != nil {
+				return err
+			}
+			plans = append(plans, p)
+		}
+		return r.ReserveSteps(plans, maxSeqs, ctx)
+	}
+	bk, err := buckets.For(buckets.Max(), buckets.Max())
+	if err != nil {
+		return err
+	}
+	p, err := c.Plan(bk)
+	if err != nil {
+		return err
+	}
+	execs[bk], err = loaded.Executable(p)
+	return err
 }
 
 // Close releases the backend's resources.

@@ -243,6 +243,16 @@ type loaded struct {
 	// the split kept (measured fastest, or PlanDecode's under
 	// Backend.FixedDecodePlan).
 	decodeChoice map[decodeKey]kernels.DecodePlan
+
+	// Step memory every executable shares (stepmem.go): the activation
+	// arena, and the decode attention workspace (wsCounters bytes of split
+	// counters, then partial results).
+	arena          cu.Ptr
+	arenaCap       int
+	ws             cu.Ptr
+	wsCap          int
+	wsCounters     int
+	execs          []*executable
 }
 
 // deviceTensor is a weight or constant on the device.
@@ -258,10 +268,21 @@ func (l *loaded) DType() cu.DType { return l.act }
 func (l *loaded) alloc(n int) (cu.Ptr, error) {
 	p, err := l.dev.Alloc(max(n, 256))
 	if err != nil {
-		return 0, err
+		return 0, oom(err)
 	}
 	l.allocs = append(l.allocs, p)
 	return p, nil
+}
+
+// free releases p, which alloc returned.
+func (l *loaded) free(p cu.Ptr) error {
+	for i, q := range l.allocs {
+		if q == p {
+			l.allocs = append(l.allocs[:i], l.allocs[i+1:]...)
+			return l.dev.Free(p)
+		}
+	}
+	return fmt.Errorf("cuda: free of %#x, which this model did not allocate", uint64(p))
 }
 
 func (l *loaded) Close() error {

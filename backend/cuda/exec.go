@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"time"
 	"unsafe"
 
@@ -101,15 +100,12 @@ type executable struct {
 	output operand
 	vocab  int // rows of the embedding table: token ids must be below it
 
-	// Per-step buffers: the packed batch (pinned and on the device) and the
-	// decode-attention workspace (split counters for the bucket's tokens,
-	// then partial results), grown on demand (dropping the graphs), and the
-	// logits' pinned copy.
+	// Per-step buffers: the packed batch (pinned and on the device), grown
+	// on demand (dropping the graphs), and the logits' pinned copy. The
+	// arena and the decode attention workspace are the model's (stepmem.go).
 	metaHost *cu.HostBuf
 	metaDev  cu.Ptr
 	metaCap  int
-	ws       cu.Ptr
-	wsCap    int
 	outHost  *cu.HostBuf
 
 	graphs    map[graphKey]*graphState
@@ -128,10 +124,10 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 	if logits.Def.Op != ir.MatMul && logits.Def.Op != ir.MatMulBias {
 		return nil, fmt.Errorf("cuda: the logits come from %v, want a matmul", logits.Def.Op)
 	}
-	arena, err := l.alloc(p.ArenaBytes)
-	if err != nil {
-		return nil, fmt.Errorf("cuda: activation arena of %d bytes: %w", p.ArenaBytes, err)
+	if err := l.growArena(p.ArenaBytes); err != nil {
+		return nil, err
 	}
+	arena := l.arena
 	e := &executable{l: l, plan: p, arena: arena, vocab: math.MaxInt32, graphs: map[graphKey]*graphState{}}
 	bind := func(v *ir.Value) (operand, error) {
 		o := operand{v: v, dtype: l.act, cols: v.Shape.Last()}
@@ -213,6 +209,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, err
 	}
 	l.hosts = append(l.hosts, e.outHost)
+	l.execs = append(l.execs, e)
 	if l.b.HostSampling {
 		return runOnly{e}, nil
 	}
@@ -299,7 +296,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 		}
 	}
 	d := e.l.dev
-	return d.Do(func() error {
+	err = d.Do(func() error {
 		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs)}
 		timing := e.l.b.Timing
 		if timing {
@@ -316,7 +313,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 		key := graphKey{copyLogits: sample == nil}
 		if x.decode {
 			pm := *m
-			pm.MaxPos = max(64, 1<<bits.Len(uint(m.MaxPos))) - 1
+			pm.MaxPos = contextBucket(m.MaxPos) - 1
 			x.planMeta = &pm
 			if err := e.decodeWorkspace(x); err != nil {
 				return err
@@ -351,6 +348,16 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 		}
 		return nil
 	})
+	if err = oom(err); errors.Is(err, backend.ErrOutOfMemory) {
+		// Give back what captured graphs hold, so that a retry (smaller,
+		// or after a preemption) may fit; they are captured again.
+		if serr := e.l.stream.Sync(); serr == nil {
+			for _, x := range e.l.execs {
+				x.dropGraphs()
+			}
+		}
+	}
+	return err
 }
 
 // launch queues the step: its nodes and the copy of the logits (n bytes) to
@@ -453,6 +460,12 @@ func (e *executable) upload(m *kernels.Meta, x *stepState) error {
 		// block tables covering the whole cache.
 		bk := e.plan.Bucket
 		want := max(2*n, 4*(8*bk.Tokens+bk.Rows+x.kv.spec.Blocks))
+		if e.metaDev != 0 {
+			if err := e.l.free(e.metaDev); err != nil {
+				return err
+			}
+			e.metaDev, e.metaCap = 0, 0
+		}
 		p, err := e.l.alloc(want)
 		if err != nil {
 			return err
@@ -481,29 +494,20 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
 		if !sameAttn(nd, last) {
-			need = max(need, kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs).WorkspaceBytes)
+			for _, c := range kernels.DecodePlans(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs, e.l.dev.Clusters()) {
+				need = max(need, c.WorkspaceBytes)
+			}
 			kvHeads = max(kvHeads, nd.n.Attrs.KVHeads)
 		}
 		last = nd
 	}
-	counters := (kernels.DecodeCounterBytes(e.plan.Bucket.Tokens, kvHeads) + 255) &^ 255
-	if counters+need > e.wsCap {
-		if err := e.l.stream.Sync(); err != nil {
-			return err
-		}
-		size := counters + 2*need
-		p, err := e.l.alloc(size)
-		if err != nil {
-			return err
-		}
-		// Zeroed once: the kernel leaves its split counters at zero.
-		if err := e.l.dev.Memset8(p, 0, size, e.l.stream); err != nil {
-			return err
-		}
-		e.ws, e.wsCap = p, size
-		e.dropGraphs()
+	// Shared by every executable (zeroed when allocated: the kernel leaves
+	// its split counters at zero); without ReserveSteps it grows here.
+	l := e.l
+	if err := l.growWorkspace(kernels.DecodeCounterBytes(e.plan.Bucket.Tokens, kvHeads), need); err != nil {
+		return err
 	}
-	x.counters, x.ws = e.ws, e.ws.Add(counters)
+	x.counters, x.ws = l.ws, l.ws.Add(l.wsCounters)
 	last = nil
 	for _, i := range e.attention {
 		nd := &e.nodes[i]

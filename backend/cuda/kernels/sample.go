@@ -262,6 +262,26 @@ func clearMarks(mark []uint64, h []HistoryEntry) {
 	}
 }
 
+// Reserve allocates the buffers for calls of up to rows rows of vocab ids
+// with penalties and up to entries history entries in all, so that such
+// calls allocate nothing.
+func (s *Sampler) Reserve(rows, vocab, entries int) error {
+	if err := checkRows("sample", rows, vocab); err != nil {
+		return err
+	}
+	if err := s.wait(); err != nil {
+		return err
+	}
+	args := rows*sampleRowBytes + 12*entries
+	if err := s.grow(&s.scratch, &s.scratchN, 2*rows*vocab*4); err != nil {
+		return err
+	}
+	if err := s.grow(&s.args, &s.argsN, args); err != nil {
+		return err
+	}
+	return s.growHost(&s.hostArgs, args)
+}
+
 // Sample draws one token per row of logits (f32 [rows, vocab] on the device,
 // not modified) into ids (int32 [rows] on the device), asynchronously on
 // stream st (nil: the default stream), with the semantics of

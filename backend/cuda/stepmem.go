@@ -1,0 +1,159 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"kiln/backend"
+	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// Step memory. Steps run one at a time on the model's stream, so every
+// executable shares one activation arena (sized for the largest plan) and
+// one decode attention workspace (split counters, then partial results),
+// and the device sampler's scratch serves every step. ReserveSteps sizes
+// all three for every step the engine can form before the engine sizes the
+// KV cache from the memory left (as vLLM profiles its largest step), so
+// that serving never allocates device memory for a step: a per-bucket
+// arena allocated on first use once failed a step with the KV cache
+// already holding 0.9 of the memory (issue 15). Without a reservation
+// (tests, direct users) each grows on first need.
+
+// ReserveSteps implements backend.StepReserver: the activation arena for
+// the largest of plans, the decode attention workspace for decode steps of
+// up to maxSeqs sequences (two tokens each at most) at contexts up to
+// context, and the sampler's scratch for maxSeqs rows.
+func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error {
+	if len(plans) == 0 || maxSeqs <= 0 || context <= 0 {
+		return fmt.Errorf("cuda: reserve for %d plans, %d sequences, context %d", len(plans), maxSeqs, context)
+	}
+	arena, maxT := 0, 0
+	for _, p := range plans {
+		arena = max(arena, p.ArenaBytes)
+		maxT = max(maxT, p.Bucket.Tokens)
+	}
+	if err := l.growArena(arena); err != nil {
+		return err
+	}
+	counters, partials := l.decodeNeeds(plans[0].Graph, plans, maxSeqs, context)
+	if err := l.growWorkspace(counters, partials); err != nil {
+		return err
+	}
+	vocab := plans[0].Graph.Outputs[0].Shape.Last()
+	if l.b.HostSampling {
+		return nil
+	}
+	s, err := l.sampler()
+	if err != nil {
+		return err
+	}
+	// Penalties' history: at most every token of every row's context.
+	return oom(s.Reserve(min(maxSeqs, maxT), vocab, maxSeqs*context))
+}
+
+// decodeNeeds is the decode workspace for the steps plans can run: split
+// counters for the largest bucket's tokens, and the partials of the plan
+// among kernels.DecodePlans that needs most, over the decode batches of up
+// to maxSeqs sequences (two tokens each) and the context bucket of context.
+func (l *loaded) decodeNeeds(g *ir.Graph, plans []*compile.Plan, maxSeqs, context int) (counters, partials int) {
+	maxT := 0
+	var sizes []int
+	for _, p := range plans {
+		maxT = max(maxT, p.Bucket.Tokens)
+		if p.Bucket.Tokens <= 2*maxSeqs {
+			sizes = append(sizes, p.Bucket.Tokens)
+		}
+	}
+	kvHeads := 0
+	for _, n := range g.Nodes {
+		if n.Op != ir.Attention {
+			continue
+		}
+		a := n.Attrs
+		kvHeads = max(kvHeads, a.KVHeads)
+		at := kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+		for _, t := range sizes {
+			m := kernels.Meta{T: t, MaxPos: contextBucket(context-1) - 1}
+			for _, c := range kernels.DecodePlans(at, &m, l.dev.SMs, l.dev.Clusters()) {
+				partials = max(partials, c.WorkspaceBytes)
+			}
+		}
+	}
+	return kernels.DecodeCounterBytes(maxT, kvHeads), partials
+}
+
+// contextBucket is the context a decode step whose largest position is
+// maxPos is planned (and its graph captured) for: maxPos+1 rounded up to a
+// power of two, at least 64.
+func contextBucket(maxPos int) int { return max(64, 1<<bits.Len(uint(maxPos))) }
+
+// growArena makes the shared activation arena at least n bytes. Executables
+// built earlier keep the arena they were bound to (it stays allocated).
+func (l *loaded) growArena(n int) error {
+	if n <= l.arenaCap {
+		return nil
+	}
+	if l.arena != 0 && len(l.execs) == 0 {
+		if err := l.free(l.arena); err != nil {
+			return err
+		}
+	}
+	l.arena, l.arenaCap = 0, 0
+	p, err := l.alloc(n)
+	if err != nil {
+		return fmt.Errorf("cuda: activation arena of %d bytes: %w", n, err)
+	}
+	l.arena, l.arenaCap = p, n
+	return nil
+}
+
+// growWorkspace makes the shared decode workspace hold at least counters
+// bytes of split counters and partials bytes of partial results after them.
+// Growing it drops every executable's captured graphs (they bake in its
+// address) and zeroes it (a launch leaves its counters at zero).
+func (l *loaded) growWorkspace(counters, partials int) error {
+	counters = (max(counters, l.wsCounters) + 255) &^ 255
+	if counters == l.wsCounters && counters+partials <= l.wsCap {
+		return nil
+	}
+	if err := l.stream.Sync(); err != nil {
+		return err
+	}
+	for _, e := range l.execs {
+		e.dropGraphs()
+	}
+	size := counters + max(partials, l.wsCap-l.wsCounters)
+	if l.ws != 0 {
+		if err := l.free(l.ws); err != nil {
+			return err
+		}
+		l.ws, l.wsCap, l.wsCounters = 0, 0, 0
+	}
+	p, err := l.alloc(size)
+	if err != nil {
+		return fmt.Errorf("cuda: decode attention workspace of %d bytes: %w", size, err)
+	}
+	if err := l.dev.Memset8(p, 0, size, l.stream); err != nil {
+		return err
+	}
+	l.ws, l.wsCap, l.wsCounters = p, size, counters
+	return nil
+}
+
+// oom marks an error that a failed device allocation caused with
+// backend.ErrOutOfMemory, so that the scheduler can retry the step smaller
+// or preempt instead of failing its requests.
+func oom(err error) error {
+	if err == nil || errors.Is(err, backend.ErrOutOfMemory) {
+		return err
+	}
+	var ce *cu.Error
+	if errors.As(err, &ce) && ce.Name == "CUDA_ERROR_OUT_OF_MEMORY" {
+		return fmt.Errorf("%w: %w", backend.ErrOutOfMemory, err)
+	}
+	return err
+}

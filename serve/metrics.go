@@ -62,7 +62,8 @@ func newMetrics(s *Scheduler) *metrics {
 		func(st Stats) float64 { return float64(st.KVSlotsAllocated) })
 	counter("kiln:kv_cache_slots_used_total", "Tokens held in the running sequences' allocated KV slots, summed over steps (1 - used/allocated is the share left empty).",
 		func(st Stats) float64 { return float64(st.KVSlotsUsed) })
-	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks.", func(st Stats) float64 { return float64(st.Preemptions) })
+	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks (or of device memory for a one-token step).", func(st Stats) float64 { return float64(st.Preemptions) })
+	counter("kiln:num_oom_retries_total", "Steps that failed for lack of device memory and were retried smaller instead of failing their requests.", func(st Stats) float64 { return float64(st.OOMRetries) })
 	return m
 }
 

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"kiln/backend"
 	"kiln/engine"
 )
 
@@ -125,7 +126,27 @@ type Scheduler struct {
 	items     []engine.Item
 	samplers  []*engine.Sampler
 	itemOwner []*Request
+	// limit bounds the steps after one failed for lack of device memory.
+	limit stepLimit
 }
+
+// stepLimit bounds a step's tokens and sequences (0: unbounded) after a
+// step failed with backend.ErrOutOfMemory: each such failure halves the
+// step, and a bound is doubled again after liftAfter good steps, until it
+// no longer binds. A one-token step that fails is retried, then preempts
+// its request (recomputed when readmitted); after maxOOMAtOne such
+// failures in a row the step's requests fail.
+type stepLimit struct {
+	tokens, seqs int
+	good         int // steps run since the last failure
+	atOne        int // one-token steps failed in a row
+	rotate       int // first decoding sequence taken while bounded
+}
+
+const (
+	liftAfter   = 16
+	maxOOMAtOne = 3
+)
 
 // Stats are the scheduler's counters and gauges.
 type Stats struct {
@@ -146,6 +167,9 @@ type Stats struct {
 	// sequences' block slots and the tokens in them: 1 - used/allocated is
 	// the share of allocated KV memory left empty.
 	KVSlotsAllocated, KVSlotsUsed int64
+	// OOMRetries counts steps that failed for lack of device memory and
+	// were retried smaller (or whose request was preempted), not failed.
+	OOMRetries uint64
 }
 
 // NewScheduler makes a scheduler for e; Run starts it.
@@ -350,6 +374,10 @@ func (s *Scheduler) step() {
 		ids, err = s.e.StepSample(s.items, s.samplers)
 	}
 	stepTime := time.Since(t0)
+	if err != nil && errors.Is(err, backend.ErrOutOfMemory) && s.shrink() {
+		s.publish()
+		return
+	}
 	if err != nil {
 		// A step error is not any one request's fault that we can tell:
 		// fail the step's requests, keep serving.
@@ -360,6 +388,7 @@ func (s *Scheduler) step() {
 		s.publish()
 		return
 	}
+	s.loosen()
 	var alloc, used int64
 	for _, r := range s.running {
 		alloc += int64(r.seq.Blocks() * s.e.KVSpec().BlockSize)
@@ -563,7 +592,15 @@ func (s *Scheduler) gather() {
 	}
 	for {
 		s.items, s.samplers, s.itemOwner = s.items[:0], s.samplers[:0], s.itemOwner[:0]
-		budget := s.cfg.MaxNumBatchedTokens
+		budget, seqs := s.cfg.MaxNumBatchedTokens, len(s.running)
+		first := 0 // the decoding sequence taken first
+		if l := &s.limit; l.tokens > 0 {
+			// Bounded after a step ran out of memory: decoding sequences
+			// take turns, so that none waits for long.
+			budget, seqs = min(budget, l.tokens), l.seqs
+			l.rotate++
+			first = l.rotate
+		}
 		need := 0
 		add := func(r *Request, n int) {
 			s.items = append(s.items, engine.Item{Seq: r.seq, Tokens: r.tokens[r.cached : r.cached+n]})
@@ -576,8 +613,9 @@ func (s *Scheduler) gather() {
 			budget -= n
 			need += s.e.BlocksToGrow(r.seq, n)
 		}
-		for _, r := range s.running {
-			if len(r.tokens)-r.cached == 1 && budget > 0 {
+		for k := range s.running {
+			r := s.running[(first+k)%len(s.running)]
+			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
 			}
 		}
@@ -585,6 +623,9 @@ func (s *Scheduler) gather() {
 			left := len(r.tokens) - r.cached
 			if len(r.followers) > 0 {
 				left-- // stop before the last token: the group forks there
+			}
+			if len(s.items) >= seqs {
+				break
 			}
 			if left > 1 && budget > 0 || len(r.followers) > 0 && left > 0 && budget > 0 {
 				add(r, min(left, budget))
@@ -594,6 +635,56 @@ func (s *Scheduler) gather() {
 			return
 		}
 		s.preempt()
+	}
+}
+
+// shrink answers a step that failed for lack of device memory: the next
+// steps take at most half its tokens and sequences, or, when it was a
+// single token, its request is preempted (recomputed when readmitted). It
+// reports false when the step's requests should fail instead.
+func (s *Scheduler) shrink() bool {
+	tokens := 0
+	for _, it := range s.items {
+		tokens += len(it.Tokens)
+	}
+	l := &s.limit
+	l.good = 0
+	if tokens > 1 {
+		l.tokens, l.seqs, l.atOne = max(1, tokens/2), max(1, len(s.items)/2), 0
+	} else {
+		// One token: retried as it is first (the failed step gave back
+		// its graphs' memory), then its request makes way for the others
+		// (recomputed when readmitted), then it fails.
+		l.atOne++
+		switch {
+		case l.atOne > maxOOMAtOne:
+			l.atOne = 0
+			return false
+		case l.atOne == 2 && len(s.running) > 1:
+			s.requeue(s.itemOwner[0])
+		}
+	}
+	s.statsMu.Lock()
+	s.stats.OOMRetries++
+	s.statsMu.Unlock()
+	return true
+}
+
+// loosen counts a step that ran, doubling the bounds after liftAfter of
+// them, until they no longer bind.
+func (s *Scheduler) loosen() {
+	l := &s.limit
+	l.atOne = 0
+	if l.tokens == 0 {
+		return
+	}
+	if l.good++; l.good < liftAfter {
+		return
+	}
+	l.good = 0
+	l.tokens, l.seqs = 2*l.tokens, 2*l.seqs
+	if l.tokens >= s.cfg.MaxNumBatchedTokens && l.seqs >= s.cfg.MaxNumSeqs {
+		*l = stepLimit{}
 	}
 }
 
@@ -608,11 +699,18 @@ func (s *Scheduler) preempt() {
 			victim = r
 		}
 	}
-	s.remove(victim)
-	s.e.Free(victim.seq)
-	victim.seq, victim.cached = nil, 0
+	s.requeue(victim)
+}
+
+// requeue preempts running request r: its blocks go back, and it waits at
+// the head of its priority in the queue, to be recomputed (its generated
+// tokens included) when readmitted; its sampler keeps its state.
+func (s *Scheduler) requeue(r *Request) {
+	s.remove(r)
+	s.e.Free(r.seq)
+	r.seq, r.cached = nil, 0
 	s.mu.Lock()
-	s.enqueue(victim)
+	s.enqueue(r)
 	s.mu.Unlock()
 	s.statsMu.Lock()
 	s.stats.Preemptions++

@@ -3,11 +3,15 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"kiln/backend"
 	"kiln/backend/cpu"
+	"kiln/compile"
 	"kiln/engine"
 	"kiln/internal/testshared"
 	"kiln/model"
@@ -308,5 +312,144 @@ func TestSchedulerMinTokens(t *testing.T) {
 	}
 	if i := slices.Index(ids, stop); i >= 0 {
 		t.Errorf("stop token %d emitted at %d: %v", stop, i, ids)
+	}
+}
+
+// oomBackend is the CPU backend with steps that fail for lack of device
+// memory when fail says so (a stand-in for a GPU out of memory).
+type oomBackend struct {
+	backend.Backend
+	mu    sync.Mutex
+	fail  func(b *backend.Batch) bool
+	fails int
+}
+
+func (o *oomBackend) Load(c *compile.Compiled) (backend.Loaded, error) {
+	l, err := o.Backend.Load(c)
+	if err != nil {
+		return nil, err
+	}
+	return oomLoaded{l, o}, nil
+}
+
+type oomLoaded struct {
+	backend.Loaded
+	o *oomBackend
+}
+
+func (l oomLoaded) Executable(p *compile.Plan) (backend.Executable, error) {
+	x, err := l.Loaded.Executable(p)
+	if err != nil {
+		return nil, err
+	}
+	return oomExec{x, l.o}, nil
+}
+
+type oomExec struct {
+	backend.Executable
+	o *oomBackend
+}
+
+func (x oomExec) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
+	x.o.mu.Lock()
+	fail := x.o.fail(b)
+	if fail {
+		x.o.fails++
+	}
+	x.o.mu.Unlock()
+	if fail {
+		return fmt.Errorf("test: cuMemAlloc: %w", backend.ErrOutOfMemory)
+	}
+	return x.Executable.Run(b, kv, logits)
+}
+
+// oneTokenTwice fails every step until two one-token steps have failed.
+func oneTokenTwice() func(int, *backend.Batch) bool {
+	ones := 0
+	return func(_ int, b *backend.Batch) bool {
+		if ones >= 2 {
+			return false
+		}
+		if len(b.Tokens) == 1 {
+			ones++
+		}
+		return true
+	}
+}
+
+// TestOutOfMemoryRetries: steps that fail for lack of device memory are
+// retried smaller (and a one-token step's request preempted), never failing
+// a request while a smaller step fits: greedy outputs equal those of the
+// requests run alone. When nothing fits, the requests fail with the error
+// instead of waiting for ever.
+func TestOutOfMemoryRetries(t *testing.T) {
+	ps := prompts(10)
+	want := alone(t, stories(t, 1, 0), ps, 30)
+	m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	for _, tc := range []struct {
+		name string
+		fail    func(step int, b *backend.Batch) bool
+		ok      bool
+		preempt bool // a one-token step fails twice in a row
+	}{
+		{"steps over 8 tokens", func(_ int, b *backend.Batch) bool { return len(b.Tokens) > 8 }, true, false},
+		// Halved down to one token, which fails twice (retried, then
+		// preempted); then every step runs.
+		{"down to one token, twice", oneTokenTwice(), true, true},
+		{"every other step", func(step int, _ *backend.Batch) bool { return step%2 == 1 }, true, false},
+		{"every step", func(int, *backend.Batch) bool { return true }, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			step := 0
+			ob := &oomBackend{Backend: &cpu.Backend{}}
+			ob.fail = func(b *backend.Batch) bool { step++; return tc.fail(step-1, b) }
+			e, err := engine.New(m, ob, engine.Options{MaxSeqs: 8, BlockSize: 16, PrefixCaching: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			s := runScheduler(t, e, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64})
+			var reqs []*Request
+			for _, p := range ps {
+				r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 30, IgnoreStop: true}}
+				if err := s.Submit(r); err != nil {
+					t.Fatal(err)
+				}
+				reqs = append(reqs, r)
+			}
+			failed := 0
+			for i, r := range reqs {
+				got, end := collect(t, r)
+				if end.Err != nil {
+					failed++
+					if !errors.Is(end.Err, backend.ErrOutOfMemory) {
+						t.Errorf("request %d failed with %v, want the out-of-memory error", i, end.Err)
+					}
+					continue
+				}
+				if !slices.Equal(got, want[i]) {
+					t.Errorf("request %d:\n got %v\nwant %v", i, got, want[i])
+				}
+			}
+			waitIdle(t, s)
+			st := s.Stats()
+			t.Logf("%d failed steps, %d retries, %d preemptions, %d requests failed", ob.fails, st.OOMRetries, st.Preemptions, failed)
+			if tc.ok && (failed > 0 || st.OOMRetries == 0) {
+				t.Errorf("%d requests failed, %d retries: want none failed, some retries", failed, st.OOMRetries)
+			}
+			if tc.preempt != (st.Preemptions > 0) {
+				t.Errorf("%d preemptions", st.Preemptions)
+			}
+			if !tc.ok && failed != len(reqs) {
+				t.Errorf("%d of %d requests failed when no step can run", failed, len(reqs))
+			}
+			if st.FreeBlocks != st.TotalBlocks {
+				t.Errorf("%d of %d blocks free after all requests", st.FreeBlocks, st.TotalBlocks)
+			}
+		})
 	}
 }

@@ -391,7 +391,7 @@ func TestOutOfMemoryRetries(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	for _, tc := range []struct {
-		name string
+		name    string
 		fail    func(step int, b *backend.Batch) bool
 		ok      bool
 		preempt bool // a one-token step fails twice in a row

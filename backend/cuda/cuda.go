@@ -247,12 +247,12 @@ type loaded struct {
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split
 	// counters, then partial results).
-	arena          cu.Ptr
-	arenaCap       int
-	ws             cu.Ptr
-	wsCap          int
-	wsCounters     int
-	execs          []*executable
+	arena      cu.Ptr
+	arenaCap   int
+	ws         cu.Ptr
+	wsCap      int
+	wsCounters int
+	execs      []*executable
 }
 
 // deviceTensor is a weight or constant on the device.

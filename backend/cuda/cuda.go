@@ -38,10 +38,12 @@ type Backend struct {
 	// dependent launches (Hopper: a kernel is scheduled while the previous
 	// one finishes), for comparisons.
 	NoPDL bool
-	// Products chooses the kernel of products of at most
-	// kernels.GEMVMaxT rows: "" measures GEMV against cuBLASLt per shape
-	// and keeps the faster, "gemv" takes GEMV wherever it applies,
-	// "cublaslt" never takes it (for tests and comparisons).
+	// Products chooses the kernel of products: "" measures, per shape,
+	// GEMV against cuBLASLt for at most kernels.GEMVMaxT rows, and
+	// cuBLASLt's candidate algorithms for more (per power-of-two bucket of
+	// rows), keeping the fastest; "gemv" takes GEMV wherever it applies,
+	// "cublaslt" never takes it, and both take cuBLASLt's first algorithm
+	// (for tests and comparisons that need the same kernels every run).
 	Products string
 	// NoEpilogues runs the ops that take a GEMV's product apart (SwiGLU;
 	// RoPE with the cache writes) as kernels of their own instead of in the
@@ -208,7 +210,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		k.Close()
 		return nil, err
 	}
-	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{},
+	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}, algoChoice: map[algoKey]int{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}}
 	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
 		g.PDL = !b.NoPDL
@@ -239,6 +241,9 @@ type loaded struct {
 	gemv    *kernels.GEMV    // the skinny product kernel (nil: cuBLASLt only)
 	// gemvChoice records, per product shape, whether GEMV was measured faster.
 	gemvChoice map[mmKey]bool
+	// algoChoice records, per product shape and row bucket, the cuBLASLt
+	// candidate algorithm measured fastest.
+	algoChoice map[algoKey]int
 	// decodeChoice records, per decode attention shape and context bucket,
 	// the split kept (measured fastest, or PlanDecode's under
 	// Backend.FixedDecodePlan).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 
 	"kiln/backend/cuda/cu"
@@ -75,8 +76,10 @@ func (l *loaded) choose(nd *node) error {
 				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
 			case epilogue:
 				mm.Bias = bias.p
+				mm.Algo = l.algorithm(x, mm)
 				return l.lt.Matmul(mm)
 			default:
+				mm.Algo = l.algorithm(x, mm)
 				err = l.lt.Matmul(mm)
 			}
 			if err != nil || bias == nil {
@@ -263,6 +266,62 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 	}
 	l.gemvChoice[key] = use
 	return use
+}
+
+// algoKey identifies a cuBLASLt product for the choice of its algorithm:
+// its shape, with the rows rounded up to a power of two.
+type algoKey struct {
+	rows, k, n int
+	out        cu.DType
+	bias       bool
+}
+
+// algorithm picks cuBLASLt's algorithm for product mm: the first time a
+// shape and bucket of rows are seen, each of the heuristic's candidates is
+// timed on the step's operands (5 runs after a warm-up, writing the
+// product's own output before the product runs) and the fastest kept if it
+// beats the heuristic's first choice by more than 3% (so that timing noise
+// does not trade the first choice for an equal one).
+// Rows up to kernels.GEMVMaxT, captures (which cannot wait for timings) and
+// a fixed Backend.Products take the first choice.
+func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
+	if mm.T <= kernels.GEMVMaxT || l.b.Products != "" {
+		return 0
+	}
+	key := algoKey{1 << bits.Len(uint(mm.T-1)), mm.K, mm.N, mm.Out, mm.Bias != 0}
+	if a, ok := l.algoChoice[key]; ok {
+		return a
+	}
+	if x.capturing {
+		return 0
+	}
+	best := 0
+	n, err := l.lt.Algorithms(mm)
+	if err == nil && n > 1 {
+		times := make([]float32, n)
+		line := fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms", mm.T, key.rows, mm.K, mm.N)
+		for i := range n {
+			m := mm
+			m.Algo = i
+			ms, err := l.timeOn(func() error { return l.lt.Matmul(m) })
+			if err != nil {
+				times[i] = float32(math.Inf(1))
+				line += fmt.Sprintf(" %d failed (%v),", i, err)
+				continue
+			}
+			times[i] = ms
+			line += fmt.Sprintf(" %d %.1f µs,", i, 1e3*ms/5)
+			if ms < times[best] {
+				best = i
+			}
+		}
+		if times[best] > 0.97*times[0] {
+			best = 0
+		}
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %d kept", strings.TrimSuffix(line, ","), best))
+	}
+	l.algoChoice[key] = best
+	return best
 }
 
 // decodeKey identifies a decode attention call for the choice of its split.

@@ -1,37 +1,72 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after tools/gpu/build.sh here: kiln serve on the
-# Llama-3-8B-shaped random bf16 model, driven by kiln bench serve.
-#  1. 256 concurrent requests of 128 prompt / 128 output tokens: output
-#     tokens/s, to compare with the offline batched decode of the same shape
-#     (kiln bench model --tg 128 --depth 128 --batch 256, run here too).
-#  2. 64 concurrent streams: the share of the scheduler's time spent outside
-#     engine steps, from the server's /metrics before and after.
+# Llama-3-8B-shaped random bf16 model, driven by kiln bench serve at 256, 64,
+# 1 and again 256 concurrent streams of 128 prompt / 128 output tokens, one
+# run after another on the same server (where out-of-memory failures and
+# bursty streams showed up, issue 15), beside the offline batched decode of
+# the same shape (kiln bench model --tg 128 --depth 128 --batch 256, and
+# batch 64 at depth 512). Writes $OUT/serve.tgz (JSON, HTML charts, logs,
+# the server's metrics) and prints a summary table last.
 # The random model has no tokenizer: prompts are encoded with the demo
-# model's (ids below 4096 are valid ids of the 128256-token vocabulary).
+# model's (ids below 4096 are valid ids of the 128256-token vocabulary); the
+# server streams every token as a chunk, text or not.
 #   run tool: command "tools/gpu/serve-bench.sh", carry [".devbin"]
 source "$(dirname "$0")/env.sh"
 tok=demo/files/tokenizer.json
+work=$(mktemp -d)
+t0=$(date +%s)
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --reps 2 \
-	--output "$out/offline.json" >"$out/offline.txt" 2>&1
+	--output "$work/offline256.json" >"$work/offline256.txt" 2>&1
+$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 512 --batch 64 --reps 2 \
+	--output "$work/offline64.json" >"$work/offline64.txt" 2>&1
+echo "offline done in $(($(date +%s) - t0)) s"
 model="$keep/llama3-8b-bf16"
 [ -d "$model" ] || model=$(ls -d "$keep"/llama3-8b-* | head -1)
-$k serve "$model" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 >"$out/serve.log" 2>&1 &
+$k serve "$model" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
 server=$!
 for i in $(seq 1 600); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done
+echo "server up after $(($(date +%s) - t0)) s"
 metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
-$k bench serve --url http://127.0.0.1:8765 --concurrency 256 --num-requests 768 --warmup 256 \
-	--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$out/serve256.json" >"$out/serve256.txt" 2>&1
-a0=$(metric kiln:kv_cache_slots_allocated_total); u0=$(metric kiln:kv_cache_slots_used_total)
-s0=$(metric kiln:engine_step_seconds_total); l0=$(metric kiln:scheduler_loop_seconds_total)
-$k bench serve --url http://127.0.0.1:8765 --concurrency 64 --num-requests 256 --warmup 64 \
-	--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$out/serve64.json" >"$out/serve64.txt" 2>&1
-s1=$(metric kiln:engine_step_seconds_total); l1=$(metric kiln:scheduler_loop_seconds_total)
-a1=$(metric kiln:kv_cache_slots_allocated_total); u1=$(metric kiln:kv_cache_slots_used_total)
-curl -s http://127.0.0.1:8765/metrics >"$out/metrics.txt"
-kill -TERM $server; wait $server
-grep -E '^\| tg' "$out/offline.txt"
-head -3 "$out/serve256.txt"; head -3 "$out/serve64.txt"
-python3 -c "
-s0,l0,s1,l1,a0,u0,a1,u1=map(float,'$s0 $l0 $s1 $l1 $a0 $u0 $a1 $u1'.split())
-print(f'256 streams: allocated KV slots left empty {100*(1-u0/a0):.2f}%')
-print(f'64 streams: scheduler time outside engine steps {100*((l1-l0)-(s1-s0))/(l1-l0):.2f}%; allocated KV slots left empty {100*(1-(u1-u0)/(a1-a0)):.2f}%')"
+snap() { echo "$1 $(metric kiln:engine_step_seconds_total) $(metric kiln:scheduler_loop_seconds_total) $(metric kiln:kv_cache_slots_allocated_total) $(metric kiln:kv_cache_slots_used_total) $(metric kiln:num_oom_retries_total) $(metric kiln:num_preemptions_total)" >>"$work/snaps.txt"; }
+run() { # name concurrency requests warmup
+	snap "$1-start"
+	$k bench serve --url http://127.0.0.1:8765 --concurrency "$2" --num-requests "$3" --warmup "$4" \
+		--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$work/$1.json" --html "$work/$1.html" >"$work/$1.txt" 2>&1
+	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
+	snap "$1-end"
+}
+run c256 256 768 256
+run c64 64 256 64
+run c1 1 24 2
+run c256b 256 768 256
+curl -s http://127.0.0.1:8765/metrics >"$work/metrics.txt"
+kill -TERM $server
+wait $server
+echo "server exit $?"
+grep -E 'kv cache|KV cache' "$work/serve.log" | head -3
+grep -E '^\| tg' "$work/offline256.txt" "$work/offline64.txt"
+python3 - "$work" <<'PY'
+import json, sys, os
+w = sys.argv[1]
+snaps = {}
+for line in open(os.path.join(w, "snaps.txt")):
+    f = line.split()
+    snaps[f[0]] = [float(x) if x else 0.0 for x in f[1:]]
+print("| run | out tok/s | TTFT p50/p99 ms | ITL p50/p99 ms | TPOT p50/p99 ms | ITL p50/TPOT p50 | ITL p99/TPOT p50 | errors | outside steps | KV empty | OOM retries | preemptions |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for name in ["c256", "c64", "c1", "c256b"]:
+    try:
+        s = json.load(open(os.path.join(w, name + ".json")))["summary"]
+    except Exception as e:
+        print(f"| {name} | failed: {e} |"); continue
+    a, b = snaps.get(name + "-start"), snaps.get(name + "-end")
+    extra = ["", "", "", ""]
+    if a and b and len(a) == 6 and len(b) == 6:
+        st, lp = b[0] - a[0], b[1] - a[1]
+        al, us = b[2] - a[2], b[3] - a[3]
+        extra = [f"{100*(lp-st)/lp:.2f}%" if lp else "", f"{100*(1-us/al):.2f}%" if al else "", f"{b[4]-a[4]:.0f}", f"{b[5]-a[5]:.0f}"]
+    t, i, p = s["ttft"], s["itl"], s["tpot"]
+    print(f"| {name} | {s['output_tokens_per_s']:.0f} | {t['p50_ms']:.1f} / {t['p99_ms']:.1f} | {i['p50_ms']:.2f} / {i['p99_ms']:.2f} | {p['p50_ms']:.2f} / {p['p99_ms']:.2f} | {i['p50_ms']/p['p50_ms']:.2f} | {i['p99_ms']/p['p50_ms']:.2f} | {s['errors'] or 0} ({100*s['error_rate']:.1f}%) | " + " | ".join(extra) + " |")
+PY
+mkdir -p "$out"
+tar czf "$out/serve.tgz" -C "$work" .

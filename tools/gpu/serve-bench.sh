@@ -35,10 +35,10 @@ run() { # name concurrency requests warmup
 	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
 	snap "$1-end"
 }
-run c256 256 768 256
-run c64 64 256 64
+run c256 256 1792 256
+run c64 64 512 64
 run c1 1 24 2
-run c256b 256 768 256
+run c256b 256 1792 256
 curl -s http://127.0.0.1:8765/metrics >"$work/metrics.txt"
 kill -TERM $server
 wait $server

@@ -1,8 +1,8 @@
-// Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu and
-// prefill_mma.cu, one source compiled by NVRTC for the exact device) and
-// their Go launch wrappers. One Kernels value serves one activation dtype
-// (f32, f16 or bf16); math is f32. Every op follows the CPU reference
-// kernels of backend/cpu (ref.go).
+// Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu,
+// mma.cu and prefill_mma.cu, one source compiled by NVRTC
+// for the exact device) and their Go launch wrappers. One Kernels value
+// serves one activation dtype (f32, f16 or bf16); math is f32. Every op
+// follows the CPU reference kernels of backend/cpu (ref.go).
 //
 // Pointers are device addresses; all launches are asynchronous on the given
 // stream (nil: the default stream).
@@ -24,12 +24,14 @@ var (
 	common string
 	//go:embed attention.cu
 	attention string
+	//go:embed mma.cu
+	mmaHelpers string
 	//go:embed prefill_mma.cu
 	prefillMMA string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
 	// the common and elementwise kernels, then attention, then the
-	// tensor-core prefill.
-	source = shared + "\n" + common + "\n" + attention + "\n" + prefillMMA
+	// tensor-core helpers and prefill.
+	source = shared + "\n" + common + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA
 )
 
 // Source is the CUDA C source of the kernels.

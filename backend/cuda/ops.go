@@ -343,7 +343,7 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		return p, nil
 	}
 	at := l.attn(x, nd)
-	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs, l.dev.Clusters())
+	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs, l.dev.Clusters(), l.k.Act)
 	best := cands[0]
 	if !l.b.FixedDecodePlan && len(cands) > 1 {
 		bestMs := float32(math.MaxFloat32)

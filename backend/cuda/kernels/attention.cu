@@ -273,6 +273,71 @@ __device__ __forceinline__ float4 ldcg4(const float* p) {
 	return v;
 }
 
+// decode_merge: the last of token t's nsplit split blocks (for kv head kvh,
+// query heads h0..h0+group-1) to finish merges their partials: out =
+// Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s, reading the others' partials from L2,
+// and leaves the counter at zero for the next launch. Every block of the
+// token's splits calls it after its threads have written its partials (at
+// w = (t*heads + h)*maxSplits + sp, as decode_impl describes); blocks of
+// DC_THREADS threads.
+template <int HD>
+__device__ __forceinline__ void decode_merge(T* out, const float* wsAcc, const float* wsM, const float* wsL, int* counters,
+                                             int t, int kvh, int h0, int group, int heads, int kvHeads, int maxSplits,
+                                             int nsplit) {
+	const int tid = threadIdx.x;
+	constexpr int Q4 = HD / 4;
+	__shared__ int last;
+	__threadfence();
+	__syncthreads();
+	if (tid == 0) last = atomicAdd(counters + t * kvHeads + kvh, 1) == nsplit - 1;
+	__syncthreads();
+	if (!last) return;
+	if (tid == 0) counters[t * kvHeads + kvh] = 0;
+	__threadfence();
+	// Thread i takes four dims (one float4) of one head, online over
+	// batches of MG splits whose loads are issued together. Split 0 is in
+	// the first batch and has keys, so M is finite after it; splits past
+	// nsplit weigh 2^-inf = 0.
+	constexpr int MG = 8;
+	for (int i = tid; i < group * Q4; i += DC_THREADS) {
+		int gg = i / Q4, d = (i % Q4) * 4;
+		long long row = (long long)t * heads + h0 + gg;
+		long long w0 = row * maxSplits;
+		float M = NEG_INF, L = 0.f;
+		float4 o = f4(0.f, 0.f, 0.f, 0.f);
+		for (int s0 = 0; s0 < nsplit; s0 += MG) {
+			float ms[MG], ls[MG];
+			float4 as[MG];
+#pragma unroll
+			for (int j = 0; j < MG; j++) {
+				bool in = s0 + j < nsplit;
+				long long w = w0 + (in ? s0 + j : s0);
+				ms[j] = in ? ldcg(wsM + w) : NEG_INF;
+				ls[j] = in ? ldcg(wsL + w) : 0.f;
+				as[j] = in ? ldcg4(wsAcc + w * HD + d) : f4(0.f, 0.f, 0.f, 0.f);
+			}
+			float mn = M;
+#pragma unroll
+			for (int j = 0; j < MG; j++) mn = fmaxf(mn, ms[j]);
+			float c = exp2f(M - mn);
+			L *= c;
+			o.x *= c; o.y *= c; o.z *= c; o.w *= c;
+#pragma unroll
+			for (int j = 0; j < MG; j++) {
+				float e = exp2f(ms[j] - mn);
+				L += e * ls[j];
+				o.x += e * as[j].x; o.y += e * as[j].y; o.z += e * as[j].z; o.w += e * as[j].w;
+			}
+			M = mn;
+		}
+		T* dst = out + row * HD + d;
+		dst[0] = fromf<T>(o.x / L);
+		dst[1] = fromf<T>(o.y / L);
+		dst[2] = fromf<T>(o.z / L);
+		dst[3] = fromf<T>(o.w / L);
+	}
+}
+
 template <int HD, bool CL>
 __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL,
                             int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt, int heads,
@@ -496,71 +561,24 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 		wsL[w] = sl[tid];
 	}
 
-	// The last of the token's splits to finish (for this kv head) merges
-	// them: out = Σ 2^(m_s-M) acc_s / Σ 2^(m_s-M) l_s, reading the others'
-	// partials from L2, and leaves the counter at zero for the next launch.
-	__shared__ int last;
-	__threadfence();
-	__syncthreads();
-	if (tid == 0) last = atomicAdd(counters + t * kvHeads + kvh, 1) == nsplit - 1;
-	__syncthreads();
-	if (!last) return;
-	if (tid == 0) counters[t * kvHeads + kvh] = 0;
-	__threadfence();
-	// Thread i takes four dims (one float4) of one head, online over
-	// batches of MG splits whose loads are issued together. Split 0 is in
-	// the first batch and has keys, so M is finite after it; splits past
-	// nsplit weigh 2^-inf = 0.
-	constexpr int MG = 8;
-	for (int i = tid; i < group * Q4; i += DC_THREADS) {
-		int gg = i / Q4, d = (i % Q4) * 4;
-		long long row = (long long)t * heads + h0 + gg;
-		long long w0 = row * maxSplits;
-		float M = NEG_INF, L = 0.f;
-		float4 o = f4(0.f, 0.f, 0.f, 0.f);
-		for (int s0 = 0; s0 < nsplit; s0 += MG) {
-			float ms[MG], ls[MG];
-			float4 as[MG];
-#pragma unroll
-			for (int j = 0; j < MG; j++) {
-				bool in = s0 + j < nsplit;
-				long long w = w0 + (in ? s0 + j : s0);
-				ms[j] = in ? ldcg(wsM + w) : NEG_INF;
-				ls[j] = in ? ldcg(wsL + w) : 0.f;
-				as[j] = in ? ldcg4(wsAcc + w * HD + d) : f4(0.f, 0.f, 0.f, 0.f);
-			}
-			float mn = M;
-#pragma unroll
-			for (int j = 0; j < MG; j++) mn = fmaxf(mn, ms[j]);
-			float c = exp2f(M - mn);
-			L *= c;
-			o.x *= c; o.y *= c; o.z *= c; o.w *= c;
-#pragma unroll
-			for (int j = 0; j < MG; j++) {
-				float e = exp2f(ms[j] - mn);
-				L += e * ls[j];
-				o.x += e * as[j].x; o.y += e * as[j].y; o.z += e * as[j].z; o.w += e * as[j].w;
-			}
-			M = mn;
-		}
-		T* dst = out + row * HD + d;
-		dst[0] = fromf<T>(o.x / L);
-		dst[1] = fromf<T>(o.y / L);
-		dst[2] = fromf<T>(o.z / L);
-		dst[3] = fromf<T>(o.w / L);
-	}
+	decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
 }
+
+// DC_PARAMS and DC_ARGS are the parameters of every decode attention kernel
+// (these split and cluster kernels, and the tensor-core decode_mma kernels
+// of decode_mma.cu): one launch wrapper, Kernels.DecodeAttention, passes them.
+#define DC_PARAMS                                                                                                     \
+	const T *q, const T *kc, const T *vc, T *out, float *wsAcc, float *wsM, float *wsL, int *counters,                \
+	    const int *positions, const int *seqIndex, const int *seqBlockOff, const int *seqFresh, const int *bt,        \
+	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits
+#define DC_ARGS                                                                                                       \
+	q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh, bt, heads, kvHeads, bs,    \
+	    window, scale, chunk, maxSplits
 
 // DECODE_ATTN defines decode kernel NAME: split plans (CL false) or
 // cluster plans (CL true).
 #define DECODE_ATTN(NAME, HD, CL)                                                                                    \
-	extern "C" __global__ void __launch_bounds__(DC_THREADS)                                                          \
-	    NAME(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL, int* counters,       \
-	         const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt,    \
-	         int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {                      \
-		decode_impl<HD, CL>(q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh,     \
-		                    bt, heads, kvHeads, bs, window, scale, chunk, maxSplits);                                  \
-	}
+	extern "C" __global__ void __launch_bounds__(DC_THREADS) NAME(DC_PARAMS) { decode_impl<HD, CL>(DC_ARGS); }
 
 #define ATTN_KERNELS(HD)                                                                                             \
 	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \

@@ -259,6 +259,31 @@ var decodeCases = []attnCfg{
 	{heads: 12, kvHeads: 4, hd: 96, seqs: [][2]int{{513, 3}, {2, 2}}},
 	{heads: 4, kvHeads: 1, hd: 16, seqs: [][2]int{{1, 1}, {300, 1}}},
 	{heads: 8, kvHeads: 4, hd: 8, seqs: [][2]int{{1, 1}, {256, 1}, {257, 1}}},
+	// Batches, for the tensor-core plans (and the others): Llama-3-8B's
+	// shape over 64 sequences of about 600 keys; sliding windows over 16
+	// sequences; MHA at head dim 64; groups of 8 at head dims 80 and 96;
+	// two tokens a sequence; MQA with 16 and 24 query heads (one full
+	// 16-row tile, and two tiles); a group of 3.
+	{heads: 32, kvHeads: 8, hd: 128, seqs: batchSeqs(64, 560, 640, 1)},
+	{heads: 8, kvHeads: 2, hd: 128, window: 200, seqs: batchSeqs(16, 1, 1500, 1)},
+	{heads: 8, kvHeads: 8, hd: 64, seqs: batchSeqs(16, 1, 1100, 1)},
+	{heads: 16, kvHeads: 2, hd: 80, seqs: batchSeqs(16, 100, 700, 1)},
+	{heads: 32, kvHeads: 4, hd: 96, window: 333, seqs: batchSeqs(16, 1, 900, 1)},
+	{heads: 32, kvHeads: 8, hd: 128, seqs: batchSeqs(32, 2, 1300, 2)},
+	{heads: 16, kvHeads: 1, hd: 128, seqs: batchSeqs(8, 1, 600, 1)},
+	{heads: 24, kvHeads: 1, hd: 64, window: 100, seqs: batchSeqs(8, 2, 600, 2)},
+	{heads: 12, kvHeads: 4, hd: 128, seqs: [][2]int{{4500, 1}, {129, 1}, {128, 1}, {64, 2}, {65, 1}, {2, 2}}},
+}
+
+// batchSeqs is n sequences of lengths spread over [lo, hi] (a fixed
+// sequence, so that a case is the same in every run), each with the last
+// tokens of the step (tokens ≤ lo).
+func batchSeqs(n, lo, hi, tokens int) [][2]int {
+	seqs := make([][2]int, n)
+	for i := range seqs {
+		seqs[i] = [2]int{lo + (i*7919)%(hi-lo+1), tokens}
+	}
+	return seqs
 }
 
 func TestPrefillAttention(t *testing.T) {
@@ -289,8 +314,40 @@ func TestPrefillAttention(t *testing.T) {
 			// The decode kernel computes the same function on any batch.
 			e = compare(t, "decode kernel on "+c.String(), runAttn(t, act, st, true), ref, tol(act))
 			report(t, act, "decode-kernel "+c.String(), e)
+			// So do the tensor-core decode plans: the first (most splits)
+			// and the last (fewest).
+			var mma []DecodePlan
+			for _, p := range DecodePlans(st.a, st.meta, gpu(t).SMs, false, act) {
+				if p.MMA {
+					mma = append(mma, p)
+				}
+			}
+			if len(mma) > 1 {
+				mma = []DecodePlan{mma[0], mma[len(mma)-1]}
+			}
+			for _, p := range mma {
+				k := kern(t, act)
+				poison(t, act, st.a.Out, len(st.q))
+				must(t, k.DecodeAttention(nil, st.a, st.dm, p, alloc(t, p.WorkspaceBytes), alloc(t, DecodeCounterBytes(st.meta.T, st.a.KVHeads))))
+				checkDecodeMMA(t, act, fmt.Sprintf("decode %v on %v", p, c), down(t, act, st.a.Out, len(st.q)), ref, c.hd)
+			}
 		}
 	}
+}
+
+// checkDecodeMMA checks the output of a tensor-core decode plan against ref
+// as the tensor-core prefill is checked (checkMMA), for the same reason: it
+// too rounds P to the activation dtype for P·V (f16 as hi + lo parts), so
+// bf16 outputs move by up to ~1e-2 of their row; every element within
+// mmaTol of its row (compareRows), the relative L2 error within tol/2.
+func checkDecodeMMA(t *testing.T, act cu.DType, what string, got []float32, ref []float64, hd int) {
+	t.Helper()
+	e := compareRows(t, what, got, ref, hd, mmaTol(act))
+	l2 := l2rel(got, ref)
+	if l2 > tol(act)/2 {
+		t.Errorf("%s: relative L2 error %.3g, limit %.3g", what, l2, tol(act)/2)
+	}
+	report(t, act, fmt.Sprintf("%s (L2 %.2g)", what, l2), e)
 }
 
 // checkMMA runs a tensor-core prefill variant on st and checks it against
@@ -319,14 +376,24 @@ func TestDecodeAttention(t *testing.T) {
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
 			n := len(st.q)
-			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters()) {
+			mma := 0
+			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act) {
 				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
 					t.Fatalf("%v: plan %+v needs more than the test's workspace", c, plan)
 				}
 				poison(t, act, st.a.Out, n)
 				must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
-				e := compare(t, fmt.Sprintf("decode %v, %v", c, plan), down(t, act, st.a.Out, n), ref, tol(act))
+				what := fmt.Sprintf("decode %v, %v", c, plan)
+				if plan.MMA {
+					mma++
+					checkDecodeMMA(t, act, what, down(t, act, st.a.Out, n), ref, c.hd)
+					continue
+				}
+				e := compare(t, what, down(t, act, st.a.Out, n), ref, tol(act))
 				report(t, act, fmt.Sprintf("decode %v (%v, at most %d keys a block)", c, plan, plan.Chunk), e)
+			}
+			if wantMMA := act != cu.F32 && c.hd%16 == 0 && c.heads/c.kvHeads <= 32; wantMMA != (mma > 0) {
+				t.Errorf("decode %v, %v: %d tensor-core plans", c, act, mma)
 			}
 			e := compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
 			report(t, act, "prefill-kernel "+c.String(), e)

@@ -99,7 +99,7 @@ func TestPlanDecode(t *testing.T) {
 		// none needing more workspace than the first; then, with clusters,
 		// clusters of 2, 4, 8 and 16 blocks where their blocks take at most
 		// 128 keys.
-		plans := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, false)
+		plans := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, false, cu.F32)
 		if plans[0] != p || plans[len(plans)-1].Chunk != 128 {
 			t.Errorf("%+v: candidates %+v", c, plans)
 		}
@@ -108,7 +108,7 @@ func TestPlanDecode(t *testing.T) {
 				t.Errorf("%+v: candidate %+v after %+v", c, q, plans[i])
 			}
 		}
-		withClusters := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true)
+		withClusters := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true, cu.F32)
 		var want []DecodePlan
 		for n := 2; n <= 16; n *= 2 {
 			if chunk := (ctx + n - 1) / n; chunk <= 128 {
@@ -118,5 +118,71 @@ func TestPlanDecode(t *testing.T) {
 		if !slices.Equal(withClusters[len(plans):], want) || !slices.Equal(withClusters[:len(plans)], plans) {
 			t.Errorf("%+v: candidates with clusters %+v, want %+v then %+v", c, withClusters, plans, want)
 		}
+		// bf16 adds the tensor-core plans: 128, 256, ... keys a split up
+		// to the first covering the context or 4096, each within the
+		// first plan's workspace and the shared memory bound. The scale
+		// must be positive (decodeMMAOK): none without.
+		if got := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true, cu.BF16); !slices.Equal(got, withClusters) {
+			t.Errorf("%+v: scale 0 gave tensor-core plans %+v", c, got[len(withClusters):])
+		}
+		a.Scale = 0.125
+		mma := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true, cu.BF16)
+		if !slices.Equal(mma[:len(withClusters)], withClusters) || len(mma) == len(withClusters) {
+			t.Fatalf("%+v: bf16 candidates %+v", c, mma)
+		}
+		for i, q := range mma[len(withClusters):] {
+			chunk := 128 << i
+			if !q.MMA || q.Cluster || q.Chunk != chunk || q.MaxSplits != (ctx+chunk-1)/chunk || q.WorkspaceBytes > p.WorkspaceBytes ||
+				q.WorkspaceBytes != decodePartialBytes(a, c.T, q.MaxSplits) || decodeShared(cu.BF16, a, q) > decodeMaxShared {
+				t.Errorf("%+v: tensor-core candidate %+v (%d bytes of shared memory)", c, q, decodeShared(cu.BF16, a, q))
+			}
+		}
+		if last := mma[len(mma)-1]; last.Chunk < min(ctx, decodeMMAMaxChunk) {
+			t.Errorf("%+v: the tensor-core candidates end at %+v", c, last)
+		}
+	}
+}
+
+// TestDecodeMMAShapes checks which attention shapes the tensor-core decode
+// takes, and its shared memory: at most two blocks' worth of the
+// multiprocessor's 228 KiB with 3 stages at head dim 128, 3 blocks with 2.
+func TestDecodeMMAShapes(t *testing.T) {
+	for _, c := range []struct {
+		heads, kv, hd int
+		scale         float32
+		ok            bool
+		kernelRows    int
+	}{
+		{32, 8, 128, 0.1, true, 16}, {32, 32, 64, 0.1, true, 16}, {16, 2, 80, 0.1, true, 16}, {32, 4, 96, 0.1, true, 16},
+		{32, 1, 64, 0.1, true, 32}, {24, 1, 128, 0.1, true, 32}, {16, 1, 128, 0.1, true, 16}, {12, 4, 96, 0.1, true, 16},
+		{64, 1, 128, 0.1, false, 0}, {8, 4, 8, 0.1, false, 0}, {32, 8, 128, 0, false, 0}, {32, 8, 72, 0.1, false, 0},
+	} {
+		a := Attn{Heads: c.heads, KVHeads: c.kv, HeadDim: c.hd, Scale: c.scale}
+		if decodeMMAOK(a) != c.ok {
+			t.Errorf("%+v: decodeMMAOK %v", c, !c.ok)
+		}
+		if !c.ok {
+			continue
+		}
+		if r := decodeMMARows(a); r != c.kernelRows {
+			t.Errorf("%+v: %d rows", c, r)
+		}
+		if c.hd == 128 && c.kernelRows == 16 {
+			if sh := decodeMMAShared(a, DecodePlan{Chunk: 4096, MMA: true}); 2*(sh+1024) > 228<<10 {
+				t.Errorf("%+v: %d bytes of shared memory with 3 stages", c, sh)
+			}
+			if sh := decodeMMAShared(a, DecodePlan{Chunk: 128, MMA: true}); 3*(sh+1024) > 228<<10 {
+				t.Errorf("%+v: %d bytes of shared memory with 2 stages", c, sh)
+			}
+		}
+	}
+	// q and out must be 16-byte aligned.
+	a := Attn{Heads: 32, KVHeads: 8, HeadDim: 128, Scale: 0.1, Q: 16, Out: 32}
+	if !decodeMMAOK(a) {
+		t.Error("aligned pointers refused")
+	}
+	a.Out = 40
+	if decodeMMAOK(a) {
+		t.Error("misaligned out taken")
 	}
 }

@@ -93,66 +93,128 @@ func BenchmarkCopy(b *testing.B) {
 	b.ReportMetric(bw, "GB/s")
 }
 
+// BenchmarkDecodeAttention times every plan DecodePlans offers, bf16, 32
+// query heads over 8 kv heads, head dim 128 (Llama-3-8B), block size 16,
+// random block tables: one sequence at contexts 512 and 4096 (ctx=N), and
+// batches of 16, 64 and 256 sequences at contexts 128, 512 and 2048
+// (batch=B/ctx=N), one token each. Each reports µs a call, the GB/s of
+// K and V read and their share of the copy bandwidth; sub-benchmarks
+// chunk=N (split plans), cluster=N and mma=N (tensor cores, N keys a
+// split).
 func BenchmarkDecodeAttention(b *testing.B) {
-	for _, ctx := range []int{512, 4096} {
-		b.Run("ctx="+itoa(ctx), func(b *testing.B) {
-			const heads, kvHeads, hd, bs, copies = 32, 8, 128, 16, 16
-			act := cu.BF16
-			k := kern(b, act)
-			d := gpu(b)
-			bw := copyBandwidth(b)
-			rng := rand.New(rand.NewPCG(1, 2))
-			nb := (ctx + bs - 1) / bs
-			blocks := nb * copies
-			width := kvHeads * hd
-			spec := backend.KVSpec{Layers: 1, Blocks: blocks, BlockSize: bs, KVHeads: kvHeads, HeadDim: hd}
-			kc := up(b, act, randn(rng, blocks*bs*width, 1))
-			vc := up(b, act, randn(rng, blocks*bs*width, 1))
-			q := up(b, act, randn(rng, heads*hd, 1))
-			out := outBuf(b, act, heads*hd)
-			perm := rng.Perm(blocks)
-			metas := make([]DevMeta, copies)
-			for c := range metas {
-				seq := backend.Seq{Len: ctx}
-				for i := 0; i < nb; i++ {
-					seq.Blocks = append(seq.Blocks, int32(perm[c*nb+i]))
-				}
-				bt := &backend.Batch{Tokens: []int32{1}, Positions: []int32{int32(ctx - 1)}, SeqIndex: []int32{0}, Seqs: []backend.Seq{seq}, Rows: []int32{0}}
-				m, err := Pack(bt, spec)
-				must(b, err)
-				buf := alloc(b, m.Bytes())
-				metas[c], err = m.Upload(d, buf, m.Bytes())
-				must(b, err)
+	type bc struct{ batch, ctx int }
+	cases := []bc{{1, 512}, {1, 4096}}
+	for _, batch := range []int{16, 64, 256} {
+		for _, ctx := range []int{128, 512, 2048} {
+			cases = append(cases, bc{batch, ctx})
+		}
+	}
+	for _, c := range cases {
+		name := "ctx=" + itoa(c.ctx)
+		if c.batch > 1 {
+			name = "batch=" + itoa(c.batch) + "/" + name
+		}
+		b.Run(name, func(b *testing.B) { benchDecode(b, c.batch, c.ctx) })
+	}
+}
+
+// benchDecode times the decode plans on batch sequences of ctx keys. The
+// K/V cache holds copies of the batch's blocks, rotated call by call so
+// that L2 (50–60 MB) does not keep them: 16 at batch 1 (as in the earlier
+// runs of docs/PERF.md), else as many as make 512 MiB (one copy for 512
+// MiB and more; batch 256 × 2048 keys is 2.1 GB).
+func benchDecode(b *testing.B, batch, ctx int) {
+	const heads, kvHeads, hd, bs = 32, 8, 128, 16
+	act := cu.BF16
+	k := kern(b, act)
+	d := gpu(b)
+	bw := copyBandwidth(b)
+	rng := rand.New(rand.NewPCG(1, 2))
+	nb := (ctx + bs - 1) / bs
+	width := kvHeads * hd
+	bytes := float64(batch) * float64(ctx) * float64(width) * 2 * 2 // K and V read by a call
+	copies := 16
+	if batch > 1 {
+		copies = max(1, int(math.Ceil(float64(512<<20)/bytes)))
+	}
+	blocks := nb * batch * copies
+	spec := backend.KVSpec{Layers: 1, Blocks: blocks, BlockSize: bs, KVHeads: kvHeads, HeadDim: hd}
+	kc := randCache(b, act, blocks*bs*width, rng)
+	vc := randCache(b, act, blocks*bs*width, rng)
+	q := up(b, act, randn(rng, batch*heads*hd, 1))
+	out := outBuf(b, act, batch*heads*hd)
+	perm := rng.Perm(blocks)
+	metas := make([]DevMeta, copies)
+	for c := range metas {
+		bt := &backend.Batch{Rows: []int32{0}}
+		for s := 0; s < batch; s++ {
+			seq := backend.Seq{Len: ctx}
+			for i := 0; i < nb; i++ {
+				seq.Blocks = append(seq.Blocks, int32(perm[(c*batch+s)*nb+i]))
 			}
-			a := Attn{Out: out, Q: q, KCache: kc, VCache: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
-			emptyMs := gpuTime(b, 64, 7, func(int) error {
-				if err := spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0)); err != nil {
-					return err
-				}
-				return spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0))
-			})
-			b.Logf("two empty back-to-back launches: %.2f µs", emptyMs*1e3)
-			plans := DecodePlans(a, metas[0].Meta, d.SMs, d.Clusters())
-			ws := alloc(b, plans[0].WorkspaceBytes)
-			counters := alloc(b, DecodeCounterBytes(1, kvHeads))
-			bytes := float64(ctx) * float64(width) * 2 * 2
-			for _, plan := range plans {
-				name := "chunk=" + itoa(plan.Chunk)
-				if plan.Cluster {
-					name = "cluster=" + itoa(plan.MaxSplits)
-				}
-				b.Run(name, func(b *testing.B) {
-					ms := gpuTime(b, 64, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws, counters) })
-					gbs := bytes / (ms * 1e-3) / 1e9
-					b.ReportMetric(ms*1e3, "us/call")
-					b.ReportMetric(gbs, "GB/s")
-					b.ReportMetric(gbs/bw, "of-copy-bw")
-					b.Logf("device %s: decode attention bf16 batch 1 ctx %d, 32/8 heads, hd 128 (%v, at most %d keys a block): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
-						d.Name, ctx, plan, plan.Chunk, ms*1e3, gbs, 100*gbs/bw, bw)
-				})
+			bt.Seqs = append(bt.Seqs, seq)
+			bt.Tokens = append(bt.Tokens, 1)
+			bt.Positions = append(bt.Positions, int32(ctx-1))
+			bt.SeqIndex = append(bt.SeqIndex, int32(s))
+		}
+		m, err := Pack(bt, spec)
+		must(b, err)
+		buf := alloc(b, m.Bytes())
+		metas[c], err = m.Upload(d, buf, m.Bytes())
+		must(b, err)
+	}
+	a := Attn{Out: out, Q: q, KCache: kc, VCache: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	if batch == 1 {
+		emptyMs := gpuTime(b, 64, 7, func(int) error {
+			if err := spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0)); err != nil {
+				return err
 			}
+			return spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0))
+		})
+		b.Logf("two empty back-to-back launches: %.2f µs", emptyMs*1e3)
+	}
+	plans := DecodePlans(a, metas[0].Meta, d.SMs, d.Clusters(), act)
+	ws := alloc(b, plans[0].WorkspaceBytes)
+	counters := alloc(b, DecodeCounterBytes(batch, kvHeads))
+	calls := 64
+	if bytes > 64<<20 {
+		calls = 16
+	}
+	for _, plan := range plans {
+		name := "chunk=" + itoa(plan.Chunk)
+		switch {
+		case plan.Cluster:
+			name = "cluster=" + itoa(plan.MaxSplits)
+		case plan.MMA:
+			name = "mma=" + itoa(plan.Chunk)
+		}
+		b.Run(name, func(b *testing.B) {
+			ms := gpuTime(b, calls, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws, counters) })
+			gbs := bytes / (ms * 1e-3) / 1e9
+			b.ReportMetric(ms*1e3, "us/call")
+			b.ReportMetric(gbs, "GB/s")
+			b.ReportMetric(gbs/bw, "of-copy-bw")
+			b.Logf("device %s: decode attention bf16 batch %d ctx %d, 32/8 heads, hd 128 (%v, at most %d keys a block; %d copies of %.0f MB): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
+				d.Name, batch, ctx, plan, plan.Chunk, copies, bytes/1e6, ms*1e3, gbs, 100*gbs/bw, bw)
 		})
 	}
+}
+
+// randCache allocates n elements of dtype act on the device, filled with
+// random normal values: one random chunk of at most 16 Mi elements,
+// uploaded and repeated (drawing the 2 GB of the largest benchmark on the
+// host would take minutes).
+func randCache(b testing.TB, act cu.DType, n int, rng *rand.Rand) cu.Ptr {
+	d := gpu(b)
+	es := act.Size()
+	chunk := min(n, 16<<20)
+	p := alloc(b, n*es)
+	must(b, d.Upload(p, encode(act, randn(rng, chunk, 1))))
+	for off := chunk; off < n; off += chunk {
+		must(b, d.CopyDtoD(p.Add(off*es), p, min(chunk, n-off)*es, nil))
+	}
+	must(b, d.Sync())
+	return p
 }
 
 // BenchmarkPrefillAttention times the prefill kernels on one sequence of

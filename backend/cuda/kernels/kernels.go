@@ -1,8 +1,8 @@
-// Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu and
-// prefill_mma.cu, one source compiled by NVRTC for the exact device) and
-// their Go launch wrappers. One Kernels value serves one activation dtype
-// (f32, f16 or bf16); math is f32. Every op follows the CPU reference
-// kernels of backend/cpu (ref.go).
+// Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu,
+// mma.cu, prefill_mma.cu and decode_mma.cu, one source compiled by NVRTC
+// for the exact device) and their Go launch wrappers. One Kernels value
+// serves one activation dtype (f32, f16 or bf16); math is f32. Every op
+// follows the CPU reference kernels of backend/cpu (ref.go).
 //
 // Pointers are device addresses; all launches are asynchronous on the given
 // stream (nil: the default stream).
@@ -24,12 +24,16 @@ var (
 	common string
 	//go:embed attention.cu
 	attention string
+	//go:embed mma.cu
+	mmaHelpers string
 	//go:embed prefill_mma.cu
 	prefillMMA string
+	//go:embed decode_mma.cu
+	decodeMMA string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
 	// the common and elementwise kernels, then attention, then the
-	// tensor-core prefill.
-	source = shared + "\n" + common + "\n" + attention + "\n" + prefillMMA
+	// tensor-core helpers, prefill and decode.
+	source = shared + "\n" + common + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.
@@ -380,17 +384,24 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 // cluster plan (Cluster set, compute capability 9.0+) spreads each token's
 // keys evenly over the MaxSplits blocks of one thread-block cluster, which
 // merge through distributed shared memory (no workspace); Chunk is then the
-// most keys a block takes.
+// most keys a block takes. A tensor-core plan (MMA set, f16/bf16; see
+// decode_mma.cu) splits like the split plans, with Chunk up to
+// decodeMMAMaxChunk keys, and computes each block's scores and outputs with
+// mma.sync, the GQA group's query heads as the rows of the tiles.
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
 	Cluster          bool
+	MMA              bool
 }
 
 // String names the plan in the backend's statistics.
 func (p DecodePlan) String() string {
-	if p.Cluster {
+	switch {
+	case p.Cluster:
 		return fmt.Sprintf("a cluster of %d", p.MaxSplits)
+	case p.MMA:
+		return fmt.Sprintf("tensor cores, %d keys a split", p.Chunk)
 	}
 	return fmt.Sprintf("%d keys a split", p.Chunk)
 }
@@ -418,22 +429,77 @@ func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 // blocks, less merging: at short context latency decides, not how many
 // multiprocessors read). The first needs the most workspace. With clusters
 // (Device.Clusters) the cluster plans of 2 to cu.MaxCluster (16) blocks
-// whose blocks take at most 128 keys follow.
-func DecodePlans(a Attn, m *Meta, sms int, clusters bool) []DecodePlan {
+// whose blocks take at most 128 keys follow. For f16 and bf16 activations
+// (act) the tensor-core plans follow where they apply (decodeMMAOK): 128,
+// 256, ... keys a split, up to the first that takes the whole context or
+// decodeMMAMaxChunk; every one needs at most the first plan's workspace
+// (at least 128 keys a split, against at most 128).
+func DecodePlans(a Attn, m *Meta, sms int, clusters bool, act cu.DType) []DecodePlan {
 	plans := []DecodePlan{PlanDecode(a, m, sms)}
 	group := a.Heads / a.KVHeads
 	for c := 2 * plans[0].Chunk; c <= decodeThreads && group*c <= 4096; c *= 2 {
 		plans = append(plans, planChunk(a, m, c))
 	}
+	ctx := decodeContext(a, m)
 	if clusters {
-		ctx := decodeContext(a, m)
 		for n := 2; n <= cu.MaxCluster; n *= 2 {
 			if chunk := (ctx + n - 1) / n; chunk <= decodeThreads && group*chunk <= 4096 {
 				plans = append(plans, DecodePlan{Chunk: chunk, MaxSplits: n, Cluster: true})
 			}
 		}
 	}
+	if act != cu.F32 && decodeMMAOK(a) {
+		for c := decodeMMAMinChunk; c <= decodeMMAMaxChunk; c *= 2 {
+			p := planChunk(a, m, c)
+			p.MMA = true
+			plans = append(plans, p)
+			if c >= ctx {
+				break
+			}
+		}
+	}
 	return plans
+}
+
+// The tensor-core decode's shape (decode_mma.cu): keys per shared-memory
+// stage (DM_BK), stages in its ring (DM_ST), warps (DM_WARPS), and the
+// chunks its plans take.
+const (
+	decodeMMAKeys     = 64
+	decodeMMAStages   = 3
+	decodeMMAWarps    = 4
+	decodeMMAMinChunk = 128
+	decodeMMAMaxChunk = 4096
+)
+
+// decodeMMAOK reports whether the tensor-core decode takes a: a head dim
+// its kernels are built for (a multiple of 16), GQA groups of at most 32
+// query heads (two 16-row tiles), and what the tensor-core prefill needs
+// too (mmaOK: 16-byte aligned q and out, scale > 0).
+func decodeMMAOK(a Attn) bool {
+	return a.HeadDim%16 == 0 && a.KVHeads > 0 && a.Heads%a.KVHeads == 0 && a.Heads/a.KVHeads <= 32 && mmaOK(a)
+}
+
+// decodeMMARows is the query rows of a tensor-core decode block: the GQA
+// group rounded up to 16 (decode_mma_<hd>) or 32 (decode_mma32_<hd>).
+func decodeMMARows(a Attn) int {
+	if a.Heads/a.KVHeads > 16 {
+		return 32
+	}
+	return 16
+}
+
+// decodeMMAShared is the tensor-core decode's dynamic shared memory
+// (decode_mma.cu): the warps' row maxima and sums, Q's rows padded by 16
+// bytes, then the ring of K and V stages (as many as a split has, up to
+// decodeMMAStages), which the warps' f32 accumulators overlay at the end.
+func decodeMMAShared(a Attn, p DecodePlan) int {
+	rows := decodeMMARows(a)
+	rowBytes := (a.HeadDim + 8) * 2
+	stages := min(decodeMMAStages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
+	ring := stages * 2 * decodeMMAKeys * rowBytes
+	red := decodeMMAWarps * rows * (a.HeadDim + 8) * 4
+	return 2*decodeMMAWarps*rows*4 + rows*rowBytes + max(ring, red)
 }
 
 func decodeContext(a Attn, m *Meta) int {
@@ -463,10 +529,13 @@ func decodePartialBytes(a Attn, tokens, splits int) int {
 func DecodeCounterBytes(tokens, kvHeads int) int { return 4 * tokens * kvHeads }
 
 // decodeShared is decode attention's dynamic shared memory (decode_impl in
-// attention.cu): q rows padded by 4 floats, the partial accumulators
+// attention.cu; decodeMMAShared for the tensor-core plans): q rows padded by 4 floats, the partial accumulators
 // (cluster plans), scores, slots, sums and statistics, then the chunk's K
 // rows padded by 16 bytes.
 func decodeShared(act cu.DType, a Attn, p DecodePlan) int {
+	if p.MMA {
+		return decodeMMAShared(a, p)
+	}
 	es := act.Size()
 	ns := decodeThreads / (a.HeadDim * es / 16)
 	group := a.Heads / a.KVHeads
@@ -489,26 +558,37 @@ const decodeMaxShared = 200 << 10
 // one chunk is finished by its block. counters (DecodeCounterBytes) must be
 // zeroed when allocated: every launch leaves them at zero. A cluster plan
 // merges through its cluster's shared memory and uses neither ws nor
-// counters. Suited to batches of few tokens per sequence (decode steps).
+// counters. A tensor-core plan (f16/bf16) splits, and uses ws and counters,
+// as a split plan does. Suited to batches of few tokens per sequence
+// (decode steps).
 func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePlan, ws, counters cu.Ptr) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
 	}
-	bad := plan.Chunk <= 0 || plan.Chunk > decodeThreads || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < decodeContext(a, m.Meta)
-	if plan.Cluster {
-		bad = bad || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
-	} else {
-		bad = bad || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
+	ctx := decodeContext(a, m.Meta)
+	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx
+	switch {
+	case plan.MMA:
+		bad = bad || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
+	case plan.Cluster:
+		bad = bad || plan.Chunk > decodeThreads || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
+	default:
+		bad = bad || plan.Chunk > decodeThreads || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
 	}
 	if bad {
-		return fmt.Errorf("kernels: decode plan %+v for context %d", plan, decodeContext(a, m.Meta))
+		return fmt.Errorf("kernels: decode plan %+v for context %d", plan, ctx)
 	}
 	if !aligned16(a.Q, ws) || counters%4 != 0 {
 		return fmt.Errorf("kernels: decode attention's q and workspace must be 16-byte aligned")
 	}
 	name := fmt.Sprintf("decode_attn_%d", a.HeadDim)
-	if plan.Cluster {
+	switch {
+	case plan.Cluster:
 		name = fmt.Sprintf("decode_attn_cl_%d", a.HeadDim)
+	case plan.MMA && decodeMMARows(a) == 32:
+		name = fmt.Sprintf("decode_mma32_%d", a.HeadDim)
+	case plan.MMA:
+		name = fmt.Sprintf("decode_mma_%d", a.HeadDim)
 	}
 	shared := decodeShared(k.Act, a, plan)
 	if shared > decodeMaxShared {

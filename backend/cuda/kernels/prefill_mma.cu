@@ -1,5 +1,6 @@
 // kiln CUDA kernels: tensor-core prefill attention (f16/bf16 activations).
-// Appended to kernels.cu and attention.cu by kernels.go (one NVRTC source).
+// Appended after mma.cu (the mma.sync and ldmatrix helpers) by kernels.go
+// (one NVRTC source).
 
 #ifdef ACT_MMA
 // Prefill on the tensor cores (f16/bf16 activations): mma.sync m16n8k16 with
@@ -12,51 +13,6 @@
 // bytes, .cg; rows padded by 16 bytes: no bank conflicts for ldmatrix),
 // fragments by ldmatrix (V transposed). P is rounded to bf16 for the PV
 // product, as FlashAttention does; f16 takes P as hi + lo parts.
-
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const bf16*) {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const f16*) {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// cvt2 rounds two floats to the activation dtype and packs them (lo in the low half).
-__device__ __forceinline__ unsigned cvt2(float lo, float hi, const bf16*) {
-	unsigned r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-__device__ __forceinline__ unsigned cvt2(float lo, float hi, const f16*) {
-	unsigned r;
-	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-#define PK2(lo, hi) cvt2((lo), (hi), (const T*)0)
-
-__device__ __forceinline__ float ex2f(float x) {
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-
-// ldsm4 loads four 8×8 b16 matrices (lane i gives the shared address of row
-// i%8 of matrix i/8); ldsm4t loads them transposed.
-__device__ __forceinline__ void ldsm4(unsigned* r, unsigned a) {
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(a));
-}
-__device__ __forceinline__ void ldsm4t(unsigned* r, unsigned a) {
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-	             : "r"(a));
-}
-
-template <typename X> struct pf_is_f16 { static constexpr bool v = false; };
-template <> struct pf_is_f16<f16> { static constexpr bool v = true; };
 
 extern __shared__ __align__(16) unsigned short pf_smem[];
 
@@ -84,7 +40,7 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 	constexpr int OT = HD / 8;  // 8-wide column tiles of O
 	constexpr int QROWS = QREG ? 0 : MB * WG * PF_BQ;
 	constexpr int NTH = 128 * WG; // threads
-	constexpr bool PSPLIT = pf_is_f16<T>::v;
+	constexpr bool PSPLIT = act_is_f16<T>::v;
 	constexpr int RB = STR * 2; // row bytes
 	static_assert(HD % 16 == 0 && BK % 16 == 0 && ST >= 2, "prefill_fa shape");
 	__shared__ int sLo, sHi, sLoMax, sHiMin;

@@ -1,0 +1,343 @@
+// kiln CUDA kernels: tensor-core decode attention (f16/bf16 activations).
+// Appended after prefill_mma.cu by kernels.go (one NVRTC source); uses the
+// helpers of mma.cu and attention.cu (cp16, kv_row, decode_merge).
+
+#ifdef ACT_MMA
+// Decode attention for batches on the tensor cores (decode_mma_<HD>, GQA
+// groups up to 16; decode_mma32_<HD>, groups of 17 to 32), FlashInfer's
+// "tensor cores for GQA decode" idea: the query heads sharing a kv head are
+// the M rows of m16n8k16 tiles (rows past the group are zeros, never
+// written), so that each K and V element read from memory serves the whole
+// group through mma.sync, and the kernel is bound by the bandwidth of the
+// K/V reads rather than by the CUDA cores' dot products.
+//
+// Grid (maxSplits, kvHeads, tokens) and block DC_THREADS, as the split
+// kernel decode_impl: block (sp, kvh, t) takes keys [k0, k0 + nk) of token
+// t, k0 = lo + sp·chunk, nk = min(chunk, p + 1 − k0) (lo the window start, p
+// the token's position), for the group's heads; chunk is any number of keys
+// (the plans offer 128 to 4096). A token whose keys fit one split is
+// finished by its block; otherwise each block writes its partials (m in the
+// log2 domain, l, acc) to the workspace and the last to finish merges them
+// (decode_merge: the same workspace layout and counters as decode_impl).
+//
+// The keys stream through shared memory in stages of DM_BK = 64 keys (K and
+// V rows, padded by 16 bytes: ldmatrix without bank conflicts), a ring of
+// DM_ST = 3 stages loaded by 16-byte cp.async.cg (stage n + 2 in flight
+// during stage n; one barrier a stage), gathered through the block table.
+// Warp w takes keys 16w..16w+15 of every stage: S = Q·Kᵀ for its 16 keys
+// (Q and K fragments by ldmatrix from shared memory, K row-major as the B
+// operand), an online softmax of its own (scores in the log2 domain, one
+// FFMA and ex2 an element, as prefill_fa), P rounded to the activation
+// dtype (f16: hi + lo parts) as the A operand of O += P·V (V by
+// ldmatrix.trans). At the end the four warps' (m, l, O) are merged through
+// shared memory (over the ring).
+//
+// PDL: positions, the split's keys and the K/V rows of keys before the
+// sequence's first position in the batch (seqFresh; written by earlier
+// steps) of the first two stages are loaded before pdl_enter; Q and this
+// step's rows after it, and every store comes after it.
+//
+// Dynamic shared memory (decodeMMAShared in kernels.go): floats wm[4][ROWS]
+// and wl[4][ROWS] (the warps' row maxima and sums), Q[ROWS][HD+8], then the
+// ring: stage s holds K[64][HD+8] then V[64][HD+8] (as many stages as the
+// split has, up to 3), overlaid at the end by the warps' accumulators
+// red[4][ROWS][HD+8] (f32); ROWS = 16·MT.
+
+#define DM_WARPS 4
+#define DM_THREADS (32 * DM_WARPS)
+#define DM_KW 16                   // keys of a warp in a stage
+#define DM_BK (DM_WARPS * DM_KW)   // keys per stage (decodeMMAKeys in kernels.go)
+#define DM_ST 3                    // stages in the ring (decodeMMAStages)
+
+extern __shared__ __align__(16) unsigned short dm_smem[];
+
+// st_f2 stores x, y at p (8-byte aligned) as one 8-byte store.
+__device__ __forceinline__ void st_f2(float* p, float x, float y) {
+	float2 v;
+	v.x = x;
+	v.y = y;
+	*(float2*)p = v;
+}
+
+// dm_load copies the K and V rows of stage n of a split (keys k0 + 64n..,
+// of the nk keys k0..) into ring slot n % DM_ST, each thread its share of
+// the rows' 16-byte chunks: WHICH 0 every row, 1 only the rows of keys
+// before fresh (before the PDL wait), 2 the other rows (this step's keys,
+// and zeros past the split's end, so that P·V meets no garbage).
+template <int HD, int WHICH>
+__device__ __forceinline__ void dm_load(unsigned short* ring, const T* kc, const T* vc, const int* bt, int seqOff, int bs,
+                                        int kvHeads, int kvh, int k0, int nk, int fresh, int n) {
+	constexpr int STR = HD + 8, CPR = HD / 8;
+	unsigned short* kd = ring + (n % DM_ST) * 2 * DM_BK * STR;
+	unsigned short* vd = kd + DM_BK * STR;
+#pragma unroll
+	for (int i0 = 0; i0 < DM_BK * CPR; i0 += DM_THREADS) {
+		int i = i0 + (int)threadIdx.x;
+		int row = i / CPR, c = i % CPR;
+		int kk = n * DM_BK + row; // key index in the split
+		int j = k0 + kk;
+		bool in = kk < nk, old = in && j < fresh;
+		if ((WHICH == 1 && !old) || (WHICH == 2 && old)) continue;
+		long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * 8 : 0;
+		cp16(smem_addr(kd + row * STR + c * 8), kc + at, in);
+		cp16(smem_addr(vd + row * STR + c * 8), vc + at, in);
+	}
+}
+
+template <int HD, int MT>
+__device__ __forceinline__ void decode_mma(DC_PARAMS) {
+	constexpr int STR = HD + 8;   // shared row stride (elements)
+	constexpr int RB = STR * 2;   // row bytes
+	constexpr int CPR = HD / 8;   // 16-byte chunks per row
+	constexpr int KC = HD / 16;   // k-chunks of Q·Kᵀ
+	constexpr int OT = HD / 8;    // 8-wide column tiles of O
+	constexpr int ROWS = 16 * MT; // query rows: the group's heads, zero-padded
+	constexpr int RS = HD + 8;    // floats per row of red (2-way bank conflicts at most)
+	constexpr int SB = 2 * DM_BK * RB; // bytes per stage (K then V)
+	constexpr bool PSPLIT = act_is_f16<T>::v;
+	static_assert(HD % 16 == 0 && DM_THREADS == DC_THREADS && (DM_BK * CPR) % DM_THREADS == 0, "decode_mma shape");
+
+	const int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+	const int group = heads / kvHeads, h0 = kvh * group;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tq = lane & 3, g = lane >> 2;
+	const int mi = lane >> 3, rr = lane & 7; // ldmatrix: the matrix and row this lane addresses
+
+	float* wm = (float*)dm_smem;
+	float* wl = wm + DM_WARPS * ROWS;
+	unsigned short* Qs = (unsigned short*)(wl + DM_WARPS * ROWS);
+	unsigned short* ring = Qs + ROWS * STR;
+	float* red = (float*)ring;
+
+	// Before the wait: the split's keys, and the older keys' rows.
+	const int p = positions[t];
+	const int lo = window_start(p, window);
+	const int nsplit = (p - lo + chunk) / chunk;
+	if (sp >= nsplit) return; // uniform over the block
+	const int k0 = lo + sp * chunk;
+	const int nk = imin(chunk, p + 1 - k0);
+	const int seq = seqIndex[t];
+	const int seqOff = seqBlockOff[seq];
+	const int fresh = seqFresh[seq];
+	const int nblk = (nk + DM_BK - 1) / DM_BK;
+
+#pragma unroll
+	for (int i = 0; i < DM_ST - 1; i++)
+		if (i < nblk) dm_load<HD, 1>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
+	pdl_enter();
+	// Q rows (zeros past the group), in the first group of copies.
+	for (int i = tid; i < ROWS * CPR; i += DM_THREADS) {
+		int r = i / CPR, c = i % CPR;
+		bool in = r < group;
+		cp16(smem_addr(Qs + r * STR + c * 8), in ? q + ((long long)t * heads + h0 + r) * HD + c * 8 : q, in);
+	}
+#pragma unroll
+	for (int i = 0; i < DM_ST - 1; i++) {
+		if (i < nblk) dm_load<HD, 2>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
+		cp_commit();
+	}
+
+	// ldmatrix lane addresses (as prefill_fa): Q as the A operand (matrices:
+	// rows 0-7 / 8-15 × columns 0-7, then 8-15), K as the B operand (keys
+	// 0-7 × dims 0-7, 8-15, then keys 8-15: b0, b1 of key tiles 0 and 1),
+	// V transposed (keys 0-7 / 8-15 × dims 0-7, then dims 8-15: b0, b1 of
+	// dim tiles 0 and 1), each at the warp's 16 keys of stage 0.
+	const unsigned sQ = smem_addr(Qs) + (((mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
+	const unsigned sK = smem_addr(ring) + ((warp * DM_KW + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2;
+	const unsigned sV = smem_addr(ring) + DM_BK * RB + ((warp * DM_KW + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
+
+	float o[MT][OT][4];
+	float m[MT][2], l[MT][2];
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+		for (int i = 0; i < OT; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+		m[mt][0] = m[mt][1] = NEG_INF;
+		l[mt][0] = l[mt][1] = 0.f;
+	}
+	const float sl2 = scale * LOG2E; // scale > 0 (decodeMMAOK)
+
+	for (int n = 0; n < nblk; n++) {
+		cp_wait<DM_ST - 2>(); // stage n is in (the later one may not be)
+		__syncthreads();      // and every warp is done with stage n − 1
+		if (n + DM_ST - 1 < nblk) dm_load<HD, 0>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, n + DM_ST - 1);
+		cp_commit();
+		const int kw = n * DM_BK + warp * DM_KW; // the warp's first key in the split
+		if (kw >= nk) continue;                  // none of its keys left (uniform over the warp)
+		const unsigned kbase = sK + (n % DM_ST) * SB, vbase = sV + (n % DM_ST) * SB;
+
+		// S = Q·Kᵀ: s[mt][nt] is rows 16mt.. × keys kw + 8nt..
+		float s[MT][2][4];
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+#pragma unroll
+		for (int c = 0; c < KC; c++) {
+			unsigned b[4];
+			ldsm4(b, kbase + c * 32);
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) {
+				unsigned qa[4];
+				ldsm4(qa, sQ + mt * 16 * RB + c * 32);
+				mma16816(s[mt][0], qa, b[0], b[1], q);
+				mma16816(s[mt][1], qa, b[2], b[3], q);
+			}
+		}
+		if (kw + DM_KW > nk) { // the split's last keys: those past its end are out
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 2; e++)
+					if (kw + nt * 8 + 2 * tq + e >= nk) {
+#pragma unroll
+						for (int mt = 0; mt < MT; mt++) s[mt][nt][e] = s[mt][nt][2 + e] = NEG_INF;
+					}
+		}
+
+		// Online softmax: this thread's rows g and g + 8 of each m-tile, the
+		// quad (lanes 4g..4g+3) holding the rest of them.
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			float mx0 = fmaxf(m[mt][0], fmaxf(fmaxf(s[mt][0][0], s[mt][0][1]), fmaxf(s[mt][1][0], s[mt][1][1])));
+			float mx1 = fmaxf(m[mt][1], fmaxf(fmaxf(s[mt][0][2], s[mt][0][3]), fmaxf(s[mt][1][2], s[mt][1][3])));
+			mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+			mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+			const float b0 = mx0 == NEG_INF ? 0.f : mx0 * sl2, b1 = mx1 == NEG_INF ? 0.f : mx1 * sl2;
+			const float c0 = ex2f(fmaf(m[mt][0], sl2, -b0)), c1 = ex2f(fmaf(m[mt][1], sl2, -b1));
+			m[mt][0] = mx0;
+			m[mt][1] = mx1;
+			float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				s[mt][nt][0] = ex2f(fmaf(s[mt][nt][0], sl2, -b0));
+				s[mt][nt][1] = ex2f(fmaf(s[mt][nt][1], sl2, -b0));
+				s[mt][nt][2] = ex2f(fmaf(s[mt][nt][2], sl2, -b1));
+				s[mt][nt][3] = ex2f(fmaf(s[mt][nt][3], sl2, -b1));
+				ls0 += s[mt][nt][0] + s[mt][nt][1];
+				ls1 += s[mt][nt][2] + s[mt][nt][3];
+			}
+			l[mt][0] = l[mt][0] * c0 + ls0;
+			l[mt][1] = l[mt][1] * c1 + ls1;
+#pragma unroll
+			for (int i = 0; i < OT; i++) {
+				o[mt][i][0] *= c0;
+				o[mt][i][1] *= c0;
+				o[mt][i][2] *= c1;
+				o[mt][i][3] *= c1;
+			}
+		}
+
+		// O += P·V over the warp's 16 keys: P (rows × keys) is one A
+		// fragment per m-tile, i: (row g, keys 2tq..), (row g+8, ..),
+		// (row g, keys 8+2tq..), (row g+8, ..).
+		unsigned pa[MT][4], pl[MT][PSPLIT ? 4 : 1];
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				float x = s[mt][i >> 1][(i & 1) * 2], y = s[mt][i >> 1][(i & 1) * 2 + 1];
+				pa[mt][i] = PK2(x, y);
+				if constexpr (PSPLIT) pl[mt][i] = PK2(x - lo16(pa[mt][i], (f16*)0), y - hi16(pa[mt][i], (f16*)0));
+			}
+		}
+#pragma unroll
+		for (int ot = 0; ot < OT; ot += 2) {
+			unsigned b[4];
+			ldsm4t(b, vbase + ot * 16);
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) {
+				mma16816(o[mt][ot], pa[mt], b[0], b[1], q);
+				mma16816(o[mt][ot + 1], pa[mt], b[2], b[3], q);
+				if constexpr (PSPLIT) {
+					mma16816(o[mt][ot], pl[mt], b[0], b[1], q);
+					mma16816(o[mt][ot + 1], pl[mt], b[2], b[3], q);
+				}
+			}
+		}
+	}
+
+	// The warps' partials, over the ring: every warp is done with it and
+	// no copy is in flight after the barrier.
+	cp_wait<0>();
+	__syncthreads();
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) {
+		float l0 = l[mt][0], l1 = l[mt][1];
+		l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+		l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+		l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+		l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+		const int r0 = mt * 16 + g, r1 = r0 + 8;
+		if (r0 < group) {
+			if (tq == 0) {
+				wm[warp * ROWS + r0] = m[mt][0];
+				wl[warp * ROWS + r0] = l0;
+			}
+			float* dst = red + (warp * ROWS + r0) * RS + 2 * tq;
+#pragma unroll
+			for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][0], o[mt][ot][1]);
+		}
+		if (r1 < group) {
+			if (tq == 0) {
+				wm[warp * ROWS + r1] = m[mt][1];
+				wl[warp * ROWS + r1] = l1;
+			}
+			float* dst = red + (warp * ROWS + r1) * RS + 2 * tq;
+#pragma unroll
+			for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2], o[mt][ot][3]);
+		}
+	}
+	__syncthreads();
+
+	// Thread i takes four dims of one head: out = Σ_w 2^((m_w−M)·sl2) O_w /
+	// Σ_w 2^((m_w−M)·sl2) l_w (warp 0 has keys, so M is finite; a warp
+	// without keys has m_w = −inf and weighs 0), or the split's partials.
+	const bool single = nsplit == 1;
+	constexpr int Q4 = HD / 4;
+	for (int i = tid; i < group * Q4; i += DM_THREADS) {
+		const int r = i / Q4, d = (i % Q4) * 4;
+		float M = NEG_INF;
+#pragma unroll
+		for (int w = 0; w < DM_WARPS; w++) M = fmaxf(M, wm[w * ROWS + r]);
+		float L = 0.f;
+		float4 a = f4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+		for (int w = 0; w < DM_WARPS; w++) {
+			float e = ex2f((wm[w * ROWS + r] - M) * sl2);
+			float4 v = *(const float4*)(red + (w * ROWS + r) * RS + d);
+			L += e * wl[w * ROWS + r];
+			a.x += e * v.x; a.y += e * v.y; a.z += e * v.z; a.w += e * v.w;
+		}
+		const long long row = (long long)t * heads + h0 + r;
+		if (single) {
+			float inv = 1.0f / L;
+			uint2 v;
+			v.x = PK2(a.x * inv, a.y * inv);
+			v.y = PK2(a.z * inv, a.w * inv);
+			*(uint2*)(out + row * HD + d) = v;
+		} else {
+			long long w = row * maxSplits + sp;
+			*(float4*)(wsAcc + w * HD + d) = a;
+			if (d == 0) {
+				wsM[w] = M * sl2;
+				wsL[w] = L;
+			}
+		}
+	}
+	if (single) return;
+	decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
+}
+
+#define DECODE_MMA(HD)                                                                                               \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2>(DC_ARGS); }
+DECODE_MMA(16)
+DECODE_MMA(32)
+DECODE_MMA(64)
+DECODE_MMA(80)
+DECODE_MMA(96)
+DECODE_MMA(128)
+
+#endif // ACT_MMA

@@ -1,0 +1,134 @@
+package kernels
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDecodeMMAEmulated runs the tensor-core decode kernel's own source
+// (decode_mma.cu, with kv_row and decode_merge from attention.cu) on the
+// host, without a GPU: testdata/emu/prelude.h emulates the CUDA built-ins
+// and the PTX it uses (ldmatrix, mma.sync m16n8k16, shfl.sync by their
+// per-lane definitions in the PTX ISA, cp.async held back until the
+// wait_group that must complete it, a block's threads taking turns on one
+// OS thread), and
+// testdata/emu/driver.cpp compares its outputs with a float64 reference
+// for bf16 and f16 over GQA groups 1 to 32, head dims 16 to 128, windows,
+// several tokens a sequence, one and many splits. It checks the kernel's
+// indexing, fragment layouts, masks, ring order, split merge and PDL order
+// of reads; what it cannot check (timing, the memory model, NVRTC's code
+// generation) the GPU test does. Skipped without a C++ compiler (clang++
+// or g++) or with -short.
+func TestDecodeMMAEmulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	cxx := ""
+	for _, c := range []string{"clang++", "g++"} {
+		if p, err := exec.LookPath(c); err == nil {
+			cxx = p
+			break
+		}
+	}
+	if cxx == "" {
+		t.Skip("no C++ compiler (clang++ or g++)")
+	}
+	dir := t.TempDir()
+	src := emuSource(t)
+	for _, act := range []string{"bf16", "f16"} {
+		t.Run(act, func(t *testing.T) {
+			t.Parallel()
+			f := filepath.Join(dir, "emu_"+act+".cpp")
+			bin := filepath.Join(dir, "emu_"+act)
+			if err := os.WriteFile(f, []byte(src), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(cxx, "-std=c++17", "-O1", "-w", "-DACT="+act, f, "-o", bin).CombinedOutput(); err != nil {
+				t.Fatalf("compile: %v\n%s", err, out)
+			}
+			out, err := exec.Command(bin).CombinedOutput()
+			t.Logf("%s", out)
+			if err != nil {
+				t.Fatalf("%s: %v", act, err)
+			}
+		})
+	}
+}
+
+// emuSource assembles the emulated program: the prelude, the pieces of
+// attention.cu the kernel uses, decode_mma.cu with its dynamic shared
+// memory mapped to the prelude's array, and the driver.
+func emuSource(t *testing.T) string {
+	t.Helper()
+	read := func(name string) string {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	var b strings.Builder
+	b.WriteString(read("testdata/emu/prelude.h"))
+	b.WriteString("\n#define ACT_MMA 1\n")
+	b.WriteString(cLines(t, attention, "#define DC_THREADS"))
+	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
+	b.WriteString(cBlock(t, attention, "template <int HD>\n__device__ __forceinline__ void decode_merge("))
+	b.WriteString(cLines(t, attention, "#define DC_PARAMS"))
+	b.WriteString(cLines(t, attention, "#define DC_ARGS"))
+	const ext = "extern __shared__ __align__(16) unsigned short dm_smem[];"
+	if strings.Count(decodeMMA, ext) != 1 {
+		t.Fatalf("decode_mma.cu: no single %q", ext)
+	}
+	b.WriteString(strings.Replace(decodeMMA, ext, "static unsigned short* const dm_smem = (unsigned short*)g_smem;", 1))
+	b.WriteString(read("testdata/emu/driver.cpp"))
+	return b.String()
+}
+
+// cBlock is the definition starting at marker in src, through the brace
+// that closes its first one, and a newline.
+func cBlock(t *testing.T, src, marker string) string {
+	t.Helper()
+	i := strings.Index(src, marker)
+	if i < 0 {
+		t.Fatalf("no %q in the source", marker)
+	}
+	depth := 0
+	for j := i + strings.Index(src[i:], "{"); j < len(src); j++ {
+		switch src[j] {
+		case '{':
+			depth++
+		case '}':
+			depth--
+			if depth == 0 {
+				return src[i:j+1] + "\n"
+			}
+		}
+	}
+	t.Fatalf("%q: no closing brace", marker)
+	return ""
+}
+
+// cLines is the line starting with marker in src and the lines it
+// continues with a backslash.
+func cLines(t *testing.T, src, marker string) string {
+	t.Helper()
+	i := strings.Index(src, marker)
+	if i < 0 {
+		t.Fatalf("no %q in the source", marker)
+	}
+	j := i
+	for {
+		k := strings.IndexByte(src[j:], '\n')
+		if k < 0 {
+			return src[i:] + "\n"
+		}
+		line := strings.TrimRight(src[j:j+k], " \t")
+		j += k + 1
+		if !strings.HasSuffix(line, "\\") {
+			return src[i:j]
+		}
+	}
+}

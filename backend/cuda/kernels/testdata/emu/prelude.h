@@ -1,0 +1,292 @@
+// Host emulation of the CUDA built-ins and PTX the tensor-core decode
+// (decode_mma.cu) uses, for TestDecodeMMAEmulated (emu_test.go), which
+// compiles it with a host C++ compiler, followed by the kernel's own
+// source and driver.cpp. The CUDA threads of a block take turns on one OS
+// thread (ucontext), handing the turn on at every barrier; the warp
+// collectives (shfl.sync, ldmatrix, mma.sync) exchange their operands
+// through a table and a warp barrier and compute what the PTX ISA
+// specifies for each lane; cp.async copies are held until the
+// cp.async.wait_group that must complete them (so a read before its wait
+// sees the poisoned shared memory); a cp.async of Q or of this step's K/V
+// rows before pdl_enter() is an error (g_after_wait, set by the driver).
+// Not a model of timing or of the memory model.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+dim3 blockIdx;
+dim3 gridDim, blockDim;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) alignas(n)
+#define __launch_bounds__(...)
+
+struct bf16 { unsigned short x; };
+struct f16 { unsigned short x; };
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+typedef ACT T;
+
+#define NEG_INF (-INFINITY)
+#define LOG2E 1.4426950408889634f
+#define FULL_MASK 0xffffffffu
+
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+
+// Round to nearest even.
+static inline unsigned short f2bf(float f) {
+	unsigned u = __float_as_uint(f);
+	if (std::isnan(f)) return 0x7fc0;
+	u += 0x7fff + ((u >> 16) & 1);
+	return (unsigned short)(u >> 16);
+}
+static inline float bf2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+// f32 → f16, round to nearest even (clang has no _Float16 on x86-64).
+static inline unsigned short f2h(float f) {
+	unsigned x = __float_as_uint(f), sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
+	if (ax >= 0x7f800000) return sign | (ax > 0x7f800000 ? 0x7e00 : 0x7c00);
+	if (ax >= 0x477ff000) return sign | 0x7c00; // 65520 and up round to inf
+	if (ax < 0x38800000) return sign | (unsigned)nearbyintf(__uint_as_float(ax) * 16777216.0f); // subnormal: units of 2^-24
+	unsigned h = ((((ax >> 23) - 127 + 15)) << 10) | ((ax & 0x7fffff) >> 13), rem = ax & 0x1fff;
+	if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+	return sign | h;
+}
+static inline float h2f(unsigned short x) {
+	unsigned sign = (x & 0x8000u) << 16, e = (x >> 10) & 0x1f, m = x & 0x3ff;
+	if (e == 0) {
+		float v = m * (1.0f / 16777216.0f);
+		return sign ? -v : v;
+	}
+	if (e == 31) return __uint_as_float(sign | 0x7f800000 | (m << 13));
+	return __uint_as_float(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+
+static inline float tof(float v) { return v; }
+static inline float tof(bf16 v) { return bf2f(v.x); }
+static inline float tof(f16 v) { return h2f(v.x); }
+template <typename X> X fromf(float v);
+template <> float fromf<float>(float v) { return v; }
+template <> bf16 fromf<bf16>(float v) { return bf16{f2bf(v)}; }
+template <> f16 fromf<f16>(float v) { return f16{f2h(v)}; }
+static inline float lo16(unsigned w, bf16*) { return bf2f(w & 0xffff); }
+static inline float hi16(unsigned w, bf16*) { return bf2f(w >> 16); }
+static inline float lo16(unsigned w, f16*) { return h2f(w & 0xffff); }
+static inline float hi16(unsigned w, f16*) { return h2f(w >> 16); }
+static inline float elem(unsigned short x, const bf16*) { return bf2f(x); }
+static inline float elem(unsigned short x, const f16*) { return h2f(x); }
+
+static inline float4 f4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int window_start(int p, int window) { return (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0; }
+
+// ---- threads, blocks and barriers: each CUDA thread of a block is a
+// ucontext run by one OS thread; a barrier hands the others the turn
+// until all have arrived.
+#include <ucontext.h>
+alignas(16) unsigned char g_smem[256 << 10];
+struct Copy { unsigned dst; const void* src; bool in; int group; };
+struct Thread {
+	ucontext_t uc;
+	dim3 idx;
+	std::vector<Copy> pending; // cp.async copies not yet complete
+	int group = 0;             // the open group's id
+	bool waited = false;       // pdl_enter() was called
+	bool done = false;
+	const int* wait_gen = nullptr; // the barrier generation it waits past
+	int wait_at = 0;
+};
+alignas(16) static char g_stacks[128][64 << 10]; // the threads' stacks, reused block after block
+Thread* g_cur;
+ucontext_t g_sched;
+std::function<void()> g_body;
+#define threadIdx (g_cur->idx)
+static void yield_turn() { swapcontext(&g_cur->uc, &g_sched); }
+struct Barrier {
+	int n, count = 0, gen = 0;
+	void wait() {
+		int g = gen;
+		if (++count == n) {
+			count = 0;
+			gen++;
+			return;
+		}
+		g_cur->wait_gen = &gen;
+		g_cur->wait_at = g;
+		yield_turn(); // the scheduler resumes it once gen has moved on
+		g_cur->wait_gen = nullptr;
+	}
+};
+struct Block {
+	Barrier bar{128};
+	Barrier wbar[4] = {{32}, {32}, {32}, {32}};
+	unsigned long long xch[4][32][8]; // warp exchange tables
+};
+Block* g_block;
+static void thread_entry() {
+	g_body();
+	g_cur->done = true;
+}
+// run_block runs body as the 128 threads of block idx until all return.
+static void run_block(dim3 idx, const std::function<void()>& body) {
+	blockIdx = idx;
+	Block* b = new Block();
+	g_block = b;
+	g_body = body;
+	std::vector<Thread> th(128);
+	for (int t = 0; t < 128; t++) {
+		th[t].idx = dim3{(unsigned)t, 0, 0};
+		getcontext(&th[t].uc);
+		th[t].uc.uc_stack.ss_sp = g_stacks[t];
+		th[t].uc.uc_stack.ss_size = sizeof(g_stacks[t]);
+		th[t].uc.uc_link = &g_sched;
+		makecontext(&th[t].uc, thread_entry, 0);
+	}
+	for (;;) {
+		bool all = true, ran = false;
+		for (auto& t : th) {
+			if (t.done) continue;
+			all = false;
+			if (t.wait_gen && *t.wait_gen == t.wait_at) continue; // still blocked
+			ran = true;
+			g_cur = &t;
+			swapcontext(&g_sched, &t.uc);
+		}
+		if (all) break;
+		if (!ran) {
+			fprintf(stderr, "block (%d, %d, %d): every thread waits at a barrier the others do not reach\n", idx.x, idx.y, idx.z);
+			abort();
+		}
+	}
+	for (auto& t : th)
+		if (!t.pending.empty()) {
+			fprintf(stderr, "cp.async copies left pending\n");
+			abort();
+		}
+	delete b;
+}
+// g_after_wait reports whether a copy from src must wait for pdl_enter()
+// (Q, and K/V rows of this step's keys).
+std::function<bool(const void*)> g_after_wait;
+static inline int lane_id() { return threadIdx.x & 31; }
+static inline int warp_id() { return threadIdx.x >> 5; }
+static inline void warp_sync() { g_block->wbar[warp_id()].wait(); }
+static inline void __syncthreads() { g_block->bar.wait(); }
+static inline void __threadfence() {}
+static inline int atomicAdd(int* p, int v) {
+	int o = *p;
+	*p = o + v;
+	return o;
+}
+
+template <typename V> static V shfl_xor(V v, int m) {
+	unsigned long long b = 0;
+	memcpy(&b, &v, sizeof(V));
+	g_block->xch[warp_id()][lane_id()][0] = b;
+	warp_sync();
+	unsigned long long o = g_block->xch[warp_id()][lane_id() ^ m][0];
+	warp_sync();
+	V r;
+	memcpy(&r, &o, sizeof(V));
+	return r;
+}
+static inline float __shfl_xor_sync(unsigned, float v, int m) { return shfl_xor(v, m); }
+
+// ---- shared memory addresses: offsets into g_smem
+static inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - g_smem); }
+static inline void cp16(unsigned dst, const void* src, bool in) {
+	if (in && !g_cur->waited && g_after_wait(src)) {
+		fprintf(stderr, "thread %d of block (%d, %d, %d) copies from %p before pdl_enter\n", threadIdx.x, blockIdx.x, blockIdx.y,
+		        blockIdx.z, src);
+		abort();
+	}
+	g_cur->pending.push_back({dst, src, in, g_cur->group});
+}
+static inline void cp_commit() { g_cur->group++; }
+template <int N> static inline void cp_wait() {
+	// complete every committed group but the newest N
+	std::vector<Copy> keep;
+	for (auto& c : g_cur->pending) {
+		if (c.group < g_cur->group - N) {
+			if (c.in) memcpy(g_smem + c.dst, c.src, 16);
+			else memset(g_smem + c.dst, 0, 16);
+		} else keep.push_back(c);
+	}
+	g_cur->pending.swap(keep);
+}
+static inline void pdl_enter() { g_cur->waited = true; }
+
+// ---- ldmatrix: lane i addresses row i%8 of matrix i/8
+static inline unsigned short sm16(unsigned a) { unsigned short v; memcpy(&v, g_smem + a, 2); return v; }
+static void ldsm_impl(unsigned* r, unsigned a, bool trans) {
+	int w = warp_id(), l = lane_id();
+	g_block->xch[w][l][0] = a;
+	warp_sync();
+	for (int m = 0; m < 4; m++) {
+		int g = l >> 2, tq = l & 3;
+		unsigned lo, hi;
+		if (!trans) { // row g, cols 2tq, 2tq+1
+			unsigned row = (unsigned)g_block->xch[w][m * 8 + g][0];
+			lo = sm16(row + 4 * tq);
+			hi = sm16(row + 4 * tq + 2);
+		} else { // transposed: element (row 2tq, col g) and (row 2tq+1, col g) of the stored matrix
+			unsigned r0 = (unsigned)g_block->xch[w][m * 8 + 2 * tq][0], r1 = (unsigned)g_block->xch[w][m * 8 + 2 * tq + 1][0];
+			lo = sm16(r0 + 2 * g);
+			hi = sm16(r1 + 2 * g);
+		}
+		r[m] = lo | (hi << 16);
+	}
+	warp_sync();
+}
+static inline void ldsm4(unsigned* r, unsigned a) { ldsm_impl(r, a, false); }
+static inline void ldsm4t(unsigned* r, unsigned a) { ldsm_impl(r, a, true); }
+
+// ---- mma.sync m16n8k16 row.col, f32 accumulate
+template <typename X> static void mma_impl(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+	int w = warp_id(), l = lane_id();
+	auto* x = g_block->xch[w][l];
+	for (int i = 0; i < 4; i++) x[i] = a[i];
+	x[4] = b0;
+	x[5] = b1;
+	warp_sync();
+	auto A = [&](int row, int k) -> float { // A[row][k]
+		int g = row & 7, hiRow = row >> 3, kk = k & 7, hiK = k >> 3, tq = kk >> 1;
+		unsigned reg = (unsigned)g_block->xch[w][g * 4 + tq][hiRow + 2 * hiK];
+		unsigned short h = (kk & 1) ? reg >> 16 : reg & 0xffff;
+		return elem(h, (const X*)0);
+	};
+	auto B = [&](int k, int n) -> float { // B[k][n]
+		int kk = k & 7, hiK = k >> 3, tq = kk >> 1;
+		unsigned reg = (unsigned)g_block->xch[w][n * 4 + tq][4 + hiK];
+		unsigned short h = (kk & 1) ? reg >> 16 : reg & 0xffff;
+		return elem(h, (const X*)0);
+	};
+	int g = l >> 2, tq = l & 3;
+	float out[4];
+	for (int i = 0; i < 4; i++) {
+		int row = g + (i >= 2 ? 8 : 0), col = 2 * tq + (i & 1);
+		double s = c[i];
+		for (int k = 0; k < 16; k++) s += (double)A(row, k) * B(k, col);
+		out[i] = (float)s;
+	}
+	warp_sync();
+	for (int i = 0; i < 4; i++) c[i] = out[i];
+}
+static inline void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const bf16*) { mma_impl<bf16>(c, a, b0, b1); }
+static inline void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, const f16*) { mma_impl<f16>(c, a, b0, b1); }
+static inline unsigned cvt2(float lo, float hi, const bf16*) { return f2bf(lo) | ((unsigned)f2bf(hi) << 16); }
+static inline unsigned cvt2(float lo, float hi, const f16*) { return f2h(lo) | ((unsigned)f2h(hi) << 16); }
+#define PK2(lo, hi) cvt2((lo), (hi), (const T*)0)
+static inline float ex2f(float x) { return exp2f(x); }
+template <typename X> struct act_is_f16 { static constexpr bool v = false; };
+template <> struct act_is_f16<f16> { static constexpr bool v = true; };
+static inline float ldcg(const float* p) { return *p; }
+static inline float4 ldcg4(const float* p) { return *(const float4*)p; }

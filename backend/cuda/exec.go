@@ -494,7 +494,7 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
 		if !sameAttn(nd, last) {
-			for _, c := range kernels.DecodePlans(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs, e.l.dev.Clusters()) {
+			for _, c := range kernels.DecodePlans(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs, e.l.dev.Clusters(), e.l.k.Act) {
 				need = max(need, c.WorkspaceBytes)
 			}
 			kvHeads = max(kvHeads, nd.n.Attrs.KVHeads)

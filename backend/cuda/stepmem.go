@@ -78,7 +78,7 @@ func (l *loaded) decodeNeeds(g *ir.Graph, plans []*compile.Plan, maxSeqs, contex
 		at := kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
 		for _, t := range sizes {
 			m := kernels.Meta{T: t, MaxPos: contextBucket(context-1) - 1}
-			for _, c := range kernels.DecodePlans(at, &m, l.dev.SMs, l.dev.Clusters()) {
+			for _, c := range kernels.DecodePlans(at, &m, l.dev.SMs, l.dev.Clusters(), l.k.Act) {
 				partials = max(partials, c.WorkspaceBytes)
 			}
 		}

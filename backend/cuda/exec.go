@@ -509,6 +509,7 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 	}
 	x.counters, x.ws = l.ws, l.ws.Add(l.wsCounters)
 	last = nil
+	kept := 0 // the workspace of the plans kept
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
 		if sameAttn(nd, last) {
@@ -519,8 +520,17 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 				return err
 			}
 			nd.plan = plan
+			kept = max(kept, plan.WorkspaceBytes)
 		}
 		last = nd
+	}
+	// A plan kept for the bucket of tokens since a smaller batch may take
+	// more splits than any offered for this one.
+	if kept > need {
+		if err := l.growWorkspace(0, kept); err != nil {
+			return err
+		}
+		x.counters, x.ws = l.ws, l.ws.Add(l.wsCounters)
 	}
 	return nil
 }

@@ -327,7 +327,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 // decodeKey identifies a decode attention call for the choice of its split.
 type decodeKey struct {
 	heads, kvHeads, headDim, window int
-	t, ctx                          int // tokens, context bucket
+	t, ctx                          int // tokens (rounded up to a power of two), context bucket
 }
 
 // decodePlan picks attention node nd's split for step x among
@@ -338,9 +338,9 @@ type decodeKey struct {
 // is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
-	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, x.planMeta.T, x.planMeta.MaxPos + 1}
+	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, 1 << bits.Len(uint(x.planMeta.T-1)), x.planMeta.MaxPos + 1}
 	if p, ok := l.decodeChoice[key]; ok {
-		return p, nil
+		return p.ForBatch(l.attn(x, nd), x.planMeta), nil
 	}
 	at := l.attn(x, nd)
 	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs, l.dev.Clusters(), l.k.Act)

@@ -76,10 +76,18 @@ func (l *loaded) decodeNeeds(g *ir.Graph, plans []*compile.Plan, maxSeqs, contex
 		a := n.Attrs
 		kvHeads = max(kvHeads, a.KVHeads)
 		at := kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+		// A plan is chosen once per power-of-two bucket of tokens (at the
+		// first batch seen in it) and kept for the bucket: the fewer the
+		// tokens, the more splits PlanDecode takes, so the plans offered at
+		// the bucket's smallest batch, run on its largest, need most.
 		for _, t := range sizes {
-			m := kernels.Meta{T: t, MaxPos: contextBucket(context-1) - 1}
-			for _, c := range kernels.DecodePlans(at, &m, l.dev.SMs, l.dev.Clusters(), l.k.Act) {
-				partials = max(partials, c.WorkspaceBytes)
+			full := kernels.Meta{T: t, MaxPos: contextBucket(context-1) - 1}
+			for _, t0 := range []int{t/2 + 1, t} {
+				m := full
+				m.T = t0
+				for _, c := range kernels.DecodePlans(at, &m, l.dev.SMs, l.dev.Clusters(), l.k.Act) {
+					partials = max(partials, c.ForBatch(at, &full).WorkspaceBytes)
+				}
 			}
 		}
 	}

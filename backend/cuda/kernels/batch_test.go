@@ -186,3 +186,24 @@ func TestDecodeMMAShapes(t *testing.T) {
 		t.Error("misaligned out taken")
 	}
 }
+
+// TestDecodePlanForBatch: a plan kept for a bucket of batches, run on
+// another batch, keeps its split and needs the workspace of that batch's
+// tokens (none for a cluster plan).
+func TestDecodePlanForBatch(t *testing.T) {
+	a := Attn{Heads: 32, KVHeads: 8, HeadDim: 128}
+	small, large := &Meta{T: 33, MaxPos: 1023}, &Meta{T: 64, MaxPos: 1023}
+	for _, p := range DecodePlans(a, small, 132, true, cu.BF16) {
+		q := p.ForBatch(a, large)
+		if q.Chunk != p.Chunk || q.MaxSplits != p.MaxSplits || q.Cluster != p.Cluster || q.MMA != p.MMA {
+			t.Errorf("%v: split changed to %+v", p, q)
+		}
+		want := 0
+		if !p.Cluster {
+			want = decodePartialBytes(a, 64, p.MaxSplits)
+		}
+		if q.WorkspaceBytes != want {
+			t.Errorf("%v: workspace %d for 64 tokens, want %d", p, q.WorkspaceBytes, want)
+		}
+	}
+}

@@ -515,6 +515,15 @@ func planChunk(a Attn, m *Meta, chunk int) DecodePlan {
 	return DecodePlan{Chunk: chunk, MaxSplits: splits, WorkspaceBytes: decodePartialBytes(a, m.T, splits)}
 }
 
+// ForBatch is plan p for a batch of meta m's tokens (of the context p was
+// planned for): the same split, with the workspace its tokens need.
+func (p DecodePlan) ForBatch(a Attn, m *Meta) DecodePlan {
+	if !p.Cluster {
+		p.WorkspaceBytes = decodePartialBytes(a, m.T, p.MaxSplits)
+	}
+	return p
+}
+
 // decodePartialBytes is the size of the partial results of tokens × splits
 // blocks: per query head an accumulator of HeadDim floats, a maximum and a
 // sum (DecodePlan.ws).

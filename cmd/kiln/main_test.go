@@ -108,19 +108,29 @@ func TestBadInputIsOneLine(t *testing.T) {
 	}
 }
 
-func TestRunGreedyJSON(t *testing.T) {
-	bin, tok := stories(t)
-	out, stderr, code := kiln(t, "run", bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "20", "--json")
+// runResult is kiln run --json's output.
+type runResult struct {
+	IDs  []int  `json:"ids"`
+	Text string `json:"text"`
+}
+
+// runJSON runs kiln run with args and --json, and reads its output.
+func runJSON(t *testing.T, args ...string) runResult {
+	t.Helper()
+	out, stderr, code := kiln(t, append(append([]string{"run"}, args...), "--json")...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	var res struct {
-		IDs  []int  `json:"ids"`
-		Text string `json:"text"`
-	}
+	var res runResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v: %q", err, out)
 	}
+	return res
+}
+
+func TestRunGreedyJSON(t *testing.T) {
+	bin, tok := stories(t)
+	res := runJSON(t, bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "20")
 	want, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "expected_greedy_200steps.txt"))
 	if len(res.IDs) != 20 || !strings.HasPrefix(string(want), res.Text) || len(res.Text) < 40 {
 		t.Errorf("greedy run gave %d ids and %q, want 20 ids starting llama2.c's output %q", len(res.IDs), res.Text, want[:60])
@@ -132,17 +142,7 @@ func TestRunGreedyJSON(t *testing.T) {
 // terminal.
 func TestRunIDsWithoutTokenizer(t *testing.T) {
 	bin, _ := stories(t) // llama2.c: no tokenizer inside
-	out, stderr, code := kiln(t, "run", bin, "--ids", "1,403", "--temperature", "0", "--max-tokens", "6", "--json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
-	var res struct {
-		IDs  []int  `json:"ids"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		t.Fatalf("%v: %q", err, out)
-	}
+	res := runJSON(t, bin, "--ids", "1,403", "--temperature", "0", "--max-tokens", "6")
 	if len(res.IDs) != 6 || res.Text != "" {
 		t.Errorf("got %d ids and text %q, want 6 ids and no text", len(res.IDs), res.Text)
 	}

@@ -490,7 +490,8 @@ func decodeMMARows(a Attn) int {
 }
 
 // decodeMMAShared is the tensor-core decode's dynamic shared memory
-// (decode_mma.cu): the warps' row maxima and sums, Q's rows padded by 16
+// (decode_mma.cu): the warps' row maxima and sums, two stages' cache rows
+// (tab), Q's rows padded by 16
 // bytes, then the ring of K and V stages (as many as a split has, up to
 // decodeMMAStages), which the warps' f32 accumulators overlay at the end.
 func decodeMMAShared(a Attn, p DecodePlan) int {
@@ -499,7 +500,7 @@ func decodeMMAShared(a Attn, p DecodePlan) int {
 	stages := min(decodeMMAStages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
 	ring := stages * 2 * decodeMMAKeys * rowBytes
 	red := decodeMMAWarps * rows * (a.HeadDim + 8) * 4
-	return 2*decodeMMAWarps*rows*4 + rows*rowBytes + max(ring, red)
+	return 2*decodeMMAWarps*rows*4 + 2*decodeMMAKeys*4 + rows*rowBytes + max(ring, red)
 }
 
 func decodeContext(a Attn, m *Meta) int {

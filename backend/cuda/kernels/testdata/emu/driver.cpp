@@ -11,7 +11,7 @@ struct Case {
 };
 
 static void launch_one(int hd, int mt, DC_PARAMS) {
-#define CALL(H, M) if (hd == H && mt == M) { decode_mma<H, M>(DC_ARGS); return; }
+#define CALL(H, M) if (hd == H && mt == M) { decode_mma<H, M, DM_ST>(DC_ARGS); return; }
 	CALL(16, 1) CALL(32, 1) CALL(64, 1) CALL(80, 1) CALL(96, 1) CALL(128, 1)
 	CALL(16, 2) CALL(32, 2) CALL(64, 2) CALL(80, 2) CALL(96, 2) CALL(128, 2)
 	fprintf(stderr, "no kernel\n");

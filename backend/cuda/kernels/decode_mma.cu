@@ -412,7 +412,9 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 
 #define DECODE_MMA(HD)                                                                                               \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); }
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, 2>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, 2>(DC_ARGS); }
 DECODE_MMA(16)
 DECODE_MMA(32)
 DECODE_MMA(64)

@@ -22,11 +22,19 @@
 //
 // The keys stream through shared memory in stages of DM_BK = 64 keys (K and
 // V rows, padded by 16 bytes: ldmatrix without bank conflicts), a ring of
-// DM_ST = 3 stages loaded by 16-byte cp.async.cg (stage n + 2 in flight
-// during stage n; one barrier a stage), gathered through the block table.
+// ST stages (DM_ST = 3, or 2 for the _s2 kernels) loaded by 16-byte
+// cp.async.cg (stage n + ST − 1 in flight during stage n; one barrier a
+// stage), gathered through the block table: the cache rows of a stage's 64
+// keys are computed a stage before its copies are issued (threads 0-63, one
+// block-table load and division a key, the load issued before a stage's
+// math and used after it) into tab[2][64], so that the copies take one
+// shared load per 16-byte chunk (dm_load_tab). The prologue's stages use
+// dm_load (a lookup per chunk, as they must be split at the PDL wait).
 // Warp w takes keys 16w..16w+15 of every stage: S = Q·Kᵀ for its 16 keys
-// (Q and K fragments by ldmatrix from shared memory, K row-major as the B
-// operand), an online softmax of its own (scores in the log2 domain, one
+// (Q fragments by ldmatrix, kept in registers from the first stage when
+// the group fits one m-tile; K fragments by ldmatrix, K row-major as the B
+// operand; even and odd k-chunks into two accumulators, halving the mma
+// chain), an online softmax of its own (scores in the log2 domain, one
 // FFMA and ex2 an element, as prefill_fa), P rounded to the activation
 // dtype (f16: hi + lo parts) as the A operand of O += P·V (V by
 // ldmatrix.trans). At the end the four warps' (m, l, O) are merged through
@@ -38,9 +46,10 @@
 // step's rows after it, and every store comes after it.
 //
 // Dynamic shared memory (decodeMMAShared in kernels.go): floats wm[4][ROWS]
-// and wl[4][ROWS] (the warps' row maxima and sums), Q[ROWS][HD+8], then the
-// ring: stage s holds K[64][HD+8] then V[64][HD+8] (as many stages as the
-// split has, up to 3), overlaid at the end by the warps' accumulators
+// and wl[4][ROWS] (the warps' row maxima and sums), int tab[2][64] (the
+// rows of the next stages to load), Q[ROWS][HD+8], then the ring: stage s
+// holds K[64][HD+8] then V[64][HD+8] (as many stages as the split has, up
+// to ST), overlaid at the end by the warps' accumulators
 // red[4][ROWS][HD+8] (f32); ROWS = 16·MT.
 
 #define DM_WARPS 4
@@ -410,10 +419,14 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
 }
 
+// decode_mma_<HD> and decode_mma32_<HD>: the 3-stage ring (DM_ST);
+// decode_mma_s2_<HD> and decode_mma32_s2_<HD> (DecodePlan.Stages 2): a ring
+// of 2, 74 KiB at head dim 128 and groups ≤ 16, so three blocks an SM
+// (registers bounded for them: 170 a thread).
 #define DECODE_MMA(HD)                                                                                               \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, 2>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, 3) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, 2>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, 2>(DC_ARGS); }
 DECODE_MMA(16)
 DECODE_MMA(32)

@@ -516,13 +516,14 @@ func decodeMMAPlan(a Attn, m *Meta, chunk, stages int) DecodePlan {
 // decodeMMAMaxChunk, not one of have) whose grid of th token heads ×
 // splits blocks takes less time than any of have's by a simple model, by
 // at least 3%: whole waves (the blocks resident at once, from the shared
-// memory, at most 4 an SM) times the chunk; 0 if none.
+// memory, at most 4 an SM) times a split's mean keys; 0 if none.
 func decodeMMAWaveChunk(a Attn, ctx, th, sms int, have []int) int {
 	est := func(c int) int {
 		res := min(4, (228<<10)/(decodeMMAShared(a, DecodePlan{Chunk: c, MMA: true})+1024))
 		slots := max(1, sms*res)
-		blocks := th * ((ctx + c - 1) / c)
-		return (blocks + slots - 1) / slots * c
+		splits := (ctx + c - 1) / c
+		blocks := th * splits
+		return (blocks + slots - 1) / slots * ((ctx + splits - 1) / splits)
 	}
 	best := 0
 	for _, c := range have {

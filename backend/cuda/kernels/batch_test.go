@@ -118,28 +118,75 @@ func TestPlanDecode(t *testing.T) {
 		if !slices.Equal(withClusters[len(plans):], want) || !slices.Equal(withClusters[:len(plans)], plans) {
 			t.Errorf("%+v: candidates with clusters %+v, want %+v then %+v", c, withClusters, plans, want)
 		}
-		// bf16 adds the tensor-core plans: 128, 256, ... keys a split up
-		// to the first covering the context or 4096, each within the
-		// first plan's workspace and the shared memory bound. The scale
-		// must be positive (decodeMMAOK): none without.
+		// bf16 adds the tensor-core plans (decodeMMAPlans): powers of two
+		// from 128 keys a split, ending at the first covering the context
+		// or 4096, at most one wave-shaped chunk, then the powers of two of
+		// 256 keys and more with 2 stages where the grid has more than two
+		// blocks an SM; each within the first plan's
+		// workspace and the shared memory bound. The scale must be positive
+		// (decodeMMAOK): none without.
 		if got := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true, cu.BF16); !slices.Equal(got, withClusters) {
 			t.Errorf("%+v: scale 0 gave tensor-core plans %+v", c, got[len(withClusters):])
 		}
 		a.Scale = 0.125
 		mma := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true, cu.BF16)
-		if !slices.Equal(mma[:len(withClusters)], withClusters) || len(mma) == len(withClusters) {
+		if !slices.Equal(mma[:len(withClusters)], withClusters) || len(mma) == len(withClusters) || len(mma)-len(withClusters) > 11 {
 			t.Fatalf("%+v: bf16 candidates %+v", c, mma)
 		}
+		var pow, s2 []int
+		wave := 0
 		for i, q := range mma[len(withClusters):] {
-			chunk := 128 << i
-			if !q.MMA || q.Cluster || q.Chunk != chunk || q.MaxSplits != (ctx+chunk-1)/chunk || q.WorkspaceBytes > p.WorkspaceBytes ||
-				q.WorkspaceBytes != decodePartialBytes(a, c.T, q.MaxSplits) || decodeShared(cu.BF16, a, q) > decodeMaxShared {
+			if !q.MMA || q.Cluster || q.Chunk < decodeMMAMinChunk || q.Chunk > decodeMMAMaxChunk || q.MaxSplits != (ctx+q.Chunk-1)/q.Chunk ||
+				q.WorkspaceBytes > p.WorkspaceBytes || q.WorkspaceBytes != decodePartialBytes(a, c.T, q.MaxSplits) ||
+				decodeShared(cu.BF16, a, q) > decodeMaxShared || slices.Contains(mma[len(withClusters):i+len(withClusters)], q) {
 				t.Errorf("%+v: tensor-core candidate %+v (%d bytes of shared memory)", c, q, decodeShared(cu.BF16, a, q))
 			}
+			switch {
+			case q.Stages == 2:
+				s2 = append(s2, q.Chunk)
+			case q.Stages != 0:
+				t.Errorf("%+v: tensor-core candidate %+v", c, q)
+			case q.Chunk&(q.Chunk-1) == 0 && wave == 0 && len(s2) == 0:
+				if len(pow) > 0 && q.Chunk <= pow[len(pow)-1] {
+					t.Errorf("%+v: tensor-core candidates %+v", c, mma)
+				}
+				pow = append(pow, q.Chunk)
+			case wave == 0 && len(s2) == 0 && q.Chunk%decodeMMAKeys == 0 && q.Chunk >= 256:
+				wave = q.Chunk
+			default:
+				t.Errorf("%+v: tensor-core candidate %+v out of order", c, q)
+			}
 		}
-		if last := mma[len(mma)-1]; last.Chunk < min(ctx, decodeMMAMaxChunk) {
-			t.Errorf("%+v: the tensor-core candidates end at %+v", c, last)
+		var want2 []int
+		for _, ch := range pow {
+			if ch >= 256 && c.T*c.kv*((ctx+ch-1)/ch) > 2*c.sms {
+				want2 = append(want2, ch)
+			}
 		}
+		if len(pow) == 0 || pow[len(pow)-1] < min(ctx, decodeMMAMaxChunk) || !slices.Equal(s2, want2) {
+			t.Errorf("%+v: tensor-core candidates %+v", c, mma[len(withClusters):])
+		}
+	}
+}
+
+// TestDecodeMMAPlansPrune checks the tensor-core candidates of the batches
+// measured (H200, 132 SMs, 32/8 heads, hd 128): every plan that was fastest
+// there stays a candidate, and the list is short.
+func TestDecodeMMAPlansPrune(t *testing.T) {
+	a := Attn{Heads: 32, KVHeads: 8, HeadDim: 128, Scale: 0.1}
+	for _, c := range []struct{ T, ctx, best, most int }{
+		{16, 2048, 1024, 7}, {64, 512, 512, 4}, {64, 2048, 2048, 4}, {256, 128, 128, 1}, {256, 512, 512, 2}, {256, 2048, 2048, 2},
+		{1, 32768, 4096, 7}, {64, 1024, 1024, 4},
+	} {
+		plans := decodeMMAPlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, 132)
+		found := false
+		for _, p := range plans {
+			found = found || (p.Chunk == c.best && p.Stages == 0)
+		}
+		if !found || len(plans) > c.most {
+			t.Errorf("%+v: %d candidates %+v", c, len(plans), plans)
+		}
+		t.Logf("batch %d ctx %d: %v", c.T, c.ctx, plans)
 	}
 }
 
@@ -173,6 +220,9 @@ func TestDecodeMMAShapes(t *testing.T) {
 			}
 			if sh := decodeMMAShared(a, DecodePlan{Chunk: 128, MMA: true}); 3*(sh+1024) > 228<<10 {
 				t.Errorf("%+v: %d bytes of shared memory with 2 stages", c, sh)
+			}
+			if sh := decodeMMAShared(a, DecodePlan{Chunk: 4096, MMA: true, Stages: 2}); 3*(sh+1024) > 228<<10 {
+				t.Errorf("%+v: %d bytes of shared memory with Stages 2", c, sh)
 			}
 		}
 	}

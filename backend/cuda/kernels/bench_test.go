@@ -185,6 +185,8 @@ func benchDecode(b *testing.B, batch, ctx int) {
 		switch {
 		case plan.Cluster:
 			name = "cluster=" + itoa(plan.MaxSplits)
+		case plan.MMA && plan.Stages != 0:
+			name = "mma" + itoa(plan.Stages) + "st=" + itoa(plan.Chunk)
 		case plan.MMA:
 			name = "mma=" + itoa(plan.Chunk)
 		}

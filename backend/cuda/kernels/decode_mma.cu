@@ -22,11 +22,19 @@
 //
 // The keys stream through shared memory in stages of DM_BK = 64 keys (K and
 // V rows, padded by 16 bytes: ldmatrix without bank conflicts), a ring of
-// DM_ST = 3 stages loaded by 16-byte cp.async.cg (stage n + 2 in flight
-// during stage n; one barrier a stage), gathered through the block table.
+// ST stages (DM_ST = 3, or 2 for the _s2 kernels) loaded by 16-byte
+// cp.async.cg (stage n + ST − 1 in flight during stage n; one barrier a
+// stage), gathered through the block table: the cache rows of a stage's 64
+// keys are computed a stage before its copies are issued (threads 0-63, one
+// block-table load and division a key, the load issued before a stage's
+// math and used after it) into tab[2][64], so that the copies take one
+// shared load per 16-byte chunk (dm_load_tab). The prologue's stages use
+// dm_load (a lookup per chunk, as they must be split at the PDL wait).
 // Warp w takes keys 16w..16w+15 of every stage: S = Q·Kᵀ for its 16 keys
-// (Q and K fragments by ldmatrix from shared memory, K row-major as the B
-// operand), an online softmax of its own (scores in the log2 domain, one
+// (Q fragments by ldmatrix, kept in registers from the first stage when
+// the group fits one m-tile; K fragments by ldmatrix, K row-major as the B
+// operand; even and odd k-chunks into two accumulators, halving the mma
+// chain), an online softmax of its own (scores in the log2 domain, one
 // FFMA and ex2 an element, as prefill_fa), P rounded to the activation
 // dtype (f16: hi + lo parts) as the A operand of O += P·V (V by
 // ldmatrix.trans). At the end the four warps' (m, l, O) are merged through
@@ -38,9 +46,10 @@
 // step's rows after it, and every store comes after it.
 //
 // Dynamic shared memory (decodeMMAShared in kernels.go): floats wm[4][ROWS]
-// and wl[4][ROWS] (the warps' row maxima and sums), Q[ROWS][HD+8], then the
-// ring: stage s holds K[64][HD+8] then V[64][HD+8] (as many stages as the
-// split has, up to 3), overlaid at the end by the warps' accumulators
+// and wl[4][ROWS] (the warps' row maxima and sums), int tab[2][64] (the
+// rows of the next stages to load), Q[ROWS][HD+8], then the ring: stage s
+// holds K[64][HD+8] then V[64][HD+8] (as many stages as the split has, up
+// to ST), overlaid at the end by the warps' accumulators
 // red[4][ROWS][HD+8] (f32); ROWS = 16·MT.
 
 #define DM_WARPS 4
@@ -64,11 +73,11 @@ __device__ __forceinline__ void st_f2(float* p, float x, float y) {
 // the rows' 16-byte chunks: WHICH 0 every row, 1 only the rows of keys
 // before fresh (before the PDL wait), 2 the other rows (this step's keys,
 // and zeros past the split's end, so that P·V meets no garbage).
-template <int HD, int WHICH>
+template <int HD, int ST, int WHICH>
 __device__ __forceinline__ void dm_load(unsigned short* ring, const T* kc, const T* vc, const int* bt, int seqOff, int bs,
                                         int kvHeads, int kvh, int k0, int nk, int fresh, int n) {
 	constexpr int STR = HD + 8, CPR = HD / 8;
-	unsigned short* kd = ring + (n % DM_ST) * 2 * DM_BK * STR;
+	unsigned short* kd = ring + (n % ST) * 2 * DM_BK * STR;
 	unsigned short* vd = kd + DM_BK * STR;
 #pragma unroll
 	for (int i0 = 0; i0 < DM_BK * CPR; i0 += DM_THREADS) {
@@ -84,7 +93,41 @@ __device__ __forceinline__ void dm_load(unsigned short* ring, const T* kc, const
 	}
 }
 
-template <int HD, int MT>
+// dm_row is the cache row (slot·kvHeads + kvh; the element offset is
+// row·HD) of key kk of the split, −1 past its end (nk keys). The block
+// table is read by dm_bt (issued early) and combined by dm_rowof (late), so
+// that the load's latency hides behind a stage's math.
+__device__ __forceinline__ int dm_bt(const int* bt, int seqOff, int bs, int k0, int nk, int kk) {
+	return kk < nk ? bt[seqOff + (k0 + kk) / bs] : -1;
+}
+__device__ __forceinline__ int dm_rowof(int b, int bs, int kvHeads, int kvh, int k0, int kk) {
+	return b < 0 ? -1 : (b * bs + (k0 + kk) % bs) * kvHeads + kvh;
+}
+
+// dm_load_tab copies stage n's K and V rows into ring slot n % ST as
+// dm_load<HD, ST, 0> would, the rows taken from tab (the stage's 64 dm_row
+// values in shared memory): one table read per 16-byte chunk, all of them
+// before the copies, and no block-table lookup or division.
+template <int HD, int ST>
+__device__ __forceinline__ void dm_load_tab(unsigned short* ring, const T* kc, const T* vc, const int* tab, int n) {
+	constexpr int STR = HD + 8, CPR = HD / 8, NI = DM_BK * CPR / DM_THREADS;
+	unsigned short* kd = ring + (n % ST) * 2 * DM_BK * STR;
+	unsigned short* vd = kd + DM_BK * STR;
+	int r[NI];
+#pragma unroll
+	for (int it = 0; it < NI; it++) r[it] = tab[(it * DM_THREADS + (int)threadIdx.x) / CPR];
+#pragma unroll
+	for (int it = 0; it < NI; it++) {
+		int i = it * DM_THREADS + (int)threadIdx.x;
+		int row = i / CPR, c = i % CPR;
+		bool in = r[it] >= 0;
+		long long at = in ? (long long)r[it] * HD + c * 8 : 0;
+		cp16(smem_addr(kd + row * STR + c * 8), kc + at, in);
+		cp16(smem_addr(vd + row * STR + c * 8), vc + at, in);
+	}
+}
+
+template <int HD, int MT, int ST>
 __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	constexpr int STR = HD + 8;   // shared row stride (elements)
 	constexpr int RB = STR * 2;   // row bytes
@@ -95,7 +138,9 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	constexpr int RS = HD + 8;    // floats per row of red (2-way bank conflicts at most)
 	constexpr int SB = 2 * DM_BK * RB; // bytes per stage (K then V)
 	constexpr bool PSPLIT = act_is_f16<T>::v;
-	static_assert(HD % 16 == 0 && DM_THREADS == DC_THREADS && (DM_BK * CPR) % DM_THREADS == 0, "decode_mma shape");
+	constexpr bool QREG = MT == 1; // Q's fragments kept in registers (one m-tile: 4·KC registers)
+	static_assert(HD % 16 == 0 && DM_THREADS == DC_THREADS && (DM_BK * CPR) % DM_THREADS == 0 && DM_BK <= DM_THREADS && ST >= 2,
+	              "decode_mma shape");
 
 	const int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
 	const int group = heads / kvHeads, h0 = kvh * group;
@@ -104,7 +149,8 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 
 	float* wm = (float*)dm_smem;
 	float* wl = wm + DM_WARPS * ROWS;
-	unsigned short* Qs = (unsigned short*)(wl + DM_WARPS * ROWS);
+	int* tab = (int*)(wl + DM_WARPS * ROWS); // tab[2][DM_BK]: the rows of the next stages to load (dm_row)
+	unsigned short* Qs = (unsigned short*)(tab + 2 * DM_BK);
 	unsigned short* ring = Qs + ROWS * STR;
 	float* red = (float*)ring;
 
@@ -121,8 +167,8 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	const int nblk = (nk + DM_BK - 1) / DM_BK;
 
 #pragma unroll
-	for (int i = 0; i < DM_ST - 1; i++)
-		if (i < nblk) dm_load<HD, 1>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
+	for (int i = 0; i < ST - 1; i++)
+		if (i < nblk) dm_load<HD, ST, 1>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
 	pdl_enter();
 	// Q rows (zeros past the group), in the first group of copies.
 	for (int i = tid; i < ROWS * CPR; i += DM_THREADS) {
@@ -131,9 +177,14 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		cp16(smem_addr(Qs + r * STR + c * 8), in ? q + ((long long)t * heads + h0 + r) * HD + c * 8 : q, in);
 	}
 #pragma unroll
-	for (int i = 0; i < DM_ST - 1; i++) {
-		if (i < nblk) dm_load<HD, 2>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
+	for (int i = 0; i < ST - 1; i++) {
+		if (i < nblk) dm_load<HD, ST, 2>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
 		cp_commit();
+	}
+	// The rows of stage ST − 1 (the first loaded in the loop) into tab[(ST − 1) & 1].
+	if (tid < DM_BK && ST - 1 < nblk) {
+		const int kk = (ST - 1) * DM_BK + tid;
+		tab[((ST - 1) & 1) * DM_BK + tid] = dm_rowof(dm_bt(bt, seqOff, bs, k0, nk, kk), bs, kvHeads, kvh, k0, kk);
 	}
 
 	// ldmatrix lane addresses (as prefill_fa): Q as the A operand (matrices:
@@ -155,22 +206,38 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		l[mt][0] = l[mt][1] = 0.f;
 	}
 	const float sl2 = scale * LOG2E; // scale > 0 (decodeMMAOK)
+	unsigned qr[QREG ? KC : 1][4];   // QREG: Q's A fragments, loaded at the first stage
 
 	for (int n = 0; n < nblk; n++) {
-		cp_wait<DM_ST - 2>(); // stage n is in (the later one may not be)
-		__syncthreads();      // and every warp is done with stage n − 1
-		if (n + DM_ST - 1 < nblk) dm_load<HD, 0>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, n + DM_ST - 1);
+		cp_wait<ST - 2>(); // stage n is in (the later ones may not be)
+		__syncthreads();   // every warp is done with stage n − 1, and tab holds stage n + ST − 1's rows
+		// The block-table entry of key tid of stage n + ST, loaded now and
+		// made a row (into tab) after the math; then the copies of stage
+		// n + ST − 1 from the rows in tab.
+		const bool tabNext = tid < DM_BK && n + ST < nblk;
+		const int kkNext = (n + ST) * DM_BK + tid;
+		const int btNext = tabNext ? dm_bt(bt, seqOff, bs, k0, nk, kkNext) : -1;
+		if (n + ST - 1 < nblk) dm_load_tab<HD, ST>(ring, kc, vc, tab + ((n + ST - 1) & 1) * DM_BK, n + ST - 1);
 		cp_commit();
 		const int kw = n * DM_BK + warp * DM_KW; // the warp's first key in the split
-		if (kw >= nk) continue;                  // none of its keys left (uniform over the warp)
-		const unsigned kbase = sK + (n % DM_ST) * SB, vbase = sV + (n % DM_ST) * SB;
+		if (kw < nk) {                           // some of its keys left (uniform over the warp)
+		const unsigned kbase = sK + (n % ST) * SB, vbase = sV + (n % ST) * SB;
+		if constexpr (QREG) {
+			if (n == 0) {
+#pragma unroll
+				for (int c = 0; c < KC; c++) ldsm4(qr[c], sQ + c * 32);
+			}
+		}
 
-		// S = Q·Kᵀ: s[mt][nt] is rows 16mt.. × keys kw + 8nt..
-		float s[MT][2][4];
+		// S = Q·Kᵀ: s[mt][nt] is rows 16mt.. × keys kw + 8nt.. (even and
+		// odd k-chunks in separate accumulators: two mma chains of KC/2).
+		float s[MT][2][4], s2[MT][2][4];
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-			for (int nt = 0; nt < 2; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) s[mt][nt][e] = s2[mt][nt][e] = 0.f;
 #pragma unroll
 		for (int c = 0; c < KC; c++) {
 			unsigned b[4];
@@ -178,10 +245,30 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 #pragma unroll
 			for (int mt = 0; mt < MT; mt++) {
 				unsigned qa[4];
-				ldsm4(qa, sQ + mt * 16 * RB + c * 32);
-				mma16816(s[mt][0], qa, b[0], b[1], q);
-				mma16816(s[mt][1], qa, b[2], b[3], q);
+				if constexpr (QREG) {
+					qa[0] = qr[c][0];
+					qa[1] = qr[c][1];
+					qa[2] = qr[c][2];
+					qa[3] = qr[c][3];
+				} else {
+					ldsm4(qa, sQ + mt * 16 * RB + c * 32);
+				}
+				if (c & 1) {
+					mma16816(s2[mt][0], qa, b[0], b[1], q);
+					mma16816(s2[mt][1], qa, b[2], b[3], q);
+				} else {
+					mma16816(s[mt][0], qa, b[0], b[1], q);
+					mma16816(s[mt][1], qa, b[2], b[3], q);
+				}
 			}
+		}
+		if constexpr (KC > 1) {
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) s[mt][nt][e] += s2[mt][nt][e];
 		}
 		if (kw + DM_KW > nk) { // the split's last keys: those past its end are out
 #pragma unroll
@@ -256,6 +343,8 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 				}
 			}
 		}
+		} // kw < nk
+		if (tabNext) tab[((n + ST) & 1) * DM_BK + tid] = dm_rowof(btNext, bs, kvHeads, kvh, k0, kkNext);
 	}
 
 	// The warps' partials, over the ring: every warp is done with it and
@@ -330,9 +419,15 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
 }
 
+// decode_mma_<HD> and decode_mma32_<HD>: the 3-stage ring (DM_ST);
+// decode_mma_s2_<HD> and decode_mma32_s2_<HD> (DecodePlan.Stages 2): a ring
+// of 2, 74 KiB at head dim 128 and groups ≤ 16, so three blocks an SM
+// (registers bounded for them: 170 a thread).
 #define DECODE_MMA(HD)                                                                                               \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2>(DC_ARGS); }
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, 3) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, 2>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, 2>(DC_ARGS); }
 DECODE_MMA(16)
 DECODE_MMA(32)
 DECODE_MMA(64)

@@ -12,6 +12,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"kiln/backend/cuda/cu"
@@ -387,12 +388,16 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 // most keys a block takes. A tensor-core plan (MMA set, f16/bf16; see
 // decode_mma.cu) splits like the split plans, with Chunk up to
 // decodeMMAMaxChunk keys, and computes each block's scores and outputs with
-// mma.sync, the GQA group's query heads as the rows of the tiles.
+// mma.sync, the GQA group's query heads as the rows of the tiles; its
+// Stages is the ring of 64-key shared-memory stages: 0 for the default
+// (decodeMMAStages, 3: two blocks an SM at head dim 128), or 2 (three
+// blocks an SM, a stage in flight while one is computed).
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
 	Cluster          bool
 	MMA              bool
+	Stages           int
 }
 
 // String names the plan in the backend's statistics.
@@ -400,6 +405,8 @@ func (p DecodePlan) String() string {
 	switch {
 	case p.Cluster:
 		return fmt.Sprintf("a cluster of %d", p.MaxSplits)
+	case p.MMA && p.Stages != 0:
+		return fmt.Sprintf("tensor cores, %d keys a split, %d stages", p.Chunk, p.Stages)
 	case p.MMA:
 		return fmt.Sprintf("tensor cores, %d keys a split", p.Chunk)
 	}
@@ -430,10 +437,9 @@ func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 // multiprocessors read). The first needs the most workspace. With clusters
 // (Device.Clusters) the cluster plans of 2 to cu.MaxCluster (16) blocks
 // whose blocks take at most 128 keys follow. For f16 and bf16 activations
-// (act) the tensor-core plans follow where they apply (decodeMMAOK): 128,
-// 256, ... keys a split, up to the first that takes the whole context or
-// decodeMMAMaxChunk; every one needs at most the first plan's workspace
-// (at least 128 keys a split, against at most 128).
+// (act) the tensor-core plans follow where they apply (decodeMMAOK; see
+// decodeMMAPlans); every one needs at most the first plan's workspace (at
+// least 128 keys a split, against at most 128).
 func DecodePlans(a Attn, m *Meta, sms int, clusters bool, act cu.DType) []DecodePlan {
 	plans := []DecodePlan{PlanDecode(a, m, sms)}
 	group := a.Heads / a.KVHeads
@@ -449,16 +455,93 @@ func DecodePlans(a Attn, m *Meta, sms int, clusters bool, act cu.DType) []Decode
 		}
 	}
 	if act != cu.F32 && decodeMMAOK(a) {
-		for c := decodeMMAMinChunk; c <= decodeMMAMaxChunk; c *= 2 {
-			p := planChunk(a, m, c)
-			p.MMA = true
-			plans = append(plans, p)
-			if c >= ctx {
-				break
-			}
+		plans = append(plans, decodeMMAPlans(a, m, sms)...)
+	}
+	return plans
+}
+
+// decodeMMAPlans lists the tensor-core plans worth timing: 128, 256, ...
+// keys a split, up to the first that takes the whole context or
+// decodeMMAMaxChunk, less those whose doubled chunk still makes a grid of
+// four blocks an SM or more (two waves at two blocks an SM: fewer splits
+// then merge less for as full a machine); then at most one chunk between
+// them (a multiple of 64 keys, 256 to decodeMMAMaxChunk) whose grid comes
+// closer to whole waves (decodeMMAWaveChunk); then those powers of two of
+// at least 256 keys whose grid has more than two blocks an SM again with a
+// ring of 2 stages (Stages 2: three blocks an SM at head dim 128).
+func decodeMMAPlans(a Attn, m *Meta, sms int) []DecodePlan {
+	ctx := decodeContext(a, m)
+	th := m.T * a.KVHeads
+	var chunks []int
+	for c := decodeMMAMinChunk; c <= decodeMMAMaxChunk; c *= 2 {
+		last := c >= ctx || c == decodeMMAMaxChunk
+		if !last && th*((ctx+2*c-1)/(2*c)) >= 4*sms {
+			continue
+		}
+		chunks = append(chunks, c)
+		if last {
+			break
+		}
+	}
+	var plans []DecodePlan
+	for _, c := range chunks {
+		plans = append(plans, decodeMMAPlan(a, m, c, 0))
+	}
+	if c := decodeMMAWaveChunk(a, ctx, th, sms, chunks); c > 0 {
+		plans = append(plans, decodeMMAPlan(a, m, c, 0))
+	}
+	for _, c := range chunks {
+		if c > 2*decodeMMAKeys && decodeMMAStages2(th, ctx, c, sms) {
+			plans = append(plans, decodeMMAPlan(a, m, c, 2))
 		}
 	}
 	return plans
+}
+
+// decodeMMAStages2 reports whether a grid of th token heads at chunk keys
+// a split has more blocks than two an SM, so that the third block an SM
+// the 2-stage ring allows can matter.
+func decodeMMAStages2(th, ctx, chunk, sms int) bool {
+	return th*((ctx+chunk-1)/chunk) > 2*sms
+}
+
+func decodeMMAPlan(a Attn, m *Meta, chunk, stages int) DecodePlan {
+	p := planChunk(a, m, chunk)
+	p.MMA = true
+	p.Stages = stages
+	return p
+}
+
+// decodeMMAWaveChunk is a chunk (a multiple of 64 keys from 256 to
+// decodeMMAMaxChunk, not one of have) whose grid of th token heads ×
+// splits blocks takes less time than any of have's by a simple model, by
+// at least 3%: whole waves (the blocks resident at once, from the shared
+// memory, at most 4 an SM) times a split's mean keys; 0 if none.
+func decodeMMAWaveChunk(a Attn, ctx, th, sms int, have []int) int {
+	est := func(c int) int {
+		res := min(4, (228<<10)/(decodeMMAShared(a, DecodePlan{Chunk: c, MMA: true})+1024))
+		slots := max(1, sms*res)
+		splits := (ctx + c - 1) / c
+		blocks := th * splits
+		return (blocks + slots - 1) / slots * ((ctx + splits - 1) / splits)
+	}
+	best := 0
+	for _, c := range have {
+		if e := est(c); best == 0 || e < best {
+			best = e
+		}
+	}
+	pick, pickEst := 0, 0
+	for s := 1; s <= 64; s++ {
+		c := ((ctx+s-1)/s + decodeMMAKeys - 1) / decodeMMAKeys * decodeMMAKeys
+		if c < 4*decodeMMAKeys || c > decodeMMAMaxChunk || slices.Contains(have, c) {
+			continue
+		}
+		if e := est(c); 100*e <= 97*best && (pick == 0 || e < pickEst) {
+			pick, pickEst = c, e
+		}
+	}
+	return pick
 }
 
 // The tensor-core decode's shape (decode_mma.cu): keys per shared-memory
@@ -490,16 +573,21 @@ func decodeMMARows(a Attn) int {
 }
 
 // decodeMMAShared is the tensor-core decode's dynamic shared memory
-// (decode_mma.cu): the warps' row maxima and sums, Q's rows padded by 16
+// (decode_mma.cu): the warps' row maxima and sums, two stages' cache rows
+// (tab), Q's rows padded by 16
 // bytes, then the ring of K and V stages (as many as a split has, up to
 // decodeMMAStages), which the warps' f32 accumulators overlay at the end.
 func decodeMMAShared(a Attn, p DecodePlan) int {
 	rows := decodeMMARows(a)
 	rowBytes := (a.HeadDim + 8) * 2
-	stages := min(decodeMMAStages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
+	stages := decodeMMAStages
+	if p.Stages > 0 {
+		stages = p.Stages
+	}
+	stages = min(stages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
 	ring := stages * 2 * decodeMMAKeys * rowBytes
 	red := decodeMMAWarps * rows * (a.HeadDim + 8) * 4
-	return 2*decodeMMAWarps*rows*4 + rows*rowBytes + max(ring, red)
+	return 2*decodeMMAWarps*rows*4 + 2*decodeMMAKeys*4 + rows*rowBytes + max(ring, red)
 }
 
 func decodeContext(a Attn, m *Meta) int {
@@ -575,10 +663,10 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 		return err
 	}
 	ctx := decodeContext(a, m.Meta)
-	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx
+	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx || (!plan.MMA && plan.Stages != 0)
 	switch {
 	case plan.MMA:
-		bad = bad || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
+		bad = bad || (plan.Stages != 0 && plan.Stages != 2) || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
 	case plan.Cluster:
 		bad = bad || plan.Chunk > decodeThreads || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
 	default:
@@ -594,10 +682,15 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	switch {
 	case plan.Cluster:
 		name = fmt.Sprintf("decode_attn_cl_%d", a.HeadDim)
-	case plan.MMA && decodeMMARows(a) == 32:
-		name = fmt.Sprintf("decode_mma32_%d", a.HeadDim)
 	case plan.MMA:
-		name = fmt.Sprintf("decode_mma_%d", a.HeadDim)
+		name = "decode_mma"
+		if decodeMMARows(a) == 32 {
+			name = "decode_mma32"
+		}
+		if plan.Stages == 2 {
+			name += "_s2"
+		}
+		name = fmt.Sprintf("%s_%d", name, a.HeadDim)
 	}
 	shared := decodeShared(k.Act, a, plan)
 	if shared > decodeMaxShared {

@@ -10,15 +10,17 @@ struct Case {
 	int chunk;
 };
 
-static void launch_one(int hd, int mt, DC_PARAMS) {
-#define CALL(H, M) if (hd == H && mt == M) { decode_mma<H, M>(DC_ARGS); return; }
+static void launch_one(int hd, int mt, int st, DC_PARAMS) {
+#define CALL(H, M)                                                                    \
+	if (hd == H && mt == M && st == DM_ST) { decode_mma<H, M, DM_ST>(DC_ARGS); return; } \
+	if (hd == H && mt == M && st == 2) { decode_mma<H, M, 2>(DC_ARGS); return; }
 	CALL(16, 1) CALL(32, 1) CALL(64, 1) CALL(80, 1) CALL(96, 1) CALL(128, 1)
 	CALL(16, 2) CALL(32, 2) CALL(64, 2) CALL(80, 2) CALL(96, 2) CALL(128, 2)
 	fprintf(stderr, "no kernel\n");
 	abort();
 }
 
-static double run(const Case& c, unsigned seed) {
+static double run(const Case& c, int st, unsigned seed) {
 	const int bs = 16;
 	std::mt19937_64 rng(seed);
 	std::normal_distribution<float> nd(0.f, 1.f);
@@ -84,7 +86,7 @@ static double run(const Case& c, unsigned seed) {
 			for (int x = 0; x < splits; x++) {
 				for (size_t i = 0; i < sizeof(g_smem) / 2; i++) ((unsigned short*)g_smem)[i] = 0x7fc1;
 				run_block(dim3{(unsigned)x, (unsigned)y, (unsigned)z}, [&] {
-					launch_one(c.hd, mt, q.data(), kc.data(), vc.data(), out.data(), wsAcc, wsM, wsL, counters.data(),
+					launch_one(c.hd, mt, st, q.data(), kc.data(), vc.data(), out.data(), wsAcc, wsM, wsL, counters.data(),
 					           positions.data(), seqIndex.data(), seqBlockOff.data(), seqFresh.data(), bt.data(), c.heads,
 					           c.kvHeads, bs, c.window, scale, c.chunk, splits);
 				});
@@ -131,8 +133,8 @@ static double run(const Case& c, unsigned seed) {
 			}
 		}
 	}
-	printf("heads %d/%d hd %d window %d chunk %d splits %d tokens %d: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd, c.window, c.chunk,
-	       splits, Tn, worst, bad);
+	printf("heads %d/%d hd %d window %d chunk %d splits %d tokens %d stages %d: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd, c.window,
+	       c.chunk, splits, Tn, st, worst, bad);
 	fflush(stdout);
 	return bad ? -1 : worst;
 }
@@ -151,10 +153,15 @@ int main(int argc, char** argv) {
 		{32, 1, 128, 0, {{300, 1}}, 1024},
 		{8, 2, 128, 0, {{600, 1}, {5, 1}}, 64},
 		{32, 8, 128, 0, {{129, 2}, {64, 1}, {65, 1}}, 128},
+		{8, 2, 128, 0, {{700, 1}, {450, 2}, {3, 1}}, 448},
+		{32, 1, 64, 300, {{900, 1}}, 192},
 	};
 	int fails = 0;
-	for (size_t i = 0; i < cases.size(); i++)
-		if (run(cases[i], 1234 + i) < 0) fails++;
+	// Each case with the default ring (DM_ST stages) and with 2 stages
+	// (decode_mma_s2_<hd>).
+	for (int st : {DM_ST, 2})
+		for (size_t i = 0; i < cases.size(); i++)
+			if (run(cases[i], st, 1234 + i) < 0) fails++;
 	printf("%d failed\n", fails);
 	return fails != 0;
 }

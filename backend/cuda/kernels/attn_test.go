@@ -402,6 +402,15 @@ func TestDecodeAttention(t *testing.T) {
 			if wantMMA := act != cu.F32 && c.hd%16 == 0 && c.heads/c.kvHeads <= 32; wantMMA != (mma > 0) {
 				t.Errorf("decode %v, %v: %d tensor-core plans", c, act, mma)
 			}
+			// The prefill kernel PrefillAttention picks, on the decode case:
+			// the tensor-core one is held to its own measure (each element
+			// against its row, as TestPrefillAttention checks it: P rounded
+			// to bf16 moved one element of the 32×2-token case by 0.0106 of
+			// the whole output's rms on an H200, 2026-11-25).
+			if act != cu.F32 && c.hd%16 == 0 {
+				checkMMA(t, act, st, ref, c, "mma")
+				continue
+			}
 			e := compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
 			report(t, act, "prefill-kernel "+c.String(), e)
 		}

@@ -4,7 +4,7 @@
 # Llama-3-8B-shaped model with random bf16 weights. Results under $OUT (or
 # ./gpu-logs). ABLATIONS=1 adds decode with CUDA graphs off, with
 # programmatic dependent launches off and with the GEMV epilogues off.
-#   run tool: command "tools/gpu/bench.sh", carry [".devbin"]
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
 # Prefill of 2048 tokens and decode at context 512, batches 1 to 256.

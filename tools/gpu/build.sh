@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the GPU test binaries and the kiln binary (for tools/gpu/bench.sh)
 # here (no CUDA toolkit needed: CUDA is loaded at run time) into .devbin/, to
-# be carried to the GPU machine and run there with tools/gpu/run.sh.
+# be carried to the GPU machine and run there with tools/gpu/run.sh. The
+# binaries (about 60 MB) and the tree together pass the device tool's 64 MiB,
+# so they are also packed into .devpack/bin.tar.xz (about 25 MB): carry
+# [".devpack"] and start the command with `tar xJf .devpack/bin.tar.xz &&`.
 #   tools/gpu/build.sh [packages...]   (default ./backend/cuda/...)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,3 +35,7 @@ for b in .devbin/*.test .devbin/kiln; do
 		exit 1
 	fi
 done
+mkdir -p .devpack
+rm -f .devpack/bin.tar.xz
+tar cJf .devpack/bin.tar.xz .devbin
+echo "packed .devpack/bin.tar.xz ($(du -h .devpack/bin.tar.xz | cut -f1))"

@@ -8,7 +8,7 @@
 # without the cache flush: in a real step the small activations stay in L2
 # and the weights never fit in it. The steps to profile can be named:
 #   tools/gpu/profile.sh [prefill] [decode1] [decode16]   (default all three)
-#   run tool: command "tools/gpu/profile.sh", carry [".devbin"]
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/profile.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Go there): every .devbin/*.test with -test.v,
 # one log per binary under $OUT (or ./gpu-logs), and a summary last.
-#   run tool: command "tools/gpu/run.sh", carry [".devbin"]
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/run.sh", carry [".devpack"]
 #   extra arguments go to every test binary, e.g. -test.run TestBlasLt
 set -uo pipefail
 cd "$(dirname "$0")/../.."

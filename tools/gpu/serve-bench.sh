@@ -10,7 +10,7 @@
 # The random model has no tokenizer: prompts are encoded with the demo
 # model's (ids below 4096 are valid ids of the 128256-token vocabulary); the
 # server streams every token as a chunk, text or not.
-#   run tool: command "tools/gpu/serve-bench.sh", carry [".devbin"]
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 tok=demo/files/tokenizer.json
 work=$(mktemp -d)

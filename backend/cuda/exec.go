@@ -494,9 +494,9 @@ func (e *executable) decodeWorkspace(x *stepState) error {
 	for _, i := range e.attention {
 		nd := &e.nodes[i]
 		if !sameAttn(nd, last) {
-			for _, c := range kernels.DecodePlans(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs, e.l.dev.Clusters(), e.l.k.Act) {
-				need = max(need, c.WorkspaceBytes)
-			}
+			// PlanDecode's plan needs the most of the candidates
+			// (kernels.DecodePlans; TestPlanDecode checks it).
+			need = max(need, kernels.PlanDecode(e.l.attn(x, nd), x.planMeta, e.l.dev.SMs).WorkspaceBytes)
 			kvHeads = max(kvHeads, nd.n.Attrs.KVHeads)
 		}
 		last = nd

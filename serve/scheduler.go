@@ -374,7 +374,7 @@ func (s *Scheduler) step() {
 		ids, err = s.e.StepSample(s.items, s.samplers)
 	}
 	stepTime := time.Since(t0)
-	if err != nil && errors.Is(err, backend.ErrOutOfMemory) && s.shrink() {
+	if errors.Is(err, backend.ErrOutOfMemory) && s.shrink() {
 		s.publish()
 		return
 	}
@@ -639,8 +639,8 @@ func (s *Scheduler) gather() {
 }
 
 // shrink answers a step that failed for lack of device memory: the next
-// steps take at most half its tokens and sequences, or, when it was a
-// single token, its request is preempted (recomputed when readmitted). It
+// steps take at most half its tokens and sequences; a single token is
+// retried, then its request preempted (recomputed when readmitted). It
 // reports false when the step's requests should fail instead.
 func (s *Scheduler) shrink() bool {
 	tokens := 0

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"strings"
 
 	"kiln/backend/cuda/cu"
@@ -288,7 +287,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	if mm.T <= kernels.GEMVMaxT || l.b.Products != "" {
 		return 0
 	}
-	key := algoKey{1 << bits.Len(uint(mm.T-1)), mm.K, mm.N, mm.Out, mm.Bias != 0}
+	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.Out, mm.Bias != 0}
 	if a, ok := l.algoChoice[key]; ok {
 		return a
 	}
@@ -338,7 +337,7 @@ type decodeKey struct {
 // is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
-	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, 1 << bits.Len(uint(x.planMeta.T-1)), x.planMeta.MaxPos + 1}
+	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, pow2(x.planMeta.T), x.planMeta.MaxPos + 1}
 	if p, ok := l.decodeChoice[key]; ok {
 		return p.ForBatch(l.attn(x, nd), x.planMeta), nil
 	}

@@ -39,7 +39,7 @@ func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 	if err := l.growArena(arena); err != nil {
 		return err
 	}
-	counters, partials := l.decodeNeeds(plans[0].Graph, plans, maxSeqs, context)
+	counters, partials := l.decodeNeeds(plans, maxSeqs, context)
 	if err := l.growWorkspace(counters, partials); err != nil {
 		return err
 	}
@@ -58,29 +58,33 @@ func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 // decodeNeeds is the decode workspace for the steps plans can run: split
 // counters for the largest bucket's tokens, and the partials of the plan
 // among kernels.DecodePlans that needs most, over the decode batches of up
-// to maxSeqs sequences (two tokens each) and the context bucket of context.
-func (l *loaded) decodeNeeds(g *ir.Graph, plans []*compile.Plan, maxSeqs, context int) (counters, partials int) {
+// to maxSeqs sequences (two tokens each) and the context bucket of context;
+// each distinct attention shape and token count is planned once.
+func (l *loaded) decodeNeeds(plans []*compile.Plan, maxSeqs, context int) (counters, partials int) {
 	maxT := 0
-	var sizes []int
+	sizes := map[int]bool{}
 	for _, p := range plans {
 		maxT = max(maxT, p.Bucket.Tokens)
 		if p.Bucket.Tokens <= 2*maxSeqs {
-			sizes = append(sizes, p.Bucket.Tokens)
+			sizes[p.Bucket.Tokens] = true
 		}
 	}
 	kvHeads := 0
-	for _, n := range g.Nodes {
+	shapes := map[kernels.Attn]bool{}
+	for _, n := range plans[0].Graph.Nodes {
 		if n.Op != ir.Attention {
 			continue
 		}
 		a := n.Attrs
 		kvHeads = max(kvHeads, a.KVHeads)
-		at := kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+		shapes[kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}] = true
+	}
+	for at := range shapes {
 		// A plan is chosen once per power-of-two bucket of tokens (at the
 		// first batch seen in it) and kept for the bucket: the fewer the
 		// tokens, the more splits PlanDecode takes, so the plans offered at
 		// the bucket's smallest batch, run on its largest, need most.
-		for _, t := range sizes {
+		for t := range sizes {
 			full := kernels.Meta{T: t, MaxPos: contextBucket(context-1) - 1}
 			for _, t0 := range []int{t/2 + 1, t} {
 				m := full
@@ -94,10 +98,15 @@ func (l *loaded) decodeNeeds(g *ir.Graph, plans []*compile.Plan, maxSeqs, contex
 	return kernels.DecodeCounterBytes(maxT, kvHeads), partials
 }
 
+// pow2 rounds n (≥ 1) up to a power of two: the buckets of rows and
+// tokens that a product's algorithm and decode attention's plan are chosen
+// for.
+func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
+
 // contextBucket is the context a decode step whose largest position is
 // maxPos is planned (and its graph captured) for: maxPos+1 rounded up to a
 // power of two, at least 64.
-func contextBucket(maxPos int) int { return max(64, 1<<bits.Len(uint(maxPos))) }
+func contextBucket(maxPos int) int { return max(64, pow2(maxPos+1)) }
 
 // growArena makes the shared activation arena at least n bytes. Executables
 // built earlier keep the arena they were bound to (it stays allocated).

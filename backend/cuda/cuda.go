@@ -39,9 +39,10 @@ type Backend struct {
 	// one finishes), for comparisons.
 	NoPDL bool
 	// Products chooses the kernel of products: "" measures, per shape,
-	// GEMV against cuBLASLt for at most kernels.GEMVMaxT rows, and
-	// cuBLASLt's candidate algorithms for more (per power-of-two bucket of
-	// rows), keeping the fastest; "gemv" takes GEMV wherever it applies,
+	// GEMV against cuBLASLt for at most kernels.GEMVMaxT rows (beyond
+	// kernels.GEMVVectorMaxT rows per power-of-two bucket), and cuBLASLt's
+	// candidate algorithms from kernels.GEMVVectorMaxT+1 rows (per
+	// power-of-two bucket of rows), keeping the fastest; "gemv" takes GEMV wherever it applies,
 	// "cublaslt" never takes it, and both take cuBLASLt's first algorithm
 	// (for tests and comparisons that need the same kernels every run).
 	Products string

@@ -233,14 +233,21 @@ type mmKey struct {
 
 // useGEMV reports whether product mm runs on the skinny GEMV kernel rather
 // than cuBLASLt: for at most kernels.GEMVMaxT rows, the first time a shape
-// is seen both are timed on the stream (5 runs each after a warm-up) and the
-// faster is kept. Inside a graph capture an unmeasured shape takes cuBLASLt
-// (a capture cannot wait for timings; the warm-up step before it measures).
+// (its exact rows up to kernels.GEMVVectorMaxT, beyond a power-of-two
+// bucket of rows, as the tile kernels are built for) is seen both are
+// timed on the stream (5 runs each after a warm-up; cuBLASLt with the
+// algorithm it would run) and the faster is kept. Inside a graph capture
+// an unmeasured shape takes cuBLASLt (a capture cannot wait for timings;
+// the warm-up step before it measures).
 func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
 		return false
 	}
-	key := mmKey{mm.T, mm.K, mm.N, mm.Out == cu.F32}
+	rows := mm.T
+	if rows > kernels.GEMVVectorMaxT {
+		rows = pow2(rows)
+	}
+	key := mmKey{rows, mm.K, mm.N, mm.Out == cu.F32}
 	if use, ok := l.gemvChoice[key]; ok {
 		return use
 	}
@@ -253,18 +260,52 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 	case fits && l.b.Products == "gemv":
 		use = true
 	case fits:
-		g, errG := l.timeOn(func() error { return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) })
-		b, errB := l.timeOn(func() error { return l.lt.Matmul(mm) })
+		g, splits, errG := l.timeGEMV(mm)
+		lt := mm
+		lt.Algo = l.algorithm(x, mm)
+		b, errB := l.timeOn(func() error { return l.lt.Matmul(lt) })
 		use = errG == nil && (errB != nil || g < b)
 		kept := "cuBLASLt"
 		if use {
 			kept = "gemv"
 		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d: gemv %.1f µs, cuBLASLt %.1f µs (5 runs each): %s",
-			mm.T, mm.K, mm.N, 1e3*g/5, 1e3*b/5, kept))
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d: gemv %.1f µs%s, cuBLASLt %.1f µs (5 runs each): %s",
+			mm.T, mm.K, mm.N, 1e3*g/5, splits, 1e3*b/5, kept))
 	}
 	l.gemvChoice[key] = use
 	return use
+}
+
+// timeGEMV times product mm on the GEMV (5 runs after a warm-up). Beyond
+// kernels.GEMVVectorMaxT rows each of the tile kernel's splits of K is
+// timed and the fastest kept for the shape (GEMV.SetTileSplits), which the
+// line it returns lists.
+func (l *loaded) timeGEMV(mm cu.Matmul) (float32, string, error) {
+	f32 := mm.Out == cu.F32
+	cands := l.gemv.TileSplits(mm.T, mm.K, mm.N)
+	if len(cands) == 0 {
+		ms, err := l.timeOn(func() error { return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32) })
+		return ms, "", err
+	}
+	best, bestMs, line := 0, float32(math.Inf(1)), " (K split"
+	var err error
+	for _, sp := range cands {
+		ms, e := l.timeOn(func() error { return l.gemv.RunTileSplits(l.stream, sp, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32) })
+		if e != nil {
+			err = e
+			line += fmt.Sprintf(" %d failed,", sp)
+			continue
+		}
+		line += fmt.Sprintf(" %d %.1f,", sp, 1e3*ms/5)
+		if ms < bestMs {
+			best, bestMs = sp, ms
+		}
+	}
+	if best == 0 {
+		return 0, "", err
+	}
+	l.gemv.SetTileSplits(mm.T, mm.K, mm.N, best)
+	return bestMs, fmt.Sprintf("%s: %d kept)", strings.TrimSuffix(line, ","), best), nil
 }
 
 // algoKey identifies a cuBLASLt product for the choice of its algorithm:
@@ -281,10 +322,10 @@ type algoKey struct {
 // product's own output before the product runs) and the fastest kept if it
 // beats the heuristic's first choice by more than 3% (so that timing noise
 // does not trade the first choice for an equal one).
-// Rows up to kernels.GEMVMaxT, captures (which cannot wait for timings) and
-// a fixed Backend.Products take the first choice.
+// Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for
+// timings) and a fixed Backend.Products take the first choice.
 func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
-	if mm.T <= kernels.GEMVMaxT || l.b.Products != "" {
+	if mm.T <= kernels.GEMVVectorMaxT || l.b.Products != "" {
 		return 0
 	}
 	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.Out, mm.Bias != 0}

@@ -198,7 +198,7 @@ func cmdBenchModel(args []string) error {
 			fmt.Printf("\nthe 8192³ GEMM: %s\n", gemm.Choice)
 		}
 		if gpu != nil && len(gpu.Stats().Choices) > 0 {
-			fmt.Printf("\nproducts of at most %d rows, timed at first use:\n", kernels.GEMVMaxT)
+			fmt.Printf("\nproducts, timed at first use (GEMV against cuBLASLt up to %d rows):\n", kernels.GEMVMaxT)
 			for _, c := range gpu.Stats().Choices {
 				fmt.Println("  " + c)
 			}

@@ -23,6 +23,25 @@ import (
 // generation) the GPU test does. Skipped without a C++ compiler (clang++
 // or g++) or with -short.
 func TestDecodeMMAEmulated(t *testing.T) {
+	runEmulated(t, emuSource(t))
+}
+
+// TestGEMVTileEmulated runs the GEMV's tile kernels' own source
+// (gemv_tile.cu, with gemv.cu's epilogues and shared.cu) on the host with
+// the same emulation, thread-block clusters included (each block its own
+// shared memory, the cluster barrier over all their threads), and
+// testdata/emu/gemv_driver.cpp compares the plain product and the SwiGLU
+// and RoPE epilogues with a float64 reference for bf16 and f16: row counts
+// 3 to 64 on the three tile widths, K of 1 to 7 stages, partial tiles, K
+// split over clusters of 1 to 5 blocks. Skipped as TestDecodeMMAEmulated.
+func TestGEMVTileEmulated(t *testing.T) {
+	runEmulated(t, gemvEmuSource(t))
+}
+
+// runEmulated compiles the emulated program src for bf16 and f16 with a
+// host C++ compiler and runs it; it fails when the program does. Skipped
+// without a C++ compiler (clang++ or g++) or with -short.
+func runEmulated(t *testing.T, src string) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
@@ -37,7 +56,6 @@ func TestDecodeMMAEmulated(t *testing.T) {
 		t.Skip("no C++ compiler (clang++ or g++)")
 	}
 	dir := t.TempDir()
-	src := emuSource(t)
 	for _, act := range []string{"bf16", "f16"} {
 		t.Run(act, func(t *testing.T) {
 			t.Parallel()
@@ -56,6 +74,35 @@ func TestDecodeMMAEmulated(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gemvEmuSource assembles the emulated tile kernels: the prelude,
+// shared.cu, gemv.cu's epilogues, gemv_tile.cu with its dynamic shared
+// memory mapped to the running block's, and the driver.
+func gemvEmuSource(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/emu/prelude.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	driver, err := os.ReadFile("testdata/emu/gemv_driver.cpp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s strings.Builder
+	s.Write(b)
+	s.WriteString("\n#define GEMV_MMA 1\n#define GEMV_TILE_SWEEP 1\n")
+	s.WriteString(shared)
+	for _, st := range []string{"struct OutStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
+		s.WriteString(cBlock(t, gemvFile, st) + ";\n")
+	}
+	const ext = "extern __shared__ __align__(128) unsigned char gt_smem[];"
+	if strings.Count(gemvTile, ext) != 1 {
+		t.Fatalf("gemv_tile.cu: no single %q", ext)
+	}
+	s.WriteString(strings.Replace(gemvTile, ext, "unsigned char* const gt_smem = cur_smem();", 1))
+	s.Write(driver)
+	return s.String()
 }
 
 // emuSource assembles the emulated program: the prelude, the pieces of

@@ -34,6 +34,11 @@
 // variants GEMV_EPI, and gemv_mma_4_8_2 with its GEMV_MMA_EPI for
 // f16/bf16); -DGEMV_SWEEP=1 adds the others that the benchmark compares.
 
+// The tile kernels (gemv_tile.cu) take their tensor-core helpers from mma.cu.
+#if defined(GEMV_MMA) && !defined(ACT_MMA)
+#define ACT_MMA 1
+#endif
+
 struct bf16 { unsigned short x; };
 struct f16 { unsigned short x; };
 typedef float f32;

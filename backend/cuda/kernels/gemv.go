@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"kiln/backend/cuda/cu"
@@ -14,18 +15,39 @@ import (
 // per activation dtype): a few token rows against a weight matrix, where
 // the time is the streaming of the weights.
 
-//go:embed gemv.cu
-var gemvFile string
+var (
+	//go:embed gemv.cu
+	gemvFile string
+	//go:embed gemv_tile.cu
+	gemvTile string
+)
 
 // gemvSource is the module's NVRTC source: the functions shared with
-// kernels.cu (shared.cu), then gemv.cu.
-var gemvSource = shared + "\n" + gemvFile
+// kernels.cu (shared.cu), gemv.cu, then the asynchronous copies, the
+// tensor-core helpers and the tile kernels (built for f16/bf16 only).
+var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + mmaHelpers + "\n" + gemvTile
 
 // GEMVSource is the CUDA C source of the skinny matrix product.
 func GEMVSource() string { return gemvSource }
 
-// GEMVMaxT is the largest number of rows GEMV takes.
-const GEMVMaxT = 8
+// GEMVMaxT is the largest number of rows GEMV takes: up to GEMVVectorMaxT
+// rows on the vector kernels (CUDA cores, or the tensor cores with x as
+// one n8 tile), beyond on the tile kernels (f16/bf16 only).
+const (
+	GEMVMaxT       = 64
+	GEMVVectorMaxT = 8
+)
+
+// The tile kernels' shape (gemv_tile.cu): GT_ROWS weight rows a block of
+// GT_THREADS threads; the configuration Run takes: K in stages of tileBK
+// columns, tileStages deep, the L2 prefetch of the weights on (tilePF).
+const (
+	tileRows    = 128
+	tileThreads = 128
+	tileBK      = 64
+	tileStages  = 4
+	tilePF      = 1
+)
 
 // gemvThreads is GEMV_THREADS in gemv.cu.
 const gemvThreads = 128
@@ -43,7 +65,10 @@ var ErrGEMVShape = errors.New("kernels: gemv does not take this product")
 // cores. x and w must be 16-byte aligned and K·(element size) a multiple of
 // 16 bytes (K a multiple of 8 for f16/bf16, of 4 for f32); other products
 // get an error wrapping ErrGEMVShape, before anything is queued, and go to
-// cuBLASLt. Safe for concurrent use.
+// cuBLASLt. From 9 rows on (f16/bf16, K a multiple of 64) the tile kernels
+// of gemv_tile.cu run instead, with K split over a thread-block cluster
+// when the tiles alone would leave multiprocessors idle. Safe for
+// concurrent use.
 type GEMV struct {
 	D   *cu.Device
 	Act cu.DType
@@ -53,9 +78,15 @@ type GEMV struct {
 	// default.
 	PDL bool
 
-	mu  sync.Mutex
-	fns map[gemvCfg]*cu.Function
+	mu     sync.Mutex
+	fns    map[gemvCfg]*cu.Function
+	splits map[tileKey]int // measured choices (SetTileSplits)
 }
+
+// tileKey identifies a tile product for the choice of its splits: the
+// tile width, K and the number of tiles (the same for a product and its
+// paired epilogue, whose tiles hold half as many outputs of two rows).
+type tileKey struct{ nt, k, tiles int }
 
 // gemvEpi is what a GEMV kernel does with its sums (the epilogues of gemv.cu).
 type gemvEpi int
@@ -78,22 +109,33 @@ func (e gemvEpi) prefix() string {
 	return [...]string{"", "swiglu_", "rope_"}[e]
 }
 
-// gemvCfg is one kernel of gemv.cu for t rows of x. CUDA cores
+// gemvCfg is one kernel of the module for t rows of x. CUDA cores
 // (gemv_<t>_<r>_<u>_<lm>): r rows of w per warp, u 16-byte loads per row
 // and lane in flight. Tensor cores (gemv_mma_<u>_<warps>_<lm>, f16/bf16, t
 // at run time): 16 rows of w per block of warps warps splitting K, u loads
-// per row and lane in flight. lm: the weight load flavour. epi: the
-// epilogue (gemv_swiglu_…, gemv_mma_rope_…).
+// per row and lane in flight. lm: the weight load flavour. Tiles
+// (gemv_tile_<nt>_<bk>_<stages>_<pf>, t at run time): nt n8 tiles of x
+// rows, stages of bk columns, K split over clusters of splits blocks. epi:
+// the epilogue (gemv_swiglu_…, gemv_mma_rope_…, gemv_tile_swiglu_…).
 type gemvCfg struct {
-	t     int
-	mma   bool
-	r, u  int
-	warps int
-	lm    int
-	epi   gemvEpi
+	t      int
+	mma    bool
+	r, u   int
+	warps  int
+	lm     int
+	tile   bool
+	nt     int
+	bk     int
+	stages int
+	pf     int
+	splits int
+	epi    gemvEpi
 }
 
 func (c gemvCfg) name() string {
+	if c.tile {
+		return fmt.Sprintf("gemv_tile_%s%d_%d_%d_%d", c.epi.prefix(), c.nt, c.bk, c.stages, c.pf)
+	}
 	if c.mma {
 		return fmt.Sprintf("gemv_mma_%s%d_%d_%d", c.epi.prefix(), c.u, c.warps, c.lm)
 	}
@@ -102,6 +144,9 @@ func (c gemvCfg) name() string {
 
 // grid is the launch grid for n outputs.
 func (c gemvCfg) grid(n int) cu.Dim3 {
+	if c.tile {
+		return cu.D1(c.tiles(n) * c.splits)
+	}
 	if c.mma {
 		outs := 16 / c.epi.rows()
 		return cu.D1((n + outs - 1) / outs)
@@ -111,7 +156,24 @@ func (c gemvCfg) grid(n int) cu.Dim3 {
 	return cu.D1((warps*32 + gemvThreads - 1) / gemvThreads)
 }
 
+// tiles is the number of tiles of n outputs (tile kernels).
+func (c gemvCfg) tiles(n int) int {
+	outs := tileRows / c.epi.rows()
+	return (n + outs - 1) / outs
+}
+
+// shared is the dynamic shared memory a block takes (tile kernels).
+func (c gemvCfg) shared() int {
+	if !c.tile {
+		return 0
+	}
+	return c.stages * (tileRows + 8*c.nt) * c.bk * 2
+}
+
 func (c gemvCfg) block() cu.Dim3 {
+	if c.tile {
+		return cu.D1(tileThreads)
+	}
 	if c.mma {
 		return cu.D1(32 * c.warps)
 	}
@@ -132,9 +194,36 @@ func gemvCC(t int) gemvCfg {
 	return ccCfg(t, 4, 4)
 }
 
+// tileCfg is the tile kernel for t rows (9 to 64), its K split over
+// splits blocks (0: as tileSplits chooses at launch).
+func tileCfg(t, splits int) gemvCfg {
+	nt := 2
+	for 8*nt < t {
+		nt *= 2
+	}
+	return gemvCfg{t: t, tile: true, nt: nt, bk: tileBK, stages: tileStages, pf: tilePF, splits: splits}
+}
+
+// tileSplits is how many blocks share a tile's K: enough that the tiles
+// cover every multiprocessor once (a block streams its weights at the
+// rate one multiprocessor can draw, so fewer blocks than multiprocessors
+// leave bandwidth unused), as few as that takes (each split adds a partial
+// tile to sum), at most a portable cluster of 8 and one stage a block.
+// Without clusters, 1.
+func tileSplits(d *cu.Device, tiles, kt int) int {
+	if !d.Clusters() || tiles >= d.SMs {
+		return 1
+	}
+	return max(1, min((d.SMs+tiles-1)/tiles, 8, kt))
+}
+
 // gemvProd lists the kernels of the module for t rows: the CUDA-core one,
-// and the tensor-core one for f16/bf16.
+// and the tensor-core one for f16/bf16; for more than GEMVVectorMaxT rows
+// the tile kernel alone.
 func gemvProd(act cu.DType, t int) []gemvCfg {
+	if t > GEMVVectorMaxT {
+		return []gemvCfg{tileCfg(t, 0)}
+	}
 	if act == cu.F32 {
 		return []gemvCfg{gemvCC(t)}
 	}
@@ -144,8 +233,11 @@ func gemvProd(act cu.DType, t int) []gemvCfg {
 // gemvDefault is the configuration Run uses for t rows: for f16/bf16 the
 // tensor cores from 2 rows on (the CUDA cores' work grows with t, and at
 // t = 1 they stream a little faster on most decode shapes), else the CUDA
-// cores.
+// cores; from GEMVVectorMaxT+1 rows the tile kernel.
 func gemvDefault(act cu.DType, t int) gemvCfg {
+	if t > GEMVVectorMaxT {
+		return tileCfg(t, 0)
+	}
 	if act != cu.F32 && t >= 2 {
 		return mmaCfg(t, 4, 8)
 	}
@@ -177,7 +269,7 @@ func newGEMV(d *cu.Device, act cu.DType, sweep bool) (*GEMV, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &GEMV{D: d, Act: act, M: m, PDL: true, fns: map[gemvCfg]*cu.Function{}}, nil
+	return &GEMV{D: d, Act: act, M: m, PDL: true, fns: map[gemvCfg]*cu.Function{}, splits: map[tileKey]int{}}, nil
 }
 
 // Close unloads the module.
@@ -202,6 +294,10 @@ func (g *GEMV) Check(out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 		return fmt.Errorf("%w: null operand", ErrGEMVShape)
 	case x%16 != 0 || w%16 != 0:
 		return fmt.Errorf("%w: x (%#x) and w (%#x) must be 16-byte aligned", ErrGEMVShape, uint64(x), uint64(w))
+	case t > GEMVVectorMaxT && g.Act == cu.F32:
+		return fmt.Errorf("%w: %d rows of f32 (the tile kernels take f16 and bf16)", ErrGEMVShape, t)
+	case t > GEMVVectorMaxT && k%tileBK != 0:
+		return fmt.Errorf("%w: %d rows with K %d, not a multiple of %d", ErrGEMVShape, t, k, tileBK)
 	case uint64(out)%uint64(oes) != 0:
 		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
 	}
@@ -221,17 +317,82 @@ func (g *GEMV) Run(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) err
 // run launches configuration c on a checked product of t rows (c.t for
 // the CUDA-core kernels).
 func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	if c.tile {
+		c = g.split(c, n, k)
+		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32), int32(c.splits))
+	}
 	if c.mma {
 		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
 	}
 	return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), b2i(outF32))
 }
 
+// split sets the splits of tile configuration c for n outputs of k
+// columns when c leaves them open: the measured choice (SetTileSplits),
+// else tileSplits'.
+func (g *GEMV) split(c gemvCfg, n, k int) gemvCfg {
+	if !c.tile || c.splits != 0 {
+		return c
+	}
+	g.mu.Lock()
+	s, ok := g.splits[tileKey{c.nt, k, c.tiles(n)}]
+	g.mu.Unlock()
+	if !ok {
+		s = tileSplits(g.D, c.tiles(n), k/c.bk)
+	}
+	c.splits = s
+	return c
+}
+
+// TileSplits lists the splits of K worth timing for a product of t rows
+// (more than GEMVVectorMaxT), k columns and n outputs: 1, 2, 3, 4, 6 and 8
+// blocks a tile, as K allows (one stage a block at least); only 1 without
+// thread-block clusters. nil when the product does not take the tile
+// kernels.
+func (g *GEMV) TileSplits(t, k, n int) []int {
+	if t <= GEMVVectorMaxT || t > GEMVMaxT || g.Act == cu.F32 || k%tileBK != 0 {
+		return nil
+	}
+	if !g.D.Clusters() {
+		return []int{1}
+	}
+	var ss []int
+	for _, s := range []int{1, 2, 3, 4, 6, 8} {
+		if s <= k/tileBK {
+			ss = append(ss, s)
+		}
+	}
+	return ss
+}
+
+// SetTileSplits makes the tile products of t rows (the same tile width),
+// k columns and n outputs, and their paired epilogues, split K over s
+// blocks (one of TileSplits) instead of tileSplits' choice.
+func (g *GEMV) SetTileSplits(t, k, n, s int) {
+	c := tileCfg(t, 0)
+	g.mu.Lock()
+	g.splits[tileKey{c.nt, k, c.tiles(n)}] = s
+	g.mu.Unlock()
+}
+
+// RunTileSplits is Run for more than GEMVVectorMaxT rows with K split over
+// s blocks (one of TileSplits), for timing the choice.
+func (g *GEMV) RunTileSplits(st *cu.Stream, s int, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	if err := g.Check(out, x, w, t, k, n, outF32); err != nil {
+		return err
+	}
+	if !slices.Contains(g.TileSplits(t, k, n), s) {
+		return fmt.Errorf("%w: %d rows with K split %d ways", ErrGEMVShape, t, s)
+	}
+	return g.run(st, tileCfg(t, s), out, x, w, t, k, n, outF32)
+}
+
 // launch launches configuration c for t rows of x and n outputs with the
 // kernel's arguments args.
 func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 	key := c
-	if c.mma {
+	key.splits = 0
+	if c.mma || c.tile {
 		key.t = 0
 	} else if c.t != t {
 		return fmt.Errorf("kernels: %s for %d rows", c.name(), t)
@@ -244,6 +405,11 @@ func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 		if f, err = g.M.Function(c.name()); err != nil {
 			return fmt.Errorf("kernels: %s: %w", c.name(), err)
 		}
+		if sh := c.shared(); sh > 48<<10 {
+			if err := f.SetMaxDynamicShared(sh); err != nil {
+				return fmt.Errorf("kernels: %s: %d bytes of shared memory: %w", c.name(), sh, err)
+			}
+		}
 		g.mu.Lock()
 		g.fns[key] = f
 		g.mu.Unlock()
@@ -252,7 +418,13 @@ func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 	if g.PDL {
 		launch = f.LaunchDependent
 	}
-	if err := launch(c.grid(n), c.block(), 0, s, args...); err != nil {
+	var err error
+	if c.splits > 1 {
+		err = f.LaunchInClusters(c.splits, g.PDL, c.grid(n), c.block(), c.shared(), s, args...)
+	} else {
+		err = launch(c.grid(n), c.block(), c.shared(), s, args...)
+	}
+	if err != nil {
 		return fmt.Errorf("kernels: %s: %w", c.name(), err)
 	}
 	return nil
@@ -273,6 +445,10 @@ func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int) error {
 	}
 	c := gemvDefault(g.Act, t)
 	c.epi = epiSwiGLU
+	if c.tile {
+		c = g.split(c, f, k)
+		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t), int32(c.splits))
+	}
 	if c.mma {
 		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t))
 	}
@@ -311,6 +487,10 @@ func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error 
 	c := gemvDefault(g.Act, t)
 	c.epi = epiRoPE
 	args := []any{r.Q, r.KCache, r.VCache, r.Pos, r.Slots, r.Table, int32(r.Heads), int32(r.KVHeads), int32(r.HeadDim), b2i(r.Interleaved)}
+	if c.tile {
+		c = g.split(c, n/2, k)
+		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t), int32(c.splits)}, args...)...)
+	}
 	if c.mma {
 		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t)}, args...)...)
 	}

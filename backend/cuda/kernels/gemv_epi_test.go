@@ -41,16 +41,17 @@ func bytesOf(t *testing.T, dt cu.DType, p cu.Ptr, n int) []byte {
 // rounded to the activation dtype, then SiLU(gate)·up; against Run followed
 // by SwiGLUPacked bit for bit (the same sums, rounded the same way); and
 // nothing written past the output. Every row count 1..8 (CUDA cores and,
-// for f16/bf16, tensor cores), on the Llama-3-8B shape and odd ones.
+// for f16/bf16, tensor cores) and the tile kernels' counts (gemvRows), on
+// the Llama-3-8B shape and odd ones.
 func TestGEMVSwiGLU(t *testing.T) {
 	for _, act := range allDTypes {
 		g := gemvMod(t, act, false)
 		kk := kern(t, act)
-		for _, sh := range []gemvShape{{"llama3-8b", 4096, 14336}, {"odd", 96, 301}, {"tiny", 136, 5}} {
+		for _, sh := range []gemvShape{{"llama3-8b", 4096, 14336}, {"odd", 96, 301}, {"odd, tiles", 192, 301}, {"tiny", 136, 5}} {
 			k, f := sh.k, sh.n
 			px, pw, prod := epiInputs(t, act, k, 2*f)
 			worst := 0.0
-			for rows := 1; rows <= GEMVMaxT; rows++ {
+			for _, rows := range gemvRows(act, k) {
 				what := fmt.Sprintf("%v gemv_swiglu %s k=%d f=%d T=%d", act, sh.name, k, f, rows)
 				total := rows*f + f + 64
 				out := outBuf(t, act, total)
@@ -73,7 +74,7 @@ func TestGEMVSwiGLU(t *testing.T) {
 					t.Errorf("%s: differs from gemv + swiglu_packed", what)
 				}
 			}
-			report(t, act, fmt.Sprintf("gemv_swiglu %s k=%d f=%d T=1..8", sh.name, k, f), worst)
+			report(t, act, fmt.Sprintf("gemv_swiglu %s k=%d f=%d T=%v", sh.name, k, f, gemvRows(act, k)), worst)
 		}
 	}
 }
@@ -82,14 +83,15 @@ func TestGEMVSwiGLU(t *testing.T) {
 // activation dtype and taken apart as RoPEQKVWrite does (queries rotated,
 // keys rotated and values into random cache slots, the other slots kept,
 // every query element written); against Run followed by RoPEQKVWrite bit
-// for bit. Every row count 1..8, both pairings, GQA, MQA and MHA shapes.
+// for bit. Every row count of gemvRows, both pairings, GQA, MQA and MHA
+// shapes.
 func TestGEMVRoPEQKV(t *testing.T) {
 	const maxPos = 4096
 	for _, act := range allDTypes {
 		g := gemvMod(t, act, false)
 		kk := kern(t, act)
 		rng := newRNG(t)
-		for _, hs := range [][4]int{{32, 8, 128, 4096}, {4, 4, 64, 96}, {5, 1, 80, 136}} {
+		for _, hs := range [][4]int{{32, 8, 128, 4096}, {4, 4, 64, 96}, {5, 1, 80, 136}, {6, 2, 80, 192}} {
 			heads, kvHeads, hd, k := hs[0], hs[1], hs[2], hs[3]
 			qw, width := heads*hd, kvHeads*hd
 			n := qw + 2*width
@@ -97,7 +99,7 @@ func TestGEMVRoPEQKV(t *testing.T) {
 			tab := ropeTable(maxPos, hd, 500000)
 			ptab := up(t, cu.F32, tab)
 			worst := 0.0
-			for rows := 1; rows <= GEMVMaxT; rows++ {
+			for _, rows := range gemvRows(act, k) {
 				nslot := rows + 5
 				perm := rng.Perm(nslot)
 				slots, pos := make([]int32, rows), make([]int32, rows)
@@ -135,7 +137,7 @@ func TestGEMVRoPEQKV(t *testing.T) {
 					}
 				}
 			}
-			report(t, act, fmt.Sprintf("gemv_rope heads=%d/%d hd=%d k=%d T=1..8", heads, kvHeads, hd, k), worst)
+			report(t, act, fmt.Sprintf("gemv_rope heads=%d/%d hd=%d k=%d T=%v", heads, kvHeads, hd, k, gemvRows(act, k)), worst)
 		}
 	}
 }
@@ -152,7 +154,8 @@ func TestGEMVEpilogueErrors(t *testing.T) {
 		err  error
 	}{
 		{"swiglu f 0", g.RunSwiGLU(nil, p, p, p, 1, 64, 0)},
-		{"swiglu 9 rows", g.RunSwiGLU(nil, p, p, p, 9, 64, 8)},
+		{"swiglu 65 rows", g.RunSwiGLU(nil, p, p, p, 65, 64, 8)},
+		{"swiglu 9 rows, k 72", g.RunSwiGLU(nil, p, p, p, 9, 72, 8)},
 		{"swiglu k 12", g.RunSwiGLU(nil, p, p, p, 1, 12, 8)},
 		{"rope odd head dim", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, KVHeads: 1, HeadDim: 7}, p, p, 1, 64)},
 		{"rope no kv heads", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, HeadDim: 8}, p, p, 1, 64)},

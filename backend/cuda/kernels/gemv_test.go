@@ -178,9 +178,27 @@ func gemvInputs(t *testing.T, seed uint64, act cu.DType, k, n int) (px, pw cu.Pt
 	return px, pw, gemvRef(xs, ws, GEMVMaxT, k, n)
 }
 
+// gemvRows lists the row counts the tests run for activation dtype act and
+// K k: every count the vector kernels take, and for the tile kernels
+// (f16/bf16, K a multiple of 64) each width's smallest and largest counts
+// and one between.
+func gemvRows(act cu.DType, k int) []int {
+	rows := []int{1, 2, 3, 4, 5, 6, 7, 8}
+	if act != cu.F32 && k%tileBK == 0 {
+		rows = append(rows, 9, 13, 16, 17, 32, 33, 50, 64)
+	}
+	return rows
+}
+
+// tileSplitsTested are the splits the tests run besides tileSplits' own
+// choice: none, and clusters of 3 (uneven ranges of K) and 8 blocks.
+var tileSplitsTested = []int{1, 3, 8}
+
 // TestGEMV checks every row count 1..8 and both output dtypes on the
 // decode shapes of a Llama-3-8B and on small shapes with tails (K below one
-// warp's loads, K past whole groups of loads, N odd and below a warp's rows).
+// warp's loads, K past whole groups of loads, N odd and below a warp's
+// rows); for f16/bf16 the tile kernels at 9 to 64 rows, K split as
+// tileSplits chooses and as tileSplitsTested.
 func TestGEMV(t *testing.T) {
 	for _, act := range allDTypes {
 		g := gemvMod(t, act, false)
@@ -189,17 +207,27 @@ func TestGEMV(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%s", act, sh.name), func(t *testing.T) {
 				k, n := sh.k, sh.n
 				px, pw, ref := gemvInputs(t, rng.Uint64(), act, k, n)
-				var worst [2][2]float64 // [CUDA cores, tensor cores][out act, out f32]
-				for rows := 1; rows <= GEMVMaxT; rows++ {
-					for _, c := range gemvProd(act, rows) {
+				var worst [3][2]float64 // [CUDA cores, tensor cores, tiles][out act, out f32]
+				for _, rows := range gemvRows(act, k) {
+					cs := gemvProd(act, rows)
+					if rows > GEMVVectorMaxT {
+						for _, sp := range tileSplitsTested {
+							cs = append(cs, tileCfg(rows, sp))
+						}
+					}
+					for _, c := range cs {
+						kind := b2i(c.mma) + 2*b2i(c.tile)
 						for i, outF32 := range []bool{false, true} {
-							worst[b2i(c.mma)][i] = max(worst[b2i(c.mma)][i], gemvCase(t, g, c, px, pw, k, n, outF32, ref))
+							worst[kind][i] = max(worst[kind][i], gemvCase(t, g, c, px, pw, k, n, outF32, ref))
 						}
 					}
 				}
 				tc := ""
 				if act != cu.F32 {
 					tc = fmt.Sprintf("; tensor cores %.3g, %.3g", worst[1][0], worst[1][1])
+					if k%tileBK == 0 {
+						tc += fmt.Sprintf("; tiles (T=9..64) %.3g, %.3g", worst[2][0], worst[2][1])
+					}
 				}
 				t.Logf("%-5v gemv k=%-5d n=%-6d T=1..8 max err: CUDA cores out %v %.3g (tol %.0e), out f32 %.3g (tol %.0e)%s",
 					act, k, n, act, worst[0][0], tol(act), worst[0][1], gemvTol(act, true), tc)
@@ -218,19 +246,43 @@ func TestGEMVSweepCorrect(t *testing.T) {
 		k, n := sh.k, sh.n
 		px, pw, ref := gemvInputs(t, rng.Uint64(), act, k, n)
 		worst, count := 0.0, 0
-		for rows := 1; rows <= GEMVMaxT; rows++ {
+		rowsList := []int{1, 2, 3, 4, 5, 6, 7, 8}
+		if k%128 == 0 {
+			rowsList = append(rowsList, 16, 33, 64) // the tile kernels' configurations
+		}
+		for _, rows := range rowsList {
 			for _, c := range gemvSweep(act, rows) {
 				worst = max(worst, gemvCase(t, g, c, px, pw, k, n, false, ref))
 				count++
 			}
 		}
-		t.Logf("bf16  gemv sweep k=%d n=%d, %d kernel runs (T=1..8): max err %.3g (tol %.0e)", k, n, count, worst, tol(act))
+		t.Logf("bf16  gemv sweep k=%d n=%d, %d kernel runs (T=%v): max err %.3g (tol %.0e)", k, n, count, rowsList, worst, tol(act))
 	}
 }
 
+// cfgLabel names configuration c in the benchmark's tables.
+func cfgLabel(c gemvCfg) string {
+	if c.tile {
+		return fmt.Sprintf("%s/%d", strings.TrimPrefix(c.name(), "gemv_tile_"), c.splits)
+	}
+	return strings.TrimPrefix(c.name(), "gemv_")
+}
+
 // gemvSweep lists the configurations of the sweep module for t rows
-// (GEMV_CC, GEMV_EXTRA and the tensor-core kernels in gemv.cu).
+// (GEMV_CC, GEMV_EXTRA and the tensor-core kernels in gemv.cu; for more
+// than GEMVVectorMaxT rows the tile kernel with K split 1 to 8 ways).
 func gemvSweep(act cu.DType, t int) []gemvCfg {
+	if t > GEMVVectorMaxT {
+		var cs []gemvCfg
+		for _, v := range [][3]int{{64, 4, 1}, {64, 4, 0}, {64, 6, 1}, {128, 3, 1}, {128, 4, 1}} {
+			for _, s := range []int{1, 2, 3, 4, 6, 8} {
+				c := tileCfg(t, s)
+				c.bk, c.stages, c.pf = v[0], v[1], v[2]
+				cs = append(cs, c)
+			}
+		}
+		return cs
+	}
 	var cs []gemvCfg
 	var extra [][2]int
 	switch t {
@@ -283,12 +335,12 @@ func TestGEMVErrors(t *testing.T) {
 			must(t, err)
 			ref := gemvRef(xs, ws, GEMVMaxT, k, n)
 			worst := 0.0
-			for rows := 1; rows <= GEMVMaxT; rows++ {
+			for _, rows := range gemvRows(act, k) {
 				for _, c := range gemvProd(act, rows) {
 					worst = max(worst, gemvCase(t, g, c, px, pw, k, n, false, ref))
 				}
 			}
-			report(t, act, fmt.Sprintf("gemv k=%d n=%d T=1..8", k, n), worst)
+			report(t, act, fmt.Sprintf("gemv k=%d n=%d T=%v", k, n, gemvRows(act, k)), worst)
 		}
 		k := 64
 		px, pw := alloc(t, GEMVMaxT*k*4+64), alloc(t, n*k*4+64)
@@ -301,7 +353,9 @@ func TestGEMVErrors(t *testing.T) {
 		}{
 			{"ok", out, px, pw, 8, k, n, true, false},
 			{"0 rows", out, px, pw, 0, k, n, false, true},
-			{"9 rows", out, px, pw, 9, k, n, false, true},
+			{"65 rows", out, px, pw, 65, k, n, false, true},
+			{"9 rows of f32", out, px, pw, 9, k, n, act == cu.F32, act == cu.F32},
+			{"9 rows, k 72", out, px, pw, 9, 72, n, false, true},
 			{"k 0", out, px, pw, 1, 0, n, false, true},
 			{"n 0", out, px, pw, 1, k, 0, false, true},
 			{"x off by 4", out, px.Add(4), pw, 1, k, n, false, true},
@@ -312,6 +366,16 @@ func TestGEMVErrors(t *testing.T) {
 			err := g.Run(nil, c.out, c.x, c.w, c.rows, c.k, c.n, c.outF32)
 			if c.fail != (err != nil) || (err != nil && !errors.Is(err, ErrGEMVShape)) {
 				t.Errorf("%v %s: err %v, want failure %v (ErrGEMVShape)", act, c.what, err, c.fail)
+			}
+		}
+		if act != cu.F32 {
+			for _, sp := range []int{0, 5, 9} {
+				if err := g.RunTileSplits(nil, sp, out, px, pw, 16, k, n, false); !errors.Is(err, ErrGEMVShape) {
+					t.Errorf("%v: K of %d split %d ways: err %v, want ErrGEMVShape", act, k, sp, err)
+				}
+			}
+			if got := g.TileSplits(16, k, n); len(got) != 1 || got[0] != 1 {
+				t.Errorf("%v: splits of K %d (one stage): %v, want [1]", act, k, got)
 			}
 		}
 		must(t, gpu(t).Sync())
@@ -364,13 +428,27 @@ func TestGEMVSpeed(t *testing.T) {
 			timeCfg := func(c gemvCfg, rows, reps int) float64 {
 				return gpuTime(t, per, reps, func(i int) error { return g.run(nil, c, out, x, ws[i%nbuf], rows, k, n, false) })
 			}
-			for _, rows := range []int{1, 4, 8} {
+			for _, rows := range []int{1, 4, 8, 16, 32, 64} {
 				must(t, g.Check(out, x, ws[0], rows, k, n, false))
-				def := gemvDefault(act, rows)
+				def := g.split(gemvDefault(act, rows), n, k)
 				gms := timeCfg(def, rows, 20)
-				lms := gpuTime(t, per, 20, func(i int) error {
-					return lt.Matmul(cu.Matmul{T: rows, K: k, N: n, In: act, Out: act, X: x, W: ws[i%nbuf], Dst: out})
-				})
+				// cuBLASLt: the heuristic's first algorithm up to 8 rows, the
+				// fastest of its candidates beyond (as the executable chooses).
+				mm := cu.Matmul{T: rows, K: k, N: n, In: act, Out: act, X: x, W: ws[0], Dst: out}
+				cands := 1
+				if rows > GEMVVectorMaxT {
+					cands, err = lt.Algorithms(mm)
+					must(t, err)
+				}
+				lms := math.Inf(1)
+				for a := range cands {
+					m := mm
+					m.Algo = a
+					lms = min(lms, gpuTime(t, per, 20, func(i int) error {
+						m.W = ws[i%nbuf]
+						return lt.Matmul(m)
+					}))
+				}
 				var sweep []string
 				best, bestMs := def, gms
 				for _, c := range gemvSweep(act, rows) {
@@ -378,17 +456,17 @@ func TestGEMVSpeed(t *testing.T) {
 						continue
 					}
 					ms := timeCfg(c, rows, 10)
-					sweep = append(sweep, fmt.Sprintf("%s %.0f", strings.TrimPrefix(c.name(), "gemv_"), gbs(ms)))
+					sweep = append(sweep, fmt.Sprintf("%s %.0f", cfgLabel(c), gbs(ms)))
 					if ms < bestMs {
 						best, bestMs = c, ms
 					}
 				}
 				line := fmt.Sprintf("| %s (%d,%d) | %d | %.1f µs %.0f GB/s %.1f%% | %.1f µs %.0f GB/s %.1f%% | %.2f× | %s %.0f GB/s %.1f%% |",
 					sh.name, k, n, rows, gms*1e3, gbs(gms), 100*gbs(gms)/copyBW, lms*1e3, gbs(lms), 100*gbs(lms)/copyBW, lms/gms,
-					strings.TrimPrefix(best.name(), "gemv_"), gbs(bestMs), 100*gbs(bestMs)/copyBW)
+					cfgLabel(best), gbs(bestMs), 100*gbs(bestMs)/copyBW)
 				table = append(table, line)
 				t.Logf("%s", line)
-				t.Logf("  %d buffers of %.1f MB, %d calls per timing; default %s; others (GB/s): %s", nbuf, float64(bytes)/1e6, per, def.name(), strings.Join(sweep, ", "))
+				t.Logf("  %d buffers of %.1f MB, %d calls per timing; default %s; others (GB/s): %s", nbuf, float64(bytes)/1e6, per, cfgLabel(def), strings.Join(sweep, ", "))
 			}
 		})
 	}

@@ -23,6 +23,8 @@ var (
 	shared string
 	//go:embed kernels.cu
 	common string
+	//go:embed async.cu
+	async string
 	//go:embed attention.cu
 	attention string
 	//go:embed mma.cu
@@ -32,9 +34,9 @@ var (
 	//go:embed decode_mma.cu
 	decodeMMA string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
-	// the common and elementwise kernels, then attention, then the
-	// tensor-core helpers, prefill and decode.
-	source = shared + "\n" + common + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
+	// the common and elementwise kernels, then the asynchronous copies,
+	// attention, the tensor-core helpers, prefill and decode.
+	source = shared + "\n" + common + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.

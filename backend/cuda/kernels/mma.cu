@@ -1,7 +1,7 @@
 // kiln CUDA kernels: the tensor-core helpers (f16/bf16 activations) of the
-// tensor-core prefill (prefill_mma.cu) and decode (decode_mma.cu) attention.
-// Appended after attention.cu (which holds the cp.async helpers cp16,
-// cp_commit, cp_wait and smem_addr) by kernels.go (one NVRTC source).
+// tensor-core attention (prefill_mma.cu, decode_mma.cu) and of the GEMV's tile kernels
+// (gemv_tile.cu). Appended after async.cu (the cp.async helpers cp16,
+// cp_commit, cp_wait and smem_addr) in both modules (kernels.go, gemv.go).
 
 #ifdef ACT_MMA
 // mma16816 is mma.sync m16n8k16 with f32 accumulation, c += a·b, for the

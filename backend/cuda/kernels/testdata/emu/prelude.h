@@ -1,8 +1,12 @@
 // Host emulation of the CUDA built-ins and PTX the tensor-core decode
-// (decode_mma.cu) uses, for TestDecodeMMAEmulated (emu_test.go), which
-// compiles it with a host C++ compiler, followed by the kernel's own
-// source and driver.cpp. The CUDA threads of a block take turns on one OS
-// thread (ucontext), handing the turn on at every barrier; the warp
+// (decode_mma.cu) and the GEMV's tile kernels (gemv_tile.cu) use, for
+// TestDecodeMMAEmulated and TestGEMVTileEmulated (emu_test.go), which
+// compile it with a host C++ compiler, followed by the kernel's own source
+// and a driver (driver.cpp, gemv_driver.cpp). The CUDA threads of a block,
+// or of a thread-block cluster's blocks, take turns on one OS thread
+// (ucontext), handing the turn on at every barrier; each block of a cluster
+// has its own shared memory, read by the others through dsmem addresses
+// (rank in the top byte); the warp
 // collectives (shfl.sync, ldmatrix, mma.sync) exchange their operands
 // through a table and a warp barrier and compute what the PTX ISA
 // specifies for each lane; cp.async copies are held until the
@@ -92,11 +96,15 @@ static inline int window_start(int p, int window) { return (window > 0 && p - wi
 // ucontext run by one OS thread; a barrier hands the others the turn
 // until all have arrived.
 #include <ucontext.h>
-alignas(16) unsigned char g_smem[256 << 10];
+alignas(16) unsigned char g_smem[256 << 10]; // cluster rank 0's shared memory
+static unsigned char* g_rank_smem[16] = {g_smem};
+struct Block;
 struct Copy { unsigned dst; const void* src; bool in; int group; };
 struct Thread {
 	ucontext_t uc;
-	dim3 idx;
+	dim3 idx, block;
+	int rank = 0;             // the block's rank in its cluster
+	Block* blk = nullptr;
 	std::vector<Copy> pending; // cp.async copies not yet complete
 	int group = 0;             // the open group's id
 	bool waited = false;       // pdl_enter() was called
@@ -104,7 +112,7 @@ struct Thread {
 	const int* wait_gen = nullptr; // the barrier generation it waits past
 	int wait_at = 0;
 };
-alignas(16) static char g_stacks[128][64 << 10]; // the threads' stacks, reused block after block
+static std::vector<char> g_stacks; // the threads' stacks (64 KB each), reused block after block
 Thread* g_cur;
 ucontext_t g_sched;
 std::function<void()> g_body;
@@ -131,22 +139,38 @@ struct Block {
 	unsigned long long xch[4][32][8]; // warp exchange tables
 };
 Block* g_block;
+Barrier* g_cluster_bar;
 static void thread_entry() {
 	g_body();
 	g_cur->done = true;
 }
-// run_block runs body as the 128 threads of block idx until all return.
-static void run_block(dim3 idx, const std::function<void()>& body) {
-	blockIdx = idx;
-	Block* b = new Block();
-	g_block = b;
+static inline unsigned char* cur_smem() { return g_rank_smem[g_cur->rank]; }
+// run_cluster runs body as the 128 threads of each of the n blocks first,
+// first + (1, 0, 0), ... of one cluster (n ≤ 16; n = 1: one block) until
+// all return. Ranks past 0 get shared memory poisoned with 0xff bytes.
+static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
+	const int nt = 128 * n;
+	std::vector<Block*> blocks(n);
+	for (int r = 0; r < n; r++) {
+		blocks[r] = new Block();
+		if (r > 0) {
+			if (!g_rank_smem[r]) g_rank_smem[r] = new unsigned char[sizeof(g_smem)];
+			memset(g_rank_smem[r], 0xff, sizeof(g_smem));
+		}
+	}
+	Barrier cbar{nt};
+	g_cluster_bar = &cbar;
 	g_body = body;
-	std::vector<Thread> th(128);
-	for (int t = 0; t < 128; t++) {
-		th[t].idx = dim3{(unsigned)t, 0, 0};
+	g_stacks.resize((size_t)nt << 16);
+	std::vector<Thread> th(nt);
+	for (int t = 0; t < nt; t++) {
+		th[t].rank = t / 128;
+		th[t].idx = dim3{(unsigned)(t % 128), 0, 0};
+		th[t].block = dim3{first.x + (unsigned)th[t].rank, first.y, first.z};
+		th[t].blk = blocks[th[t].rank];
 		getcontext(&th[t].uc);
-		th[t].uc.uc_stack.ss_sp = g_stacks[t];
-		th[t].uc.uc_stack.ss_size = sizeof(g_stacks[t]);
+		th[t].uc.uc_stack.ss_sp = g_stacks.data() + ((size_t)t << 16);
+		th[t].uc.uc_stack.ss_size = 64 << 10;
 		th[t].uc.uc_link = &g_sched;
 		makecontext(&th[t].uc, thread_entry, 0);
 	}
@@ -158,11 +182,14 @@ static void run_block(dim3 idx, const std::function<void()>& body) {
 			if (t.wait_gen && *t.wait_gen == t.wait_at) continue; // still blocked
 			ran = true;
 			g_cur = &t;
+			g_block = t.blk;
+			blockIdx = t.block;
 			swapcontext(&g_sched, &t.uc);
 		}
 		if (all) break;
 		if (!ran) {
-			fprintf(stderr, "block (%d, %d, %d): every thread waits at a barrier the others do not reach\n", idx.x, idx.y, idx.z);
+			fprintf(stderr, "cluster at block (%d, %d, %d): every thread waits at a barrier the others do not reach\n", first.x, first.y,
+			        first.z);
 			abort();
 		}
 	}
@@ -171,8 +198,9 @@ static void run_block(dim3 idx, const std::function<void()>& body) {
 			fprintf(stderr, "cp.async copies left pending\n");
 			abort();
 		}
-	delete b;
+	for (auto* b : blocks) delete b;
 }
+static void run_block(dim3 idx, const std::function<void()>& body) { run_cluster(idx, 1, body); }
 // g_after_wait reports whether a copy from src must wait for pdl_enter()
 // (Q, and K/V rows of this step's keys).
 std::function<bool(const void*)> g_after_wait;
@@ -200,8 +228,8 @@ template <typename V> static V shfl_xor(V v, int m) {
 }
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return shfl_xor(v, m); }
 
-// ---- shared memory addresses: offsets into g_smem
-static inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - g_smem); }
+// ---- shared memory addresses: offsets into the block's shared memory
+static inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - cur_smem()); }
 static inline void cp16(unsigned dst, const void* src, bool in) {
 	if (in && !g_cur->waited && g_after_wait(src)) {
 		fprintf(stderr, "thread %d of block (%d, %d, %d) copies from %p before pdl_enter\n", threadIdx.x, blockIdx.x, blockIdx.y,
@@ -210,22 +238,34 @@ static inline void cp16(unsigned dst, const void* src, bool in) {
 	}
 	g_cur->pending.push_back({dst, src, in, g_cur->group});
 }
+static inline void cp16_l2(unsigned dst, const void* src, bool in) { cp16(dst, src, in); }
 static inline void cp_commit() { g_cur->group++; }
 template <int N> static inline void cp_wait() {
 	// complete every committed group but the newest N
 	std::vector<Copy> keep;
 	for (auto& c : g_cur->pending) {
 		if (c.group < g_cur->group - N) {
-			if (c.in) memcpy(g_smem + c.dst, c.src, 16);
-			else memset(g_smem + c.dst, 0, 16);
+			if (c.in) memcpy(cur_smem() + c.dst, c.src, 16);
+			else memset(cur_smem() + c.dst, 0, 16);
 		} else keep.push_back(c);
 	}
 	g_cur->pending.swap(keep);
 }
 static inline void pdl_enter() { g_cur->waited = true; }
+static inline void pdl_wait() { pdl_enter(); }
+static inline void pdl_trigger() {}
+
+// ---- clusters: a dsmem address is the rank (top byte) and the offset
+static inline void cluster_sync() { g_cluster_bar->wait(); }
+static inline unsigned dsmem(const void* p, int rank) { return ((unsigned)rank << 24) | smem_addr(p); }
+static inline float lds_cluster(unsigned a) {
+	float v;
+	memcpy(&v, g_rank_smem[a >> 24] + (a & 0xffffff), 4);
+	return v;
+}
 
 // ---- ldmatrix: lane i addresses row i%8 of matrix i/8
-static inline unsigned short sm16(unsigned a) { unsigned short v; memcpy(&v, g_smem + a, 2); return v; }
+static inline unsigned short sm16(unsigned a) { unsigned short v; memcpy(&v, cur_smem() + a, 2); return v; }
 static void ldsm_impl(unsigned* r, unsigned a, bool trans) {
 	int w = warp_id(), l = lane_id();
 	g_block->xch[w][l][0] = a;
@@ -290,3 +330,12 @@ template <typename X> struct act_is_f16 { static constexpr bool v = false; };
 template <> struct act_is_f16<f16> { static constexpr bool v = true; };
 static inline float ldcg(const float* p) { return *p; }
 static inline float4 ldcg4(const float* p) { return *(const float4*)p; }
+
+// ---- gemv.cu's stores and rounding (its PTX cvt.rn), for its epilogues
+static inline void store(float* p, float v) { *p = v; }
+static inline void store(bf16* p, float v) { p->x = f2bf(v); }
+static inline void store(f16* p, float v) { p->x = f2h(v); }
+static inline float rnd(float v, const float*) { return v; }
+static inline float rnd(float v, const bf16*) { return bf2f(f2bf(v)); }
+static inline float rnd(float v, const f16*) { return h2f(f2h(v)); }
+static inline float rnd(float v) { return rnd(v, (const T*)0); }

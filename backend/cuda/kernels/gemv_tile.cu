@@ -1,0 +1,221 @@
+// kiln skinny GEMM on the tensor cores for 9 to 64 rows (batched decode
+// steps): out[T,N] = x[T,K]·w[N,K]ᵀ with the epilogues of gemv.cu
+// (OutStore, SwiGLUOut, RoPEOut). Appended to the gemv module after
+// async.cu and mma.cu when it is built with -DGEMV_MMA (f16, bf16).
+//
+// At 64 rows a decode product is still bound by the streaming of w (64
+// multiply-adds per weight), but each weight row is now used by many
+// rows of x, so x must be staged once per block rather than read per
+// warp as gemv_mma does. A block of 4 warps owns GT_ROWS = 128 rows of
+// w (warp v: rows 32v..32v+31, two m16 tiles) and the first TT ≤ 8·NT
+// rows of x (NT n8 tiles), and streams a range of K through ST-deep
+// cp.async stages of BK columns (w 256·BK bytes, x 16·NT·BK), read by
+// ldmatrix from 2·BK-byte rows whose 16-byte chunks are swizzled (chunk c
+// of row r stored at c ^ (r & 7)) so that the 8 rows of each ldmatrix
+// matrix fall in distinct banks. PF 1 asks the L2 to fetch 256 bytes
+// around each weight copy (the next stage's, for BK 64).
+//
+// Split K: the `splits` consecutive blocks of a thread-block cluster share
+// one tile of outputs, each taking an equal range of K; after the products
+// each block writes its f32 partial tile into its own shared memory and,
+// after a cluster barrier, block rank r sums outputs r, r + splits, ...
+// of the tile over every block's partials (distributed shared memory, in
+// rank order, so the sums do not depend on timing) and stores them through
+// the epilogue. No workspace, nothing left in global memory between
+// launches. With splits = 1 (no cluster) the same code reads its own
+// shared memory.
+//
+// PDL: the weights of the first ST-1 stages are requested before
+// the wait for the previous kernel (no kernel writes them), x after it.
+//
+// Tile rows and outputs: OutStore's output n0 + r is tile row r; a paired
+// epilogue's (E::ROWS 2) outputs j0..j0+63 take tile rows 0..63 and their
+// partner rows 64..127. Rows past the epilogue's outputs are zero-filled
+// and not stored; x rows past TT are zero-filled (their columns dropped).
+// K must be a multiple of BK (the Go wrapper checks).
+
+#ifdef GEMV_MMA
+#define GT_ROWS 128
+#define GT_THREADS 128
+
+// gt_off is the byte offset of 16-byte chunk c of row r in a stage tile of
+// BK columns.
+template <int BK> __device__ __forceinline__ unsigned gt_off(int r, int c) {
+	return (unsigned)(r * 2 * BK + ((c ^ (r & 7)) << 4));
+}
+
+// gt_partial loads partial sum i (a float index) of cluster block rank r.
+__device__ __forceinline__ float gt_partial(const float* red, int i, int r, int splits) {
+	if (splits == 1) return red[i];
+	return lds_cluster(dsmem(red + i, r));
+}
+
+template <int NT, int BK, int ST, int PF, class E>
+__device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, int TT, int splits, const E& e) {
+	extern __shared__ __align__(128) unsigned char gt_smem[];
+	constexpr int XROWS = 8 * NT, CH = BK / 8; // x rows, 16-byte chunks a row
+	constexpr int WBYTES = GT_ROWS * 2 * BK, SBYTES = WBYTES + XROWS * 2 * BK;
+	constexpr int OUTS = GT_ROWS / E::ROWS; // outputs a tile
+	constexpr int RSTEP = GT_THREADS / CH;  // rows a round of copies covers
+	constexpr int WLOADS = GT_ROWS / RSTEP, XLOADS = XROWS / RSTEP;
+	static_assert(XLOADS >= 1 && XROWS % RSTEP == 0 && GT_THREADS % CH == 0, "x chunks a thread");
+	if (!E::LATE) pdl_trigger();
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int rank = blockIdx.x % splits, tile = blockIdx.x / splits;
+	const int units = e.units(), n0 = tile * OUTS;
+	const unsigned sb = smem_addr(gt_smem);
+
+	// Thread tid copies chunk tid % CH of tile rows tid/CH + RSTEP·j (w)
+	// and of x rows tid/CH + RSTEP·j.
+	const int cc = tid % CH, cr = tid / CH;
+	const T* wsrc[WLOADS];
+	bool win[WLOADS];
+#pragma unroll
+	for (int j = 0; j < WLOADS; j++) {
+		const int r = cr + RSTEP * j;
+		const int n = n0 + (E::ROWS == 1 ? r : r % OUTS);
+		win[j] = n < units;
+		wsrc[j] = w + e.row(imin(n, units - 1), E::ROWS == 1 ? 0 : r / OUTS) * (long long)K + cc * 8;
+	}
+	const T* xsrc[XLOADS];
+	bool xin[XLOADS];
+#pragma unroll
+	for (int j = 0; j < XLOADS; j++) {
+		const int r = cr + RSTEP * j;
+		xin[j] = r < TT;
+		xsrc[j] = x + (long long)imin(r, TT - 1) * K + cc * 8;
+	}
+	auto load_w = [&](int stage, int ks) {
+		const unsigned b = sb + stage * SBYTES;
+#pragma unroll
+		for (int j = 0; j < WLOADS; j++) {
+			if (PF) cp16_l2(b + gt_off<BK>(cr + RSTEP * j, cc), wsrc[j] + ks * BK, win[j]);
+			else cp16(b + gt_off<BK>(cr + RSTEP * j, cc), wsrc[j] + ks * BK, win[j]);
+		}
+	};
+	auto load_x = [&](int stage, int ks) {
+		const unsigned b = sb + stage * SBYTES + WBYTES;
+#pragma unroll
+		for (int j = 0; j < XLOADS; j++) cp16(b + gt_off<BK>(cr + RSTEP * j, cc), xsrc[j] + ks * BK, xin[j]);
+	};
+
+	const int kt = K / BK;
+	const int ks0 = (int)((long long)kt * rank / splits), nk = (int)((long long)kt * (rank + 1) / splits) - ks0;
+#pragma unroll
+	for (int s = 0; s < ST - 1; s++)
+		if (s < nk) load_w(s, ks0 + s);
+	pdl_wait(); // x is the previous kernel's output
+#pragma unroll
+	for (int s = 0; s < ST - 1; s++) {
+		if (s < nk) load_x(s, ks0 + s);
+		cp_commit();
+	}
+
+	float acc[2][NT][4];
+#pragma unroll
+	for (int m = 0; m < 2; m++)
+#pragma unroll
+		for (int n = 0; n < NT; n++)
+#pragma unroll
+			for (int i = 0; i < 4; i++) acc[m][n][i] = 0.f;
+	// ldmatrix: lane l addresses row l%8 of matrix l/8.
+	const int mi = lane & 7, mq = lane >> 3;
+	for (int i = 0; i < nk; i++) {
+		cp_wait<ST - 2>();
+		__syncthreads(); // stage i is in; every warp is done with stage i-1
+		const int nx = i + ST - 1;
+		if (nx < nk) {
+			load_w(nx % ST, ks0 + nx);
+			load_x(nx % ST, ks0 + nx);
+		}
+		cp_commit();
+		const unsigned wb = sb + (i % ST) * SBYTES, xb = wb + WBYTES;
+#pragma unroll
+		for (int kk = 0; kk < BK / 16; kk++) {
+			// A (w rows, 16×16): matrices rows 0-7 / 8-15 × k 0-7 / 8-15 → a0..a3.
+			unsigned a[2][4];
+#pragma unroll
+			for (int m = 0; m < 2; m++) ldsm4(a[m], wb + gt_off<BK>(32 * warp + 16 * m + mi + 8 * (mq & 1), 2 * kk + (mq >> 1)));
+			// B (x rows as columns): matrices tokens 0-7 k 0-7, tokens 0-7 k 8-15,
+			// tokens 8-15 k 0-7, 8-15 k 8-15 → b0, b1 of n-tiles 2p and 2p+1.
+#pragma unroll
+			for (int p = 0; p < NT / 2; p++) {
+				unsigned b[4];
+				ldsm4(b, xb + gt_off<BK>(16 * p + mi + 8 * (mq >> 1), 2 * kk + (mq & 1)));
+#pragma unroll
+				for (int m = 0; m < 2; m++) {
+					mma16816(acc[m][2 * p], a[m], b[0], b[1], (const T*)0);
+					mma16816(acc[m][2 * p + 1], a[m], b[2], b[3], (const T*)0);
+				}
+			}
+		}
+	}
+	if (E::LATE) pdl_trigger();
+
+	// The block's partial tile, red[token][row] (row stride GT_ROWS + 4), over the stages.
+	cp_wait<0>();
+	__syncthreads();
+	constexpr int RS = GT_ROWS + 4;
+	float* red = (float*)gt_smem;
+	const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+	for (int m = 0; m < 2; m++)
+#pragma unroll
+		for (int n = 0; n < NT; n++) {
+			const int r = 32 * warp + 16 * m + g, t = 8 * n + 2 * q;
+			red[t * RS + r] = acc[m][n][0];
+			red[(t + 1) * RS + r] = acc[m][n][1];
+			red[t * RS + r + 8] = acc[m][n][2];
+			red[(t + 1) * RS + r + 8] = acc[m][n][3];
+		}
+	if (splits > 1) cluster_sync();
+	else __syncthreads();
+	// Block rank r stores (token t, output o) pairs r·GT_THREADS + tid, then
+	// every splits·GT_THREADS further; consecutive threads take consecutive
+	// outputs of one token.
+	for (int idx = rank * GT_THREADS + tid; idx < OUTS * TT; idx += splits * GT_THREADS) {
+		const int t = idx / OUTS, o = idx % OUTS, n = n0 + o;
+		if (n >= units) continue;
+		float s = 0.f, s2 = 0.f;
+		for (int r = 0; r < splits; r++) {
+			s += gt_partial(red, t * RS + o, r, splits);
+			if (E::ROWS == 2) s2 += gt_partial(red, t * RS + o + OUTS, r, splits);
+		}
+		e.put(e.pre(t, n), t, n, s, s2);
+	}
+	if (splits > 1) cluster_sync(); // no block leaves while others read its partials
+}
+
+// gemv_tile_<nt>_<bk>_<st>_<pf> and its epilogue variants
+// gemv_tile_swiglu_… and gemv_tile_rope_…; GEMV_TILE_PLAIN the plain
+// product alone (the sweep's other configurations).
+#define GEMV_TILE_PLAIN(NT, BK, ST, PF)                                                                            \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_##NT##_##BK##_##ST##_##PF(              \
+	    const T* x, const T* w, void* out, int K, int N, int TT, int outF32, int splits) {                     \
+		gemv_tile_impl<NT, BK, ST, PF>(x, w, K, TT, splits, OutStore{out, N, outF32});                      \
+	}
+#define GEMV_TILE(NT, BK, ST, PF)                                                                                  \
+	GEMV_TILE_PLAIN(NT, BK, ST, PF)                                                                            \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_swiglu_##NT##_##BK##_##ST##_##PF(       \
+	    const T* x, const T* w, T* out, int K, int F, int TT, int splits) {                                    \
+		gemv_tile_impl<NT, BK, ST, PF>(x, w, K, TT, splits, SwiGLUOut{out, F});                             \
+	}                                                                                                           \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_rope_##NT##_##BK##_##ST##_##PF(         \
+	    const T* x, const T* w, int K, int TT, int splits, T* q, T* kc, T* vc, const int* pos, const int* slots, \
+	    const float* table, int heads, int kvHeads, int hd, int interleaved) {                                  \
+		gemv_tile_impl<NT, BK, ST, PF>(x, w, K, TT, splits,                                                 \
+		                               RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
+	}
+// The configuration gemv.go uses (tileBK, tileStages, tilePF).
+GEMV_TILE(2, 64, 4, 1)
+GEMV_TILE(4, 64, 4, 1)
+GEMV_TILE(8, 64, 4, 1)
+#if defined(GEMV_SWEEP) || defined(GEMV_TILE_SWEEP)
+// The others the benchmark compares (gemvSweep in gemv_test.go).
+#define GEMV_TILE_OTHERS(NT)                                                                                       \
+	GEMV_TILE_PLAIN(NT, 64, 4, 0) GEMV_TILE_PLAIN(NT, 64, 6, 1) GEMV_TILE_PLAIN(NT, 128, 3, 1) GEMV_TILE_PLAIN(NT, 128, 4, 1)
+GEMV_TILE_OTHERS(2)
+GEMV_TILE_OTHERS(4)
+GEMV_TILE_OTHERS(8)
+#endif
+#endif // GEMV_MMA

@@ -43,6 +43,17 @@ func backendOf(t *testing.T, dtype string) *cuda.Backend {
 
 // openEngine loads the model at path and builds an engine on b; both are
 // closed when the test ends.
+// randomModel writes a model of shape s with random weights of dtype dt
+// (from seed) into a temporary directory and returns the directory.
+func randomModel(t *testing.T, s bench.Shape, dt tensor.DType, seed uint64) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := bench.WriteRandomModel(dir, s, dt, seed); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func openEngine(t *testing.T, path string, b backend.Backend, o engine.Options) *engine.Engine {
 	t.Helper()
 	m, err := model.Load(path)
@@ -200,10 +211,7 @@ func TestBatchedMatchesCPU(t *testing.T) {
 			t.Run(s.Name+"/"+products, func(t *testing.T) {
 				b := backendOf(t, "f32")
 				b.Products = products
-				dir := t.TempDir()
-				if err := bench.WriteRandomModel(dir, s, tensor.F32, 7); err != nil {
-					t.Fatal(err)
-				}
+				dir := randomModel(t, s, tensor.F32, 7)
 				run := func(bk backend.Backend) [][]float32 {
 					e := openEngine(t, dir, bk, engine.Options{MaxSeqs: 3})
 					seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
@@ -254,11 +262,8 @@ func TestBatchedMatchesCPU(t *testing.T) {
 func TestGraphsMatchDirect(t *testing.T) {
 	for _, dtype := range []string{"f32", "bf16"} {
 		t.Run(dtype, func(t *testing.T) {
-			dir := t.TempDir()
 			s := bench.Shape{Name: "g", Hidden: 256, Layers: 3, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 500, Context: 512}
-			if err := bench.WriteRandomModel(dir, s, tensor.F32, 3); err != nil {
-				t.Fatal(err)
-			}
+			dir := randomModel(t, s, tensor.F32, 3)
 			run := func(noGraphs, noPDL, noEpilogues bool) ([][]float32, cuda.Stats) {
 				b := backendOf(t, dtype)
 				b.NoGraphs, b.NoPDL, b.NoEpilogues = noGraphs, noPDL, noEpilogues
@@ -330,11 +335,8 @@ func TestGraphsMatchDirect(t *testing.T) {
 // give the same tokens (the device sampler reproduces engine.Sampler given
 // the host's uniform draw).
 func TestDeviceSampling(t *testing.T) {
-	dir := t.TempDir()
 	s := bench.Shape{Name: "s", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 3000, Context: 256}
-	if err := bench.WriteRandomModel(dir, s, tensor.F32, 5); err != nil {
-		t.Fatal(err)
-	}
+	dir := randomModel(t, s, tensor.F32, 5)
 	settings := []engine.SamplingParams{
 		{},
 		{Temperature: 0.8, Seed: 1},

@@ -27,11 +27,7 @@ import (
 func TestServeStreamsEveryToken(t *testing.T) {
 	b := backendOf(t, "bf16")
 	s := bench.Shape{Name: "stream", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 32000, Context: 1024}
-	dir := t.TempDir()
-	if err := bench.WriteRandomModel(dir, s, tensor.BF16, 5); err != nil {
-		t.Fatal(err)
-	}
-	e := openEngine(t, dir, b, engine.Options{MaxSeqs: 16, KVCacheFraction: 0.5})
+	e := openEngine(t, randomModel(t, s, tensor.BF16, 5), b, engine.Options{MaxSeqs: 16, KVCacheFraction: 0.5})
 	dm, tok, err := demo.Load()
 	if err != nil {
 		t.Fatal(err)

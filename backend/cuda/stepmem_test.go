@@ -28,11 +28,7 @@ func TestStepsFitAfterKVCache(t *testing.T) {
 	// would take 128 GiB, so the fraction, not the sequences, sizes the
 	// cache on an H100 or an H200.
 	s := bench.Shape{Name: "wide-vocab", Hidden: 1024, Layers: 16, Heads: 8, KVHeads: 8, FFN: 1024, Vocab: 128256, Context: 8192}
-	dir := t.TempDir()
-	if err := bench.WriteRandomModel(dir, s, tensor.BF16, 11); err != nil {
-		t.Fatal(err)
-	}
-	e := openEngine(t, dir, b, engine.Options{MaxSeqs: 256, ContextLen: 8192, KVCacheFraction: 0.99})
+	e := openEngine(t, randomModel(t, s, tensor.BF16, 11), b, engine.Options{MaxSeqs: 256, ContextLen: 8192, KVCacheFraction: 0.99})
 	free0, total, err := b.Device.MemInfo()
 	if err != nil {
 		t.Fatal(err)

@@ -358,24 +358,18 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
 		l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
 		l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
-		const int r0 = mt * 16 + g, r1 = r0 + 8;
-		if (r0 < group) {
-			if (tq == 0) {
-				wm[warp * ROWS + r0] = m[mt][0];
-				wl[warp * ROWS + r0] = l0;
-			}
-			float* dst = red + (warp * ROWS + r0) * RS + 2 * tq;
+		// Half h of the tile: row mt·16 + g + 8h, accumulators 2h and 2h+1.
 #pragma unroll
-			for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][0], o[mt][ot][1]);
-		}
-		if (r1 < group) {
+		for (int h = 0; h < 2; h++) {
+			const int r = mt * 16 + g + 8 * h;
+			if (r >= group) continue;
 			if (tq == 0) {
-				wm[warp * ROWS + r1] = m[mt][1];
-				wl[warp * ROWS + r1] = l1;
+				wm[warp * ROWS + r] = m[mt][h];
+				wl[warp * ROWS + r] = h ? l1 : l0;
 			}
-			float* dst = red + (warp * ROWS + r1) * RS + 2 * tq;
+			float* dst = red + (warp * ROWS + r) * RS + 2 * tq;
 #pragma unroll
-			for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2], o[mt][ot][3]);
+			for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2 * h], o[mt][ot][2 * h + 1]);
 		}
 	}
 	__syncthreads();

@@ -44,6 +44,11 @@ type ModelOptions struct {
 	// DeviceTime, when set, is the device's cumulative busy time over the
 	// steps run (stream time from a step's first operation to its last).
 	DeviceTime func() time.Duration
+	// Profile, when set, is called once per generation test, after its
+	// last timed repetition, with the test's label and a function that runs
+	// ProfileSteps more steps (untimed): the backend profiles what run
+	// runs.
+	Profile func(label string, run func() error) error
 	// WeightElemBytes is the width of a weight element as the backend holds
 	// it (0: as stored in the file); KVElemBytes that of a KV-cache element
 	// (0: 4, float32).
@@ -184,6 +189,9 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 	return rep, nil
 }
 
+// ProfileSteps is how many steps ModelOptions.Profile runs.
+const ProfileSteps = 5
+
 // benchDecode starts batch sequences from one random token each and decodes
 // GenTokens steps of one token per sequence.
 func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, randomTokens func(int) []int, mem Memory) (ModelResult, error) {
@@ -222,19 +230,41 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		if o.DeviceTime != nil {
 			dev0 = o.DeviceTime()
 		}
-		start := time.Now()
-		for step := 0; step < o.GenTokens; step++ {
+		step := func() error {
 			for s := range items {
 				items[s] = engine.Item{Seq: seqs[s], Tokens: toks[s : s+1]}
 				kvBytes += float64(seqs[s].Len()+1) * kvPerToken
 			}
 			ids, err := e.StepSample(items, samplers)
+			copy(toks, ids)
+			return err
+		}
+		start := time.Now()
+		for range o.GenTokens {
+			if err := step(); err != nil {
+				return res, err
+			}
+		}
+		el := time.Since(start)
+		var dev time.Duration
+		if o.DeviceTime != nil {
+			dev = o.DeviceTime() - dev0
+		}
+		if o.Profile != nil && i == o.Reps {
+			kv := kvBytes
+			err := o.Profile(fmt.Sprintf("%s batch %d", res.Test, batch), func() error {
+				for range ProfileSteps {
+					if err := step(); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
 			if err != nil {
 				return res, err
 			}
-			copy(toks, ids)
+			kvBytes = kv
 		}
-		el := time.Since(start)
 		for _, s := range seqs {
 			e.Free(s)
 		}
@@ -242,7 +272,6 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 			continue // warm-up
 		}
 		if o.DeviceTime != nil {
-			dev := o.DeviceTime() - dev0
 			busy = append(busy, dev.Seconds()/el.Seconds())
 			outside = append(outside, (el-dev).Seconds()/float64(o.GenTokens))
 		}

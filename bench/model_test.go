@@ -2,8 +2,10 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"kiln/backend/cpu"
 	"kiln/engine"
@@ -124,5 +126,45 @@ func TestPeakFractionPerRepetition(t *testing.T) {
 	if _, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, Reps: 1,
 		PeakFLOPS: func() (float64, error) { return 0, fmt.Errorf("no device") }}); err == nil {
 		t.Error("a failed GEMM measurement was not reported")
+	}
+}
+
+// TestProfileHook checks that ModelOptions.Profile is called once per
+// generation test, after its timed repetitions, with the test's label, and
+// that the steps it runs succeed within the cache the tests size.
+func TestProfileHook(t *testing.T) {
+	m, e := tinyEngine(t)
+	var labels []string
+	var device time.Duration // the profiled steps' device time only
+	o := ModelOptions{GenTokens: 8, Batches: []int{1, 2}, Reps: 2, Profile: func(label string, run func() error) error {
+		labels = append(labels, label)
+		device += time.Hour
+		return run()
+	}, DeviceTime: func() time.Duration { return device }}
+	rep, err := RunModel(e, m, "cpu", 0, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"tg8 batch 1", "tg8 batch 2"}; !slices.Equal(labels, want) {
+		t.Errorf("profiled %q, want %q", labels, want)
+	}
+	plain := o
+	plain.Profile = nil
+	base, err := RunModel(e, m, "cpu", 0, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rep.Results {
+		if len(r.Samples) != 2 {
+			t.Errorf("%s batch %d: %d timed samples, want 2", r.Test, r.Batch, len(r.Samples))
+		}
+		// The profiled steps count in no figure.
+		if r.BytesPerStep != base.Results[i].BytesPerStep || r.DeviceBusy != 0 {
+			t.Errorf("%s batch %d: %g bytes a step (%g unprofiled), device busy %g (want 0)", r.Test, r.Batch, r.BytesPerStep, base.Results[i].BytesPerStep, r.DeviceBusy)
+		}
+	}
+	o.Profile = func(string, func() error) error { return fmt.Errorf("profiler broke") }
+	if _, err := RunModel(e, m, "cpu", 0, o); err == nil || !strings.Contains(err.Error(), "profiler broke") {
+		t.Errorf("a failing profile gave %v", err)
 	}
 }

@@ -61,8 +61,14 @@ type Backend struct {
 	// Timing records events around every step and adds the device time
 	// between them to Stats.DeviceTime.
 	Timing bool
+	// Profile runs decode steps node by node with an event after each
+	// kernel (behind a hold of the stream, so that launches leave no gaps)
+	// and adds each kernel's time to Stats.Profile; for `kiln bench model
+	// --profile`.
+	Profile bool
 
-	stats Stats
+	stats     Stats
+	profIndex map[string]int // Stats.Profile's entry of each name
 }
 
 // Stats counts how steps were launched.
@@ -83,10 +89,18 @@ type Stats struct {
 	// cuBLASLt, and the decode attention splits timed, with the times and
 	// the one kept, in the order first met.
 	Choices []string
+	// Profile is the device time of each kernel over the ProfileSteps
+	// steps run with Backend.Profile, in the order first met.
+	Profile      []ProfileEntry
+	ProfileSteps int
 }
 
 // Stats returns the launch counters of everything loaded on b.
-func (b *Backend) Stats() Stats { return b.stats }
+func (b *Backend) Stats() Stats {
+	s := b.stats
+	s.Profile = append([]ProfileEntry(nil), s.Profile...)
+	return s
+}
 
 // Available reports why no CUDA device can be used, or nil.
 func Available() error {
@@ -240,6 +254,8 @@ type loaded struct {
 	events  [4]*cu.Event     // step timing (Backend.Timing), then product timing; made on first use
 	smp     *kernels.Sampler // the device sampler, made on first use
 	gemv    *kernels.GEMV    // the skinny product kernel (nil: cuBLASLt only)
+	// profEvents time the kernels of profiled steps (Backend.Profile).
+	profEvents []*cu.Event
 	// gemvChoice records, per product shape, whether GEMV was measured faster.
 	gemvChoice map[mmKey]bool
 	// algoChoice records, per product shape and row bucket, the cuBLASLt
@@ -323,7 +339,7 @@ func (l *loaded) Close() error {
 			keep(err)
 		}
 	}
-	for _, ev := range l.events {
+	for _, ev := range append(l.events[:], l.profEvents...) {
 		if ev != nil {
 			ev.Close()
 		}

@@ -62,6 +62,22 @@ type stepState struct {
 	// done is a node whose outputs the product before it wrote in its
 	// epilogue: not launched.
 	done *node
+	// prof names the kernels the events of a profiled step end
+	// (Backend.Profile; nil: not profiled); ran is what the last product
+	// ran on.
+	prof []string
+	ran  string
+}
+
+// unlessFused marks the kernel of a node a GEMV may compute in its
+// epilogue.
+const unlessFused = " (unless in the gemv's epilogue)"
+
+// noteProduct names the kernel that ran product mm, for a profiled step.
+func (x *stepState) noteProduct(mm cu.Matmul, kernel string) {
+	if x.prof != nil {
+		x.ran = fmt.Sprintf("product %d×%d×%d %s", mm.T, mm.K, mm.N, kernel)
+	}
 }
 
 // graphKey identifies the steps one captured graph can replay: the same
@@ -195,7 +211,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		if nd, next := &e.nodes[i], &e.nodes[i+1]; epilogues[nd.n] == next.n && l.gemv != nil && !l.b.NoEpilogues {
 			nd.epilogue = next
 			nd.kernel += fmt.Sprintf(" (gemv: + %s in its epilogue)", next.kernel)
-			next.kernel += " (unless in the gemv's epilogue)"
+			next.kernel += unlessFused
 		}
 	}
 	out, err := bind(logits)
@@ -298,6 +314,9 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 	d := e.l.dev
 	err = d.Do(func() error {
 		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs)}
+		if x.decode && e.l.b.Profile {
+			x.prof = []string{}
+		}
 		timing := e.l.b.Timing
 		if timing {
 			if err := e.l.timer(); err != nil {
@@ -327,6 +346,12 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 			if err := sample(); err != nil {
 				return err
 			}
+			if x.prof != nil {
+				x.prof = append(x.prof, "sampler")
+				if err := e.l.profEvents[len(x.prof)].Record(e.l.stream); err != nil {
+					return err
+				}
+			}
 		}
 		if timing {
 			if err := e.l.events[1].Record(e.l.stream); err != nil {
@@ -335,6 +360,11 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 		}
 		if err := e.l.stream.Sync(); err != nil {
 			return err
+		}
+		if x.prof != nil {
+			if err := e.l.addProfile(x.prof); err != nil {
+				return err
+			}
 		}
 		if timing {
 			ms, err := cu.Elapsed(e.l.events[0], e.l.events[1])
@@ -382,6 +412,12 @@ func (e *executable) launch(x *stepState, key graphKey, n int) error {
 	}
 	stats := &e.l.b.stats
 	stats.Steps++
+	if x.prof != nil {
+		if !key.copyLogits {
+			n = 0
+		}
+		return e.profiled(x, n)
+	}
 	if !x.decode || e.l.b.NoGraphs {
 		return direct()
 	}

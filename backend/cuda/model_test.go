@@ -371,3 +371,81 @@ func TestDeviceSampling(t *testing.T) {
 		}
 	}
 }
+
+// TestProfile runs decode steps with Backend.Profile: they give the same
+// logits as steps run directly, replay no graph, and time every kernel of
+// every step (each node's kernel once a step, products named by shape).
+func TestProfile(t *testing.T) {
+	s := bench.Shape{Name: "p", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 500, Context: 256}
+	dir := randomModel(t, s, tensor.F32, 5)
+	const steps = 6
+	run := func(profile bool) ([][]float32, *cuda.Backend) {
+		b := backendOf(t, "bf16")
+		b.Products, b.FixedDecodePlan = "gemv", true
+		b.NoGraphs = !profile
+		e := openEngine(t, dir, b, engine.Options{MaxSeqs: 2})
+		seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence()}
+		for i, sq := range seqs {
+			if _, err := e.Prefill(sq, []int{1, 2 + i, 3}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.Profile = profile
+		var out [][]float32
+		for step := range steps {
+			items := []engine.Item{{Seq: seqs[0], Tokens: []int{step + 7}}, {Seq: seqs[1], Tokens: []int{step + 9}}}
+			l, err := e.Step(items)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, slices.Clone(l))
+		}
+		return out, b
+	}
+	want, _ := run(false)
+	got, b := run(true)
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Fatalf("step %d: profiled logits differ from direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(got[i], want[i]))
+		}
+	}
+	st := b.Stats()
+	if st.ProfileSteps != steps || st.GraphReplays != 0 || st.GraphCaptures != 0 {
+		t.Fatalf("%d profiled steps (want %d), %d graph replays, %d captures", st.ProfileSteps, steps, st.GraphReplays, st.GraphCaptures)
+	}
+	calls := map[string]int{}
+	for _, p := range st.Profile {
+		t.Logf("%-60s %3d calls %8.1f µs", p.Name, p.Calls, p.Time.Seconds()*1e6)
+		if p.Calls%steps != 0 || p.Time <= 0 {
+			t.Errorf("%s: %d calls over %d steps, %v", p.Name, p.Calls, steps, p.Time)
+		}
+		calls[p.Name] = p.Calls / steps
+	}
+	// A layer: two norms, the Q/K/V product with RoPE and the cache writes
+	// in its epilogue, attention, the output product, gate/up with SwiGLU
+	// in its epilogue, down; then the final norm, the LM head and the copy.
+	attention := 0
+	for name, n := range calls {
+		if strings.HasPrefix(name, "decode attention, 4/2 heads ×64 (") {
+			attention += n
+		}
+	}
+	if attention != s.Layers {
+		t.Errorf("%d decode attention calls a step, want %d (profile %v)", attention, s.Layers, calls)
+	}
+	for name, n := range map[string]int{
+		"product 2×256×512 gemv + rope_qkv_write": s.Layers,
+		"product 2×256×1024 gemv + swiglu_packed": s.Layers,
+		"product 2×256×256 gemv":                  s.Layers,
+		"product 2×512×256 gemv":                  s.Layers,
+		"logits to the host":                      1,
+	} {
+		if calls[name] != n {
+			t.Errorf("%q: %d calls a step, want %d (profile %v)", name, calls[name], n, calls)
+		}
+	}
+	b.ResetProfile()
+	if st := b.Stats(); st.ProfileSteps != 0 || len(st.Profile) != 0 {
+		t.Errorf("after ResetProfile: %d steps, %d entries", st.ProfileSteps, len(st.Profile))
+	}
+}

@@ -59,6 +59,7 @@ func (l *loaded) choose(nd *node) error {
 			if gemv && nd.epilogue != nil && bias == nil {
 				err := l.gemvEpilogue(x, nd.epilogue, mm)
 				if err == nil {
+					x.noteProduct(mm, "gemv")
 					x.done = nd.epilogue
 					l.b.stats.Epilogues++
 					return nil
@@ -72,13 +73,16 @@ func (l *loaded) choose(nd *node) error {
 			var err error
 			switch {
 			case gemv:
+				x.noteProduct(mm, "gemv")
 				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
 			case epilogue:
 				mm.Bias = bias.p
 				mm.Algo = l.algorithm(x, mm)
+				x.noteProduct(mm, "cuBLASLt + bias")
 				return l.lt.Matmul(mm)
 			default:
 				mm.Algo = l.algorithm(x, mm)
+				x.noteProduct(mm, "cuBLASLt")
 				err = l.lt.Matmul(mm)
 			}
 			if err != nil || bias == nil {
@@ -317,8 +321,8 @@ type algoKey struct {
 }
 
 // algorithm picks cuBLASLt's algorithm for product mm: the first time a
-// shape and bucket of rows are seen, each of the heuristic's candidates is
-// timed on the step's operands (5 runs after a warm-up, writing the
+// shape and bucket of rows are seen, each candidate (cu.BlasLt.Algorithms:
+// the heuristic's, and those with K split) is timed on the step's operands (5 runs after a warm-up, writing the
 // product's own output before the product runs) and the fastest kept if it
 // beats the heuristic's first choice by more than 3% (so that timing noise
 // does not trade the first choice for an equal one).
@@ -350,7 +354,11 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 				continue
 			}
 			times[i] = ms
-			line += fmt.Sprintf(" %d %.1f µs,", i, 1e3*ms/5)
+			split := ""
+			if c, err := l.lt.Config(m, i); err == nil && c.SplitK > 1 {
+				split = fmt.Sprintf(" (K in %d)", c.SplitK)
+			}
+			line += fmt.Sprintf(" %d%s %.1f µs,", i, split, 1e3*ms/5)
 			if ms < times[best] {
 				best = i
 			}
@@ -358,7 +366,11 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 		if times[best] > 0.97*times[0] {
 			best = 0
 		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %d kept", strings.TrimSuffix(line, ","), best))
+		kept := fmt.Sprint(best)
+		if c, err := l.lt.Config(mm, best); err == nil {
+			kept += fmt.Sprintf(" (%v)", c)
+		}
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %s kept", strings.TrimSuffix(line, ","), kept))
 	}
 	l.algoChoice[key] = best
 	return best

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +49,7 @@ func cmdBenchModel(args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	output := fs.String("output", "", "also write the JSON report to this file")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the benchmark to this file")
+	profile := fs.Bool("profile", false, fmt.Sprintf("GPU: after each generation test, run %d more steps kernel by kernel and print the device time of each kernel", bench.ProfileSteps))
 	budgetFile := fs.String("budget", "", `TOML file of targets ([min_tokens_per_s] "tg128 batch 1" = 60, [min_roofline] ...): exit 1 when one is missed`)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -80,6 +83,9 @@ func cmdBenchModel(args []string) error {
 	}
 	defer closeBackend(be)
 	gpu, _ := be.(*cuda.Backend)
+	if *profile && gpu == nil {
+		return fmt.Errorf("--profile needs the GPU (--device cuda)")
+	}
 	// The --random model's weights are written in --dtype (already checked
 	// by ParseDType); under auto, f32 for the CPU and bf16 for the GPU.
 	cd, auto, _ := cuda.ParseDType(ef.dtype)
@@ -123,7 +129,11 @@ func cmdBenchModel(args []string) error {
 	for _, b := range bs {
 		maxBatch = max(maxBatch, b)
 	}
-	ctx := max(*pp, *depth+*tg) + 1
+	gen := *tg // tokens a generation sequence decodes
+	if *profile && gen > 0 {
+		gen += bench.ProfileSteps
+	}
+	ctx := max(*pp, *depth+gen) + 1
 	if ef.ctx > 0 {
 		ctx = ef.ctx
 	}
@@ -133,7 +143,7 @@ func cmdBenchModel(args []string) error {
 	// The cache holds what the tests need at once: the prompt of pp, or
 	// every generation sequence at its depth plus tg.
 	blocks := func(tokens int) int { return (tokens + 15) / 16 }
-	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+*tg+1))
+	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+gen+1))
 	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be)})
 	if err != nil {
 		return err
@@ -162,6 +172,18 @@ func cmdBenchModel(args []string) error {
 		gpu.Timing = true
 		opts.DeviceTime = func() time.Duration { return gpu.Stats().DeviceTime }
 		threads = 0
+	}
+	var profiles []kernelProfile
+	if *profile {
+		opts.Profile = func(label string, run func() error) error {
+			gpu.ResetProfile()
+			gpu.Profile = true
+			err := run()
+			gpu.Profile = false
+			st := gpu.Stats()
+			profiles = append(profiles, kernelProfile{label, st.Profile, st.ProfileSteps})
+			return err
+		}
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -196,6 +218,9 @@ func cmdBenchModel(args []string) error {
 		printModelReport(rep)
 		if gemm != nil {
 			fmt.Printf("\nthe 8192³ GEMM: %s\n", gemm.Choice)
+		}
+		for _, p := range profiles {
+			p.print(rep)
 		}
 		if gpu != nil && len(gpu.Stats().Choices) > 0 {
 			fmt.Printf("\nproducts, timed at first use (GEMV against cuBLASLt up to %d rows):\n", kernels.GEMVMaxT)
@@ -256,4 +281,38 @@ func printModelReport(r *bench.ModelReport) {
 		}
 	}
 	fmt.Println("\n\nroofline: weights and KV cache read per decode step × steps/s over the copy bandwidth (read+write),\nmedian of each repetition's ratio to a copy measured just before it; read pass: the same against a plain SIMD read")
+}
+
+// kernelProfile is the device time of each kernel over a generation test's
+// profiled steps (bench model --profile).
+type kernelProfile struct {
+	label   string
+	entries []cuda.ProfileEntry
+	steps   int
+}
+
+// print writes the profile as a table, the slowest kernels first, with the
+// test's own step time (from rep) beside the profiled total.
+func (p kernelProfile) print(rep *bench.ModelReport) {
+	if p.steps == 0 {
+		return
+	}
+	es := slices.Clone(p.entries)
+	slices.SortStableFunc(es, func(a, b cuda.ProfileEntry) int { return cmp.Compare(b.Time, a.Time) })
+	var total time.Duration
+	for _, e := range es {
+		total += e.Time
+	}
+	fmt.Printf("\nprofile of %s: %d steps run kernel by kernel, an event after each (µs a step)\n\n", p.label, p.steps)
+	fmt.Printf("| kernel | calls a step | µs a step | share |\n|---|---|---|---|\n")
+	perStep := func(d time.Duration) float64 { return d.Seconds() * 1e6 / float64(p.steps) }
+	for _, e := range es {
+		fmt.Printf("| %s | %g | %.1f | %.1f%% |\n", e.Name, float64(e.Calls)/float64(p.steps), perStep(e.Time), 100*float64(e.Time)/float64(total))
+	}
+	fmt.Printf("| total | | %.1f | |\n", perStep(total))
+	for _, r := range rep.Results {
+		if fmt.Sprintf("%s batch %d", r.Test, r.Batch) == p.label && r.TokensPerSec > 0 {
+			fmt.Printf("\nthe timed steps (graphs replayed): %.1f µs a step\n", 1e6*float64(r.Batch)/r.TokensPerSec)
+		}
+	}
 }

@@ -91,6 +91,7 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"detokenize", "--tokenizer", tok, "--ids", "600"},
 		{"inspect", bin, "--after", "no-such-pass"},
 		{"bench", "model", "--random", "nope"},
+		{"bench", "model", "--random", "tiny", "--profile"}, // the profile times GPU kernels
 		{"run", bin, "--tokenizer", tok, "--no-such-flag"},
 		{"serve", bin, "--tokenizer", tok, "--block-size", "0"},
 	}

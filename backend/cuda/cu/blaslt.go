@@ -140,6 +140,9 @@ func (lt *BlasLt) Matmul(m Matmul) error {
 
 // Algorithms is the number of candidate algorithms cuBLASLt's heuristic
 // offers for m (at most 8, best guess first): the values m.Algo may take.
+// On Hopper several of them split K for the few rows of batched decode
+// (Config); adding split variants of the others gained nothing there
+// (backend/cuda/NOTES.md, session 10).
 func (lt *BlasLt) Algorithms(m Matmul) (int, error) {
 	if err := m.check(); err != nil {
 		return 0, err
@@ -193,4 +196,37 @@ type ltPlanArgs struct {
 	bias                           bool
 	ws                             int
 	alA, alB, alC                  int
+}
+
+// AlgoConfig is how a candidate algorithm computes a product, as cuBLASLt
+// describes it (-1 where it does not say).
+type AlgoConfig struct {
+	ID     int // cuBLASLt's algorithm id
+	Tile   int // cublasLtMatmulTile_t
+	Stages int // cublasLtMatmulStages_t
+	SplitK int // parts K is split in
+}
+
+func (c AlgoConfig) String() string {
+	return fmt.Sprintf("id %d tile %d stages %d split %d", c.ID, c.Tile, c.Stages, c.SplitK)
+}
+
+// Config describes candidate algo of m (see Algorithms).
+func (lt *BlasLt) Config(m Matmul, algo int) (AlgoConfig, error) {
+	if err := m.check(); err != nil {
+		return AlgoConfig{}, err
+	}
+	var c AlgoConfig
+	err := lt.d.Do(func() error {
+		plan, err := lt.plan(m)
+		if err != nil {
+			return err
+		}
+		if algo < 0 || algo >= ltAlgos(plan) {
+			return fmt.Errorf("cublasLt: no candidate %d (of %d)", algo, ltAlgos(plan))
+		}
+		c = ltAlgoConfig(plan, algo)
+		return nil
+	})
+	return c, err
 }

@@ -525,25 +525,32 @@ func TestBlasLtMatmul(t *testing.T) {
 // TestBlasLtAlgorithms runs every candidate algorithm cuBLASLt's heuristic
 // offers (what a timing may pick instead of its first choice) on fresh
 // random inputs, each into a NaN-poisoned output, against a float64
-// reference; and refuses an index past the candidates.
+// reference, with and without a workspace; and refuses an index past the
+// candidates. For a batched-decode product some candidates split K (on the
+// H100 and H200; Config says how each computes).
 func TestBlasLtAlgorithms(t *testing.T) {
 	d := gpu(t)
-	lt, err := d.NewBlasLt(0)
-	must(t, err)
-	defer lt.Close()
+	hopper := d.Major == 9
 	randv := normals(5)
 	cases := []struct {
 		in, out DType
 		T, K, N int
 		tol     float64
+		ws      int
+		split   bool // some candidate splits K (checked where the device is a Hopper)
 	}{
-		{BF16, BF16, 256, 2048, 768, 4e-3}, // a prefill-like product
-		{BF16, F32, 33, 1000, 257, 1e-5},   // odd sizes
-		{F16, F16, 64, 512, 300, 1e-3},
+		{BF16, BF16, 256, 2048, 768, 4e-3, 32 << 20, false}, // a prefill-like product
+		{BF16, F32, 33, 1000, 257, 1e-5, 32 << 20, false},   // odd sizes
+		{F16, F16, 64, 512, 300, 1e-3, 32 << 20, false},
+		{BF16, BF16, 64, 4096, 4096, 4e-3, 32 << 20, true}, // batched decode's output projection
+		{BF16, BF16, 64, 4096, 4096, 4e-3, 0, true},
 	}
 	for _, c := range cases {
-		name := fmt.Sprintf("%s->%s_T%d_K%d_N%d", c.in, c.out, c.T, c.K, c.N)
+		name := fmt.Sprintf("%s->%s_T%d_K%d_N%d_ws%d", c.in, c.out, c.T, c.K, c.N, c.ws)
 		t.Run(name, func(t *testing.T) {
+			lt, err := d.NewBlasLt(c.ws)
+			must(t, err)
+			defer lt.Close()
 			xb, x := encode(c.in, randv(c.T*c.K))
 			wb, w := encode(c.in, randv(c.N*c.K))
 			px, pw := upload(t, d, bytesU16(xb)), upload(t, d, bytesU16(wb))
@@ -558,21 +565,33 @@ func TestBlasLtAlgorithms(t *testing.T) {
 			if n < 1 || n > 8 {
 				t.Fatalf("%d candidate algorithms", n)
 			}
+			splits := 0
 			for i := 0; i < n; i++ {
+				cfg, err := lt.Config(mm, i)
+				must(t, err)
+				if cfg.SplitK > 1 {
+					splits++
+				}
 				must(t, d.Memset8(po, 0xff, len(ob), nil)) // NaN poison
 				mm.Algo = i
 				must(t, lt.Matmul(mm))
 				must(t, d.Sync())
 				must(t, d.Download(ob, po))
 				e := relErr(decode(c.out, ob), want)
-				t.Logf("algorithm %d of %d: ‖out−ref‖/‖ref‖ = %.3g (tolerance %.0g)", i, n, e, c.tol)
+				t.Logf("algorithm %d of %d (%v): ‖out−ref‖/‖ref‖ = %.3g (tolerance %.0g)", i, n, cfg, e, c.tol)
 				if !(e <= c.tol) {
-					t.Fatalf("algorithm %d: relative error %.3g over %.0g", i, e, c.tol)
+					t.Fatalf("algorithm %d (%v): relative error %.3g over %.0g", i, cfg, e, c.tol)
 				}
+			}
+			if c.split && hopper && splits == 0 {
+				t.Errorf("none of %d candidates splits K", n)
 			}
 			mm.Algo = n
 			if err := lt.Matmul(mm); err == nil {
 				t.Fatalf("algorithm %d of %d accepted", n, n)
+			}
+			if _, err := lt.Config(mm, n); err == nil {
+				t.Fatalf("config of algorithm %d of %d given", n, n)
 			}
 		})
 	}

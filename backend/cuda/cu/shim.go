@@ -49,6 +49,10 @@ enum {
 	CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
 	CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
 	CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+	CUBLASLT_ALGO_CONFIG_ID = 0,
+	CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
+	CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
+	CUBLASLT_ALGO_CONFIG_STAGES_ID = 6,
 	CUBLASLT_EPILOGUE_DEFAULT = 1,
 	CUBLASLT_EPILOGUE_BIAS = 4,
 	CUBLAS_OP_N = 0,
@@ -147,6 +151,7 @@ FN(cublasStatus_t, cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t*)
 FN(cublasStatus_t, cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t))
 FN(cublasStatus_t, cublasLtMatmulPreferenceSetAttribute, (cublasLtMatmulPreference_t, int, const void*, size_t))
 FN(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic, (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t*, int*))
+FN(cublasStatus_t, cublasLtMatmulAlgoConfigGetAttribute, (const cublasLtMatmulAlgo_t*, int, void*, size_t, size_t*))
 FN(cublasStatus_t, cublasLtMatmul, (cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*, cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t, const void*, const void*, cublasLtMatrixLayout_t, void*, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t, CUstream))
 
 typedef struct { const char* name; void** slot; } sym;
@@ -181,7 +186,7 @@ static sym ltSyms[] = {
 	S(cublasLtMatmulDescCreate), S(cublasLtMatmulDescDestroy), S(cublasLtMatmulDescSetAttribute),
 	S(cublasLtMatrixLayoutCreate), S(cublasLtMatrixLayoutDestroy),
 	S(cublasLtMatmulPreferenceCreate), S(cublasLtMatmulPreferenceDestroy), S(cublasLtMatmulPreferenceSetAttribute),
-	S(cublasLtMatmulAlgoGetHeuristic), S(cublasLtMatmul),
+	S(cublasLtMatmulAlgoGetHeuristic), S(cublasLtMatmulAlgoConfigGetAttribute), S(cublasLtMatmul),
 	{0, 0},
 };
 
@@ -428,6 +433,17 @@ fail:
 typedef struct { int rc; const char* call; } ltOut;
 
 static int k_ltAlgos(ltPlan* p) { return p->nheur; }
+
+// k_ltAlgoConfig reads candidate i's algorithm id, tile, stages and split
+// of K into out[0..3] (-1 where cuBLASLt does not say).
+static void k_ltAlgoConfig(ltPlan* p, int i, int32_t* out) {
+	static const int attrs[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM};
+	for (int j = 0; j < 4; j++) {
+		uint32_t v = 0;
+		size_t got = 0;
+		out[j] = (i >= 0 && i < p->nheur && !p_cublasLtMatmulAlgoConfigGetAttribute(&p->heur[i].algo, attrs[j], &v, sizeof v, &got)) ? (int32_t)v : -1;
+	}
+}
 
 // k_ltRun runs the plan with its algorithm algo (an index into the
 // heuristic's candidates).
@@ -770,6 +786,11 @@ func ltPlanCreate(h unsafe.Pointer, a ltPlanArgs) (unsafe.Pointer, error) {
 }
 func ltPlanFree(p unsafe.Pointer)  { C.k_ltPlanFree((*C.ltPlan)(p)) }
 func ltAlgos(p unsafe.Pointer) int { return int(C.k_ltAlgos((*C.ltPlan)(p))) }
+func ltAlgoConfig(p unsafe.Pointer, i int) AlgoConfig {
+	var v [4]C.int32_t
+	C.k_ltAlgoConfig((*C.ltPlan)(p), C.int(i), &v[0])
+	return AlgoConfig{ID: int(v[0]), Tile: int(v[1]), Stages: int(v[2]), SplitK: int(v[3])}
+}
 func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, bias Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
 	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.int(algo), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(bias),
 		C.float(alpha), C.float(beta), C.CUdeviceptr(ws), C.size_t(wsSize), s)

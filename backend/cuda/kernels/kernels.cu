@@ -290,6 +290,16 @@ WEIGHT_KERNELS(bf16)
 
 #define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
+// spin_ns holds its stream for ns nanoseconds of the device's global timer
+// (profiled steps queue their kernels meanwhile).
+extern "C" __global__ void spin_ns(unsigned long long ns) {
+	unsigned long long t0, t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+	do {
+		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	} while (t - t0 < ns);
+}
+
 extern "C" __global__ void add(const T* a, const T* b, T* out, long long n) {
 	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) + tof(b[i]));

@@ -14,6 +14,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"kiln/backend/cuda/cu"
 )
@@ -203,6 +204,14 @@ func (k *Kernels) AddBias(s *cu.Stream, out, x, b cu.Ptr, bt cu.DType, rows, col
 // Add: out = a + b over n elements.
 func (k *Kernels) Add(s *cu.Stream, out, a, b cu.Ptr, n int) error {
 	return k.launchDep("add", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))
+}
+
+// Spin holds stream s for d: what is queued behind it waits that long.
+func (k *Kernels) Spin(s *cu.Stream, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("kernels: spin of %v", d)
+	}
+	return k.launch("spin_ns", cu.D1(1), cu.D1(1), 0, s, uint64(d.Nanoseconds()))
 }
 
 // Mul: out = a · b over n elements.

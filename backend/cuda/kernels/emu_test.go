@@ -33,9 +33,20 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // testdata/emu/gemv_driver.cpp compares the plain product and the SwiGLU
 // and RoPE epilogues with a float64 reference for bf16 and f16: row counts
 // 3 to 64 on the three tile widths, K of 1 to 7 stages, partial tiles, K
-// split over clusters of 1 to 5 blocks. Skipped as TestDecodeMMAEmulated.
+// split over clusters of 1 to 5 blocks. It runs twice: as built for
+// mma.sync, and as built for Hopper (GEMV_WGMMA), where the kernels of 64
+// columns a stage multiply through wgmma, whose descriptors the emulator
+// decodes as the PTX ISA defines them (start address, stride byte offset,
+// 128-byte swizzle). Skipped as TestDecodeMMAEmulated.
 func TestGEMVTileEmulated(t *testing.T) {
-	runEmulated(t, gemvEmuSource(t))
+	for _, build := range []struct {
+		name, defines string
+	}{{"mma.sync", ""}, {"wgmma", "#define GEMV_WGMMA 1\n"}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			runEmulated(t, gemvEmuSource(t, build.defines))
+		})
+	}
 }
 
 // runEmulated compiles the emulated program src for bf16 and f16 with a
@@ -76,10 +87,10 @@ func runEmulated(t *testing.T, src string) {
 	}
 }
 
-// gemvEmuSource assembles the emulated tile kernels: the prelude,
-// shared.cu, gemv.cu's epilogues, gemv_tile.cu with its dynamic shared
-// memory mapped to the running block's, and the driver.
-func gemvEmuSource(t *testing.T) string {
+// gemvEmuSource assembles the emulated tile kernels: the prelude, the
+// defines, shared.cu, gemv.cu's epilogues, gemv_tile.cu with its dynamic
+// shared memory mapped to the running block's, and the driver.
+func gemvEmuSource(t *testing.T, defines string) string {
 	t.Helper()
 	b, err := os.ReadFile("testdata/emu/prelude.h")
 	if err != nil {
@@ -91,7 +102,7 @@ func gemvEmuSource(t *testing.T) string {
 	}
 	var s strings.Builder
 	s.Write(b)
-	s.WriteString("\n#define GEMV_MMA 1\n#define GEMV_TILE_SWEEP 1\n")
+	s.WriteString("\n#define GEMV_MMA 1\n#define GEMV_TILE_SWEEP 1\n" + defines)
 	s.WriteString(shared)
 	for _, st := range []string{"struct OutStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
 		s.WriteString(cBlock(t, gemvFile, st) + ";\n")

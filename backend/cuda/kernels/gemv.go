@@ -20,12 +20,15 @@ var (
 	gemvFile string
 	//go:embed gemv_tile.cu
 	gemvTile string
+	//go:embed wgmma.cu
+	wgmmaHelpers string
 )
 
 // gemvSource is the module's NVRTC source: the functions shared with
 // kernels.cu (shared.cu), gemv.cu, then the asynchronous copies, the
-// tensor-core helpers and the tile kernels (built for f16/bf16 only).
-var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + mmaHelpers + "\n" + gemvTile
+// tensor-core helpers (mma.sync, and Hopper's wgmma) and the tile kernels
+// (built for f16/bf16 only).
+var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + gemvTile
 
 // GEMVSource is the CUDA C source of the skinny matrix product.
 func GEMVSource() string { return gemvSource }
@@ -167,7 +170,9 @@ func (c gemvCfg) shared() int {
 	if !c.tile {
 		return 0
 	}
-	return c.stages * (tileRows + 8*c.nt) * c.bk * 2
+	// The stages, and 1 KB to start them on a 1024-byte boundary
+	// (gemv_tile.cu).
+	return c.stages*(tileRows+8*c.nt)*c.bk*2 + 1024
 }
 
 func (c gemvCfg) block() cu.Dim3 {
@@ -260,6 +265,9 @@ func newGEMV(d *cu.Device, act cu.DType, sweep bool) (*GEMV, error) {
 	opts := []string{"-DACT=" + cname(act), "--std=c++17"}
 	if act != cu.F32 {
 		opts = append(opts, "-DGEMV_MMA=1")
+		if d.Arch() == "sm_90a" {
+			opts = append(opts, "-DGEMV_WGMMA=1") // the tile kernels on wgmma (gemv_tile.cu)
+		}
 	}
 	if sweep {
 		name += "_sweep"

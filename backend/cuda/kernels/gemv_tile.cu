@@ -25,6 +25,17 @@
 // launches. With splits = 1 (no cluster) the same code reads its own
 // shared memory.
 //
+// Hopper (-DGEMV_WGMMA, sm_90a): with BK 64 a stage's rows are 128 bytes
+// and the swizzle above is wgmma's 128-byte swizzle (16-byte chunk bits 4-6
+// of an address XORed with its bits 7-9, 1024-byte atoms of 8 rows), so the
+// warpgroup (the block's 4 warps) multiplies the stages in place with
+// wgmma m64n(8·NT)k16 straight from shared memory (wg_desc: K-major
+// descriptors, the next 16 columns 32 bytes on): two instructions a 16
+// columns for the 128 rows of w, no ldmatrix, a quarter of the
+// instructions mma.sync takes. The stages start on a 1024-byte boundary
+// (the dynamic shared memory holds 1 KB more for it). Other BK, and other
+// GPUs, use mma.sync.
+//
 // PDL: the weights of the first ST-1 stages are requested before
 // the wait for the previous kernel (no kernel writes them), x after it.
 //
@@ -42,6 +53,15 @@
 // BK columns.
 template <int BK> __device__ __forceinline__ unsigned gt_off(int r, int c) {
 	return (unsigned)(r * 2 * BK + ((c ^ (r & 7)) << 4));
+}
+
+// wg_desc is the wgmma descriptor of a K-major operand whose rows are 128
+// bytes swizzled in 1024-byte atoms of 8 rows (the atom holding shared
+// address a, 1024-aligned, plus the byte offset of the columns): start
+// address, leading byte offset 16 (unused by this layout), stride byte
+// offset 1024 (from one 8-row atom to the next), swizzle mode 1 (128 bytes).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
+	return (unsigned long long)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
 // gt_partial loads partial sum i (a float index) of cluster block rank r.
@@ -63,7 +83,15 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int rank = blockIdx.x % splits, tile = blockIdx.x / splits;
 	const int units = e.units(), n0 = tile * OUTS;
-	const unsigned sb = smem_addr(gt_smem);
+#ifdef GEMV_WGMMA
+	constexpr bool WG = BK == 64; // the stages as wgmma reads them
+#else
+	constexpr bool WG = false;
+#endif
+	// The stages (and then the partial tile) from the first 1024-byte
+	// boundary of the dynamic shared memory.
+	const unsigned sb = (smem_addr(gt_smem) + 1023u) & ~1023u;
+	unsigned char* const smem = gt_smem + (sb - smem_addr(gt_smem));
 
 	// Thread tid copies chunk tid % CH of tile rows tid/CH + RSTEP·j (w)
 	// and of x rows tid/CH + RSTEP·j.
@@ -111,6 +139,9 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		cp_commit();
 	}
 
+	// mma.sync: acc[m][n] is the m16n8 tile of w rows 32·warp + 16m and x
+	// rows 8n. wgmma: acc[m] (as 4·NT floats) is the m64n(8·NT) tile of w
+	// rows 64m (wg_mma's layout).
 	float acc[2][NT][4];
 #pragma unroll
 	for (int m = 0; m < 2; m++)
@@ -122,6 +153,9 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	const int mi = lane & 7, mq = lane >> 3;
 	for (int i = 0; i < nk; i++) {
 		cp_wait<ST - 2>();
+#ifdef GEMV_WGMMA
+		if constexpr (WG) fence_async_smem(); // this thread's copies, for wgmma's reads
+#endif
 		__syncthreads(); // stage i is in; every warp is done with stage i-1
 		const int nx = i + ST - 1;
 		if (nx < nk) {
@@ -130,6 +164,18 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		}
 		cp_commit();
 		const unsigned wb = sb + (i % ST) * SBYTES, xb = wb + WBYTES;
+#ifdef GEMV_WGMMA
+		if constexpr (WG) {
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < BK / 16; kk++)
+#pragma unroll
+				for (int m = 0; m < 2; m++) wg_mma<8 * NT>(&acc[m][0][0], wg_desc(wb + m * 64 * 2 * BK + 32 * kk), wg_desc(xb + 32 * kk));
+			wg_commit();
+			wg_wait0(); // the stage is read before the next round of copies overwrites it
+			continue;
+		}
+#endif
 #pragma unroll
 		for (int kk = 0; kk < BK / 16; kk++) {
 			// A (w rows, 16×16): matrices rows 0-7 / 8-15 × k 0-7 / 8-15 → a0..a3.
@@ -156,13 +202,13 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	cp_wait<0>();
 	__syncthreads();
 	constexpr int RS = GT_ROWS + 4;
-	float* red = (float*)gt_smem;
+	float* red = (float*)smem;
 	const int g = lane >> 2, q = lane & 3;
 #pragma unroll
 	for (int m = 0; m < 2; m++)
 #pragma unroll
 		for (int n = 0; n < NT; n++) {
-			const int r = 32 * warp + 16 * m + g, t = 8 * n + 2 * q;
+			const int r = (WG ? 64 * m + 16 * warp : 32 * warp + 16 * m) + g, t = 8 * n + 2 * q;
 			red[t * RS + r] = acc[m][n][0];
 			red[(t + 1) * RS + r] = acc[m][n][1];
 			red[t * RS + r + 8] = acc[m][n][2];

@@ -339,3 +339,40 @@ static inline float rnd(float v, const float*) { return v; }
 static inline float rnd(float v, const bf16*) { return bf2f(f2bf(v)); }
 static inline float rnd(float v, const f16*) { return h2f(f2h(v)); }
 static inline float rnd(float v) { return rnd(v, (const T*)0); }
+
+// ---- wgmma (gemv_tile.cu built with GEMV_WGMMA): each thread computes its
+// own accumulator elements (wg_mma's layout in wgmma.cu) from shared memory
+// as the descriptors address it, at the call; the hardware's asynchrony is
+// not modelled (a kernel must wait for its wgmma before it overwrites their
+// operands: the GPU tests check that).
+static inline void wg_fence() {}
+static inline void wg_commit() {}
+static inline void wg_wait0() {}
+static inline void fence_async_smem() {}
+// wg_elem is element (row, k), k < 16, of a K-major operand as descriptor
+// desc addresses it: start address, stride byte offset from one 8-row atom
+// to the next, rows 128 bytes apart inside an atom, and the 128-byte
+// swizzle (address bits 4-6 XORed with bits 7-9), the only mode emulated.
+template <typename X> static float wg_elem(unsigned long long desc, int row, int k) {
+	if ((desc >> 62) != 1 || ((desc >> 49) & 7) != 0) {
+		fprintf(stderr, "wgmma descriptor %llx: only the 128-byte swizzle with base offset 0 is emulated\n", desc);
+		abort();
+	}
+	unsigned start = (unsigned)(desc & 0x3FFF) << 4, sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+	unsigned a = start + (unsigned)(row / 8) * sbo + (unsigned)(row % 8) * 128 + 2 * (unsigned)k;
+	a ^= ((a >> 7) & 7) << 4;
+	return elem(sm16(a), (const X*)0);
+}
+// wg_mma<N>: d += A·B for A 64×16 (rows of the warpgroup's 4 warps, 16 each)
+// and B 16×N, B's descriptor addressing its N columns as rows (the
+// emulated blocks are 128 threads: one warpgroup).
+template <int N> static void wg_mma(float* d, unsigned long long a, unsigned long long b) {
+	int w = warp_id(), l = lane_id(), g = l >> 2, q = l & 3;
+	for (int j = 0; j < N / 8; j++)
+		for (int i = 0; i < 4; i++) {
+			int row = 16 * w + g + (i >= 2 ? 8 : 0), col = 8 * j + 2 * q + (i & 1);
+			double s = d[4 * j + i];
+			for (int k = 0; k < 16; k++) s += (double)wg_elem<T>(a, row, k) * wg_elem<T>(b, col, k);
+			d[4 * j + i] = (float)s;
+		}
+}

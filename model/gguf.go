@@ -8,8 +8,9 @@
 //
 // Strings are a uint64 length and bytes; arrays are a uint32 element type, a
 // uint64 count and the elements. Shapes are reversed into ours (outermost
-// first). F32/F16/BF16 tensors stay views of the file; Q8_0 and Q4_0 are
-// dequantized to F32 at load. Tensor names are mapped to the canonical
+// first). F32/F16/BF16 tensors stay views of the file; the block-quantized
+// types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL: tensor/ggml.go)
+// are dequantized to F32 at load, for now (issue 16 keeps them quantized). Tensor names are mapped to the canonical
 // Hugging Face names (token_embd.weight → model.embed_tokens.weight, ...).
 
 package model
@@ -46,11 +47,20 @@ const (
 
 // ggml tensor types this loader reads, and names for the rest (for errors).
 const (
-	ggmlF32  uint32 = 0
-	ggmlF16  uint32 = 1
-	ggmlQ4_0 uint32 = 2
-	ggmlQ8_0 uint32 = 8
-	ggmlBF16 uint32 = 30
+	ggmlF32    uint32 = 0
+	ggmlF16    uint32 = 1
+	ggmlQ4_0   uint32 = 2
+	ggmlQ4_1   uint32 = 3
+	ggmlQ5_0   uint32 = 6
+	ggmlQ5_1   uint32 = 7
+	ggmlQ8_0   uint32 = 8
+	ggmlQ2_K   uint32 = 10
+	ggmlQ3_K   uint32 = 11
+	ggmlQ4_K   uint32 = 12
+	ggmlQ5_K   uint32 = 13
+	ggmlQ6_K   uint32 = 14
+	ggmlIQ4_NL uint32 = 20
+	ggmlBF16   uint32 = 30
 )
 
 var ggmlTypeNames = map[uint32]string{
@@ -70,8 +80,10 @@ func ggmlTypeName(t uint32) string {
 }
 
 var ggmlToDType = map[uint32]tensor.DType{
-	ggmlF32: tensor.F32, ggmlF16: tensor.F16, ggmlQ4_0: tensor.Q4_0,
-	ggmlQ8_0: tensor.Q8_0, ggmlBF16: tensor.BF16,
+	ggmlF32: tensor.F32, ggmlF16: tensor.F16, ggmlBF16: tensor.BF16,
+	ggmlQ4_0: tensor.Q4_0, ggmlQ4_1: tensor.Q4_1, ggmlQ5_0: tensor.Q5_0, ggmlQ5_1: tensor.Q5_1, ggmlQ8_0: tensor.Q8_0,
+	ggmlQ2_K: tensor.Q2_K, ggmlQ3_K: tensor.Q3_K, ggmlQ4_K: tensor.Q4_K, ggmlQ5_K: tensor.Q5_K, ggmlQ6_K: tensor.Q6_K,
+	ggmlIQ4_NL: tensor.IQ4_NL,
 }
 
 // ggufMaxDims is GGML_MAX_DIMS.
@@ -460,7 +472,8 @@ func parseGGUF(data []byte) (*ggufFile, error) {
 		for j, d := range in.shape {
 			dims[j] = int64(d)
 		}
-		elems, ok := elementsCap(dims, int64(len(body))*2) // Q4_0 packs 2 per byte
+		// At most as many elements as the data section's whole blocks hold.
+		elems, ok := elementsCap(dims, (int64(len(body))/int64(dt.BlockBytes())+1)*int64(dt.BlockSize()))
 		if !ok {
 			return nil, fmt.Errorf("gguf: tensor %s: shape %v is larger than the file", in.name, in.shape)
 		}
@@ -693,7 +706,7 @@ func ggufModel(data []byte) (*Model, error) {
 			continue
 		}
 		name := canonicalName(in.name)
-		if t.DType == tensor.Q8_0 || t.DType == tensor.Q4_0 {
+		if t.DType.Quantized() {
 			vals, err := t.F32s()
 			if err != nil {
 				return nil, err

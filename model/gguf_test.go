@@ -3,8 +3,11 @@ package model
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,7 +22,7 @@ func ggufFixture(t testing.TB, c *Config, dt tensor.DType, extra []KV, extraTens
 	want := make([]*tensor.Tensor, len(ts))
 	for i, tt := range ts {
 		want[i] = tt
-		if tt.DType == tensor.Q8_0 || tt.DType == tensor.Q4_0 {
+		if tt.DType.Quantized() {
 			vals, err := tt.F32s()
 			if err != nil {
 				t.Fatal(err)
@@ -230,7 +233,8 @@ func TestGGUFErrors(t *testing.T) {
 			binary.LittleEndian.PutUint32(b[i:], 3)
 			return b
 		}(), "alignment"},
-		{"q4_k", patchTensorType(t, good, q0, 12), "unsupported tensor type Q4_K for tensor " + q0},
+		{"q4_k rows", patchTensorType(t, good, q0, 12), "tensor " + q0 + ": rows of 64 are not whole q4_k blocks of 256"},
+		{"iq2_xxs", patchTensorType(t, good, q0, 16), "unsupported tensor type IQ2_XXS for tensor " + q0},
 		{"unknown type", patchTensorType(t, good, q0, 99), "unsupported tensor type type 99 for tensor " + q0},
 		{"wrong vocab", setKV("llama.vocab_size", uint32(41)), "tensor model.embed_tokens.weight has shape [40,64], want [41,64]"},
 		{"wrong kv heads", setKV("llama.attention.head_count_kv", uint32(4)), "self_attn.k_proj.weight has shape"},
@@ -337,6 +341,13 @@ func FuzzGGUF(f *testing.F) {
 	q, _ := ggufFixture(f, &qc, tensor.Q4_0, nil)
 	f.Add(q)
 	f.Add(ggufBytes(f, []KV{{"general.alignment", uint32(8)}}, []*tensor.Tensor{tensor.FromF32("t", tensor.Shape{2}, []float32{1, 2})}))
+	// Blocks of the k-quants and of 32 (zeros: the parser, not the values).
+	var blocks []*tensor.Tensor
+	for _, dt := range []tensor.DType{tensor.Q4_K, tensor.Q6_K, tensor.Q5_1} {
+		n, _ := dt.Bytes(256)
+		blocks = append(blocks, &tensor.Tensor{Name: "t" + dt.String(), DType: dt, Shape: tensor.Shape{256}, Data: make([]byte, n)})
+	}
+	f.Add(ggufBytes(f, nil, blocks))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ggufModel(data)
 		if err != nil {
@@ -348,4 +359,51 @@ func FuzzGGUF(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestGGUFBlockTypes reads a tensor of every GGML block type the loader
+// takes, from its ggml type id (random bytes: whatever they hold, the
+// tensor read must be the same blocks, and decode as tensor.ToF32 decodes
+// them, NaNs included; TestGGMLDequantize checks that against ggml).
+func TestGGUFBlockTypes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for g, dt := range ggmlToDType {
+		if !dt.Quantized() {
+			continue
+		}
+		if dtypeToGGML[dt] != g {
+			t.Errorf("%v is written as ggml type %d, read from %d", dt, dtypeToGGML[dt], g)
+		}
+		shape := tensor.Shape{3, 2 * 256}
+		size, err := dt.Bytes(shape.Elements())
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		raw := &tensor.Tensor{Name: "x", DType: dt, Shape: shape, Data: data}
+		f, err := parseGGUF(ggufBytes(t, nil, []*tensor.Tensor{raw}))
+		if err != nil {
+			t.Fatalf("%v (ggml type %d): %v", dt, g, err)
+		}
+		got := f.tensors["x"]
+		if got.DType != dt || !slices.Equal(got.Shape, shape) || !bytes.Equal(got.Data, data) {
+			t.Fatalf("%v: read back as %v %v", dt, got.DType, got.Shape)
+		}
+		want, err := raw.F32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals, err := got.F32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(vals[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%v: element %d = %g, want %g", dt, i, vals[i], want[i])
+			}
+		}
+	}
 }

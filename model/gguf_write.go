@@ -23,10 +23,13 @@ type KV struct {
 	Value any
 }
 
-var dtypeToGGML = map[tensor.DType]uint32{
-	tensor.F32: ggmlF32, tensor.F16: ggmlF16, tensor.BF16: ggmlBF16,
-	tensor.Q8_0: ggmlQ8_0, tensor.Q4_0: ggmlQ4_0,
-}
+var dtypeToGGML = func() map[tensor.DType]uint32 {
+	m := map[tensor.DType]uint32{}
+	for g, d := range ggmlToDType {
+		m[d] = g
+	}
+	return m
+}()
 
 // GGUFMetadata returns the metadata a GGUF file needs to describe c
 // (general.architecture and the {arch}.* hyperparameters, BOS/EOS). Arch
@@ -67,8 +70,8 @@ func GGUFMetadata(c *Config) []KV {
 	return md
 }
 
-// WriteGGUF writes a GGUF v3 file holding md and tensors (F32, F16, BF16,
-// Q8_0 or Q4_0) in the order given. Canonical names are written as GGUF
+// WriteGGUF writes a GGUF v3 file holding md and tensors (F32, F16, BF16 or
+// a GGML block type, their data as it is) in the order given. Canonical names are written as GGUF
 // names; other names (rope_freqs.weight, ...) as they are. The data
 // alignment is md's general.alignment (a uint32) when present, else 32.
 func WriteGGUF(w io.Writer, md []KV, tensors []*tensor.Tensor) error {

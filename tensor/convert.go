@@ -105,28 +105,14 @@ func ToF32(d DType, data []byte, dst []float32) error {
 		for i := range dst {
 			dst[i] = float32(int32(binary.LittleEndian.Uint32(data[4*i:])))
 		}
-	case Q8_0:
-		for b := 0; b < len(dst)/32; b++ {
-			blk := data[b*34:]
-			scale := F16ToF32(binary.LittleEndian.Uint16(blk))
-			for j := 0; j < 32; j++ {
-				dst[b*32+j] = scale * float32(int8(blk[2+j]))
-			}
-		}
-	case Q4_0:
-		// Each block: f16 scale, then 16 bytes; byte j holds element j in its
-		// low nibble and element j+16 in its high nibble, both offset by 8.
-		for b := 0; b < len(dst)/32; b++ {
-			blk := data[b*18:]
-			scale := F16ToF32(binary.LittleEndian.Uint16(blk))
-			for j := 0; j < 16; j++ {
-				q := blk[2+j]
-				dst[b*32+j] = scale * float32(int(q&0x0f)-8)
-				dst[b*32+j+16] = scale * float32(int(q>>4)-8)
-			}
-		}
 	default:
-		return fmt.Errorf("decode: unsupported dtype %v", d)
+		g, ok := ggmlBlocks[d]
+		if !ok {
+			return fmt.Errorf("decode: unsupported dtype %v", d)
+		}
+		for b := range len(dst) / g.size {
+			g.decode(data[b*g.bytes:(b+1)*g.bytes], dst[b*g.size:(b+1)*g.size])
+		}
 	}
 	return nil
 }

@@ -22,9 +22,21 @@ const (
 	I32
 	Q8_0 // GGML Q8_0: blocks of 32 int8 with one f16 scale (34 bytes)
 	Q4_0 // GGML Q4_0: blocks of 32 4-bit values with one f16 scale (18 bytes)
+	// The other GGML block types (ggml.go): blocks of 32 for Q4_1, Q5_0,
+	// Q5_1 and IQ4_NL, super-blocks of 256 for the k-quants.
+	Q4_1
+	Q5_0
+	Q5_1
+	Q2_K
+	Q3_K
+	Q4_K
+	Q5_K
+	Q6_K
+	IQ4_NL
 )
 
-var dtypeNames = [...]string{Invalid: "invalid", F32: "f32", F16: "f16", BF16: "bf16", I32: "i32", Q8_0: "q8_0", Q4_0: "q4_0"}
+var dtypeNames = [...]string{Invalid: "invalid", F32: "f32", F16: "f16", BF16: "bf16", I32: "i32", Q8_0: "q8_0", Q4_0: "q4_0",
+	Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q2_K: "q2_k", Q3_K: "q3_k", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", IQ4_NL: "iq4_nl"}
 
 func (d DType) String() string {
 	if int(d) < len(dtypeNames) {
@@ -34,13 +46,18 @@ func (d DType) String() string {
 }
 
 // BlockSize is the number of elements that share one storage block (1 for
-// plain types, 32 for the GGML block-quantized types).
+// plain types, 32 or 256 for the GGML block-quantized types).
 func (d DType) BlockSize() int {
-	switch d {
-	case Q8_0, Q4_0:
-		return 32
+	if g, ok := ggmlBlocks[d]; ok {
+		return g.size
 	}
 	return 1
+}
+
+// Quantized reports whether d is a GGML block-quantized type.
+func (d DType) Quantized() bool {
+	_, ok := ggmlBlocks[d]
+	return ok
 }
 
 // BlockBytes is the number of bytes of one storage block.
@@ -50,10 +67,9 @@ func (d DType) BlockBytes() int {
 		return 4
 	case F16, BF16:
 		return 2
-	case Q8_0:
-		return 34
-	case Q4_0:
-		return 18
+	}
+	if g, ok := ggmlBlocks[d]; ok {
+		return g.bytes
 	}
 	return 0
 }

@@ -172,6 +172,15 @@ func kScaleMin(j int, q []byte) (sc, m byte) {
 	return q[j+4]&0x0f | (q[j-4]>>6)<<4, q[j+4]>>4 | (q[j]>>6)<<4
 }
 
+// kScales is the scales and minimums of sub-blocks is and is+1 of a Q4_K or
+// Q5_K super-block.
+func kScales(d, dmin float32, scales []byte, is int) (d1, m1, d2, m2 float32) {
+	sc, m := kScaleMin(is, scales)
+	d1, m1 = d*float32(sc), dmin*float32(m)
+	sc, m = kScaleMin(is+1, scales)
+	return d1, m1, d * float32(sc), dmin * float32(m)
+}
+
 // Q4_K: d, dmin, 12 bytes of 8 scales and minimums, 128 bytes of nibbles:
 // each 64 elements are 32 low nibbles then the same bytes' high nibbles.
 func decodeQ4_K(b []byte, y []float32) {
@@ -179,10 +188,7 @@ func decodeQ4_K(b []byte, y []float32) {
 	scales, q := b[4:16], b[16:144]
 	k := 0
 	for is := 0; is < 8; is += 2 {
-		sc, m := kScaleMin(is, scales)
-		d1, m1 := d*float32(sc), dmin*float32(m)
-		sc, m = kScaleMin(is+1, scales)
-		d2, m2 := d*float32(sc), dmin*float32(m)
+		d1, m1, d2, m2 := kScales(d, dmin, scales, is)
 		for l := range 32 {
 			y[k+l] = d1*float32(q[l]&0x0f) - m1
 			y[k+32+l] = d2*float32(q[l]>>4) - m2
@@ -199,10 +205,7 @@ func decodeQ5_K(b []byte, y []float32) {
 	k := 0
 	u1, u2 := byte(1), byte(2)
 	for is := 0; is < 8; is += 2 {
-		sc, m := kScaleMin(is, scales)
-		d1, m1 := d*float32(sc), dmin*float32(m)
-		sc, m = kScaleMin(is+1, scales)
-		d2, m2 := d*float32(sc), dmin*float32(m)
+		d1, m1, d2, m2 := kScales(d, dmin, scales, is)
 		for l := range 32 {
 			lo, hi := ql[l]&0x0f, ql[l]>>4
 			if qh[l]&u1 != 0 {

@@ -146,6 +146,10 @@ func TestGGUFQuantized(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer m.Close()
+				// The blocks are kept as they are: the products read them.
+				if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; !dequantized && w.DType != q.d {
+					t.Fatalf("q_proj loaded as %v, want %v", w.DType, q.d)
+				}
 				e, err := engine.New(m, &cpu.Backend{}, engine.Options{})
 				if err != nil {
 					t.Fatal(err)

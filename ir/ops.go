@@ -188,13 +188,19 @@ func inferRopeTable(n *Node) ([]Shape, []tensor.DType, error) {
 
 func isFloat(d tensor.DType) bool { return d == tensor.F32 || d == tensor.F16 || d == tensor.BF16 }
 
+// isWeightMatrix: a matrix [R, C] a product or a lookup can read, floats or
+// a GGML block type whose rows are whole blocks.
+func isWeightMatrix(d tensor.DType, cols Dim) bool {
+	return isFloat(d) || d.Quantized() && cols >= 0 && int(cols)%d.BlockSize() == 0
+}
+
 func inferEmbed(n *Node) ([]Shape, []tensor.DType, error) {
 	if err := arity(n, 2); err != nil {
 		return nil, nil, err
 	}
 	tab, ids := n.Inputs[0], n.Inputs[1]
-	if len(tab.Shape) != 2 || tab.Shape[0] < 0 || tab.Shape[1] < 0 || !isFloat(tab.DType) {
-		return nil, nil, fmt.Errorf("table %v %v must be a float [V,D] matrix", tab.DType, tab.Shape)
+	if len(tab.Shape) != 2 || tab.Shape[0] < 0 || tab.Shape[1] < 0 || !isWeightMatrix(tab.DType, tab.Shape[1]) {
+		return nil, nil, fmt.Errorf("table %v %v must be a float (or block-quantized) [V,D] matrix", tab.DType, tab.Shape)
 	}
 	if !ids.Shape.Equal(Shape{TokenDim}) || ids.DType != tensor.I32 {
 		return nil, nil, fmt.Errorf("ids must be i32[T]")
@@ -244,8 +250,8 @@ func inferMatMul(n *Node) ([]Shape, []tensor.DType, error) {
 	if len(x.Shape) != 2 || len(w.Shape) != 2 || w.Shape[0] < 0 || w.Shape[1] < 0 || x.Shape[1] != w.Shape[1] {
 		return nil, nil, fmt.Errorf("x%v · w%vᵀ does not fit", x.Shape, w.Shape)
 	}
-	if !isFloat(w.DType) || x.DType != tensor.F32 {
-		return nil, nil, fmt.Errorf("matmul of %v by %v weights", x.DType, w.DType)
+	if !isWeightMatrix(w.DType, w.Shape[1]) || x.DType != tensor.F32 {
+		return nil, nil, fmt.Errorf("matmul of %v by %v %v weights", x.DType, w.DType, w.Shape)
 	}
 	return []Shape{{x.Shape[0], w.Shape[0]}}, []tensor.DType{tensor.F32}, nil
 }

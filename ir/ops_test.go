@@ -18,6 +18,7 @@ type vals struct {
 	w8, w12, w4        *ir.Value // f32[8], f32[12], f32[4]
 	m12x8, m12x6, m4x8 *ir.Value // f32 matrices [N,K]
 	h12x8              *ir.Value // f16[12,8]
+	q12x32, q12x8, x32 *ir.Value // q4_0[12,32], q4_0[12,8] (rows not whole blocks), f32[T,32]
 	v3                 *ir.Value // f32[2,3,4]
 	table4, table8     *ir.Value // rope tables [32,4], [32,8]
 	state              *ir.Value
@@ -39,6 +40,11 @@ func newVals(t *testing.T) (*builder, *vals) {
 	v.m12x8, v.m12x6, v.m4x8 = b.weight("m12x8", 12, 8), b.weight("m12x6", 12, 6), b.weight("m4x8", 4, 8)
 	v.h12x8 = b.Op(ir.Weight, ir.Attrs{Name: "h", Tensor: &tensor.Tensor{Name: "h", DType: tensor.F16, Shape: tensor.Shape{12, 8}, Data: make([]byte, 12*8*2)}})
 	v.v3 = b.weight("v3", 2, 3, 4)
+	q4 := func(name string, n, k int) *ir.Value {
+		return b.Op(ir.Weight, ir.Attrs{Name: name, Tensor: &tensor.Tensor{Name: name, DType: tensor.Q4_0, Shape: tensor.Shape{n, k}, Data: make([]byte, n*k/32*18)}})
+	}
+	v.q12x32, v.q12x8 = q4("q12x32", 12, 32), q4("q12x8", 12, 8)
+	v.x32 = b.Op(ir.Embed, ir.Attrs{}, q4("emb32", 16, 32), v.tokens)
 	v.table4 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 4}})
 	v.table8 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 8}})
 	v.state = b.Op(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, v.x4, v.x4)
@@ -83,9 +89,11 @@ func TestAddInfersAndRejects(t *testing.T) {
 
 		{"embed", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb, v.tokens} }), "f32[T,8]"},
 		{"embed f16 table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.h12x8, v.tokens} }), "f32[T,8]"},
-		{"embed i32 table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.embI32, v.tokens} }), "error: must be a float [V,D] matrix"},
-		{"embed vector table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.w8, v.tokens} }), "error: must be a float [V,D] matrix"},
-		{"embed symbolic table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.tokens} }), "error: must be a float [V,D] matrix"},
+		{"embed i32 table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.embI32, v.tokens} }), "error: must be a float (or block-quantized) [V,D] matrix"},
+		{"embed vector table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.w8, v.tokens} }), "error: must be a float (or block-quantized) [V,D] matrix"},
+		{"embed symbolic table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.tokens} }), "error: must be a float (or block-quantized) [V,D] matrix"},
+		{"embed q4_0 table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.q12x32, v.tokens} }), "f32[T,32]"},
+		{"embed q4_0 rows of 8", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.q12x8, v.tokens} }), "error: must be a float (or block-quantized) [V,D] matrix"},
 		{"embed f32 ids", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb, v.w8} }), "error: ids must be i32[T]"},
 		{"embed one input", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb} }), "error: takes 2 inputs, got 1"},
 
@@ -100,7 +108,9 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"matmul K mismatch", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.m12x6} }), "error: does not fit"},
 		{"matmul vector weight", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.w8} }), "error: does not fit"},
 		{"matmul symbolic weight", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.y8} }), "error: does not fit"},
-		{"matmul i32 weight", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.embI32} }), "error: matmul of f32 by i32 weights"},
+		{"matmul i32 weight", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.embI32} }), "error: matmul of f32 by i32 [16,8] weights"},
+		{"matmul q4_0 weights", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x32, v.q12x32} }), "f32[T,12]"},
+		{"matmul q4_0 rows of 8", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.q12x8} }), "error: matmul of f32 by q4_0 [12,8] weights"},
 		{"matmul f16 input", ir.MatMul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.h12x8, v.m12x8} }), "error: matmul of f16"},
 
 		{"add", ir.Add, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.y8} }), "f32[T,8]"},

@@ -8,9 +8,9 @@
 //
 // Strings are a uint64 length and bytes; arrays are a uint32 element type, a
 // uint64 count and the elements. Shapes are reversed into ours (outermost
-// first). F32/F16/BF16 tensors stay views of the file; the block-quantized
-// types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL: tensor/ggml.go)
-// are dequantized to F32 at load, for now (issue 16 keeps them quantized). Tensor names are mapped to the canonical
+// first). Tensors stay views of the file, the block-quantized types (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL: tensor/ggml.go) included:
+// the CPU backend computes from their blocks, the GPU widens them at upload. Tensor names are mapped to the canonical
 // Hugging Face names (token_embd.weight → model.embed_tokens.weight, ...).
 
 package model
@@ -706,15 +706,7 @@ func ggufModel(data []byte) (*Model, error) {
 			continue
 		}
 		name := canonicalName(in.name)
-		if t.DType.Quantized() {
-			vals, err := t.F32s()
-			if err != nil {
-				return nil, err
-			}
-			t = tensor.FromF32(name, t.Shape, vals)
-		} else {
-			t = &tensor.Tensor{Name: name, DType: t.DType, Shape: t.Shape, Data: t.Data}
-		}
+		t = &tensor.Tensor{Name: name, DType: t.DType, Shape: t.Shape, Data: t.Data}
 		if _, dup := m.Tensors[name]; dup {
 			return nil, fmt.Errorf("gguf: two tensors map to %s", name)
 		}

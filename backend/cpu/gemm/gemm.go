@@ -50,9 +50,18 @@ import (
 
 // Weights is a weight matrix [N,K] in its stored encoding.
 type Weights struct {
-	DType tensor.DType // F32, BF16 or F16
+	DType tensor.DType // F32, BF16, F16 or a GGML block type (K whole blocks a row)
 	Data  []byte       // N*K elements, row-major, little-endian; any alignment
 	N, K  int
+}
+
+// rowBytes is the bytes of one weight row (K a whole number of blocks for
+// the block types: check makes sure).
+func (w Weights) rowBytes() int {
+	if w.DType.Quantized() {
+		return w.K / w.DType.BlockSize() * w.DType.BlockBytes()
+	}
+	return w.K * elemBytes(w.DType)
 }
 
 var forcePure atomic.Bool
@@ -75,26 +84,40 @@ func elemBytes(d tensor.DType) int {
 }
 
 func check(out, x []float32, T int, w Weights) {
-	eb := elemBytes(w.DType)
 	if T < 0 || w.N < 0 || w.K < 0 {
 		panic("gemm: negative dimension")
 	}
-	if len(w.Data) < w.N*w.K*eb {
-		panic(fmt.Sprintf("gemm: weights [%d,%d] %v need %d bytes, have %d", w.N, w.K, w.DType, w.N*w.K*eb, len(w.Data)))
+	if bs := w.DType.BlockSize(); w.K%bs != 0 {
+		panic(fmt.Sprintf("gemm: rows of %d are not whole %v blocks of %d", w.K, w.DType, bs))
+	}
+	if need := w.N * w.rowBytes(); len(w.Data) < need {
+		panic(fmt.Sprintf("gemm: weights [%d,%d] %v need %d bytes, have %d", w.N, w.K, w.DType, need, len(w.Data)))
 	}
 	if len(x) < T*w.K || len(out) < T*w.N {
 		panic(fmt.Sprintf("gemm: T=%d N=%d K=%d: len(x)=%d len(out)=%d too short", T, w.N, w.K, len(x), len(out)))
 	}
 }
 
-// MatMulRef is the plain reference: a triple loop with float64 sums.
+// MatMulRef is the plain reference: a triple loop with float64 sums (block
+// types decoded a row at a time by tensor.ToF32).
 func MatMulRef(out, x []float32, T int, w Weights) {
 	check(out, x, T, w)
-	for t := 0; t < T; t++ {
-		for n := 0; n < w.N; n++ {
+	row := make([]float32, w.K)
+	for n := 0; n < w.N; n++ {
+		if w.DType.Quantized() {
+			rb := w.rowBytes()
+			if err := tensor.ToF32(w.DType, w.Data[n*rb:(n+1)*rb], row); err != nil {
+				panic(err)
+			}
+		} else {
+			for k := range row {
+				row[k] = weightAt(w, n*w.K+k)
+			}
+		}
+		for t := 0; t < T; t++ {
 			var s float64
 			for k := 0; k < w.K; k++ {
-				s += float64(x[t*w.K+k]) * float64(weightAt(w, n*w.K+k))
+				s += float64(x[t*w.K+k]) * float64(row[k])
 			}
 			out[t*w.N+n] = float32(s)
 		}
@@ -160,6 +183,10 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 	if T == 0 || w.N == 0 {
 		return
 	}
+	if w.DType.Quantized() {
+		matMulBlocks(p, out, x, T, w)
+		return
+	}
 	t := taskPool.Get().(*mmTask)
 	*t = mmTask{out: out, x: x, T: T, w: w, pure: !SIMD()}
 	if T == 1 && !t.pure {
@@ -167,7 +194,7 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 		t.zmm = haveAVX512 && kern == kernAuto
 		t.plain = kern == kernPlain
 	}
-	rowBytes := w.K * elemBytes(w.DType)
+	rowBytes := w.rowBytes()
 	var units, grain int
 	if T == 1 {
 		units = (w.N + 3) / 4

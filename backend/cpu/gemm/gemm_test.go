@@ -214,3 +214,92 @@ func TestGenerated(t *testing.T) {
 		t.Fatal("gemm_amd64.s is stale: run go generate ./backend/cpu/gemm")
 	}
 }
+
+// randBlocks returns weights [N,K] of GGML block type d: random bytes, each
+// block redrawn until every value it decodes to is finite.
+func randBlocks(r *rand.Rand, d tensor.DType, N, K int) Weights {
+	bs, bb := d.BlockSize(), d.BlockBytes()
+	data := make([]byte, N*K/bs*bb)
+	y := make([]float32, bs)
+	for b := 0; b < len(data)/bb; b++ {
+		blk := data[b*bb : (b+1)*bb]
+		for finite := false; !finite; {
+			for i := range blk {
+				blk[i] = byte(r.Uint32())
+			}
+			if err := tensor.ToF32(d, blk, y); err != nil {
+				panic(err)
+			}
+			finite = true
+			for _, v := range y {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) || math.Abs(float64(v)) > 1e4 {
+					finite = false
+				}
+			}
+		}
+	}
+	return Weights{DType: d, Data: data, N: N, K: K}
+}
+
+// TestMatMulBlocks checks products with weights in every GGML block type
+// (read in place, decoded block by block) against MatMulRef, which decodes
+// whole rows with tensor.ToF32, on fresh random blocks.
+func TestMatMulBlocks(t *testing.T) {
+	r := newRand(t)
+	p := workers.New(3)
+	defer p.Close()
+	for _, d := range []tensor.DType{tensor.Q4_0, tensor.Q4_1, tensor.Q5_0, tensor.Q5_1, tensor.Q8_0,
+		tensor.Q2_K, tensor.Q3_K, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K, tensor.IQ4_NL} {
+		bs := d.BlockSize()
+		for _, T := range []int{1, 3, 17} {
+			for _, N := range []int{1, 5, 67} {
+				for _, blocks := range []int{1, 3} {
+					K := blocks * bs
+					w := randBlocks(r, d, N, K)
+					x := randVec(r, T*K)
+					ref := make([]float32, T*N)
+					MatMulRef(ref, x, T, w)
+					row := make([]float32, K)
+					for _, pool := range []*workers.Pool{p, nil} {
+						out := make([]float32, T*N)
+						for i := range out {
+							out[i] = float32(math.NaN())
+						}
+						MatMul(pool, out, x, T, w)
+						for n := 0; n < N; n++ {
+							rb := len(w.Data) / N
+							if err := tensor.ToF32(d, w.Data[n*rb:(n+1)*rb], row); err != nil {
+								t.Fatal(err)
+							}
+							for tk := 0; tk < T; tk++ {
+								var mag float64
+								for k := range row {
+									mag += math.Abs(float64(x[tk*K+k]) * float64(row[k]))
+								}
+								got, want := out[tk*N+n], ref[tk*N+n]
+								if math.IsNaN(float64(got)) || math.Abs(float64(got)-float64(want)) > relTol*mag+absTol {
+									t.Fatalf("%v T=%d N=%d K=%d: out[%d][%d] = %v, want %v", d, T, N, K, tk, n, got, want)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulBlocksNoAlloc: products from blocks allocate nothing either.
+func TestMatMulBlocksNoAlloc(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := workers.New(2)
+	defer p.Close()
+	w := randBlocks(r, tensor.Q4_K, 40, 512)
+	x := randVec(r, 3*512)
+	out := make([]float32, 3*40)
+	for _, T := range []int{1, 3} {
+		if a := testing.AllocsPerRun(50, func() { MatMul(p, out, x, T, w) }); a != 0 {
+			t.Errorf("MatMul of q4_k blocks, T=%d, allocates %v times per call", T, a)
+		}
+	}
+}

@@ -3,91 +3,44 @@ package engine_test
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"kiln/backend/cpu"
-	"kiln/compile"
+	"kiln/convert"
 	"kiln/engine"
 	"kiln/internal/hffixture"
-	"kiln/ir"
 	"kiln/model"
 	"kiln/tensor"
 )
 
-// toInterleaved reorders the rows of a q/k projection (or bias) from Hugging
-// Face's half-split RoPE layout to the interleaved layout GGUF llama models
-// use, as llama.cpp's converter does: within each head, row 2i takes row i and
-// row 2i+1 takes row i+headDim/2.
-func toInterleaved(t *tensor.Tensor, headDim int) *tensor.Tensor {
-	rowBytes := len(t.Data) / t.Shape[0]
-	out := &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data))}
-	half := headDim / 2
-	for r := 0; r < t.Shape[0]; r++ {
-		head, i := r/headDim, r%headDim
-		src := head*headDim + i/2
-		if i%2 == 1 {
-			src += half
-		}
-		copy(out.Data[r*rowBytes:(r+1)*rowBytes], t.Data[src*rowBytes:(src+1)*rowBytes])
-	}
-	return out
-}
-
-// writeGGUF converts an HF model to a GGUF file the way llama.cpp would, with
-// 2-D weights stored as quant (F32 keeps the checkpoint's dtype); with
-// dequantized, the quantized values are stored back as F32.
+// writeGGUF converts an HF model to a GGUF file as llama.cpp would
+// (convert.GGUF), with 2-D weights stored as quant; with dequantized, the
+// quantized values are stored back as F32.
 func writeGGUF(t *testing.T, m *model.Model, quant tensor.DType, dequantized bool) string {
 	t.Helper()
-	c := m.Config
-	md := model.GGUFMetadata(&c)
-	var ts []*tensor.Tensor
-	for _, name := range m.Names() {
-		x := m.Tensors[name]
-		if c.Arch != "qwen2" && (strings.Contains(name, "self_attn.q_proj.") || strings.Contains(name, "self_attn.k_proj.")) {
-			x = toInterleaved(x, c.HeadDim)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.gguf")
+	write := func(m *model.Model, to tensor.DType) {
+		out, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if quant != tensor.F32 && len(x.Shape) == 2 {
-			vals, err := x.F32s()
-			if err != nil {
-				t.Fatal(err)
-			}
-			data, err := tensor.Quantize(quant, vals)
-			if err != nil {
-				t.Fatal(err)
-			}
-			x = &tensor.Tensor{Name: x.Name, DType: quant, Shape: x.Shape, Data: data}
-			if dequantized {
-				if vals, err = x.F32s(); err != nil {
-					t.Fatal(err)
-				}
-				x = tensor.FromF32(x.Name, x.Shape, vals)
-			}
+		if _, err := convert.GGUF(out, m, to); err != nil {
+			t.Fatal(err)
 		}
-		ts = append(ts, x)
-	}
-	if c.RopeScaling.Type == "llama3" {
-		// llama.cpp stores llama3 scaling as per-pair frequency factors.
-		r := ir.RopeParams{Theta: c.RopeTheta, HeadDim: c.HeadDim}
-		plain := compile.RopeFrequencies(r)
-		r.Scaling, r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.OriginalMaxPositions = "llama3", c.RopeScaling.Factor, c.RopeScaling.LowFreqFactor, c.RopeScaling.HighFreqFactor, c.RopeScaling.OriginalMaxPositions
-		scaled := compile.RopeFrequencies(r)
-		f := make([]float32, len(plain))
-		for i := range f {
-			f[i] = float32(plain[i] / scaled[i])
+		if err := out.Close(); err != nil {
+			t.Fatal(err)
 		}
-		ts = append(ts, tensor.FromF32("rope_freqs.weight", tensor.Shape{len(f)}, f))
 	}
-	path := filepath.Join(t.TempDir(), "model.gguf")
-	out, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := model.WriteGGUF(out, md, ts); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
+	write(m, quant)
+	if dequantized {
+		q, err := model.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+		path = filepath.Join(dir, "dequantized.gguf") // q maps the first file
+		write(q, tensor.F32)
 	}
 	return path
 }

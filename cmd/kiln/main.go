@@ -20,6 +20,7 @@ usage:
   kiln detokenize --tokenizer FILE --ids 1,2,3
   kiln inspect MODEL [--after PASS] [--tokens N]
   kiln perplexity MODEL --file TEXT [--window N] [--stride N]
+  kiln quantize MODEL OUT.gguf [--to q8_0|q4_0|f16|bf16|f32]
   kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
   kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
 
@@ -35,6 +36,7 @@ var commands = map[string]func(args []string) error{
 	"detokenize": cmdDetokenize,
 	"inspect":    cmdInspect,
 	"perplexity": cmdPerplexity,
+	"quantize":   cmdQuantize,
 	"bench":      cmdBench,
 	"serve":      cmdServe,
 }

@@ -92,6 +92,10 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"inspect", bin, "--after", "no-such-pass"},
 		{"bench", "model", "--random", "nope"},
 		{"bench", "model", "--random", "tiny", "--profile"}, // the profile times GPU kernels
+		{"quantize", bin},
+		{"quantize", "../../demo/files", filepath.Join(t.TempDir(), "x.gguf"), "--to", "q9_9"},
+		{"quantize", garbage, filepath.Join(t.TempDir(), "x.gguf")},
+		{"quantize", "../../demo/files", "../../demo/files"},
 		{"run", bin, "--tokenizer", tok, "--no-such-flag"},
 		{"serve", bin, "--tokenizer", tok, "--block-size", "0"},
 	}
@@ -347,5 +351,29 @@ func TestServeDemo(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("after SIGTERM: %v\n%s", err, stderr.String())
+	}
+}
+
+// TestQuantize writes the demo model as Q8_0 GGUF and runs it: the greedy
+// text is the bf16 model's (convert's TestQuantizedQuality checks 64
+// tokens), and a failed run leaves no file behind.
+func TestQuantize(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "demo-q8_0.gguf")
+	stdout, stderr, code := kiln(t, "quantize", "../../demo/files", out, "--to", "q8_0")
+	if code != 0 || !strings.Contains(stdout, "matrices as q8_0") || !strings.Contains(stdout, "--tokenizer") {
+		t.Fatalf("quantize: exit %d\n%s%s", code, stdout, stderr)
+	}
+	got := runJSON(t, out, "--tokenizer", "../../demo/files", "--prompt", "In the beginning", "--max-tokens", "16", "--temperature", "0")
+	want := runJSON(t, "../../demo/files", "--prompt", "In the beginning", "--max-tokens", "16", "--temperature", "0")
+	if got.Text == "" || got.Text != want.Text {
+		t.Errorf("q8_0 text %q, bf16 %q", got.Text, want.Text)
+	}
+	dir := filepath.Dir(out)
+	if _, _, code := kiln(t, "quantize", "../../demo/files", filepath.Join(dir, "no/such/dir/x.gguf")); code == 0 {
+		t.Error("quantize into a missing directory succeeded")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("%d files left in %s, want only %s", len(entries), dir, filepath.Base(out))
 	}
 }

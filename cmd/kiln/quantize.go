@@ -1,0 +1,76 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"kiln/convert"
+	"kiln/tensor"
+)
+
+// cmdQuantize writes MODEL as a GGUF file with its matrices in --to
+// (convert.GGUF), through a temporary file renamed at the end, so that a
+// failure leaves nothing half-written.
+func cmdQuantize(args []string) error {
+	fs := flag.NewFlagSet("quantize", flag.ContinueOnError)
+	var names []string
+	for _, d := range convert.Targets {
+		names = append(names, d.String())
+	}
+	to := fs.String("to", "q8_0", "dtype of the matrices: "+strings.Join(names, ", "))
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("usage: kiln quantize MODEL OUT.gguf [--to %s]", strings.Join(names, "|"))
+	}
+	var dt tensor.DType
+	for _, d := range convert.Targets {
+		if d.String() == strings.ToLower(*to) {
+			dt = d
+		}
+	}
+	if dt == tensor.Invalid {
+		return fmt.Errorf("--to %q: want one of %s", *to, strings.Join(names, ", "))
+	}
+	src, out := pos[0], pos[1]
+	if a, err := filepath.Abs(src); err == nil {
+		if b, err := filepath.Abs(out); err == nil && a == b {
+			return fmt.Errorf("OUT %s is MODEL itself", out)
+		}
+	}
+	m, err := openModel(src)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	f, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // gone once renamed
+	rep, err := convert.GGUF(f, m, dt)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s: %d matrices as %v, %d tensors kept as they were, %.1f MB of tensors\n",
+		out, rep.Matrices, dt, rep.Kept, float64(rep.Bytes)/1e6)
+	if !rep.Vocabulary {
+		fmt.Printf("the file holds no vocabulary (MODEL is not a GGUF file): give it --tokenizer %s\n", src)
+	}
+	return nil
+}

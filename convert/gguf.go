@@ -1,0 +1,136 @@
+// Package convert writes a loaded model as a GGUF file, as llama.cpp's
+// converter (convert_hf_to_gguf.py) and quantizer (llama-quantize) would:
+// the architecture's metadata from the model's Config, the vocabulary and
+// chat template of a GGUF source, Q/K projection rows of Llama-family
+// models in GGUF's interleaved RoPE layout, llama3 rope scaling as
+// per-pair frequency factors, and every matrix whose rows are whole blocks
+// stored in the dtype asked for (norms and other vectors stay as they
+// are). `kiln quantize` is its command.
+package convert
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"kiln/compile"
+	"kiln/ir"
+	"kiln/model"
+	"kiln/tensor"
+)
+
+// Report says what GGUF wrote.
+type Report struct {
+	Matrices   int   // matrices stored in the dtype asked for
+	Kept       int   // tensors kept in their own dtype (vectors; matrices whose rows are not whole blocks)
+	Bytes      int64 // tensor data written
+	Vocabulary bool  // the file carries a vocabulary (from a GGUF source)
+}
+
+// Targets are the dtypes GGUF can store matrices in.
+var Targets = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q4_0}
+
+// GGUF writes m to w with its matrices in dtype to (one of Targets).
+func GGUF(w io.Writer, m *model.Model, to tensor.DType) (Report, error) {
+	var rep Report
+	ok := false
+	for _, d := range Targets {
+		ok = ok || d == to
+	}
+	if !ok {
+		return rep, fmt.Errorf("convert: cannot store matrices as %v (want one of %v)", to, Targets)
+	}
+	c := m.Config
+	md := model.GGUFMetadata(&c)
+	have := map[string]bool{}
+	for _, kv := range md {
+		have[kv.Key] = true
+	}
+	// A GGUF source's vocabulary and chat template travel with it.
+	var keys []string
+	for k := range m.Metadata {
+		if strings.HasPrefix(k, "tokenizer.") && !have[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		md = append(md, model.KV{Key: k, Value: m.Metadata[k]})
+		have[k] = true
+		rep.Vocabulary = rep.Vocabulary || k == "tokenizer.ggml.tokens"
+	}
+	if m.ChatTemplate != "" && !have["tokenizer.chat_template"] {
+		md = append(md, model.KV{Key: "tokenizer.chat_template", Value: m.ChatTemplate})
+	}
+	// GGUF's llama models rotate interleaved pairs; a Hugging Face
+	// checkpoint's Q/K rows are in the half-split layout (qwen2 stays so).
+	arch := md[0].Value.(string)
+	permute := arch == "llama" && c.RopeStyle != model.RopeInterleaved
+	var ts []*tensor.Tensor
+	for _, name := range m.Names() {
+		x := m.Tensors[name]
+		if permute && (strings.Contains(name, "self_attn.q_proj.") || strings.Contains(name, "self_attn.k_proj.")) {
+			x = Interleave(x, c.HeadDim)
+		}
+		if len(x.Shape) == 2 && x.DType != to && x.Shape[1]%to.BlockSize() == 0 {
+			vals, err := x.F32s()
+			if err != nil {
+				return rep, err
+			}
+			if x, err = tensor.Encode(x.Name, x.Shape, to, vals); err != nil {
+				return rep, err
+			}
+			rep.Matrices++
+		} else if len(x.Shape) == 2 && x.DType == to {
+			rep.Matrices++
+		} else {
+			rep.Kept++
+		}
+		rep.Bytes += int64(len(x.Data))
+		ts = append(ts, x)
+	}
+	if f := ropeFreqs(c); f != nil {
+		ts = append(ts, f)
+	}
+	return rep, model.WriteGGUF(w, md, ts)
+}
+
+// Interleave reorders the rows of a Q or K projection (or bias) from the
+// half-split RoPE layout to the interleaved one, as llama.cpp's converter
+// does: within each head, row 2i takes row i and row 2i+1 row i+headDim/2.
+func Interleave(t *tensor.Tensor, headDim int) *tensor.Tensor {
+	rowBytes := len(t.Data) / t.Shape[0]
+	out := &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data))}
+	half := headDim / 2
+	for r := 0; r < t.Shape[0]; r++ {
+		head, i := r/headDim, r%headDim
+		src := head*headDim + i/2
+		if i%2 == 1 {
+			src += half
+		}
+		copy(out.Data[r*rowBytes:(r+1)*rowBytes], t.Data[src*rowBytes:(src+1)*rowBytes])
+	}
+	return out
+}
+
+// ropeFreqs is the rope_freqs.weight tensor llama.cpp stores for llama3
+// rope scaling (the plain frequencies over the scaled ones, a pair each),
+// or the source's own factors; nil when there are none.
+func ropeFreqs(c model.Config) *tensor.Tensor {
+	f := c.RopeFreqFactors
+	if f == nil && c.RopeScaling.Type == "llama3" {
+		r := ir.RopeParams{Theta: c.RopeTheta, HeadDim: c.HeadDim}
+		plain := compile.RopeFrequencies(r)
+		r.Scaling, r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.OriginalMaxPositions = "llama3", c.RopeScaling.Factor, c.RopeScaling.LowFreqFactor, c.RopeScaling.HighFreqFactor, c.RopeScaling.OriginalMaxPositions
+		scaled := compile.RopeFrequencies(r)
+		f = make([]float32, len(plain))
+		for i := range f {
+			f[i] = float32(plain[i] / scaled[i])
+		}
+	}
+	if f == nil {
+		return nil
+	}
+	return tensor.FromF32("rope_freqs.weight", tensor.Shape{len(f)}, f)
+}

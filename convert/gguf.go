@@ -23,13 +23,14 @@ import (
 // Report says what GGUF wrote.
 type Report struct {
 	Matrices   int   // matrices stored in the dtype asked for
-	Kept       int   // tensors kept in their own dtype (vectors; matrices whose rows are not whole blocks)
+	Kept       int   // matrices kept in their own dtype: rows not whole blocks of it
+	Vectors    int   // norms, biases: kept as they are
 	Bytes      int64 // tensor data written
 	Vocabulary bool  // the file carries a vocabulary (from a GGUF source)
 }
 
 // Targets are the dtypes GGUF can store matrices in.
-var Targets = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q4_0}
+var Targets = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q6_K}
 
 // GGUF writes m to w with its matrices in dtype to (one of Targets).
 func GGUF(w io.Writer, m *model.Model, to tensor.DType) (Report, error) {
@@ -84,8 +85,10 @@ func GGUF(w io.Writer, m *model.Model, to tensor.DType) (Report, error) {
 			rep.Matrices++
 		} else if len(x.Shape) == 2 && x.DType == to {
 			rep.Matrices++
-		} else {
+		} else if len(x.Shape) == 2 {
 			rep.Kept++
+		} else {
+			rep.Vectors++
 		}
 		rep.Bytes += int64(len(x.Data))
 		ts = append(ts, x)

@@ -62,6 +62,11 @@ func SlidingPerplexity(e *engine.Engine, ids []int, window, stride int) (Perplex
 
 // logSoftmaxAt is log(softmax(row)[id]), computed in float64.
 func logSoftmaxAt(row []float32, id int) float64 {
+	return float64(row[id]) - logSumExp(row)
+}
+
+// logSumExp is log(Σ exp(row)), computed in float64.
+func logSumExp(row []float32) float64 {
 	m := math.Inf(-1)
 	for _, x := range row {
 		m = math.Max(m, float64(x))
@@ -70,5 +75,36 @@ func logSoftmaxAt(row []float32, id int) float64 {
 	for _, x := range row {
 		sum += math.Exp(float64(x) - m)
 	}
-	return float64(row[id]) - m - math.Log(sum)
+	return m + math.Log(sum)
+}
+
+// KLDivergence compares two models' next-token distributions over the same
+// positions (p and q: rows of vocab logits): the mean over rows of
+// KL(softmax(p) ‖ softmax(q)) in nats, and the share of rows whose most
+// likely token is the same (llama-perplexity --kl-divergence reports both).
+func KLDivergence(p, q []float32, vocab int) (kl, top1 float64) {
+	rows := len(p) / vocab
+	if rows == 0 || len(q) != len(p) {
+		return math.NaN(), math.NaN()
+	}
+	same := 0
+	for r := range rows {
+		pr, qr := p[r*vocab:(r+1)*vocab], q[r*vocab:(r+1)*vocab]
+		lp, lq := logSumExp(pr), logSumExp(qr)
+		bp, bq := 0, 0
+		for i := range pr {
+			a, b := float64(pr[i])-lp, float64(qr[i])-lq
+			kl += math.Exp(a) * (a - b)
+			if pr[i] > pr[bp] {
+				bp = i
+			}
+			if qr[i] > qr[bq] {
+				bq = i
+			}
+		}
+		if bp == bq {
+			same++
+		}
+	}
+	return kl / float64(rows), float64(same) / float64(rows)
 }

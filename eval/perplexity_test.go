@@ -101,3 +101,31 @@ func TestSlidingPerplexityErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestKLDivergence checks KLDivergence on rows worked by hand: identical
+// rows (0, all agree), a shift of every logit (the same distribution), and
+// two-token rows with known divergence and a disagreeing top token.
+func TestKLDivergence(t *testing.T) {
+	p := []float32{1, 2, 3, 0, 0, 5}
+	if kl, top := KLDivergence(p, p, 3); kl != 0 || top != 1 {
+		t.Errorf("identical rows: KL %g, agreement %g", kl, top)
+	}
+	shifted := []float32{11, 12, 13, -4, -4, 1}
+	if kl, top := KLDivergence(p, shifted, 3); math.Abs(kl) > 1e-12 || top != 1 {
+		t.Errorf("shifted rows: KL %g, agreement %g", kl, top)
+	}
+	// Row 1: p = (0.5, 0.5), q = softmax(0, ln 3) = (0.25, 0.75):
+	// KL = 0.5·ln 2 + 0.5·ln(2/3). Row 2 the same with q's top token
+	// different from p's (p = softmax(ln 3, 0)).
+	a := []float32{0, 0, float32(math.Log(3)), 0}
+	b := []float32{0, float32(math.Log(3)), 0, 0}
+	kl, top := KLDivergence(a, b, 2)
+	want := (0.5*math.Log(2) + 0.5*math.Log(2.0/3)) / 2 // row 2: KL(0.75,0.25 ‖ 0.5,0.5)
+	want += (0.75*math.Log(1.5) + 0.25*math.Log(0.5)) / 2
+	if math.Abs(kl-want) > 1e-6 || top != 0.5 {
+		t.Errorf("KL %g (want %g), agreement %g (want 0.5)", kl, want, top)
+	}
+	if kl, _ := KLDivergence(a, b[:2], 2); !math.IsNaN(kl) {
+		t.Errorf("rows of different lengths: KL %g", kl)
+	}
+}

@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"os"
@@ -33,14 +34,20 @@ var ggmlTypes = []struct {
 	{IQ4_NL, 20, "iq4_nl", []int{0}},
 }
 
-// TestGGMLDequantize decodes fresh blocks of every GGML type ToF32 reads and
-// compares them, bit for bit, with llama.cpp's own dequantize_row_*: half
-// the blocks are ggml's quantization of random values, half random bytes
-// with random finite scales. The reference is libggml-base.so from
-// node-llama-cpp's prebuilt package (KILN_GGML_LIB; .ci/run fetches it),
-// called through testdata/ggmlref.c, which the test compiles with cc.
-// Skipped without it, except under CI=true.
-func TestGGMLDequantize(t *testing.T) {
+// ggmlRef is what testdata/ggmlref.c wrote for one type: blocks (the
+// first half ggml's quantization of src, the rest random bytes), ggml's
+// decoding of them, and src.
+type ggmlRef struct {
+	blocks []byte
+	values []float32
+	src    []float32
+}
+
+// ggmlRefs runs testdata/ggmlref.c (compiled with cc) against llama.cpp's
+// libggml-base.so (KILN_GGML_LIB; .ci/run fetches it from node-llama-cpp's
+// prebuilt package) for every type of ggmlTypes, on fresh random values.
+// Skipped without the library, except under CI=true.
+func ggmlRefs(t *testing.T, blocks int) map[DType]ggmlRef {
 	lib := os.Getenv("KILN_GGML_LIB")
 	if lib == "" {
 		if os.Getenv("CI") == "true" {
@@ -59,41 +66,80 @@ func TestGGMLDequantize(t *testing.T) {
 	}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
+	refs := map[DType]ggmlRef{}
 	for i, g := range ggmlTypes {
-		t.Run(g.d.String(), func(t *testing.T) {
-			const blocks = 64
-			out := filepath.Join(dir, g.name+".bin")
-			args := []string{lib, strconv.Itoa(g.id), g.name, strconv.FormatUint(seed+uint64(i), 10), strconv.Itoa(blocks), out}
-			for _, o := range g.f16At {
-				args = append(args, strconv.Itoa(o))
+		out := filepath.Join(dir, g.name+".bin")
+		args := []string{lib, strconv.Itoa(g.id), g.name, strconv.FormatUint(seed+uint64(i), 10), strconv.Itoa(blocks), out}
+		for _, o := range g.f16At {
+			args = append(args, strconv.Itoa(o))
+		}
+		if msg, err := exec.Command(ref, args...).CombinedOutput(); err != nil {
+			t.Fatalf("ggmlref %v: %v\n%s", args, err, msg)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, size := g.d.BlockSize(), blocks*g.d.BlockBytes()
+		if want := size + 4*blocks*bs + 4*(blocks/2)*bs; len(data) != want {
+			t.Fatalf("%v: ggmlref wrote %d bytes, want %d", g.d, len(data), want)
+		}
+		floats := func(b []byte) []float32 {
+			f := make([]float32, len(b)/4)
+			for j := range f {
+				f[j] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*j:]))
 			}
-			if msg, err := exec.Command(ref, args...).CombinedOutput(); err != nil {
-				t.Fatalf("ggmlref %v: %v\n%s", args, err, msg)
+			return f
+		}
+		refs[g.d] = ggmlRef{blocks: data[:size], values: floats(data[size : size+4*blocks*bs]), src: floats(data[size+4*blocks*bs:])}
+	}
+	return refs
+}
+
+// TestGGMLDequantize decodes fresh blocks of every GGML type ToF32 reads and
+// compares them, bit for bit, with llama.cpp's own dequantize_row_*: half
+// the blocks are ggml's quantization of random values, half random bytes
+// with random finite scales.
+func TestGGMLDequantize(t *testing.T) {
+	for d, r := range ggmlRefs(t, 64) {
+		got := make([]float32, len(r.values))
+		if err := ToF32(d, r.blocks, got); err != nil {
+			t.Fatal(err)
+		}
+		bad := 0
+		for j, want := range r.values {
+			if got[j] != want && !(math.IsNaN(float64(got[j])) && math.IsNaN(float64(want))) {
+				if bad++; bad <= 5 {
+					t.Errorf("%v: element %d (block %d): %g, ggml %g", d, j, j/d.BlockSize(), got[j], want)
+				}
 			}
-			data, err := os.ReadFile(out)
+		}
+		if bad > 0 {
+			t.Errorf("%v: %d of %d elements differ from ggml", d, bad, len(got))
+		}
+	}
+}
+
+// TestGGMLQuantize quantizes fresh random values with every quantizer
+// Quantize has and compares the blocks, byte for byte, with ggml's
+// (ggml_quantize_chunk without an importance matrix, as llama-quantize).
+func TestGGMLQuantize(t *testing.T) {
+	for _, d := range []DType{Q8_0, Q4_0, Q4_K, Q6_K} {
+		t.Run(d.String(), func(t *testing.T) {
+			r := ggmlRefs(t, 64)[d]
+			got, err := Quantize(d, r.src)
 			if err != nil {
 				t.Fatal(err)
 			}
-			n := blocks * g.d.BlockSize()
-			size := blocks * g.d.BlockBytes()
-			if len(data) != size+4*n {
-				t.Fatalf("ggmlref wrote %d bytes, want %d blocks of %d and %d floats", len(data), blocks, g.d.BlockBytes(), n)
+			want := r.blocks[:len(got)]
+			if len(got) != len(r.src)/d.BlockSize()*d.BlockBytes() {
+				t.Fatalf("%d bytes for %d values", len(got), len(r.src))
 			}
-			got := make([]float32, n)
-			if err := ToF32(g.d, data[:size], got); err != nil {
-				t.Fatal(err)
-			}
-			bad := 0
-			for j := range got {
-				want := math.Float32frombits(binary.LittleEndian.Uint32(data[size+4*j:]))
-				if got[j] != want && !(math.IsNaN(float64(got[j])) && math.IsNaN(float64(want))) {
-					if bad++; bad <= 5 {
-						t.Errorf("element %d (block %d): %g, ggml %g", j, j/g.d.BlockSize(), got[j], want)
-					}
+			bb := d.BlockBytes()
+			for b := 0; b < len(got)/bb; b++ {
+				if !bytes.Equal(got[b*bb:(b+1)*bb], want[b*bb:(b+1)*bb]) {
+					t.Fatalf("block %d differs from ggml's:\n got  %x\n want %x", b, got[b*bb:(b+1)*bb], want[b*bb:(b+1)*bb])
 				}
-			}
-			if bad > 0 {
-				t.Fatalf("%d of %d elements differ from ggml", bad, n)
 			}
 		})
 	}

@@ -67,8 +67,11 @@ func cmdQuantize(args []string) error {
 	if err := os.Rename(tmp, out); err != nil {
 		return err
 	}
-	fmt.Printf("wrote %s: %d matrices as %v, %d tensors kept as they were, %.1f MB of tensors\n",
-		out, rep.Matrices, dt, rep.Kept, float64(rep.Bytes)/1e6)
+	fmt.Printf("wrote %s: %d matrices as %v, %d vectors as they were, %.1f MB of tensors\n",
+		out, rep.Matrices, dt, rep.Vectors, float64(rep.Bytes)/1e6)
+	if rep.Kept > 0 {
+		fmt.Printf("%d matrices kept in their own dtype: their rows are not whole %v blocks of %d\n", rep.Kept, dt, dt.BlockSize())
+	}
 	if !rep.Vocabulary {
 		fmt.Printf("the file holds no vocabulary (MODEL is not a GGUF file): give it --tokenizer %s\n", src)
 	}

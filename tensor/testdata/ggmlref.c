@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
 		}
 	dequant(blocks, out, qk * nb);
 	FILE* f = fopen(argv[6], "wb");
-	if (!f || fwrite(blocks, bb, nb, f) != (size_t)nb || fwrite(out, sizeof(float), qk * nb, f) != (size_t)(qk * nb) || fclose(f)) {
+	if (!f || fwrite(blocks, bb, nb, f) != (size_t)nb || fwrite(out, sizeof(float), qk * nb, f) != (size_t)(qk * nb) ||
+	    fwrite(src, sizeof(float), qk * nq, f) != (size_t)(qk * nq) || fclose(f)) {
 		fprintf(stderr, "writing %s failed\n", argv[6]);
 		return 1;
 	}

@@ -1,7 +1,8 @@
 // Package convert writes a loaded model as a GGUF file, as llama.cpp's
 // converter (convert_hf_to_gguf.py) and quantizer (llama-quantize) would:
 // the architecture's metadata from the model's Config, the vocabulary and
-// chat template of a GGUF source, Q/K projection rows of Llama-family
+// chat template of the source (a GGUF file's, or a
+// byte-level BPE tokenizer's), Q/K projection rows of Llama-family
 // models in GGUF's interleaved RoPE layout, llama3 rope scaling as
 // per-pair frequency factors, and every matrix whose rows are whole blocks
 // stored in the dtype asked for (norms and other vectors stay as they
@@ -32,8 +33,10 @@ type Report struct {
 // Targets are the dtypes GGUF can store matrices in.
 var Targets = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q6_K}
 
-// GGUF writes m to w with its matrices in dtype to (one of Targets).
-func GGUF(w io.Writer, m *model.Model, to tensor.DType) (Report, error) {
+// GGUF writes m to w with its matrices in dtype to (one of Targets), and
+// vocab's entries (tokenizer.Tokenizer.GGUFMetadata) when the source is not
+// a GGUF file, whose own vocabulary travels with it.
+func GGUF(w io.Writer, m *model.Model, to tensor.DType, vocab map[string]any) (Report, error) {
 	var rep Report
 	ok := false
 	for _, d := range Targets {
@@ -49,15 +52,19 @@ func GGUF(w io.Writer, m *model.Model, to tensor.DType) (Report, error) {
 		have[kv.Key] = true
 	}
 	// A GGUF source's vocabulary and chat template travel with it.
+	src := vocab
+	if m.Metadata != nil {
+		src = m.Metadata
+	}
 	var keys []string
-	for k := range m.Metadata {
+	for k := range src {
 		if strings.HasPrefix(k, "tokenizer.") && !have[k] {
 			keys = append(keys, k)
 		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		md = append(md, model.KV{Key: k, Value: m.Metadata[k]})
+		md = append(md, model.KV{Key: k, Value: src[k]})
 		have[k] = true
 		rep.Vocabulary = rep.Vocabulary || k == "tokenizer.ggml.tokens"
 	}

@@ -30,7 +30,7 @@ func demoAs(t *testing.T, dt tensor.DType) *engine.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := GGUF(f, src, dt); err != nil {
+	if _, err := GGUF(f, src, dt, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Close(); err != nil {

@@ -205,3 +205,55 @@ func TestFromGGUFMalformed(t *testing.T) {
 		t.Error("nil metadata: no error")
 	}
 }
+
+// TestGGUFMetadataRoundTrip writes byte-level BPE tokenizers as GGUF
+// metadata and reads them back: the rebuilt tokenizer gives every reference
+// encoding of Hugging Face tokenizers, and encodes the start of the corpus
+// as the original does; the pre-tokenizer is the one llama.cpp names for
+// the model. A SentencePiece tokenizer is refused.
+func TestGGUFMetadataRoundTrip(t *testing.T) {
+	corpus, err := os.ReadFile(testshared.Path(t, "corpora", "war-and-peace.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(corpus[:20000])
+	for _, tc := range []struct {
+		name string
+		path []string
+		pre  string
+	}{
+		{"gpt2", []string{"tokenizers", "gpt2", "tokenizer.json"}, "gpt-2"},
+		{"llama3.2", []string{"tokenizers", "llama3.2-bpe", "tokenizer.json"}, "llama-bpe"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tk := loadShared(t, tc.path...)
+			md, err := tk.GGUFMetadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if md["tokenizer.ggml.pre"] != tc.pre {
+				t.Errorf("pre-tokenizer %v, want %s", md["tokenizer.ggml.pre"], tc.pre)
+			}
+			back, err := FromGGUF(md)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range readExpected(t, tc.name) {
+				if got := back.Encode(e.Text, false); !slices.Equal(got, e.IDs) {
+					t.Fatalf("entry %d %q: ids\n got %v\nwant %v", i, short(e.Text), got, e.IDs)
+				}
+			}
+			for _, special := range []bool{false, true} {
+				if !slices.Equal(back.Encode(text, special), tk.Encode(text, special)) {
+					t.Errorf("the corpus encodes differently (special tokens %v)", special)
+				}
+			}
+			if back.BOS() != tk.BOS() || !slices.Equal(back.EOS()[:min(1, len(back.EOS()))], tk.EOS()[:min(1, len(tk.EOS()))]) {
+				t.Errorf("bos/eos %d %v, want %d %v", back.BOS(), back.EOS(), tk.BOS(), tk.EOS())
+			}
+		})
+	}
+	if _, err := loadShared(t, "tokenizers", "phi-3-mini").GGUFMetadata(); err == nil {
+		t.Error("a SentencePiece tokenizer was written as GGUF metadata")
+	}
+}

@@ -21,6 +21,7 @@ func cmdQuantize(args []string) error {
 		names = append(names, d.String())
 	}
 	to := fs.String("to", "q8_0", "dtype of the matrices: "+strings.Join(names, ", "))
+	tokFlag := fs.String("tokenizer", "", "the vocabulary to write (default: MODEL's own; a GGUF MODEL's travels with it)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -54,7 +55,17 @@ func cmdQuantize(args []string) error {
 	}
 	tmp := f.Name()
 	defer os.Remove(tmp) // gone once renamed
-	rep, err := convert.GGUF(f, m, dt)
+	var vocab map[string]any
+	if m.Metadata == nil {
+		tok, err := openTokenizer(*tokFlag, m)
+		if err == nil {
+			vocab, err = tok.GGUFMetadata()
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kiln: the file gets no vocabulary: %v\n", err)
+		}
+	}
+	rep, err := convert.GGUF(f, m, dt, vocab)
 	if err == nil {
 		err = f.Chmod(0o644)
 	}
@@ -73,7 +84,7 @@ func cmdQuantize(args []string) error {
 		fmt.Printf("%d matrices kept in their own dtype: their rows are not whole %v blocks of %d\n", rep.Kept, dt, dt.BlockSize())
 	}
 	if !rep.Vocabulary {
-		fmt.Printf("the file holds no vocabulary (MODEL is not a GGUF file): give it --tokenizer %s\n", src)
+		fmt.Printf("the file holds no vocabulary: run it with --tokenizer %s\n", src)
 	}
 	return nil
 }

@@ -30,6 +30,11 @@ var Shapes = map[string]Shape{
 	"stories110m": {Name: "stories110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 32000, Context: 1024, Tied: true},
 	// llama3-8b: Llama 3 8B's shape.
 	"llama3-8b": {Name: "llama3-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192},
+	// demo-110m: stories110M's shape with the demo model's 4,096-token
+	// vocabulary, so that its GGUF files can carry the demo's tokenizer
+	// (llama.cpp loads no model without one): the CPU comparison with
+	// llama.cpp (tools/cpu/llama-peer.sh).
+	"demo-110m": {Name: "demo-110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 4096, Context: 1024, Tied: true},
 	// tiny: for tests.
 	"tiny": {Name: "tiny", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 256, Context: 256},
 }

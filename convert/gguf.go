@@ -5,8 +5,7 @@
 // byte-level BPE tokenizer's), Q/K projection rows of Llama-family
 // models in GGUF's interleaved RoPE layout, llama3 rope scaling as
 // per-pair frequency factors, and every matrix whose rows are whole blocks
-// stored in the dtype asked for (norms and other vectors stay as they
-// are). `kiln quantize` is its command.
+// stored in the dtype asked for (norms and biases in F32). `kiln quantize` is its command.
 package convert
 
 import (
@@ -25,7 +24,7 @@ import (
 type Report struct {
 	Matrices   int   // matrices stored in the dtype asked for
 	Kept       int   // matrices kept in their own dtype: rows not whole blocks of it
-	Vectors    int   // norms, biases: kept as they are
+	Vectors    int   // norms, biases: in F32
 	Bytes      int64 // tensor data written
 	Vocabulary bool  // the file carries a vocabulary (from a GGUF source)
 }
@@ -95,6 +94,15 @@ func GGUF(w io.Writer, m *model.Model, to tensor.DType, vocab map[string]any) (R
 		} else if len(x.Shape) == 2 {
 			rep.Kept++
 		} else {
+			// Norms and biases in F32, as llama.cpp's converter writes
+			// them (its kernels take no other type there).
+			if x.DType != tensor.F32 {
+				vals, err := x.F32s()
+				if err != nil {
+					return rep, err
+				}
+				x = tensor.FromF32(x.Name, x.Shape, vals)
+			}
 			rep.Vectors++
 		}
 		rep.Bytes += int64(len(x.Data))

@@ -78,7 +78,7 @@ func cmdQuantize(args []string) error {
 	if err := os.Rename(tmp, out); err != nil {
 		return err
 	}
-	fmt.Printf("wrote %s: %d matrices as %v, %d vectors as they were, %.1f MB of tensors\n",
+	fmt.Printf("wrote %s: %d matrices as %v, %d vectors as f32, %.1f MB of tensors\n",
 		out, rep.Matrices, dt, rep.Vectors, float64(rep.Bytes)/1e6)
 	if rep.Kept > 0 {
 		fmt.Printf("%d matrices kept in their own dtype: their rows are not whole %v blocks of %d\n", rep.Kept, dt, dt.BlockSize())

@@ -30,6 +30,13 @@ var ggmlBlocks = map[DType]ggmlBlock{
 	Q6_K:   {256, 210, decodeQ6_K},
 }
 
+// BlockDecoder returns GGML block type d's decoder (b one block of
+// d.BlockBytes() bytes, y its d.BlockSize() values), for loops that decode
+// block by block; nil for other types.
+func BlockDecoder(d DType) func(b []byte, y []float32) {
+	return ggmlBlocks[d].decode
+}
+
 func f16At(b []byte, off int) float32 { return F16ToF32(binary.LittleEndian.Uint16(b[off:])) }
 
 // Q8_0: d (f16), 32 int8: y = d·q.

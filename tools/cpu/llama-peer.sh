@@ -21,14 +21,21 @@ cp tools/cpu/llama_peer.mjs "$NLC_DIR/"
 for f in f16 q8_0 q6_k q4_k; do
 	[ -f "$dir/$f.gguf" ] || $k quantize "$src" "$dir/$f.gguf" --to "$f" >/dev/null
 done
-echo "| format | round | kiln tokens/s | llama.cpp tokens/s | kiln ÷ llama.cpp |"
+# llama.cpp runs at 1 thread and at THREADS, and its faster figure counts:
+# through node-llama-cpp on a 2-core machine, 2 threads were 2-3 times
+# slower than 1 (its worker thread and ggml's compete for the cores).
+llama() { # file threads
+	node "$NLC_DIR/llama_peer.mjs" "$1" "$tokens" "$2" 2>/dev/null | tail -1 |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])'
+}
+echo "| format | round | kiln tokens/s ($threads threads) | llama.cpp tokens/s (1 thread / $threads) | kiln ÷ llama.cpp's best |"
 echo "|---|---|---|---|---|"
 for r in $(seq "$rounds"); do
 	for f in f16 q8_0 q6_k q4_k; do
 		kt=$($k bench model "$dir/$f.gguf" --device cpu --threads "$threads" --pp 0 --tg "$tokens" --batch 1 --reps 1 --json |
 			python3 -c 'import json,sys; print(json.load(sys.stdin)["results"][0]["tokens_per_s"])')
-		lt=$(node "$NLC_DIR/llama_peer.mjs" "$dir/$f.gguf" "$tokens" "$threads" 2>/dev/null | tail -1 |
-			python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')
-		python3 -c "print('| $f | $r | %.1f | %.1f | %.2f |' % ($kt, $lt, $kt / $lt))"
+		l1=$(llama "$dir/$f.gguf" 1)
+		ln=$(llama "$dir/$f.gguf" "$threads")
+		python3 -c "print('| $f | $r | %.1f | %.1f / %.1f | %.2f |' % ($kt, $l1, $ln, $kt / max($l1, $ln)))"
 	done
 done

@@ -9,7 +9,7 @@ import (
 
 // Products with weights in a GGML block type (Q4_0, Q8_0, the k-quants,
 // ...), read in place from the model file: each block of a row is decoded
-// into a buffer (tensor.ToF32, ggml's own arithmetic) and
+// into a buffer (tensor.BlockDecoder: ggml's own arithmetic) and
 // dotted with every token's matching slice of x (Dot, SIMD where there is
 // one). Work units are groups of 4 rows, each for all T tokens, so a row's
 // blocks are decoded once a call. This is the portable path: kernels that
@@ -25,7 +25,7 @@ type blockTask struct {
 var blockTasks = sync.Pool{New: func() any { return new(blockTask) }}
 
 // blockBufs holds the decoded-block buffers of running work units (a
-// buffer on the stack would escape through tensor.ToF32's decoder).
+// buffer on the stack would escape through the decoder's call).
 var blockBufs = sync.Pool{New: func() any { return new([256]float32) }}
 
 func matMulBlocks(p *workers.Pool, out, x []float32, T int, w Weights) {
@@ -49,6 +49,7 @@ func matMulBlocks(p *workers.Pool, out, x []float32, T int, w Weights) {
 func (t *blockTask) Do(lo, hi int) {
 	w := t.w
 	bs, bb, rb := w.DType.BlockSize(), w.DType.BlockBytes(), w.rowBytes()
+	decode := tensor.BlockDecoder(w.DType)
 	buf := blockBufs.Get().(*[256]float32) // the largest block
 	defer blockBufs.Put(buf)
 	y := buf[:bs]
@@ -58,9 +59,7 @@ func (t *blockTask) Do(lo, hi int) {
 		}
 		row := w.Data[n*rb : (n+1)*rb]
 		for b := 0; b < w.K/bs; b++ {
-			if err := tensor.ToF32(w.DType, row[b*bb:(b+1)*bb], y); err != nil {
-				panic(err) // check made sure of the sizes
-			}
+			decode(row[b*bb:(b+1)*bb], y) // check made sure of the sizes
 			for tk := 0; tk < t.T; tk++ {
 				t.out[tk*w.N+n] += Dot(y, t.x[tk*w.K+b*bs:tk*w.K+(b+1)*bs])
 			}

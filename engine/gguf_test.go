@@ -77,8 +77,11 @@ func TestGGUFMatchesHF(t *testing.T) {
 	}
 }
 
-// TestGGUFQuantized checks the Q8_0 and Q4_0 paths: a quantized GGUF gives the
-// logits of an F32 model holding the dequantized weights, and stays near the
+// TestGGUFQuantized checks the Q8_0 and Q4_0 paths: a quantized GGUF
+// gives the logits of an F32 model holding the dequantized weights (with the
+// reference kernels, which decode the blocks, to float32 rounding; with the
+// fast kernels, which multiply Q8_0 and the k-quants in integers with x
+// rounded to 16 or 8 bits, within the stated bound), and stays near the
 // unquantized reference.
 func TestGGUFQuantized(t *testing.T) {
 	dir := "../testdata/hf/llama-gqa"
@@ -89,11 +92,12 @@ func TestGGUFQuantized(t *testing.T) {
 	}
 	defer hf.Close()
 	for _, q := range []struct {
-		d   tensor.DType
-		tol float64 // against transformers' unquantized logits
-	}{{tensor.Q8_0, 2e-2}, {tensor.Q4_0, 3e-1}} {
+		d    tensor.DType
+		fast float64 // fast kernels against the dequantized copy
+		tol  float64 // against transformers' unquantized logits
+	}{{tensor.Q8_0, 5e-4, 2e-2}, {tensor.Q4_0, 1e-6, 3e-1}} {
 		t.Run(q.d.String(), func(t *testing.T) {
-			run := func(dequantized bool) []float32 {
+			run := func(dequantized, reference bool) []float32 {
 				m, err := model.Load(writeGGUF(t, hf, q.d, dequantized))
 				if err != nil {
 					t.Fatal(err)
@@ -103,7 +107,7 @@ func TestGGUFQuantized(t *testing.T) {
 				if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; !dequantized && w.DType != q.d {
 					t.Fatalf("q_proj loaded as %v, want %v", w.DType, q.d)
 				}
-				e, err := engine.New(m, &cpu.Backend{}, engine.Options{})
+				e, err := engine.New(m, &cpu.Backend{Reference: reference}, engine.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -114,9 +118,14 @@ func TestGGUFQuantized(t *testing.T) {
 				}
 				return logits
 			}
-			logits := run(false)
-			if d := relErrInf(logits, run(true)); d > 1e-6 {
-				t.Errorf("%v model and its dequantized F32 copy differ: %.3g", q.d, d)
+			logits, deq := run(false, false), run(true, false)
+			if d := relErrInf(run(false, true), deq); d > 1e-6 {
+				t.Errorf("%v model and its dequantized F32 copy differ under the reference kernels: %.3g", q.d, d)
+			}
+			d := relErrInf(logits, deq)
+			t.Logf("%v: fast kernels against the dequantized copy: %.3g", q.d, d)
+			if d > q.fast {
+				t.Errorf("%v model and its dequantized F32 copy differ: %.3g > %g", q.d, d, q.fast)
 			}
 			got := relErrInf(logits, f.Logits)
 			t.Logf("%v: ‖out−ref‖∞/‖ref‖∞ = %.3g", q.d, got)

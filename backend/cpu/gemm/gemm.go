@@ -183,6 +183,10 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 	if T == 0 || w.N == 0 {
 		return
 	}
+	if intDot(w.DType) {
+		matMulQuant(p, out, x, T, w)
+		return
+	}
 	if w.DType.Quantized() {
 		matMulBlocks(p, out, x, T, w)
 		return

@@ -55,3 +55,14 @@ func krBF16(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *fl
 
 //go:noescape
 func krF16(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr)
+
+// Integer row kernels in quant_amd64.s (see quant.go).
+
+//go:noescape
+func rowsQ8_0(w unsafe.Pointer, stride uintptr, xq *int16, xd *float32, nb, nrows int, out *float32)
+
+//go:noescape
+func rowsQ4K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
+
+//go:noescape
+func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, nb, nrows int, out *float32)

@@ -47,3 +47,12 @@ func krBF16(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *fl
 func krF16(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
 	panic("unreachable")
 }
+func rowsQ8_0(w unsafe.Pointer, stride uintptr, xq *int16, xd *float32, nb, nrows int, out *float32) {
+	panic("unreachable")
+}
+func rowsQ4K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
+	panic("unreachable")
+}
+func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, nb, nrows int, out *float32) {
+	panic("unreachable")
+}

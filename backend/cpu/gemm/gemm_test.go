@@ -242,8 +242,10 @@ func randBlocks(r *rand.Rand, d tensor.DType, N, K int) Weights {
 }
 
 // TestMatMulBlocks checks products with weights in every GGML block type
-// (read in place, decoded block by block) against MatMulRef, which decodes
-// whole rows with tensor.ToF32, on fresh random blocks.
+// (read in place, decoded block by block, or multiplied in integers with x
+// rounded to 8 bits for the types of intDot) against MatMulRef, which
+// decodes whole rows with tensor.ToF32, on fresh random blocks. The integer
+// path is allowed quantBound more than float32 rounding.
 func TestMatMulBlocks(t *testing.T) {
 	r := newRand(t)
 	p := workers.New(3)
@@ -260,12 +262,14 @@ func TestMatMulBlocks(t *testing.T) {
 					ref := make([]float32, T*N)
 					MatMulRef(ref, x, T, w)
 					row := make([]float32, K)
-					for _, pool := range []*workers.Pool{p, nil} {
+					for i, pool := range []*workers.Pool{p, nil, p} {
 						out := make([]float32, T*N)
 						for i := range out {
 							out[i] = float32(math.NaN())
 						}
+						SetPure(i == 2) // the Go kernels
 						MatMul(pool, out, x, T, w)
+						SetPure(false)
 						for n := 0; n < N; n++ {
 							rb := len(w.Data) / N
 							if err := tensor.ToF32(d, w.Data[n*rb:(n+1)*rb], row); err != nil {
@@ -276,8 +280,12 @@ func TestMatMulBlocks(t *testing.T) {
 								for k := range row {
 									mag += math.Abs(float64(x[tk*K+k]) * float64(row[k]))
 								}
+								tol := relTol*mag + absTol
+								if intDot(d) {
+									tol += quantBound(x[tk*K:(tk+1)*K], row, xBlock(d), xBits(d))
+								}
 								got, want := out[tk*N+n], ref[tk*N+n]
-								if math.IsNaN(float64(got)) || math.Abs(float64(got)-float64(want)) > relTol*mag+absTol {
+								if math.IsNaN(float64(got)) || math.Abs(float64(got)-float64(want)) > tol {
 									t.Fatalf("%v T=%d N=%d K=%d: out[%d][%d] = %v, want %v", d, T, N, K, tk, n, got, want)
 								}
 							}

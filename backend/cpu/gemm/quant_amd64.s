@@ -1,0 +1,362 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// The integer row kernels of quant.go (AVX2), written by hand. Each computes
+// out[r] = row r · x for nrows rows of stride bytes starting at w, x being
+// one token quantized (xq, its scales xd: one a block of 32 16-bit values
+// for Q8_0, of 256 8-bit values for the k-quants; xs the sums of each 16 of
+// xq). The integer products are exact: VPMADDUBSW multiplies unsigned by
+// signed bytes and adds pairs into int16 (no pair here can reach 32767),
+// VPMADDWD multiplies int16 pairs (by x, or by the sub-blocks' scales) into
+// int32, and a block's int32 sums are converted to float32 once and scaled
+// by d(weights)·d(x).
+// Go's operand order is Intel's reversed: VPMADDUBSW signed, unsigned, dst.
+
+// q4kScale<>+32k: VPSHUFB controls that spread byte k of each 128-bit lane
+// (the scales of a Q4_K block, 8 bytes) into all 16 int16 lanes.
+DATA q4kScale<>+0(SB)/8, $0x8000800080008000
+DATA q4kScale<>+8(SB)/8, $0x8000800080008000
+DATA q4kScale<>+16(SB)/8, $0x8000800080008000
+DATA q4kScale<>+24(SB)/8, $0x8000800080008000
+DATA q4kScale<>+32(SB)/8, $0x8001800180018001
+DATA q4kScale<>+40(SB)/8, $0x8001800180018001
+DATA q4kScale<>+48(SB)/8, $0x8001800180018001
+DATA q4kScale<>+56(SB)/8, $0x8001800180018001
+DATA q4kScale<>+64(SB)/8, $0x8002800280028002
+DATA q4kScale<>+72(SB)/8, $0x8002800280028002
+DATA q4kScale<>+80(SB)/8, $0x8002800280028002
+DATA q4kScale<>+88(SB)/8, $0x8002800280028002
+DATA q4kScale<>+96(SB)/8, $0x8003800380038003
+DATA q4kScale<>+104(SB)/8, $0x8003800380038003
+DATA q4kScale<>+112(SB)/8, $0x8003800380038003
+DATA q4kScale<>+120(SB)/8, $0x8003800380038003
+DATA q4kScale<>+128(SB)/8, $0x8004800480048004
+DATA q4kScale<>+136(SB)/8, $0x8004800480048004
+DATA q4kScale<>+144(SB)/8, $0x8004800480048004
+DATA q4kScale<>+152(SB)/8, $0x8004800480048004
+DATA q4kScale<>+160(SB)/8, $0x8005800580058005
+DATA q4kScale<>+168(SB)/8, $0x8005800580058005
+DATA q4kScale<>+176(SB)/8, $0x8005800580058005
+DATA q4kScale<>+184(SB)/8, $0x8005800580058005
+DATA q4kScale<>+192(SB)/8, $0x8006800680068006
+DATA q4kScale<>+200(SB)/8, $0x8006800680068006
+DATA q4kScale<>+208(SB)/8, $0x8006800680068006
+DATA q4kScale<>+216(SB)/8, $0x8006800680068006
+DATA q4kScale<>+224(SB)/8, $0x8007800780078007
+DATA q4kScale<>+232(SB)/8, $0x8007800780078007
+DATA q4kScale<>+240(SB)/8, $0x8007800780078007
+DATA q4kScale<>+248(SB)/8, $0x8007800780078007
+GLOBL q4kScale<>(SB), RODATA|NOPTR, $256
+
+// q6kScale<>+16m: VPSHUFB controls giving 8 copies of byte 2m, then 8 of
+// byte 2m+1 (a Q6_K block's int8 scales of the two sub-blocks of 16 that a
+// group of 32 values spans).
+DATA q6kScale<>+0(SB)/8, $0x0000000000000000
+DATA q6kScale<>+8(SB)/8, $0x0101010101010101
+DATA q6kScale<>+16(SB)/8, $0x0202020202020202
+DATA q6kScale<>+24(SB)/8, $0x0303030303030303
+DATA q6kScale<>+32(SB)/8, $0x0404040404040404
+DATA q6kScale<>+40(SB)/8, $0x0505050505050505
+DATA q6kScale<>+48(SB)/8, $0x0606060606060606
+DATA q6kScale<>+56(SB)/8, $0x0707070707070707
+DATA q6kScale<>+64(SB)/8, $0x0808080808080808
+DATA q6kScale<>+72(SB)/8, $0x0909090909090909
+DATA q6kScale<>+80(SB)/8, $0x0a0a0a0a0a0a0a0a
+DATA q6kScale<>+88(SB)/8, $0x0b0b0b0b0b0b0b0b
+DATA q6kScale<>+96(SB)/8, $0x0c0c0c0c0c0c0c0c
+DATA q6kScale<>+104(SB)/8, $0x0d0d0d0d0d0d0d0d
+DATA q6kScale<>+112(SB)/8, $0x0e0e0e0e0e0e0e0e
+DATA q6kScale<>+120(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
+
+// hsum leaves the sum of Y0's 8 floats in X0's low lane (clobbers X1).
+#define HSUM \
+	VEXTRACTF128 $1, Y0, X1; \
+	VADDPS       X1, X0, X0; \
+	VHADDPS      X0, X0, X0; \
+	VHADDPS      X0, X0, X0
+
+// SCALE(off, r, X) leaves f16 at off(BX) times the float32 at (DX) in X's low
+// lane (clobbers r).
+#define SCALE(off, r, X) \
+	MOVWLZX   off(BX), r; \
+	VMOVD     r, X; \
+	VCVTPH2PS X, X; \
+	VMULSS    (DX), X, X
+
+// func rowsQ8_0(w unsafe.Pointer, stride uintptr, xq *int16, xd *float32, nb, nrows int, out *float32)
+// Blocks of 34 bytes: d (f16), 32 int8, widened to int16 and multiplied
+// with x's 16-bit values by VPMADDWD (a pair at most 2·128·32767).
+TEXT ·rowsQ8_0(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ nrows+40(FP), R10
+	MOVQ out+48(FP), R11
+
+q80row:
+	MOVQ   SI, BX
+	MOVQ   xq+16(FP), DI
+	MOVQ   xd+24(FP), DX
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y7, Y7, Y7
+	SHRQ   $1, CX
+	JZ     q80one
+
+q80pair:
+	VPMOVSXBW 2(BX), Y1
+	VPMOVSXBW 18(BX), Y2
+	VPMOVSXBW 36(BX), Y8
+	VPMOVSXBW 52(BX), Y9
+	VPMADDWD  (DI), Y1, Y1
+	VPMADDWD  32(DI), Y2, Y2
+	VPMADDWD  64(DI), Y8, Y8
+	VPMADDWD  96(DI), Y9, Y9
+	VPADDD    Y2, Y1, Y1
+	VPADDD    Y9, Y8, Y8
+	VCVTDQ2PS Y1, Y1
+	VCVTDQ2PS Y8, Y8
+	SCALE(0, AX, X6)
+	VBROADCASTSS X6, Y6
+	VFMADD231PS  Y6, Y1, Y0
+	ADDQ         $4, DX
+	SCALE(34, AX, X13)
+	VBROADCASTSS X13, Y13
+	VFMADD231PS  Y13, Y8, Y7
+	ADDQ         $68, BX
+	ADDQ         $128, DI
+	ADDQ         $4, DX
+	DECQ         CX
+	JNZ          q80pair
+
+q80one:
+	TESTQ $1, nb+32(FP)
+	JZ    q80done
+	VPMOVSXBW 2(BX), Y1
+	VPMOVSXBW 18(BX), Y2
+	VPMADDWD  (DI), Y1, Y1
+	VPMADDWD  32(DI), Y2, Y2
+	VPADDD    Y2, Y1, Y1
+	VCVTDQ2PS Y1, Y1
+	SCALE(0, AX, X6)
+	VBROADCASTSS X6, Y6
+	VFMADD231PS  Y6, Y1, Y0
+
+q80done:
+	VADDPS Y7, Y0, Y0
+	HSUM
+	VMOVSS X0, (R11)
+	ADDQ   $4, R11
+	ADDQ   stride+8(FP), SI
+	DECQ   R10
+	JNZ    q80row
+	VZEROUPPER
+	RET
+
+// func rowsQ4K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
+// Blocks of 144 bytes: d, dmin (f16), 12 bytes of 6-bit scales and
+// minimums, 128 bytes of nibbles. Per block: the minimums' term
+// dmin·Σ m[j]·(xs[2j]+xs[2j+1]) goes to X13 (subtracted at the end), the
+// scaled nibble products Σ sc[j]·Σ q·xq (int32) times d to Y0.
+TEXT ·rowsQ4K(SB), NOSPLIT, $0-64
+	MOVQ w+0(FP), SI
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X15
+	VPBROADCASTD X15, Y15
+
+q4krow:
+	MOVQ   SI, BX
+	MOVQ   xq+16(FP), DI
+	MOVQ   xd+24(FP), DX
+	MOVQ   xs+32(FP), R12
+	MOVQ   nb+40(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS X13, X13, X13
+
+q4kblock:
+	// Scales and minimums as ggml's utmp: u0..u2 the 12 bytes, then
+	// scales = u0&k1 | (u2&k2 | ((u0>>6)&k3)<<4)<<32,
+	// mins   = u1&k1 | ((u2>>4)&k2 | ((u1>>6)&k3)<<4)<<32.
+	MOVL 4(BX), AX
+	MOVL 8(BX), R8
+	MOVL 12(BX), R9
+	MOVL R9, R10
+	SHRL $4, R10
+	ANDL $0x0f0f0f0f, R10
+	MOVL R8, R11
+	SHRL $6, R11
+	ANDL $0x03030303, R11
+	SHLL $4, R11
+	ORL  R11, R10 // mins 4..7
+	ANDL $0x0f0f0f0f, R9
+	MOVL AX, R11
+	SHRL $6, R11
+	ANDL $0x03030303, R11
+	SHLL $4, R11
+	ORL  R11, R9 // scales 4..7
+	ANDL $0x3f3f3f3f, R8 // mins 0..3
+	ANDL $0x3f3f3f3f, AX // scales 0..3
+	SHLQ $32, R9
+	ORQ  R9, AX
+	SHLQ $32, R10
+	ORQ  R10, R8
+
+	// Minimums: X13 += dmin·d(x) · (m[j] · (xs[2j]+xs[2j+1])).
+	VMOVQ        R8, X8
+	VPMOVZXBW    X8, X8
+	VMOVDQU      (R12), Y9
+	VEXTRACTI128 $1, Y9, X10
+	VPHADDW      X10, X9, X9
+	VPMADDWD     X9, X8, X8
+	VCVTDQ2PS    X8, X8
+	SCALE(2, R9, X7)
+	VBROADCASTSS X7, X7
+	VFMADD231PS  X7, X8, X13
+
+	// Scales in both lanes; d·d(x) broadcast.
+	VMOVQ        AX, X14
+	VPBROADCASTQ X14, Y14
+	SCALE(0, R9, X6)
+	VBROADCASTSS X6, Y6
+	VPXOR        Y9, Y9, Y9
+
+#define Q4KPAIR(j) \
+	VMOVDQU    (16+32*j)(BX), Y1; \
+	VPSRLW     $4, Y1, Y3; \
+	VPAND      Y15, Y1, Y2; \
+	VPAND      Y15, Y3, Y3; \
+	VPMADDUBSW (64*j)(DI), Y2, Y2; \
+	VPMADDUBSW (64*j+32)(DI), Y3, Y3; \
+	VPSHUFB    q4kScale<>+(64*j)(SB), Y14, Y4; \
+	VPSHUFB    q4kScale<>+(64*j+32)(SB), Y14, Y5; \
+	VPMADDWD   Y4, Y2, Y2; \
+	VPMADDWD   Y5, Y3, Y3; \
+	VPADDD     Y2, Y9, Y9; \
+	VPADDD     Y3, Y9, Y9
+
+	Q4KPAIR(0)
+	Q4KPAIR(1)
+	Q4KPAIR(2)
+	Q4KPAIR(3)
+
+	VCVTDQ2PS   Y9, Y9
+	VFMADD231PS Y6, Y9, Y0
+	ADDQ        $144, BX
+	ADDQ        $256, DI
+	ADDQ        $4, DX
+	ADDQ        $32, R12
+	DECQ        CX
+	JNZ         q4kblock
+
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS       X1, X0, X0
+	VSUBPS       X13, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	MOVQ         out+56(FP), AX
+	VMOVSS       X0, (AX)
+	ADDQ         $4, AX
+	MOVQ         AX, out+56(FP)
+	ADDQ         stride+8(FP), SI
+	DECQ         nrows+48(FP)
+	JNZ          q4krow
+	VZEROUPPER
+	RET
+
+// func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, nb, nrows int, out *float32)
+// Blocks of 210 bytes: ql[128], qh[64], 16 int8 scales, d (f16). Values
+// q−32 with q the 6 bits: VPMADDUBSW of q (unsigned, < 64) and of 32 with
+// x, subtracted, then VPMADDWD with the two sub-blocks' scales.
+TEXT ·rowsQ6K(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ nrows+40(FP), R10
+	MOVQ out+48(FP), R11
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X15
+	VPBROADCASTD X15, Y15
+	MOVL $0x03030303, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL $0x0c0c0c0c, AX
+	VMOVD AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL $0x30303030, AX
+	VMOVD AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL $0xc0c0c0c0, AX
+	VMOVD AX, X13
+	VPBROADCASTD X13, Y13
+	MOVL $0x20202020, AX
+	VMOVD AX, X8
+	VPBROADCASTD X8, Y8
+
+q6krow:
+	MOVQ   SI, BX
+	MOVQ   xq+16(FP), DI
+	MOVQ   xd+24(FP), DX
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+
+q6kblock:
+	SCALE(208, AX, X6)
+	VBROADCASTSS X6, Y6
+	VMOVDQU      192(BX), X14
+	VPXOR        Y9, Y9, Y9
+
+// Q6KMAC(xo, m): Y9 += scales of group m · ((Y4 − 32) · xq[xo:xo+32]).
+#define Q6KMAC(xo, m) \
+	VMOVDQU    (xo)(DI), Y7; \
+	VPMADDUBSW Y7, Y4, Y4; \
+	VPMADDUBSW Y7, Y8, Y5; \
+	VPSUBW     Y5, Y4, Y4; \
+	VPSHUFB    q6kScale<>+(16*(m))(SB), X14, X5; \
+	VPMOVSXBW  X5, Y5; \
+	VPMADDWD   Y5, Y4, Y4; \
+	VPADDD     Y4, Y9, Y9
+
+// Q6KHALF(h): the 128 values of half h: ql at 64h, qh at 128+32h.
+#define Q6KHALF(h) \
+	VMOVDQU (64*h)(BX), Y1; \
+	VMOVDQU (64*h+32)(BX), Y2; \
+	VMOVDQU (128+32*h)(BX), Y3; \
+	VPAND   Y15, Y1, Y4; \
+	VPAND   Y10, Y3, Y5; \
+	VPSLLW  $4, Y5, Y5; \
+	VPOR    Y5, Y4, Y4; \
+	Q6KMAC(128*h, 4*h); \
+	VPAND   Y15, Y2, Y4; \
+	VPAND   Y11, Y3, Y5; \
+	VPSLLW  $2, Y5, Y5; \
+	VPOR    Y5, Y4, Y4; \
+	Q6KMAC(128*h+32, 4*h+1); \
+	VPSRLW  $4, Y1, Y4; \
+	VPAND   Y15, Y4, Y4; \
+	VPAND   Y12, Y3, Y5; \
+	VPOR    Y5, Y4, Y4; \
+	Q6KMAC(128*h+64, 4*h+2); \
+	VPSRLW  $4, Y2, Y4; \
+	VPAND   Y15, Y4, Y4; \
+	VPAND   Y13, Y3, Y5; \
+	VPSRLW  $2, Y5, Y5; \
+	VPOR    Y5, Y4, Y4; \
+	Q6KMAC(128*h+96, 4*h+3)
+
+	Q6KHALF(0)
+	Q6KHALF(1)
+
+	VCVTDQ2PS   Y9, Y9
+	VFMADD231PS Y6, Y9, Y0
+	ADDQ        $210, BX
+	ADDQ        $256, DI
+	ADDQ        $4, DX
+	DECQ        CX
+	JNZ         q6kblock
+
+	HSUM
+	VMOVSS X0, (R11)
+	ADDQ   $4, R11
+	ADDQ   stride+8(FP), SI
+	DECQ   R10
+	JNZ    q6krow
+	VZEROUPPER
+	RET

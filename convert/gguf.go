@@ -22,30 +22,26 @@ import (
 
 // Report says what GGUF wrote.
 type Report struct {
-	Matrices   int   // matrices stored in the dtype asked for
-	Kept       int   // matrices kept in their own dtype: rows not whole blocks of it
-	Vectors    int   // norms, biases: in F32
-	Bytes      int64 // tensor data written
-	Vocabulary bool  // the file carries a vocabulary (from a GGUF source)
+	Matrices   map[tensor.DType]int // matrices stored in each dtype the scheme asked for
+	Kept       int                  // matrices kept in their own dtype: rows not whole blocks of the scheme's
+	Vectors    int                  // norms, biases: in F32
+	Bytes      int64                // tensor data written
+	Vocabulary bool                 // the file carries a vocabulary (from a GGUF source)
 }
 
-// Targets are the dtypes GGUF can store matrices in.
-var Targets = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q6_K}
-
-// GGUF writes m to w with its matrices in dtype to (one of Targets), and
+// GGUF writes m to w with its matrices in the dtypes of scheme s, and
 // vocab's entries (tokenizer.Tokenizer.GGUFMetadata) when the source is not
 // a GGUF file, whose own vocabulary travels with it.
-func GGUF(w io.Writer, m *model.Model, to tensor.DType, vocab map[string]any) (Report, error) {
-	var rep Report
-	ok := false
-	for _, d := range Targets {
-		ok = ok || d == to
-	}
-	if !ok {
-		return rep, fmt.Errorf("convert: cannot store matrices as %v (want one of %v)", to, Targets)
+func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, error) {
+	rep := Report{Matrices: map[tensor.DType]int{}}
+	if s.Base == tensor.Invalid {
+		return rep, fmt.Errorf("convert: no scheme given (want one of %s)", strings.Join(SchemeNames(), ", "))
 	}
 	c := m.Config
 	md := model.GGUFMetadata(&c)
+	if s.fileType != 0 {
+		md = append(md, model.KV{Key: "general.file_type", Value: s.fileType})
+	}
 	have := map[string]bool{}
 	for _, kv := range md {
 		have[kv.Key] = true
@@ -80,6 +76,7 @@ func GGUF(w io.Writer, m *model.Model, to tensor.DType, vocab map[string]any) (R
 		if permute && (strings.Contains(name, "self_attn.q_proj.") || strings.Contains(name, "self_attn.k_proj.")) {
 			x = Interleave(x, c.HeadDim)
 		}
+		to := s.dtype(name, c.NumLayers, m.Tensors["lm_head.weight"] == nil)
 		if len(x.Shape) == 2 && x.DType != to && x.Shape[1]%to.BlockSize() == 0 {
 			vals, err := x.F32s()
 			if err != nil {
@@ -88,9 +85,9 @@ func GGUF(w io.Writer, m *model.Model, to tensor.DType, vocab map[string]any) (R
 			if x, err = tensor.Encode(x.Name, x.Shape, to, vals); err != nil {
 				return rep, err
 			}
-			rep.Matrices++
+			rep.Matrices[to]++
 		} else if len(x.Shape) == 2 && x.DType == to {
-			rep.Matrices++
+			rep.Matrices[to]++
 		} else if len(x.Shape) == 2 {
 			rep.Kept++
 		} else {

@@ -10,27 +10,30 @@ import (
 	"kiln/eval"
 	"kiln/internal/testshared"
 	"kiln/model"
-	"kiln/tensor"
 	"kiln/tokenizer"
 )
 
 const demoDir = "../demo/files"
 
-// demoAs writes the demo model (bf16) as a GGUF file with matrices in dt
-// and returns an engine on it.
-func demoAs(t *testing.T, dt tensor.DType) *engine.Engine {
+// demoAs writes the demo model (bf16) as a GGUF file in scheme name
+// (convert.Schemes) and returns an engine on it.
+func demoAs(t *testing.T, name string) *engine.Engine {
 	t.Helper()
 	src, err := model.Load(demoDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	path := filepath.Join(t.TempDir(), dt.String()+".gguf")
+	path := filepath.Join(t.TempDir(), name+".gguf")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := GGUF(f, src, dt, nil); err != nil {
+	s, err := ParseScheme(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := GGUF(f, src, s, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
@@ -41,8 +44,8 @@ func demoAs(t *testing.T, dt tensor.DType) *engine.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; w.DType != dt {
-		t.Fatalf("q_proj stored as %v, want %v", w.DType, dt)
+	if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; w.DType != s.Base {
+		t.Fatalf("q_proj stored as %v, want %v", w.DType, s.Base)
 	}
 	e, err := engine.New(m, &cpu.Backend{}, engine.Options{})
 	if err != nil {
@@ -53,8 +56,8 @@ func demoAs(t *testing.T, dt tensor.DType) *engine.Engine {
 }
 
 // TestQuantizedQuality measures the demo model stored as bf16 (its own
-// dtype), Q8_0, Q6_K, Q4_K and Q4_0 (through GGUF files, as kiln quantize
-// writes them) on the start of the public-domain corpus (War and Peace):
+// dtype), Q8_0, Q6_K, Q4_K_M, Q4_K and Q4_0 (through GGUF files, as kiln
+// quantize writes them) on the start of the public-domain corpus (War and Peace):
 // perplexity over the first 8,000 bytes (windows of 512 tokens), and the
 // KL divergence of each format's next-token distributions from bf16's over
 // the first 512 tokens. It fails when a format's KL divergence passes its
@@ -74,10 +77,10 @@ func TestQuantizedQuality(t *testing.T) {
 	}
 	ids := tok.Encode(string(text[:8000]), true)
 	prompt := tok.Encode("In the beginning God created", true)
-	nll := map[tensor.DType]float64{}
-	greedy := map[tensor.DType][]int{}
+	nll := map[string]float64{}
+	greedy := map[string][]int{}
 	var ref []float32 // bf16's logits over the first window
-	for _, dt := range []tensor.DType{tensor.BF16, tensor.Q8_0, tensor.Q6_K, tensor.Q4_K, tensor.Q4_0} {
+	for _, dt := range []string{"bf16", "q8_0", "q6_k", "q4_k_m", "q4_k", "q4_0"} {
 		e := demoAs(t, dt)
 		p, err := eval.SlidingPerplexity(e, ids, 512, 256)
 		if err != nil {
@@ -91,24 +94,24 @@ func TestQuantizedQuality(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if dt == tensor.BF16 {
+		if dt == "bf16" {
 			ref = logits
 		}
 		kl, top := eval.KLDivergence(ref, logits, e.Vocab())
 		t.Logf("%v: perplexity %.4f over %d tokens (mean NLL %.5f nats, %+.5f from bf16); over 512 tokens KL(bf16‖%v) %.6f nats a token, top-1 agreement %.2f%%",
-			dt, p.PPL, p.Tokens, nll[dt], nll[dt]-nll[tensor.BF16], dt, kl, 100*top)
-		if bound := klBounds[dt]; kl > bound || dt != tensor.BF16 && bound == 0 {
+			dt, p.PPL, p.Tokens, nll[dt], nll[dt]-nll["bf16"], dt, kl, 100*top)
+		if bound := klBounds[dt]; kl > bound || dt != "bf16" && bound == 0 {
 			t.Errorf("%v: KL divergence from bf16 %.6f nats a token, bound %g", dt, kl, bound)
 		}
 	}
-	for dt, bound := range map[tensor.DType]float64{tensor.Q8_0: 0.005, tensor.Q4_0: 0.03} {
-		if d := nll[dt] - nll[tensor.BF16]; d > bound || d < -bound {
-			t.Errorf("%v: mean NLL %.5f against bf16's %.5f: moved %.5f nats, bound %g", dt, nll[dt], nll[tensor.BF16], d, bound)
+	for dt, bound := range map[string]float64{"q8_0": 0.005, "q4_0": 0.03} {
+		if d := nll[dt] - nll["bf16"]; d > bound || d < -bound {
+			t.Errorf("%v: mean NLL %.5f against bf16's %.5f: moved %.5f nats, bound %g", dt, nll[dt], nll["bf16"], d, bound)
 		}
 	}
-	for i := range greedy[tensor.BF16] {
-		if greedy[tensor.Q8_0][i] != greedy[tensor.BF16][i] {
-			t.Fatalf("q8_0's greedy token %d is %d, bf16's %d", i, greedy[tensor.Q8_0][i], greedy[tensor.BF16][i])
+	for i := range greedy["bf16"] {
+		if greedy["q8_0"][i] != greedy["bf16"][i] {
+			t.Fatalf("q8_0's greedy token %d is %d, bf16's %d", i, greedy["q8_0"][i], greedy["bf16"][i])
 		}
 	}
 }
@@ -140,5 +143,7 @@ func generate(t *testing.T, e *engine.Engine, prompt []int, n int) []int {
 
 // klBounds bound each format's mean KL divergence from bf16 over the first
 // window (nats a token); measured (deterministic: the same model, text and
-// kernels every run): Q8_0 0.000113, Q6_K 0.00112, Q4_K 0.0167, Q4_0 0.0275.
-var klBounds = map[tensor.DType]float64{tensor.BF16: 0, tensor.Q8_0: 5e-4, tensor.Q6_K: 3e-3, tensor.Q4_K: 3e-2, tensor.Q4_0: 4e-2}
+// kernels every run), with Q8_0's x in 16 bits and the k-quants' in 8 in
+// the integer products (gemm/quant.go): Q8_0 0.000113, Q6_K 0.00124,
+// Q4_K_M 0.00898, Q4_K 0.0169, Q4_0 0.0275.
+var klBounds = map[string]float64{"bf16": 0, "q8_0": 5e-4, "q6_k": 3e-3, "q4_k_m": 1.5e-2, "q4_k": 3e-2, "q4_0": 4e-2}

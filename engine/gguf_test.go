@@ -25,7 +25,11 @@ func writeGGUF(t *testing.T, m *model.Model, quant tensor.DType, dequantized boo
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := convert.GGUF(out, m, to, nil); err != nil {
+		s, err := convert.Pure(to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := convert.GGUF(out, m, s, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := out.Close(); err != nil {

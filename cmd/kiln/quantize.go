@@ -16,27 +16,19 @@ import (
 // failure leaves nothing half-written.
 func cmdQuantize(args []string) error {
 	fs := flag.NewFlagSet("quantize", flag.ContinueOnError)
-	var names []string
-	for _, d := range convert.Targets {
-		names = append(names, d.String())
-	}
-	to := fs.String("to", "q8_0", "dtype of the matrices: "+strings.Join(names, ", "))
+	names := strings.Join(convert.SchemeNames(), ", ")
+	to := fs.String("to", "q8_0", "dtype of the matrices: "+names+" (q4_k_m: Q4_K with the output matrix and some layers' value and down projections in Q6_K, as llama-quantize's Q4_K_M)")
 	tokFlag := fs.String("tokenizer", "", "the vocabulary to write (default: MODEL's own; a GGUF MODEL's travels with it)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 2 {
-		return fmt.Errorf("usage: kiln quantize MODEL OUT.gguf [--to %s]", strings.Join(names, "|"))
+		return fmt.Errorf("usage: kiln quantize MODEL OUT.gguf [--to %s]", strings.Join(convert.SchemeNames(), "|"))
 	}
-	var dt tensor.DType
-	for _, d := range convert.Targets {
-		if d.String() == strings.ToLower(*to) {
-			dt = d
-		}
-	}
-	if dt == tensor.Invalid {
-		return fmt.Errorf("--to %q: want one of %s", *to, strings.Join(names, ", "))
+	scheme, err := convert.ParseScheme(*to)
+	if err != nil {
+		return fmt.Errorf("--to %q: want one of %s", *to, names)
 	}
 	src, out := pos[0], pos[1]
 	if a, err := filepath.Abs(src); err == nil {
@@ -65,7 +57,7 @@ func cmdQuantize(args []string) error {
 			fmt.Fprintf(os.Stderr, "kiln: the file gets no vocabulary: %v\n", err)
 		}
 	}
-	rep, err := convert.GGUF(f, m, dt, vocab)
+	rep, err := convert.GGUF(f, m, scheme, vocab)
 	if err == nil {
 		err = f.Chmod(0o644)
 	}
@@ -78,10 +70,16 @@ func cmdQuantize(args []string) error {
 	if err := os.Rename(tmp, out); err != nil {
 		return err
 	}
-	fmt.Printf("wrote %s: %d matrices as %v, %d vectors as f32, %.1f MB of tensors\n",
-		out, rep.Matrices, dt, rep.Vectors, float64(rep.Bytes)/1e6)
+	var as []string
+	for _, d := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q6_K, tensor.Q4_K, tensor.Q4_0} {
+		if n := rep.Matrices[d]; n > 0 {
+			as = append(as, fmt.Sprintf("%d as %v", n, d))
+		}
+	}
+	fmt.Printf("wrote %s (%s): matrices %s, %d vectors as f32, %.1f MB of tensors\n",
+		out, scheme.Name, strings.Join(as, ", "), rep.Vectors, float64(rep.Bytes)/1e6)
 	if rep.Kept > 0 {
-		fmt.Printf("%d matrices kept in their own dtype: their rows are not whole %v blocks of %d\n", rep.Kept, dt, dt.BlockSize())
+		fmt.Printf("%d matrices kept in their own dtype: their rows are not whole %v blocks of %d\n", rep.Kept, scheme.Base, scheme.Base.BlockSize())
 	}
 	if !rep.Vocabulary {
 		fmt.Printf("the file holds no vocabulary: run it with --tokenizer %s\n", src)

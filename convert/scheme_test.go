@@ -1,0 +1,96 @@
+package convert
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"kiln/internal/testmodel"
+	"kiln/model"
+	"kiln/tensor"
+)
+
+// TestQ4KM writes 8-layer models as q4_k_m and checks each matrix's dtype
+// against llama-quantize's Q4_K_M choices: the output matrix (the
+// embedding, when tied) in Q6_K, the value and down projections of layers
+// 0, 3, 6 and 7 (use_more_bits of 8 layers) in Q6_K, the rest in Q4_K,
+// and general.file_type 15 (LLAMA_FTYPE_MOSTLY_Q4_K_M).
+func TestQ4KM(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 8, NumHeads: 4,
+			NumKVHeads: 2, HeadDim: 64, VocabSize: 256, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000,
+			TiedEmbeddings: tied}
+		s, err := ParseScheme("Q4_K_M")
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "m.gguf")
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := GGUF(f, testmodel.Zeros(c), s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := model.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if ft, _ := m.Metadata["general.file_type"].(uint32); ft != 15 {
+			t.Errorf("general.file_type = %v, want 15", m.Metadata["general.file_type"])
+		}
+		want := map[string]tensor.DType{"model.embed_tokens.weight": tensor.Q4_K}
+		if tied {
+			want["model.embed_tokens.weight"] = tensor.Q6_K
+		} else {
+			want["lm_head.weight"] = tensor.Q6_K
+		}
+		for i := 0; i < 8; i++ {
+			more := tensor.Q4_K
+			if i == 0 || i == 3 || i == 6 || i == 7 {
+				more = tensor.Q6_K
+			}
+			p := fmt.Sprintf("model.layers.%d.", i)
+			for _, n := range []string{"self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj"} {
+				want[p+n+".weight"] = tensor.Q4_K
+			}
+			want[p+"self_attn.v_proj.weight"] = more
+			want[p+"mlp.down_proj.weight"] = more
+		}
+		for name, d := range want {
+			x := m.Tensors[name]
+			if x == nil {
+				t.Fatalf("tied %v: no %s in the file", tied, name)
+			}
+			if x.DType != d {
+				t.Errorf("tied %v: %s stored as %v, want %v", tied, name, x.DType, d)
+			}
+		}
+		if n := rep.Matrices[tensor.Q6_K]; n != 9 {
+			t.Errorf("tied %v: %d matrices in Q6_K, want 9", tied, n)
+		}
+	}
+}
+
+// TestParseScheme: names are case-insensitive, unknown ones are refused
+// with the list, and Pure finds the plain schemes only.
+func TestParseScheme(t *testing.T) {
+	if s, err := ParseScheme("Q8_0"); err != nil || s.Base != tensor.Q8_0 {
+		t.Errorf("ParseScheme(Q8_0) = %v, %v", s, err)
+	}
+	if _, err := ParseScheme("q3_k_s"); err == nil {
+		t.Error("ParseScheme(q3_k_s) succeeded")
+	}
+	if s, err := Pure(tensor.Q4_K); err != nil || s.Name != "q4_k" {
+		t.Errorf("Pure(Q4_K) = %v, %v", s, err)
+	}
+	if _, err := Pure(tensor.Q5_K); err == nil {
+		t.Error("Pure(Q5_K) succeeded")
+	}
+}

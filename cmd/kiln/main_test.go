@@ -361,7 +361,7 @@ func TestServeDemo(t *testing.T) {
 func TestQuantize(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "demo-q8_0.gguf")
 	stdout, stderr, code := kiln(t, "quantize", "../../demo/files", out, "--to", "q8_0")
-	if code != 0 || !strings.Contains(stdout, "matrices as q8_0") || strings.Contains(stdout, "no vocabulary") {
+	if code != 0 || !strings.Contains(stdout, "matrices 43 as q8_0") || strings.Contains(stdout, "no vocabulary") {
 		t.Fatalf("quantize: exit %d\n%s%s", code, stdout, stderr)
 	}
 	// The file carries the demo's vocabulary: it runs on its own.

@@ -2,7 +2,6 @@ package convert
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -24,21 +23,11 @@ func demoAs(t *testing.T, name string) *engine.Engine {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	path := filepath.Join(t.TempDir(), name+".gguf")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s, err := ParseScheme(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := GGUF(f, src, s, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path, _ := writeScheme(t, src, s)
 	m, err := model.Load(path)
 	if err != nil {
 		t.Fatal(err)

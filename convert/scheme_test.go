@@ -25,18 +25,7 @@ func TestQ4KM(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		path := filepath.Join(t.TempDir(), "m.gguf")
-		f, err := os.Create(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rep, err := GGUF(f, testmodel.Zeros(c), s, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(); err != nil {
-			t.Fatal(err)
-		}
+		path, rep := writeScheme(t, testmodel.Zeros(c), s)
 		m, err := model.Load(path)
 		if err != nil {
 			t.Fatal(err)
@@ -76,6 +65,25 @@ func TestQ4KM(t *testing.T) {
 			t.Errorf("tied %v: %d matrices in Q6_K, want 9", tied, n)
 		}
 	}
+}
+
+// writeScheme writes m in scheme s to a GGUF file of the test's and returns
+// its path and GGUF's report.
+func writeScheme(t *testing.T, m *model.Model, s Scheme) (string, Report) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), s.Name+".gguf")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := GGUF(f, m, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path, rep
 }
 
 // TestParseScheme: names are case-insensitive, unknown ones are refused

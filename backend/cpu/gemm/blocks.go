@@ -34,6 +34,15 @@ func matMulBlocks(p *workers.Pool, out, x []float32, T int, w Weights) {
 	}
 	t := blockTasks.Get().(*blockTask)
 	*t = blockTask{out: out, x: x, T: T, w: w}
+	runRowGroups(p, w, t)
+	*t = blockTask{}
+	blockTasks.Put(t)
+}
+
+// runRowGroups runs t over w's rows in groups of 4 (t.Do(lo, hi) computes
+// rows [4·lo, 4·hi)), at least decodeGrainBytes of weights a chunk, on the
+// workers of p (nil: on the caller).
+func runRowGroups(p *workers.Pool, w Weights, t workers.Task) {
 	units := (w.N + 3) / 4
 	grain := max(1, decodeGrainBytes/max(1, 4*w.rowBytes()))
 	if p == nil {
@@ -41,8 +50,6 @@ func matMulBlocks(p *workers.Pool, out, x []float32, T int, w Weights) {
 	} else {
 		p.Run(units, grain, t)
 	}
-	*t = blockTask{}
-	blockTasks.Put(t)
 }
 
 // Do computes rows [4·lo, 4·hi) for every token.

@@ -147,13 +147,7 @@ func matMulQuant(p *workers.Pool, out, x []float32, T int, w Weights) {
 	a.quantize(x, T, w.K, xBlock(w.DType), xBits(w.DType))
 	t := quantTasks.Get().(*quantTask)
 	*t = quantTask{out: out, a: a, T: T, w: w}
-	units := (w.N + 3) / 4
-	grain := max(1, decodeGrainBytes/max(1, 4*w.rowBytes()))
-	if p == nil {
-		t.Do(0, units)
-	} else {
-		p.Run(units, grain, t)
-	}
+	runRowGroups(p, w, t)
 	*t = quantTask{}
 	quantTasks.Put(t)
 	qxPool.Put(a)

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"os"
 	"testing"
 	"unsafe"
 
@@ -178,5 +180,33 @@ func BenchmarkDot(b *testing.B) {
 	b.SetBytes(int64(8 * len(x)))
 	for b.Loop() {
 		Dot(x, x)
+	}
+}
+
+// BenchmarkDecodeQuant is BenchmarkDecode for the integer products
+// (quant.go) of the block types, on random blocks: weight bytes a second.
+func BenchmarkDecodeQuant(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	p := workers.New(0)
+	defer p.Close()
+	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q6_K, tensor.Q4_K} {
+		for _, s := range [][2]int{{768, 768}, {2048, 768}, {768, 2048}} {
+			N, K := s[0], s[1]
+			one := randBlocks(r, d, N, K)
+			ws := make([]Weights, max(1, benchSetBytes/len(one.Data)))
+			if os.Getenv("KILN_BENCH_HOT") != "" {
+				ws = ws[:1]
+			}
+			for i := range ws {
+				ws[i] = randBlocks(r, d, N, K)
+			}
+			x, out := randVec(r, K), make([]float32, N)
+			b.Run(fmt.Sprintf("%v/%dx%d", d, N, K), func(b *testing.B) {
+				b.SetBytes(int64(len(one.Data)))
+				for i := 0; b.Loop(); i++ {
+					MatMul(p, out, x, 1, ws[i%len(ws)])
+				}
+			})
+		}
 	}
 }

@@ -92,11 +92,16 @@ func (a *qx) quantize(x []float32, T, K, bs, bits int) {
 		a.q16 = a.q16[:0]
 	}
 	top := float32(int(1)<<(bits-1) - 1) // 127 or 32767
+	simd := SIMD()
 	for b := range n / bs {
 		xs := x[b*bs : (b+1)*bs]
 		var amax float32
-		for _, v := range xs {
-			amax = max(amax, abs32(v))
+		if simd {
+			amax = absMax(&xs[0], bs/8)
+		} else {
+			for _, v := range xs {
+				amax = max(amax, abs32(v))
+			}
 		}
 		var id float32
 		switch {
@@ -110,22 +115,30 @@ func (a *qx) quantize(x []float32, T, K, bs, bits int) {
 			a.d[b] = amax / top
 			id = top / amax
 		}
-		if bits == 16 {
+		// Round to nearest, ties to even (VCVTPS2DQ; math.RoundToEven is
+		// one instruction on amd64, math.Round is not).
+		switch {
+		case bits == 16 && simd:
+			round16(&xs[0], bs/16, id, &a.q16[b*bs])
+		case bits == 16:
+			q16 := a.q16[b*bs : (b+1)*bs]
 			for i, v := range xs {
-				a.q16[b*bs+i] = int16(math.Round(float64(v * id)))
+				q16[i] = int16(math.RoundToEven(float64(v * id)))
 			}
-			continue
-		}
-		qs := a.q[b*bs : (b+1)*bs]
-		for i, v := range xs {
-			qs[i] = int8(math.Round(float64(v * id)))
-		}
-		for s := 0; s < bs/16; s++ {
-			var sum int16
-			for _, v := range qs[16*s : 16*s+16] {
-				sum += int16(v)
+		case simd:
+			round8(&xs[0], bs/32, id, &a.q[b*bs], &a.sums[b*bs/16])
+		default:
+			qs := a.q[b*bs : (b+1)*bs]
+			for i, v := range xs {
+				qs[i] = int8(math.RoundToEven(float64(v * id)))
 			}
-			a.sums[b*bs/16+s] = sum
+			for s := 0; s < bs/16; s++ {
+				var sum int16
+				for _, v := range qs[16*s : 16*s+16] {
+					sum += int16(v)
+				}
+				a.sums[b*bs/16+s] = sum
+			}
 		}
 	}
 }

@@ -70,6 +70,9 @@ DATA q6kScale<>+112(SB)/8, $0x0e0e0e0e0e0e0e0e
 DATA q6kScale<>+120(SB)/8, $0x0f0f0f0f0f0f0f0f
 GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 
+// QPF: how far ahead (bytes) the kernels prefetch the weights they stream.
+#define QPF 1024
+
 // hsum leaves the sum of Y0's 8 floats in X0's low lane (clobbers X1).
 #define HSUM \
 	VEXTRACTF128 $1, Y0, X1; \
@@ -104,6 +107,8 @@ q80row:
 	JZ     q80one
 
 q80pair:
+	PREFETCHT0 QPF(BX)
+	PREFETCHT0 QPF+64(BX)
 	VPMOVSXBW 2(BX), Y1
 	VPMOVSXBW 18(BX), Y2
 	VPMOVSXBW 36(BX), Y8
@@ -174,6 +179,9 @@ q4krow:
 	VXORPS X13, X13, X13
 
 q4kblock:
+	PREFETCHT0 QPF(BX)
+	PREFETCHT0 QPF+64(BX)
+	PREFETCHT0 QPF+128(BX)
 	// Scales and minimums as ggml's utmp: u0..u2 the 12 bytes, then
 	// scales = u0&k1 | (u2&k2 | ((u0>>6)&k3)<<4)<<32,
 	// mins   = u1&k1 | ((u2>>4)&k2 | ((u1>>6)&k3)<<4)<<32.
@@ -298,6 +306,10 @@ q6krow:
 	VXORPS Y0, Y0, Y0
 
 q6kblock:
+	PREFETCHT0 QPF(BX)
+	PREFETCHT0 QPF+64(BX)
+	PREFETCHT0 QPF+128(BX)
+	PREFETCHT0 QPF+192(BX)
 	SCALE(208, AX, X6)
 	VBROADCASTSS X6, Y6
 	VMOVDQU      192(BX), X14
@@ -358,5 +370,125 @@ q6kblock:
 	ADDQ   stride+8(FP), SI
 	DECQ   R10
 	JNZ    q6krow
+	VZEROUPPER
+	RET
+
+// x's quantization (quant.go: qx.quantize).
+
+// func absMax(x *float32, n8 int) float32
+// The largest |x[i]| of 8·n8 values (n8 >= 1); NaN if one is NaN (VMAXPS
+// would drop it: a separate unordered compare finds it).
+TEXT ·absMax(SB), NOSPLIT, $0-20
+	MOVQ     x+0(FP), SI
+	MOVQ     n8+8(FP), CX
+	VPCMPEQD Y15, Y15, Y15
+	VPSRLD   $1, Y15, Y15 // 0x7fffffff
+	VXORPS   Y0, Y0, Y0
+	VXORPS   Y1, Y1, Y1
+
+amloop:
+	VANDPS  (SI), Y15, Y2
+	VMAXPS  Y0, Y2, Y0
+	VCMPPS  $3, Y2, Y2, Y3
+	VORPS   Y3, Y1, Y1
+	ADDQ    $32, SI
+	DECQ    CX
+	JNZ     amloop
+	VEXTRACTF128 $1, Y0, X2
+	VMAXPS       X2, X0, X0
+	VPERMILPS    $0x4e, X0, X2
+	VMAXPS       X2, X0, X0
+	VPERMILPS    $0xb1, X0, X2
+	VMAXPS       X2, X0, X0
+	VPTEST       Y1, Y1
+	JZ           amdone
+	MOVL         $0x7fc00000, AX
+	VMOVD        AX, X0
+
+amdone:
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// permDwords<>: VPERMD indices 0,4,1,5,2,6,3,7 (undo the lane split of
+// two VPACKSS steps).
+DATA permDwords<>+0(SB)/4, $0
+DATA permDwords<>+4(SB)/4, $4
+DATA permDwords<>+8(SB)/4, $1
+DATA permDwords<>+12(SB)/4, $5
+DATA permDwords<>+16(SB)/4, $2
+DATA permDwords<>+20(SB)/4, $6
+DATA permDwords<>+24(SB)/4, $3
+DATA permDwords<>+28(SB)/4, $7
+GLOBL permDwords<>(SB), RODATA|NOPTR, $32
+
+// func round8(x *float32, n32 int, id float32, q *int8, sums *int16)
+// q[i] = x[i]·id rounded to nearest even (VCVTPS2DQ under Go's MXCSR),
+// saturated to int8, for 32·n32 values, and sums[j] = Σ q[16j:16j+16].
+TEXT ·round8(SB), NOSPLIT, $0-40
+	MOVQ         x+0(FP), SI
+	MOVQ         n32+8(FP), CX
+	VBROADCASTSS id+16(FP), Y14
+	MOVQ         q+24(FP), DI
+	MOVQ         sums+32(FP), DX
+	VMOVDQU      permDwords<>(SB), Y13
+	MOVL         $0x01010101, AX
+	VMOVD        AX, X12
+	VPBROADCASTD X12, Y12
+	VPCMPEQW     Y11, Y11, Y11
+	VPSRLW       $15, Y11, Y11
+
+r8loop:
+	VMULPS       (SI), Y14, Y0
+	VMULPS       32(SI), Y14, Y1
+	VMULPS       64(SI), Y14, Y2
+	VMULPS       96(SI), Y14, Y3
+	VCVTPS2DQ    Y0, Y0
+	VCVTPS2DQ    Y1, Y1
+	VCVTPS2DQ    Y2, Y2
+	VCVTPS2DQ    Y3, Y3
+	VPACKSSDW    Y1, Y0, Y0
+	VPACKSSDW    Y3, Y2, Y2
+	VPACKSSWB    Y2, Y0, Y0
+	VPERMD       Y0, Y13, Y0
+	VMOVDQU      Y0, (DI)
+	VPMADDUBSW   Y0, Y12, Y1
+	VPMADDWD     Y11, Y1, Y1
+	VPHADDD      Y1, Y1, Y1
+	VPHADDD      Y1, Y1, Y1
+	VMOVD        X1, AX
+	MOVW         AX, (DX)
+	VEXTRACTI128 $1, Y1, X1
+	VMOVD        X1, AX
+	MOVW         AX, 2(DX)
+	ADDQ         $128, SI
+	ADDQ         $32, DI
+	ADDQ         $4, DX
+	DECQ         CX
+	JNZ          r8loop
+	VZEROUPPER
+	RET
+
+// func round16(x *float32, n16 int, id float32, q *int16)
+// q[i] = x[i]·id rounded to nearest even, saturated to int16, for 16·n16
+// values.
+TEXT ·round16(SB), NOSPLIT, $0-32
+	MOVQ         x+0(FP), SI
+	MOVQ         n16+8(FP), CX
+	VBROADCASTSS id+16(FP), Y14
+	MOVQ         q+24(FP), DI
+
+r16loop:
+	VMULPS    (SI), Y14, Y0
+	VMULPS    32(SI), Y14, Y1
+	VCVTPS2DQ Y0, Y0
+	VCVTPS2DQ Y1, Y1
+	VPACKSSDW Y1, Y0, Y0
+	VPERMQ    $0xd8, Y0, Y0
+	VMOVDQU   Y0, (DI)
+	ADDQ      $64, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       r16loop
 	VZEROUPPER
 	RET

@@ -2,6 +2,7 @@ package gemm
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"kiln/tensor"
@@ -27,7 +28,8 @@ func quantBound(x, w []float32, bs, bits int) float64 {
 }
 
 // TestQuantize: every value of a block is within half a step of q·d, the
-// sums are q's, and zero, NaN and Inf blocks give zero, NaN and NaN scales.
+// sums are q's, zero, NaN and Inf blocks give zero, NaN and NaN scales, and
+// the assembly gives the Go code's values exactly.
 func TestQuantize(t *testing.T) {
 	r := newRand(t)
 	for _, c := range []struct{ bs, bits int }{{32, 16}, {256, 8}, {32, 8}} {
@@ -38,8 +40,14 @@ func TestQuantize(t *testing.T) {
 			x[i] *= float32(math.Pow(10, float64(r.IntN(7)-3)))
 		}
 		clear(x[K : K+bs]) // a zero block
-		var a qx
+		var a, g qx
 		a.quantize(x, T, K, bs, bits)
+		SetPure(true)
+		g.quantize(x, T, K, bs, bits)
+		SetPure(false)
+		if !slices.Equal(a.q, g.q) || !slices.Equal(a.q16, g.q16) || !slices.Equal(a.d, g.d) || !slices.Equal(a.sums, g.sums) {
+			t.Fatalf("bs %d, %d bits: the assembly's quantization differs from Go's", bs, bits)
+		}
 		for i, v := range x {
 			d, q := a.d[i/bs], 0
 			if bits == 16 {
@@ -64,9 +72,13 @@ func TestQuantize(t *testing.T) {
 			}
 		}
 		x[0], x[bs] = float32(math.NaN()), float32(math.Inf(-1))
-		a.quantize(x, T, K, bs, bits)
-		if !math.IsNaN(float64(a.d[0])) || !math.IsNaN(float64(a.d[1])) {
-			t.Errorf("bs %d: NaN and Inf blocks have scales %v, %v", bs, a.d[0], a.d[1])
+		for _, pure := range []bool{false, true} {
+			SetPure(pure)
+			a.quantize(x, T, K, bs, bits)
+			SetPure(false)
+			if !math.IsNaN(float64(a.d[0])) || !math.IsNaN(float64(a.d[1])) {
+				t.Errorf("bs %d: NaN and Inf blocks have scales %v, %v", bs, a.d[0], a.d[1])
+			}
 		}
 	}
 }

@@ -31,6 +31,16 @@ func init() {
 			x.l.pool.Run(x.tokens*s.node.Attrs.Heads, 1, t)
 			t.x, t.s = nil, nil
 		}})
+	register(ir.SwiGLU, kernel{name: "cpu.swiglu_expf", priority: fastPriority, run: func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		swiglu(s.out[0].f[:n], s.in[0].f[:n], s.in[1].f[:n])
+	}})
+	register(ir.SwiGLUPacked, kernel{name: "cpu.swiglu_packed_expf", priority: fastPriority, run: func(x *execState, s *step) {
+		rows, n := s.out[0].rows(x), s.out[0].cols
+		for r := 0; r < rows; r++ {
+			swiglu(s.out[0].f[r*n:(r+1)*n], s.in[0].f[2*n*r:2*n*r+n], s.in[0].f[2*n*r+n:2*n*(r+1)])
+		}
+	}})
 	register(ir.RoPEKVWrite, kernel{name: "cpu.rope_kv_write", priority: fastPriority, run: func(x *execState, s *step) {
 		a := s.node.Attrs
 		width := a.KVHeads * a.HeadDim
@@ -45,6 +55,15 @@ func init() {
 			rotate(kslot, table[int(p)*a.HeadDim:(int(p)+1)*a.HeadDim], a.KVHeads, a.HeadDim, a.Interleaved)
 		}
 	}})
+}
+
+// swiglu sets out[i] = silu(g[i])·u[i] with expf (math.Exp is most of the
+// reference kernel's time).
+func swiglu(out, g, u []float32) {
+	u = u[:len(out)]
+	for i, v := range g[:len(out)] {
+		out[i] = v / (1 + expf(-v)) * u[i]
+	}
 }
 
 type attnTask struct {

@@ -212,6 +212,44 @@ func TestRoPEKVWriteFastMatchesReference(t *testing.T) {
 	}
 }
 
+// TestSwiGLUFastMatchesReference: the SwiGLU kernels on expf against the
+// reference's math.Exp, element by element within 2e-6 relative (expf is
+// accurate to about 1 ulp), over gates from -100 to 100, where silu
+// saturates at both ends.
+func TestSwiGLUFastMatchesReference(t *testing.T) {
+	r := newRand(t)
+	x := &execState{tokens: 3}
+	const n = 333
+	g, u := randSlice(r, x.tokens*n), randSlice(r, x.tokens*n)
+	for i := range g {
+		g[i] *= float32(r.IntN(4)*r.IntN(4)*r.IntN(4) + 1) // up to 28σ
+	}
+	g[0], g[1], g[2] = -100, 100, 0
+	packed := make([]float32, 2*x.tokens*n)
+	for tk := 0; tk < x.tokens; tk++ {
+		copy(packed[2*n*tk:], g[n*tk:n*(tk+1)])
+		copy(packed[2*n*tk+n:], u[n*tk:n*(tk+1)])
+	}
+	for _, c := range []struct {
+		op ir.Op
+		in []operand
+	}{
+		{ir.SwiGLU, []operand{operandOf(g, n), operandOf(u, n)}},
+		{ir.SwiGLUPacked, []operand{operandOf(packed, 2*n)}},
+	} {
+		nd := node(c.op, ir.Attrs{}, ir.Shape{ir.TokenDim, n})
+		want, got := poisoned(x.tokens*n), poisoned(x.tokens*n)
+		ref, _ := referenceKernel(c.op)
+		runKernel(ref, x, &step{node: nd, in: c.in, out: []operand{operandOf(want, n)}})
+		runKernel(fastKernel(t, c.op), x, &step{node: nd, in: c.in, out: []operand{operandOf(got, n)}})
+		for i := range want {
+			if d := math.Abs(float64(got[i] - want[i])); math.IsNaN(float64(got[i])) || d > 2e-6*math.Abs(float64(want[i]))+1e-30 {
+				t.Fatalf("%v: element %d (gate %g): %g, reference %g", c.op, i, g[i], got[i], want[i])
+			}
+		}
+	}
+}
+
 // testRopeTable is a plain θ=10000 table in the layout the compiler folds.
 func testRopeTable(maxPos, headDim int) (*tensor.Tensor, error) {
 	half := headDim / 2
@@ -232,7 +270,7 @@ func testRopeTable(maxPos, headDim int) (*tensor.Tensor, error) {
 func TestEveryFastKernelIsTested(t *testing.T) {
 	// MatMul: package gemm's tests; MatMulBias: the same product and the
 	// reference's bias loop, and the HF fixtures (qwen2-bias) run both.
-	tested := map[ir.Op]bool{ir.Attention: true, ir.RoPEKVWrite: true, ir.MatMul: true, ir.MatMulBias: true}
+	tested := map[ir.Op]bool{ir.Attention: true, ir.RoPEKVWrite: true, ir.SwiGLU: true, ir.SwiGLUPacked: true, ir.MatMul: true, ir.MatMulBias: true}
 	for op, ks := range registry {
 		for _, k := range ks {
 			if k.priority > 0 && !tested[op] {

@@ -16,8 +16,9 @@ import (
 // sub-block (k-quants) in float32:
 //
 //   - k-quants, as llama.cpp computes them on the CPU: x in blocks of 256
-//     8-bit values with a float32 scale and the sums of each 16 values (its
-//     Q8_K), the minimums' term taken from the sums;
+//     8-bit values with a float32 scale and the sums of each 32 values
+//     (llama.cpp's Q8_K keeps those of each 16), the minimums' term taken
+//     from the sums;
 //   - Q8_0: x in blocks of 32 16-bit values with a float32 scale. llama.cpp
 //     rounds x to 8 bits here too, which made the demo model's greedy text
 //     leave bf16's at its 32nd token and doubled its KL divergence from
@@ -58,7 +59,7 @@ func xBits(d tensor.DType) int {
 
 // qx is x quantized for one product: T rows of K values in blocks of bs
 // with scales d, in 8 bits (q, with sums[i] the sum of q's values
-// [16i, 16i+16), which the k-quants' minimums need) or 16 bits (q16):
+// [32i, 32i+32), which the k-quants' minimums need) or 16 bits (q16):
 // q[t*K+k] ≈ x[t][k]/d[(t*K+k)/bs].
 type qx struct {
 	q    []int8
@@ -86,9 +87,9 @@ func (a *qx) quantize(x []float32, T, K, bs, bits int) {
 	} else {
 		if cap(a.q) < n {
 			a.q = make([]int8, n)
-			a.sums = make([]int16, n/16)
+			a.sums = make([]int16, n/32)
 		}
-		a.q, a.sums = a.q[:n], a.sums[:n/16]
+		a.q, a.sums = a.q[:n], a.sums[:n/32]
 		a.q16 = a.q16[:0]
 	}
 	top := float32(int(1)<<(bits-1) - 1) // 127 or 32767
@@ -126,18 +127,18 @@ func (a *qx) quantize(x []float32, T, K, bs, bits int) {
 				q16[i] = int16(math.RoundToEven(float64(v * id)))
 			}
 		case simd:
-			round8(&xs[0], bs/32, id, &a.q[b*bs], &a.sums[b*bs/16])
+			round8(&xs[0], bs/32, id, &a.q[b*bs], &a.sums[b*bs/32])
 		default:
 			qs := a.q[b*bs : (b+1)*bs]
 			for i, v := range xs {
 				qs[i] = int8(math.RoundToEven(float64(v * id)))
 			}
-			for s := 0; s < bs/16; s++ {
+			for s := 0; s < bs/32; s++ {
 				var sum int16
-				for _, v := range qs[16*s : 16*s+16] {
+				for _, v := range qs[32*s : 32*s+32] {
 					sum += int16(v)
 				}
-				a.sums[b*bs/16+s] = sum
+				a.sums[b*bs/32+s] = sum
 			}
 		}
 	}
@@ -174,7 +175,7 @@ func (a *qx) token(tk, K, bs int) qx {
 	}
 	if len(a.q) > 0 {
 		r.q = a.q[tk*K : (tk+1)*K]
-		r.sums = a.sums[tk*K/16 : (tk+1)*K/16]
+		r.sums = a.sums[tk*K/32 : (tk+1)*K/32]
 	}
 	r.d = a.d[tk*K/bs : (tk+1)*K/bs]
 	return r
@@ -280,7 +281,7 @@ func dotQ4K(row []byte, q []int8, xd []float32, sums []int16) float32 {
 				sub += int32(v) * int32(xq[32*j+l])
 			}
 			isum += sc[j] * sub
-			msum += m[j] * (int32(sums[16*b+2*j]) + int32(sums[16*b+2*j+1]))
+			msum += m[j] * int32(sums[8*b+j])
 		}
 		s += f16(blk)*xd[b]*float32(isum) - f16(blk[2:])*xd[b]*float32(msum)
 	}

@@ -5,7 +5,7 @@
 // The integer row kernels of quant.go (AVX2), written by hand. Each computes
 // out[r] = row r · x for nrows rows of stride bytes starting at w, x being
 // one token quantized (xq, its scales xd: one a block of 32 16-bit values
-// for Q8_0, of 256 8-bit values for the k-quants; xs the sums of each 16 of
+// for Q8_0, of 256 8-bit values for the k-quants; xs the sums of each 32 of
 // xq). The integer products are exact: VPMADDUBSW multiplies unsigned by
 // signed bytes and adds pairs into int16 (no pair here can reach 32767),
 // VPMADDWD multiplies int16 pairs (by x, or by the sub-blocks' scales) into
@@ -161,7 +161,7 @@ q80done:
 // func rowsQ4K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
 // Blocks of 144 bytes: d, dmin (f16), 12 bytes of 6-bit scales and
 // minimums, 128 bytes of nibbles. Per block: the minimums' term
-// dmin·Σ m[j]·(xs[2j]+xs[2j+1]) goes to X13 (subtracted at the end), the
+// dmin·Σ m[j]·xs[j] goes to X13 (subtracted at the end), the
 // scaled nibble products Σ sc[j]·Σ q·xq (int32) times d to Y0.
 TEXT ·rowsQ4K(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
@@ -209,22 +209,25 @@ q4kblock:
 	SHLQ $32, R10
 	ORQ  R10, R8
 
-	// Minimums: X13 += dmin·d(x) · (m[j] · (xs[2j]+xs[2j+1])).
+	// d and dmin (f16) times d(x): X6 = [d·d(x), dmin·d(x), ...].
+	MOVL         (BX), R9
+	VMOVD        R9, X6
+	VCVTPH2PS    X6, X6
+	VBROADCASTSS (DX), X7
+	VMULPS       X7, X6, X6
+
+	// Minimums: X13 += dmin·d(x) · (m[j] · xs[j]).
 	VMOVQ        R8, X8
 	VPMOVZXBW    X8, X8
-	VMOVDQU      (R12), Y9
-	VEXTRACTI128 $1, Y9, X10
-	VPHADDW      X10, X9, X9
-	VPMADDWD     X9, X8, X8
+	VPMADDWD     (R12), X8, X8
 	VCVTDQ2PS    X8, X8
-	SCALE(2, R9, X7)
+	VMOVSHDUP    X6, X7
 	VBROADCASTSS X7, X7
 	VFMADD231PS  X7, X8, X13
 
 	// Scales in both lanes; d·d(x) broadcast.
 	VMOVQ        AX, X14
 	VPBROADCASTQ X14, Y14
-	SCALE(0, R9, X6)
 	VBROADCASTSS X6, Y6
 	VPXOR        Y9, Y9, Y9
 
@@ -252,7 +255,7 @@ q4kblock:
 	ADDQ        $144, BX
 	ADDQ        $256, DI
 	ADDQ        $4, DX
-	ADDQ        $32, R12
+	ADDQ        $16, R12
 	DECQ        CX
 	JNZ         q4kblock
 
@@ -424,7 +427,7 @@ GLOBL permDwords<>(SB), RODATA|NOPTR, $32
 
 // func round8(x *float32, n32 int, id float32, q *int8, sums *int16)
 // q[i] = x[i]·id rounded to nearest even (VCVTPS2DQ under Go's MXCSR),
-// saturated to int8, for 32·n32 values, and sums[j] = Σ q[16j:16j+16].
+// saturated to int8, for 32·n32 values, and sums[j] = Σ q[32j:32j+32].
 TEXT ·round8(SB), NOSPLIT, $0-40
 	MOVQ         x+0(FP), SI
 	MOVQ         n32+8(FP), CX
@@ -454,16 +457,15 @@ r8loop:
 	VMOVDQU      Y0, (DI)
 	VPMADDUBSW   Y0, Y12, Y1
 	VPMADDWD     Y11, Y1, Y1
-	VPHADDD      Y1, Y1, Y1
-	VPHADDD      Y1, Y1, Y1
+	VEXTRACTI128 $1, Y1, X2
+	VPADDD       X2, X1, X1
+	VPHADDD      X1, X1, X1
+	VPHADDD      X1, X1, X1
 	VMOVD        X1, AX
 	MOVW         AX, (DX)
-	VEXTRACTI128 $1, Y1, X1
-	VMOVD        X1, AX
-	MOVW         AX, 2(DX)
 	ADDQ         $128, SI
 	ADDQ         $32, DI
-	ADDQ         $4, DX
+	ADDQ         $2, DX
 	DECQ         CX
 	JNZ          r8loop
 	VZEROUPPER

@@ -64,7 +64,7 @@ func TestQuantize(t *testing.T) {
 		}
 		for i := range a.sums { // 8 bits only
 			var s int16
-			for _, q := range a.q[16*i : 16*i+16] {
+			for _, q := range a.q[32*i : 32*i+32] {
 				s += int16(q)
 			}
 			if a.sums[i] != s {

@@ -94,12 +94,20 @@ func (t *attnTask) Do(lo, hi int) {
 		// Keys stream past in blocks: score a block, rescale what has been
 		// accumulated if the block raised the maximum, then add the block's
 		// values weighted by exp(score - max).
+		// A run of keys in one cache block are consecutive slots, width
+		// apart: one gemm.Dots (gemm.Axpys) call each.
+		bs := x.kv.spec.BlockSize
 		for j0 := windowStart(p, a.Window); j0 <= p; j0 += attnBlock {
 			n := min(attnBlock, p+1-j0)
-			blockMax := maxScore
-			for i := 0; i < n; i++ {
+			for i := 0; i < n; {
+				run := min(n-i, bs-(j0+i)%bs)
 				at := slot(x, seq, j0+i)*width + kvOff
-				scores[i] = gemm.Dot(qh, kc[at:at+a.HeadDim]) * a.Scale
+				gemm.Dots(scores[i:i+run], qh, kc[at:], width)
+				i += run
+			}
+			blockMax := maxScore
+			for i := range scores[:n] {
+				scores[i] *= a.Scale
 				blockMax = max(blockMax, scores[i])
 			}
 			if blockMax > maxScore {
@@ -110,11 +118,15 @@ func (t *attnTask) Do(lo, hi int) {
 				sum *= corr
 				maxScore = blockMax
 			}
-			for i := 0; i < n; i++ {
-				w := expf(scores[i] - maxScore)
-				sum += w
+			for i := range scores[:n] {
+				scores[i] = expf(scores[i] - maxScore)
+				sum += scores[i]
+			}
+			for i := 0; i < n; {
+				run := min(n-i, bs-(j0+i)%bs)
 				at := slot(x, seq, j0+i)*width + kvOff
-				gemm.Axpy(w, vc[at:at+a.HeadDim], acc)
+				gemm.Axpys(scores[i:i+run], vc[at:], width, acc)
+				i += run
 			}
 		}
 		inv := 1 / sum

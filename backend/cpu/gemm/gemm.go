@@ -481,3 +481,55 @@ func Axpy(alpha float32, x, y []float32) {
 		y[i] += alpha * x[i]
 	}
 }
+
+// Dots sets out[r] = a · b[r·stride : r·stride+len(a)] for r < len(out)
+// (the rows of b stride values apart: keys of consecutive cache slots).
+func Dots(out, a, b []float32, stride int) {
+	n, k := len(out), len(a)
+	if n == 0 {
+		return
+	}
+	b = b[:(n-1)*stride+k]
+	k8 := k &^ 7
+	if SIMD() && k8 > 0 {
+		dotsF32(unsafe.SliceData(a), unsafe.SliceData(b), uintptr(4*stride), n, k8/8, unsafe.SliceData(out))
+	} else {
+		clear(out)
+		k8 = 0
+	}
+	for r := range out {
+		row := b[r*stride : r*stride+k]
+		var s float32
+		if k8 == 0 {
+			for i, v := range a {
+				s += v * row[i]
+			}
+		} else {
+			for i := k8; i < k; i++ {
+				s += a[i] * row[i]
+			}
+		}
+		out[r] += s
+	}
+}
+
+// Axpys adds Σ_r w[r]·x[r·stride : r·stride+len(y)] to y (the rows of x
+// stride values apart: values of consecutive cache slots).
+func Axpys(w, x []float32, stride int, y []float32) {
+	n, k := len(w), len(y)
+	if n == 0 {
+		return
+	}
+	x = x[:(n-1)*stride+k]
+	k8 := 0
+	if SIMD() && k >= 8 {
+		k8 = k &^ 7
+		axpysF32(unsafe.SliceData(w), unsafe.SliceData(x), uintptr(4*stride), n, k8/8, unsafe.SliceData(y))
+	}
+	for r, wr := range w {
+		row := x[r*stride : r*stride+k]
+		for i := k8; i < k; i++ {
+			y[i] += wr * row[i]
+		}
+	}
+}

@@ -75,3 +75,11 @@ func round8(x *float32, n32 int, id float32, q *int8, sums *int16)
 
 //go:noescape
 func round16(x *float32, n16 int, id float32, q *int16)
+
+// Row kernels in rows_amd64.s (Dots, Axpys).
+
+//go:noescape
+func dotsF32(a, b *float32, stride uintptr, n, n8 int, out *float32)
+
+//go:noescape
+func axpysF32(w, x *float32, stride uintptr, n, n8 int, y *float32)

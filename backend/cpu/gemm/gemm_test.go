@@ -311,3 +311,49 @@ func TestMatMulBlocksNoAlloc(t *testing.T) {
 		}
 	}
 }
+
+// TestDotsAxpys checks Dots and Axpys, SIMD and pure, against float64 sums
+// on fresh random rows: lengths around the 8- and 32-value steps, 1 to 19
+// rows at a stride longer than a row.
+func TestDotsAxpys(t *testing.T) {
+	r := newRand(t)
+	defer SetPure(false)
+	for _, pure := range []bool{false, true} {
+		SetPure(pure)
+		for _, k := range []int{1, 7, 8, 9, 31, 32, 33, 64, 80, 128, 136} {
+			for _, n := range []int{1, 2, 5, 19} {
+				stride := k + r.IntN(9)
+				a, b := randVec(r, k), randVec(r, (n-1)*stride+k)
+				w, y := randVec(r, n), randVec(r, k)
+				out := make([]float32, n+1)
+				out[n] = 42
+				Dots(out[:n], a, b, stride)
+				for i := 0; i < n; i++ {
+					var want, mag float64
+					for j := 0; j < k; j++ {
+						want += float64(a[j]) * float64(b[i*stride+j])
+						mag += math.Abs(float64(a[j]) * float64(b[i*stride+j]))
+					}
+					if math.Abs(float64(out[i])-want) > relTol*mag+absTol {
+						t.Fatalf("pure %v k=%d n=%d: Dots row %d = %v, want %v", pure, k, n, i, out[i], want)
+					}
+				}
+				if out[n] != 42 {
+					t.Fatalf("pure %v k=%d n=%d: Dots wrote past out", pure, k, n)
+				}
+				got := append([]float32(nil), y...)
+				Axpys(w, b, stride, got)
+				for j := 0; j < k; j++ {
+					want, mag := float64(y[j]), math.Abs(float64(y[j]))
+					for i := 0; i < n; i++ {
+						want += float64(w[i]) * float64(b[i*stride+j])
+						mag += math.Abs(float64(w[i]) * float64(b[i*stride+j]))
+					}
+					if math.Abs(float64(got[j])-want) > relTol*mag+absTol {
+						t.Fatalf("pure %v k=%d n=%d: Axpys element %d = %v, want %v", pure, k, n, j, got[j], want)
+					}
+				}
+			}
+		}
+	}
+}

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -9,13 +10,15 @@ import (
 	"kiln/eval"
 	"kiln/internal/testshared"
 	"kiln/model"
+	"kiln/tensor"
 	"kiln/tokenizer"
 )
 
 const demoDir = "../demo/files"
 
 // demoAs writes the demo model (bf16) as a GGUF file in scheme name
-// (convert.Schemes) and returns an engine on it.
+// (convert.Schemes), or as an FP8 checkpoint for "fp8", and returns an
+// engine on it.
 func demoAs(t *testing.T, name string) *engine.Engine {
 	t.Helper()
 	src, err := model.Load(demoDir)
@@ -23,18 +26,28 @@ func demoAs(t *testing.T, name string) *engine.Engine {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	s, err := ParseScheme(name)
-	if err != nil {
-		t.Fatal(err)
+	var path string
+	var want tensor.DType // q_proj's dtype once loaded
+	if name == "fp8" {
+		path, want = filepath.Join(t.TempDir(), "fp8"), tensor.BF16 // widened at load
+		if _, err := FP8(path, src, demoDir); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		s, err := ParseScheme(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path, _ = writeScheme(t, src, s)
+		want = s.Base
 	}
-	path, _ := writeScheme(t, src, s)
 	m, err := model.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; w.DType != s.Base {
-		t.Fatalf("q_proj stored as %v, want %v", w.DType, s.Base)
+	if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; w.DType != want {
+		t.Fatalf("q_proj loaded as %v, want %v", w.DType, want)
 	}
 	e, err := engine.New(m, &cpu.Backend{}, engine.Options{})
 	if err != nil {
@@ -45,8 +58,8 @@ func demoAs(t *testing.T, name string) *engine.Engine {
 }
 
 // TestQuantizedQuality measures the demo model stored as bf16 (its own
-// dtype), Q8_0, Q6_K, Q4_K_M, Q4_K and Q4_0 (through GGUF files, as kiln
-// quantize writes them) on the start of the public-domain corpus (War and Peace):
+// dtype), Q8_0, FP8, Q6_K, Q4_K_M, Q4_K and Q4_0 (through GGUF files, and
+// an FP8 checkpoint, as kiln quantize writes them) on the start of the public-domain corpus (War and Peace):
 // perplexity over the first 8,000 bytes (windows of 512 tokens), and the
 // KL divergence of each format's next-token distributions from bf16's over
 // the first 512 tokens. It fails when a format's KL divergence passes its
@@ -69,7 +82,7 @@ func TestQuantizedQuality(t *testing.T) {
 	nll := map[string]float64{}
 	greedy := map[string][]int{}
 	var ref []float32 // bf16's logits over the first window
-	for _, dt := range []string{"bf16", "q8_0", "q6_k", "q4_k_m", "q4_k", "q4_0"} {
+	for _, dt := range []string{"bf16", "q8_0", "fp8", "q6_k", "q4_k_m", "q4_k", "q4_0"} {
 		e := demoAs(t, dt)
 		p, err := eval.SlidingPerplexity(e, ids, 512, 256)
 		if err != nil {
@@ -133,6 +146,7 @@ func generate(t *testing.T, e *engine.Engine, prompt []int, n int) []int {
 // klBounds bound each format's mean KL divergence from bf16 over the first
 // window (nats a token); measured (deterministic: the same model, text and
 // kernels every run), with Q8_0's x in 16 bits and the k-quants' in 8 in
-// the integer products (gemm/quant.go): Q8_0 0.000113, Q6_K 0.00124,
-// Q4_K_M 0.00898, Q4_K 0.0169, Q4_0 0.0275.
-var klBounds = map[string]float64{"bf16": 0, "q8_0": 5e-4, "q6_k": 3e-3, "q4_k_m": 1.5e-2, "q4_k": 3e-2, "q4_0": 4e-2}
+// the integer products (gemm/quant.go), FP8 widened to bf16 at load:
+// Q8_0 0.000113, FP8 0.00169, Q6_K 0.00126, Q4_K_M 0.00901, Q4_K 0.0169,
+// Q4_0 0.0275.
+var klBounds = map[string]float64{"bf16": 0, "q8_0": 5e-4, "fp8": 5e-3, "q6_k": 3e-3, "q4_k_m": 1.5e-2, "q4_k": 3e-2, "q4_0": 4e-2}

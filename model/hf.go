@@ -354,6 +354,9 @@ func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
 			return m, fmt.Errorf("%s: missing tensor %s listed in the index", shard, name)
 		}
 	}
+	if err := widenFP8(m.Tensors); err != nil {
+		return m, err
+	}
 	if err := finishHFConfig(&cfg, tie, m.Tensors); err != nil {
 		return m, err
 	}

@@ -26,15 +26,17 @@ import (
 const maxSafetensorsHeader = 100 << 20
 
 var safetensorsDTypes = map[string]tensor.DType{
-	"F32":  tensor.F32,
-	"F16":  tensor.F16,
-	"BF16": tensor.BF16,
+	"F32":     tensor.F32,
+	"F16":     tensor.F16,
+	"BF16":    tensor.BF16,
+	"F8_E4M3": tensor.F8_E4M3,
 }
 
 var dtypeToSafetensors = map[tensor.DType]string{
-	tensor.F32:  "F32",
-	tensor.F16:  "F16",
-	tensor.BF16: "BF16",
+	tensor.F32:     "F32",
+	tensor.F16:     "F16",
+	tensor.BF16:    "BF16",
+	tensor.F8_E4M3: "F8_E4M3",
 }
 
 type safetensorsEntry struct {

@@ -105,6 +105,10 @@ func ToF32(d DType, data []byte, dst []float32) error {
 		for i := range dst {
 			dst[i] = float32(int32(binary.LittleEndian.Uint32(data[4*i:])))
 		}
+	case F8_E4M3:
+		for i := range dst {
+			dst[i] = E4M3ToF32(data[i])
+		}
 	default:
 		g, ok := ggmlBlocks[d]
 		if !ok {

@@ -33,10 +33,14 @@ const (
 	Q5_K
 	Q6_K
 	IQ4_NL
+	// F8_E4M3: 8-bit floats (OCP FP8 E4M3, PyTorch's float8_e4m3fn), one
+	// byte each; the scales that make them a weight live in other tensors
+	// (fp8.go).
+	F8_E4M3
 )
 
 var dtypeNames = [...]string{Invalid: "invalid", F32: "f32", F16: "f16", BF16: "bf16", I32: "i32", Q8_0: "q8_0", Q4_0: "q4_0",
-	Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q2_K: "q2_k", Q3_K: "q3_k", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", IQ4_NL: "iq4_nl"}
+	Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q2_K: "q2_k", Q3_K: "q3_k", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", IQ4_NL: "iq4_nl", F8_E4M3: "f8_e4m3"}
 
 func (d DType) String() string {
 	if int(d) < len(dtypeNames) {
@@ -67,6 +71,8 @@ func (d DType) BlockBytes() int {
 		return 4
 	case F16, BF16:
 		return 2
+	case F8_E4M3:
+		return 1
 	}
 	if g, ok := ggmlBlocks[d]; ok {
 		return g.bytes

@@ -355,9 +355,9 @@ func TestServeDemo(t *testing.T) {
 }
 
 // TestQuantize writes the demo model as Q8_0 GGUF, its vocabulary included,
-// and runs it: the greedy text is the bf16 model's (convert's
-// TestQuantizedQuality checks 64 tokens), and a failed run leaves no file
-// behind.
+// and as an FP8 checkpoint, and runs them: the greedy text is the bf16
+// model's (convert's TestQuantizedQuality checks 64 tokens of Q8_0), and a
+// failed run leaves no file behind.
 func TestQuantize(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "demo-q8_0.gguf")
 	stdout, stderr, code := kiln(t, "quantize", "../../demo/files", out, "--to", "q8_0")
@@ -369,6 +369,18 @@ func TestQuantize(t *testing.T) {
 	want := runJSON(t, "../../demo/files", "--prompt", "In the beginning", "--max-tokens", "16", "--temperature", "0")
 	if got.Text == "" || got.Text != want.Text {
 		t.Errorf("q8_0 text %q, bf16 %q", got.Text, want.Text)
+	}
+	// FP8: a checkpoint directory that runs as it is, here giving bf16's
+	// greedy text too.
+	fp8 := filepath.Join(t.TempDir(), "demo-fp8")
+	if stdout, stderr, code := kiln(t, "quantize", "../../demo/files", fp8, "--to", "fp8"); code != 0 || !strings.Contains(stdout, "42 as f8_e4m3") {
+		t.Fatalf("quantize --to fp8: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if got := runJSON(t, fp8, "--prompt", "In the beginning", "--max-tokens", "16", "--temperature", "0"); got.Text != want.Text {
+		t.Errorf("fp8 text %q, bf16 %q", got.Text, want.Text)
+	}
+	if _, _, code := kiln(t, "quantize", "../../demo/files", fp8, "--to", "fp8"); code == 0 {
+		t.Error("quantize --to fp8 over an existing directory succeeded")
 	}
 	dir := filepath.Dir(out)
 	if _, _, code := kiln(t, "quantize", "../../demo/files", filepath.Join(dir, "no/such/dir/x.gguf")); code == 0 {

@@ -13,21 +13,23 @@ import (
 
 // cmdQuantize writes MODEL as a GGUF file with its matrices in --to
 // (convert.GGUF), through a temporary file renamed at the end, so that a
-// failure leaves nothing half-written.
+// failure leaves nothing half-written; --to fp8 writes a Hugging Face
+// checkpoint directory instead (convert.FP8).
 func cmdQuantize(args []string) error {
 	fs := flag.NewFlagSet("quantize", flag.ContinueOnError)
-	names := strings.Join(convert.SchemeNames(), ", ")
-	to := fs.String("to", "q8_0", "dtype of the matrices: "+names+" (q4_k_m: Q4_K with the output matrix and some layers' value and down projections in Q6_K, as llama-quantize's Q4_K_M)")
+	names := strings.Join(append(convert.SchemeNames(), "fp8"), ", ")
+	to := fs.String("to", "q8_0", "dtype of the matrices: "+names+" (q4_k_m: Q4_K with the output matrix and some layers' value and down projections in Q6_K, as llama-quantize's Q4_K_M; fp8: OUT is a Hugging Face checkpoint directory, the layers' matrices in FP8 E4M3 with a scale a row, compressed-tensors' format)")
 	tokFlag := fs.String("tokenizer", "", "the vocabulary to write (default: MODEL's own; a GGUF MODEL's travels with it)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 2 {
-		return fmt.Errorf("usage: kiln quantize MODEL OUT.gguf [--to %s]", strings.Join(convert.SchemeNames(), "|"))
+		return fmt.Errorf("usage: kiln quantize MODEL OUT.gguf [--to %s] (--to fp8: OUT a directory)", strings.Join(append(convert.SchemeNames(), "fp8"), "|"))
 	}
+	fp8 := strings.EqualFold(*to, "fp8")
 	scheme, err := convert.ParseScheme(*to)
-	if err != nil {
+	if err != nil && !fp8 {
 		return fmt.Errorf("--to %q: want one of %s", *to, names)
 	}
 	src, out := pos[0], pos[1]
@@ -41,6 +43,15 @@ func cmdQuantize(args []string) error {
 		return err
 	}
 	defer m.Close()
+	if fp8 {
+		rep, err := convert.FP8(out, m, src)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s (fp8): matrices %d as f8_e4m3 with a scale a row, %d kept in their dtype, %d vectors, %.1f MB of tensors\n",
+			out, rep.Matrices[tensor.F8_E4M3], rep.Kept, rep.Vectors, float64(rep.Bytes)/1e6)
+		return nil
+	}
 	f, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
 	if err != nil {
 		return err

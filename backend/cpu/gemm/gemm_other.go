@@ -61,3 +61,6 @@ func round8(x *float32, n32 int, id float32, q *int8, sums *int16)   { panic("un
 func round16(x *float32, n16 int, id float32, q *int16)              { panic("unreachable") }
 func dotsF32(a, b *float32, stride uintptr, n, n8 int, out *float32) { panic("unreachable") }
 func axpysF32(w, x *float32, stride uintptr, n, n8 int, y *float32)  { panic("unreachable") }
+func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
+	panic("unreachable")
+}

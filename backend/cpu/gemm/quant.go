@@ -10,7 +10,7 @@ import (
 	"kiln/tensor"
 )
 
-// Integer products for Q8_0, Q4_K and Q6_K weights. Each token's x is
+// Integer products for Q8_0, Q4_K, Q5_K and Q6_K weights. Each token's x is
 // quantized in blocks, every weight block is multiplied with its x block in
 // integers (exact), and the scales are applied once a block (Q8_0) or a
 // sub-block (k-quants) in float32:
@@ -37,7 +37,7 @@ import (
 // intDot reports whether products with weights of type d take the integer
 // path.
 func intDot(d tensor.DType) bool {
-	return d == tensor.Q8_0 || d == tensor.Q4_K || d == tensor.Q6_K
+	return d == tensor.Q8_0 || d == tensor.Q4_K || d == tensor.Q5_K || d == tensor.Q6_K
 }
 
 // xBlock is the length of the blocks x is quantized in for weights of
@@ -209,6 +209,8 @@ func rowsSIMD(d tensor.DType, rows []byte, rb int, x *qx, out []float32) {
 		rowsQ8_0(w, uintptr(rb), unsafe.SliceData(x.q16), dp, len(x.d), len(out), op)
 	case tensor.Q4_K:
 		rowsQ4K(w, uintptr(rb), unsafe.SliceData(x.q), dp, unsafe.SliceData(x.sums), len(x.d), len(out), op)
+	case tensor.Q5_K:
+		rowsQ5K(w, uintptr(rb), unsafe.SliceData(x.q), dp, unsafe.SliceData(x.sums), len(x.d), len(out), op)
 	case tensor.Q6_K:
 		rowsQ6K(w, uintptr(rb), unsafe.SliceData(x.q), dp, len(x.d), len(out), op)
 	}
@@ -223,6 +225,8 @@ func rowsGo(d tensor.DType, rows []byte, rb int, x *qx, out []float32) {
 			out[i] = dotQ8_0(row, x.q16, x.d)
 		case tensor.Q4_K:
 			out[i] = dotQ4K(row, x.q, x.d, x.sums)
+		case tensor.Q5_K:
+			out[i] = dotQ5K(row, x.q, x.d, x.sums)
 		case tensor.Q6_K:
 			out[i] = dotQ6K(row, x.q, x.d)
 		}
@@ -278,6 +282,37 @@ func dotQ4K(row []byte, q []int8, xd []float32, sums []int16) float32 {
 				} else {
 					v >>= 4
 				}
+				sub += int32(v) * int32(xq[32*j+l])
+			}
+			isum += sc[j] * sub
+			msum += m[j] * int32(sums[8*b+j])
+		}
+		s += f16(blk)*xd[b]*float32(isum) - f16(blk[2:])*xd[b]*float32(msum)
+	}
+	return s
+}
+
+// dotQ5K: blocks of 176 bytes: Q4_K's d, dmin and scales, 32 bytes of
+// high bits qh, 128 bytes of nibbles; value l of sub-block j is Q4_K's
+// nibble plus 16 when bit j of qh[l] is set.
+func dotQ5K(row []byte, q []int8, xd []float32, sums []int16) float32 {
+	var s float32
+	for b := range xd {
+		blk := row[176*b : 176*b+176]
+		sc, m := q4kScales(blk[4:16])
+		qh, qs := blk[16:48], blk[48:]
+		xq := q[256*b : 256*b+256]
+		var isum, msum int32
+		for j := 0; j < 8; j++ {
+			var sub int32
+			for l := 0; l < 32; l++ {
+				v := qs[32*(j/2)+l]
+				if j%2 == 0 {
+					v &= 0xF
+				} else {
+					v >>= 4
+				}
+				v |= (qh[l] >> j & 1) << 4
 				sub += int32(v) * int32(xq[32*j+l])
 			}
 			isum += sc[j] * sub

@@ -88,6 +88,114 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 	VCVTPH2PS X, X; \
 	VMULSS    (DX), X, X
 
+// The k-quants with 6-bit scales and minimums (Q4_K, Q5_K) share a block
+// head (d, dmin, 12 bytes of scales and minimums at 0, 2, 4) and the
+// bookkeeping below; only the loads of their values differ.
+
+// KQ_INIT: SI the first row, Y15 the nibble mask.
+#define KQ_INIT \
+	MOVQ         w+0(FP), SI; \
+	MOVL         $0x0f0f0f0f, AX; \
+	VMOVD        AX, X15; \
+	VPBROADCASTD X15, Y15
+
+// KQ_ROW: a row's pointers and sums reset (BX the block, DI, DX, R12 x's
+// values, scales and sums, CX the blocks left).
+#define KQ_ROW \
+	MOVQ   SI, BX; \
+	MOVQ   xq+16(FP), DI; \
+	MOVQ   xd+24(FP), DX; \
+	MOVQ   xs+32(FP), R12; \
+	MOVQ   nb+40(FP), CX; \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS X13, X13, X13
+
+// KQ_HEAD: a block's scales and minimums unpacked as ggml's utmp (u0..u2
+// the 12 bytes; AX = scales = u0&k1 | (u2&k2 | ((u0>>6)&k3)<<4)<<32,
+// R8 = mins = u1&k1 | ((u2>>4)&k2 | ((u1>>6)&k3)<<4)<<32), the minimums'
+// term added to X13 (X13 += dmin·d(x)·(m[j]·xs[j])), d·d(x) broadcast in
+// Y6, the scales in both lanes of Y14 (for VPSHUFB by q4kScale<>), Y9
+// zeroed for the scaled sums.
+#define KQ_HEAD \
+	PREFETCHT0   QPF(BX); \
+	PREFETCHT0   QPF+64(BX); \
+	PREFETCHT0   QPF+128(BX); \
+	MOVL         4(BX), AX; \
+	MOVL         8(BX), R8; \
+	MOVL         12(BX), R9; \
+	MOVL         R9, R10; \
+	SHRL         $4, R10; \
+	ANDL         $0x0f0f0f0f, R10; \
+	MOVL         R8, R11; \
+	SHRL         $6, R11; \
+	ANDL         $0x03030303, R11; \
+	SHLL         $4, R11; \
+	ORL          R11, R10; \
+	ANDL         $0x0f0f0f0f, R9; \
+	MOVL         AX, R11; \
+	SHRL         $6, R11; \
+	ANDL         $0x03030303, R11; \
+	SHLL         $4, R11; \
+	ORL          R11, R9; \
+	ANDL         $0x3f3f3f3f, R8; \
+	ANDL         $0x3f3f3f3f, AX; \
+	SHLQ         $32, R9; \
+	ORQ          R9, AX; \
+	SHLQ         $32, R10; \
+	ORQ          R10, R8; \
+	MOVL         (BX), R9; \
+	VMOVD        R9, X6; \
+	VCVTPH2PS    X6, X6; \
+	VBROADCASTSS (DX), X7; \
+	VMULPS       X7, X6, X6; \
+	VMOVQ        R8, X8; \
+	VPMOVZXBW    X8, X8; \
+	VPMADDWD     (R12), X8, X8; \
+	VCVTDQ2PS    X8, X8; \
+	VMOVSHDUP    X6, X7; \
+	VBROADCASTSS X7, X7; \
+	VFMADD231PS  X7, X8, X13; \
+	VBROADCASTSS X6, Y6; \
+	VMOVQ        AX, X14; \
+	VPBROADCASTQ X14, Y14; \
+	VPXOR        Y9, Y9, Y9
+
+// KQ_SCALE(j, lo, hi): the VPMADDUBSW pairs of sub-blocks 2j (lo) and
+// 2j+1 (hi) times their scales, added to Y9.
+#define KQ_SCALE(j, lo, hi) \
+	VPSHUFB  q4kScale<>+(64*j)(SB), Y14, Y4; \
+	VPSHUFB  q4kScale<>+(64*j+32)(SB), Y14, Y5; \
+	VPMADDWD Y4, lo, lo; \
+	VPMADDWD Y5, hi, hi; \
+	VPADDD   lo, Y9, Y9; \
+	VPADDD   hi, Y9, Y9
+
+// KQ_NEXT(size): Y9's int32 sums times d·d(x) into Y0; on to the next
+// block of size bytes.
+#define KQ_NEXT(size) \
+	VCVTDQ2PS   Y9, Y9; \
+	VFMADD231PS Y6, Y9, Y0; \
+	ADDQ        $size, BX; \
+	ADDQ        $256, DI; \
+	ADDQ        $4, DX; \
+	ADDQ        $16, R12; \
+	DECQ        CX
+
+// KQ_STORE: the row's dot product (Y0 less X13) to out; on to the next
+// row.
+#define KQ_STORE \
+	VEXTRACTF128 $1, Y0, X1; \
+	VADDPS       X1, X0, X0; \
+	VSUBPS       X13, X0, X0; \
+	VHADDPS      X0, X0, X0; \
+	VHADDPS      X0, X0, X0; \
+	MOVQ         out+56(FP), AX; \
+	VMOVSS       X0, (AX); \
+	ADDQ         $4, AX; \
+	MOVQ         AX, out+56(FP); \
+	ADDQ         stride+8(FP), SI; \
+	DECQ         nrows+48(FP)
+
 // func rowsQ8_0(w unsafe.Pointer, stride uintptr, xq *int16, xd *float32, nb, nrows int, out *float32)
 // Blocks of 34 bytes: d (f16), 32 int8, widened to int16 and multiplied
 // with x's 16-bit values by VPMADDWD (a pair at most 2·128·32767).
@@ -164,72 +272,13 @@ q80done:
 // dmin·Σ m[j]·xs[j] goes to X13 (subtracted at the end), the
 // scaled nibble products Σ sc[j]·Σ q·xq (int32) times d to Y0.
 TEXT ·rowsQ4K(SB), NOSPLIT, $0-64
-	MOVQ w+0(FP), SI
-	MOVL $0x0f0f0f0f, AX
-	VMOVD AX, X15
-	VPBROADCASTD X15, Y15
+	KQ_INIT
 
 q4krow:
-	MOVQ   SI, BX
-	MOVQ   xq+16(FP), DI
-	MOVQ   xd+24(FP), DX
-	MOVQ   xs+32(FP), R12
-	MOVQ   nb+40(FP), CX
-	VXORPS Y0, Y0, Y0
-	VXORPS X13, X13, X13
+	KQ_ROW
 
 q4kblock:
-	PREFETCHT0 QPF(BX)
-	PREFETCHT0 QPF+64(BX)
-	PREFETCHT0 QPF+128(BX)
-	// Scales and minimums as ggml's utmp: u0..u2 the 12 bytes, then
-	// scales = u0&k1 | (u2&k2 | ((u0>>6)&k3)<<4)<<32,
-	// mins   = u1&k1 | ((u2>>4)&k2 | ((u1>>6)&k3)<<4)<<32.
-	MOVL 4(BX), AX
-	MOVL 8(BX), R8
-	MOVL 12(BX), R9
-	MOVL R9, R10
-	SHRL $4, R10
-	ANDL $0x0f0f0f0f, R10
-	MOVL R8, R11
-	SHRL $6, R11
-	ANDL $0x03030303, R11
-	SHLL $4, R11
-	ORL  R11, R10 // mins 4..7
-	ANDL $0x0f0f0f0f, R9
-	MOVL AX, R11
-	SHRL $6, R11
-	ANDL $0x03030303, R11
-	SHLL $4, R11
-	ORL  R11, R9 // scales 4..7
-	ANDL $0x3f3f3f3f, R8 // mins 0..3
-	ANDL $0x3f3f3f3f, AX // scales 0..3
-	SHLQ $32, R9
-	ORQ  R9, AX
-	SHLQ $32, R10
-	ORQ  R10, R8
-
-	// d and dmin (f16) times d(x): X6 = [d·d(x), dmin·d(x), ...].
-	MOVL         (BX), R9
-	VMOVD        R9, X6
-	VCVTPH2PS    X6, X6
-	VBROADCASTSS (DX), X7
-	VMULPS       X7, X6, X6
-
-	// Minimums: X13 += dmin·d(x) · (m[j] · xs[j]).
-	VMOVQ        R8, X8
-	VPMOVZXBW    X8, X8
-	VPMADDWD     (R12), X8, X8
-	VCVTDQ2PS    X8, X8
-	VMOVSHDUP    X6, X7
-	VBROADCASTSS X7, X7
-	VFMADD231PS  X7, X8, X13
-
-	// Scales in both lanes; d·d(x) broadcast.
-	VMOVQ        AX, X14
-	VPBROADCASTQ X14, Y14
-	VBROADCASTSS X6, Y6
-	VPXOR        Y9, Y9, Y9
+	KQ_HEAD
 
 #define Q4KPAIR(j) \
 	VMOVDQU    (16+32*j)(BX), Y1; \
@@ -238,39 +287,62 @@ q4kblock:
 	VPAND      Y15, Y3, Y3; \
 	VPMADDUBSW (64*j)(DI), Y2, Y2; \
 	VPMADDUBSW (64*j+32)(DI), Y3, Y3; \
-	VPSHUFB    q4kScale<>+(64*j)(SB), Y14, Y4; \
-	VPSHUFB    q4kScale<>+(64*j+32)(SB), Y14, Y5; \
-	VPMADDWD   Y4, Y2, Y2; \
-	VPMADDWD   Y5, Y3, Y3; \
-	VPADDD     Y2, Y9, Y9; \
-	VPADDD     Y3, Y9, Y9
+	KQ_SCALE(j, Y2, Y3)
 
 	Q4KPAIR(0)
 	Q4KPAIR(1)
 	Q4KPAIR(2)
 	Q4KPAIR(3)
+	KQ_NEXT(144)
+	JNZ q4kblock
+	KQ_STORE
+	JNZ q4krow
+	VZEROUPPER
+	RET
 
-	VCVTDQ2PS   Y9, Y9
-	VFMADD231PS Y6, Y9, Y0
-	ADDQ        $144, BX
-	ADDQ        $256, DI
-	ADDQ        $4, DX
-	ADDQ        $16, R12
-	DECQ        CX
-	JNZ         q4kblock
+// func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
+// Blocks of 176 bytes: Q4_K's head, 32 bytes of high bits (qh), 128 bytes
+// of nibbles: value l of sub-block 2j is its low nibble plus 16·bit 2j of
+// qh[l], of sub-block 2j+1 its high nibble plus 16·bit 2j+1. VPMADDUBSW
+// pairs reach 2·31·127.
+TEXT ·rowsQ5K(SB), NOSPLIT, $0-64
+	KQ_INIT
+	MOVL         $0x01010101, AX
+	VMOVD        AX, X11
+	VPBROADCASTD X11, Y11
 
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS       X1, X0, X0
-	VSUBPS       X13, X0, X0
-	VHADDPS      X0, X0, X0
-	VHADDPS      X0, X0, X0
-	MOVQ         out+56(FP), AX
-	VMOVSS       X0, (AX)
-	ADDQ         $4, AX
-	MOVQ         AX, out+56(FP)
-	ADDQ         stride+8(FP), SI
-	DECQ         nrows+48(FP)
-	JNZ          q4krow
+q5krow:
+	KQ_ROW
+
+q5kblock:
+	KQ_HEAD
+	VMOVDQU 16(BX), Y10
+
+#define Q5KPAIR(j) \
+	VMOVDQU    (48+32*j)(BX), Y1; \
+	VPSRLW     $4, Y1, Y3; \
+	VPAND      Y15, Y1, Y2; \
+	VPAND      Y15, Y3, Y3; \
+	VPSRLW     $(2*j), Y10, Y7; \
+	VPAND      Y11, Y7, Y8; \
+	VPSLLW     $4, Y8, Y8; \
+	VPOR       Y8, Y2, Y2; \
+	VPSRLW     $1, Y7, Y7; \
+	VPAND      Y11, Y7, Y7; \
+	VPSLLW     $4, Y7, Y7; \
+	VPOR       Y7, Y3, Y3; \
+	VPMADDUBSW (64*j)(DI), Y2, Y2; \
+	VPMADDUBSW (64*j+32)(DI), Y3, Y3; \
+	KQ_SCALE(j, Y2, Y3)
+
+	Q5KPAIR(0)
+	Q5KPAIR(1)
+	Q5KPAIR(2)
+	Q5KPAIR(3)
+	KQ_NEXT(176)
+	JNZ q5kblock
+	KQ_STORE
+	JNZ q5krow
 	VZEROUPPER
 	RET
 

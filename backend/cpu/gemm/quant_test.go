@@ -9,10 +9,9 @@ import (
 )
 
 // quantBound bounds how far rounding x to bits (8 or 16) in blocks of bs
-// (quantize) can move x·w: each x value moves by at most half its block's
-// step amax/top (top 127 or 32767), so the product by at most
-// Σ_k |w_k|·amax(k's block)/(2·top) (the factor 1.001 covers float32
-// rounding of the step and of the scaling).
+// (quantize) can move x·w: each x value moves by at most stepFraction of
+// its block's step amax/top (top 127 or 32767), so the product by at most
+// Σ_k |w_k|·amax(k's block)·stepFraction/top.
 func quantBound(x, w []float32, bs, bits int) float64 {
 	top := float64(int(1)<<(bits-1) - 1)
 	var b float64
@@ -22,9 +21,17 @@ func quantBound(x, w []float32, bs, bits int) float64 {
 			amax = math.Max(amax, math.Abs(float64(x[k])))
 			wsum += math.Abs(float64(w[k]))
 		}
-		b += wsum * amax / (2 * top) * 1.001
+		b += wsum * amax * stepFraction(bits) / top
 	}
 	return b
+}
+
+// stepFraction is how far, in steps, quantize may move a value: half a
+// step, plus the float32 rounding of the step, of its inverse and of the
+// scaled value (each 2⁻²⁴ relative), which for values of up to top steps
+// is up to 3·2⁻²⁴·top more steps (0.006 at 16 bits).
+func stepFraction(bits int) float64 {
+	return 0.5 + 3*math.Exp2(-24)*float64(int(1)<<(bits-1))
 }
 
 // TestQuantize: every value of a block is within half a step of q·d, the
@@ -55,7 +62,7 @@ func TestQuantize(t *testing.T) {
 			} else {
 				q = int(a.q[i])
 			}
-			if got := float64(q) * float64(d); math.Abs(got-float64(v)) > 0.5001*float64(d) {
+			if got := float64(q) * float64(d); math.Abs(got-float64(v)) > stepFraction(bits)*float64(d) {
 				t.Fatalf("bs %d, %d bits: x[%d] = %v quantized to %d·%v", bs, bits, i, v, q, d)
 			}
 		}
@@ -91,7 +98,7 @@ func TestQuantRows(t *testing.T) {
 		t.Skip("no assembly kernels on this CPU")
 	}
 	r := newRand(t)
-	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q4_K, tensor.Q6_K} {
+	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K} {
 		bs := xBlock(d)
 		for _, nb := range []int{1, 2, 3, 8, 11} {
 			for _, N := range []int{1, 4, 9} {

@@ -84,9 +84,9 @@ func TestGGUFMatchesHF(t *testing.T) {
 // TestGGUFQuantized checks the Q8_0 and Q4_0 paths: a quantized GGUF
 // gives the logits of an F32 model holding the dequantized weights (with the
 // reference kernels, which decode the blocks, to float32 rounding; with the
-// fast kernels, which multiply Q8_0 and the k-quants in integers with x
-// rounded to 16 or 8 bits, within the stated bound), and stays near the
-// unquantized reference.
+// fast kernels, which multiply Q8_0 and Q4_0 in integers with x rounded to
+// 16 and 8 bits, within the stated bound), and stays near the unquantized
+// reference.
 func TestGGUFQuantized(t *testing.T) {
 	dir := "../testdata/hf/llama-gqa"
 	f := hffixture.Load(t, "../testdata/hf")[dir]
@@ -99,7 +99,7 @@ func TestGGUFQuantized(t *testing.T) {
 		d    tensor.DType
 		fast float64 // fast kernels against the dequantized copy
 		tol  float64 // against transformers' unquantized logits
-	}{{tensor.Q8_0, 5e-4, 2e-2}, {tensor.Q4_0, 1e-6, 3e-1}} {
+	}{{tensor.Q8_0, 5e-4, 2e-2}, {tensor.Q4_0, 3e-2, 3e-1}} { // measured 5.1e-5 (x in 16 bits), 0.013 (x in 8)
 		t.Run(q.d.String(), func(t *testing.T) {
 			run := func(dequantized, reference bool) []float32 {
 				m, err := model.Load(writeGGUF(t, hf, q.d, dequantized))

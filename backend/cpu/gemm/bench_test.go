@@ -189,7 +189,7 @@ func BenchmarkDecodeQuant(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	p := workers.New(0)
 	defer p.Close()
-	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q6_K, tensor.Q5_K, tensor.Q4_K} {
+	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q6_K, tensor.Q5_K, tensor.Q4_K, tensor.Q4_0} {
 		for _, s := range [][2]int{{768, 768}, {2048, 768}, {768, 2048}} {
 			N, K := s[0], s[1]
 			one := randBlocks(r, d, N, K)

@@ -64,3 +64,6 @@ func axpysF32(w, x *float32, stride uintptr, n, n8 int, y *float32)  { panic("un
 func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
 	panic("unreachable")
 }
+func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
+	panic("unreachable")
+}

@@ -10,13 +10,13 @@ import (
 	"kiln/tensor"
 )
 
-// Integer products for Q8_0, Q4_K, Q5_K and Q6_K weights. Each token's x is
+// Integer products for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights. Each token's x is
 // quantized in blocks, every weight block is multiplied with its x block in
 // integers (exact), and the scales are applied once a block (Q8_0) or a
 // sub-block (k-quants) in float32:
 //
-//   - k-quants, as llama.cpp computes them on the CPU: x in blocks of 256
-//     8-bit values with a float32 scale and the sums of each 32 values
+//   - k-quants (and Q4_0, in blocks of 32), as llama.cpp computes them on
+//     the CPU: x in blocks of 256 8-bit values with a float32 scale and the sums of each 32 values
 //     (llama.cpp's Q8_K keeps those of each 16), the minimums' term taken
 //     from the sums;
 //   - Q8_0: x in blocks of 32 16-bit values with a float32 scale. llama.cpp
@@ -37,13 +37,13 @@ import (
 // intDot reports whether products with weights of type d take the integer
 // path.
 func intDot(d tensor.DType) bool {
-	return d == tensor.Q8_0 || d == tensor.Q4_K || d == tensor.Q5_K || d == tensor.Q6_K
+	return d == tensor.Q8_0 || d == tensor.Q4_0 || d == tensor.Q4_K || d == tensor.Q5_K || d == tensor.Q6_K
 }
 
 // xBlock is the length of the blocks x is quantized in for weights of
-// type d (32 for Q8_0, 256 for the k-quants).
+// type d (32 for Q8_0 and Q4_0, 256 for the k-quants).
 func xBlock(d tensor.DType) int {
-	if d == tensor.Q8_0 {
+	if d == tensor.Q8_0 || d == tensor.Q4_0 {
 		return 32
 	}
 	return 256
@@ -207,6 +207,8 @@ func rowsSIMD(d tensor.DType, rows []byte, rb int, x *qx, out []float32) {
 	switch d {
 	case tensor.Q8_0:
 		rowsQ8_0(w, uintptr(rb), unsafe.SliceData(x.q16), dp, len(x.d), len(out), op)
+	case tensor.Q4_0:
+		rowsQ4_0(w, uintptr(rb), unsafe.SliceData(x.q), dp, unsafe.SliceData(x.sums), len(x.d), len(out), op)
 	case tensor.Q4_K:
 		rowsQ4K(w, uintptr(rb), unsafe.SliceData(x.q), dp, unsafe.SliceData(x.sums), len(x.d), len(out), op)
 	case tensor.Q5_K:
@@ -223,6 +225,8 @@ func rowsGo(d tensor.DType, rows []byte, rb int, x *qx, out []float32) {
 		switch d {
 		case tensor.Q8_0:
 			out[i] = dotQ8_0(row, x.q16, x.d)
+		case tensor.Q4_0:
+			out[i] = dotQ4_0(row, x.q, x.d, x.sums)
 		case tensor.Q4_K:
 			out[i] = dotQ4K(row, x.q, x.d, x.sums)
 		case tensor.Q5_K:
@@ -245,6 +249,21 @@ func dotQ8_0(row []byte, q []int16, xd []float32) float32 {
 			isum += int32(int8(v)) * int32(q[32*b+i])
 		}
 		s += f16(blk) * xd[b] * float32(isum)
+	}
+	return s
+}
+
+// dotQ4_0: blocks of 18 bytes, d (f16) and 16 bytes: byte l holds value l
+// (low nibble) and l+16 (high), each q−8; x in 8 bits, with its sums of 32.
+func dotQ4_0(row []byte, q []int8, xd []float32, sums []int16) float32 {
+	var s float32
+	for b := range xd {
+		blk := row[18*b : 18*b+18]
+		var isum int32
+		for l, v := range blk[2:] {
+			isum += int32(v&0xF)*int32(q[32*b+l]) + int32(v>>4)*int32(q[32*b+16+l])
+		}
+		s += f16(blk) * xd[b] * float32(isum-8*int32(sums[b]))
 	}
 	return s
 }

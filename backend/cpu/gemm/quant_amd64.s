@@ -346,6 +346,90 @@ q5kblock:
 	VZEROUPPER
 	RET
 
+// func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
+// Blocks of 18 bytes: d (f16), 16 bytes whose low nibbles are values 0..15
+// and high nibbles 16..31, each q−8. Σ (q−8)·x = Σ q·x − 8·xs: the nibbles
+// (unsigned) go to VPMADDUBSW, the offset's term d·d(x)·xs to X13 (8 times
+// it subtracted at the end).
+TEXT ·rowsQ4_0(SB), NOSPLIT, $0-64
+	MOVQ         w+0(FP), SI
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X15
+	VPBROADCASTD X15, Y15
+	VPCMPEQW     Y14, Y14, Y14
+	VPSRLW       $15, Y14, Y14 // int16 ones
+	MOVL         $0x41000000, AX // 8.0
+	VMOVD        AX, X12
+
+q40row:
+	MOVQ   SI, BX
+	MOVQ   xq+16(FP), DI
+	MOVQ   xd+24(FP), DX
+	MOVQ   xs+32(FP), R12
+	MOVQ   nb+40(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y5, Y5, Y5
+	VXORPS X13, X13, X13
+	VXORPS X11, X11, X11
+	SHRQ   $1, CX
+	JZ     q40one
+
+// Q40BLOCK(bo, xo, so, acc, macc): the block at bo(BX), with x's values at
+// xo(DI), its scale at so(DX) and its sum at so/2(R12): the nibbles'
+// products times d·d(x) into acc, d·d(x)·sum into macc.
+#define Q40BLOCK(bo, xo, so, acc, macc) \
+	VMOVDQU      (bo+2)(BX), X1; \
+	VPSRLW       $4, X1, X2; \
+	VINSERTI128  $1, X2, Y1, Y1; \
+	VPAND        Y15, Y1, Y1; \
+	VPMADDUBSW   (xo)(DI), Y1, Y1; \
+	VPMADDWD     Y14, Y1, Y1; \
+	VCVTDQ2PS    Y1, Y1; \
+	MOVWLZX      (bo)(BX), AX; \
+	VMOVD        AX, X6; \
+	VCVTPH2PS    X6, X6; \
+	VMULSS       (so)(DX), X6, X6; \
+	VBROADCASTSS X6, Y6; \
+	VFMADD231PS  Y6, Y1, acc; \
+	MOVWLSX      (so/2)(R12), AX; \
+	VCVTSI2SSL   AX, X7, X7; \
+	VFMADD231SS  X6, X7, macc
+
+q40pair:
+	PREFETCHT0 QPF(BX)
+	Q40BLOCK(0, 0, 0, Y0, X13)
+	Q40BLOCK(18, 32, 4, Y5, X11)
+	ADDQ $36, BX
+	ADDQ $64, DI
+	ADDQ $8, DX
+	ADDQ $4, R12
+	DECQ CX
+	JNZ  q40pair
+
+q40one:
+	TESTQ $1, nb+40(FP)
+	JZ    q40done
+	Q40BLOCK(0, 0, 0, Y0, X13)
+
+q40done:
+	VADDPS       Y5, Y0, Y0
+	VADDSS       X11, X13, X13
+	VMULSS       X12, X13, X13
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VSUBSS       X13, X0, X0
+	MOVQ         out+56(FP), AX
+	VMOVSS       X0, (AX)
+	ADDQ         $4, AX
+	MOVQ         AX, out+56(FP)
+	ADDQ         stride+8(FP), SI
+	DECQ         nrows+48(FP)
+	JNZ          q40row
+	VZEROUPPER
+	RET
+
 // func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, nb, nrows int, out *float32)
 // Blocks of 210 bytes: ql[128], qh[64], 16 int8 scales, d (f16). Values
 // q−32 with q the 6 bits: VPMADDUBSW of q (unsigned, < 64) and of 32 with

@@ -98,7 +98,7 @@ func TestQuantRows(t *testing.T) {
 		t.Skip("no assembly kernels on this CPU")
 	}
 	r := newRand(t)
-	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K} {
+	for _, d := range []tensor.DType{tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K} {
 		bs := xBlock(d)
 		for _, nb := range []int{1, 2, 3, 8, 11} {
 			for _, N := range []int{1, 4, 9} {

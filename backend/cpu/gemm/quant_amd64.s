@@ -88,6 +88,20 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 	VCVTPH2PS X, X; \
 	VMULSS    (DX), X, X
 
+// Q40BLOCK8(b, acc): block b of a group of 8 Q4_0 blocks at BX (x's
+// values at DI, the block's d·d(x) at 4b(SP)) into acc: the nibbles'
+// products (VPMADDUBSW, then VPMADDWD by ones) times the scale.
+#define Q40BLOCK8(b, acc) \
+	VMOVDQU      (18*b+2)(BX), X1; \
+	VPSRLW       $4, X1, X2; \
+	VINSERTI128  $1, X2, Y1, Y1; \
+	VPAND        Y15, Y1, Y1; \
+	VPMADDUBSW   (32*b)(DI), Y1, Y1; \
+	VPMADDWD     Y14, Y1, Y1; \
+	VCVTDQ2PS    Y1, Y1; \
+	VBROADCASTSS (4*b)(SP), Y3; \
+	VFMADD231PS  Y3, Y1, acc
+
 // The k-quants with 6-bit scales and minimums (Q4_K, Q5_K) share a block
 // head (d, dmin, 12 bytes of scales and minimums at 0, 2, 4) and the
 // bookkeeping below; only the loads of their values differ.
@@ -349,9 +363,12 @@ q5kblock:
 // func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
 // Blocks of 18 bytes: d (f16), 16 bytes whose low nibbles are values 0..15
 // and high nibbles 16..31, each q−8. Σ (q−8)·x = Σ q·x − 8·xs: the nibbles
-// (unsigned) go to VPMADDUBSW, the offset's term d·d(x)·xs to X13 (8 times
-// it subtracted at the end).
-TEXT ·rowsQ4_0(SB), NOSPLIT, $0-64
+// (unsigned) go to VPMADDUBSW, the offset's terms d·d(x)·xs to Y11 (8
+// times them subtracted at the end). Blocks go 8 at a time, their scales
+// d·d(x) made together (VPINSRW, VCVTPH2PS, VMULPS) and kept at 0(SP) for
+// VBROADCASTSS, the offsets' terms in one VFMADD; the last nb%8 blocks one
+// by one.
+TEXT ·rowsQ4_0(SB), NOSPLIT, $32-64
 	MOVQ         w+0(FP), SI
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X15
@@ -369,57 +386,84 @@ q40row:
 	MOVQ   nb+40(FP), CX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y5, Y5, Y5
-	VXORPS X13, X13, X13
-	VXORPS X11, X11, X11
-	SHRQ   $1, CX
-	JZ     q40one
+	VXORPS Y11, Y11, Y11
+	VXORPS X10, X10, X10
+	SHRQ   $3, CX
+	JZ     q40tail
 
-// Q40BLOCK(bo, xo, so, acc, macc): the block at bo(BX), with x's values at
-// xo(DI), its scale at so(DX) and its sum at so/2(R12): the nibbles'
-// products times d·d(x) into acc, d·d(x)·sum into macc.
-#define Q40BLOCK(bo, xo, so, acc, macc) \
-	VMOVDQU      (bo+2)(BX), X1; \
-	VPSRLW       $4, X1, X2; \
-	VINSERTI128  $1, X2, Y1, Y1; \
-	VPAND        Y15, Y1, Y1; \
-	VPMADDUBSW   (xo)(DI), Y1, Y1; \
-	VPMADDWD     Y14, Y1, Y1; \
-	VCVTDQ2PS    Y1, Y1; \
-	MOVWLZX      (bo)(BX), AX; \
-	VMOVD        AX, X6; \
-	VCVTPH2PS    X6, X6; \
-	VMULSS       (so)(DX), X6, X6; \
-	VBROADCASTSS X6, Y6; \
-	VFMADD231PS  Y6, Y1, acc; \
-	MOVWLSX      (so/2)(R12), AX; \
-	VCVTSI2SSL   AX, X7, X7; \
-	VFMADD231SS  X6, X7, macc
+q40group:
+	PREFETCHT0   QPF(BX)
+	PREFETCHT0   QPF+64(BX)
+	PREFETCHT0   QPF+128(BX)
+	MOVWLZX      (BX), AX
+	VMOVD        AX, X6
+	VPINSRW      $1, 18(BX), X6, X6
+	VPINSRW      $2, 36(BX), X6, X6
+	VPINSRW      $3, 54(BX), X6, X6
+	VPINSRW      $4, 72(BX), X6, X6
+	VPINSRW      $5, 90(BX), X6, X6
+	VPINSRW      $6, 108(BX), X6, X6
+	VPINSRW      $7, 126(BX), X6, X6
+	VCVTPH2PS    X6, Y6
+	VMULPS       (DX), Y6, Y6
+	VMOVUPS      Y6, 0(SP)
+	VPMOVSXWD    (R12), Y7
+	VCVTDQ2PS    Y7, Y7
+	VFMADD231PS  Y6, Y7, Y11
+	Q40BLOCK8(0, Y0)
+	Q40BLOCK8(1, Y5)
+	Q40BLOCK8(2, Y0)
+	Q40BLOCK8(3, Y5)
+	Q40BLOCK8(4, Y0)
+	Q40BLOCK8(5, Y5)
+	Q40BLOCK8(6, Y0)
+	Q40BLOCK8(7, Y5)
+	ADDQ         $144, BX
+	ADDQ         $256, DI
+	ADDQ         $32, DX
+	ADDQ         $16, R12
+	DECQ         CX
+	JNZ          q40group
 
-q40pair:
-	PREFETCHT0 QPF(BX)
-	Q40BLOCK(0, 0, 0, Y0, X13)
-	Q40BLOCK(18, 32, 4, Y5, X11)
-	ADDQ $36, BX
-	ADDQ $64, DI
-	ADDQ $8, DX
-	ADDQ $4, R12
-	DECQ CX
-	JNZ  q40pair
+q40tail:
+	MOVQ nb+40(FP), CX
+	ANDQ $7, CX
+	JZ   q40done
 
 q40one:
-	TESTQ $1, nb+40(FP)
-	JZ    q40done
-	Q40BLOCK(0, 0, 0, Y0, X13)
+	VMOVDQU      2(BX), X1
+	VPSRLW       $4, X1, X2
+	VINSERTI128  $1, X2, Y1, Y1
+	VPAND        Y15, Y1, Y1
+	VPMADDUBSW   (DI), Y1, Y1
+	VPMADDWD     Y14, Y1, Y1
+	VCVTDQ2PS    Y1, Y1
+	SCALE(0, AX, X6)
+	VBROADCASTSS X6, Y6
+	VFMADD231PS  Y6, Y1, Y0
+	MOVWLSX      (R12), AX
+	VCVTSI2SSL   AX, X7, X7
+	VFMADD231SS  X6, X7, X10 // a scalar op would clear Y11's upper half
+	ADDQ         $18, BX
+	ADDQ         $32, DI
+	ADDQ         $4, DX
+	ADDQ         $2, R12
+	DECQ         CX
+	JNZ          q40one
 
 q40done:
 	VADDPS       Y5, Y0, Y0
-	VADDSS       X11, X13, X13
-	VMULSS       X12, X13, X13
+	VEXTRACTF128 $1, Y11, X1
+	VADDPS       X1, X11, X11
+	VHADDPS      X11, X11, X11
+	VHADDPS      X11, X11, X11
+	VADDSS       X10, X11, X11
+	VMULSS       X12, X11, X11
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS       X1, X0, X0
 	VHADDPS      X0, X0, X0
 	VHADDPS      X0, X0, X0
-	VSUBSS       X13, X0, X0
+	VSUBSS       X11, X0, X0
 	MOVQ         out+56(FP), AX
 	VMOVSS       X0, (AX)
 	ADDQ         $4, AX

@@ -285,41 +285,27 @@ func q4kScales(p []byte) (sc, m [8]int32) {
 // is d·sc[j]·q − dmin·m[j], q the low nibbles of bytes [32(j/2), +32) for
 // even j, the high ones for odd j.
 func dotQ4K(row []byte, q []int8, xd []float32, sums []int16) float32 {
-	var s float32
-	for b := range xd {
-		blk := row[144*b : 144*b+144]
-		sc, m := q4kScales(blk[4:16])
-		qs := blk[16:]
-		xq := q[256*b : 256*b+256]
-		var isum, msum int32
-		for j := 0; j < 8; j++ {
-			var sub int32
-			for l := 0; l < 32; l++ {
-				v := qs[32*(j/2)+l]
-				if j%2 == 0 {
-					v &= 0xF
-				} else {
-					v >>= 4
-				}
-				sub += int32(v) * int32(xq[32*j+l])
-			}
-			isum += sc[j] * sub
-			msum += m[j] * int32(sums[8*b+j])
-		}
-		s += f16(blk)*xd[b]*float32(isum) - f16(blk[2:])*xd[b]*float32(msum)
-	}
-	return s
+	return dotK(row, q, xd, sums, false)
 }
 
 // dotQ5K: blocks of 176 bytes: Q4_K's d, dmin and scales, 32 bytes of
 // high bits qh, 128 bytes of nibbles; value l of sub-block j is Q4_K's
 // nibble plus 16 when bit j of qh[l] is set.
 func dotQ5K(row []byte, q []int8, xd []float32, sums []int16) float32 {
+	return dotK(row, q, xd, sums, true)
+}
+
+// dotK is dotQ4K, or dotQ5K with five.
+func dotK(row []byte, q []int8, xd []float32, sums []int16, five bool) float32 {
+	bb, qsAt := 144, 16
+	if five {
+		bb, qsAt = 176, 48
+	}
 	var s float32
 	for b := range xd {
-		blk := row[176*b : 176*b+176]
+		blk := row[bb*b : bb*(b+1)]
 		sc, m := q4kScales(blk[4:16])
-		qh, qs := blk[16:48], blk[48:]
+		qh, qs := blk[16:48], blk[qsAt:]
 		xq := q[256*b : 256*b+256]
 		var isum, msum int32
 		for j := 0; j < 8; j++ {
@@ -331,7 +317,9 @@ func dotQ5K(row []byte, q []int8, xd []float32, sums []int16) float32 {
 				} else {
 					v >>= 4
 				}
-				v |= (qh[l] >> j & 1) << 4
+				if five {
+					v |= (qh[l] >> j & 1) << 4
+				}
 				sub += int32(v) * int32(xq[32*j+l])
 			}
 			isum += sc[j] * sub

@@ -174,15 +174,25 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 	VPBROADCASTQ X14, Y14; \
 	VPXOR        Y9, Y9, Y9
 
-// KQ_SCALE(j, lo, hi): the VPMADDUBSW pairs of sub-blocks 2j (lo) and
-// 2j+1 (hi) times their scales, added to Y9.
-#define KQ_SCALE(j, lo, hi) \
-	VPSHUFB  q4kScale<>+(64*j)(SB), Y14, Y4; \
-	VPSHUFB  q4kScale<>+(64*j+32)(SB), Y14, Y5; \
-	VPMADDWD Y4, lo, lo; \
-	VPMADDWD Y5, hi, hi; \
-	VPADDD   lo, Y9, Y9; \
-	VPADDD   hi, Y9, Y9
+// KQ_NIBBLES(off, j): the 32 bytes at off+32j(BX) split into their low
+// nibbles (Y2: sub-block 2j) and high ones (Y3: sub-block 2j+1).
+#define KQ_NIBBLES(off, j) \
+	VMOVDQU (off+32*j)(BX), Y1; \
+	VPSRLW  $4, Y1, Y3; \
+	VPAND   Y15, Y1, Y2; \
+	VPAND   Y15, Y3, Y3
+
+// KQ_PRODUCTS(j): sub-blocks 2j (Y2) and 2j+1 (Y3) times x's values
+// (VPMADDUBSW pairs), times their scales, added to Y9.
+#define KQ_PRODUCTS(j) \
+	VPMADDUBSW (64*j)(DI), Y2, Y2; \
+	VPMADDUBSW (64*j+32)(DI), Y3, Y3; \
+	VPSHUFB    q4kScale<>+(64*j)(SB), Y14, Y4; \
+	VPSHUFB    q4kScale<>+(64*j+32)(SB), Y14, Y5; \
+	VPMADDWD   Y4, Y2, Y2; \
+	VPMADDWD   Y5, Y3, Y3; \
+	VPADDD     Y2, Y9, Y9; \
+	VPADDD     Y3, Y9, Y9
 
 // KQ_NEXT(size): Y9's int32 sums times d·d(x) into Y0; on to the next
 // block of size bytes.
@@ -295,13 +305,8 @@ q4kblock:
 	KQ_HEAD
 
 #define Q4KPAIR(j) \
-	VMOVDQU    (16+32*j)(BX), Y1; \
-	VPSRLW     $4, Y1, Y3; \
-	VPAND      Y15, Y1, Y2; \
-	VPAND      Y15, Y3, Y3; \
-	VPMADDUBSW (64*j)(DI), Y2, Y2; \
-	VPMADDUBSW (64*j+32)(DI), Y3, Y3; \
-	KQ_SCALE(j, Y2, Y3)
+	KQ_NIBBLES(16, j); \
+	KQ_PRODUCTS(j)
 
 	Q4KPAIR(0)
 	Q4KPAIR(1)
@@ -333,10 +338,7 @@ q5kblock:
 	VMOVDQU 16(BX), Y10
 
 #define Q5KPAIR(j) \
-	VMOVDQU    (48+32*j)(BX), Y1; \
-	VPSRLW     $4, Y1, Y3; \
-	VPAND      Y15, Y1, Y2; \
-	VPAND      Y15, Y3, Y3; \
+	KQ_NIBBLES(48, j); \
 	VPSRLW     $(2*j), Y10, Y7; \
 	VPAND      Y11, Y7, Y8; \
 	VPSLLW     $4, Y8, Y8; \
@@ -345,9 +347,7 @@ q5kblock:
 	VPAND      Y11, Y7, Y7; \
 	VPSLLW     $4, Y7, Y7; \
 	VPOR       Y7, Y3, Y3; \
-	VPMADDUBSW (64*j)(DI), Y2, Y2; \
-	VPMADDUBSW (64*j+32)(DI), Y3, Y3; \
-	KQ_SCALE(j, Y2, Y3)
+	KQ_PRODUCTS(j)
 
 	Q5KPAIR(0)
 	Q5KPAIR(1)

@@ -59,13 +59,15 @@ func xBits(d tensor.DType) int {
 
 // qx is x quantized for one product: T rows of K values in blocks of bs
 // with scales d, in 8 bits (q, with sums[i] the sum of q's values
-// [32i, 32i+32), which the k-quants' minimums need) or 16 bits (q16):
-// q[t*K+k] ≈ x[t][k]/d[(t*K+k)/bs].
+// [32i, 32i+32), which Q4_0's offsets and the k-quants' minimums need, and
+// sums16[i] that of [16i, 16i+16), which Q6_K's offsets need) or 16 bits
+// (q16): q[t*K+k] ≈ x[t][k]/d[(t*K+k)/bs].
 type qx struct {
-	q    []int8
-	q16  []int16
-	d    []float32
-	sums []int16
+	q      []int8
+	q16    []int16
+	d      []float32
+	sums   []int16
+	sums16 []int16
 }
 
 var qxPool = sync.Pool{New: func() any { return new(qx) }}
@@ -83,13 +85,14 @@ func (a *qx) quantize(x []float32, T, K, bs, bits int) {
 			a.q16 = make([]int16, n)
 		}
 		a.q16 = a.q16[:n]
-		a.q, a.sums = a.q[:0], a.sums[:0]
+		a.q, a.sums, a.sums16 = a.q[:0], a.sums[:0], a.sums16[:0]
 	} else {
 		if cap(a.q) < n {
 			a.q = make([]int8, n)
 			a.sums = make([]int16, n/32)
+			a.sums16 = make([]int16, n/16)
 		}
-		a.q, a.sums = a.q[:n], a.sums[:n/32]
+		a.q, a.sums, a.sums16 = a.q[:n], a.sums[:n/32], a.sums16[:n/16]
 		a.q16 = a.q16[:0]
 	}
 	top := float32(int(1)<<(bits-1) - 1) // 127 or 32767
@@ -127,18 +130,21 @@ func (a *qx) quantize(x []float32, T, K, bs, bits int) {
 				q16[i] = int16(math.RoundToEven(float64(v * id)))
 			}
 		case simd:
-			round8(&xs[0], bs/32, id, &a.q[b*bs], &a.sums[b*bs/32])
+			round8(&xs[0], bs/32, id, &a.q[b*bs], &a.sums[b*bs/32], &a.sums16[b*bs/16])
 		default:
 			qs := a.q[b*bs : (b+1)*bs]
 			for i, v := range xs {
 				qs[i] = int8(math.RoundToEven(float64(v * id)))
 			}
-			for s := 0; s < bs/32; s++ {
+			for s := 0; s < bs/16; s++ {
 				var sum int16
-				for _, v := range qs[32*s : 32*s+32] {
+				for _, v := range qs[16*s : 16*s+16] {
 					sum += int16(v)
 				}
-				a.sums[b*bs/32+s] = sum
+				a.sums16[b*bs/16+s] = sum
+			}
+			for s := 0; s < bs/32; s++ {
+				a.sums[b*bs/32+s] = a.sums16[b*bs/16+2*s] + a.sums16[b*bs/16+2*s+1]
 			}
 		}
 	}
@@ -176,6 +182,7 @@ func (a *qx) token(tk, K, bs int) qx {
 	if len(a.q) > 0 {
 		r.q = a.q[tk*K : (tk+1)*K]
 		r.sums = a.sums[tk*K/32 : (tk+1)*K/32]
+		r.sums16 = a.sums16[tk*K/16 : (tk+1)*K/16]
 	}
 	r.d = a.d[tk*K/bs : (tk+1)*K/bs]
 	return r
@@ -214,7 +221,7 @@ func rowsSIMD(d tensor.DType, rows []byte, rb int, x *qx, out []float32) {
 	case tensor.Q5_K:
 		rowsQ5K(w, uintptr(rb), unsafe.SliceData(x.q), dp, unsafe.SliceData(x.sums), len(x.d), len(out), op)
 	case tensor.Q6_K:
-		rowsQ6K(w, uintptr(rb), unsafe.SliceData(x.q), dp, len(x.d), len(out), op)
+		rowsQ6K(w, uintptr(rb), unsafe.SliceData(x.q), dp, unsafe.SliceData(x.sums16), len(x.d), len(out), op)
 	}
 }
 

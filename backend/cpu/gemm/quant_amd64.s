@@ -474,14 +474,15 @@ q40done:
 	VZEROUPPER
 	RET
 
-// func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, nb, nrows int, out *float32)
+// func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs16 *int16, nb, nrows int, out *float32)
 // Blocks of 210 bytes: ql[128], qh[64], 16 int8 scales, d (f16). Values
-// q−32 with q the 6 bits: VPMADDUBSW of q (unsigned, < 64) and of 32 with
-// x, subtracted, then VPMADDWD with the two sub-blocks' scales.
-TEXT ·rowsQ6K(SB), NOSPLIT, $0-56
+// q−32 with q the 6 bits: VPMADDUBSW of q (unsigned, < 64) with x, then
+// VPMADDWD with the two sub-blocks' scales; the offsets' term
+// 32·Σ sc[s]·xs16[s] is taken off once a block.
+TEXT ·rowsQ6K(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
-	MOVQ nrows+40(FP), R10
-	MOVQ out+48(FP), R11
+	MOVQ nrows+48(FP), R10
+	MOVQ out+56(FP), R11
 	MOVL $0x0f0f0f0f, AX
 	VMOVD AX, X15
 	VPBROADCASTD X15, Y15
@@ -497,15 +498,13 @@ TEXT ·rowsQ6K(SB), NOSPLIT, $0-56
 	MOVL $0xc0c0c0c0, AX
 	VMOVD AX, X13
 	VPBROADCASTD X13, Y13
-	MOVL $0x20202020, AX
-	VMOVD AX, X8
-	VPBROADCASTD X8, Y8
 
 q6krow:
 	MOVQ   SI, BX
 	MOVQ   xq+16(FP), DI
 	MOVQ   xd+24(FP), DX
-	MOVQ   nb+32(FP), CX
+	MOVQ   xs16+32(FP), R12
+	MOVQ   nb+40(FP), CX
 	VXORPS Y0, Y0, Y0
 
 q6kblock:
@@ -516,14 +515,17 @@ q6kblock:
 	SCALE(208, AX, X6)
 	VBROADCASTSS X6, Y6
 	VMOVDQU      192(BX), X14
-	VPXOR        Y9, Y9, Y9
+	VPMOVSXBW    X14, Y9
+	VPMADDWD     (R12), Y9, Y9
+	VPSLLD       $5, Y9, Y9
+	VPXOR        Y8, Y8, Y8
+	VPSUBD       Y9, Y8, Y9 // −32·Σ sc[s]·xs16[s], in 8 lanes
 
-// Q6KMAC(xo, m): Y9 += scales of group m · ((Y4 − 32) · xq[xo:xo+32]).
+// Q6KMAC(xo, m): Y9 += scales of group m · (Y4 · xq[xo:xo+32]) (the −32 is
+// the block's offsets' term).
 #define Q6KMAC(xo, m) \
 	VMOVDQU    (xo)(DI), Y7; \
 	VPMADDUBSW Y7, Y4, Y4; \
-	VPMADDUBSW Y7, Y8, Y5; \
-	VPSUBW     Y5, Y4, Y4; \
 	VPSHUFB    q6kScale<>+(16*(m))(SB), X14, X5; \
 	VPMOVSXBW  X5, Y5; \
 	VPMADDWD   Y5, Y4, Y4; \
@@ -564,6 +566,7 @@ q6kblock:
 	ADDQ        $210, BX
 	ADDQ        $256, DI
 	ADDQ        $4, DX
+	ADDQ        $32, R12
 	DECQ        CX
 	JNZ         q6kblock
 
@@ -625,15 +628,17 @@ DATA permDwords<>+24(SB)/4, $3
 DATA permDwords<>+28(SB)/4, $7
 GLOBL permDwords<>(SB), RODATA|NOPTR, $32
 
-// func round8(x *float32, n32 int, id float32, q *int8, sums *int16)
+// func round8(x *float32, n32 int, id float32, q *int8, sums, sums16 *int16)
 // q[i] = x[i]·id rounded to nearest even (VCVTPS2DQ under Go's MXCSR),
-// saturated to int8, for 32·n32 values, and sums[j] = Σ q[32j:32j+32].
-TEXT ·round8(SB), NOSPLIT, $0-40
+// saturated to int8, for 32·n32 values, sums[j] = Σ q[32j:32j+32] and
+// sums16[j] = Σ q[16j:16j+16].
+TEXT ·round8(SB), NOSPLIT, $0-48
 	MOVQ         x+0(FP), SI
 	MOVQ         n32+8(FP), CX
 	VBROADCASTSS id+16(FP), Y14
 	MOVQ         q+24(FP), DI
 	MOVQ         sums+32(FP), DX
+	MOVQ         sums16+40(FP), R8
 	VMOVDQU      permDwords<>(SB), Y13
 	MOVL         $0x01010101, AX
 	VMOVD        AX, X12
@@ -658,14 +663,18 @@ r8loop:
 	VPMADDUBSW   Y0, Y12, Y1
 	VPMADDWD     Y11, Y1, Y1
 	VEXTRACTI128 $1, Y1, X2
-	VPADDD       X2, X1, X1
-	VPHADDD      X1, X1, X1
-	VPHADDD      X1, X1, X1
-	VMOVD        X1, AX
+	VPHADDD      X2, X1, X1 // [a0+a1, a2+a3, b0+b1, b2+b3]
+	VPHADDD      X1, X1, X1 // [A, B, A, B]: the two sums of 16
+	VPSHUFD      $1, X1, X2
+	VPADDD       X2, X1, X2 // A+B
+	VMOVD        X2, AX
 	MOVW         AX, (DX)
+	VPACKSSDW    X1, X1, X1
+	VMOVD        X1, (R8)
 	ADDQ         $128, SI
 	ADDQ         $32, DI
 	ADDQ         $2, DX
+	ADDQ         $4, R8
 	DECQ         CX
 	JNZ          r8loop
 	VZEROUPPER

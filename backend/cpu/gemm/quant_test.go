@@ -52,7 +52,7 @@ func TestQuantize(t *testing.T) {
 		SetPure(true)
 		g.quantize(x, T, K, bs, bits)
 		SetPure(false)
-		if !slices.Equal(a.q, g.q) || !slices.Equal(a.q16, g.q16) || !slices.Equal(a.d, g.d) || !slices.Equal(a.sums, g.sums) {
+		if !slices.Equal(a.q, g.q) || !slices.Equal(a.q16, g.q16) || !slices.Equal(a.d, g.d) || !slices.Equal(a.sums, g.sums) || !slices.Equal(a.sums16, g.sums16) {
 			t.Fatalf("bs %d, %d bits: the assembly's quantization differs from Go's", bs, bits)
 		}
 		for i, v := range x {
@@ -69,7 +69,16 @@ func TestQuantize(t *testing.T) {
 		if a.d[K/bs] != 0 {
 			t.Errorf("bs %d: a zero block's scale is %v", bs, a.d[K/bs])
 		}
-		for i := range a.sums { // 8 bits only
+		for i := range a.sums16 { // 8 bits only
+			var s int16
+			for _, q := range a.q[16*i : 16*i+16] {
+				s += int16(q)
+			}
+			if a.sums16[i] != s {
+				t.Fatalf("bs %d: sums16[%d] = %d, want %d", bs, i, a.sums16[i], s)
+			}
+		}
+		for i := range a.sums {
 			var s int16
 			for _, q := range a.q[32*i : 32*i+32] {
 				s += int16(q)

@@ -56,11 +56,11 @@ func rowsQ4K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16,
 func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs16 *int16, nb, nrows int, out *float32) {
 	panic("unreachable")
 }
-func absMax(x *float32, n8 int) float32                              { panic("unreachable") }
-func round8(x *float32, n32 int, id float32, q *int8, sums, sums16 *int16)   { panic("unreachable") }
-func round16(x *float32, n16 int, id float32, q *int16)              { panic("unreachable") }
-func dotsF32(a, b *float32, stride uintptr, n, n8 int, out *float32) { panic("unreachable") }
-func axpysF32(w, x *float32, stride uintptr, n, n8 int, y *float32)  { panic("unreachable") }
+func absMax(x *float32, n8 int) float32                                    { panic("unreachable") }
+func round8(x *float32, n32 int, id float32, q *int8, sums, sums16 *int16) { panic("unreachable") }
+func round16(x *float32, n16 int, id float32, q *int16)                    { panic("unreachable") }
+func dotsF32(a, b *float32, stride uintptr, n, n8 int, out *float32)       { panic("unreachable") }
+func axpysF32(w, x *float32, stride uintptr, n, n8 int, y *float32)        { panic("unreachable") }
 func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
 	panic("unreachable")
 }

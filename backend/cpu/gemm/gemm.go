@@ -5,10 +5,10 @@
 // with x [T,K] float32 activations, w [N,K] a weight matrix stored as raw
 // little-endian F32, BF16 or F16 bytes exactly as in the model file (possibly
 // memory-mapped and not aligned), and out [T,N] float32. Weights are widened
-// in registers; no converted copy is ever made. Dot and Axpy are the f32
+// in registers; no converted copy is ever made. Dot, Dots and Axpys are the f32
 // vector helpers used by attention.
 //
-// Invariants: MatMul, Dot and Axpy do not allocate; every element of
+// Invariants: MatMul, Dot, Dots and Axpys do not allocate; every element of
 // out[:T*N] is written (not accumulated into); results agree with MatMulRef
 // within float32 summation-order rounding.
 //
@@ -466,20 +466,6 @@ func Dot(a, b []float32) float32 {
 		s += a[i] * b[i]
 	}
 	return s
-}
-
-// Axpy computes y[i] += alpha*x[i] over len(x) elements (y must be as long).
-func Axpy(alpha float32, x, y []float32) {
-	n := len(x)
-	y = y[:n]
-	i := 0
-	if SIMD() && n >= 8 {
-		axpyF32(alpha, unsafe.SliceData(x), unsafe.SliceData(y), n/8)
-		i = n &^ 7
-	}
-	for ; i < n; i++ {
-		y[i] += alpha * x[i]
-	}
 }
 
 // Dots sets out[r] = a · b[r·stride : r·stride+len(a)] for r < len(out)

@@ -42,9 +42,6 @@ func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uint
 func dotF32(a, b *float32, n8 int) float32
 
 //go:noescape
-func axpyF32(alpha float32, x, y *float32, n8 int)
-
-//go:noescape
 func krBF16z(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr)
 
 //go:noescape

@@ -3,7 +3,7 @@
 package gemm
 
 // This file stands in for the assembly kernels on platforms without them;
-// MatMul, Dot and Axpy then always take the pure Go path.
+// MatMul, Dot, Dots and Axpys then always take the pure Go path.
 
 import "unsafe"
 
@@ -33,8 +33,7 @@ func k4x3BF16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uin
 func k4x3F16(w0, w1, w2, w3 unsafe.Pointer, x0, x1, x2 *float32, k8 int, pf uintptr, out *[12]float32) {
 	panic("unreachable")
 }
-func dotF32(a, b *float32, n8 int) float32         { panic("unreachable") }
-func axpyF32(alpha float32, x, y *float32, n8 int) { panic("unreachable") }
+func dotF32(a, b *float32, n8 int) float32 { panic("unreachable") }
 func krBF16z(w unsafe.Pointer, stride uintptr, x *float32, k8, nrows int, out *float32, pf uintptr) {
 	panic("unreachable")
 }

@@ -16,7 +16,7 @@
 //	    the caller streams weights for few tokens).
 //	kr<D>(w, stride, x, k8, nrows, out, pf), krBF16z (AVX-512F)
 //	    the decode kernels, one row at a time: see genKR.
-//	dotF32(a, b, n8) float32, axpyF32(alpha, x, y, n8).
+//	dotF32(a, b, n8) float32.
 //
 // Weight rows are addressed through separate pointers (so callers can repeat
 // a row to pad a partial tile) and loaded with unaligned loads: F32 with
@@ -59,7 +59,6 @@ func Generate() []byte {
 	}
 	genKR(p, dtypes[1], true) // BF16 only: see genKR
 	genDot(p)
-	genAxpy(p)
 	return []byte(b.String())
 }
 
@@ -202,29 +201,6 @@ func genDot(p printer) {
 	p("\tVEXTRACTF128 $1, Y0, X1\n\tVADDPS X1, X0, X0\n")
 	p("\tVHADDPS X0, X0, X0\n\tVHADDPS X0, X0, X0\n")
 	p("\tVMOVSS X0, ret+24(FP)\n\tVZEROUPPER\n\tRET\n")
-}
-
-func genAxpy(p printer) {
-	p("\n// func axpyF32(alpha float32, x, y *float32, n8 int)\n")
-	p("TEXT ·axpyF32(SB), NOSPLIT, $0-32\n")
-	p("\tVBROADCASTSS alpha+0(FP), Y15\n")
-	p("\tMOVQ x+8(FP), SI\n\tMOVQ y+16(FP), DI\n\tMOVQ n8+24(FP), CX\n\tXORQ BX, BX\n")
-	p("\tMOVQ CX, DX\n\tSHRQ $2, DX\n\tJZ axpyF32_tail\n")
-	p("axpyF32_loop4:\n")
-	for i := 0; i < 4; i++ {
-		p("\tVMOVUPS %d(SI)(BX*1), Y%d\n", 32*i, i)
-	}
-	for i := 0; i < 4; i++ {
-		p("\tVFMADD213PS %d(DI)(BX*1), Y15, Y%d\n", 32*i, i)
-	}
-	for i := 0; i < 4; i++ {
-		p("\tVMOVUPS Y%d, %d(DI)(BX*1)\n", i, 32*i)
-	}
-	p("\tADDQ $128, BX\n\tDECQ DX\n\tJNZ axpyF32_loop4\n")
-	p("axpyF32_tail:\n\tANDQ $3, CX\n\tJZ axpyF32_done\n")
-	p("axpyF32_loop1:\n\tVMOVUPS (SI)(BX*1), Y0\n\tVFMADD213PS (DI)(BX*1), Y15, Y0\n\tVMOVUPS Y0, (DI)(BX*1)\n")
-	p("\tADDQ $32, BX\n\tDECQ CX\n\tJNZ axpyF32_loop1\n")
-	p("axpyF32_done:\n\tVZEROUPPER\n\tRET\n")
 }
 
 // genKR writes kr<D> (AVX2+FMA+F16C) or, with zmm, kr<D>z (AVX-512F), the

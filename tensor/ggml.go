@@ -170,9 +170,9 @@ func decodeQ3_K(b []byte, y []float32) {
 	}
 }
 
-// kScaleMin is ggml's get_scale_min_k4: sub-block j's 6-bit scale and
+// KScaleMin is ggml's get_scale_min_k4: sub-block j's 6-bit scale and
 // minimum from the 12 packed bytes of Q4_K and Q5_K.
-func kScaleMin(j int, q []byte) (sc, m byte) {
+func KScaleMin(j int, q []byte) (sc, m byte) {
 	if j < 4 {
 		return q[j] & 63, q[j+4] & 63
 	}
@@ -182,9 +182,9 @@ func kScaleMin(j int, q []byte) (sc, m byte) {
 // kScales is the scales and minimums of sub-blocks is and is+1 of a Q4_K or
 // Q5_K super-block.
 func kScales(d, dmin float32, scales []byte, is int) (d1, m1, d2, m2 float32) {
-	sc, m := kScaleMin(is, scales)
+	sc, m := KScaleMin(is, scales)
 	d1, m1 = d*float32(sc), dmin*float32(m)
-	sc, m = kScaleMin(is+1, scales)
+	sc, m = KScaleMin(is+1, scales)
 	return d1, m1, d * float32(sc), dmin * float32(m)
 }
 

@@ -144,7 +144,7 @@ func quantizeQ4_K(out []byte, x []float32) []byte {
 		dh, mh := F32ToF16(maxScale/63), F32ToF16(maxMin/63)
 		d, dmin := F16ToF32(dh), F16ToF32(mh)
 		for j := range 8 {
-			sc, m := kScaleMin(j, packed[:])
+			sc, m := KScaleMin(j, packed[:])
 			dj := d * float32(sc)
 			if dj == 0 {
 				continue

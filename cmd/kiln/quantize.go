@@ -3,8 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"kiln/convert"
@@ -82,10 +84,8 @@ func cmdQuantize(args []string) error {
 		return err
 	}
 	var as []string
-	for _, d := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q6_K, tensor.Q4_K, tensor.Q4_0} {
-		if n := rep.Matrices[d]; n > 0 {
-			as = append(as, fmt.Sprintf("%d as %v", n, d))
-		}
+	for _, d := range slices.Sorted(maps.Keys(rep.Matrices)) {
+		as = append(as, fmt.Sprintf("%d as %v", rep.Matrices[d], d))
 	}
 	fmt.Printf("wrote %s (%s): matrices %s, %d vectors as f32, %.1f MB of tensors\n",
 		out, scheme.Name, strings.Join(as, ", "), rep.Vectors, float64(rep.Bytes)/1e6)

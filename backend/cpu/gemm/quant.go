@@ -10,22 +10,22 @@ import (
 	"kiln/tensor"
 )
 
-// Integer products for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights. Each token's x is
-// quantized in blocks, every weight block is multiplied with its x block in
-// integers (exact), and the scales are applied once a block (Q8_0) or a
-// sub-block (k-quants) in float32:
+// Integer products for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights. Each
+// token's x is quantized in blocks, every weight block is multiplied with
+// its x block in integers (exact), and the scales are applied once a block
+// (Q8_0, Q4_0) or a sub-block (k-quants) in float32:
 //
-//   - k-quants (and Q4_0, in blocks of 32), as llama.cpp computes them on
-//     the CPU: x in blocks of 256 8-bit values with a float32 scale and the sums of each 32 values
-//     (llama.cpp's Q8_K keeps those of each 16), the minimums' term taken
-//     from the sums;
-//   - Q8_0: x in blocks of 32 16-bit values with a float32 scale. llama.cpp
+//   - the k-quants and Q4_0, as llama.cpp computes them on the CPU: x in
+//     8-bit blocks of 256 (of 32 for Q4_0) with a float32 scale and the
+//     sums of each 32 and each 16 values, from which the minimums' and
+//     offsets' terms come;
+//   - Q8_0: x in 16-bit blocks of 32 with a float32 scale. llama.cpp
 //     rounds x to 8 bits here too, which made the demo model's greedy text
 //     leave bf16's at its 32nd token and doubled its KL divergence from
 //     bf16; with 16 bits Q8_0 stays the near-lossless format it is meant to
 //     be, at the cost of reading x twice as wide (from L1).
 //
-// Rounding x is the only approximation: each x value moves by at most half
+// Rounding x is the only approximation: each x value moves by about half
 // its block's step amax/127 (amax/32767), which bounds the product's error
 // (quantBound in the tests).
 //
@@ -275,18 +275,6 @@ func dotQ4_0(row []byte, q []int8, xd []float32, sums []int16) float32 {
 	return s
 }
 
-// q4kScales unpacks a Q4_K block's 12 bytes of 6-bit scales and minimums
-// (ggml's get_scale_min_k4).
-func q4kScales(p []byte) (sc, m [8]int32) {
-	for j := 0; j < 4; j++ {
-		sc[j] = int32(p[j] & 63)
-		m[j] = int32(p[j+4] & 63)
-		sc[j+4] = int32(p[j+8]&0xF | (p[j]>>6)<<4)
-		m[j+4] = int32(p[j+8]>>4 | (p[j+4]>>6)<<4)
-	}
-	return
-}
-
 // dotQ4K: blocks of 144 bytes: d, dmin (f16), 12 bytes of scales and
 // minimums, 128 bytes of 4-bit values; value i of sub-block j (32 values)
 // is d·sc[j]·q − dmin·m[j], q the low nibbles of bytes [32(j/2), +32) for
@@ -311,7 +299,6 @@ func dotK(row []byte, q []int8, xd []float32, sums []int16, five bool) float32 {
 	var s float32
 	for b := range xd {
 		blk := row[bb*b : bb*(b+1)]
-		sc, m := q4kScales(blk[4:16])
 		qh, qs := blk[16:48], blk[qsAt:]
 		xq := q[256*b : 256*b+256]
 		var isum, msum int32
@@ -329,8 +316,9 @@ func dotK(row []byte, q []int8, xd []float32, sums []int16, five bool) float32 {
 				}
 				sub += int32(v) * int32(xq[32*j+l])
 			}
-			isum += sc[j] * sub
-			msum += m[j] * int32(sums[8*b+j])
+			sc, m := tensor.KScaleMin(j, blk[4:16])
+			isum += int32(sc) * sub
+			msum += int32(m) * int32(sums[8*b+j])
 		}
 		s += f16(blk)*xd[b]*float32(isum) - f16(blk[2:])*xd[b]*float32(msum)
 	}

@@ -73,6 +73,13 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 // QPF: how far ahead (bytes) the kernels prefetch the weights they stream.
 #define QPF 1024
 
+// SPLAT(imm, X, Y): the 32-bit constant imm in every lane of Y (X its low
+// half; clobbers AX).
+#define SPLAT(imm, X, Y) \
+	MOVL         $imm, AX; \
+	VMOVD        AX, X; \
+	VPBROADCASTD X, Y
+
 // hsum leaves the sum of Y0's 8 floats in X0's low lane (clobbers X1).
 #define HSUM \
 	VEXTRACTF128 $1, Y0, X1; \
@@ -109,9 +116,7 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 // KQ_INIT: SI the first row, Y15 the nibble mask.
 #define KQ_INIT \
 	MOVQ         w+0(FP), SI; \
-	MOVL         $0x0f0f0f0f, AX; \
-	VMOVD        AX, X15; \
-	VPBROADCASTD X15, Y15
+	SPLAT(0x0f0f0f0f, X15, Y15)
 
 // KQ_ROW: a row's pointers and sums reset (BX the block, DI, DX, R12 x's
 // values, scales and sums, CX the blocks left).
@@ -326,9 +331,7 @@ q4kblock:
 // pairs reach 2·31·127.
 TEXT ·rowsQ5K(SB), NOSPLIT, $0-64
 	KQ_INIT
-	MOVL         $0x01010101, AX
-	VMOVD        AX, X11
-	VPBROADCASTD X11, Y11
+	SPLAT(0x01010101, X11, Y11)
 
 q5krow:
 	KQ_ROW
@@ -370,9 +373,7 @@ q5kblock:
 // by one.
 TEXT ·rowsQ4_0(SB), NOSPLIT, $32-64
 	MOVQ         w+0(FP), SI
-	MOVL         $0x0f0f0f0f, AX
-	VMOVD        AX, X15
-	VPBROADCASTD X15, Y15
+	SPLAT(0x0f0f0f0f, X15, Y15)
 	VPCMPEQW     Y14, Y14, Y14
 	VPSRLW       $15, Y14, Y14 // int16 ones
 	MOVL         $0x41000000, AX // 8.0
@@ -483,21 +484,11 @@ TEXT ·rowsQ6K(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nrows+48(FP), R10
 	MOVQ out+56(FP), R11
-	MOVL $0x0f0f0f0f, AX
-	VMOVD AX, X15
-	VPBROADCASTD X15, Y15
-	MOVL $0x03030303, AX
-	VMOVD AX, X10
-	VPBROADCASTD X10, Y10
-	MOVL $0x0c0c0c0c, AX
-	VMOVD AX, X11
-	VPBROADCASTD X11, Y11
-	MOVL $0x30303030, AX
-	VMOVD AX, X12
-	VPBROADCASTD X12, Y12
-	MOVL $0xc0c0c0c0, AX
-	VMOVD AX, X13
-	VPBROADCASTD X13, Y13
+	SPLAT(0x0f0f0f0f, X15, Y15)
+	SPLAT(0x03030303, X10, Y10)
+	SPLAT(0x0c0c0c0c, X11, Y11)
+	SPLAT(0x30303030, X12, Y12)
+	SPLAT(0xc0c0c0c0, X13, Y13)
 
 q6krow:
 	MOVQ   SI, BX
@@ -640,9 +631,7 @@ TEXT ·round8(SB), NOSPLIT, $0-48
 	MOVQ         sums+32(FP), DX
 	MOVQ         sums16+40(FP), R8
 	VMOVDQU      permDwords<>(SB), Y13
-	MOVL         $0x01010101, AX
-	VMOVD        AX, X12
-	VPBROADCASTD X12, Y12
+	SPLAT(0x01010101, X12, Y12)
 	VPCMPEQW     Y11, Y11, Y11
 	VPSRLW       $15, Y11, Y11
 

@@ -52,7 +52,7 @@ func rowsQ8_0(w unsafe.Pointer, stride uintptr, xq *int16, xd *float32, nb, nrow
 func rowsQ4K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
 	panic("unreachable")
 }
-func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs16 *int16, nb, nrows int, out *float32) {
+func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32) {
 	panic("unreachable")
 }
 func absMax(x *float32, n8 int) float32                                    { panic("unreachable") }

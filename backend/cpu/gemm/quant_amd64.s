@@ -118,14 +118,19 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 	MOVQ         w+0(FP), SI; \
 	SPLAT(0x0f0f0f0f, X15, Y15)
 
-// KQ_ROW: a row's pointers and sums reset (BX the block, DI, DX, R12 x's
-// values, scales and sums, CX the blocks left).
+// ROW_PTRS: a row's pointers (for kernels taking w, stride, xq, xd, xs,
+// nb, nrows, out): BX the row's first block, DI, DX, R12 x's values,
+// scales and sums, CX the blocks left.
+#define ROW_PTRS \
+	MOVQ SI, BX; \
+	MOVQ xq+16(FP), DI; \
+	MOVQ xd+24(FP), DX; \
+	MOVQ xs+32(FP), R12; \
+	MOVQ nb+40(FP), CX
+
+// KQ_ROW: a row's pointers, and its sums reset.
 #define KQ_ROW \
-	MOVQ   SI, BX; \
-	MOVQ   xq+16(FP), DI; \
-	MOVQ   xd+24(FP), DX; \
-	MOVQ   xs+32(FP), R12; \
-	MOVQ   nb+40(FP), CX; \
+	ROW_PTRS; \
 	VXORPS Y0, Y0, Y0; \
 	VXORPS X13, X13, X13
 
@@ -380,11 +385,7 @@ TEXT ·rowsQ4_0(SB), NOSPLIT, $32-64
 	VMOVD        AX, X12
 
 q40row:
-	MOVQ   SI, BX
-	MOVQ   xq+16(FP), DI
-	MOVQ   xd+24(FP), DX
-	MOVQ   xs+32(FP), R12
-	MOVQ   nb+40(FP), CX
+	ROW_PTRS
 	VXORPS Y0, Y0, Y0
 	VXORPS Y5, Y5, Y5
 	VXORPS Y11, Y11, Y11
@@ -475,11 +476,11 @@ q40done:
 	VZEROUPPER
 	RET
 
-// func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs16 *int16, nb, nrows int, out *float32)
+// func rowsQ6K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
 // Blocks of 210 bytes: ql[128], qh[64], 16 int8 scales, d (f16). Values
 // q−32 with q the 6 bits: VPMADDUBSW of q (unsigned, < 64) with x, then
 // VPMADDWD with the two sub-blocks' scales; the offsets' term
-// 32·Σ sc[s]·xs16[s] is taken off once a block.
+// 32·Σ sc[s]·xs[s] (xs the sums of each 16) is taken off once a block.
 TEXT ·rowsQ6K(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nrows+48(FP), R10
@@ -491,11 +492,7 @@ TEXT ·rowsQ6K(SB), NOSPLIT, $0-64
 	SPLAT(0xc0c0c0c0, X13, Y13)
 
 q6krow:
-	MOVQ   SI, BX
-	MOVQ   xq+16(FP), DI
-	MOVQ   xd+24(FP), DX
-	MOVQ   xs16+32(FP), R12
-	MOVQ   nb+40(FP), CX
+	ROW_PTRS
 	VXORPS Y0, Y0, Y0
 
 q6kblock:
@@ -510,7 +507,7 @@ q6kblock:
 	VPMADDWD     (R12), Y9, Y9
 	VPSLLD       $5, Y9, Y9
 	VPXOR        Y8, Y8, Y8
-	VPSUBD       Y9, Y8, Y9 // −32·Σ sc[s]·xs16[s], in 8 lanes
+	VPSUBD       Y9, Y8, Y9 // −32·Σ sc[s]·xs[s], in 8 lanes
 
 // Q6KMAC(xo, m): Y9 += scales of group m · (Y4 · xq[xo:xo+32]) (the −32 is
 // the block's offsets' term).

@@ -12,15 +12,21 @@ const (
 	F32 DType = iota
 	F16
 	BF16
+	// F8E4M3 is FP8 with 4 exponent and 3 mantissa bits (OCP E4M3FN, as
+	// tensor.F8_E4M3): cuBLASLt products on Hopper and later, with float32
+	// scales (Matmul.XScale, WScale).
+	F8E4M3
 )
 
-func (t DType) String() string { return [...]string{"f32", "f16", "bf16"}[t] }
+func (t DType) String() string { return [...]string{"f32", "f16", "bf16", "f8e4m3"}[t] }
 
 // Size is the element size in bytes.
-func (t DType) Size() int { return [...]int{4, 2, 2}[t] }
+func (t DType) Size() int { return [...]int{4, 2, 2, 1}[t] }
 
 // cudaDataType values (library_types.h).
-func (t DType) cuda() int { return [...]int{0 /*CUDA_R_32F*/, 2 /*CUDA_R_16F*/, 14 /*CUDA_R_16BF*/}[t] }
+func (t DType) cuda() int {
+	return [...]int{0 /*CUDA_R_32F*/, 2 /*CUDA_R_16F*/, 14 /*CUDA_R_16BF*/, 28 /*CUDA_R_8F_E4M3*/}[t]
+}
 
 // BlasLt is a cuBLASLt handle with a workspace, bound to a device.
 type BlasLt struct {
@@ -83,13 +89,22 @@ func (lt *BlasLt) Close() error {
 
 // Matmul is one row-major product Out[T,N] = X[T,K]·W[N,K]ᵀ (+ Bias[N])
 // (+ Out when Accumulate), accumulated in float32.
+//
+// FP8 (In F8E4M3, Out BF16 or F16; K a multiple of 16): Out[t,n] =
+// xs·ws·Σ X[t,k]·W[n,k] with the float32 scales XScale and WScale, device
+// pointers to one value each (per tensor). cuBLASLt's fast accumulation is
+// on, as inference engines run FP8 on Hopper. Scales per row (cuBLASLt's
+// outer-vector mode) and f32 outputs are refused by cuBLASLt 13.0 on the
+// H200 (backend/cuda/NOTES.md, session 12).
 type Matmul struct {
 	T, K, N    int
-	In         DType // of X and W: BF16, F16 or F32
-	Out        DType // of Out and Bias: In or F32
+	In         DType // of X and W: BF16, F16, F32 or F8E4M3
+	Out        DType // of Out and Bias: In or F32 (F8E4M3: BF16 or F16)
 	X, W, Dst  Ptr
 	Bias       Ptr // optional
 	Accumulate bool
+	// XScale and WScale scale an FP8 product (nil otherwise).
+	XScale, WScale Ptr
 	// Algo picks among the heuristic's candidate algorithms for this
 	// product (Algorithms says how many): 0, its first choice, unless a
 	// timing found another faster.
@@ -134,7 +149,7 @@ func (lt *BlasLt) Matmul(m Matmul) error {
 		if m.Accumulate {
 			beta = 1
 		}
-		return ltRun(lt.h, plan, m.Algo, m.W, m.X, m.Dst, m.Bias, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
+		return ltRun(lt.h, plan, m.Algo, m.W, m.X, m.Dst, m.Bias, m.WScale, m.XScale, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
 	})
 }
 
@@ -162,11 +177,28 @@ func (m Matmul) check() error {
 	if m.T <= 0 || m.K <= 0 || m.N <= 0 {
 		return fmt.Errorf("cublasLt: matmul of %d×%d by %d×%d", m.T, m.K, m.N, m.K)
 	}
-	if m.Out != m.In && m.Out != F32 {
-		return fmt.Errorf("cublasLt: %s inputs with %s output", m.In, m.Out)
+	if m.In < F32 || m.In > F8E4M3 || m.Out < F32 || m.Out > F8E4M3 {
+		return fmt.Errorf("cublasLt: element types %d and %d", m.In, m.Out)
 	}
 	if m.X == 0 || m.W == 0 || m.Dst == 0 {
 		return fmt.Errorf("cublasLt: matmul with a null operand")
+	}
+	if m.In == F8E4M3 {
+		switch {
+		case m.Out != BF16 && m.Out != F16:
+			return fmt.Errorf("cublasLt: %s product with %s output (bf16 or f16)", m.In, m.Out)
+		case m.K%16 != 0:
+			return fmt.Errorf("cublasLt: %s product with K %d, not a multiple of 16", m.In, m.K)
+		case m.XScale == 0 || m.WScale == 0:
+			return fmt.Errorf("cublasLt: %s product without its scales", m.In)
+		}
+		return nil
+	}
+	if m.Out != m.In && m.Out != F32 {
+		return fmt.Errorf("cublasLt: %s inputs with %s output", m.In, m.Out)
+	}
+	if m.XScale != 0 || m.WScale != 0 {
+		return fmt.Errorf("cublasLt: scales on a %s product (FP8 only)", m.In)
 	}
 	return nil
 }
@@ -181,6 +213,7 @@ func (lt *BlasLt) plan(m Matmul) (unsafe.Pointer, error) {
 		abType: m.In.cuda(), cdType: m.Out.cuda(), transa: 1, transb: 0,
 		m: m.N, n: m.T, k: m.K, lda: m.K, ldb: m.K, ldc: m.N,
 		bias: m.Bias != 0, ws: lt.wsSize, alA: key.alW, alB: key.alX, alC: key.alD,
+		scaled: m.In == F8E4M3,
 	})
 	if err != nil {
 		err.(*Error).Call += fmt.Sprintf(" [T=%d K=%d N=%d %s→%s]", m.T, m.K, m.N, m.In, m.Out)
@@ -196,6 +229,7 @@ type ltPlanArgs struct {
 	bias                           bool
 	ws                             int
 	alA, alB, alC                  int
+	scaled                         bool // FP8: scale pointers
 }
 
 // AlgoConfig is how a candidate algorithm computes a product, as cuBLASLt

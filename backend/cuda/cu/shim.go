@@ -44,6 +44,9 @@ enum {
 	CUBLASLT_MATMUL_DESC_TRANSB = 4,
 	CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
 	CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+	CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+	CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+	CUBLASLT_MATMUL_DESC_FAST_ACCUM = 25,
 	CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
 	CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
 	CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
@@ -380,6 +383,7 @@ typedef struct {
 	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS]; // the heuristic's candidates, best first
 	int nheur;
 	int bias;
+	int scaled; // FP8: the scale pointers are set at each run
 } ltPlan;
 
 typedef struct { int rc; const char* call; ltPlan* plan; } ltPlanOut;
@@ -399,7 +403,7 @@ static void k_ltPlanFree(ltPlan* p) {
 // in column-major terms and asks the heuristic for up to LT_ALGOS algorithms.
 static ltPlanOut k_ltPlan(void* h, int abType, int cdType, int transa, int transb,
 		uint64_t m, uint64_t n, uint64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-		int bias, uint64_t wsSize, uint32_t alA, uint32_t alB, uint32_t alC) {
+		int bias, uint64_t wsSize, uint32_t alA, uint32_t alB, uint32_t alC, int scaled) {
 	ltPlanOut o; memset(&o, 0, sizeof o);
 	ltPlan* p = calloc(1, sizeof *p);
 	cublasLtMatmulPreference_t pref = 0;
@@ -410,6 +414,11 @@ static ltPlanOut k_ltPlan(void* h, int abType, int cdType, int transa, int trans
 	LT("cublasLtMatmulDescSetAttribute(TRANSA)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
 	LT("cublasLtMatmulDescSetAttribute(TRANSB)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
 	LT("cublasLtMatmulDescSetAttribute(EPILOGUE)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+	p->scaled = scaled;
+	if (scaled) {
+		int8_t fast = 1;
+		LT("cublasLtMatmulDescSetAttribute(FAST_ACCUM)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+	}
 	LT("cublasLtMatrixLayoutCreate(A)", p_cublasLtMatrixLayoutCreate(&p->a, abType, transa ? k : m, transa ? m : k, lda));
 	LT("cublasLtMatrixLayoutCreate(B)", p_cublasLtMatrixLayoutCreate(&p->b, abType, transb ? n : k, transb ? k : n, ldb));
 	LT("cublasLtMatrixLayoutCreate(C)", p_cublasLtMatrixLayoutCreate(&p->c, cdType, m, n, ldc));
@@ -448,8 +457,14 @@ static void k_ltAlgoConfig(ltPlan* p, int i, int32_t* out) {
 // k_ltRun runs the plan with its algorithm algo (an index into the
 // heuristic's candidates).
 static ltOut k_ltRun(void* h, ltPlan* p, int algo, CUdeviceptr A, CUdeviceptr B, CUdeviceptr C, CUdeviceptr bias,
-		float alpha, float beta, CUdeviceptr ws, size_t wsSize, void* stream) {
+		CUdeviceptr aScale, CUdeviceptr bScale, float alpha, float beta, CUdeviceptr ws, size_t wsSize, void* stream) {
 	ltOut o; memset(&o, 0, sizeof o);
+	if (p->scaled) {
+		void* as = (void*)(uintptr_t)aScale;
+		void* bs = (void*)(uintptr_t)bScale;
+		LT("cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof as));
+		LT("cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs));
+	}
 	if (p->bias) {
 		void* bp = (void*)(uintptr_t)bias;
 		LT("cublasLtMatmulDescSetAttribute(BIAS_POINTER)", p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
@@ -778,7 +793,7 @@ func ltPlanCreate(h unsafe.Pointer, a ltPlanArgs) (unsafe.Pointer, error) {
 	}
 	o := C.k_ltPlan(h, C.int(a.abType), C.int(a.cdType), C.int(a.transa), C.int(a.transb),
 		C.uint64_t(a.m), C.uint64_t(a.n), C.uint64_t(a.k), C.int64_t(a.lda), C.int64_t(a.ldb), C.int64_t(a.ldc),
-		bias, C.uint64_t(a.ws), C.uint32_t(a.alA), C.uint32_t(a.alB), C.uint32_t(a.alC))
+		bias, C.uint64_t(a.ws), C.uint32_t(a.alA), C.uint32_t(a.alB), C.uint32_t(a.alC), b2c(a.scaled))
 	if o.rc != 0 {
 		return nil, ltErr(C.GoString(o.call), o.rc)
 	}
@@ -791,13 +806,20 @@ func ltAlgoConfig(p unsafe.Pointer, i int) AlgoConfig {
 	C.k_ltAlgoConfig((*C.ltPlan)(p), C.int(i), &v[0])
 	return AlgoConfig{ID: int(v[0]), Tile: int(v[1]), Stages: int(v[2]), SplitK: int(v[3])}
 }
-func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, bias Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
+func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, bias, aScale, bScale Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
 	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.int(algo), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(bias),
-		C.float(alpha), C.float(beta), C.CUdeviceptr(ws), C.size_t(wsSize), s)
+		C.CUdeviceptr(aScale), C.CUdeviceptr(bScale), C.float(alpha), C.float(beta), C.CUdeviceptr(ws), C.size_t(wsSize), s)
 	return ltErr(C.GoString(o.call), o.rc)
 }
 
 func gettid() int { return syscall.Gettid() }
+
+func b2c(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 // tryOpen reports whether path dlopens (then closes it again).
 func tryOpen(path string) error {

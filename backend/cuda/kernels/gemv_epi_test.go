@@ -15,6 +15,31 @@ func round64(dt cu.DType, v float64) float64 {
 	return float64(roundTo(dt, []float32{float32(v)})[0])
 }
 
+// swigluRef is SiLU(gate)·up of the float64 halves gate and up rounded to
+// dtype act, as the kernel rounds its float32 sums: where a half lies
+// within its float32 sum's accumulation error (taken as 1e-4·(|v|+1)) of a
+// rounding boundary the kernel may round it the other way, one ulp apart,
+// so the reference is the value of the allowed roundings nearest to got.
+// On the H200, 1 of 716,800 bf16 elements of the Llama-3-8B shape at 50
+// and 64 rows landed 1.01% from the reference that rounded both halves as
+// float64 does (tolerance 1%), while matching Run + SwiGLUPacked bit for
+// bit.
+func swigluRef(act cu.DType, gate, up, got float64) float64 {
+	rounds := func(v float64) []float64 {
+		e := 1e-4 * (math.Abs(v) + 1)
+		return []float64{round64(act, v), round64(act, v-e), round64(act, v+e)}
+	}
+	best := math.NaN()
+	for _, g := range rounds(gate) {
+		for _, u := range rounds(up) {
+			if r := silu64(g) * u; math.IsNaN(best) || math.Abs(r-got) < math.Abs(best-got) {
+				best = r
+			}
+		}
+	}
+	return best
+}
+
 // epiInputs uploads x[GEMVMaxT,k] (normal, scaled by 1/√k so that the
 // products are of order 1) and w[n,k] of dtype act and returns them with
 // the float64 product.
@@ -38,7 +63,8 @@ func bytesOf(t *testing.T, dt cu.DType, p cu.Ptr, n int) []byte {
 }
 
 // TestGEMVSwiGLU: RunSwiGLU against the float64 product with its halves
-// rounded to the activation dtype, then SiLU(gate)·up; against Run followed
+// rounded to the activation dtype (either way near a rounding boundary:
+// swigluRef), then SiLU(gate)·up; against Run followed
 // by SwiGLUPacked bit for bit (the same sums, rounded the same way); and
 // nothing written past the output. Every row count 1..8 (CUDA cores and,
 // for f16/bf16, tensor cores) and the tile kernels' counts (gemvRows), on
@@ -57,15 +83,15 @@ func TestGEMVSwiGLU(t *testing.T) {
 				out := outBuf(t, act, total)
 				must(t, g.RunSwiGLU(nil, out, px, pw, rows, k, f))
 				got := bytesOf(t, act, out, total)
+				n := rows * f * act.Size()
+				vals := decode(act, got[:n])
 				ref := make([]float64, rows*f)
 				for r := 0; r < rows; r++ {
 					for j := 0; j < f; j++ {
-						gate, up := round64(act, prod[r*2*f+j]), round64(act, prod[r*2*f+f+j])
-						ref[r*f+j] = silu64(gate) * up
+						ref[r*f+j] = swigluRef(act, prod[r*2*f+j], prod[r*2*f+f+j], float64(vals[r*f+j]))
 					}
 				}
-				n := rows * f * act.Size()
-				worst = max(worst, compare(t, what, decode(act, got[:n]), ref, tol(act)))
+				worst = max(worst, compare(t, what, vals, ref, tol(act)))
 				checkPoisonTail(t, what, got, n, act)
 				prodBuf, out2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
 				must(t, g.Run(nil, prodBuf, px, pw, rows, k, 2*f, false))

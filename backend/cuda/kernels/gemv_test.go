@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -382,6 +384,24 @@ func TestGEMVErrors(t *testing.T) {
 	}
 }
 
+// speedRows are the row counts TestGEMVSpeed times: 1, 4, 8, 16, 32 and
+// 64, or the comma-separated list in KILN_GEMV_ROWS (to profile one).
+func speedRows(t *testing.T) []int {
+	env := os.Getenv("KILN_GEMV_ROWS")
+	if env == "" {
+		return []int{1, 4, 8, 16, 32, 64}
+	}
+	var rows []int
+	for _, f := range strings.Split(env, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || r < 1 || r > GEMVMaxT {
+			t.Fatalf("KILN_GEMV_ROWS=%q: want row counts of 1 to %d", env, GEMVMaxT)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
 // TestGEMVSpeed compares GEMV with cuBLASLt (bf16 in and out) on the decode
 // products of a Llama-3-8B, weights rotated over buffers that L2 cannot
 // hold, against the device-to-device copy bandwidth of the same run; it also
@@ -428,7 +448,7 @@ func TestGEMVSpeed(t *testing.T) {
 			timeCfg := func(c gemvCfg, rows, reps int) float64 {
 				return gpuTime(t, per, reps, func(i int) error { return g.run(nil, c, out, x, ws[i%nbuf], rows, k, n, false) })
 			}
-			for _, rows := range []int{1, 4, 8, 16, 32, 64} {
+			for _, rows := range speedRows(t) {
 				must(t, g.Check(out, x, ws[0], rows, k, n, false))
 				def := g.split(gemvDefault(act, rows), n, k)
 				gms := timeCfg(def, rows, 20)

@@ -92,7 +92,7 @@ func (lt *BlasLt) Close() error {
 //
 // FP8 (In F8E4M3, Out BF16 or F16; K a multiple of 16): Out[t,n] =
 // xs·ws·Σ X[t,k]·W[n,k] with the float32 scales XScale and WScale, device
-// pointers to one value each (per tensor). cuBLASLt's fast accumulation is
+// pointers to one value each (per tensor), 16-byte aligned. cuBLASLt's fast accumulation is
 // on, as inference engines run FP8 on Hopper. Scales per row (cuBLASLt's
 // outer-vector mode) and f32 outputs are refused by cuBLASLt 13.0 on the
 // H200 (backend/cuda/NOTES.md, session 12).
@@ -191,6 +191,10 @@ func (m Matmul) check() error {
 			return fmt.Errorf("cublasLt: %s product with K %d, not a multiple of 16", m.In, m.K)
 		case m.XScale == 0 || m.WScale == 0:
 			return fmt.Errorf("cublasLt: %s product without its scales", m.In)
+		case m.XScale%16 != 0 || m.WScale%16 != 0:
+			// cuBLASLt 13.0 refused ("not supported") a scale 4 bytes
+			// past a 16-byte boundary on the H200.
+			return fmt.Errorf("cublasLt: %s scales at %#x and %#x (16-byte aligned)", m.In, uint64(m.XScale), uint64(m.WScale))
 		}
 		return nil
 	}

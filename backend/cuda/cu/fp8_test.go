@@ -91,10 +91,11 @@ func TestBlasLtFP8(t *testing.T) {
 		m    Matmul
 	}{
 		{"no scales", Matmul{T: 1, K: 16, N: 1, In: F8E4M3, Out: BF16, X: 1, W: 1, Dst: 1}},
-		{"K 24", Matmul{T: 1, K: 24, N: 1, In: F8E4M3, Out: BF16, X: 1, W: 1, Dst: 1, XScale: 1, WScale: 1}},
-		{"f8 output", Matmul{T: 1, K: 16, N: 1, In: F8E4M3, Out: F8E4M3, X: 1, W: 1, Dst: 1, XScale: 1, WScale: 1}},
-		{"f32 output", Matmul{T: 1, K: 16, N: 1, In: F8E4M3, Out: F32, X: 1, W: 1, Dst: 1, XScale: 1, WScale: 1}},
-		{"scales on bf16", Matmul{T: 1, K: 16, N: 1, In: BF16, Out: BF16, X: 1, W: 1, Dst: 1, XScale: 1, WScale: 1}},
+		{"K 24", Matmul{T: 1, K: 24, N: 1, In: F8E4M3, Out: BF16, X: 1, W: 1, Dst: 1, XScale: 16, WScale: 16}},
+		{"f8 output", Matmul{T: 1, K: 16, N: 1, In: F8E4M3, Out: F8E4M3, X: 1, W: 1, Dst: 1, XScale: 16, WScale: 16}},
+		{"f32 output", Matmul{T: 1, K: 16, N: 1, In: F8E4M3, Out: F32, X: 1, W: 1, Dst: 1, XScale: 16, WScale: 16}},
+		{"scale off by 4", Matmul{T: 1, K: 16, N: 1, In: F8E4M3, Out: BF16, X: 1, W: 1, Dst: 1, XScale: 16, WScale: 20}},
+		{"scales on bf16", Matmul{T: 1, K: 16, N: 1, In: BF16, Out: BF16, X: 1, W: 1, Dst: 1, XScale: 16, WScale: 16}},
 		{"dtype 9", Matmul{T: 1, K: 16, N: 1, In: 9, Out: BF16, X: 1, W: 1, Dst: 1}},
 	} {
 		if err := lt.Matmul(c.m); err == nil || !strings.HasPrefix(err.Error(), "cublasLt: ") {

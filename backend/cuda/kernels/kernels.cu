@@ -357,6 +357,66 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv
 	}
 }
 
+// ---------------------------------------------------------------- FP8 activations
+// Per-tensor dynamic FP8 (E4M3) quantization of an activation for
+// cuBLASLt's FP8 products (Kernels.QuantizeE4M3): fp8_amax folds max|x|
+// into *amax (float bits, zeroed before: the bits of non-negative floats
+// order as the floats do), fp8_quant writes q = E4M3(x / s), s = amax/448
+// (1 for an all-zero x), rounded to nearest even and saturated at ±448,
+// and block 0 writes s to *scale. x by 16-byte vectors (nv of them).
+// NaNs are not propagated into amax (fmaxf).
+extern "C" __global__ void fp8_amax(const T* x, unsigned* amax, long long nv) {
+	__shared__ float sh[32];
+	pdl_enter();
+	float m = 0.f;
+	GRID_STRIDE(i, nv) {
+		float f[VEC];
+		load16(x + i * VEC, f);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) m = fmaxf(m, fabsf(f[j]));
+	}
+	m = warp_max(m);
+	if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
+	__syncthreads();
+	if (threadIdx.x < 32) {
+		m = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.f;
+		m = warp_max(m);
+		if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
+	}
+}
+
+// e4m3x2 packs E4M3(hi) into the high byte and E4M3(lo) into the low one
+// (compute capability 8.9 on; the Go side refuses older devices).
+__device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) {
+	unsigned short r = 0;
+#if __CUDA_ARCH__ >= 890
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+#endif
+	return r;
+}
+
+extern "C" __global__ void fp8_quant(const T* x, unsigned char* q, const unsigned* amax, float* scale, long long nv) {
+	pdl_enter();
+	const float a = __uint_as_float(*amax);
+	const float s = a > 0.f ? __fdiv_rn(a, 448.f) : 1.f;
+	if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
+	GRID_STRIDE(i, nv) {
+		float f[VEC];
+		load16(x + i * VEC, f);
+		unsigned short p[VEC / 2];
+#pragma unroll
+		for (int j = 0; j < VEC / 2; j++) p[j] = e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
+		if (VEC == 8) {
+			uint2 w;
+			w.x = p[0] | (unsigned)p[1] << 16;
+			w.y = p[2] | (unsigned)p[3] << 16;
+			*(uint2*)(q + i * VEC) = w;
+		} else {
+			*(unsigned*)(q + i * VEC) = p[0] | (unsigned)p[1] << 16;
+		}
+	}
+}
+
 // ---------------------------------------------------------------- rope, kv write
 
 // rotate_pair rotates the pair (a, b) of head vector v (of x) by the table row of p.

@@ -243,6 +243,35 @@ func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, rows, n int) error 
 	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n))
 }
 
+// QuantizeE4M3 queues the per-tensor dynamic FP8 quantization of x[n] (the
+// activation dtype) for cuBLASLt's FP8 products (cu.Matmul with In
+// F8E4M3): q[n] = E4M3(x/s) with s = max|x|/448 (1 when x is all zeros),
+// rounded to nearest even and saturated at ±448, and s into scale (one
+// float32, 16-byte aligned as cu.Matmul's scales must be). amax is scratch
+// for one uint32. Three launches: a memset of amax, the reduction, the
+// conversion (fp8_amax, fp8_quant in kernels.cu). n must be a multiple of
+// 16 (cuBLASLt's FP8 K is), x 16-byte aligned and q 8-byte aligned;
+// compute capability 8.9 or later.
+func (k *Kernels) QuantizeE4M3(s *cu.Stream, q, scale, amax, x cu.Ptr, n int) error {
+	switch {
+	case k.D.Major*10+k.D.Minor < 89:
+		return fmt.Errorf("kernels: FP8 quantization needs compute capability 8.9 (%s is %d.%d)", k.D.Name, k.D.Major, k.D.Minor)
+	case n <= 0 || n%16 != 0:
+		return fmt.Errorf("kernels: FP8 quantization of %d values (a positive multiple of 16)", n)
+	case !aligned16(x, scale) || q%8 != 0 || amax%4 != 0 || q == 0 || scale == 0 || amax == 0:
+		return fmt.Errorf("kernels: FP8 quantization operands misaligned or null (x %#x, q %#x, scale %#x, amax %#x)",
+			uint64(x), uint64(q), uint64(scale), uint64(amax))
+	}
+	if err := k.D.Memset32(amax, 0, 1, s); err != nil {
+		return fmt.Errorf("kernels: fp8 amax: %w", err)
+	}
+	nv := n / k.vec()
+	if err := k.launchDep("fp8_amax", ewGrid(nv), cu.D1(256), 0, s, x, amax, int64(nv)); err != nil {
+		return err
+	}
+	return k.launchDep("fp8_quant", ewGrid(nv), cu.D1(256), 0, s, x, q, amax, scale, int64(nv))
+}
+
 func b2i(b bool) int32 {
 	if b {
 		return 1

@@ -34,6 +34,7 @@ __device__ float exp2f(float);
 __device__ float expf(float);
 __device__ float sqrtf(float);
 __device__ float fmaxf(float, float);
+__device__ float fabsf(float);
 __device__ float fminf(float, float);
 __device__ float fmaf(float, float, float);
 __device__ int __popc(unsigned);

@@ -1,0 +1,158 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"kiln/backend/cuda/cu"
+	"kiln/tensor"
+)
+
+// fp8Device skips on devices without FP8 (compute capability 8.9).
+func fp8Device(t testing.TB) *cu.Device {
+	d := gpu(t)
+	if d.Major*10+d.Minor < 89 {
+		t.Skipf("%s has no FP8 (compute capability %d.%d)", d.Name, d.Major, d.Minor)
+	}
+	return d
+}
+
+// TestQuantizeE4M3: QuantizeE4M3 against tensor.F32ToE4M3 of x/s with s =
+// max|x|/448 in float32 (the same divisions, correctly rounded), byte for
+// byte, and the scale bit for bit, for every activation dtype: normal
+// values with an outlier (which maps to ±448, or saturates there when x/s
+// rounds above it), values of order 1e-4 (a tiny scale), an all-zero x
+// (scale 1), each on fresh scratch; values near zero land on E4M3's
+// subnormals in every case. Then the operands it refuses.
+func TestQuantizeE4M3(t *testing.T) {
+	fp8Device(t)
+	rng := newRNG(t)
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		for _, c := range []struct {
+			what  string
+			n     int
+			scale float64
+		}{{"normal", 256 * 4096, 1}, {"small", 48, 3}, {"tiny", 4096, 1e-4}, {"zeros", 64, 0}, {"normal again", 16 * 1024, 7}} {
+			x := roundTo(act, randn(rng, c.n, c.scale))
+			if c.what == "normal" {
+				x[12345] = float32(40 * c.scale) // an outlier sets the scale
+				roundTo(act, x[12345:12346])
+			}
+			px := up(t, act, x)
+			q, scale, amax := alloc(t, c.n), alloc(t, 4), alloc(t, 4)
+			must(t, k.QuantizeE4M3(nil, q, scale, amax, px, c.n))
+			got := make([]byte, c.n)
+			must(t, gpu(t).Sync())
+			must(t, gpu(t).Download(got, q))
+			sb := make([]byte, 4)
+			must(t, gpu(t).Download(sb, scale))
+			gotScale := math.Float32frombits(uint32(sb[0]) | uint32(sb[1])<<8 | uint32(sb[2])<<16 | uint32(sb[3])<<24)
+			var a float32
+			for _, v := range x {
+				a = max(a, float32(math.Abs(float64(v))))
+			}
+			s := float32(1)
+			if a > 0 {
+				s = a / tensor.E4M3Max
+			}
+			if gotScale != s {
+				t.Errorf("%v %s: scale %v, want %v", act, c.what, gotScale, s)
+			}
+			bad := 0
+			for i, v := range x {
+				if want := tensor.F32ToE4M3(v / s); got[i] != want {
+					if bad < 5 {
+						t.Errorf("%v %s: q[%d] = %#x for x %v (x/s %v), want %#x", act, c.what, i, got[i], v, v/s, want)
+					}
+					bad++
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%v %s: %d of %d wrong", act, c.what, bad, c.n)
+			}
+		}
+		p := alloc(t, 4096)
+		for _, c := range []struct {
+			what              string
+			q, scale, amax, x cu.Ptr
+			n                 int
+		}{
+			{"n 24", p, p + 2048, p + 2052, p, 24},
+			{"n 0", p, p + 2048, p + 2052, p, 0},
+			{"x off by 8", p + 1024, p + 2048, p + 2052, p + 8, 16},
+			{"q off by 4", p + 1028, p + 2048, p + 2052, p, 16},
+			{"null scale", p + 1024, 0, p + 2052, p, 16},
+			{"scale off by 4", p + 1024, p + 2052, p + 2048, p, 16},
+		} {
+			if err := k.QuantizeE4M3(nil, c.q, c.scale, c.amax, c.x, c.n); err == nil {
+				t.Errorf("%v %s: accepted", act, c.what)
+			}
+		}
+	}
+}
+
+// TestFP8ProductSpeed times a Llama-3-8B layer's products as an FP8 path
+// would run them, the activation quantized per tensor (QuantizeE4M3) then
+// the FP8 product (cuBLASLt, the fastest of its candidates), against the
+// bf16 product, at 2048 rows (prefill), 256 and 64 (batched decode). It
+// logs, asserts nothing (docs/PERF.md).
+func TestFP8ProductSpeed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("benchmark")
+	}
+	d := fp8Device(t)
+	k := kern(t, cu.BF16)
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+	const maxT, maxK, maxW = 2048, 14336, 4096 * 28672
+	px, pq := alloc(t, maxT*maxK*2), alloc(t, maxT*maxK)
+	pw, po := alloc(t, maxW*2), alloc(t, maxT*28672*2)
+	scales := alloc(t, 48)
+	xs, ws, amax := scales, scales+16, scales+32 // cuBLASLt refuses scales off 16-byte boundaries
+	must(t, d.Memset32(px, 0x3c003c00, maxT*maxK/2, nil))
+	must(t, d.Memset32(pw, 0x3c003c00, maxW/2, nil))
+	must(t, d.Memset32(ws, math.Float32bits(1e-3), 1, nil))
+	fastest := func(mm cu.Matmul, pre func() error) float64 {
+		n, err := lt.Algorithms(mm)
+		must(t, err)
+		best := math.Inf(1)
+		for a := range n {
+			m := mm
+			m.Algo = a
+			best = min(best, gpuTime(t, 10, 5, func(int) error {
+				if pre != nil {
+					if err := pre(); err != nil {
+						return err
+					}
+				}
+				return lt.Matmul(m)
+			}))
+		}
+		return best
+	}
+	var lines []string
+	for _, rows := range []int{2048, 256, 64} {
+		var sum [3]float64
+		for _, sh := range []struct {
+			name string
+			k, n int
+		}{{"Q/K/V", 4096, 6144}, {"output", 4096, 4096}, {"gate/up", 4096, 28672}, {"down", 14336, 4096}} {
+			bf := cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: px, W: pw, Dst: po}
+			f8 := cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.F8E4M3, Out: cu.BF16, X: pq, W: pw, Dst: po, XScale: xs, WScale: ws}
+			quant := func() error { return k.QuantizeE4M3(nil, pq, xs, amax, px, rows*sh.k) }
+			tb, tq, tf := fastest(bf, nil), gpuTime(t, 10, 5, func(int) error { return quant() }), fastest(f8, quant)
+			sum[0] += tb
+			sum[1] += tq
+			sum[2] += tf
+			lines = append(lines, fmt.Sprintf("| %d | %s (%d, %d) | %.1f | %.1f | %.1f | %.2f× |", rows, sh.name, sh.k, sh.n, tb*1e3, tq*1e3, tf*1e3, tb/tf))
+		}
+		lines = append(lines, fmt.Sprintf("| %d | the layer's four | %.1f | %.1f | %.1f | %.2f× |", rows, sum[0]*1e3, sum[1]*1e3, sum[2]*1e3, sum[0]/sum[2]))
+	}
+	t.Logf("device %s; µs a product, bf16 against the activation quantized to E4M3 then the FP8 product (per-tensor scales, bf16 out):\n"+
+		"| rows | product (K, N) | bf16 | quantization alone | quantization + FP8 | bf16 ÷ FP8 path |\n|---|---|---|---|---|---|\n%s",
+		d.Name, strings.Join(lines, "\n"))
+}

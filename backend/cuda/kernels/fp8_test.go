@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -155,4 +156,134 @@ func TestFP8ProductSpeed(t *testing.T) {
 	t.Logf("device %s; µs a product, bf16 against the activation quantized to E4M3 then the FP8 product (per-tensor scales, bf16 out):\n"+
 		"| rows | product (K, N) | bf16 | quantization alone | quantization + FP8 | bf16 ÷ FP8 path |\n|---|---|---|---|---|---|\n%s",
 		d.Name, strings.Join(lines, "\n"))
+}
+
+// e4m3Weights quantizes w to E4M3 with one scale (max|w|/448), returning
+// the bytes, the scale and the values the product sees (byte·scale).
+func e4m3Weights(w []float32) ([]byte, float32, []float64) {
+	var a float32
+	for _, v := range w {
+		a = max(a, float32(math.Abs(float64(v))))
+	}
+	s := a / tensor.E4M3Max
+	q := make([]byte, len(w))
+	seen := make([]float64, len(w))
+	for i, v := range w {
+		q[i] = tensor.F32ToE4M3(v / s)
+		seen[i] = float64(tensor.E4M3ToF32(q[i])) * float64(s)
+	}
+	return q, s, seen
+}
+
+// TestGEMVF8: RunF8 against a float64 reference of x (rounded to the
+// activation dtype) times the E4M3 weights times their scale, 1 to 8 rows,
+// every activation dtype, both output dtypes, on decode shapes and odd
+// ones (N not a multiple of a warp's rows, K not a multiple of a group of
+// loads, K of one chunk), nothing written past the output; then the
+// products it refuses.
+func TestGEMVF8(t *testing.T) {
+	d := fp8Device(t)
+	for _, act := range allDTypes {
+		g := gemvMod(t, act, false)
+		rng := newRNG(t)
+		for _, sh := range []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"small", 96, 301}, {"tail", 4160, 33}, {"one chunk", 16, 5}} {
+			k, n := sh.k, sh.n
+			x := roundTo(act, randn(rng, GEMVVectorMaxT*k, 1/math.Sqrt(float64(k))))
+			q, s, wv := e4m3Weights(randn(rng, n*k, 1))
+			px, pw, ps := up(t, act, x), alloc(t, len(q)), alloc(t, 4)
+			must(t, d.Upload(pw, q))
+			must(t, d.Upload(ps, cu.AsBytes([]float32{s})))
+			ref := make([]float64, GEMVVectorMaxT*n)
+			parallel(GEMVVectorMaxT*n, func(_, lo, hi int) {
+				for i := lo; i < hi; i++ {
+					r, j := i/n, i%n
+					sum := 0.0
+					for c := 0; c < k; c++ {
+						sum += float64(x[r*k+c]) * wv[j*k+c]
+					}
+					ref[i] = sum
+				}
+			})
+			worst := [2]float64{}
+			for rows := 1; rows <= GEMVVectorMaxT; rows++ {
+				for i, outF32 := range []bool{false, true} {
+					odt := act
+					if outF32 {
+						odt = cu.F32
+					}
+					total := (rows+1)*n + 64
+					out := outBuf(t, odt, total)
+					must(t, g.RunF8(nil, out, px, pw, ps, rows, k, n, outF32))
+					must(t, d.Sync())
+					raw := make([]byte, total*odt.Size())
+					must(t, d.Download(raw, out))
+					what := fmt.Sprintf("gemv_f8 %v %s T=%d k=%d n=%d outF32=%v", act, sh.name, rows, k, n, outF32)
+					worst[i] = max(worst[i], compare(t, what, decode(odt, raw[:rows*n*odt.Size()]), ref[:rows*n], gemvTol(act, outF32)))
+					checkPoisonTail(t, what, raw, rows*n*odt.Size(), odt)
+				}
+			}
+			t.Logf("%-5v gemv_f8 %-9s k=%-5d n=%-5d T=1..8 max err: out %v %.3g (tol %.0e), out f32 %.3g (tol %.0e)",
+				act, sh.name, k, n, act, worst[0], gemvTol(act, false), worst[1], gemvTol(act, true))
+		}
+		p := alloc(t, 1<<16)
+		for _, c := range []struct {
+			what         string
+			out, x, w, s cu.Ptr
+			rows, k, n   int
+		}{
+			{"9 rows", p, p, p, p + 4096, 9, 64, 8},
+			{"K 24", p, p, p, p + 4096, 1, 24, 8},
+			{"x off by 8", p, p + 8, p, p + 4096, 1, 64, 8},
+			{"w off by 4", p, p, p + 4, p + 4096, 1, 64, 8},
+			{"null scale", p, p, p, 0, 1, 64, 8},
+			{"scale off by 2", p, p, p, p + 4098, 1, 64, 8},
+		} {
+			if err := g.RunF8(nil, c.out, c.x, c.w, c.s, c.rows, c.k, c.n, false); !errors.Is(err, ErrGEMVShape) {
+				t.Errorf("%v %s: err %v, want ErrGEMVShape", act, c.what, err)
+			}
+		}
+	}
+}
+
+// TestGEMVF8Speed times RunF8 (FP8 weights, one scale) against the bf16
+// GEMV (Run) on a Llama-3-8B's decode products at 1, 4 and 8 rows, weights
+// rotated past the L2, each as bytes of its own weights a second against
+// the device-to-device copy of the same run. It logs, asserts nothing
+// (docs/PERF.md).
+func TestGEMVF8Speed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("benchmark")
+	}
+	d := fp8Device(t)
+	g := gemvMod(t, cu.BF16, false)
+	const cb = 1 << 30
+	src, dst := alloc(t, cb), alloc(t, cb)
+	must(t, d.Memset32(src, 0x3f803f80, cb/4, nil))
+	cms := gpuTime(t, 3, 11, func(int) error { return d.CopyDtoD(dst, src, cb, nil) })
+	copyBW := 2 * cb / (cms * 1e-3) / 1e9
+	ps := alloc(t, 4)
+	must(t, d.Upload(ps, cu.AsBytes([]float32{1e-3})))
+	var lines []string
+	for _, sh := range gemvShapes[:5] {
+		k, n := sh.k, sh.n
+		b16 := k * n * 2
+		nbuf := max(2, (200<<20+b16/2-1)/(b16/2))
+		ws := make([]cu.Ptr, nbuf)
+		for i := range ws {
+			ws[i] = alloc(t, b16) // bf16 for Run; its first half serves as FP8 for RunF8
+			must(t, d.Memset32(ws[i], 0x3c003c00^uint32(i*0x00010001), b16/4, nil))
+		}
+		x, out := alloc(t, GEMVVectorMaxT*k*2), alloc(t, GEMVVectorMaxT*n*4)
+		must(t, d.Memset32(x, 0x3c003c00, GEMVVectorMaxT*k/2, nil))
+		per := max(3, min(50, int(1.5e-3/(float64(b16)/2/3e12))))
+		for _, rows := range []int{1, 4, 8} {
+			tb := gpuTime(t, per, 20, func(i int) error { return g.Run(nil, out, x, ws[i%nbuf], rows, k, n, false) })
+			tf := gpuTime(t, per, 20, func(i int) error { return g.RunF8(nil, out, x, ws[i%nbuf], ps, rows, k, n, false) })
+			gb, gf := float64(b16)/(tb*1e-3)/1e9, float64(b16/2)/(tf*1e-3)/1e9
+			lines = append(lines, fmt.Sprintf("| %s (%d, %d) | %d | %.1f µs, %.0f GB/s, %.1f%% | %.1f µs, %.0f GB/s, %.1f%% | %.2f× |",
+				sh.name, k, n, rows, tb*1e3, gb, 100*gb/copyBW, tf*1e3, gf, 100*gf/copyBW, tb/tf))
+		}
+	}
+	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against FP8 GEMV, each as bytes of its own weights a second and %% of copy:\n"+
+		"| product (K, N) | rows | bf16 | FP8 | bf16 ÷ FP8 time |\n|---|---|---|---|---|\n%s", d.Name, copyBW, strings.Join(lines, "\n"))
 }

@@ -359,6 +359,132 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 		gemv_impl<TT, R, U, LM>(x, w, K, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
 	}
 
+// ---------------------------------------------------------------- FP8 weights
+// gemv_f8_<TT>_<R>_<U>_<LM>: w is E4M3 [N,K] with one float32 scale
+// (*wscale), out[t,n] = wscale·Σ_k x[t,k]·w[n,k], x of ACT; the CUDA-core
+// kernel's layout (a warp per R rows, U 16-byte weight loads per row and
+// lane in flight, double buffered in registers, the plain store), with 16
+// weights a load, decoded by cvt.rn.f16x2.e4m3x2 (compute capability 8.9
+// on: the Go side refuses older devices) and matched with the 16 x values
+// of 16/VEC loads. K must be a multiple of 16.
+
+// unpack_e4m3 widens the 16 E4M3 bytes of v (element j at byte j) to floats.
+__device__ __forceinline__ void unpack_e4m3(uint4 v, float* f) {
+	const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			float lo = 0.f, hi = 0.f;
+#if __CUDA_ARCH__ >= 890
+			const unsigned short pair = (unsigned short)(w[i] >> (16 * h));
+			asm("{.reg .b32 pk;\n\t.reg .f16 l16, h16;\n\tcvt.rn.f16x2.e4m3x2 pk, %2;\n\tmov.b32 {l16, h16}, pk;\n\t"
+			    "cvt.f32.f16 %0, l16;\n\tcvt.f32.f16 %1, h16;}"
+			    : "=f"(lo), "=f"(hi) : "h"(pair));
+#endif
+			f[4 * i + 2 * h] = lo;
+			f[4 * i + 2 * h + 1] = hi;
+		}
+}
+
+// dot_f8 adds x[·][16c..16c+15]·w[r][16c..16c+15] to acc[t][r] (wv[r]: the
+// rows' 16 weights at chunk c; x rows of K elements).
+template <int TT, int R>
+__device__ __forceinline__ void dot_f8(float (&acc)[TT][R], const uint4 (&wv)[R], const uint4* x, int kv, int c) {
+	constexpr int XL = 16 / VEC; // x loads a chunk
+	float wf[R][16];
+#pragma unroll
+	for (int r = 0; r < R; r++) unpack_e4m3(wv[r], wf[r]);
+#pragma unroll
+	for (int t = 0; t < TT; t++)
+#pragma unroll
+		for (int j = 0; j < XL; j++) {
+			float xf[VEC];
+			unpack(ldx(x + t * kv + c * XL + j), xf, (const T*)0);
+#pragma unroll
+			for (int r = 0; r < R; r++)
+#pragma unroll
+				for (int e = 0; e < VEC; e++) acc[t][r] = fmaf(xf[e], wf[r][j * VEC + e], acc[t][r]);
+		}
+}
+
+template <int TT, int R, int U, int LM>
+__device__ __forceinline__ void gemv_f8_impl(const T* x, const unsigned char* w, const float* wscale, int K, const OutStore& e) {
+	pdl_trigger();
+	const int lane = threadIdx.x & 31;
+	const int N = e.units();
+	const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
+	if (n0 >= N) return; // the whole warp
+	const int kw = K / 16;  // 16-byte weight chunks a row
+	const int kv = K / VEC; // 16-byte x columns a row
+	const uint4* xv = (const uint4*)x;
+	const uint4* wr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++) wr[r] = (const uint4*)w + (long long)imin(n0 + r, N - 1) * kw + lane;
+	const float scale = *wscale; // a constant of the weights: read before the PDL wait
+
+	float acc[TT][R];
+#pragma unroll
+	for (int t = 0; t < TT; t++)
+#pragma unroll
+		for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+	constexpr int STEP = 32 * U;
+	const int full = kw / STEP;
+	uint4 cur[U][R];
+	if (full > 0) {
+#pragma unroll
+		for (int u = 0; u < U; u++)
+#pragma unroll
+			for (int r = 0; r < R; r++) cur[u][r] = ldw<LM>(wr[r] + u * 32);
+	}
+	pdl_wait(); // x is the previous kernel's output
+	for (int i = 0; i < full; i++) {
+		const int base = i * STEP;
+		uint4 nxt[U][R];
+		if (i + 1 < full) {
+#pragma unroll
+			for (int u = 0; u < U; u++)
+#pragma unroll
+				for (int r = 0; r < R; r++) nxt[u][r] = ldw<LM>(wr[r] + base + STEP + u * 32);
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) dot_f8<TT, R>(acc, cur[u], xv, kv, base + u * 32 + lane);
+		if (i + 1 < full) {
+#pragma unroll
+			for (int u = 0; u < U; u++)
+#pragma unroll
+				for (int r = 0; r < R; r++) cur[u][r] = nxt[u][r];
+		}
+	}
+	for (int c = full * STEP; c + lane < kw; c += 32) { // the tail, a chunk a lane at a time
+		uint4 one[R];
+#pragma unroll
+		for (int r = 0; r < R; r++) one[r] = ldw<LM>(wr[r] + c);
+		dot_f8<TT, R>(acc, one, xv, kv, c + lane);
+	}
+#pragma unroll
+	for (int t = 0; t < TT; t++)
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			float v = acc[t][r];
+#pragma unroll
+			for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+			acc[t][r] = v;
+		}
+	typename OutStore::Pre pre{};
+#pragma unroll
+	for (int t = 0; t < TT; t++)
+#pragma unroll
+		for (int r = 0; r < R; r++)
+			if (lane == t * R + r && n0 + r < N) e.put(pre, t, n0 + r, acc[t][r] * scale, 0.f);
+}
+
+#define GEMV_F8(TT, R, U, LM)                                                                                      \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f8_##TT##_##R##_##U##_##LM(                \
+	    const T* x, const unsigned char* w, const float* wscale, void* out, int K, int N, int outF32) {        \
+		gemv_f8_impl<TT, R, U, LM>(x, w, wscale, K, OutStore{out, N, outF32});                             \
+	}
+
 #ifdef GEMV_MMA
 // ---------------------------------------------------------------- tensor cores (f16/bf16)
 
@@ -514,6 +640,9 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, int K, int
 GEMV_CC(1)
 GEMV_EPI(1, 2, 4, 1) GEMV_EPI(2, 2, 4, 1) GEMV_EPI(3, 2, 4, 1) GEMV_EPI(4, 2, 4, 1)
 GEMV_EPI(5, 4, 4, 1) GEMV_EPI(6, 4, 4, 1) GEMV_EPI(7, 4, 4, 1) GEMV_EPI(8, 4, 4, 1)
+// FP8 weights (gemvF8Cfg in gemv.go).
+GEMV_F8(1, 2, 4, 1) GEMV_F8(2, 2, 4, 1) GEMV_F8(3, 2, 4, 1) GEMV_F8(4, 2, 4, 1)
+GEMV_F8(5, 2, 4, 1) GEMV_F8(6, 2, 4, 1) GEMV_F8(7, 2, 4, 1) GEMV_F8(8, 2, 4, 1)
 #ifdef GEMV_MMA
 GEMV_MMA_K(4, 8, 2)
 GEMV_MMA_EPI(4, 8, 2)

@@ -133,6 +133,7 @@ type gemvCfg struct {
 	pf     int
 	splits int
 	epi    gemvEpi
+	f8     bool // FP8 weights (gemv_f8_<t>_<r>_<u>_<lm>, the CUDA-core layout)
 }
 
 func (c gemvCfg) name() string {
@@ -141,6 +142,9 @@ func (c gemvCfg) name() string {
 	}
 	if c.mma {
 		return fmt.Sprintf("gemv_mma_%s%d_%d_%d", c.epi.prefix(), c.u, c.warps, c.lm)
+	}
+	if c.f8 {
+		return fmt.Sprintf("gemv_f8_%d_%d_%d_%d", c.t, c.r, c.u, c.lm)
 	}
 	return fmt.Sprintf("gemv_%s%d_%d_%d_%d", c.epi.prefix(), c.t, c.r, c.u, c.lm)
 }
@@ -190,6 +194,9 @@ func ccCfg(t, r, u int) gemvCfg { return gemvCfg{t: t, r: r, u: u, lm: 1} }
 func mmaCfg(t, u, warps int) gemvCfg {
 	return gemvCfg{t: t, mma: true, r: 16, u: u, warps: warps, lm: 2}
 }
+
+// gemvF8Cfg is the FP8-weight kernel for t rows (GEMV_F8 in gemv.cu).
+func gemvF8Cfg(t int) gemvCfg { return gemvCfg{t: t, r: 2, u: 4, lm: 1, f8: true} }
 
 // gemvCC is the CUDA-core kernel for t rows (GEMV_CC in gemv.cu).
 func gemvCC(t int) gemvCfg {
@@ -436,6 +443,36 @@ func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 		return fmt.Errorf("kernels: %s: %w", c.name(), err)
 	}
 	return nil
+}
+
+// RunF8 queues out[t,n] = s·x[t,k]·w[n,k]ᵀ for FP8 (E4M3) weights w with
+// one float32 scale s at wscale (per tensor): weight-only FP8 for decode
+// steps of 1 to GEMVVectorMaxT rows (half the bytes of bf16 weights to
+// stream), x of the activation dtype, out of it or f32 (outF32), sums in
+// f32. K must be a multiple of 16, x and w 16-byte aligned; compute
+// capability 8.9 or later (the E4M3 conversion). Other products get an
+// error wrapping ErrGEMVShape before anything is queued. It can be
+// captured into a CUDA graph.
+func (g *GEMV) RunF8(s *cu.Stream, out, x, w, wscale cu.Ptr, t, k, n int, outF32 bool) error {
+	oes := g.Act.Size()
+	if outF32 {
+		oes = 4
+	}
+	switch {
+	case g.D.Major*10+g.D.Minor < 89:
+		return fmt.Errorf("%w: FP8 weights need compute capability 8.9 (%s is %d.%d)", ErrGEMVShape, g.D.Name, g.D.Major, g.D.Minor)
+	case t < 1 || t > GEMVVectorMaxT:
+		return fmt.Errorf("%w: %d rows with FP8 weights (1 to %d)", ErrGEMVShape, t, GEMVVectorMaxT)
+	case k <= 0 || n <= 0 || k%16 != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
+		return fmt.Errorf("%w: %d×%d by FP8 %d×%d (K a multiple of 16)", ErrGEMVShape, t, k, n, k)
+	case x == 0 || w == 0 || out == 0 || wscale == 0:
+		return fmt.Errorf("%w: null operand", ErrGEMVShape)
+	case x%16 != 0 || w%16 != 0 || wscale%4 != 0:
+		return fmt.Errorf("%w: x (%#x), w (%#x) must be 16-byte aligned, the scale (%#x) 4-byte", ErrGEMVShape, uint64(x), uint64(w), uint64(wscale))
+	case uint64(out)%uint64(oes) != 0:
+		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
+	}
+	return g.launch(s, gemvF8Cfg(t), t, n, x, w, wscale, out, int32(k), int32(n), b2i(outF32))
 }
 
 // RunSwiGLU queues out[t,f] = SiLU(x·w[:f]ᵀ)·(x·w[f:]ᵀ) for the stacked

@@ -13,23 +13,25 @@
 # The two limits add up to 590 s, inside the tool's 600; when a fresh
 # machine's tests step is cut, run the steps in separate calls.
 #   profile  the kernel-by-kernel profile (tools/gpu/profile.sh)
+#   quant    the quantized products' figures (tools/gpu/quant-bench.sh)
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/all.sh tests bench", carry [".devpack"]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final=${OUT:-gpu-logs}
 work=$(mktemp -d)
 steps=${*:-tests bench}
-limit() { case $1 in tests) echo 260 ;; bench) echo 330 ;; profile) echo 300 ;; *) echo 0 ;; esac; }
+limit() { case $1 in tests) echo 260 ;; bench) echo 330 ;; profile) echo 300 ;; quant) echo 200 ;; *) echo 0 ;; esac; }
 summary=()
 for step in $steps; do
 	t=$(limit "$step")
-	[ "$t" -gt 0 ] || { echo "unknown step $step (tests, bench, profile)" >&2; exit 2; }
+	[ "$t" -gt 0 ] || { echo "unknown step $step (tests, bench, profile, quant)" >&2; exit 2; }
 	mkdir -p "$work/$step"
 	t0=$(date +%s)
 	case $step in
-	tests) OUT=$work/$step timeout "$t" tools/gpu/run.sh -test.skip 'Ldm|GEMVSweep|GEMVSpeed|BlasLtSpeed' >"$work/$step/out.txt" 2>&1 ;;
+	tests) OUT=$work/$step timeout "$t" tools/gpu/run.sh -test.skip 'Ldm|GEMVSweep|Speed' >"$work/$step/out.txt" 2>&1 ;;
 	bench) OUT=$work/$step timeout "$t" tools/gpu/bench.sh >"$work/$step/out.txt" 2>&1 ;;
 	profile) OUT=$work/$step timeout "$t" tools/gpu/profile.sh >"$work/$step/out.txt" 2>&1 ;;
+	quant) OUT=$work/$step timeout "$t" tools/gpu/quant-bench.sh >"$work/$step/out.txt" 2>&1 ;;
 	esac
 	rc=$?
 	summary+=("$step: rc=$rc in $(($(date +%s) - t0)) s (limit $t s)")

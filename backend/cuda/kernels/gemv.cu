@@ -485,6 +485,151 @@ __device__ __forceinline__ void gemv_f8_impl(const T* x, const unsigned char* w,
 		gemv_f8_impl<TT, R, U, LM>(x, w, wscale, K, OutStore{out, N, outF32});                             \
 	}
 
+// ---------------------------------------------------------------- Q4_K weights
+// Integer products on Q4_K weights, as llama.cpp's MMVQ computes them: x
+// is first quantized per group of 32 values to int8 (quant_q8_32: q =
+// rint(x/s), s = max|x|/127, and s·Σq), then gemv_q4k_<TT>_<U> multiplies
+// the 4-bit weights by it with dp4a and scales once per 16 values.
+//
+// w is GGUF's Q4_K, each row K/256 super-blocks of 144 bytes (f16 d and
+// dmin, 12 bytes of 6-bit sub-block scales and minimums, 128 bytes of
+// nibbles: each 64 values are 32 low nibbles, then the same bytes' high
+// nibbles), weight = d·sc·q − dmin·m. A warp a row: in each group of 8
+// super-blocks lane l takes super-block l/4 and its 64 values j = l%4,
+// i.e. the 32 bytes of nibbles at 32j (values 64j.. as low nibbles,
+// 64j+32.. as high ones) and the block's 16-byte header (read by its 4
+// lanes through the L1); U groups of loads in flight. Per 32 values:
+// d·sc·s·Σ q·xq by dp4a, less dmin·m·(s·Σxq).
+
+// ld1 reads one x value as a float.
+__device__ __forceinline__ float ld1(const float* p) { return *p; }
+__device__ __forceinline__ float ld1(const bf16* p) { return __uint_as_float((unsigned)p->x << 16); }
+__device__ __forceinline__ float ld1(const f16* p) {
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->x));
+	return f;
+}
+
+// quant_q8_32: one warp per group of 32 values of x[TT·K]: xq (int8), and
+// xss[2g] = s, xss[2g+1] = s·Σq (0 and 0 for a group of zeros).
+extern "C" __global__ void quant_q8_32(const T* x, signed char* xq, float* xss, long long groups) {
+	pdl_trigger();
+	const long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const int lane = threadIdx.x & 31;
+	pdl_wait();
+	if (g >= groups) return;
+	const float v = ld1(x + g * 32 + lane);
+	float a = fabsf(v);
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, o));
+	const float s = a > 0.f ? __fdiv_rn(a, 127.f) : 0.f;
+	int q = s > 0.f ? (int)rintf(__fdiv_rn(v, s)) : 0;
+	q = q > 127 ? 127 : q < -127 ? -127 : q;
+	xq[g * 32 + lane] = (signed char)q;
+	int sum = q;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+	if (lane == 0) {
+		xss[2 * g] = s;
+		xss[2 * g + 1] = s * (float)sum;
+	}
+}
+
+// q4k_scale_min is sub-block i's 6-bit scale and minimum from the 12 packed
+// bytes s (tensor.KScaleMin).
+__device__ __forceinline__ void q4k_scale_min(const unsigned (&s)[3], int i, float& sc, float& m) {
+	auto byte = [&](int b) { return (s[b >> 2] >> (8 * (b & 3))) & 0xffu; };
+	if (i < 4) {
+		sc = (float)(byte(i) & 63);
+		m = (float)(byte(i + 4) & 63);
+	} else {
+		sc = (float)((byte(i + 4) & 0x0f) | ((byte(i - 4) >> 6) << 4));
+		m = (float)((byte(i + 4) >> 4) | ((byte(i) >> 6) << 4));
+	}
+}
+
+// dot16 is Σ of the 16 products of the nibbles of q (lo: the low ones,
+// else the high ones) with the 16 int8 values of x, by dp4a.
+__device__ __forceinline__ int dot16(const uint4& q, const uint4& x, bool lo) {
+	const int qw[4] = {(int)q.x, (int)q.y, (int)q.z, (int)q.w}, xw[4] = {(int)x.x, (int)x.y, (int)x.z, (int)x.w};
+	int s = 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++) s = __dp4a((lo ? qw[i] : qw[i] >> 4) & 0x0f0f0f0f, xw[i], s);
+	return s;
+}
+
+template <int TT, int U>
+__device__ __forceinline__ void gemv_q4k_impl(const signed char* xq, const float* xss, const unsigned char* w, int K, const OutStore& e) {
+	pdl_trigger();
+	const int lane = threadIdx.x & 31;
+	const int N = e.units();
+	const int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	if (n >= N) return; // the whole warp
+	const int nb = K / 256, G = K / 32;
+	const unsigned char* row = w + (long long)n * nb * 144;
+	const int bl = lane >> 2, j = lane & 3;
+	float acc[TT];
+#pragma unroll
+	for (int t = 0; t < TT; t++) acc[t] = 0.f;
+	bool waited = false;
+	for (int b0 = 0; b0 < nb; b0 += 8 * U) {
+		uint4 hd[U], q0[U], q1[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const int b = b0 + 8 * u + bl;
+			if (b < nb) {
+				const unsigned char* blk = row + (long long)b * 144;
+				hd[u] = ldw<0>((const uint4*)blk);
+				q0[u] = ldw<1>((const uint4*)(blk + 16 + 32 * j));
+				q1[u] = ldw<1>((const uint4*)(blk + 32 + 32 * j));
+			}
+		}
+		if (!waited) {
+			pdl_wait(); // x is the previous kernel's output
+			waited = true;
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const int b = b0 + 8 * u + bl;
+			if (b >= nb) continue;
+			float d, dmin;
+			asm("{.reg .f16 a, c;\n\tmov.b32 {a, c}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, c;}" : "=f"(d), "=f"(dmin) : "r"(hd[u].x));
+			const unsigned sb[3] = {hd[u].y, hd[u].z, hd[u].w};
+			float sc1, m1, sc2, m2;
+			q4k_scale_min(sb, 2 * j, sc1, m1);
+			q4k_scale_min(sb, 2 * j + 1, sc2, m2);
+			const float ds1 = d * sc1, ds2 = d * sc2, dm1 = dmin * m1, dm2 = dmin * m2;
+			const int g = b * 8 + 2 * j, off = b * 256 + 64 * j;
+#pragma unroll
+			for (int t = 0; t < TT; t++) {
+				const uint4* xt = (const uint4*)(xq + (long long)t * K + off);
+				const int dl = dot16(q0[u], ldx(xt), true) + dot16(q1[u], ldx(xt + 1), true);
+				const int dh = dot16(q0[u], ldx(xt + 2), false) + dot16(q1[u], ldx(xt + 3), false);
+				const float4 sc = *(const float4*)(xss + 2 * ((long long)t * G + g)); // s, s·Σq of groups g and g+1
+				acc[t] += ds1 * sc.x * (float)dl - dm1 * sc.y + ds2 * sc.z * (float)dh - dm2 * sc.w;
+			}
+		}
+	}
+	if (!waited) pdl_wait();
+#pragma unroll
+	for (int t = 0; t < TT; t++) {
+		float v = acc[t];
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+		acc[t] = v;
+	}
+	typename OutStore::Pre pre{};
+#pragma unroll
+	for (int t = 0; t < TT; t++)
+		if (lane == t) e.put(pre, t, n, acc[t], 0.f);
+}
+
+#define GEMV_Q4K(TT, U)                                                                                            \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_q4k_##TT##_##U(                            \
+	    const signed char* xq, const float* xss, const unsigned char* w, void* out, int K, int N, int outF32) {     \
+		gemv_q4k_impl<TT, U>(xq, xss, w, K, OutStore{out, N, outF32});                                     \
+	}
+
 #ifdef GEMV_MMA
 // ---------------------------------------------------------------- tensor cores (f16/bf16)
 
@@ -643,6 +788,9 @@ GEMV_EPI(5, 4, 4, 1) GEMV_EPI(6, 4, 4, 1) GEMV_EPI(7, 4, 4, 1) GEMV_EPI(8, 4, 4,
 // FP8 weights (gemvF8Cfg in gemv.go).
 GEMV_F8(1, 2, 4, 1) GEMV_F8(2, 2, 4, 1) GEMV_F8(3, 2, 4, 1) GEMV_F8(4, 2, 4, 1)
 GEMV_F8(5, 2, 4, 1) GEMV_F8(6, 2, 4, 1) GEMV_F8(7, 2, 4, 1) GEMV_F8(8, 2, 4, 1)
+// Q4_K weights (gemvQ4KCfg in gemv.go).
+GEMV_Q4K(1, 2) GEMV_Q4K(2, 2) GEMV_Q4K(3, 2) GEMV_Q4K(4, 2) GEMV_Q4K(5, 2) GEMV_Q4K(6, 2) GEMV_Q4K(7, 2) GEMV_Q4K(8, 2)
+GEMV_Q4K(1, 1) GEMV_Q4K(1, 4) // one row, fewer and more loads in flight (TestGEMVQ4KSpeed)
 #ifdef GEMV_MMA
 GEMV_MMA_K(4, 8, 2)
 GEMV_MMA_EPI(4, 8, 2)

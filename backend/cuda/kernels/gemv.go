@@ -134,6 +134,7 @@ type gemvCfg struct {
 	splits int
 	epi    gemvEpi
 	f8     bool // FP8 weights (gemv_f8_<t>_<r>_<u>_<lm>, the CUDA-core layout)
+	q4k    bool // Q4_K weights (gemv_q4k_<t>_<u>, a warp a row)
 }
 
 func (c gemvCfg) name() string {
@@ -145,6 +146,9 @@ func (c gemvCfg) name() string {
 	}
 	if c.f8 {
 		return fmt.Sprintf("gemv_f8_%d_%d_%d_%d", c.t, c.r, c.u, c.lm)
+	}
+	if c.q4k {
+		return fmt.Sprintf("gemv_q4k_%d_%d", c.t, c.u)
 	}
 	return fmt.Sprintf("gemv_%s%d_%d_%d_%d", c.epi.prefix(), c.t, c.r, c.u, c.lm)
 }
@@ -197,6 +201,10 @@ func mmaCfg(t, u, warps int) gemvCfg {
 
 // gemvF8Cfg is the FP8-weight kernel for t rows (GEMV_F8 in gemv.cu).
 func gemvF8Cfg(t int) gemvCfg { return gemvCfg{t: t, r: 2, u: 4, lm: 1, f8: true} }
+
+// gemvQ4KCfg is the Q4_K-weight kernel for t rows (GEMV_Q4K in gemv.cu):
+// one weight row a warp.
+func gemvQ4KCfg(t int) gemvCfg { return gemvCfg{t: t, r: 1, u: 2, q4k: true} }
 
 // gemvCC is the CUDA-core kernel for t rows (GEMV_CC in gemv.cu).
 func gemvCC(t int) gemvCfg {
@@ -473,6 +481,58 @@ func (g *GEMV) RunF8(s *cu.Stream, out, x, w, wscale cu.Ptr, t, k, n int, outF32
 		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
 	}
 	return g.launch(s, gemvF8Cfg(t), t, n, x, w, wscale, out, int32(k), int32(n), b2i(outF32))
+}
+
+// Q4KBlockBytes is the size of a Q4_K super-block of 256 weights (GGUF).
+const Q4KBlockBytes = 144
+
+// Q4KScratchBytes is the scratch RunQ4K needs for t rows of k values: x
+// quantized to int8 in groups of 32, then each group's scale and scaled
+// sum (float32 pairs, 16-byte aligned since t·k is a multiple of 256).
+func Q4KScratchBytes(t, k int) int { return t*k + 8*(t*k/32) }
+
+// RunQ4K queues out[t,n] = x[t,k]·w[n,k]ᵀ for weights w in GGUF's Q4_K
+// (each row k/256 super-blocks of Q4KBlockBytes, as tensor.Q4_K stores
+// them), for decode steps of 1 to GEMVVectorMaxT rows, out of the
+// activation dtype or f32, as llama.cpp computes it: x is quantized to
+// int8 per group of 32 values into scratch (Q4KScratchBytes, 16-byte
+// aligned; quant_q8_32), then multiplied by the 4-bit weights in integers
+// (dp4a) and scaled per 16 values (gemv_q4k_*). K must be a multiple of
+// 256, x and w 16-byte aligned. Other products get an error wrapping
+// ErrGEMVShape before anything is queued. It can be captured into a CUDA
+// graph.
+func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
+	oes := g.Act.Size()
+	if outF32 {
+		oes = 4
+	}
+	switch {
+	case t < 1 || t > GEMVVectorMaxT:
+		return fmt.Errorf("%w: %d rows with Q4_K weights (1 to %d)", ErrGEMVShape, t, GEMVVectorMaxT)
+	case k <= 0 || n <= 0 || k%256 != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
+		return fmt.Errorf("%w: %d×%d by Q4_K %d×%d (K a multiple of 256)", ErrGEMVShape, t, k, n, k)
+	case x == 0 || w == 0 || out == 0 || scratch == 0:
+		return fmt.Errorf("%w: null operand", ErrGEMVShape)
+	case x%16 != 0 || w%16 != 0 || scratch%16 != 0:
+		return fmt.Errorf("%w: x (%#x), w (%#x) and the scratch (%#x) must be 16-byte aligned", ErrGEMVShape, uint64(x), uint64(w), uint64(scratch))
+	case uint64(out)%uint64(oes) != 0:
+		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
+	}
+	return g.runQ4K(s, gemvQ4KCfg(t), out, x, w, scratch, t, k, n, outF32)
+}
+
+// runQ4K is RunQ4K, checked, with kernel configuration c.
+func (g *GEMV) runQ4K(s *cu.Stream, c gemvCfg, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
+	groups := t * k / 32
+	xq, xss := scratch, scratch.Add(t*k)
+	launch := g.M.Launch
+	if g.PDL {
+		launch = g.M.LaunchDependent
+	}
+	if err := launch("quant_q8_32", cu.D1((groups*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, xq, xss, int64(groups)); err != nil {
+		return fmt.Errorf("kernels: quant_q8_32: %w", err)
+	}
+	return g.launch(s, c, t, n, xq, xss, w, out, int32(k), int32(n), b2i(outF32))
 }
 
 // RunSwiGLU queues out[t,f] = SiLU(x·w[:f]ᵀ)·(x·w[f:]ᵀ) for the stacked

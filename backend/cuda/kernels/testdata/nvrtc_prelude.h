@@ -35,6 +35,8 @@ __device__ float expf(float);
 __device__ float sqrtf(float);
 __device__ float fmaxf(float, float);
 __device__ float fabsf(float);
+__device__ float rintf(float);
+__device__ int __dp4a(int, int, int);
 __device__ float fminf(float, float);
 __device__ float fmaf(float, float, float);
 __device__ int __popc(unsigned);

@@ -116,10 +116,6 @@ func TestBlasLtFP8Speed(t *testing.T) {
 	lt, err := d.NewBlasLt(0)
 	must(t, err)
 	defer lt.Close()
-	e0, _ := d.NewEvent(true)
-	e1, _ := d.NewEvent(true)
-	defer e0.Close()
-	defer e1.Close()
 	timeMs := func(mm Matmul) (float64, error) {
 		cands, err := lt.Algorithms(mm)
 		if err != nil {
@@ -132,20 +128,7 @@ func TestBlasLtFP8Speed(t *testing.T) {
 			if err := lt.Matmul(m); err != nil {
 				return 0, err
 			}
-			var times []float64
-			for r := 0; r < 5; r++ {
-				must(t, e0.Record(nil))
-				for i := 0; i < 10; i++ {
-					must(t, lt.Matmul(m))
-				}
-				must(t, e1.Record(nil))
-				must(t, e1.Sync())
-				ms, err := Elapsed(e0, e1)
-				must(t, err)
-				times = append(times, float64(ms)/10)
-			}
-			slicesSort(times)
-			best = min(best, times[len(times)/2])
+			best = min(best, medianMs(t, d, 5, 10, func() error { return lt.Matmul(m) }))
 		}
 		return best, nil
 	}

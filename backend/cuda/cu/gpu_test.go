@@ -636,25 +636,33 @@ func TestBlasLtSpeed(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		must(t, lt.Matmul(mm))
 	}
-	e0, _ := d.NewEvent(true)
-	e1, _ := d.NewEvent(true)
+	med := medianMs(t, d, 5, 10, func() error { return lt.Matmul(mm) })
+	t.Logf("bf16 %dx%dx%d product: median %.3f ms, %.0f TFLOP/s", M, M/2, M, med, 2*float64(M)*float64(M/2)*float64(M)/(med*1e-3)/1e12)
+}
+
+// medianMs is the median over reps repetitions of the time of n calls of
+// f on the default stream, between two events, divided by n (ms a call).
+func medianMs(t *testing.T, d *Device, reps, n int, f func() error) float64 {
+	e0, err := d.NewEvent(true)
+	must(t, err)
 	defer e0.Close()
+	e1, err := d.NewEvent(true)
+	must(t, err)
 	defer e1.Close()
 	var times []float64
-	for r := 0; r < 5; r++ {
+	for r := 0; r < reps; r++ {
 		must(t, e0.Record(nil))
-		for i := 0; i < 10; i++ {
-			must(t, lt.Matmul(mm))
+		for i := 0; i < n; i++ {
+			must(t, f())
 		}
 		must(t, e1.Record(nil))
 		must(t, e1.Sync())
 		ms, err := Elapsed(e0, e1)
 		must(t, err)
-		times = append(times, float64(ms)/10)
+		times = append(times, float64(ms)/float64(n))
 	}
 	slicesSort(times)
-	med := times[len(times)/2]
-	t.Logf("bf16 %dx%dx%d product: median %.3f ms, %.0f TFLOP/s", M, M/2, M, med, 2*float64(M)*float64(M/2)*float64(M)/(med*1e-3)/1e12)
+	return times[len(times)/2]
 }
 
 func slicesSort(s []float64) {

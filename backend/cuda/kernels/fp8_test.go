@@ -193,37 +193,10 @@ func TestGEMVF8(t *testing.T) {
 			px, pw, ps := up(t, act, x), alloc(t, len(q)), alloc(t, 4)
 			must(t, d.Upload(pw, q))
 			must(t, d.Upload(ps, cu.AsBytes([]float32{s})))
-			ref := make([]float64, GEMVVectorMaxT*n)
-			parallel(GEMVVectorMaxT*n, func(_, lo, hi int) {
-				for i := lo; i < hi; i++ {
-					r, j := i/n, i%n
-					sum := 0.0
-					for c := 0; c < k; c++ {
-						sum += float64(x[r*k+c]) * wv[j*k+c]
-					}
-					ref[i] = sum
-				}
-			})
-			worst := [2]float64{}
-			for rows := 1; rows <= GEMVVectorMaxT; rows++ {
-				for i, outF32 := range []bool{false, true} {
-					odt := act
-					if outF32 {
-						odt = cu.F32
-					}
-					total := (rows+1)*n + 64
-					out := outBuf(t, odt, total)
-					must(t, g.RunF8(nil, out, px, pw, ps, rows, k, n, outF32))
-					must(t, d.Sync())
-					raw := make([]byte, total*odt.Size())
-					must(t, d.Download(raw, out))
-					what := fmt.Sprintf("gemv_f8 %v %s T=%d k=%d n=%d outF32=%v", act, sh.name, rows, k, n, outF32)
-					worst[i] = max(worst[i], compare(t, what, decode(odt, raw[:rows*n*odt.Size()]), ref[:rows*n], gemvTol(act, outF32)))
-					checkPoisonTail(t, what, raw, rows*n*odt.Size(), odt)
-				}
-			}
-			t.Logf("%-5v gemv_f8 %-9s k=%-5d n=%-5d T=1..8 max err: out %v %.3g (tol %.0e), out f32 %.3g (tol %.0e)",
-				act, sh.name, k, n, act, worst[0], gemvTol(act, false), worst[1], gemvTol(act, true))
+			checkWeightOnly(t, act, fmt.Sprintf("gemv_f8 %v %s k=%d n=%d", act, sh.name, k, n), n, weightOnlyRef(f64(x), wv, k, n),
+				func(out cu.Ptr, rows int, outF32 bool) error {
+					return g.RunF8(nil, out, px, pw, ps, rows, k, n, outF32)
+				})
 		}
 		p := alloc(t, 1<<16)
 		for _, c := range []struct {
@@ -256,34 +229,10 @@ func TestGEMVF8Speed(t *testing.T) {
 	}
 	d := fp8Device(t)
 	g := gemvMod(t, cu.BF16, false)
-	const cb = 1 << 30
-	src, dst := alloc(t, cb), alloc(t, cb)
-	must(t, d.Memset32(src, 0x3f803f80, cb/4, nil))
-	cms := gpuTime(t, 3, 11, func(int) error { return d.CopyDtoD(dst, src, cb, nil) })
-	copyBW := 2 * cb / (cms * 1e-3) / 1e9
 	ps := alloc(t, 4)
 	must(t, d.Upload(ps, cu.AsBytes([]float32{1e-3})))
-	var lines []string
-	for _, sh := range gemvShapes[:5] {
-		k, n := sh.k, sh.n
-		b16 := k * n * 2
-		nbuf := max(2, (200<<20+b16/2-1)/(b16/2))
-		ws := make([]cu.Ptr, nbuf)
-		for i := range ws {
-			ws[i] = alloc(t, b16) // bf16 for Run; its first half serves as FP8 for RunF8
-			must(t, d.Memset32(ws[i], 0x3c003c00^uint32(i*0x00010001), b16/4, nil))
-		}
-		x, out := alloc(t, GEMVVectorMaxT*k*2), alloc(t, GEMVVectorMaxT*n*4)
-		must(t, d.Memset32(x, 0x3c003c00, GEMVVectorMaxT*k/2, nil))
-		per := max(3, min(50, int(1.5e-3/(float64(b16)/2/3e12))))
-		for _, rows := range []int{1, 4, 8} {
-			tb := gpuTime(t, per, 20, func(i int) error { return g.Run(nil, out, x, ws[i%nbuf], rows, k, n, false) })
-			tf := gpuTime(t, per, 20, func(i int) error { return g.RunF8(nil, out, x, ws[i%nbuf], ps, rows, k, n, false) })
-			gb, gf := float64(b16)/(tb*1e-3)/1e9, float64(b16/2)/(tf*1e-3)/1e9
-			lines = append(lines, fmt.Sprintf("| %s (%d, %d) | %d | %.1f µs, %.0f GB/s, %.1f%% | %.1f µs, %.0f GB/s, %.1f%% | %.2f× |",
-				sh.name, k, n, rows, tb*1e3, gb, 100*gb/copyBW, tf*1e3, gf, 100*gf/copyBW, tb/tf))
-		}
-	}
+	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return k * n },
+		func(x, w, out cu.Ptr, rows, k, n int) error { return g.RunF8(nil, out, x, w, ps, rows, k, n, false) }, nil)
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against FP8 GEMV, each as bytes of its own weights a second and %% of copy:\n"+
 		"| product (K, N) | rows | bf16 | FP8 | bf16 ÷ FP8 time |\n|---|---|---|---|---|\n%s", d.Name, copyBW, strings.Join(lines, "\n"))
 }

@@ -462,25 +462,39 @@ func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 // error wrapping ErrGEMVShape before anything is queued. It can be
 // captured into a CUDA graph.
 func (g *GEMV) RunF8(s *cu.Stream, out, x, w, wscale cu.Ptr, t, k, n int, outF32 bool) error {
+	if err := g.checkWeightOnly("FP8", 16, out, x, w, t, k, n, outF32); err != nil {
+		return err
+	}
+	switch {
+	case g.D.Major*10+g.D.Minor < 89:
+		return fmt.Errorf("%w: FP8 weights need compute capability 8.9 (%s is %d.%d)", ErrGEMVShape, g.D.Name, g.D.Major, g.D.Minor)
+	case wscale == 0 || wscale%4 != 0:
+		return fmt.Errorf("%w: the weights' scale at %#x (4-byte aligned)", ErrGEMVShape, uint64(wscale))
+	}
+	return g.launch(s, gemvF8Cfg(t), t, n, x, w, wscale, out, int32(k), int32(n), b2i(outF32))
+}
+
+// checkWeightOnly checks a product of t rows by weights of format (FP8,
+// Q4_K) for RunF8 and RunQ4K: 1 to GEMVVectorMaxT rows, K a multiple of
+// kMul, x and w 16-byte aligned, out aligned to its elements.
+func (g *GEMV) checkWeightOnly(format string, kMul int, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 	oes := g.Act.Size()
 	if outF32 {
 		oes = 4
 	}
 	switch {
-	case g.D.Major*10+g.D.Minor < 89:
-		return fmt.Errorf("%w: FP8 weights need compute capability 8.9 (%s is %d.%d)", ErrGEMVShape, g.D.Name, g.D.Major, g.D.Minor)
 	case t < 1 || t > GEMVVectorMaxT:
-		return fmt.Errorf("%w: %d rows with FP8 weights (1 to %d)", ErrGEMVShape, t, GEMVVectorMaxT)
-	case k <= 0 || n <= 0 || k%16 != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
-		return fmt.Errorf("%w: %d×%d by FP8 %d×%d (K a multiple of 16)", ErrGEMVShape, t, k, n, k)
-	case x == 0 || w == 0 || out == 0 || wscale == 0:
+		return fmt.Errorf("%w: %d rows with %s weights (1 to %d)", ErrGEMVShape, t, format, GEMVVectorMaxT)
+	case k <= 0 || n <= 0 || k%kMul != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
+		return fmt.Errorf("%w: %d×%d by %s %d×%d (K a multiple of %d)", ErrGEMVShape, t, k, format, n, k, kMul)
+	case x == 0 || w == 0 || out == 0:
 		return fmt.Errorf("%w: null operand", ErrGEMVShape)
-	case x%16 != 0 || w%16 != 0 || wscale%4 != 0:
-		return fmt.Errorf("%w: x (%#x), w (%#x) must be 16-byte aligned, the scale (%#x) 4-byte", ErrGEMVShape, uint64(x), uint64(w), uint64(wscale))
+	case x%16 != 0 || w%16 != 0:
+		return fmt.Errorf("%w: x (%#x) and w (%#x) must be 16-byte aligned", ErrGEMVShape, uint64(x), uint64(w))
 	case uint64(out)%uint64(oes) != 0:
 		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
 	}
-	return g.launch(s, gemvF8Cfg(t), t, n, x, w, wscale, out, int32(k), int32(n), b2i(outF32))
+	return nil
 }
 
 // Q4KBlockBytes is the size of a Q4_K super-block of 256 weights (GGUF).
@@ -502,21 +516,11 @@ func Q4KScratchBytes(t, k int) int { return t*k + 8*(t*k/32) }
 // ErrGEMVShape before anything is queued. It can be captured into a CUDA
 // graph.
 func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
-	oes := g.Act.Size()
-	if outF32 {
-		oes = 4
+	if err := g.checkWeightOnly("Q4_K", 256, out, x, w, t, k, n, outF32); err != nil {
+		return err
 	}
-	switch {
-	case t < 1 || t > GEMVVectorMaxT:
-		return fmt.Errorf("%w: %d rows with Q4_K weights (1 to %d)", ErrGEMVShape, t, GEMVVectorMaxT)
-	case k <= 0 || n <= 0 || k%256 != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
-		return fmt.Errorf("%w: %d×%d by Q4_K %d×%d (K a multiple of 256)", ErrGEMVShape, t, k, n, k)
-	case x == 0 || w == 0 || out == 0 || scratch == 0:
-		return fmt.Errorf("%w: null operand", ErrGEMVShape)
-	case x%16 != 0 || w%16 != 0 || scratch%16 != 0:
-		return fmt.Errorf("%w: x (%#x), w (%#x) and the scratch (%#x) must be 16-byte aligned", ErrGEMVShape, uint64(x), uint64(w), uint64(scratch))
-	case uint64(out)%uint64(oes) != 0:
-		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
+	if scratch == 0 || scratch%16 != 0 {
+		return fmt.Errorf("%w: scratch at %#x (16-byte aligned)", ErrGEMVShape, uint64(scratch))
 	}
 	return g.runQ4K(s, gemvQ4KCfg(t), out, x, w, scratch, t, k, n, outF32)
 }

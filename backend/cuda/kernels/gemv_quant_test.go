@@ -11,6 +11,99 @@ import (
 	"kiln/tensor"
 )
 
+// weightOnlyRef is the float64 product of x (GEMVVectorMaxT rows of k
+// values, as the kernel sees them) with the weights w (n rows of k, as
+// decoded).
+func weightOnlyRef(x, w []float64, k, n int) []float64 {
+	ref := make([]float64, GEMVVectorMaxT*n)
+	parallel(GEMVVectorMaxT*n, func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			r, j := i/n, i%n
+			sum := 0.0
+			for c := 0; c < k; c++ {
+				sum += x[r*k+c] * w[j*k+c]
+			}
+			ref[i] = sum
+		}
+	})
+	return ref
+}
+
+// checkWeightOnly runs a weight-only product, run(out, rows, outF32), for 1
+// to GEMVVectorMaxT rows into both output dtypes (NaN-poisoned, with spare
+// room), compares it with ref (weightOnlyRef) and checks that nothing past
+// the output was written, and logs the worst errors.
+func checkWeightOnly(t *testing.T, act cu.DType, what string, n int, ref []float64, run func(out cu.Ptr, rows int, outF32 bool) error) {
+	t.Helper()
+	d := gpu(t)
+	worst := [2]float64{}
+	for rows := 1; rows <= GEMVVectorMaxT; rows++ {
+		for i, outF32 := range []bool{false, true} {
+			odt := act
+			if outF32 {
+				odt = cu.F32
+			}
+			total := (rows+1)*n + 64
+			out := outBuf(t, odt, total)
+			must(t, run(out, rows, outF32))
+			must(t, d.Sync())
+			raw := make([]byte, total*odt.Size())
+			must(t, d.Download(raw, out))
+			w := fmt.Sprintf("%s T=%d outF32=%v", what, rows, outF32)
+			worst[i] = max(worst[i], compare(t, w, decode(odt, raw[:rows*n*odt.Size()]), ref[:rows*n], gemvTol(act, outF32)))
+			checkPoisonTail(t, w, raw, rows*n*odt.Size(), odt)
+		}
+	}
+	t.Logf("%-48s T=1..8 max err: out %v %.3g (tol %.0e), out f32 %.3g (tol %.0e)",
+		what, act, worst[0], gemvTol(act, false), worst[1], gemvTol(act, true))
+}
+
+// weightOnlySpeed times, at 1, 4 and 8 rows of each of a Llama-3-8B's
+// decode products, the bf16 GEMV (Run) against a weight-only product of
+// bytes(k, n) bytes a matrix, run(x, w, out, rows, k, n), and returns the
+// copy bandwidth of the run and a table row a case: each kernel's own
+// weight bytes a second and % of copy, weights rotated past the L2 (the
+// bf16 buffers' first bytes serve as the other format's). extra, if not
+// nil, adds a cell to a row (w(i): the weights of call i, per: calls a
+// timing).
+func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out cu.Ptr, rows, k, n int) error,
+	extra func(x cu.Ptr, w func(int) cu.Ptr, out cu.Ptr, rows, k, n, per int, copyBW float64) string) (float64, []string) {
+	d := gpu(t)
+	g := gemvMod(t, cu.BF16, false)
+	const cb = 1 << 30
+	src, dst := alloc(t, cb), alloc(t, cb)
+	must(t, d.Memset32(src, 0x3f803f80, cb/4, nil))
+	cms := gpuTime(t, 3, 11, func(int) error { return d.CopyDtoD(dst, src, cb, nil) })
+	copyBW := 2 * cb / (cms * 1e-3) / 1e9
+	var lines []string
+	for _, sh := range gemvShapes[:5] {
+		k, n := sh.k, sh.n
+		b16, bq := k*n*2, bytes(k, n)
+		nbuf := max(2, (200<<20+bq-1)/bq)
+		ws := make([]cu.Ptr, nbuf)
+		for i := range ws {
+			ws[i] = alloc(t, b16)
+			must(t, d.Memset32(ws[i], 0x3c003c00^uint32(i*0x00010001), b16/4, nil))
+		}
+		wAt := func(i int) cu.Ptr { return ws[i%nbuf] }
+		x, out := alloc(t, GEMVVectorMaxT*k*2), alloc(t, GEMVVectorMaxT*n*4)
+		must(t, d.Memset32(x, 0x3c003c00, GEMVVectorMaxT*k/2, nil))
+		per := max(3, min(50, int(1.5e-3/(float64(bq)/3e12))))
+		for _, rows := range []int{1, 4, 8} {
+			tb := gpuTime(t, per, 20, func(i int) error { return g.Run(nil, out, x, wAt(i), rows, k, n, false) })
+			tq := gpuTime(t, per, 20, func(i int) error { return run(x, wAt(i), out, rows, k, n) })
+			gb, gq := float64(b16)/(tb*1e-3)/1e9, float64(bq)/(tq*1e-3)/1e9
+			line := fmt.Sprintf("| %s (%d, %d) | %d | %.1f µs, %.0f GB/s, %.1f%% | %.1f µs, %.0f GB/s, %.1f%% | %.2f× |",
+				sh.name, k, n, rows, tb*1e3, gb, 100*gb/copyBW, tq*1e3, gq, 100*gq/copyBW, tb/tq)
+			if extra != nil {
+				line += extra(x, wAt, out, rows, k, n, per, copyBW) + " |"
+			}
+			lines = append(lines, line)
+		}
+	}
+	return copyBW, lines
+}
+
 // q8x quantizes x (rows of k) as quant_q8_32 does: per group of 32 values
 // s = max|x|/127 and q = x/s rounded to even (float32 divisions), and
 // returns each value as the product sees it, s·q.
@@ -55,38 +148,10 @@ func TestGEMVQ4K(t *testing.T) {
 			must(t, tensor.ToF32(tensor.Q4_K, q, wf))
 			px, pw, scratch := up(t, act, x), alloc(t, len(q)), alloc(t, Q4KScratchBytes(GEMVVectorMaxT, k))
 			must(t, d.Upload(pw, q))
-			xs := q8x(x)
-			ref := make([]float64, GEMVVectorMaxT*n)
-			parallel(GEMVVectorMaxT*n, func(_, lo, hi int) {
-				for i := lo; i < hi; i++ {
-					r, j := i/n, i%n
-					sum := 0.0
-					for c := 0; c < k; c++ {
-						sum += xs[r*k+c] * float64(wf[j*k+c])
-					}
-					ref[i] = sum
-				}
-			})
-			worst := [2]float64{}
-			for rows := 1; rows <= GEMVVectorMaxT; rows++ {
-				for i, outF32 := range []bool{false, true} {
-					odt := act
-					if outF32 {
-						odt = cu.F32
-					}
-					total := (rows+1)*n + 64
-					out := outBuf(t, odt, total)
-					must(t, g.RunQ4K(nil, out, px, pw, scratch, rows, k, n, outF32))
-					must(t, d.Sync())
-					raw := make([]byte, total*odt.Size())
-					must(t, d.Download(raw, out))
-					what := fmt.Sprintf("gemv_q4k %v %s T=%d k=%d n=%d outF32=%v", act, sh.name, rows, k, n, outF32)
-					worst[i] = max(worst[i], compare(t, what, decode(odt, raw[:rows*n*odt.Size()]), ref[:rows*n], gemvTol(act, outF32)))
-					checkPoisonTail(t, what, raw, rows*n*odt.Size(), odt)
-				}
-			}
-			t.Logf("%-5v gemv_q4k %-12s k=%-5d n=%-5d T=1..8 max err: out %v %.3g (tol %.0e), out f32 %.3g (tol %.0e)",
-				act, sh.name, k, n, act, worst[0], gemvTol(act, false), worst[1], gemvTol(act, true))
+			checkWeightOnly(t, act, fmt.Sprintf("gemv_q4k %v %s k=%d n=%d", act, sh.name, k, n), n, weightOnlyRef(q8x(x), f64(wf), k, n),
+				func(out cu.Ptr, rows int, outF32 bool) error {
+					return g.RunQ4K(nil, out, px, pw, scratch, rows, k, n, outF32)
+				})
 		}
 		p := alloc(t, 1<<16)
 		for _, c := range []struct {
@@ -118,44 +183,25 @@ func TestGEMVQ4KSpeed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("benchmark")
 	}
-	d := gpu(t)
 	g := gemvMod(t, cu.BF16, false)
-	const cb = 1 << 30
-	src, dst := alloc(t, cb), alloc(t, cb)
-	must(t, d.Memset32(src, 0x3f803f80, cb/4, nil))
-	cms := gpuTime(t, 3, 11, func(int) error { return d.CopyDtoD(dst, src, cb, nil) })
-	copyBW := 2 * cb / (cms * 1e-3) / 1e9
-	var lines []string
-	for _, sh := range gemvShapes[:5] {
-		k, n := sh.k, sh.n
-		b16, bq := k*n*2, n*k/256*Q4KBlockBytes
-		nbuf := max(2, (200<<20+bq-1)/bq)
-		ws := make([]cu.Ptr, nbuf)
-		for i := range ws {
-			ws[i] = alloc(t, b16) // bf16 for Run; its first bytes serve as Q4_K blocks for RunQ4K
-			must(t, d.Memset32(ws[i], 0x3c003c00^uint32(i*0x00010001), b16/4, nil))
-		}
-		x, out := alloc(t, GEMVVectorMaxT*k*2), alloc(t, GEMVVectorMaxT*n*4)
-		scratch := alloc(t, Q4KScratchBytes(GEMVVectorMaxT, k))
-		must(t, d.Memset32(x, 0x3c003c00, GEMVVectorMaxT*k/2, nil))
-		per := max(3, min(50, int(1.5e-3/(float64(bq)/3e12))))
-		for _, rows := range []int{1, 4, 8} {
-			tb := gpuTime(t, per, 20, func(i int) error { return g.Run(nil, out, x, ws[i%nbuf], rows, k, n, false) })
-			tq := gpuTime(t, per, 20, func(i int) error { return g.RunQ4K(nil, out, x, ws[i%nbuf], scratch, rows, k, n, false) })
-			gb, gq := float64(b16)/(tb*1e-3)/1e9, float64(bq)/(tq*1e-3)/1e9
+	scratch := alloc(t, Q4KScratchBytes(GEMVVectorMaxT, 14336))
+	bytes := func(k, n int) int { return n * k / 256 * Q4KBlockBytes }
+	copyBW, lines := weightOnlySpeed(t, bytes,
+		func(x, w, out cu.Ptr, rows, k, n int) error {
+			return g.RunQ4K(nil, out, x, w, scratch, rows, k, n, false)
+		},
+		func(x cu.Ptr, w func(int) cu.Ptr, out cu.Ptr, rows, k, n, per int, copyBW float64) string {
 			other := ""
 			if rows == 1 { // the other groups of loads in flight (GEMV_Q4K(1, U))
 				for _, u := range []int{1, 4} {
 					c := gemvQ4KCfg(1)
 					c.u = u
-					tu := gpuTime(t, per, 20, func(i int) error { return g.runQ4K(nil, c, out, x, ws[i%nbuf], scratch, 1, k, n, false) })
-					other += fmt.Sprintf(" U=%d %.1f%%", u, 100*float64(bq)/(tu*1e-3)/1e9/copyBW)
+					tu := gpuTime(t, per, 20, func(i int) error { return g.runQ4K(nil, c, out, x, w(i), scratch, 1, k, n, false) })
+					other += fmt.Sprintf(" U=%d %.1f%%", u, 100*float64(bytes(k, n))/(tu*1e-3)/1e9/copyBW)
 				}
 			}
-			lines = append(lines, fmt.Sprintf("| %s (%d, %d) | %d | %.1f µs, %.0f GB/s, %.1f%% | %.1f µs, %.0f GB/s, %.1f%% | %.2f× |%s |",
-				sh.name, k, n, rows, tb*1e3, gb, 100*gb/copyBW, tq*1e3, gq, 100*gq/copyBW, tb/tq, other))
-		}
-	}
+			return other
+		})
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q4_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
-		"| product (K, N) | rows | bf16 | Q4_K (U=2) | bf16 ÷ Q4_K time | other U |\n|---|---|---|---|---|---|\n%s", d.Name, copyBW, strings.Join(lines, "\n"))
+		"| product (K, N) | rows | bf16 | Q4_K (U=2) | bf16 ÷ Q4_K time | other U |\n|---|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
 }

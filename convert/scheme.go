@@ -13,12 +13,12 @@ import (
 type Scheme struct {
 	Name string       // as `kiln quantize --to` takes it
 	Base tensor.DType // the dtype of most matrices
-	// medium (q4_k_m): the output matrix (the embedding where it is tied)
-	// in Q6_K, and the value and down projections of the layers that
-	// useMoreBits names, as llama-quantize's Q4_K_M does.
+	// medium (q4_k_m, q5_k_m): the output matrix (the embedding where it
+	// is tied) in Q6_K, and the value and down projections of the layers
+	// that useMoreBits names, as llama-quantize's Q4_K_M and Q5_K_M do.
 	medium bool
 	// fileType is llama.cpp's general.file_type (llama_ftype), 0 for none:
-	// pure Q4_K has no ftype of its own.
+	// pure Q4_K and Q5_K have no ftype of their own.
 	fileType uint32
 }
 
@@ -29,6 +29,8 @@ var Schemes = []Scheme{
 	{Name: "bf16", Base: tensor.BF16, fileType: 32},
 	{Name: "q8_0", Base: tensor.Q8_0, fileType: 7},
 	{Name: "q6_k", Base: tensor.Q6_K, fileType: 18},
+	{Name: "q5_k_m", Base: tensor.Q5_K, medium: true, fileType: 17},
+	{Name: "q5_k", Base: tensor.Q5_K},
 	{Name: "q4_k_m", Base: tensor.Q4_K, medium: true, fileType: 15},
 	{Name: "q4_k", Base: tensor.Q4_K},
 	{Name: "q4_0", Base: tensor.Q4_0, fileType: 2},

@@ -11,59 +11,71 @@ import (
 	"kiln/tensor"
 )
 
-// TestQ4KM writes 8-layer models as q4_k_m and checks each matrix's dtype
-// against llama-quantize's Q4_K_M choices: the output matrix (the
-// embedding, when tied) in Q6_K, the value and down projections of layers
-// 0, 3, 6 and 7 (use_more_bits of 8 layers) in Q6_K, the rest in Q4_K,
-// and general.file_type 15 (LLAMA_FTYPE_MOSTLY_Q4_K_M).
-func TestQ4KM(t *testing.T) {
-	for _, tied := range []bool{false, true} {
-		c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 8, NumHeads: 4,
-			NumKVHeads: 2, HeadDim: 64, VocabSize: 256, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000,
-			TiedEmbeddings: tied}
-		s, err := ParseScheme("Q4_K_M")
-		if err != nil {
-			t.Fatal(err)
+// TestMediumKQuants writes 8-layer models as q4_k_m and q5_k_m and checks
+// each matrix's dtype against llama-quantize's Q4_K_M and Q5_K_M choices:
+// the output matrix (the embedding, when tied) in Q6_K, the value and down
+// projections of layers 0, 3, 6 and 7 (use_more_bits of 8 layers) in
+// Q6_K, the rest in Q4_K (Q5_K), and general.file_type 15 (17:
+// LLAMA_FTYPE_MOSTLY_Q4_K_M, Q5_K_M).
+func TestMediumKQuants(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		base     tensor.DType
+		fileType uint32
+	}{{"Q4_K_M", tensor.Q4_K, 15}, {"q5_k_m", tensor.Q5_K, 17}} {
+		for _, tied := range []bool{false, true} {
+			mediumKQuant(t, c.name, c.base, c.fileType, tied)
 		}
-		path, rep := writeScheme(t, testmodel.Zeros(c), s)
-		m, err := model.Load(path)
-		if err != nil {
-			t.Fatal(err)
+	}
+}
+
+// mediumKQuant writes one model in scheme and checks it (TestMediumKQuants).
+func mediumKQuant(t *testing.T, scheme string, base tensor.DType, fileType uint32, tied bool) {
+	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 8, NumHeads: 4,
+		NumKVHeads: 2, HeadDim: 64, VocabSize: 256, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000,
+		TiedEmbeddings: tied}
+	s, err := ParseScheme(scheme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, rep := writeScheme(t, testmodel.Zeros(c), s)
+	m, err := model.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if ft, _ := m.Metadata["general.file_type"].(uint32); ft != fileType {
+		t.Errorf("%s: general.file_type = %v, want %d", scheme, m.Metadata["general.file_type"], fileType)
+	}
+	want := map[string]tensor.DType{"model.embed_tokens.weight": base}
+	if tied {
+		want["model.embed_tokens.weight"] = tensor.Q6_K
+	} else {
+		want["lm_head.weight"] = tensor.Q6_K
+	}
+	for i := 0; i < 8; i++ {
+		more := base
+		if i == 0 || i == 3 || i == 6 || i == 7 {
+			more = tensor.Q6_K
 		}
-		defer m.Close()
-		if ft, _ := m.Metadata["general.file_type"].(uint32); ft != 15 {
-			t.Errorf("general.file_type = %v, want 15", m.Metadata["general.file_type"])
+		p := fmt.Sprintf("model.layers.%d.", i)
+		for _, n := range []string{"self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj"} {
+			want[p+n+".weight"] = base
 		}
-		want := map[string]tensor.DType{"model.embed_tokens.weight": tensor.Q4_K}
-		if tied {
-			want["model.embed_tokens.weight"] = tensor.Q6_K
-		} else {
-			want["lm_head.weight"] = tensor.Q6_K
+		want[p+"self_attn.v_proj.weight"] = more
+		want[p+"mlp.down_proj.weight"] = more
+	}
+	for name, d := range want {
+		x := m.Tensors[name]
+		if x == nil {
+			t.Fatalf("%s, tied %v: no %s in the file", scheme, tied, name)
 		}
-		for i := 0; i < 8; i++ {
-			more := tensor.Q4_K
-			if i == 0 || i == 3 || i == 6 || i == 7 {
-				more = tensor.Q6_K
-			}
-			p := fmt.Sprintf("model.layers.%d.", i)
-			for _, n := range []string{"self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj"} {
-				want[p+n+".weight"] = tensor.Q4_K
-			}
-			want[p+"self_attn.v_proj.weight"] = more
-			want[p+"mlp.down_proj.weight"] = more
+		if x.DType != d {
+			t.Errorf("%s, tied %v: %s stored as %v, want %v", scheme, tied, name, x.DType, d)
 		}
-		for name, d := range want {
-			x := m.Tensors[name]
-			if x == nil {
-				t.Fatalf("tied %v: no %s in the file", tied, name)
-			}
-			if x.DType != d {
-				t.Errorf("tied %v: %s stored as %v, want %v", tied, name, x.DType, d)
-			}
-		}
-		if n := rep.Matrices[tensor.Q6_K]; n != 9 {
-			t.Errorf("tied %v: %d matrices in Q6_K, want 9", tied, n)
-		}
+	}
+	if n := rep.Matrices[tensor.Q6_K]; n != 9 {
+		t.Errorf("%s, tied %v: %d matrices in Q6_K, want 9", scheme, tied, n)
 	}
 }
 
@@ -98,7 +110,10 @@ func TestParseScheme(t *testing.T) {
 	if s, err := Pure(tensor.Q4_K); err != nil || s.Name != "q4_k" {
 		t.Errorf("Pure(Q4_K) = %v, %v", s, err)
 	}
-	if _, err := Pure(tensor.Q5_K); err == nil {
-		t.Error("Pure(Q5_K) succeeded")
+	if s, err := Pure(tensor.Q5_K); err != nil || s.Name != "q5_k" {
+		t.Errorf("Pure(Q5_K) = %v, %v", s, err)
+	}
+	if _, err := Pure(tensor.Q3_K); err == nil {
+		t.Error("Pure(Q3_K) succeeded")
 	}
 }

@@ -124,7 +124,7 @@ func TestGGMLDequantize(t *testing.T) {
 // Quantize has and compares the blocks, byte for byte, with ggml's
 // (ggml_quantize_chunk without an importance matrix, as llama-quantize).
 func TestGGMLQuantize(t *testing.T) {
-	for _, d := range []DType{Q8_0, Q4_0, Q4_K, Q6_K} {
+	for _, d := range []DType{Q8_0, Q4_0, Q4_K, Q5_K, Q6_K} {
 		t.Run(d.String(), func(t *testing.T) {
 			r := ggmlRefs(t, 64)[d]
 			got, err := Quantize(d, r.src)

@@ -5,8 +5,8 @@ import (
 	"math"
 )
 
-// The k-quant quantizers, as ggml's reference ones (quantize_row_q4_K_ref
-// and quantize_row_q6_K_ref, what llama-quantize runs without an
+// The k-quant quantizers, as ggml's reference ones (quantize_row_q4_K_ref,
+// quantize_row_q5_K_ref and quantize_row_q6_K_ref, what llama-quantize runs without an
 // importance matrix), operation for operation in float32, so that the
 // blocks are ggml's bit for bit (TestGGMLQuantize).
 
@@ -96,67 +96,12 @@ func makeQKX2(nmax int, x, w []float32, L, laux []uint8, rmin, rdelta float32, n
 	return scale, -mn
 }
 
-// quantizeQ4_K appends the Q4_K blocks of x (a multiple of 256 values).
+// quantizeQ4_K appends the Q4_K blocks of x (a multiple of 256 values):
+// quantize_row_q4_K_ref.
 func quantizeQ4_K(out []byte, x []float32) []byte {
 	var L [256]uint8
-	var laux [32]uint8
-	var w [32]float32
-	var scales, mins [8]float32
 	for ; len(x) >= 256; x = x[256:] {
-		var maxScale, maxMin float32
-		for j := range 8 {
-			sub := x[32*j : 32*j+32]
-			var sumX2 float32
-			for _, v := range sub {
-				sumX2 += v * v
-			}
-			av := sqrtf(sumX2 / 32)
-			for l, v := range sub {
-				w[l] = av + absf(v)
-			}
-			scales[j], mins[j] = makeQKX2(15, sub, w[:], L[32*j:], laux[:], -1, 0.1, 20, false)
-			if scales[j] > maxScale {
-				maxScale = scales[j]
-			}
-			if mins[j] > maxMin {
-				maxMin = mins[j]
-			}
-		}
-		var invScale, invMin float32
-		if maxScale > 0 {
-			invScale = 63 / maxScale
-		}
-		if maxMin > 0 {
-			invMin = 63 / maxMin
-		}
-		var packed [12]byte
-		for j := range 8 {
-			ls := min(63, uint8(nearestInt(invScale*scales[j])))
-			lm := min(63, uint8(nearestInt(invMin*mins[j])))
-			if j < 4 {
-				packed[j], packed[j+4] = ls, lm
-			} else {
-				packed[j+4] = ls&0x0f | (lm&0x0f)<<4
-				packed[j-4] |= (ls >> 4) << 6
-				packed[j] |= (lm >> 4) << 6
-			}
-		}
-		dh, mh := F32ToF16(maxScale/63), F32ToF16(maxMin/63)
-		d, dmin := F16ToF32(dh), F16ToF32(mh)
-		for j := range 8 {
-			sc, m := KScaleMin(j, packed[:])
-			dj := d * float32(sc)
-			if dj == 0 {
-				continue
-			}
-			dm := dmin * float32(m)
-			for i := range 32 {
-				L[32*j+i] = uint8(max(0, min(15, nearestInt((x[32*j+i]+dm)/dj))))
-			}
-		}
-		out = binary.LittleEndian.AppendUint16(out, dh)
-		out = binary.LittleEndian.AppendUint16(out, mh)
-		out = append(out, packed[:]...)
+		out = kBlockHeader(out, x, 15, -1, 20, &L)
 		for j := 0; j < 256; j += 64 {
 			for l := range 32 {
 				out = append(out, L[j+l]|L[j+l+32]<<4)
@@ -164,6 +109,96 @@ func quantizeQ4_K(out []byte, x []float32) []byte {
 		}
 	}
 	return out
+}
+
+// quantizeQ5_K appends the Q5_K blocks of x (a multiple of 256 values):
+// quantize_row_q5_K_ref. Q4_K's header, then the fifth bits (qh: bit 2i
+// of byte l for value 64i+l, bit 2i+1 for value 64i+32+l), then the low
+// four bits as Q4_K's nibbles.
+func quantizeQ5_K(out []byte, x []float32) []byte {
+	var L [256]uint8
+	for ; len(x) >= 256; x = x[256:] {
+		out = kBlockHeader(out, x, 31, -0.5, 15, &L)
+		var qh [32]byte
+		for i, n := 0, 0; n < 256; i, n = i+1, n+64 {
+			for l := range 32 {
+				qh[l] |= (L[n+l]>>4)<<(2*i) | (L[n+l+32]>>4)<<(2*i+1)
+			}
+		}
+		out = append(out, qh[:]...)
+		for n := 0; n < 256; n += 64 {
+			for l := range 32 {
+				out = append(out, L[n+l]&0x0f|(L[n+l+32]&0x0f)<<4)
+			}
+		}
+	}
+	return out
+}
+
+// kBlockHeader appends the header of the Q4_K or Q5_K block of the 256
+// values x (d and dmin in f16, the 8 sub-blocks' 6-bit scales and minimums
+// packed in 12 bytes) and sets L to the values' levels in [0, nmax]:
+// make_qkx2_quants per 32 values with weights rms+|x| (rmin, 0.1, nstep
+// as ggml calls it for the type), the scales and minimums quantized to 6
+// bits against the largest, then each value's level from the packed ones.
+func kBlockHeader(out []byte, x []float32, nmax int, rmin float32, nstep int, L *[256]uint8) []byte {
+	var laux [32]uint8
+	var w [32]float32
+	var scales, mins [8]float32
+	var maxScale, maxMin float32
+	for j := range 8 {
+		sub := x[32*j : 32*j+32]
+		var sumX2 float32
+		for _, v := range sub {
+			sumX2 += v * v
+		}
+		av := sqrtf(sumX2 / 32)
+		for l, v := range sub {
+			w[l] = av + absf(v)
+		}
+		scales[j], mins[j] = makeQKX2(nmax, sub, w[:], L[32*j:], laux[:], rmin, 0.1, nstep, false)
+		if scales[j] > maxScale {
+			maxScale = scales[j]
+		}
+		if mins[j] > maxMin {
+			maxMin = mins[j]
+		}
+	}
+	var invScale, invMin float32
+	if maxScale > 0 {
+		invScale = 63 / maxScale
+	}
+	if maxMin > 0 {
+		invMin = 63 / maxMin
+	}
+	var packed [12]byte
+	for j := range 8 {
+		ls := min(63, uint8(nearestInt(invScale*scales[j])))
+		lm := min(63, uint8(nearestInt(invMin*mins[j])))
+		if j < 4 {
+			packed[j], packed[j+4] = ls, lm
+		} else {
+			packed[j+4] = ls&0x0f | (lm&0x0f)<<4
+			packed[j-4] |= (ls >> 4) << 6
+			packed[j] |= (lm >> 4) << 6
+		}
+	}
+	dh, mh := F32ToF16(maxScale/63), F32ToF16(maxMin/63)
+	d, dmin := F16ToF32(dh), F16ToF32(mh)
+	for j := range 8 {
+		sc, m := KScaleMin(j, packed[:])
+		dj := d * float32(sc)
+		if dj == 0 {
+			continue
+		}
+		dm := dmin * float32(m)
+		for i := range 32 {
+			L[32*j+i] = uint8(max(0, min(nmax, nearestInt((x[32*j+i]+dm)/dj))))
+		}
+	}
+	out = binary.LittleEndian.AppendUint16(out, dh)
+	out = binary.LittleEndian.AppendUint16(out, mh)
+	return append(out, packed[:]...)
 }
 
 // makeQX is ggml's make_qx_quants with rmse_type 1 and no importance

@@ -9,8 +9,8 @@ import (
 // Quantize encodes float32 values as a block-quantized dtype, following
 // ggml's reference quantizers: Q8_0 stores round(x/d) with d = max|x|/127;
 // Q4_0 stores x/d + 8 in 4 bits with d = -m/8, m the value of largest
-// magnitude, low nibbles holding the block's first 16 values; Q4_K and
-// Q6_K as kquant.go says.
+// magnitude, low nibbles holding the block's first 16 values; Q4_K, Q5_K
+// and Q6_K as kquant.go says.
 func Quantize(d DType, x []float32) ([]byte, error) {
 	if _, err := d.Bytes(int64(len(x))); err != nil {
 		return nil, err
@@ -57,6 +57,8 @@ func Quantize(d DType, x []float32) ([]byte, error) {
 		}
 	case Q4_K:
 		out = quantizeQ4_K(out, x)
+	case Q5_K:
+		out = quantizeQ5_K(out, x)
 	case Q6_K:
 		out = quantizeQ6_K(out, x)
 	default:

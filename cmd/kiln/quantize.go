@@ -20,7 +20,7 @@ import (
 func cmdQuantize(args []string) error {
 	fs := flag.NewFlagSet("quantize", flag.ContinueOnError)
 	names := strings.Join(append(convert.SchemeNames(), "fp8"), ", ")
-	to := fs.String("to", "q8_0", "dtype of the matrices: "+names+" (q4_k_m: Q4_K with the output matrix and some layers' value and down projections in Q6_K, as llama-quantize's Q4_K_M; fp8: OUT is a Hugging Face checkpoint directory, the layers' matrices in FP8 E4M3 with a scale a row, compressed-tensors' format)")
+	to := fs.String("to", "q8_0", "dtype of the matrices: "+names+" (q4_k_m, q5_k_m: Q4_K or Q5_K with the output matrix and some layers' value and down projections in Q6_K, as llama-quantize's Q4_K_M and Q5_K_M; fp8: OUT is a Hugging Face checkpoint directory, the layers' matrices in FP8 E4M3 with a scale a row, compressed-tensors' format)")
 	tokFlag := fs.String("tokenizer", "", "the vocabulary to write (default: MODEL's own; a GGUF MODEL's travels with it)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {

@@ -2,7 +2,8 @@
 # Batch-1 decode on the CPU, kiln against llama.cpp on the same GGUF files,
 # at the same thread counts, interleaved (issue 16): a random model of the
 # demo-110m shape (stories110M's, with the demo's vocabulary) written by
-# kiln quantize as F16, Q8_0, Q6_K, Q4_K_M, Q4_K and Q4_0. llama.cpp is
+# kiln quantize as F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_K and Q4_0 (FORMATS,
+# a space-separated list, picks others). llama.cpp is
 # tools/cpu/llama_decode.c on node-llama-cpp's prebuilt libraries
 # (tools/cpu/llama-decode.sh; LLAMA_LIBDIR, default where
 # `npm install node-llama-cpp@3.22.1` in /tmp/nlcjs puts them): its C API,
@@ -23,7 +24,7 @@ if [ ! -f "$src/config.json" ]; then
 	$k bench model --random demo-110m --dtype f32 --keep "$dir" --pp 0 --tg 1 --batch 1 --reps 1 --device cpu >/dev/null
 fi
 cp demo/files/tokenizer.json demo/files/tokenizer_config.json "$src/"
-formats="f16 q8_0 q6_k q4_k_m q4_k q4_0"
+formats=${FORMATS:-f16 q8_0 q6_k q5_k_m q4_k_m q4_k q4_0}
 for f in $formats; do
 	[ -f "$dir/$f.gguf" ] || $k quantize "$src" "$dir/$f.gguf" --to "$f" >/dev/null
 done

@@ -38,34 +38,25 @@ func E4M3ToF32(b byte) float32 { return e4m3Table[b] }
 
 // F32ToE4M3 rounds f to the nearest E4M3 value, ties to even, saturating
 // at ±448 (as the FP8 quantizers of llm-compressor and vLLM clamp before
-// the cast); NaN stays NaN.
+// the cast); NaN stays NaN. On the bits: below 2⁻⁶ the code is the
+// subnormal count of 2⁻⁹ (f·512 rounded to even); above, the float32's
+// mantissa rounded to 3 bits at bit 20, ties to even, and the exponent
+// rebiased from 127 to 7 (TestE4M3 checks it against the definition).
 func F32ToE4M3(f float32) byte {
-	if f != f {
+	bits := math.Float32bits(f)
+	sign := byte(bits>>24) & 0x80
+	abs := bits &^ (1 << 31)
+	switch {
+	case abs > 0x7F800000: // NaN
 		return 0x7F
-	}
-	var sign byte
-	if math.Signbit(float64(f)) {
-		sign, f = 0x80, -f
-	}
-	if f >= E4M3Max {
+	case abs >= 0x43E00000: // ≥ 448, infinity included
 		return sign | 0x7E
+	case abs < 0x3C800000: // < 2⁻⁶: subnormal (or 2⁻⁶ itself once rounded)
+		return sign | byte(math.RoundToEven(float64(math.Float32frombits(abs))*512))
 	}
-	// The spacing of E4M3 values around f: 2^(e-3) for normal f of
-	// exponent e ≥ -6, 2^-9 below (subnormals).
-	_, exp := math.Frexp(float64(f)) // f = frac·2^exp, frac in [0.5, 1)
-	e := max(exp-1, -6)
-	step := math.Exp2(float64(e - 3))
-	q := math.RoundToEven(float64(f) / step) // exact: f/step has few bits
-	v := q * step
-	if v >= E4M3Max {
-		return sign | 0x7E
+	r := (abs + 0x7FFFF + (abs>>20)&1) >> 20 // exponent and 3 mantissa bits, rounded
+	if v := r - 120<<3; v < 0x7F {
+		return sign | byte(v)
 	}
-	// Encode v, a multiple of step in [0, 448).
-	if v < math.Exp2(-6) {
-		return sign | byte(q) // subnormal: m = v / 2^-9 (q, with e = -6)
-	}
-	_, exp = math.Frexp(v)
-	e = exp - 1
-	m := v/math.Exp2(float64(e))*8 - 8
-	return sign | byte(e+7)<<3 | byte(m)
+	return sign | 0x7E // rounded past 448
 }

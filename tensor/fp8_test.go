@@ -67,4 +67,49 @@ func TestE4M3(t *testing.T) {
 	if F32ToE4M3(1e6) != 0x7E || F32ToE4M3(float32(math.Inf(-1))) != 0xFE {
 		t.Error("no saturation at ±448")
 	}
+	// Every float32 bit pattern of 2²⁴ spread over the whole range, and all
+	// of those within 2⁻¹² of 2⁻⁶ and of 448, against the definition.
+	check := func(bits uint32) {
+		f := math.Float32frombits(bits)
+		if got, want := F32ToE4M3(f), e4m3Ref(f); got != want {
+			t.Fatalf("F32ToE4M3(%v, bits %#08x) = %#02x, want %#02x", f, bits, got, want)
+		}
+	}
+	for b := uint32(0); b < 1<<24; b++ {
+		check(b<<8 | b&0xFF)
+	}
+	for _, c := range []float32{1.0 / 64, 448} {
+		for d := -4096; d <= 4096; d++ {
+			check(uint32(int32(math.Float32bits(c)) + int32(d)))
+		}
+	}
+}
+
+// e4m3Ref is F32ToE4M3 by its definition, on float64 arithmetic.
+func e4m3Ref(f float32) byte {
+	if f != f {
+		return 0x7F
+	}
+	var sign byte
+	if math.Signbit(float64(f)) {
+		sign, f = 0x80, -f
+	}
+	if f >= E4M3Max {
+		return sign | 0x7E
+	}
+	_, exp := math.Frexp(float64(f))
+	e := max(exp-1, -6)
+	step := math.Exp2(float64(e - 3))
+	q := math.RoundToEven(float64(f) / step)
+	v := q * step
+	if v >= E4M3Max {
+		return sign | 0x7E
+	}
+	if v < math.Exp2(-6) {
+		return sign | byte(q)
+	}
+	_, exp = math.Frexp(v)
+	e = exp - 1
+	m := v/math.Exp2(float64(e))*8 - 8
+	return sign | byte(e+7)<<3 | byte(m)
 }

@@ -345,3 +345,29 @@ func TestDotsAxpys(t *testing.T) {
 		}
 	}
 }
+
+// TestE4M3ToF32: every code at every position of a run of 8 (the AVX2
+// rounds) and in the tails, against tensor.E4M3ToF32, bit for bit (NaN as
+// NaN).
+func TestE4M3ToF32(t *testing.T) {
+	for _, n := range []int{1, 7, 8, 9, 16, 263, 1024} {
+		for off := 0; off < 256; off += 13 {
+			src := make([]byte, n)
+			for i := range src {
+				src[i] = byte(off + 37*i)
+			}
+			dst := make([]float32, n+1)
+			dst[n] = 12345
+			E4M3ToF32(dst, src)
+			for i, b := range src {
+				want := tensor.E4M3ToF32(b)
+				if got := dst[i]; math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+					t.Fatalf("n %d: code %#02x at %d: %v, want %v", n, b, i, got, want)
+				}
+			}
+			if dst[n] != 12345 {
+				t.Fatalf("n %d: wrote past the codes", n)
+			}
+		}
+	}
+}

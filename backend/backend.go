@@ -49,13 +49,22 @@ type KVCache interface {
 
 // KVSpec sizes a paged KV cache: for each layer, Blocks blocks of BlockSize
 // token slots, each slot holding KVHeads×HeadDim keys and as many values.
+// FP8 stores keys and values as FP8 E4M3 (tensor.F32ToE4M3: scale 1, as
+// vLLM's --kv-cache-dtype fp8 without calibrated scales, saturating at
+// ±448) instead of the backend's own dtype.
 type KVSpec struct {
 	Layers, Blocks, BlockSize, KVHeads, HeadDim int
+	FP8                                         bool
 }
 
-// Bytes is the cache's size at 4 bytes an element.
+// Bytes is the cache's size at 4 bytes an element (the CPU's float32), 1
+// in FP8.
 func (s KVSpec) Bytes() int64 {
-	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * 4
+	elem := int64(4)
+	if s.FP8 {
+		elem = 1
+	}
+	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * elem
 }
 
 // Seq is one sequence of a batch.

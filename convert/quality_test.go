@@ -18,9 +18,13 @@ const demoDir = "../demo/files"
 
 // demoAs writes the demo model (bf16) as a GGUF file in scheme name
 // (convert.Schemes), or as an FP8 checkpoint for "fp8", and returns an
-// engine on it.
+// engine on it; "kv_fp8" is the bf16 model with an FP8 KV cache.
 func demoAs(t *testing.T, name string) *engine.Engine {
 	t.Helper()
+	opts := engine.Options{}
+	if name == "kv_fp8" {
+		name, opts.KVCacheFP8 = "bf16", true
+	}
 	src, err := model.Load(demoDir)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +53,7 @@ func demoAs(t *testing.T, name string) *engine.Engine {
 	if w := m.Tensors["model.layers.0.self_attn.q_proj.weight"]; w.DType != want {
 		t.Fatalf("q_proj loaded as %v, want %v", w.DType, want)
 	}
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{})
+	e, err := engine.New(m, &cpu.Backend{}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +62,8 @@ func demoAs(t *testing.T, name string) *engine.Engine {
 }
 
 // TestQuantizedQuality measures the demo model stored as bf16 (its own
-// dtype), Q8_0, FP8, Q6_K, Q5_K_M, Q5_K, Q4_K_M, Q4_K and Q4_0 (through GGUF files, and
+// dtype), Q8_0, FP8, Q6_K, Q5_K_M, Q5_K, Q4_K_M, Q4_K and Q4_0, and bf16
+// with an FP8 KV cache (through GGUF files, and
 // an FP8 checkpoint, as kiln quantize writes them) on the start of the public-domain corpus (War and Peace):
 // perplexity over the first 8,000 bytes (windows of 512 tokens), and the
 // KL divergence of each format's next-token distributions from bf16's over
@@ -82,7 +87,7 @@ func TestQuantizedQuality(t *testing.T) {
 	nll := map[string]float64{}
 	greedy := map[string][]int{}
 	var ref []float32 // bf16's logits over the first window
-	for _, dt := range []string{"bf16", "q8_0", "fp8", "q6_k", "q5_k_m", "q5_k", "q4_k_m", "q4_k", "q4_0"} {
+	for _, dt := range []string{"bf16", "q8_0", "fp8", "kv_fp8", "q6_k", "q5_k_m", "q5_k", "q4_k_m", "q4_k", "q4_0"} {
 		e := demoAs(t, dt)
 		p, err := eval.SlidingPerplexity(e, ids, 512, 256)
 		if err != nil {
@@ -147,6 +152,7 @@ func generate(t *testing.T, e *engine.Engine, prompt []int, n int) []int {
 // window (nats a token); measured (deterministic: the same model, text and
 // kernels every run), with Q8_0's x in 16 bits and the k-quants' in 8 in
 // the integer products (gemm/quant.go), FP8 widened to bf16 at load:
-// Q8_0 0.000113, FP8 0.00169, Q6_K 0.00125, Q5_K_M 0.00313, Q5_K 0.00446,
-// Q4_K_M 0.00901, Q4_K 0.0169, Q4_0 0.0275.
-var klBounds = map[string]float64{"bf16": 0, "q8_0": 5e-4, "fp8": 5e-3, "q6_k": 3e-3, "q5_k_m": 6e-3, "q5_k": 8e-3, "q4_k_m": 1.5e-2, "q4_k": 3e-2, "q4_0": 4e-2}
+// Q8_0 0.000113, FP8 0.00169, the FP8 KV cache (bf16 weights) 0.00129,
+// Q6_K 0.00125, Q5_K_M 0.00313, Q5_K 0.00446, Q4_K_M 0.00901, Q4_K 0.0169,
+// Q4_0 0.0275.
+var klBounds = map[string]float64{"bf16": 0, "q8_0": 5e-4, "fp8": 5e-3, "kv_fp8": 3e-3, "q6_k": 3e-3, "q5_k_m": 6e-3, "q5_k": 8e-3, "q4_k_m": 1.5e-2, "q4_k": 3e-2, "q4_0": 4e-2}

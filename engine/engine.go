@@ -38,6 +38,9 @@ type Options struct {
 	// and everything before them, and kept after use until a block is
 	// needed.
 	PrefixCaching bool
+	// KVCacheFP8 stores the KV cache's keys and values as FP8 E4M3
+	// (backend.KVSpec.FP8): a quarter of the CPU's float32 cache.
+	KVCacheFP8 bool
 	// KVCacheFraction, when KVBlocks is 0 and the backend reports its
 	// memory, sizes the cache to this fraction of the memory left once the
 	// weights and the largest step's activations are in place, at most
@@ -114,7 +117,8 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	}
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
 	blocks := blocksPerSeq * opts.MaxSeqs
-	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}
+	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim,
+		FP8: opts.KVCacheFP8}
 	execs := map[compile.Bucket]backend.Executable{}
 	mem, reports := loaded.(backend.MemoryReporter)
 	switch {

@@ -28,14 +28,16 @@ func tinyModel(t *testing.T, d tensor.DType) *model.Model {
 }
 
 // TestDecodeAllocatesNothing checks the hot path: a decode step on the fast
-// kernels allocates no memory once its bucket's plan exists.
+// kernels allocates no memory once its bucket's plan exists, with a float32
+// or an FP8 KV cache.
 func TestDecodeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	for _, d := range []tensor.DType{tensor.F32, tensor.BF16} {
+	for i, d := range []tensor.DType{tensor.F32, tensor.BF16, tensor.BF16} {
+		fp8 := i == 2 // the FP8 KV cache
 		m := tinyModel(t, d)
-		e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: 2})
+		e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: 2, KVCacheFP8: fp8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +57,7 @@ func TestDecodeAllocatesNothing(t *testing.T) {
 			sampler.Accept(tok[0])
 		})
 		if allocs != 0 {
-			t.Errorf("%v: %.1f allocations per decode step, want 0", d, allocs)
+			t.Errorf("%v (FP8 KV cache %v): %.1f allocations per decode step, want 0", d, fp8, allocs)
 		}
 		e.Close()
 	}

@@ -13,9 +13,11 @@ import (
 	"fmt"
 
 	"kiln/backend"
+	"kiln/backend/cpu/gemm"
 	"kiln/backend/cpu/workers"
 	"kiln/compile"
 	"kiln/ir"
+	"kiln/tensor"
 )
 
 // Backend is the CPU target.
@@ -67,10 +69,13 @@ func (l *loaded) Close() error {
 }
 
 // kvCache stores, per layer, keys and values as
-// [Blocks][BlockSize][KVHeads][HeadDim] float32.
+// [Blocks][BlockSize][KVHeads][HeadDim] float32 (k, v), or FP8 E4M3 codes
+// (kq, vq) when spec.FP8.
 type kvCache struct {
-	spec backend.KVSpec
-	k, v [][]float32
+	spec   backend.KVSpec
+	k, v   [][]float32
+	kq, vq [][]byte
+	row    []float32 // one slot's keys before they are encoded (writes run on one goroutine)
 }
 
 func (c *kvCache) Spec() backend.KVSpec { return c.spec }
@@ -81,23 +86,77 @@ func (c *kvCache) CopyBlocks(pairs [][2]int32) error {
 		if p[0] < 0 || p[1] < 0 || int(p[0]) >= c.spec.Blocks || int(p[1]) >= c.spec.Blocks {
 			return fmt.Errorf("cpu: copy of block %d to %d in a cache of %d", p[0], p[1], c.spec.Blocks)
 		}
+		from, to := int(p[0])*n, int(p[1])*n
 		for l := range c.k {
-			copy(c.k[l][int(p[1])*n:(int(p[1])+1)*n], c.k[l][int(p[0])*n:])
-			copy(c.v[l][int(p[1])*n:(int(p[1])+1)*n], c.v[l][int(p[0])*n:])
+			copy(c.k[l][to:to+n], c.k[l][from:])
+			copy(c.v[l][to:to+n], c.v[l][from:])
+		}
+		for l := range c.kq {
+			copy(c.kq[l][to:to+n], c.kq[l][from:])
+			copy(c.vq[l][to:to+n], c.vq[l][from:])
 		}
 	}
 	return nil
+}
+
+// put stores one slot's keys k and values v (KVHeads·HeadDim each) of
+// layer l at element offset at.
+func (c *kvCache) put(l, at int, k, v []float32) {
+	width := len(k)
+	if !c.spec.FP8 {
+		copy(c.k[l][at:at+width], k)
+		copy(c.v[l][at:at+width], v)
+		return
+	}
+	encodeE4M3(c.kq[l][at:at+width], k)
+	encodeE4M3(c.vq[l][at:at+width], v)
+}
+
+// encodeE4M3 stores x as FP8 E4M3 codes in q.
+func encodeE4M3(q []byte, x []float32) {
+	q = q[:len(x)]
+	for i, v := range x {
+		q[i] = tensor.F32ToE4M3(v)
+	}
+}
+
+// rows returns n slots' hd values of layer l's keys (or values) from
+// element offset at, width apart: the cache's own float32s, or decoded
+// from FP8 into buf (n·hd long), then hd apart. It returns the values and
+// their stride.
+func (c *kvCache) rows(f [][]float32, q [][]byte, l, at, n, width, hd int, buf []float32) ([]float32, int) {
+	if !c.spec.FP8 {
+		return f[l][at:], width
+	}
+	src := q[l]
+	for r := 0; r < n; r++ {
+		gemm.E4M3ToF32(buf[r*hd:(r+1)*hd], src[at+r*width:at+r*width+hd])
+	}
+	return buf[:n*hd], hd
 }
 
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cpu: bad kv cache spec %+v", spec)
 	}
+	if spec.FP8 && spec.HeadDim > fp8Rows {
+		return nil, fmt.Errorf("cpu: FP8 kv cache with heads of %d (at most %d)", spec.HeadDim, fp8Rows)
+	}
+	return newKVCache(spec), nil
+}
+
+// newKVCache allocates the cache spec describes, zeroed.
+func newKVCache(spec backend.KVSpec) *kvCache {
 	per := spec.Blocks * spec.BlockSize * spec.KVHeads * spec.HeadDim
-	c := &kvCache{spec: spec}
+	c := &kvCache{spec: spec, row: make([]float32, spec.KVHeads*spec.HeadDim)}
 	for i := 0; i < spec.Layers; i++ {
+		if spec.FP8 {
+			c.kq = append(c.kq, make([]byte, per))
+			c.vq = append(c.vq, make([]byte, per))
+			continue
+		}
 		c.k = append(c.k, make([]float32, per))
 		c.v = append(c.v, make([]float32, per))
 	}
-	return c, nil
+	return c
 }

@@ -44,15 +44,14 @@ func init() {
 	register(ir.RoPEKVWrite, kernel{name: "cpu.rope_kv_write", priority: fastPriority, run: func(x *execState, s *step) {
 		a := s.node.Attrs
 		width := a.KVHeads * a.HeadDim
-		kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
 		table := tensorF32(s.in[3].t)
+		k := x.kv.row[:width]
 		for t := 0; t < x.tokens; t++ {
 			p := x.batch.Positions[t]
 			at := slot(x, int(x.batch.SeqIndex[t]), int(p)) * width
-			kslot := kc[at : at+width]
-			copy(kslot, s.in[0].f[t*width:(t+1)*width])
-			copy(vc[at:at+width], s.in[1].f[t*width:(t+1)*width])
-			rotate(kslot, table[int(p)*a.HeadDim:(int(p)+1)*a.HeadDim], a.KVHeads, a.HeadDim, a.Interleaved)
+			copy(k, s.in[0].f[t*width:(t+1)*width])
+			rotate(k, table[int(p)*a.HeadDim:(int(p)+1)*a.HeadDim], a.KVHeads, a.HeadDim, a.Interleaved)
+			x.kv.put(a.Layer, at, k, s.in[1].f[t*width:(t+1)*width])
 		}
 	}})
 }
@@ -74,14 +73,20 @@ type attnTask struct {
 // attnBlock is how many keys' scores are held at once.
 const attnBlock = 64
 
+// fp8Rows is how many values a task decodes from an FP8 cache at once
+// (rows of one head: at most fp8Rows/HeadDim keys a call).
+const fp8Rows = 4096
+
 func (t *attnTask) Do(lo, hi int) {
 	x, s := t.x, t.s
 	a := s.node.Attrs
 	q, out := s.in[0].f, s.out[0].f
 	width := a.KVHeads * a.HeadDim
 	group := a.Heads / a.KVHeads
-	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+	kv := x.kv
 	var scores [attnBlock]float32
+	var buf [fp8Rows]float32 // an FP8 cache's keys or values, decoded
+	most := max(1, fp8Rows/a.HeadDim)
 	for item := lo; item < hi; item++ {
 		tok, h := item/a.Heads, item%a.Heads
 		seq, p := int(x.batch.SeqIndex[tok]), int(x.batch.Positions[tok])
@@ -100,9 +105,10 @@ func (t *attnTask) Do(lo, hi int) {
 		for j0 := windowStart(p, a.Window); j0 <= p; j0 += attnBlock {
 			n := min(attnBlock, p+1-j0)
 			for i := 0; i < n; {
-				run := min(n-i, bs-(j0+i)%bs)
+				run := min(n-i, bs-(j0+i)%bs, most)
 				at := slot(x, seq, j0+i)*width + kvOff
-				gemm.Dots(scores[i:i+run], qh, kc[at:], width)
+				keys, stride := kv.rows(kv.k, kv.kq, a.Layer, at, run, width, a.HeadDim, buf[:])
+				gemm.Dots(scores[i:i+run], qh, keys, stride)
 				i += run
 			}
 			blockMax := maxScore
@@ -123,9 +129,10 @@ func (t *attnTask) Do(lo, hi int) {
 				sum += scores[i]
 			}
 			for i := 0; i < n; {
-				run := min(n-i, bs-(j0+i)%bs)
+				run := min(n-i, bs-(j0+i)%bs, most)
 				at := slot(x, seq, j0+i)*width + kvOff
-				gemm.Axpys(scores[i:i+run], vc[at:], width, acc)
+				vals, stride := kv.rows(kv.v, kv.vq, a.Layer, at, run, width, a.HeadDim, buf[:])
+				gemm.Axpys(scores[i:i+run], vals, stride, acc)
 				i += run
 			}
 		}

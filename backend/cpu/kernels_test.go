@@ -68,17 +68,22 @@ func (c attnCase) String() string {
 }
 
 // setup builds a batch whose sequences use shuffled cache blocks, and a cache
-// filled with random keys and values.
-func (c attnCase) setup(r *rand.Rand) (*execState, backend.KVSpec) {
+// (float32, or FP8 when fp8) filled with random keys and values.
+func (c attnCase) setup(r *rand.Rand, fp8 bool) (*execState, backend.KVSpec) {
 	blocksNeeded := 0
 	for _, s := range c.seqs {
 		blocksNeeded += (s.past + s.new + c.blockSize - 1) / c.blockSize
 	}
-	spec := backend.KVSpec{Layers: 1, Blocks: blocksNeeded + 3, BlockSize: c.blockSize, KVHeads: c.kvHeads, HeadDim: c.headDim}
-	kv := &kvCache{spec: spec}
+	spec := backend.KVSpec{Layers: 1, Blocks: blocksNeeded + 3, BlockSize: c.blockSize, KVHeads: c.kvHeads, HeadDim: c.headDim, FP8: fp8}
+	kv := newKVCache(spec)
 	per := spec.Blocks * spec.BlockSize * spec.KVHeads * spec.HeadDim
-	kv.k = [][]float32{randSlice(r, per)}
-	kv.v = [][]float32{randSlice(r, per)}
+	if fp8 {
+		encodeE4M3(kv.kq[0], randSlice(r, per))
+		encodeE4M3(kv.vq[0], randSlice(r, per))
+	} else {
+		kv.k = [][]float32{randSlice(r, per)}
+		kv.v = [][]float32{randSlice(r, per)}
+	}
 	free := r.Perm(spec.Blocks)
 	b := &backend.Batch{}
 	for i, s := range c.seqs {
@@ -138,11 +143,19 @@ var attnCases = []attnCase{
 	{heads: 3, kvHeads: 3, headDim: 80, window: 1, blockSize: 5, seqs: []struct{ past, new int }{{9, 4}}},
 }
 
+// TestAttentionFastMatchesReference: over float32 and FP8 caches (the
+// reference widens each FP8 code, the fast kernel a block's rows at a time).
 func TestAttentionFastMatchesReference(t *testing.T) {
 	r := newRand(t)
+	for _, fp8 := range []bool{false, true} {
+		attentionFastMatchesReference(t, r, fp8)
+	}
+}
+
+func attentionFastMatchesReference(t *testing.T, r *rand.Rand, fp8 bool) {
 	for _, c := range attnCases {
-		t.Run(c.String(), func(t *testing.T) {
-			x, _ := c.setup(r)
+		t.Run(fmt.Sprintf("%v/fp8=%v", c, fp8), func(t *testing.T) {
+			x, _ := c.setup(r, fp8)
 			a := ir.Attrs{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Window: c.window, Scale: float32(1 / math.Sqrt(float64(c.headDim)))}
 			width := c.heads * c.headDim
 			q := randSlice(r, x.tokens*width)
@@ -160,22 +173,19 @@ func TestAttentionFastMatchesReference(t *testing.T) {
 	}
 }
 
+// TestRoPEKVWriteFastMatchesReference: the fast kernel writes the slots the
+// reference does with its values (within 1e-6 relative, or, in an FP8
+// cache, the same code or its neighbour: the two rotate in float32 in
+// different orders, and a key within 1e-6 of a rounding boundary may land
+// on either side of it), and no other slot.
 func TestRoPEKVWriteFastMatchesReference(t *testing.T) {
 	r := newRand(t)
 	for _, c := range attnCases {
 		for _, interleaved := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/interleaved=%v", c, interleaved), func(t *testing.T) {
-				x, spec := c.setup(r)
-				maxPos := 0
-				for _, s := range x.batch.Seqs {
-					maxPos = max(maxPos, s.Len)
-				}
-				table, err := testRopeTable(maxPos, c.headDim)
-				if err != nil {
-					t.Fatal(err)
-				}
+				x, spec := c.setup(r, false)
+				table, k, v := ropeInputs(t, r, c, x)
 				width := c.kvHeads * c.headDim
-				k, v := randSlice(r, x.tokens*width), randSlice(r, x.tokens*width)
 				pos := operand{i: x.batch.Positions}
 				tab := operand{t: table}
 				a := ir.Attrs{KVHeads: c.kvHeads, HeadDim: c.headDim, Interleaved: interleaved}
@@ -209,6 +219,67 @@ func TestRoPEKVWriteFastMatchesReference(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// ropeInputs is a RoPE table for x's positions and random keys and values
+// for its tokens.
+func ropeInputs(t *testing.T, r *rand.Rand, c attnCase, x *execState) (table *tensor.Tensor, k, v []float32) {
+	t.Helper()
+	maxPos := 0
+	for _, s := range x.batch.Seqs {
+		maxPos = max(maxPos, s.Len)
+	}
+	table, err := testRopeTable(maxPos, c.headDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	width := c.kvHeads * c.headDim
+	return table, randSlice(r, x.tokens*width), randSlice(r, x.tokens*width)
+}
+
+// TestRoPEKVWriteFP8FastMatchesReference is TestRoPEKVWriteFastMatchesReference
+// on an FP8 cache: every slot either kernel writes holds the same code, or
+// codes one apart (see above), and the unwritten ones keep NaN's code.
+func TestRoPEKVWriteFP8FastMatchesReference(t *testing.T) {
+	r := newRand(t)
+	for _, c := range attnCases {
+		t.Run(c.String(), func(t *testing.T) {
+			x, spec := c.setup(r, true)
+			table, k, v := ropeInputs(t, r, c, x)
+			width := c.kvHeads * c.headDim
+			a := ir.Attrs{KVHeads: c.kvHeads, HeadDim: c.headDim}
+			n := node(ir.RoPEKVWrite, a, nil)
+			run := func(kern kernel) (kq, vq []byte) {
+				per := spec.Blocks * spec.BlockSize * width
+				kq, vq = make([]byte, per), make([]byte, per)
+				for i := range kq {
+					kq[i], vq[i] = 0x7F, 0x7F
+				}
+				x.kv.kq, x.kv.vq = [][]byte{kq}, [][]byte{vq}
+				runKernel(kern, x, &step{node: n, in: []operand{operandOf(k, width), operandOf(v, width), {i: x.batch.Positions}, {t: table}}})
+				return kq, vq
+			}
+			ref, _ := referenceKernel(ir.RoPEKVWrite)
+			wk, wv := run(ref)
+			gk, gv := run(fastKernel(t, ir.RoPEKVWrite))
+			near := func(a, b byte) bool {
+				d := int(a&0x7F) - int(b&0x7F)
+				return a == b || a&0x80 == b&0x80 && (d == 1 || d == -1)
+			}
+			written := 0
+			for i := range wk {
+				if !near(gk[i], wk[i]) || gv[i] != wv[i] {
+					t.Fatalf("cache element %d: fast k=%#02x v=%#02x, reference k=%#02x v=%#02x", i, gk[i], gv[i], wk[i], wv[i])
+				}
+				if wv[i] != 0x7F {
+					written++
+				}
+			}
+			if written != x.tokens*width {
+				t.Errorf("%d value elements written, want %d", written, x.tokens*width)
+			}
+		})
 	}
 }
 

@@ -207,12 +207,19 @@ func slot(x *execState, s int, p int) int {
 
 func refKVWrite(x *execState, a ir.Attrs, k, v []float32) {
 	width := a.KVHeads * a.HeadDim
-	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
 	for t := 0; t < x.tokens; t++ {
 		at := slot(x, int(x.batch.SeqIndex[t]), int(x.batch.Positions[t])) * width
-		copy(kc[at:at+width], k[t*width:(t+1)*width])
-		copy(vc[at:at+width], v[t*width:(t+1)*width])
+		x.kv.put(a.Layer, at, k[t*width:(t+1)*width], v[t*width:(t+1)*width])
 	}
+}
+
+// refKV returns element i of layer l's keys (or values), widened from FP8
+// when the cache holds FP8.
+func refKV(c *kvCache, f [][]float32, q [][]byte, l, i int) float64 {
+	if c.spec.FP8 {
+		return float64(tensor.E4M3ToF32(q[l][i]))
+	}
+	return float64(f[l][i])
 }
 
 // window returns the first position token at position p may attend to.
@@ -228,7 +235,7 @@ func refAttention(x *execState, s *step) {
 	q, out := s.in[0].f, s.out[0].f
 	width := a.KVHeads * a.HeadDim
 	group := a.Heads / a.KVHeads
-	kc, vc := x.kv.k[a.Layer], x.kv.v[a.Layer]
+	kv := x.kv
 	for t := 0; t < x.tokens; t++ {
 		seq, p := int(x.batch.SeqIndex[t]), int(x.batch.Positions[t])
 		lo := windowStart(p, a.Window)
@@ -238,10 +245,10 @@ func refAttention(x *execState, s *step) {
 			scores := make([]float64, p-lo+1)
 			maxScore := math.Inf(-1)
 			for j := lo; j <= p; j++ {
-				k := kc[slot(x, seq, j)*width+kvOff:][:a.HeadDim]
+				at := slot(x, seq, j)*width + kvOff
 				var dot float64
 				for d := range qh {
-					dot += float64(qh[d]) * float64(k[d])
+					dot += float64(qh[d]) * refKV(kv, kv.k, kv.kq, a.Layer, at+d)
 				}
 				scores[j-lo] = dot * float64(a.Scale)
 				maxScore = math.Max(maxScore, scores[j-lo])
@@ -255,7 +262,7 @@ func refAttention(x *execState, s *step) {
 			for d := range oh {
 				var acc float64
 				for j := lo; j <= p; j++ {
-					acc += scores[j-lo] * float64(vc[slot(x, seq, j)*width+kvOff+d])
+					acc += scores[j-lo] * refKV(kv, kv.v, kv.vq, a.Layer, slot(x, seq, j)*width+kvOff+d)
 				}
 				oh[d] = float32(acc / sum)
 			}

@@ -426,6 +426,9 @@ func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cuda: bad kv cache spec %+v", spec)
 	}
+	if spec.FP8 {
+		return nil, fmt.Errorf("cuda: an FP8 KV cache is not built for the GPU yet (the CPU backend has one)")
+	}
 	c := &kvCache{spec: spec, l: l}
 	per := int64(spec.Blocks) * int64(spec.BlockSize) * int64(spec.KVHeads) * int64(spec.HeadDim) * int64(l.act.Size())
 	per = (per + 255) &^ 255

@@ -144,7 +144,12 @@ func cmdBenchModel(args []string) error {
 	// every generation sequence at its depth plus tg.
 	blocks := func(tokens int) int { return (tokens + 15) / 16 }
 	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+gen+1))
-	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be)})
+	fp8, err := ef.kvFP8()
+	if err != nil {
+		return err
+	}
+	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be),
+		KVCacheFP8: fp8})
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ type engineFlags struct {
 	graphs    bool
 	pdl       bool
 	epilogues bool
+	kvDType   string
 }
 
 func (e *engineFlags) register(fs *flag.FlagSet) {
@@ -68,6 +69,18 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&e.epilogues, "cuda-epilogues", envString("KILN_CUDA_EPILOGUES", "1") != "0", "compute SwiGLU, and RoPE with the KV-cache writes, in the epilogue of the decode GEMV that produces their input (KILN_CUDA_EPILOGUES=0 runs them as kernels of their own) [KILN_CUDA_EPILOGUES]")
 	fs.BoolVar(&e.graphs, "cuda-graphs", envString("KILN_CUDA_GRAPHS", "1") != "0", "replay decode steps from captured CUDA graphs (KILN_CUDA_GRAPHS=0 turns them off) [KILN_CUDA_GRAPHS]")
 	fs.BoolVar(&e.stack, "stack-projections", envBool("KILN_STACK_PROJECTIONS"), "stack Q/K/V and gate/up weights into single products (copies them out of the file mapping) [KILN_STACK_PROJECTIONS]")
+	fs.StringVar(&e.kvDType, "kv-cache-dtype", envString("KILN_KV_CACHE_DTYPE", "auto"), "KV cache element type: auto (the backend's: float32 on the CPU, the compute dtype on a GPU) or fp8 (E4M3, scale 1; the CPU only for now) [KILN_KV_CACHE_DTYPE]")
+}
+
+// kvFP8 reports whether --kv-cache-dtype asks for an FP8 cache.
+func (e *engineFlags) kvFP8() (bool, error) {
+	switch strings.ToLower(e.kvDType) {
+	case "", "auto":
+		return false, nil
+	case "fp8", "fp8_e4m3":
+		return true, nil
+	}
+	return false, fmt.Errorf("--kv-cache-dtype %q: want auto or fp8", e.kvDType)
 }
 
 // parseFlags parses args, allowing the positional MODEL argument before or

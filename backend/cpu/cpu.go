@@ -128,10 +128,7 @@ func (c *kvCache) rows(f [][]float32, q [][]byte, l, at, n, width, hd int, buf [
 	if !c.spec.FP8 {
 		return f[l][at:], width
 	}
-	src := q[l]
-	for r := 0; r < n; r++ {
-		gemm.E4M3ToF32(buf[r*hd:(r+1)*hd], src[at+r*width:at+r*width+hd])
-	}
+	gemm.E4M3RowsToF32(buf, q[l][at:], hd, n, width)
 	return buf[:n*hd], hd
 }
 

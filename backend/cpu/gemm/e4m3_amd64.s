@@ -3,57 +3,60 @@
 #include "textflag.h"
 
 // e4m3ToF32AVX2 widens n FP8 E4M3 bytes at src to float32 at dst (n a
-// positive multiple of 8), 8 a round: the magnitude's 7 bits shifted to a
-// float32's exponent and mantissa (bits 20-26) times 2^120 rebias the
-// exponent from 7 to 127; the subnormals (magnitude < 8) are magnitude·2^-9
-// instead (their shifted bits would be float32 denormals, which some CPUs
-// multiply slowly, so those lanes are zeroed before the product); 0x7F is
-// NaN; the sign bit moves to bit 31.
+// positive multiple of 8), 8 a round, through F16C: E4M3's 7 magnitude bits
+// shifted into place (bits 7-13) are an f16 whose value is the code's times
+// 2^-8, subnormals included (f16's subnormals scale as E4M3's do), so
+// VCVTPH2PS and a product by 2^8 give the code's value exactly; the sign
+// moves to bit 15 first; 0x7F (NaN in E4M3, 480 read so) becomes a NaN.
 //
-// func e4m3ToF32AVX2(dst *float32, src *byte, n int)
-TEXT ·e4m3ToF32AVX2(SB), NOSPLIT, $0-24
+// func e4m3ToF32AVX2(dst *float32, src *byte, n, rows int, stride uintptr)
+// widens rows rows of n codes, stride bytes apart at src, to rows·n
+// consecutive floats at dst.
+TEXT ·e4m3ToF32AVX2(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVL $0x7f, AX
-	VMOVD AX, X4
-	VPBROADCASTD X4, Y4 // 0x7f: the magnitude, and NaN's
-	MOVL $0x80, AX
-	VMOVD AX, X5
-	VPBROADCASTD X5, Y5 // the sign
-	MOVL $0x7b800000, AX
-	VMOVD AX, X6
-	VPBROADCASTD X6, Y6 // 2^120
-	MOVL $0x3b000000, AX
-	VMOVD AX, X7
-	VPBROADCASTD X7, Y7 // 2^-9
-	MOVL $8, AX
-	VMOVD AX, X8
-	VPBROADCASTD X8, Y8 // the first normal magnitude
+	MOVQ src+8(FP), R8
+	MOVQ rows+24(FP), R9
+	MOVL $0x3f803f80, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, X10 // the magnitude's bits, shifted
+	MOVL $0x80008000, AX
+	VMOVD AX, X11
+	VPBROADCASTD X11, X11 // the sign, shifted
+	MOVL $0x43800000, AX
+	VMOVD AX, X12
+	VPBROADCASTD X12, Y12 // 2^8
+	MOVL $0x007f007f, AX
+	VMOVD AX, X13
+	VPBROADCASTD X13, X13 // the magnitude, and NaN's
 	MOVL $0x7fc00000, AX
-	VMOVD AX, X9
-	VPBROADCASTD X9, Y9 // a quiet NaN
+	VMOVD AX, X14
+	VPBROADCASTD X14, Y14 // a quiet NaN
+
+row:
+	MOVQ R8, SI
+	MOVQ n+16(FP), CX
 
 loop:
-	VPMOVZXBD (SI), Y0          // 8 codes as dwords
-	VPAND     Y4, Y0, Y1        // magnitudes
-	VPCMPGTD  Y1, Y8, Y10       // subnormal lanes: 8 > magnitude
-	VPSLLD    $20, Y1, Y2
-	VPANDN    Y2, Y10, Y2       // their shifted bits cleared
-	VMULPS    Y6, Y2, Y2        // normals
-	VCVTDQ2PS Y1, Y3
-	VMULPS    Y7, Y3, Y3        // magnitude·2^-9
-	VBLENDVPS Y10, Y3, Y2, Y2   // subnormal lanes from Y3
-	VPCMPEQD  Y4, Y1, Y11       // NaN lanes
-	VPAND     Y9, Y11, Y11
-	VPOR      Y11, Y2, Y2
-	VPAND     Y5, Y0, Y3
-	VPSLLD    $24, Y3, Y3       // sign to bit 31
-	VPOR      Y3, Y2, Y2
-	VMOVUPS   Y2, (DI)
+	VPMOVZXBW (SI), X0      // 8 codes as words
+	VPSLLW    $7, X0, X1
+	VPAND     X10, X1, X1   // magnitude to f16's exponent and mantissa
+	VPSLLW    $8, X0, X2
+	VPAND     X11, X2, X2   // sign to bit 15
+	VPOR      X2, X1, X1
+	VCVTPH2PS X1, Y1
+	VMULPS    Y12, Y1, Y1
+	VPAND     X13, X0, X3
+	VPCMPEQW  X13, X3, X3   // NaN codes
+	VPMOVSXWD X3, Y3
+	VPAND     Y14, Y3, Y3
+	VPOR      Y3, Y1, Y1
+	VMOVUPS   Y1, (DI)
 	ADDQ      $8, SI
 	ADDQ      $32, DI
 	SUBQ      $8, CX
 	JNZ       loop
+	ADDQ      stride+32(FP), R8
+	DECQ      R9
+	JNZ       row
 	VZEROUPPER
 	RET

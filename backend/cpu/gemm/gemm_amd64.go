@@ -87,7 +87,7 @@ func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16,
 //go:noescape
 func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
 
-// e4m3ToF32AVX2 is in e4m3_amd64.s (E4M3ToF32).
+// e4m3ToF32AVX2 is in e4m3_amd64.s (E4M3RowsToF32).
 //
 //go:noescape
-func e4m3ToF32AVX2(dst *float32, src *byte, n int)
+func e4m3ToF32AVX2(dst *float32, src *byte, n, rows int, stride uintptr)

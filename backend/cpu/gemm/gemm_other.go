@@ -67,4 +67,4 @@ func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16
 	panic("unreachable")
 }
 
-func e4m3ToF32AVX2(dst *float32, src *byte, n int) { panic("unreachable") }
+func e4m3ToF32AVX2(dst *float32, src *byte, n, rows int, stride uintptr) { panic("unreachable") }

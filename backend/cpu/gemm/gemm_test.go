@@ -347,8 +347,8 @@ func TestDotsAxpys(t *testing.T) {
 }
 
 // TestE4M3ToF32: every code at every position of a run of 8 (the AVX2
-// rounds) and in the tails, against tensor.E4M3ToF32, bit for bit (NaN as
-// NaN).
+// rounds) and in the tails, and strided rows (E4M3RowsToF32), against
+// tensor.E4M3ToF32, bit for bit (NaN as NaN).
 func TestE4M3ToF32(t *testing.T) {
 	for _, n := range []int{1, 7, 8, 9, 16, 263, 1024} {
 		for off := 0; off < 256; off += 13 {
@@ -367,6 +367,24 @@ func TestE4M3ToF32(t *testing.T) {
 			}
 			if dst[n] != 12345 {
 				t.Fatalf("n %d: wrote past the codes", n)
+			}
+		}
+	}
+	// Strided rows, as the KV cache reads a head's run of slots.
+	for _, c := range [][3]int{{64, 16, 96}, {8, 3, 8}, {12, 5, 20}, {128, 1, 128}} {
+		n, rows, stride := c[0], c[1], c[2]
+		src := make([]byte, (rows-1)*stride+n)
+		for i := range src {
+			src[i] = byte(11 * i)
+		}
+		dst := make([]float32, rows*n)
+		E4M3RowsToF32(dst, src, n, rows, stride)
+		for r := 0; r < rows; r++ {
+			for i := 0; i < n; i++ {
+				want := tensor.E4M3ToF32(src[r*stride+i])
+				if got := dst[r*n+i]; math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+					t.Fatalf("rows of %d at stride %d: row %d, element %d: %v, want %v", n, stride, r, i, got, want)
+				}
 			}
 		}
 	}

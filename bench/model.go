@@ -51,7 +51,7 @@ type ModelOptions struct {
 	Profile func(label string, run func() error) error
 	// WeightElemBytes is the width of a weight element as the backend holds
 	// it (0: as stored in the file); KVElemBytes that of a KV-cache element
-	// (0: 4, float32).
+	// (0: 4, float32; an FP8 cache's is 1 whatever it says).
 	WeightElemBytes, KVElemBytes int
 }
 
@@ -201,7 +201,10 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	}
 	spec := e.KVSpec()
 	kvElem := o.KVElemBytes
-	if kvElem == 0 {
+	switch {
+	case spec.FP8:
+		kvElem = 1
+	case kvElem == 0:
 		kvElem = 4
 	}
 	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * kvElem)

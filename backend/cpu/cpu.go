@@ -13,7 +13,6 @@ import (
 	"fmt"
 
 	"kiln/backend"
-	"kiln/backend/cpu/gemm"
 	"kiln/backend/cpu/workers"
 	"kiln/compile"
 	"kiln/ir"
@@ -120,24 +119,9 @@ func encodeE4M3(q []byte, x []float32) {
 	}
 }
 
-// rows returns n slots' hd values of layer l's keys (or values) from
-// element offset at, width apart: the cache's own float32s, or decoded
-// from FP8 into buf (n·hd long), then hd apart. It returns the values and
-// their stride.
-func (c *kvCache) rows(f [][]float32, q [][]byte, l, at, n, width, hd int, buf []float32) ([]float32, int) {
-	if !c.spec.FP8 {
-		return f[l][at:], width
-	}
-	gemm.E4M3RowsToF32(buf, q[l][at:], hd, n, width)
-	return buf[:n*hd], hd
-}
-
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cpu: bad kv cache spec %+v", spec)
-	}
-	if spec.FP8 && spec.HeadDim > fp8Rows {
-		return nil, fmt.Errorf("cpu: FP8 kv cache with heads of %d (at most %d)", spec.HeadDim, fp8Rows)
 	}
 	return newKVCache(spec), nil
 }

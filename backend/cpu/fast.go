@@ -73,10 +73,6 @@ type attnTask struct {
 // attnBlock is how many keys' scores are held at once.
 const attnBlock = 64
 
-// fp8Rows is how many values a task decodes from an FP8 cache at once
-// (rows of one head: at most fp8Rows/HeadDim keys a call).
-const fp8Rows = 4096
-
 func (t *attnTask) Do(lo, hi int) {
 	x, s := t.x, t.s
 	a := s.node.Attrs
@@ -85,8 +81,6 @@ func (t *attnTask) Do(lo, hi int) {
 	group := a.Heads / a.KVHeads
 	kv := x.kv
 	var scores [attnBlock]float32
-	var buf [fp8Rows]float32 // an FP8 cache's keys or values, decoded
-	most := max(1, fp8Rows/a.HeadDim)
 	for item := lo; item < hi; item++ {
 		tok, h := item/a.Heads, item%a.Heads
 		seq, p := int(x.batch.SeqIndex[tok]), int(x.batch.Positions[tok])
@@ -105,10 +99,13 @@ func (t *attnTask) Do(lo, hi int) {
 		for j0 := windowStart(p, a.Window); j0 <= p; j0 += attnBlock {
 			n := min(attnBlock, p+1-j0)
 			for i := 0; i < n; {
-				run := min(n-i, bs-(j0+i)%bs, most)
+				run := min(n-i, bs-(j0+i)%bs)
 				at := slot(x, seq, j0+i)*width + kvOff
-				keys, stride := kv.rows(kv.k, kv.kq, a.Layer, at, run, width, a.HeadDim, buf[:])
-				gemm.Dots(scores[i:i+run], qh, keys, stride)
+				if kv.spec.FP8 {
+					gemm.DotsE4M3(scores[i:i+run], qh, kv.kq[a.Layer][at:], width)
+				} else {
+					gemm.Dots(scores[i:i+run], qh, kv.k[a.Layer][at:], width)
+				}
 				i += run
 			}
 			blockMax := maxScore
@@ -129,10 +126,13 @@ func (t *attnTask) Do(lo, hi int) {
 				sum += scores[i]
 			}
 			for i := 0; i < n; {
-				run := min(n-i, bs-(j0+i)%bs, most)
+				run := min(n-i, bs-(j0+i)%bs)
 				at := slot(x, seq, j0+i)*width + kvOff
-				vals, stride := kv.rows(kv.v, kv.vq, a.Layer, at, run, width, a.HeadDim, buf[:])
-				gemm.Axpys(scores[i:i+run], vals, stride, acc)
+				if kv.spec.FP8 {
+					gemm.AxpysE4M3(scores[i:i+run], kv.vq[a.Layer][at:], width, acc)
+				} else {
+					gemm.Axpys(scores[i:i+run], kv.v[a.Layer][at:], width, acc)
+				}
 				i += run
 			}
 		}

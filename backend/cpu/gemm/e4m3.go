@@ -1,37 +1,54 @@
 package gemm
 
-import "kiln/tensor"
+import (
+	"unsafe"
 
-// E4M3ToF32 widens the FP8 E4M3 codes src to float32 in dst (at least
-// len(src) long), as tensor.E4M3ToF32 does each, with F16C eight at a time
-// where the CPU has it.
-func E4M3ToF32(dst []float32, src []byte) {
-	E4M3RowsToF32(dst, src, len(src), 1, len(src))
+	"kiln/tensor"
+)
+
+// DotsE4M3 is Dots over rows of FP8 E4M3 codes: out[r] = Σ_k
+// a[k]·E4M3(b[r·stride+k]) for the len(a) codes of row r < len(out), the
+// codes widened in registers (the FP8 KV cache's keys).
+func DotsE4M3(out, a []float32, b []byte, stride int) {
+	n, k := len(out), len(a)
+	if n == 0 {
+		return
+	}
+	b = b[:(n-1)*stride+k]
+	k8 := k &^ 7
+	if haveSIMD && k8 > 0 {
+		dotsE4M3(unsafe.SliceData(a), unsafe.SliceData(b), uintptr(stride), n, k8/8, unsafe.SliceData(out))
+	} else {
+		clear(out)
+		k8 = 0
+	}
+	for r := range out {
+		row := b[r*stride : r*stride+k]
+		var s float32
+		for i := k8; i < k; i++ {
+			s += a[i] * tensor.E4M3ToF32(row[i])
+		}
+		out[r] += s
+	}
 }
 
-// E4M3RowsToF32 widens rows rows of n FP8 E4M3 codes, stride bytes apart
-// in src, to rows·n consecutive float32s in dst: the CPU's FP8 KV cache
-// reads a run of slots' keys or values of one head through it, in one
-// call.
-func E4M3RowsToF32(dst []float32, src []byte, n, rows, stride int) {
-	if rows <= 0 || n <= 0 {
+// AxpysE4M3 is Axpys over rows of FP8 E4M3 codes: y[k] += Σ_r
+// w[r]·E4M3(x[r·stride+k]) for k < len(y) (the FP8 KV cache's values).
+func AxpysE4M3(w []float32, x []byte, stride int, y []float32) {
+	n, k := len(w), len(y)
+	if n == 0 {
 		return
 	}
-	src = src[:(rows-1)*stride+n]
-	dst = dst[:rows*n]
-	if haveSIMD && n%8 == 0 {
-		e4m3ToF32AVX2(&dst[0], &src[0], n, rows, uintptr(stride))
-		return
+	x = x[:(n-1)*stride+k]
+	k8 := 0
+	if haveSIMD && k >= 8 {
+		k8 = k &^ 7
+		axpysE4M3(unsafe.SliceData(w), unsafe.SliceData(x), uintptr(stride), n, k8/8, unsafe.SliceData(y))
 	}
-	for r := 0; r < rows; r++ {
-		row, out := src[r*stride:r*stride+n], dst[r*n:(r+1)*n]
-		n8 := 0
-		if haveSIMD && n >= 8 {
-			n8 = n &^ 7
-			e4m3ToF32AVX2(&out[0], &row[0], n8, 1, 0)
-		}
-		for i := n8; i < n; i++ {
-			out[i] = tensor.E4M3ToF32(row[i])
+	for r, wr := range w {
+		row := x[r*stride : r*stride+k]
+		for i := k8; i < k; i++ {
+			y[i] += wr * tensor.E4M3ToF32(row[i])
 		}
 	}
 }

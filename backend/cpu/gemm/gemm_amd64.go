@@ -87,7 +87,10 @@ func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16,
 //go:noescape
 func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
 
-// e4m3ToF32AVX2 is in e4m3_amd64.s (E4M3RowsToF32).
-//
+// dotsE4M3 and axpysE4M3 are in e4m3_amd64.s (DotsE4M3, AxpysE4M3).
+
 //go:noescape
-func e4m3ToF32AVX2(dst *float32, src *byte, n, rows int, stride uintptr)
+func dotsE4M3(a *float32, b *byte, stride uintptr, n, n8 int, out *float32)
+
+//go:noescape
+func axpysE4M3(w *float32, x *byte, stride uintptr, n, n8 int, y *float32)

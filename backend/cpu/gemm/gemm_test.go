@@ -346,44 +346,64 @@ func TestDotsAxpys(t *testing.T) {
 	}
 }
 
-// TestE4M3ToF32: every code at every position of a run of 8 (the AVX2
-// rounds) and in the tails, and strided rows (E4M3RowsToF32), against
-// tensor.E4M3ToF32, bit for bit (NaN as NaN).
-func TestE4M3ToF32(t *testing.T) {
-	for _, n := range []int{1, 7, 8, 9, 16, 263, 1024} {
-		for off := 0; off < 256; off += 13 {
-			src := make([]byte, n)
-			for i := range src {
-				src[i] = byte(off + 37*i)
-			}
-			dst := make([]float32, n+1)
-			dst[n] = 12345
-			E4M3ToF32(dst, src)
-			for i, b := range src {
-				want := tensor.E4M3ToF32(b)
-				if got := dst[i]; math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
-					t.Fatalf("n %d: code %#02x at %d: %v, want %v", n, b, i, got, want)
-				}
-			}
-			if dst[n] != 12345 {
-				t.Fatalf("n %d: wrote past the codes", n)
-			}
+// TestDotsAxpysE4M3: DotsE4M3 and AxpysE4M3 against Dots and Axpys on the
+// same rows widened by tensor.E4M3ToF32, bit for bit (the same sums in the
+// same order), over row lengths with and without a tail of fewer than 8,
+// runs of rows and strides past the row, every finite code in every lane;
+// and the NaN codes give NaN.
+func TestDotsAxpysE4M3(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, nan := range []byte{0x7F, 0xFF} {
+		codes := make([]byte, 16)
+		codes[3] = nan
+		out := make([]float32, 1)
+		DotsE4M3(out, make([]float32, 16), codes, 16)
+		y := make([]float32, 16)
+		AxpysE4M3([]float32{1}, codes, 16, y)
+		if out[0] == out[0] || y[3] == y[3] || y[2] != 0 {
+			t.Fatalf("code %#02x: dot %v, axpy %v, want NaN", nan, out[0], y[:4])
 		}
 	}
-	// Strided rows, as the KV cache reads a head's run of slots.
-	for _, c := range [][3]int{{64, 16, 96}, {8, 3, 8}, {12, 5, 20}, {128, 1, 128}} {
-		n, rows, stride := c[0], c[1], c[2]
-		src := make([]byte, (rows-1)*stride+n)
-		for i := range src {
-			src[i] = byte(11 * i)
-		}
-		dst := make([]float32, rows*n)
-		E4M3RowsToF32(dst, src, n, rows, stride)
-		for r := 0; r < rows; r++ {
-			for i := 0; i < n; i++ {
-				want := tensor.E4M3ToF32(src[r*stride+i])
-				if got := dst[r*n+i]; math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
-					t.Fatalf("rows of %d at stride %d: row %d, element %d: %v, want %v", n, stride, r, i, got, want)
+	for _, k := range []int{8, 13, 16, 40, 64, 72, 128} {
+		for _, n := range []int{1, 2, 3, 16} {
+			stride := k + r.IntN(3)*8
+			codes := make([]byte, (n-1)*stride+k)
+			for i := range codes {
+				codes[i] = byte(37*i + k) // every code, in every lane of the 8
+				if codes[i]&0x7F == 0x7F {
+					codes[i] ^= 1 // no NaN here: a NaN compares unequal to itself
+				}
+			}
+			wide := make([]float32, len(codes))
+			for i, c := range codes {
+				wide[i] = tensor.E4M3ToF32(c)
+			}
+			a := make([]float32, k)
+			for i := range a {
+				a[i] = float32(r.NormFloat64())
+			}
+			got, want := make([]float32, n), make([]float32, n)
+			DotsE4M3(got, a, codes, stride)
+			Dots(want, a, wide, stride)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("DotsE4M3 k %d, %d rows at stride %d: row %d = %v, want %v", k, n, stride, i, got[i], want[i])
+				}
+			}
+			w := make([]float32, n)
+			for i := range w {
+				w[i] = float32(r.NormFloat64())
+			}
+			y, yw := make([]float32, k), make([]float32, k)
+			for i := range y {
+				y[i] = float32(i)
+				yw[i] = y[i]
+			}
+			AxpysE4M3(w, codes, stride, y)
+			Axpys(w, wide, stride, yw)
+			for i := range y {
+				if math.Float32bits(y[i]) != math.Float32bits(yw[i]) {
+					t.Fatalf("AxpysE4M3 k %d, %d rows at stride %d: y[%d] = %v, want %v", k, len(w), stride, i, y[i], yw[i])
 				}
 			}
 		}

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -273,10 +274,17 @@ func TestPrefixCaching(t *testing.T) {
 
 // TestForkCopyOnWrite: a forked sequence shares its parent's blocks; the
 // first write into the shared partial block copies it, and both continue
-// exactly as sequences computed from scratch would.
+// exactly as sequences computed from scratch would; with a float32 and an
+// FP8 KV cache.
 func TestForkCopyOnWrite(t *testing.T) {
 	m := tinyModel(t, tensor.F32)
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 64, MaxSeqs: 4})
+	for _, fp8 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fp8=%v", fp8), func(t *testing.T) { forkCopyOnWrite(t, m, fp8) })
+	}
+}
+
+func forkCopyOnWrite(t *testing.T, m *model.Model, fp8 bool) {
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 64, MaxSeqs: 4, KVCacheFP8: fp8})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,8 @@ type ModelOptions struct {
 	// runs.
 	Profile func(label string, run func() error) error
 	// WeightElemBytes is the width of a weight element as the backend holds
-	// it (0: as stored in the file); KVElemBytes that of a KV-cache element
+	// it (0: as stored in the file, FP8 matrices as the CPU's bf16);
+	// KVElemBytes that of a KV-cache element
 	// (0: 4, float32; an FP8 cache's is 1 whatever it says).
 	WeightElemBytes, KVElemBytes int
 }
@@ -300,8 +301,11 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 // as stored).
 func weightBytesPerStep(m *model.Model, batch, elemBytes int) int64 {
 	size := func(t *tensor.Tensor) int64 {
-		if elemBytes > 0 {
+		switch {
+		case elemBytes > 0:
 			return t.Shape.Elements() * int64(elemBytes)
+		case t.DType == tensor.F8_E4M3:
+			return 2 * t.Shape.Elements() // the CPU holds FP8 matrices widened to bf16
 		}
 		return int64(len(t.Data))
 	}

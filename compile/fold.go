@@ -103,9 +103,12 @@ func ropeTable(r ir.RopeParams) (*tensor.Tensor, error) {
 	return tensor.FromF32(name+")", tensor.Shape{r.MaxPositions, r.HeadDim}, vals), nil
 }
 
+// concatRows stacks its inputs' rows; FP8 matrices' scales follow their
+// rows (one a row once stacked).
 func concatRows(n *ir.Node) (*tensor.Tensor, error) {
 	var data []byte
 	var names []string
+	var scales []float32
 	rows := 0
 	for _, in := range n.Inputs {
 		t := in.Def.Attrs.Tensor
@@ -114,11 +117,16 @@ func concatRows(n *ir.Node) (*tensor.Tensor, error) {
 		}
 		data = append(data, t.Data...)
 		names = append(names, shortName(t.Name))
+		if t.DType == tensor.F8_E4M3 {
+			for r := 0; r < t.Shape[0]; r++ {
+				scales = append(scales, t.RowScale(r))
+			}
+		}
 		rows += t.Shape[0]
 	}
 	first := n.Inputs[0].Def.Attrs.Tensor
 	shape := append(tensor.Shape{rows}, first.Shape[1:]...)
-	t := &tensor.Tensor{Name: "concat(" + strings.Join(names, ",") + ")", DType: first.DType, Shape: shape, Data: data}
+	t := &tensor.Tensor{Name: "concat(" + strings.Join(names, ",") + ")", DType: first.DType, Shape: shape, Data: data, Scales: scales}
 	return t, t.Validate()
 }
 

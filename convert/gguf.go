@@ -89,6 +89,15 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 		} else if len(x.Shape) == 2 && x.DType == to {
 			rep.Matrices[to]++
 		} else if len(x.Shape) == 2 {
+			if x.DType == tensor.F8_E4M3 { // GGUF has no FP8: kept as bf16
+				vals, err := x.F32s()
+				if err != nil {
+					return rep, err
+				}
+				if x, err = tensor.Encode(x.Name, x.Shape, tensor.BF16, vals); err != nil {
+					return rep, err
+				}
+			}
 			rep.Kept++
 		} else {
 			// Norms and biases in F32, as llama.cpp's converter writes
@@ -116,7 +125,10 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 // does: within each head, row 2i takes row i and row 2i+1 row i+headDim/2.
 func Interleave(t *tensor.Tensor, headDim int) *tensor.Tensor {
 	rowBytes := len(t.Data) / t.Shape[0]
-	out := &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data))}
+	out := &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data)), Scales: t.Scales}
+	if len(t.Scales) > 1 { // an FP8 matrix's scales follow their rows
+		out.Scales = make([]float32, len(t.Scales))
+	}
 	half := headDim / 2
 	for r := 0; r < t.Shape[0]; r++ {
 		head, i := r/headDim, r%headDim
@@ -125,6 +137,9 @@ func Interleave(t *tensor.Tensor, headDim int) *tensor.Tensor {
 			src += half
 		}
 		copy(out.Data[r*rowBytes:(r+1)*rowBytes], t.Data[src*rowBytes:(src+1)*rowBytes])
+		if len(t.Scales) > 1 {
+			out.Scales[r] = t.Scales[src]
+		}
 	}
 	return out
 }

@@ -33,7 +33,7 @@ func demoAs(t *testing.T, name string) *engine.Engine {
 	var path string
 	var want tensor.DType // q_proj's dtype once loaded
 	if name == "fp8" {
-		path, want = filepath.Join(t.TempDir(), "fp8"), tensor.BF16 // widened at load
+		path, want = filepath.Join(t.TempDir(), "fp8"), tensor.F8_E4M3 // kept, with its scales
 		if _, err := FP8(path, src, demoDir); err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +151,7 @@ func generate(t *testing.T, e *engine.Engine, prompt []int, n int) []int {
 // klBounds bound each format's mean KL divergence from bf16 over the first
 // window (nats a token); measured (deterministic: the same model, text and
 // kernels every run), with Q8_0's x in 16 bits and the k-quants' in 8 in
-// the integer products (gemm/quant.go), FP8 widened to bf16 at load:
+// the integer products (gemm/quant.go), FP8 widened to bf16 by the CPU:
 // Q8_0 0.000113, FP8 0.00169, the FP8 KV cache (bf16 weights) 0.00129,
 // Q6_K 0.00125, Q5_K_M 0.00313, Q5_K 0.00446, Q4_K_M 0.00901, Q4_K 0.0169,
 // Q4_0 0.0275.

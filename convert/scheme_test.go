@@ -117,3 +117,34 @@ func TestParseScheme(t *testing.T) {
 		t.Error("Pure(Q3_K) succeeded")
 	}
 }
+
+// TestInterleaveFP8: Interleave moves an FP8 matrix's per-row scales with
+// its rows (and keeps a per-tensor one), so that its values are those of
+// the interleaved values.
+func TestInterleaveFP8(t *testing.T) {
+	const rows, k, headDim = 8, 3, 4
+	codes := make([]byte, rows*k)
+	for i := range codes {
+		codes[i] = byte(0x28 + i)
+	}
+	for _, scales := range [][]float32{{1, 2, 3, 4, 5, 6, 7, 8}, {0.5}} {
+		w := &tensor.Tensor{Name: "q", DType: tensor.F8_E4M3, Shape: tensor.Shape{rows, k}, Data: codes, Scales: scales}
+		vals, err := w.F32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := Interleave(tensor.FromF32("q", w.Shape, vals), headDim).F32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Interleave(w, headDim).F32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%d scales: element %d = %v, want %v", len(scales), i, got[i], want[i])
+			}
+		}
+	}
+}

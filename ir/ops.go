@@ -250,7 +250,8 @@ func inferMatMul(n *Node) ([]Shape, []tensor.DType, error) {
 	if len(x.Shape) != 2 || len(w.Shape) != 2 || w.Shape[0] < 0 || w.Shape[1] < 0 || x.Shape[1] != w.Shape[1] {
 		return nil, nil, fmt.Errorf("x%v · w%vᵀ does not fit", x.Shape, w.Shape)
 	}
-	if !isWeightMatrix(w.DType, w.Shape[1]) || x.DType != tensor.F32 {
+	// FP8 (E4M3) matrices, with their scales, are products' weights only.
+	if !isWeightMatrix(w.DType, w.Shape[1]) && w.DType != tensor.F8_E4M3 || x.DType != tensor.F32 {
 		return nil, nil, fmt.Errorf("matmul of %v by %v %v weights", x.DType, w.DType, w.Shape)
 	}
 	return []Shape{{x.Shape[0], w.Shape[0]}}, []tensor.DType{tensor.F32}, nil

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"encoding/binary"
 	"fmt"
 	"strings"
 
@@ -13,15 +12,15 @@ import (
 // a matrix X.weight stored as F8_E4M3 [N,K] comes with X.weight_scale, one
 // float per tensor ([] or [1]) or per output channel ([N] or [N,1]); its
 // value is fp8·scale. X.input_scale (static activation scales) may follow
-// and is not used: kiln does not quantize activations to FP8.
+// and is not used: kiln does not quantize activations to FP8 statically.
 //
-// widenFP8 replaces each such pair by the matrix in BF16 (fp8·scale rounded
-// to bfloat16: a relative error at most 2⁻⁹, against FP8's own 2⁻⁴), so
-// every backend runs the checkpoint; kernels that multiply the FP8 values
-// directly are issue 16's GPU work. A lone scale or an FP8 tensor without
-// one is an error naming it.
-func widenFP8(ts map[string]*tensor.Tensor) error {
-	widened := map[string]bool{}
+// scaleFP8 keeps each such matrix in F8_E4M3 with its scale as the tensor's
+// Scales (Tensor.F32s applies them), and drops the scale tensors: the CPU
+// multiplies the codes directly (gemm's F8_E4M3 weights), the GPU widens
+// them to its compute dtype as it uploads them. A lone scale or an FP8
+// tensor without one is an error naming it.
+func scaleFP8(ts map[string]*tensor.Tensor) error {
+	scaled := map[string]bool{}
 	for name, t := range ts {
 		if t.DType != tensor.F8_E4M3 {
 			continue
@@ -34,24 +33,13 @@ func widenFP8(ts map[string]*tensor.Tensor) error {
 		if err != nil {
 			return err
 		}
-		n, k := t.Shape[0], t.Shape[1]
+		n := t.Shape[0]
 		perRow := len(scale) == n && (len(sc.Shape) == 1 || len(sc.Shape) == 2 && sc.Shape[1] == 1)
 		if !perRow && len(scale) != 1 {
 			return fmt.Errorf("tensor %s: scale of shape %v for a matrix of %v (want one a tensor or one a row)", sc.Name, sc.Shape, t.Shape)
 		}
-		data := make([]byte, 2*n*k)
-		for r := 0; r < n; r++ {
-			s := scale[0]
-			if perRow {
-				s = scale[r]
-			}
-			for c := 0; c < k; c++ {
-				v := tensor.E4M3ToF32(t.Data[r*k+c]) * s
-				binary.LittleEndian.PutUint16(data[2*(r*k+c):], tensor.F32ToBF16(v))
-			}
-		}
-		ts[name] = &tensor.Tensor{Name: name, DType: tensor.BF16, Shape: t.Shape, Data: data}
-		widened[name] = true
+		ts[name] = &tensor.Tensor{Name: name, DType: tensor.F8_E4M3, Shape: t.Shape, Data: t.Data, Scales: scale}
+		scaled[name] = true
 	}
 	for name := range ts {
 		base, isScale := strings.CutSuffix(name, ".weight_scale")
@@ -61,7 +49,7 @@ func widenFP8(ts map[string]*tensor.Tensor) error {
 		if !isScale {
 			continue
 		}
-		if !widened[base+".weight"] {
+		if !scaled[base+".weight"] {
 			return fmt.Errorf("tensor %s scales no FP8 matrix", name)
 		}
 		delete(ts, name)

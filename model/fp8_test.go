@@ -21,10 +21,11 @@ func fp8Matrix(r *rand.Rand, name string, n, k int) *tensor.Tensor {
 	return &tensor.Tensor{Name: name, DType: tensor.F8_E4M3, Shape: tensor.Shape{n, k}, Data: q}
 }
 
-// TestWidenFP8 widens FP8 matrices with per-row and per-tensor scales (the
-// scales in F32 and BF16) to BF16 values bf16(e4m3·scale), drops the scales
-// and input scales, and names the tensor of every malformed case.
-func TestWidenFP8(t *testing.T) {
+// TestScaleFP8 keeps FP8 matrices with per-row and per-tensor scales (the
+// scales in F32 and BF16) as their codes with Scales, whose F32s are
+// e4m3·scale, drops the scale and input scale tensors, and names the
+// tensor of every malformed case.
+func TestScaleFP8(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const n, k = 5, 7
 	rowScales := []float32{0.5, 2, 1e-3, 3, 0.25}
@@ -39,7 +40,7 @@ func TestWidenFP8(t *testing.T) {
 		"c.weight":       tensor.FromF32("c.weight", tensor.Shape{2}, []float32{1, 2}),
 	}
 	a, b := ts["a.weight"], ts["b.weight"]
-	if err := widenFP8(ts); err != nil {
+	if err := scaleFP8(ts); err != nil {
 		t.Fatal(err)
 	}
 	if len(ts) != 3 {
@@ -50,8 +51,8 @@ func TestWidenFP8(t *testing.T) {
 		scales []float32
 	}{{a, rowScales}, {b, []float32{0.125}}} {
 		got := ts[c.src.Name]
-		if got.DType != tensor.BF16 {
-			t.Fatalf("%s widened to %v", c.src.Name, got.DType)
+		if got.DType != tensor.F8_E4M3 || len(got.Scales) != len(c.scales) || got.Validate() != nil {
+			t.Fatalf("%s: %v with %d scales (%v), want F8_E4M3 with %d", c.src.Name, got.DType, len(got.Scales), got.Validate(), len(c.scales))
 		}
 		vals, _ := got.F32s()
 		for i, v := range vals {
@@ -59,7 +60,7 @@ func TestWidenFP8(t *testing.T) {
 			if len(c.scales) > 1 {
 				s = c.scales[i/k]
 			}
-			if want := tensor.BF16ToF32(tensor.F32ToBF16(tensor.E4M3ToF32(c.src.Data[i]) * s)); v != want {
+			if want := tensor.E4M3ToF32(c.src.Data[i]) * s; v != want {
 				t.Fatalf("%s[%d] = %v, want %v", c.src.Name, i, v, want)
 			}
 		}
@@ -76,8 +77,8 @@ func TestWidenFP8(t *testing.T) {
 		{map[string]*tensor.Tensor{"x.bias": {Name: "x.bias", DType: tensor.F8_E4M3, Shape: tensor.Shape{2}, Data: []byte{1, 2}}}, "x.bias"},
 	}
 	for _, c := range bad {
-		if err := widenFP8(c.ts); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("widenFP8 of %v: %v, want an error naming %s", c.ts, err, c.want)
+		if err := scaleFP8(c.ts); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("scaleFP8 of %v: %v, want an error naming %s", c.ts, err, c.want)
 		}
 	}
 }

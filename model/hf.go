@@ -354,7 +354,7 @@ func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
 			return m, fmt.Errorf("%s: missing tensor %s listed in the index", shard, name)
 		}
 	}
-	if err := widenFP8(m.Tensors); err != nil {
+	if err := scaleFP8(m.Tensors); err != nil {
 		return m, err
 	}
 	if err := finishHFConfig(&cfg, tie, m.Tensors); err != nil {
@@ -387,10 +387,15 @@ func finishHFConfig(cfg *Config, tie *bool, ts map[string]*tensor.Tensor) error 
 		return err
 	}
 	// Norms and biases are used as float vectors; every tensor must be a
-	// float type the backends read.
+	// float type the backends read, or an FP8 matrix with its scales
+	// (scaleFP8), which products read.
 	for name, t := range ts {
 		switch t.DType {
 		case tensor.F32, tensor.F16, tensor.BF16:
+		case tensor.F8_E4M3:
+			if len(t.Scales) == 0 {
+				return fmt.Errorf("tensor %s: F8_E4M3 without scales", name)
+			}
 		default:
 			return fmt.Errorf("unsupported dtype %v for tensor %s", t.DType, name)
 		}

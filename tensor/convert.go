@@ -127,6 +127,15 @@ func (t *Tensor) F32s() ([]float32, error) {
 	if err := ToF32(t.DType, t.Data, out); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
 	}
+	if len(t.Scales) > 0 && len(t.Shape) == 2 {
+		k := t.Shape[1]
+		for r := 0; r < t.Shape[0]; r++ {
+			s := t.RowScale(r)
+			for i := r * k; i < (r+1)*k; i++ {
+				out[i] *= s
+			}
+		}
+	}
 	return out, nil
 }
 

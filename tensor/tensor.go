@@ -132,6 +132,10 @@ type Tensor struct {
 	DType DType
 	Shape Shape
 	Data  []byte
+	// Scales scale an F8_E4M3 matrix's codes: value = code·Scales[row], or
+	// ·Scales[0] for every row (FP8 checkpoints' weight_scale); nil for
+	// other dtypes. F32s applies them; ToF32 on Data does not.
+	Scales []float32
 }
 
 // Validate checks that Data has the size Shape and DType require.
@@ -148,5 +152,20 @@ func (t *Tensor) Validate() error {
 	if int64(len(t.Data)) != want {
 		return fmt.Errorf("tensor %s: %v %v needs %d bytes, has %d", t.Name, t.DType, t.Shape, want, len(t.Data))
 	}
+	if len(t.Scales) > 0 && (t.DType != F8_E4M3 || len(t.Shape) != 2 || len(t.Scales) != 1 && len(t.Scales) != t.Shape[0]) {
+		return fmt.Errorf("tensor %s: %d scales for %v %v (F8_E4M3 matrices only, one or one a row)", t.Name, len(t.Scales), t.DType, t.Shape)
+	}
 	return nil
+}
+
+// RowScale is the scale of row r of an F8_E4M3 matrix with Scales (1
+// without).
+func (t *Tensor) RowScale(r int) float32 {
+	switch len(t.Scales) {
+	case 0:
+		return 1
+	case 1:
+		return t.Scales[0]
+	}
+	return t.Scales[r]
 }

@@ -51,7 +51,8 @@ func (b *Backend) Supports(op ir.Op) bool {
 
 // Load implements backend.Backend.
 func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
-	return &loaded{backend: b, compiled: c, pool: workers.New(b.Threads), vectors: map[*ir.Node][]float32{}}, nil
+	return &loaded{backend: b, compiled: c, pool: workers.New(b.Threads), vectors: map[*ir.Node][]float32{},
+		widened: map[*ir.Node][]byte{}}, nil
 }
 
 type loaded struct {
@@ -60,6 +61,9 @@ type loaded struct {
 	pool     *workers.Pool
 	// vectors caches 1-D weights (norms, biases) decoded to float32.
 	vectors map[*ir.Node][]float32
+	// widened caches FP8 matrices widened to bf16 with their scales: the
+	// CPU multiplies bf16 faster than it widens E4M3 codes (docs/PERF.md).
+	widened map[*ir.Node][]byte
 }
 
 func (l *loaded) Close() error {

@@ -81,6 +81,22 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 				o.f = f
 			case 2:
 				o.w = gemm.Weights{DType: t.DType, Data: t.Data, N: t.Shape[0], K: t.Shape[1]}
+				if t.DType == tensor.F8_E4M3 {
+					data, ok := l.widened[v.Def]
+					if !ok {
+						f, err := t.F32s() // codes times their scales
+						if err != nil {
+							return o, err
+						}
+						w, err := tensor.Encode(t.Name, t.Shape, tensor.BF16, f)
+						if err != nil {
+							return o, err
+						}
+						data = w.Data
+						l.widened[v.Def] = data
+					}
+					o.w.DType, o.w.Data = tensor.BF16, data
+				}
 			}
 			return o, nil
 		}

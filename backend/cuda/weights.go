@@ -237,6 +237,7 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 				errs[p] = err
 				return
 			}
+			scaleRows(t, off+lo, f[lo:hi])
 			encode(f[lo:hi], dt, out[lo*dt.Size():hi*dt.Size()])
 		}()
 	}
@@ -247,6 +248,19 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 		}
 	}
 	return nil
+}
+
+// scaleRows applies an FP8 matrix's scales (tensor.Tensor.Scales) to f,
+// its decoded elements from element first on; other tensors are left as
+// they are.
+func scaleRows(t *tensor.Tensor, first int, f []float32) {
+	if len(t.Scales) == 0 || len(t.Shape) != 2 || t.Shape[1] == 0 {
+		return
+	}
+	k := t.Shape[1]
+	for i := range f {
+		f[i] *= t.RowScale((first + i) / k)
+	}
 }
 
 // same reports whether tensor dtype s is stored exactly as device dtype d.

@@ -187,6 +187,7 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 		matMulQuant(p, out, x, T, w)
 		return
 	}
+
 	if w.DType.Quantized() {
 		matMulBlocks(p, out, x, T, w)
 		return

@@ -1,0 +1,44 @@
+package cuda
+
+import (
+	"testing"
+
+	"kiln/tensor"
+)
+
+// TestScaleRows: the upload's scaling of FP8 matrices (the host side of
+// widening them, no GPU needed) gives each decoded element its row's
+// scale from any starting element, per row and per tensor, and leaves
+// other tensors alone.
+func TestScaleRows(t *testing.T) {
+	const n, k = 4, 3
+	codes := make([]byte, n*k)
+	for i := range codes {
+		codes[i] = byte(0x30 + i)
+	}
+	for _, scales := range [][]float32{{0.5, 2, 3, 0.25}, {4}} {
+		w := &tensor.Tensor{Name: "w", DType: tensor.F8_E4M3, Shape: tensor.Shape{n, k}, Data: codes, Scales: scales}
+		want, err := w.F32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for first := 0; first < n*k; first += 5 {
+			f := make([]float32, min(7, n*k-first))
+			if err := tensor.ToF32(w.DType, codes[first:first+len(f)], f); err != nil {
+				t.Fatal(err)
+			}
+			scaleRows(w, first, f)
+			for i, v := range f {
+				if v != want[first+i] {
+					t.Fatalf("%d scales, from %d: element %d = %v, want %v", len(scales), first, first+i, v, want[first+i])
+				}
+			}
+		}
+	}
+	plain := tensor.FromF32("p", tensor.Shape{2, 2}, []float32{1, 2, 3, 4})
+	f := []float32{1, 2, 3, 4}
+	scaleRows(plain, 0, f)
+	if f[3] != 4 {
+		t.Errorf("a float32 tensor was scaled: %v", f)
+	}
+}

@@ -78,7 +78,7 @@ type kvCache struct {
 	spec   backend.KVSpec
 	k, v   [][]float32
 	kq, vq [][]byte
-	row    []float32 // one slot's keys before they are encoded (writes run on one goroutine)
+	row    []float32 // one slot's keys, rotated before put (RoPEKVWrite runs on one goroutine)
 }
 
 func (c *kvCache) Spec() backend.KVSpec { return c.spec }

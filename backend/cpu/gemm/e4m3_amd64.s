@@ -1,6 +1,7 @@
 //go:build amd64 && !purego
 
 #include "textflag.h"
+#include "simd_amd64.h"
 
 // FP8 E4M3 codes widened through F16C: E4M3's 7 magnitude bits shifted into
 // place (bits 7-13) are an f16 whose value is the code's times 2^-8,
@@ -10,13 +11,13 @@
 // and the magnitude at 7-13 (bit 14, the sign's copy, masked off); 0x7F
 // (NaN in E4M3, 480 read so) becomes a NaN.
 
-// E4M3_CONSTS loads the constants E4M3X8 uses into X10, Y12, X13, Y14 (AX
-// clobbered).
+// E4M3_CONSTS loads the constants E4M3X8 uses into Y10, Y12, Y13, Y14
+// (E4M3X8 reads X10 and X13, their low halves; AX clobbered).
 #define E4M3_CONSTS \
-	MOVL $0xbf80bf80, AX; VMOVD AX, X10; VPBROADCASTD X10, X10; \
-	MOVL $0x43800000, AX; VMOVD AX, X12; VPBROADCASTD X12, Y12; \
-	MOVL $0x007f007f, AX; VMOVD AX, X13; VPBROADCASTD X13, X13; \
-	MOVL $0x7fc00000, AX; VMOVD AX, X14; VPBROADCASTD X14, Y14
+	SPLAT(0xbf80bf80, X10, Y10); \
+	SPLAT(0x43800000, X12, Y12); \
+	SPLAT(0x007f007f, X13, Y13); \
+	SPLAT(0x7fc00000, X14, Y14)
 
 // E4M3X8(addr, XR, YR, XT, XU, YU): the 8 codes at addr as floats in YR
 // (XR its low half); XT, XU/YU scratch.
@@ -70,10 +71,7 @@ qdone:
 
 qddone:
 	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS       X1, X0, X0
-	VHADDPS      X0, X0, X0
-	VHADDPS      X0, X0, X0
+	HSUM
 	VMOVSS       X0, (R11)
 	ADDQ         $4, R11
 	ADDQ         R8, SI

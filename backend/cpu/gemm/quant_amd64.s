@@ -1,6 +1,7 @@
 //go:build amd64 && !purego
 
 #include "textflag.h"
+#include "simd_amd64.h"
 
 // The integer row kernels of quant.go (AVX2), written by hand. Each computes
 // out[r] = row r · x for nrows rows of stride bytes starting at w, x being
@@ -72,20 +73,6 @@ GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
 
 // QPF: how far ahead (bytes) the kernels prefetch the weights they stream.
 #define QPF 1024
-
-// SPLAT(imm, X, Y): the 32-bit constant imm in every lane of Y (X its low
-// half; clobbers AX).
-#define SPLAT(imm, X, Y) \
-	MOVL         $imm, AX; \
-	VMOVD        AX, X; \
-	VPBROADCASTD X, Y
-
-// hsum leaves the sum of Y0's 8 floats in X0's low lane (clobbers X1).
-#define HSUM \
-	VEXTRACTF128 $1, Y0, X1; \
-	VADDPS       X1, X0, X0; \
-	VHADDPS      X0, X0, X0; \
-	VHADDPS      X0, X0, X0
 
 // SCALE(off, r, X) leaves f16 at off(BX) times the float32 at (DX) in X's low
 // lane (clobbers r).

@@ -1,6 +1,7 @@
 //go:build amd64 && !purego
 
 #include "textflag.h"
+#include "simd_amd64.h"
 
 // Dots and Axpys over rows at a stride (attention over the keys and values
 // of consecutive cache slots): one call for a run of rows instead of one a
@@ -41,10 +42,7 @@ dsone:
 
 dsdone:
 	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS       X1, X0, X0
-	VHADDPS      X0, X0, X0
-	VHADDPS      X0, X0, X0
+	HSUM
 	VMOVSS       X0, (R11)
 	ADDQ         $4, R11
 	ADDQ         R8, SI

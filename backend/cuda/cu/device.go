@@ -165,6 +165,11 @@ func (d *Device) setup() (err error) {
 // (Function.LaunchInClusters): compute capability 9.0+ and cuLaunchKernelEx.
 func (d *Device) Clusters() bool { return d.dependent }
 
+// FP8 reports whether the device converts FP8 E4M3 in hardware (compute
+// capability 8.9+: the cvt instructions the FP8 kernels use, and cuBLASLt's
+// FP8 products).
+func (d *Device) FP8() bool { return d.Major*10+d.Minor >= 89 }
+
 // onWorker reports whether the caller runs on the device's worker thread. A
 // goroutine locked to a thread is the only one that runs on it, so the
 // thread id identifies the worker.

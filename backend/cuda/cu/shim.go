@@ -787,13 +787,9 @@ func ltCreate() (unsafe.Pointer, error) {
 func ltDestroy(h unsafe.Pointer) error { return ltErr("cublasLtDestroy", C.k_ltDestroy(h)) }
 
 func ltPlanCreate(h unsafe.Pointer, a ltPlanArgs) (unsafe.Pointer, error) {
-	bias := C.int(0)
-	if a.bias {
-		bias = 1
-	}
 	o := C.k_ltPlan(h, C.int(a.abType), C.int(a.cdType), C.int(a.transa), C.int(a.transb),
 		C.uint64_t(a.m), C.uint64_t(a.n), C.uint64_t(a.k), C.int64_t(a.lda), C.int64_t(a.ldb), C.int64_t(a.ldc),
-		bias, C.uint64_t(a.ws), C.uint32_t(a.alA), C.uint32_t(a.alB), C.uint32_t(a.alC), b2c(a.scaled))
+		b2c(a.bias), C.uint64_t(a.ws), C.uint32_t(a.alA), C.uint32_t(a.alB), C.uint32_t(a.alC), b2c(a.scaled))
 	if o.rc != 0 {
 		return nil, ltErr(C.GoString(o.call), o.rc)
 	}

@@ -14,7 +14,7 @@ import (
 // fp8Device skips on devices without FP8 (compute capability 8.9).
 func fp8Device(t testing.TB) *cu.Device {
 	d := gpu(t)
-	if d.Major*10+d.Minor < 89 {
+	if !d.FP8() {
 		t.Skipf("%s has no FP8 (compute capability %d.%d)", d.Name, d.Major, d.Minor)
 	}
 	return d
@@ -232,7 +232,7 @@ func TestGEMVF8Speed(t *testing.T) {
 	ps := alloc(t, 4)
 	must(t, d.Upload(ps, cu.AsBytes([]float32{1e-3})))
 	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return k * n },
-		func(x, w, out cu.Ptr, rows, k, n int) error { return g.RunF8(nil, out, x, w, ps, rows, k, n, false) }, nil)
+		func(x, w, out cu.Ptr, rows, k, n int) error { return g.RunF8(nil, out, x, w, ps, rows, k, n, false) })
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against FP8 GEMV, each as bytes of its own weights a second and %% of copy:\n"+
 		"| product (K, N) | rows | bf16 | FP8 | bf16 ÷ FP8 time |\n|---|---|---|---|---|\n%s", d.Name, copyBW, strings.Join(lines, "\n"))
 }

@@ -790,7 +790,6 @@ GEMV_F8(1, 2, 4, 1) GEMV_F8(2, 2, 4, 1) GEMV_F8(3, 2, 4, 1) GEMV_F8(4, 2, 4, 1)
 GEMV_F8(5, 2, 4, 1) GEMV_F8(6, 2, 4, 1) GEMV_F8(7, 2, 4, 1) GEMV_F8(8, 2, 4, 1)
 // Q4_K weights (gemvQ4KCfg in gemv.go).
 GEMV_Q4K(1, 2) GEMV_Q4K(2, 2) GEMV_Q4K(3, 2) GEMV_Q4K(4, 2) GEMV_Q4K(5, 2) GEMV_Q4K(6, 2) GEMV_Q4K(7, 2) GEMV_Q4K(8, 2)
-GEMV_Q4K(1, 1) GEMV_Q4K(1, 4) // one row, fewer and more loads in flight (TestGEMVQ4KSpeed)
 #ifdef GEMV_MMA
 GEMV_MMA_K(4, 8, 2)
 GEMV_MMA_EPI(4, 8, 2)

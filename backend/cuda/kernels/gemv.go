@@ -466,7 +466,7 @@ func (g *GEMV) RunF8(s *cu.Stream, out, x, w, wscale cu.Ptr, t, k, n int, outF32
 		return err
 	}
 	switch {
-	case g.D.Major*10+g.D.Minor < 89:
+	case !g.D.FP8():
 		return fmt.Errorf("%w: FP8 weights need compute capability 8.9 (%s is %d.%d)", ErrGEMVShape, g.D.Name, g.D.Major, g.D.Minor)
 	case wscale == 0 || wscale%4 != 0:
 		return fmt.Errorf("%w: the weights' scale at %#x (4-byte aligned)", ErrGEMVShape, uint64(wscale))
@@ -522,11 +522,6 @@ func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF
 	if scratch == 0 || scratch%16 != 0 {
 		return fmt.Errorf("%w: scratch at %#x (16-byte aligned)", ErrGEMVShape, uint64(scratch))
 	}
-	return g.runQ4K(s, gemvQ4KCfg(t), out, x, w, scratch, t, k, n, outF32)
-}
-
-// runQ4K is RunQ4K, checked, with kernel configuration c.
-func (g *GEMV) runQ4K(s *cu.Stream, c gemvCfg, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
 	groups := t * k / 32
 	xq, xss := scratch, scratch.Add(t*k)
 	launch := g.M.Launch
@@ -536,7 +531,7 @@ func (g *GEMV) runQ4K(s *cu.Stream, c gemvCfg, out, x, w, scratch cu.Ptr, t, k, 
 	if err := launch("quant_q8_32", cu.D1((groups*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, xq, xss, int64(groups)); err != nil {
 		return fmt.Errorf("kernels: quant_q8_32: %w", err)
 	}
-	return g.launch(s, c, t, n, xq, xss, w, out, int32(k), int32(n), b2i(outF32))
+	return g.launch(s, gemvQ4KCfg(t), t, n, xq, xss, w, out, int32(k), int32(n), b2i(outF32))
 }
 
 // RunSwiGLU queues out[t,f] = SiLU(x·w[:f]ᵀ)·(x·w[f:]ᵀ) for the stacked

@@ -63,11 +63,8 @@ func checkWeightOnly(t *testing.T, act cu.DType, what string, n int, ref []float
 // bytes(k, n) bytes a matrix, run(x, w, out, rows, k, n), and returns the
 // copy bandwidth of the run and a table row a case: each kernel's own
 // weight bytes a second and % of copy, weights rotated past the L2 (the
-// bf16 buffers' first bytes serve as the other format's). extra, if not
-// nil, adds a cell to a row (w(i): the weights of call i, per: calls a
-// timing).
-func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out cu.Ptr, rows, k, n int) error,
-	extra func(x cu.Ptr, w func(int) cu.Ptr, out cu.Ptr, rows, k, n, per int, copyBW float64) string) (float64, []string) {
+// bf16 buffers' first bytes serve as the other format's).
+func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out cu.Ptr, rows, k, n int) error) (float64, []string) {
 	d := gpu(t)
 	g := gemvMod(t, cu.BF16, false)
 	const cb = 1 << 30
@@ -93,12 +90,8 @@ func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out 
 			tb := gpuTime(t, per, 20, func(i int) error { return g.Run(nil, out, x, wAt(i), rows, k, n, false) })
 			tq := gpuTime(t, per, 20, func(i int) error { return run(x, wAt(i), out, rows, k, n) })
 			gb, gq := float64(b16)/(tb*1e-3)/1e9, float64(bq)/(tq*1e-3)/1e9
-			line := fmt.Sprintf("| %s (%d, %d) | %d | %.1f µs, %.0f GB/s, %.1f%% | %.1f µs, %.0f GB/s, %.1f%% | %.2f× |",
-				sh.name, k, n, rows, tb*1e3, gb, 100*gb/copyBW, tq*1e3, gq, 100*gq/copyBW, tb/tq)
-			if extra != nil {
-				line += extra(x, wAt, out, rows, k, n, per, copyBW) + " |"
-			}
-			lines = append(lines, line)
+			lines = append(lines, fmt.Sprintf("| %s (%d, %d) | %d | %.1f µs, %.0f GB/s, %.1f%% | %.1f µs, %.0f GB/s, %.1f%% | %.2f× |",
+				sh.name, k, n, rows, tb*1e3, gb, 100*gb/copyBW, tq*1e3, gq, 100*gq/copyBW, tb/tq))
 		}
 	}
 	return copyBW, lines
@@ -185,23 +178,10 @@ func TestGEMVQ4KSpeed(t *testing.T) {
 	}
 	g := gemvMod(t, cu.BF16, false)
 	scratch := alloc(t, Q4KScratchBytes(GEMVVectorMaxT, 14336))
-	bytes := func(k, n int) int { return n * k / 256 * Q4KBlockBytes }
-	copyBW, lines := weightOnlySpeed(t, bytes,
+	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * Q4KBlockBytes },
 		func(x, w, out cu.Ptr, rows, k, n int) error {
 			return g.RunQ4K(nil, out, x, w, scratch, rows, k, n, false)
-		},
-		func(x cu.Ptr, w func(int) cu.Ptr, out cu.Ptr, rows, k, n, per int, copyBW float64) string {
-			other := ""
-			if rows == 1 { // the other groups of loads in flight (GEMV_Q4K(1, U))
-				for _, u := range []int{1, 4} {
-					c := gemvQ4KCfg(1)
-					c.u = u
-					tu := gpuTime(t, per, 20, func(i int) error { return g.runQ4K(nil, c, out, x, w(i), scratch, 1, k, n, false) })
-					other += fmt.Sprintf(" U=%d %.1f%%", u, 100*float64(bytes(k, n))/(tu*1e-3)/1e9/copyBW)
-				}
-			}
-			return other
 		})
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q4_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
-		"| product (K, N) | rows | bf16 | Q4_K (U=2) | bf16 ÷ Q4_K time | other U |\n|---|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
+		"| product (K, N) | rows | bf16 | Q4_K | bf16 ÷ Q4_K time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
 }

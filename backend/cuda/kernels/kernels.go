@@ -254,7 +254,7 @@ func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, rows, n int) error 
 // compute capability 8.9 or later.
 func (k *Kernels) QuantizeE4M3(s *cu.Stream, q, scale, amax, x cu.Ptr, n int) error {
 	switch {
-	case k.D.Major*10+k.D.Minor < 89:
+	case !k.D.FP8():
 		return fmt.Errorf("kernels: FP8 quantization needs compute capability 8.9 (%s is %d.%d)", k.D.Name, k.D.Major, k.D.Minor)
 	case n <= 0 || n%16 != 0:
 		return fmt.Errorf("kernels: FP8 quantization of %d values (a positive multiple of 16)", n)

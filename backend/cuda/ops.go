@@ -55,8 +55,12 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
-			gemv := l.useGEMV(x, mm)
-			if gemv && nd.epilogue != nil && bias == nil {
+			var ep *node // the reader the GEMV would run in its epilogue
+			if nd.epilogue != nil && bias == nil && mm.Out == l.act {
+				ep = nd.epilogue
+			}
+			gemv := l.useGEMV(x, mm, ep)
+			if gemv && ep != nil {
 				err := l.gemvEpilogue(x, nd.epilogue, mm)
 				if err == nil {
 					x.noteProduct(mm, "gemv")
@@ -229,10 +233,12 @@ func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
 	return fmt.Errorf("%w: no epilogue for %v", kernels.ErrGEMVShape, ep.n.Op)
 }
 
-// mmKey identifies a product shape for the GEMV-or-cuBLASLt choice.
+// mmKey identifies a product shape for the GEMV-or-cuBLASLt choice, and
+// whether the GEMV would run its reader in the epilogue.
 type mmKey struct {
-	t, k, n int
-	outF32  bool
+	t, k, n  int
+	outF32   bool
+	epilogue bool
 }
 
 // useGEMV reports whether product mm runs on the skinny GEMV kernel rather
@@ -240,10 +246,13 @@ type mmKey struct {
 // (its exact rows up to kernels.GEMVVectorMaxT, beyond a power-of-two
 // bucket of rows, as the tile kernels are built for) is seen both are
 // timed on the stream (5 runs each after a warm-up; cuBLASLt with the
-// algorithm it would run) and the faster is kept. Inside a graph capture
-// an unmeasured shape takes cuBLASLt (a capture cannot wait for timings;
-// the warm-up step before it measures).
-func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
+// algorithm it would run) and the faster is kept. With ep, the product's
+// reader that the GEMV runs in its epilogue (gemvEpilogue), the GEMV's
+// time is that of the fused kernel and cuBLASLt's that of the product
+// followed by ep's own kernel: what each way costs the step. Inside a
+// graph capture an unmeasured shape takes cuBLASLt (a capture cannot wait
+// for timings; the warm-up step before it measures).
+func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
 		return false
 	}
@@ -251,7 +260,7 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 	if rows > kernels.GEMVVectorMaxT {
 		rows = pow2(rows)
 	}
-	key := mmKey{rows, mm.K, mm.N, mm.Out == cu.F32}
+	key := mmKey{rows, mm.K, mm.N, mm.Out == cu.F32, ep != nil}
 	if use, ok := l.gemvChoice[key]; ok {
 		return use
 	}
@@ -267,14 +276,32 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul) bool {
 		g, splits, errG := l.timeGEMV(mm)
 		lt := mm
 		lt.Algo = l.algorithm(x, mm)
-		b, errB := l.timeOn(func() error { return l.lt.Matmul(lt) })
+		product := func() error { return l.lt.Matmul(lt) }
+		what := ""
+		if ep != nil {
+			// Both ways write what the step writes: ep's outputs (and, for
+			// RoPE, this step's cache rows) from the same product.
+			gf, errF := l.timeOn(func() error { return l.gemvEpilogue(x, ep, mm) })
+			if errF == nil {
+				g, errG, what = gf, nil, " with "+ep.kernel
+				product = func() error {
+					if err := l.lt.Matmul(lt); err != nil {
+						return err
+					}
+					return ep.launch(x, ep)
+				}
+			} else if !errors.Is(errF, kernels.ErrGEMVShape) {
+				errG = errF
+			}
+		}
+		b, errB := l.timeOn(product)
 		use = errG == nil && (errB != nil || g < b)
 		kept := "cuBLASLt"
 		if use {
 			kept = "gemv"
 		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d: gemv %.1f µs%s, cuBLASLt %.1f µs (5 runs each): %s",
-			mm.T, mm.K, mm.N, 1e3*g/5, splits, 1e3*b/5, kept))
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s: gemv %.1f µs%s, cuBLASLt %.1f µs (5 runs each): %s",
+			mm.T, mm.K, mm.N, what, 1e3*g/5, splits, 1e3*b/5, kept))
 	}
 	l.gemvChoice[key] = use
 	return use

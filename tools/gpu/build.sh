@@ -5,7 +5,7 @@
 # binaries (about 60 MB) and the tree together pass the device tool's 64 MiB,
 # so they are also packed into .devpack/bin.tar.xz (about 25 MB): carry
 # [".devpack"] and start the command with `tar xJf .devpack/bin.tar.xz &&`.
-#   tools/gpu/build.sh [packages...]   (default ./backend/cuda/...)
+#   [BASE=<rev>] tools/gpu/build.sh [packages...]   (default ./backend/cuda/...)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .devbin
@@ -20,6 +20,17 @@ for pkg in $(go list "${pkgs[@]}"); do
 done
 CGO_ENABLED=1 go build -ldflags="-s -w" -o .devbin/kiln ./cmd/kiln
 echo "built .devbin/kiln"
+# BASE=<rev>: also kiln as of that revision, .devbin/kiln-base, for
+# tools/gpu/ab.sh to compare with this tree's on one machine.
+rm -f .devbin/kiln-base
+if [ -n "${BASE:-}" ]; then
+	root=$(pwd)
+	wt=$(mktemp -d)
+	git worktree add --detach "$wt" "$BASE" >/dev/null
+	(cd "$wt" && CGO_ENABLED=1 go build -ldflags="-s -w" -o "$root/.devbin/kiln-base" ./cmd/kiln)
+	git worktree remove --force "$wt"
+	echo "built .devbin/kiln-base ($BASE: $(git rev-parse --short "$BASE"))"
+fi
 # The shared test data the GPU tests read (../shared does not travel to the
 # GPU machine; tools/gpu/run.sh points KILN_SHARED_DIR here).
 if [ -d ../shared/models/stories260K ]; then
@@ -28,7 +39,7 @@ if [ -d ../shared/models/stories260K ]; then
 	echo "copied ../shared/models/stories260K to .devbin/shared"
 fi
 # The binaries must need nothing from CUDA at link time.
-for b in .devbin/*.test .devbin/kiln; do
+for b in .devbin/*.test .devbin/kiln*; do
 	if ldd "$b" 2>/dev/null | grep -Ev 'linux-vdso|libc\.so|libdl\.so|libpthread\.so|ld-linux|libm\.so|libresolv\.so' | grep -q .; then
 		echo "unexpected shared library dependency in $b:" >&2
 		ldd "$b" >&2

@@ -54,6 +54,9 @@ type ModelOptions struct {
 	// KVElemBytes that of a KV-cache element
 	// (0: 4, float32; an FP8 cache's is 1 whatever it says).
 	WeightElemBytes, KVElemBytes int
+	// FP8Weights: the backend holds FP8 matrices as they are stored, one
+	// byte an element (else widened to two).
+	FP8Weights bool
 }
 
 // Memory measures the memory bandwidth of the device a backend runs on.
@@ -281,7 +284,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		}
 		rate := float64(batch*o.GenTokens) / el.Seconds()
 		res.Samples = append(res.Samples, rate)
-		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes)) + kvBytes/float64(o.GenTokens)
+		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes, o.FP8Weights)) + kvBytes/float64(o.GenTokens)
 		bw := res.BytesPerStep * rate / float64(batch)
 		roof = append(roof, bw/copyRate)
 		if readRate > 0 {
@@ -298,14 +301,17 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 // weightBytesPerStep is the weight memory one decode step reads: every
 // matrix once, except that an untied embedding table is only gathered from
 // (one row per sequence). elemBytes is the width of an element as held (0:
-// as stored).
-func weightBytesPerStep(m *model.Model, batch, elemBytes int) int64 {
+// as stored); FP8 matrices take one byte an element when fp8 (held as
+// stored), else two (widened to bf16 or f16).
+func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool) int64 {
 	size := func(t *tensor.Tensor) int64 {
 		switch {
+		case t.DType == tensor.F8_E4M3 && fp8:
+			return t.Shape.Elements()
+		case t.DType == tensor.F8_E4M3:
+			return 2 * t.Shape.Elements()
 		case elemBytes > 0:
 			return t.Shape.Elements() * int64(elemBytes)
-		case t.DType == tensor.F8_E4M3:
-			return 2 * t.Shape.Elements() // the CPU holds FP8 matrices widened to bf16
 		}
 		return int64(len(t.Data))
 	}

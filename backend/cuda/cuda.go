@@ -50,6 +50,10 @@ type Backend struct {
 	// RoPE with the cache writes) as kernels of their own instead of in the
 	// GEMV's epilogue, for comparisons.
 	NoEpilogues bool
+	// NoFP8 widens FP8 (E4M3) matrices to the compute dtype as they are
+	// uploaded instead of keeping them in E4M3 for FP8 products (compute
+	// capability 8.9 on), for comparisons.
+	NoFP8 bool
 	// FixedDecodePlan keeps kernels.PlanDecode's split for decode attention
 	// instead of timing the candidates (kernels.DecodePlans) on first use of
 	// each batch shape and context bucket, for tests that compare runs bit
@@ -81,6 +85,9 @@ type Stats struct {
 	// op reading its product in its epilogue.
 	Epilogues   int
 	LastFailure error // the latest capture failure
+	// FP8Matrices counts the matrices loads kept in E4M3 on the device
+	// (Backend.FP8).
+	FP8Matrices int
 	// DeviceTime is the stream time from a step's first operation (the
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.
@@ -172,6 +179,13 @@ func (b *Backend) Supports(op ir.Op) bool {
 	return false
 }
 
+// FP8 reports whether FP8 (E4M3) matrices stay E4M3 on the device for a
+// graph of compute dtype act: on devices of compute capability 8.9 on,
+// under f16 or bf16, unless NoFP8.
+func (b *Backend) FP8(act cu.DType) bool {
+	return !b.NoFP8 && b.Device.FP8() && act != cu.F32
+}
+
 // ComputeDType is the compute dtype for a graph: the requested one, or
 // under "auto" f16 when the weight matrices are f16 and bf16 otherwise.
 func (b *Backend) ComputeDType(g *ir.Graph) cu.DType {
@@ -226,7 +240,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}, algoChoice: map[algoKey]int{},
-		decodeChoice: map[decodeKey]kernels.DecodePlan{}}
+		decodeChoice: map[decodeKey]kernels.DecodePlan{}, fp8: b.FP8(act)}
 	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
 		g.PDL = !b.NoPDL
 		l.gemv = g
@@ -246,6 +260,7 @@ type loaded struct {
 	lt       *cu.BlasLt
 	stream   *cu.Stream
 	act      cu.DType
+	fp8      bool // FP8 matrices stay E4M3 on the device (Backend.FP8)
 	compiled *compile.Compiled
 	// weights maps each weight and constant node to its device copy.
 	weights map[*ir.Node]deviceTensor
@@ -274,7 +289,12 @@ type loaded struct {
 	ws         cu.Ptr
 	wsCap      int
 	wsCounters int
-	execs      []*executable
+	// The FP8 products' scratch (fp8.go): the activation's scale and
+	// absolute maximum, then its E4M3 copy.
+	f8    cu.Ptr
+	f8Cap int
+	execs []*executable
+	f8One cu.Ptr // 1.0, the weights' scale of products with scales a row
 }
 
 // deviceTensor is a weight or constant on the device.
@@ -282,6 +302,10 @@ type deviceTensor struct {
 	p     cu.Ptr
 	dtype cu.DType
 	rows  int // first dimension (vocabulary of an embedding table)
+	// An E4M3 matrix's scales, one float32 a row (uploadScales), and
+	// whether they are one per-tensor scale repeated.
+	scales    cu.Ptr
+	perTensor bool
 }
 
 // DType is the compute dtype of the loaded graph.

@@ -23,6 +23,9 @@ type operand struct {
 	dtype cu.DType
 	vocab int // rows of a weight (embedding tables)
 	cols  int
+	// An E4M3 weight's scales (deviceTensor).
+	scales    cu.Ptr
+	perTensor bool
 }
 
 func (o *operand) ptr(x *stepState) cu.Ptr {
@@ -143,6 +146,9 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 	if err := l.growArena(p.ArenaBytes); err != nil {
 		return nil, err
 	}
+	if err := l.growFP8(l.fp8Need(p)); err != nil {
+		return nil, err
+	}
 	arena := l.arena
 	e := &executable{l: l, plan: p, arena: arena, vocab: math.MaxInt32, graphs: map[graphKey]*graphState{}}
 	bind := func(v *ir.Value) (operand, error) {
@@ -162,7 +168,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			if !ok {
 				return o, fmt.Errorf("cuda: weight %q was not uploaded", v.Def.Attrs.Name)
 			}
-			o.p, o.dtype, o.vocab = w.p, w.dtype, w.rows
+			o.p, o.dtype, o.vocab, o.scales, o.perTensor = w.p, w.dtype, w.rows, w.scales, w.perTensor
 			return o, nil
 		}
 		buf, ok := p.Buffers[v]

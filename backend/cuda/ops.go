@@ -39,6 +39,9 @@ func (l *loaded) choose(nd *node) error {
 		if w.v.Def.Op != ir.Weight && w.v.Def.Op != ir.Const {
 			return fmt.Errorf("cuda: matmul of two activations")
 		}
+		if w.dtype == cu.F8E4M3 {
+			return l.chooseFP8(nd, s)
+		}
 		if w.dtype != l.act {
 			return fmt.Errorf("cuda: matmul weight %q is %v on the device, compute dtype %v", w.v.Def.Attrs.Name, w.dtype, l.act)
 		}
@@ -343,7 +346,7 @@ func (l *loaded) timeGEMV(mm cu.Matmul) (float32, string, error) {
 // its shape, with the rows rounded up to a power of two.
 type algoKey struct {
 	rows, k, n int
-	out        cu.DType
+	in, out    cu.DType
 	bias       bool
 }
 
@@ -359,7 +362,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	if mm.T <= kernels.GEMVVectorMaxT || l.b.Products != "" {
 		return 0
 	}
-	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.Out, mm.Bias != 0}
+	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.In, mm.Out, mm.Bias != 0}
 	if a, ok := l.algoChoice[key]; ok {
 		return a
 	}

@@ -17,8 +17,9 @@ import (
 // compute dtype for matrices read by products and embedding lookups, the
 // product's output dtype for the biases of MatMulBias (cuBLASLt's epilogue
 // takes them so), f32 for the rest (norm weights, other biases, RoPE
-// tables).
-func weightDTypes(g *ir.Graph, act cu.DType) map[*ir.Node]cu.DType {
+// tables). With fp8, an FP8 (E4M3) matrix that only products read stays
+// E4M3 (fp8Product), with its scales beside it.
+func weightDTypes(g *ir.Graph, act cu.DType, fp8 bool) map[*ir.Node]cu.DType {
 	want := map[*ir.Node]cu.DType{}
 	output := map[*ir.Value]bool{}
 	for _, o := range g.Outputs {
@@ -34,6 +35,9 @@ func weightDTypes(g *ir.Graph, act cu.DType) map[*ir.Node]cu.DType {
 			if (product && i == 1) || (n.Op == ir.Embed && i == 0) || (n.Op == ir.MatMulBias && i == 2 && !output[n.Out()]) {
 				dt = act
 			}
+			if product && i == 1 && fp8 && fp8Product(in.Def.Attrs.Tensor, output[n.Out()]) {
+				dt = cu.F8E4M3
+			}
 			if old, ok := want[in.Def]; ok && old != dt {
 				dt = cu.F32 // read two ways: keep full precision (not produced by the builders)
 			}
@@ -48,7 +52,7 @@ func weightDTypes(g *ir.Graph, act cu.DType) map[*ir.Node]cu.DType {
 // reading the file (page faults of the mapping) and converting the next
 // chunk overlap the transfer of the previous one.
 func (l *loaded) uploadWeights(progress io.Writer) error {
-	want := weightDTypes(l.compiled.Graph, l.act)
+	want := weightDTypes(l.compiled.Graph, l.act, l.fp8)
 	type key struct {
 		t  *tensor.Tensor
 		dt cu.DType
@@ -68,7 +72,7 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 	}
 	defer u.close()
 	l.weights = map[*ir.Node]deviceTensor{}
-	copies := map[key]cu.Ptr{}
+	copies := map[key]deviceTensor{}
 	// In graph order, so the progress follows the model's layers.
 	for _, n := range l.compiled.Graph.Nodes {
 		dt, ok := want[n]
@@ -77,23 +81,40 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 		}
 		t := n.Attrs.Tensor
 		k := key{t, dt}
-		p, ok := copies[k]
+		dev, ok := copies[k]
 		if !ok {
-			if p, err = l.alloc(int(t.Shape.Elements()) * dt.Size()); err != nil {
+			if dev, err = l.uploadWeight(u, t, dt); err != nil {
 				return fmt.Errorf("cuda: weight %s: %w", n.Attrs.Name, err)
 			}
-			if err := u.put(p, t, dt); err != nil {
-				return fmt.Errorf("cuda: weight %s: %w", n.Attrs.Name, err)
-			}
-			copies[k] = p
+			copies[k] = dev
 		}
-		rows := 0
-		if len(t.Shape) > 0 {
-			rows = t.Shape[0]
-		}
-		l.weights[n] = deviceTensor{p: p, dtype: dt, rows: rows}
+		l.weights[n] = dev
 	}
 	return u.finish()
+}
+
+// uploadWeight copies tensor t to the device as dt (E4M3 matrices with
+// their scales).
+func (l *loaded) uploadWeight(u *uploader, t *tensor.Tensor, dt cu.DType) (deviceTensor, error) {
+	dev := deviceTensor{dtype: dt}
+	if len(t.Shape) > 0 {
+		dev.rows = t.Shape[0]
+	}
+	var err error
+	if dev.p, err = l.alloc(int(t.Shape.Elements()) * dt.Size()); err != nil {
+		return dev, err
+	}
+	if err := u.put(dev.p, t, dt); err != nil {
+		return dev, err
+	}
+	if dt == cu.F8E4M3 {
+		if dev.scales, err = l.uploadScales(t); err != nil {
+			return dev, err
+		}
+		dev.perTensor = len(t.Scales) <= 1
+		l.b.stats.FP8Matrices++
+	}
+	return dev, nil
 }
 
 const uploadChunk = 32 << 20 // bytes of one pinned buffer
@@ -250,6 +271,30 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 	return nil
 }
 
+// fp8Product reports whether FP8 matrix t can stay E4M3 on the device for
+// the products that read it: not the graph's output (the logits are f32,
+// which cuBLASLt's FP8 products do not write), K a multiple of 16 and N
+// even (what they take).
+func fp8Product(t *tensor.Tensor, output bool) bool {
+	return t.DType == tensor.F8_E4M3 && !output && len(t.Shape) == 2 && t.Shape[1]%16 == 0 && t.Shape[0]%2 == 0
+}
+
+// uploadScales copies the scales of FP8 matrix t to the device, one
+// float32 a row (a per-tensor scale repeated): RunF8 reads a row's; a
+// per-tensor product reads the first as cuBLASLt's scale of the weights.
+func (l *loaded) uploadScales(t *tensor.Tensor) (cu.Ptr, error) {
+	n := t.Shape[0]
+	f := make([]float32, n)
+	for r := range f {
+		f[r] = t.RowScale(r)
+	}
+	p, err := l.alloc(4 * n)
+	if err != nil {
+		return 0, err
+	}
+	return p, l.dev.Upload(p, cu.AsBytes(f))
+}
+
 // scaleRows applies an FP8 matrix's scales (tensor.Tensor.Scales) to f,
 // its decoded elements from element first on; other tensors are left as
 // they are.
@@ -265,7 +310,8 @@ func scaleRows(t *tensor.Tensor, first int, f []float32) {
 
 // same reports whether tensor dtype s is stored exactly as device dtype d.
 func same(s tensor.DType, d cu.DType) bool {
-	return (s == tensor.F32 && d == cu.F32) || (s == tensor.F16 && d == cu.F16) || (s == tensor.BF16 && d == cu.BF16)
+	return (s == tensor.F32 && d == cu.F32) || (s == tensor.F16 && d == cu.F16) || (s == tensor.BF16 && d == cu.BF16) ||
+		(s == tensor.F8_E4M3 && d == cu.F8E4M3)
 }
 
 func encode(f []float32, dt cu.DType, out []byte) {

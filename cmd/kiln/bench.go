@@ -165,6 +165,7 @@ func cmdBenchModel(args []string) error {
 		defer mem.Close()
 		opts.Memory = mem
 		opts.WeightElemBytes = gpu.ComputeDType(e.Compiled.Graph).Size()
+		opts.FP8Weights = gpu.FP8(gpu.ComputeDType(e.Compiled.Graph))
 		opts.KVElemBytes = opts.WeightElemBytes
 		act := gpu.ComputeDType(e.Compiled.Graph)
 		if *pp > 0 {

@@ -175,8 +175,23 @@ func e4m3Weights(w []float32) ([]byte, float32, []float64) {
 	return q, s, seen
 }
 
+// e4m3RowWeights quantizes the n rows of w (k values each) to E4M3 with a
+// scale a row (its max|w|/448), returning the bytes, the scales and the
+// values the product sees.
+func e4m3RowWeights(w []float32, n, k int) ([]byte, []float32, []float64) {
+	q, ss, seen := make([]byte, len(w)), make([]float32, n), make([]float64, len(w))
+	for r := range n {
+		qr, s, sr := e4m3Weights(w[r*k : (r+1)*k])
+		copy(q[r*k:], qr)
+		copy(seen[r*k:], sr)
+		ss[r] = s
+	}
+	return q, ss, seen
+}
+
 // TestGEMVF8: RunF8 against a float64 reference of x (rounded to the
-// activation dtype) times the E4M3 weights times their scale, 1 to 8 rows,
+// activation dtype) times the E4M3 weights times their row's scale (rows
+// of magnitudes 1/4 to 4), 1 to 8 rows,
 // every activation dtype, both output dtypes, on decode shapes and odd
 // ones (N not a multiple of a warp's rows, K not a multiple of a group of
 // loads, K of one chunk), nothing written past the output; then the
@@ -189,10 +204,16 @@ func TestGEMVF8(t *testing.T) {
 		for _, sh := range []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"small", 96, 301}, {"tail", 4160, 33}, {"one chunk", 16, 5}} {
 			k, n := sh.k, sh.n
 			x := roundTo(act, randn(rng, GEMVVectorMaxT*k, 1/math.Sqrt(float64(k))))
-			q, s, wv := e4m3Weights(randn(rng, n*k, 1))
-			px, pw, ps := up(t, act, x), alloc(t, len(q)), alloc(t, 4)
+			w := randn(rng, n*k, 1)
+			for r := range n { // rows of magnitudes 1/4 to 4, for the scales a row
+				for c := range k {
+					w[r*k+c] *= float32(math.Ldexp(1, r%5-2))
+				}
+			}
+			q, s, wv := e4m3RowWeights(w, n, k)
+			px, pw, ps := up(t, act, x), alloc(t, len(q)), alloc(t, 4*n)
 			must(t, d.Upload(pw, q))
-			must(t, d.Upload(ps, cu.AsBytes([]float32{s})))
+			must(t, d.Upload(ps, cu.AsBytes(s)))
 			checkWeightOnly(t, act, fmt.Sprintf("gemv_f8 %v %s k=%d n=%d", act, sh.name, k, n), n, weightOnlyRef(f64(x), wv, k, n),
 				func(out cu.Ptr, rows int, outF32 bool) error {
 					return g.RunF8(nil, out, px, pw, ps, rows, k, n, outF32)
@@ -218,7 +239,7 @@ func TestGEMVF8(t *testing.T) {
 	}
 }
 
-// TestGEMVF8Speed times RunF8 (FP8 weights, one scale) against the bf16
+// TestGEMVF8Speed times RunF8 (FP8 weights, a scale a row) against the bf16
 // GEMV (Run) on a Llama-3-8B's decode products at 1, 4 and 8 rows, weights
 // rotated past the L2, each as bytes of its own weights a second against
 // the device-to-device copy of the same run. It logs, asserts nothing
@@ -229,8 +250,8 @@ func TestGEMVF8Speed(t *testing.T) {
 	}
 	d := fp8Device(t)
 	g := gemvMod(t, cu.BF16, false)
-	ps := alloc(t, 4)
-	must(t, d.Upload(ps, cu.AsBytes([]float32{1e-3})))
+	ps := alloc(t, 4*128256) // a scale a row, for the largest product
+	must(t, d.Memset32(ps, math.Float32bits(1e-3), 128256, nil))
 	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return k * n },
 		func(x, w, out cu.Ptr, rows, k, n int) error { return g.RunF8(nil, out, x, w, ps, rows, k, n, false) })
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against FP8 GEMV, each as bytes of its own weights a second and %% of copy:\n"+

@@ -360,8 +360,8 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 	}
 
 // ---------------------------------------------------------------- FP8 weights
-// gemv_f8_<TT>_<R>_<U>_<LM>: w is E4M3 [N,K] with one float32 scale
-// (*wscale), out[t,n] = wscale·Σ_k x[t,k]·w[n,k], x of ACT; the CUDA-core
+// gemv_f8_<TT>_<R>_<U>_<LM>: w is E4M3 [N,K] with a float32 scale a row
+// (wscale[N]), out[t,n] = wscale[n]·Σ_k x[t,k]·w[n,k], x of ACT; the CUDA-core
 // kernel's layout (a warp per R rows, U 16-byte weight loads per row and
 // lane in flight, double buffered in registers, the plain store), with 16
 // weights a load, decoded by cvt.rn.f16x2.e4m3x2 (compute capability 8.9
@@ -421,7 +421,9 @@ __device__ __forceinline__ void gemv_f8_impl(const T* x, const unsigned char* w,
 	const uint4* wr[R];
 #pragma unroll
 	for (int r = 0; r < R; r++) wr[r] = (const uint4*)w + (long long)imin(n0 + r, N - 1) * kw + lane;
-	const float scale = *wscale; // a constant of the weights: read before the PDL wait
+	float scale[R]; // constants of the weights: read before the PDL wait
+#pragma unroll
+	for (int r = 0; r < R; r++) scale[r] = wscale[imin(n0 + r, N - 1)];
 
 	float acc[TT][R];
 #pragma unroll
@@ -476,7 +478,7 @@ __device__ __forceinline__ void gemv_f8_impl(const T* x, const unsigned char* w,
 	for (int t = 0; t < TT; t++)
 #pragma unroll
 		for (int r = 0; r < R; r++)
-			if (lane == t * R + r && n0 + r < N) e.put(pre, t, n0 + r, acc[t][r] * scale, 0.f);
+			if (lane == t * R + r && n0 + r < N) e.put(pre, t, n0 + r, acc[t][r] * scale[r], 0.f);
 }
 
 #define GEMV_F8(TT, R, U, LM)                                                                                      \

@@ -453,8 +453,9 @@ func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 	return nil
 }
 
-// RunF8 queues out[t,n] = s·x[t,k]·w[n,k]ᵀ for FP8 (E4M3) weights w with
-// one float32 scale s at wscale (per tensor): weight-only FP8 for decode
+// RunF8 queues out[t,n] = s[n]·x[t,k]·w[n,k]ᵀ for FP8 (E4M3) weights w with
+// a float32 scale a row at wscale (s[n]; a per-tensor scale repeated n
+// times): weight-only FP8 for decode
 // steps of 1 to GEMVVectorMaxT rows (half the bytes of bf16 weights to
 // stream), x of the activation dtype, out of it or f32 (outF32), sums in
 // f32. K must be a multiple of 16, x and w 16-byte aligned; compute

@@ -286,6 +286,15 @@ WEIGHT_KERNELS(f32)
 WEIGHT_KERNELS(f16)
 WEIGHT_KERNELS(bf16)
 
+// scale_cols: out[r, c] = x[r, c]·s[c] (f32 scales): the per-row scales of
+// FP8 weights applied to a product computed with unit scale.
+extern "C" __global__ void scale_cols(const T* x, const float* s, T* out, int rows, int cols) {
+	pdl_enter();
+	long long n = (long long)rows * cols;
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+		out[i] = fromf<T>(tof(x[i]) * s[i % cols]);
+}
+
 // ---------------------------------------------------------------- elementwise
 
 #define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)

@@ -201,6 +201,16 @@ func (k *Kernels) AddBias(s *cu.Stream, out, x, b cu.Ptr, bt cu.DType, rows, col
 	return k.launchDep("add_bias"+wsuffix(bt), ewGrid(rows*cols), cu.D1(256), 0, s, x, b, out, int32(rows), int32(cols))
 }
 
+// ScaleCols: out[r,c] = x[r,c]·scales[c] (f32) over rows×cols elements
+// (in place when out is x): the scales a row of FP8 weights, applied to a
+// product computed with unit scale.
+func (k *Kernels) ScaleCols(s *cu.Stream, out, x, scales cu.Ptr, rows, cols int) error {
+	if err := checkRows("scale_cols", rows, cols); err != nil {
+		return err
+	}
+	return k.launchDep("scale_cols", ewGrid(rows*cols), cu.D1(256), 0, s, x, scales, out, int32(rows), int32(cols))
+}
+
 // Add: out = a + b over n elements.
 func (k *Kernels) Add(s *cu.Stream, out, a, b cu.Ptr, n int) error {
 	return k.launchDep("add", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))

@@ -124,6 +124,10 @@ func TestElementwise(t *testing.T) {
 			run("mul", func(o cu.Ptr) error { return k.Mul(nil, o, pa, pb, n) }, func(i int) float64 { return float64(a[i]) * float64(b[i]) })
 			run("silu", func(o cu.Ptr) error { return k.SiLU(nil, o, pa, n) }, func(i int) float64 { return silu64(float64(a[i])) })
 			run("swiglu", func(o cu.Ptr) error { return k.SwiGLU(nil, o, pa, pb, n) }, func(i int) float64 { return silu64(float64(a[i])) * float64(b[i]) })
+			sc := randn(rng, cols, 1)
+			psc := up(t, cu.F32, sc)
+			run("scale_cols", func(o cu.Ptr) error { return k.ScaleCols(nil, o, pa, psc, rows, cols) },
+				func(i int) float64 { return float64(a[i]) * float64(sc[i%cols]) })
 			for _, wt := range allDTypes {
 				bias := roundTo(wt, randn(rng, cols, 1))
 				pbias := up(t, wt, bias)

@@ -1,0 +1,158 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+
+	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// FP8 products. A matrix kept in E4M3 (weightDTypes) is multiplied as
+// vLLM multiplies an FP8 checkpoint's weights on Hopper:
+//
+//   - up to kernels.GEMVVectorMaxT rows (decode steps), weight-only: the
+//     GEMV streams the E4M3 weights (half the bytes of bf16) and scales
+//     each output by its row's scale (GEMV.RunF8);
+//   - beyond, the activation is quantized to E4M3 with one dynamic scale
+//     (max|x|/448, Kernels.QuantizeE4M3) and cuBLASLt multiplies in FP8
+//     with float32 accumulation, writing the compute dtype; a per-tensor
+//     weight scale goes to cuBLASLt as the weights' scale, scales a row are
+//     applied to the product's columns after it (Kernels.ScaleCols):
+//     cuBLASLt 13.0 on the H200 refuses both its per-row scale mode and
+//     scales a row as the alpha vector (pointer mode
+//     ALPHA_DEVICE_VECTOR_BETA_ZERO) for FP8 products.
+//
+// Activations are scaled per tensor, not per token as vLLM's "FP8
+// dynamic" does: cuBLASLt on Hopper takes one scale an operand.
+
+// fp8XOffset is where the activation's E4M3 copy starts in the FP8
+// scratch, after its scale (at 0) and absolute maximum (at 16), both
+// 16-byte aligned as cuBLASLt wants its scales.
+const fp8XOffset = 256
+
+// fp8Need is the FP8 scratch plan p's products need: the E4M3 copy of
+// the largest activation an FP8 product of more than GEMVVectorMaxT rows
+// reads (0 when there is none).
+func (l *loaded) fp8Need(p *compile.Plan) int {
+	if !l.fp8 || p.Bucket.Tokens <= kernels.GEMVVectorMaxT {
+		return 0
+	}
+	k := 0
+	for _, n := range p.Graph.Nodes {
+		if (n.Op == ir.MatMul || n.Op == ir.MatMulBias) && len(n.Inputs) > 1 {
+			if w, ok := l.weights[n.Inputs[1].Def]; ok && w.dtype == cu.F8E4M3 {
+				k = max(k, n.Inputs[0].Shape.Last())
+			}
+		}
+	}
+	if k == 0 {
+		return 0
+	}
+	return fp8XOffset + p.Bucket.Tokens*k
+}
+
+// growFP8 makes the FP8 scratch at least n bytes (n 0: none needed).
+// Growing it drops every executable's captured graphs, which bake in its
+// address.
+func (l *loaded) growFP8(n int) error {
+	if n <= l.f8Cap {
+		return nil
+	}
+	if l.f8One == 0 {
+		p, err := l.alloc(4)
+		if err != nil {
+			return err
+		}
+		if err := l.dev.Upload(p, cu.AsBytes([]float32{1})); err != nil {
+			return err
+		}
+		l.f8One = p
+	}
+	if err := l.stream.Sync(); err != nil {
+		return err
+	}
+	for _, e := range l.execs {
+		e.dropGraphs()
+	}
+	if l.f8 != 0 {
+		if err := l.free(l.f8); err != nil {
+			return err
+		}
+		l.f8, l.f8Cap = 0, 0
+	}
+	p, err := l.alloc(n)
+	if err != nil {
+		return fmt.Errorf("cuda: FP8 product scratch of %d bytes: %w", n, err)
+	}
+	l.f8, l.f8Cap = p, n
+	return nil
+}
+
+// fp8Product runs out[T,N] = x[T,K]·w[N,K]ᵀ for E4M3 weights w (with
+// their scales) into out of the compute dtype, as the comment above says.
+// It notes the kernel that ran on x.
+func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int, X, out cu.Ptr) error {
+	if t <= kernels.GEMVVectorMaxT && l.gemv != nil {
+		err := l.gemv.RunF8(s, out, X, w.p, w.scales, t, k, n, false)
+		if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
+			x.noteProduct(cu.Matmul{T: t, K: k, N: n}, "gemv FP8")
+			return err
+		}
+	}
+	need := fp8XOffset + t*k
+	if need > l.f8Cap {
+		if x.capturing {
+			return fmt.Errorf("cuda: FP8 scratch of %d bytes for %d×%d, %d reserved", need, t, k, l.f8Cap)
+		}
+		if err := l.growFP8(need); err != nil {
+			return oom(err)
+		}
+	}
+	scale, amax, q := l.f8, l.f8.Add(16), l.f8.Add(fp8XOffset)
+	if err := l.k.QuantizeE4M3(s, q, scale, amax, X, t*k); err != nil {
+		return err
+	}
+	mm := cu.Matmul{T: t, K: k, N: n, In: cu.F8E4M3, Out: l.act, X: q, W: w.p, Dst: out, XScale: scale, WScale: l.f8One, Stream: s}
+	if w.perTensor {
+		mm.WScale = w.scales
+	}
+	mm.Algo = l.algorithm(x, mm)
+	x.noteProduct(mm, "cuBLASLt FP8")
+	if err := l.lt.Matmul(mm); err != nil {
+		return err
+	}
+	if w.perTensor {
+		return nil
+	}
+	return l.k.ScaleCols(s, out, out, w.scales, t, n)
+}
+
+// chooseFP8 binds a MatMul or MatMulBias node whose weight is E4M3 on the
+// device (fp8Product, then the bias as a kernel of its own); the reader a
+// GEMV epilogue would take runs as its own kernel.
+func (l *loaded) chooseFP8(nd *node, s *cu.Stream) error {
+	in, out := nd.in, nd.out
+	if out[0].dtype != l.act {
+		return fmt.Errorf("cuda: FP8 product %q into %v, want the compute dtype %v", in[1].v.Def.Attrs.Name, out[0].dtype, l.act)
+	}
+	nd.kernel = fmt.Sprintf("FP8 weights: gemv (T ≤ %d) | E4M3 activation + cuBLASLt FP8", kernels.GEMVVectorMaxT)
+	var bias *operand
+	if nd.n.Op == ir.MatMulBias {
+		bias = &in[2]
+		nd.kernel += " + bias"
+	}
+	nd.launch = func(x *stepState, nd *node) error {
+		t, k, n := in[0].rows(x), in[0].cols, out[0].cols
+		if err := l.fp8Product(x, s, &in[1], t, k, n, in[0].p, out[0].p); err != nil {
+			return err
+		}
+		if bias == nil {
+			return nil
+		}
+		return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package cuda_test
+
+import (
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"kiln/backend"
+	"kiln/backend/cuda"
+	"kiln/bench"
+	"kiln/convert"
+	"kiln/engine"
+	"kiln/model"
+	"kiln/tensor"
+)
+
+// fp8Steps runs the steps TestFP8Weights compares on engine e: prompts of
+// 3, 2 and 3 tokens in one step and 6 decode steps of those 3 sequences
+// (steps 0 to 6: at most 8 rows, the FP8 GEMV alone); then prompts of 70
+// and 130 tokens (200 rows), prompts of 5 tokens for 7 more sequences and
+// 6 decode steps of all 12 (12 rows, captured into graphs from their
+// second step): FP8 products through cuBLASLt.
+func fp8Steps(t *testing.T, e *engine.Engine, vocab int) [][]float32 {
+	t.Helper()
+	var out [][]float32
+	step := func(items []engine.Item) {
+		l, err := e.Step(items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, slices.Clone(l))
+	}
+	prompts := func(lens ...int) []engine.Item {
+		var items []engine.Item
+		for i, n := range lens {
+			toks := make([]int, n)
+			for j := range toks {
+				toks[j] = (j*7 + i*13 + len(out)) % vocab
+			}
+			items = append(items, engine.Item{Seq: e.NewSequence(), Tokens: toks})
+		}
+		return items
+	}
+	decode := func(items []engine.Item, n int) {
+		for s := 0; s < n; s++ {
+			for i := range items {
+				items[i].Tokens = []int{(s*31 + i*5) % vocab}
+			}
+			step(items)
+		}
+	}
+	items := prompts(3, 2, 3)
+	step(items)
+	decode(items, 6)
+	long := prompts(70, 130)
+	step(long)
+	more := prompts(5, 5, 5, 5, 5, 5, 5)
+	step(more)
+	decode(append(append(items, long...), more...), 6)
+	return out
+}
+
+// perTensorFP8 recodes m's FP8 matrices from scales a row to one scale a
+// matrix (the largest row scale; each code re-rounded to E4M3), as
+// per-tensor FP8 checkpoints are.
+func perTensorFP8(m *model.Model) {
+	for _, w := range m.Tensors {
+		if w.DType != tensor.F8_E4M3 || len(w.Scales) <= 1 {
+			continue
+		}
+		s := slices.Max(w.Scales)
+		k := w.Shape[1]
+		data := make([]byte, len(w.Data))
+		for i, c := range w.Data {
+			data[i] = tensor.F32ToE4M3(tensor.E4M3ToF32(c) * w.Scales[i/k] / s)
+		}
+		w.Data, w.Scales = data, []float32{s}
+	}
+}
+
+// TestFP8Weights runs an FP8 checkpoint (kiln quantize --to fp8 of a random
+// bf16 model: scales a row) with its matrices kept in E4M3 on the device
+// against the same checkpoint widened to bf16 as it is uploaded
+// (Backend.NoFP8), over fp8Steps, and the same with one scale a matrix.
+// Where only the FP8 GEMV has run (steps of at most 8 rows) only the
+// weights are FP8, as in the widened run: the logits must agree within
+// bf16's rounding (‖Δ‖₂/‖ref‖₂ ≤ 2e-2, as the transformers fixtures' bf16
+// bound). Once cuBLASLt runs (prefills of 200 and 35 rows, decode of 12)
+// the activations are rounded to E4M3 as well (3 significant bits; 0.04
+// to 0.05 measured on an H200): within 1e-1.
+func TestFP8Weights(t *testing.T) {
+	b := backendOf(t, "bf16")
+	if !b.Device.FP8() {
+		t.Skipf("%s has no FP8 (compute capability %d.%d)", b.Device.Name, b.Device.Major, b.Device.Minor)
+	}
+	s := bench.Shape{Name: "fp8", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
+	src := randomModel(t, s, tensor.BF16, 11)
+	dir := filepath.Join(t.TempDir(), "fp8")
+	m, err := model.Load(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = convert.FP8(dir, m, src)
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, perTensor := range []bool{false, true} {
+		name := "scales a row"
+		if perTensor {
+			name = "one scale a matrix"
+		}
+		t.Run(name, func(t *testing.T) {
+			run := func(bk *cuda.Backend) [][]float32 {
+				m, err := model.Load(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if perTensor {
+					perTensorFP8(m)
+				}
+				e, err := engine.New(m, backend.Backend(bk), engine.Options{MaxSeqs: 12})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				return fp8Steps(t, e, s.Vocab)
+			}
+			native := backendOf(t, "bf16")
+			before := native.Stats().FP8Matrices
+			got := run(native)
+			if n := native.Stats().FP8Matrices - before; n == 0 {
+				t.Fatalf("no matrix was kept in E4M3")
+			}
+			wide := backendOf(t, "bf16")
+			wide.NoFP8 = true
+			want := run(wide)
+			for i := range want {
+				bound, what := 1e-1, "FP8 products"
+				if i <= 6 {
+					bound, what = 2e-2, "FP8 GEMV"
+				}
+				e := relL2(got[i], want[i])
+				t.Logf("step %d (%s): ‖Δ‖₂/‖ref‖₂ %.3g (bound %.0e)", i, what, e, bound)
+				if e > bound || math.IsNaN(e) {
+					t.Errorf("step %d (%s): ‖Δ‖₂/‖ref‖₂ = %.3g > %.0e", i, what, e, bound)
+				}
+			}
+		})
+	}
+}

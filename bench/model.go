@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,9 @@ type ModelOptions struct {
 	// FP8Weights: the backend holds FP8 matrices as they are stored, one
 	// byte an element (else widened to two).
 	FP8Weights bool
+	// Blocks are the GGUF block formats the backend holds as stored (the
+	// others at WeightElemBytes).
+	Blocks []tensor.DType
 }
 
 // Memory measures the memory bandwidth of the device a backend runs on.
@@ -284,7 +288,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		}
 		rate := float64(batch*o.GenTokens) / el.Seconds()
 		res.Samples = append(res.Samples, rate)
-		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes, o.FP8Weights)) + kvBytes/float64(o.GenTokens)
+		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes, o.FP8Weights, o.Blocks)) + kvBytes/float64(o.GenTokens)
 		bw := res.BytesPerStep * rate / float64(batch)
 		roof = append(roof, bw/copyRate)
 		if readRate > 0 {
@@ -302,10 +306,13 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 // matrix once, except that an untied embedding table is only gathered from
 // (one row per sequence). elemBytes is the width of an element as held (0:
 // as stored); FP8 matrices take one byte an element when fp8 (held as
-// stored), else two (widened to bf16 or f16).
-func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool) int64 {
+// stored), else two (widened to bf16 or f16); block-quantized ones of the
+// formats blocks as stored.
+func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool, blocks []tensor.DType) int64 {
 	size := func(t *tensor.Tensor) int64 {
 		switch {
+		case slices.Contains(blocks, t.DType):
+			return int64(len(t.Data))
 		case t.DType == tensor.F8_E4M3 && fp8:
 			return t.Shape.Elements()
 		case t.DType == tensor.F8_E4M3:

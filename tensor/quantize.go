@@ -4,14 +4,54 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 )
 
 // Quantize encodes float32 values as a block-quantized dtype, following
 // ggml's reference quantizers: Q8_0 stores round(x/d) with d = max|x|/127;
 // Q4_0 stores x/d + 8 in 4 bits with d = -m/8, m the value of largest
 // magnitude, low nibbles holding the block's first 16 values; Q4_K, Q5_K
-// and Q6_K as kquant.go says.
+// and Q6_K as kquant.go says. Blocks are independent: a large x is
+// quantized in parallel, in runs of whole blocks, with the same bytes.
 func Quantize(d DType, x []float32) ([]byte, error) {
+	total, err := d.Bytes(int64(len(x)))
+	if err != nil {
+		return nil, err
+	}
+	bs := d.BlockSize()
+	parts := min(runtime.NumCPU(), len(x)/quantizeRun)
+	if parts < 2 || bs <= 1 {
+		return quantizeBlocks(d, x)
+	}
+	step := (len(x)/bs + parts - 1) / parts * bs
+	out := make([]byte, 0, total)
+	runs := make([][]byte, parts)
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for p := range parts {
+		lo, hi := min(p*step, len(x)), min((p+1)*step, len(x))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runs[p], errs[p] = quantizeBlocks(d, x[lo:hi])
+		}()
+	}
+	wg.Wait()
+	for p := range parts {
+		if errs[p] != nil {
+			return nil, errs[p]
+		}
+		out = append(out, runs[p]...)
+	}
+	return out, nil
+}
+
+// quantizeRun is the fewest values a goroutine of Quantize takes.
+const quantizeRun = 1 << 18
+
+// quantizeBlocks is Quantize on one goroutine.
+func quantizeBlocks(d DType, x []float32) ([]byte, error) {
 	if _, err := d.Bytes(int64(len(x))); err != nil {
 		return nil, err
 	}

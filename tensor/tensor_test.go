@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"bytes"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -116,6 +117,29 @@ func TestValidate(t *testing.T) {
 	for _, b := range bad {
 		if b.Validate() == nil {
 			t.Errorf("%s accepted", b.Name)
+		}
+	}
+}
+
+// TestQuantizeParallel: Quantize splits a large input over goroutines in
+// runs of whole blocks; the bytes must be those of one goroutine.
+func TestQuantizeParallel(t *testing.T) {
+	n := 2*quantizeRun + 3*256 // more than one run, a tail of blocks
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(math.Sin(float64(i)*0.37)) * float32(1+i%7)
+	}
+	for _, d := range []DType{Q8_0, Q4_0, Q4_K, Q6_K} {
+		got, err := Quantize(d, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := quantizeBlocks(d, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%v: parallel quantization differs from one goroutine's", d)
 		}
 	}
 }

@@ -54,6 +54,10 @@ type Backend struct {
 	// uploaded instead of keeping them in E4M3 for FP8 products (compute
 	// capability 8.9 on), for comparisons.
 	NoFP8 bool
+	// WidenBlocks widens GGUF block-quantized matrices to the compute dtype
+	// as they are uploaded instead of keeping them in their blocks (and
+	// dequantizing them for each product), for comparisons.
+	WidenBlocks bool
 	// FixedDecodePlan keeps kernels.PlanDecode's split for decode attention
 	// instead of timing the candidates (kernels.DecodePlans) on first use of
 	// each batch shape and context bucket, for tests that compare runs bit
@@ -86,8 +90,8 @@ type Stats struct {
 	Epilogues   int
 	LastFailure error // the latest capture failure
 	// FP8Matrices counts the matrices loads kept in E4M3 on the device
-	// (Backend.FP8).
-	FP8Matrices int
+	// (Backend.FP8), BlockMatrices those kept in GGUF blocks.
+	FP8Matrices, BlockMatrices int
 	// DeviceTime is the stream time from a step's first operation (the
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.
@@ -289,12 +293,14 @@ type loaded struct {
 	ws         cu.Ptr
 	wsCap      int
 	wsCounters int
-	// The FP8 products' scratch (fp8.go): the activation's scale and
-	// absolute maximum, then its E4M3 copy.
-	f8    cu.Ptr
-	f8Cap int
-	execs []*executable
-	f8One cu.Ptr // 1.0, the weights' scale of products with scales a row
+	execs      []*executable
+	// The quantized products' scratch (quant.go): qs for the activation's
+	// copies (FP8: its scale, absolute maximum and E4M3 copy; Q4_K: its
+	// int8 groups), dq for the rows of a GGUF matrix dequantized for
+	// cuBLASLt.
+	qs, dq       cu.Ptr
+	qsCap, dqCap int
+	f8One        cu.Ptr // 1.0, the weights' scale of FP8 products with scales a row
 }
 
 // deviceTensor is a weight or constant on the device.
@@ -306,6 +312,8 @@ type deviceTensor struct {
 	// whether they are one per-tensor scale repeated.
 	scales    cu.Ptr
 	perTensor bool
+	// A matrix kept in GGUF blocks (dtype devBlocks): their format.
+	blocks tensor.DType
 }
 
 // DType is the compute dtype of the loaded graph.

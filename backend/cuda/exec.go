@@ -12,6 +12,7 @@ import (
 	"kiln/backend/cuda/kernels"
 	"kiln/compile"
 	"kiln/ir"
+	"kiln/tensor"
 )
 
 // operand is an input or output of a node, bound to its device memory: a
@@ -26,6 +27,7 @@ type operand struct {
 	// An E4M3 weight's scales (deviceTensor).
 	scales    cu.Ptr
 	perTensor bool
+	blocks    tensor.DType // a weight in GGUF blocks (dtype devBlocks)
 }
 
 func (o *operand) ptr(x *stepState) cu.Ptr {
@@ -146,7 +148,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 	if err := l.growArena(p.ArenaBytes); err != nil {
 		return nil, err
 	}
-	if err := l.growFP8(l.fp8Need(p)); err != nil {
+	if err := l.growQuant(l.quantNeeds(p)); err != nil {
 		return nil, err
 	}
 	arena := l.arena
@@ -168,7 +170,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			if !ok {
 				return o, fmt.Errorf("cuda: weight %q was not uploaded", v.Def.Attrs.Name)
 			}
-			o.p, o.dtype, o.vocab, o.scales, o.perTensor = w.p, w.dtype, w.rows, w.scales, w.perTensor
+			o.p, o.dtype, o.vocab, o.scales, o.perTensor, o.blocks = w.p, w.dtype, w.rows, w.scales, w.perTensor, w.blocks
 			return o, nil
 		}
 		buf, ok := p.Buffers[v]

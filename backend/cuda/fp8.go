@@ -54,43 +54,6 @@ func (l *loaded) fp8Need(p *compile.Plan) int {
 	return fp8XOffset + p.Bucket.Tokens*k
 }
 
-// growFP8 makes the FP8 scratch at least n bytes (n 0: none needed).
-// Growing it drops every executable's captured graphs, which bake in its
-// address.
-func (l *loaded) growFP8(n int) error {
-	if n <= l.f8Cap {
-		return nil
-	}
-	if l.f8One == 0 {
-		p, err := l.alloc(4)
-		if err != nil {
-			return err
-		}
-		if err := l.dev.Upload(p, cu.AsBytes([]float32{1})); err != nil {
-			return err
-		}
-		l.f8One = p
-	}
-	if err := l.stream.Sync(); err != nil {
-		return err
-	}
-	for _, e := range l.execs {
-		e.dropGraphs()
-	}
-	if l.f8 != 0 {
-		if err := l.free(l.f8); err != nil {
-			return err
-		}
-		l.f8, l.f8Cap = 0, 0
-	}
-	p, err := l.alloc(n)
-	if err != nil {
-		return fmt.Errorf("cuda: FP8 product scratch of %d bytes: %w", n, err)
-	}
-	l.f8, l.f8Cap = p, n
-	return nil
-}
-
 // fp8Product runs out[T,N] = x[T,K]·w[N,K]ᵀ for E4M3 weights w (with
 // their scales) into out of the compute dtype, as the comment above says.
 // It notes the kernel that ran on x.
@@ -102,16 +65,10 @@ func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int,
 			return err
 		}
 	}
-	need := fp8XOffset + t*k
-	if need > l.f8Cap {
-		if x.capturing {
-			return fmt.Errorf("cuda: FP8 scratch of %d bytes for %d×%d, %d reserved", need, t, k, l.f8Cap)
-		}
-		if err := l.growFP8(need); err != nil {
-			return oom(err)
-		}
+	if err := l.ensureQuant(x, fp8XOffset+t*k, 0); err != nil {
+		return err
 	}
-	scale, amax, q := l.f8, l.f8.Add(16), l.f8.Add(fp8XOffset)
+	scale, amax, q := l.qs, l.qs.Add(16), l.qs.Add(fp8XOffset)
 	if err := l.k.QuantizeE4M3(s, q, scale, amax, X, t*k); err != nil {
 		return err
 	}

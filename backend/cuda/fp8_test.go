@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -15,13 +16,14 @@ import (
 	"kiln/tensor"
 )
 
-// fp8Steps runs the steps TestFP8Weights compares on engine e: prompts of
+// quantSteps runs the steps TestFP8Weights and TestGGUFBlocks compare on
+// engine e: prompts of
 // 3, 2 and 3 tokens in one step and 6 decode steps of those 3 sequences
-// (steps 0 to 6: at most 8 rows, the FP8 GEMV alone); then prompts of 70
-// and 130 tokens (200 rows), prompts of 5 tokens for 7 more sequences and
-// 6 decode steps of all 12 (12 rows, captured into graphs from their
-// second step): FP8 products through cuBLASLt.
-func fp8Steps(t *testing.T, e *engine.Engine, vocab int) [][]float32 {
+// (steps 0 to 6: at most 8 rows, the GEMV alone); then prompts of 70 and
+// 130 tokens (200 rows), prompts of 5 tokens for 7 more sequences and 6
+// decode steps of all 12 (12 rows, captured into graphs from their second
+// step): products through cuBLASLt.
+func quantSteps(t *testing.T, e *engine.Engine, vocab int) [][]float32 {
 	t.Helper()
 	var out [][]float32
 	step := func(items []engine.Item) {
@@ -82,7 +84,7 @@ func perTensorFP8(m *model.Model) {
 // TestFP8Weights runs an FP8 checkpoint (kiln quantize --to fp8 of a random
 // bf16 model: scales a row) with its matrices kept in E4M3 on the device
 // against the same checkpoint widened to bf16 as it is uploaded
-// (Backend.NoFP8), over fp8Steps, and the same with one scale a matrix.
+// (Backend.NoFP8), over quantSteps, and the same with one scale a matrix.
 // Where only the FP8 GEMV has run (steps of at most 8 rows) only the
 // weights are FP8, as in the widened run: the logits must agree within
 // bf16's rounding (‖Δ‖₂/‖ref‖₂ ≤ 2e-2, as the transformers fixtures' bf16
@@ -126,7 +128,7 @@ func TestFP8Weights(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer e.Close()
-				return fp8Steps(t, e, s.Vocab)
+				return quantSteps(t, e, s.Vocab)
 			}
 			native := backendOf(t, "bf16")
 			before := native.Stats().FP8Matrices
@@ -141,6 +143,69 @@ func TestFP8Weights(t *testing.T) {
 				bound, what := 1e-1, "FP8 products"
 				if i <= 6 {
 					bound, what = 2e-2, "FP8 GEMV"
+				}
+				e := relL2(got[i], want[i])
+				t.Logf("step %d (%s): ‖Δ‖₂/‖ref‖₂ %.3g (bound %.0e)", i, what, e, bound)
+				if e > bound || math.IsNaN(e) {
+					t.Errorf("step %d (%s): ‖Δ‖₂/‖ref‖₂ = %.3g > %.0e", i, what, e, bound)
+				}
+			}
+		})
+	}
+}
+
+// TestGGUFBlocks runs GGUF files (kiln quantize of a random bf16 model to
+// Q8_0 and to Q4_K_M: Q4_K, with the output matrix and some value and down
+// projections in Q6_K) with their matrices kept in blocks on the device
+// against the same files widened to bf16 as they are uploaded
+// (Backend.WidenBlocks), over quantSteps. Dequantized on the device the
+// weights are bit for bit the widened ones, so where cuBLASLt runs the
+// logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
+// Q4_K's products of at most 8 rows run on the GEMV with x rounded to int8
+// per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
+func TestGGUFBlocks(t *testing.T) {
+	s := bench.Shape{Name: "gguf", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
+	backendOf(t, "bf16")
+	src := randomModel(t, s, tensor.BF16, 13)
+	for _, scheme := range []string{"q8_0", "q4_k_m"} {
+		t.Run(scheme, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), scheme+".gguf")
+			m, err := model.Load(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc, err := convert.ParseScheme(scheme)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Create(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = convert.GGUF(f, m, sc, nil)
+			m.Close()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			run := func(bk *cuda.Backend) [][]float32 {
+				e := openEngine(t, path, bk, engine.Options{MaxSeqs: 12})
+				return quantSteps(t, e, s.Vocab)
+			}
+			kept := backendOf(t, "bf16")
+			got := run(kept)
+			if kept.Stats().BlockMatrices == 0 {
+				t.Fatalf("no matrix was kept in its blocks")
+			}
+			wide := backendOf(t, "bf16")
+			wide.WidenBlocks = true
+			want := run(wide)
+			for i := range want {
+				bound, what := 1e-2, "dequantized + cuBLASLt"
+				if i <= 6 && scheme == "q4_k_m" {
+					bound, what = 5e-2, "Q4_K GEMV, int8 x"
 				}
 				e := relL2(got[i], want[i])
 				t.Logf("step %d (%s): ‖Δ‖₂/‖ref‖₂ %.3g (bound %.0e)", i, what, e, bound)

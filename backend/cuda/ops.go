@@ -42,6 +42,9 @@ func (l *loaded) choose(nd *node) error {
 		if w.dtype == cu.F8E4M3 {
 			return l.chooseFP8(nd, s)
 		}
+		if w.dtype == devBlocks {
+			return l.chooseBlocks(nd, s)
+		}
 		if w.dtype != l.act {
 			return fmt.Errorf("cuda: matmul weight %q is %v on the device, compute dtype %v", w.v.Def.Attrs.Name, w.dtype, l.act)
 		}
@@ -348,6 +351,7 @@ type algoKey struct {
 	rows, k, n int
 	in, out    cu.DType
 	bias       bool
+	ldd        int // the output's row length (cu.Matmul.LDD)
 }
 
 // algorithm picks cuBLASLt's algorithm for product mm: the first time a
@@ -362,7 +366,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	if mm.T <= kernels.GEMVVectorMaxT || l.b.Products != "" {
 		return 0
 	}
-	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.In, mm.Out, mm.Bias != 0}
+	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.In, mm.Out, mm.Bias != 0, mm.LDD}
 	if a, ok := l.algoChoice[key]; ok {
 		return a
 	}

@@ -24,7 +24,7 @@ import (
 // (tests, direct users) each grows on first need.
 
 // ReserveSteps implements backend.StepReserver: the activation arena for
-// the largest of plans, the FP8 products' scratch for it, the decode attention workspace for decode steps of
+// the largest of plans, the quantized products' scratch for it, the decode attention workspace for decode steps of
 // up to maxSeqs sequences (two tokens each at most) at contexts up to
 // context, and the sampler's scratch for maxSeqs rows.
 func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error {
@@ -39,11 +39,12 @@ func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 	if err := l.growArena(arena); err != nil {
 		return err
 	}
-	f8 := 0
+	qs, dq := 0, 0
 	for _, p := range plans {
-		f8 = max(f8, l.fp8Need(p))
+		q, d := l.quantNeeds(p)
+		qs, dq = max(qs, q), max(dq, d)
 	}
-	if err := l.growFP8(f8); err != nil {
+	if err := l.growQuant(qs, dq); err != nil {
 		return err
 	}
 	counters, partials := l.decodeNeeds(plans, maxSeqs, context)

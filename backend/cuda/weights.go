@@ -6,9 +6,11 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 
 	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
 	"kiln/ir"
 	"kiln/tensor"
 )
@@ -18,8 +20,11 @@ import (
 // product's output dtype for the biases of MatMulBias (cuBLASLt's epilogue
 // takes them so), f32 for the rest (norm weights, other biases, RoPE
 // tables). With fp8, an FP8 (E4M3) matrix that only products read stays
-// E4M3 (fp8Product), with its scales beside it.
-func weightDTypes(g *ir.Graph, act cu.DType, fp8 bool) map[*ir.Node]cu.DType {
+// E4M3 (fp8Product), with its scales beside it; with blocks, a GGUF matrix
+// of a format kernels.Dequantize takes that only products read stays in its
+// blocks (devBlocks). A tensor read both ways (a tied embedding) is
+// widened to act.
+func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.DType {
 	want := map[*ir.Node]cu.DType{}
 	output := map[*ir.Value]bool{}
 	for _, o := range g.Outputs {
@@ -38,8 +43,16 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8 bool) map[*ir.Node]cu.DType {
 			if product && i == 1 && fp8 && fp8Product(in.Def.Attrs.Tensor, output[n.Out()]) {
 				dt = cu.F8E4M3
 			}
+			if product && i == 1 && blocks && blocksProduct(in.Def.Attrs.Tensor) {
+				dt = devBlocks
+			}
 			if old, ok := want[in.Def]; ok && old != dt {
-				dt = cu.F32 // read two ways: keep full precision (not produced by the builders)
+				kept := func(d cu.DType) bool { return d == act || d == cu.F8E4M3 || d == devBlocks }
+				if kept(old) && kept(dt) {
+					dt = act // a matrix that is also an embedding table
+				} else {
+					dt = cu.F32 // read two ways: keep full precision (not produced by the builders)
+				}
 			}
 			want[in.Def] = dt
 		}
@@ -52,7 +65,7 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8 bool) map[*ir.Node]cu.DType {
 // reading the file (page faults of the mapping) and converting the next
 // chunk overlap the transfer of the previous one.
 func (l *loaded) uploadWeights(progress io.Writer) error {
-	want := weightDTypes(l.compiled.Graph, l.act, l.fp8)
+	want := weightDTypes(l.compiled.Graph, l.act, l.fp8, !l.b.WidenBlocks)
 	type key struct {
 		t  *tensor.Tensor
 		dt cu.DType
@@ -63,7 +76,7 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 		k := key{n.Attrs.Tensor, dt}
 		if !seen[k] {
 			seen[k] = true
-			total += n.Attrs.Tensor.Shape.Elements() * int64(dt.Size())
+			total += deviceBytes(n.Attrs.Tensor, dt)
 		}
 	}
 	u, err := newUploader(l, total, progress)
@@ -101,8 +114,13 @@ func (l *loaded) uploadWeight(u *uploader, t *tensor.Tensor, dt cu.DType) (devic
 		dev.rows = t.Shape[0]
 	}
 	var err error
-	if dev.p, err = l.alloc(int(t.Shape.Elements()) * dt.Size()); err != nil {
+	if dev.p, err = l.alloc(int(deviceBytes(t, dt))); err != nil {
 		return dev, err
+	}
+	if dt == devBlocks {
+		dev.blocks = t.DType
+		l.b.stats.BlockMatrices++
+		return dev, u.putRaw(dev.p, t)
 	}
 	if err := u.put(dev.p, t, dt); err != nil {
 		return dev, err
@@ -193,6 +211,31 @@ func (u *uploader) put(dst cu.Ptr, t *tensor.Tensor, dt cu.DType) error {
 	return nil
 }
 
+// putRaw uploads tensor t's bytes as they are stored (GGUF blocks).
+func (u *uploader) putRaw(dst cu.Ptr, t *tensor.Tensor) error {
+	n := int(deviceBytes(t, devBlocks))
+	if n > len(t.Data) {
+		return fmt.Errorf("tensor %s: %d bytes, need %d", t.Name, len(t.Data), n)
+	}
+	for off := 0; off < n; off += uploadChunk {
+		m := min(uploadChunk, n-off)
+		if err := u.events[u.cur].Sync(); err != nil {
+			return err
+		}
+		copy(u.bufs[u.cur].Bytes()[:m], t.Data[off:off+m])
+		if err := u.l.dev.CopyHtoDAsync(dst.Add(off), u.bufs[u.cur], 0, m, u.l.stream); err != nil {
+			return err
+		}
+		if err := u.events[u.cur].Record(u.l.stream); err != nil {
+			return err
+		}
+		u.cur ^= 1
+		u.done += int64(m)
+		u.show()
+	}
+	return nil
+}
+
 func (u *uploader) show() {
 	if u.progress == nil || u.total == 0 {
 		return
@@ -269,6 +312,25 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 		}
 	}
 	return nil
+}
+
+// devBlocks is the device dtype of a matrix kept in its GGUF blocks
+// (deviceTensor.blocks says which format).
+const devBlocks cu.DType = -1
+
+// blocksProduct reports whether GGUF matrix t can stay in its blocks for
+// the products that read it: a format kernels.Dequantize takes.
+func blocksProduct(t *tensor.Tensor) bool {
+	return len(t.Shape) == 2 && slices.Contains(kernels.DequantFormats, t.DType)
+}
+
+// deviceBytes is the size of t on the device as dt.
+func deviceBytes(t *tensor.Tensor, dt cu.DType) int64 {
+	if dt == devBlocks {
+		n, _ := t.DType.Bytes(t.Shape.Elements())
+		return n
+	}
+	return t.Shape.Elements() * int64(dt.Size())
 }
 
 // fp8Product reports whether FP8 matrix t can stay E4M3 on the device for

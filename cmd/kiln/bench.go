@@ -166,6 +166,9 @@ func cmdBenchModel(args []string) error {
 		opts.Memory = mem
 		opts.WeightElemBytes = gpu.ComputeDType(e.Compiled.Graph).Size()
 		opts.FP8Weights = gpu.FP8(gpu.ComputeDType(e.Compiled.Graph))
+		if !gpu.WidenBlocks {
+			opts.Blocks = kernels.DequantFormats
+		}
 		opts.KVElemBytes = opts.WeightElemBytes
 		act := gpu.ComputeDType(e.Compiled.Graph)
 		if *pp > 0 {

@@ -56,6 +56,7 @@ type engineFlags struct {
 	pdl       bool
 	epilogues bool
 	fp8       bool
+	blocks    bool
 	kvDType   string
 }
 
@@ -69,6 +70,7 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&e.pdl, "cuda-pdl", envString("KILN_CUDA_PDL", "1") != "0", "launch kernels as programmatic dependent launches on Hopper GPUs, each scheduled while the previous one finishes (KILN_CUDA_PDL=0 turns them off) [KILN_CUDA_PDL]")
 	fs.BoolVar(&e.epilogues, "cuda-epilogues", envString("KILN_CUDA_EPILOGUES", "1") != "0", "compute SwiGLU, and RoPE with the KV-cache writes, in the epilogue of the decode GEMV that produces their input (KILN_CUDA_EPILOGUES=0 runs them as kernels of their own) [KILN_CUDA_EPILOGUES]")
 	fs.BoolVar(&e.fp8, "cuda-fp8", envString("KILN_CUDA_FP8", "1") != "0", "keep an FP8 checkpoint's matrices in E4M3 on GPUs of compute capability 8.9 on and multiply them in FP8 (KILN_CUDA_FP8=0 widens them to the compute dtype) [KILN_CUDA_FP8]")
+	fs.BoolVar(&e.blocks, "cuda-blocks", envString("KILN_CUDA_BLOCKS", "1") != "0", "keep a GGUF file's Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices in their blocks on the GPU, dequantized for each product (KILN_CUDA_BLOCKS=0 widens them to the compute dtype at upload) [KILN_CUDA_BLOCKS]")
 	fs.BoolVar(&e.graphs, "cuda-graphs", envString("KILN_CUDA_GRAPHS", "1") != "0", "replay decode steps from captured CUDA graphs (KILN_CUDA_GRAPHS=0 turns them off) [KILN_CUDA_GRAPHS]")
 	fs.BoolVar(&e.stack, "stack-projections", envBool("KILN_STACK_PROJECTIONS"), "stack Q/K/V and gate/up weights into single products (copies them out of the file mapping) [KILN_STACK_PROJECTIONS]")
 	fs.StringVar(&e.kvDType, "kv-cache-dtype", envString("KILN_KV_CACHE_DTYPE", "auto"), "KV cache element type: auto (the backend's: float32 on the CPU, the compute dtype on a GPU) or fp8 (E4M3, scale 1; the CPU only for now) [KILN_KV_CACHE_DTYPE]")

@@ -18,7 +18,12 @@ const (
 	F8E4M3
 )
 
-func (t DType) String() string { return [...]string{"f32", "f16", "bf16", "f8e4m3"}[t] }
+func (t DType) String() string {
+	if t < F32 || t > F8E4M3 {
+		return fmt.Sprintf("dtype(%d)", int(t))
+	}
+	return [...]string{"f32", "f16", "bf16", "f8e4m3"}[t]
+}
 
 // Size is the element size in bytes.
 func (t DType) Size() int { return [...]int{4, 2, 2, 1}[t] }
@@ -105,6 +110,9 @@ type Matmul struct {
 	Accumulate bool
 	// XScale and WScale scale an FP8 product (nil otherwise).
 	XScale, WScale Ptr
+	// LDD is the distance in elements between Dst's rows (0: N): a
+	// product into columns of a wider output.
+	LDD int
 	// Algo picks among the heuristic's candidate algorithms for this
 	// product (Algorithms says how many): 0, its first choice, unless a
 	// timing found another faster.
@@ -114,7 +122,7 @@ type Matmul struct {
 
 type planKey struct {
 	in, out       DType
-	t, k, n       int
+	t, k, n, ldd  int
 	bias          bool
 	alX, alW, alD int
 }
@@ -173,9 +181,20 @@ func (lt *BlasLt) Algorithms(m Matmul) (int, error) {
 	return n, err
 }
 
+// ldd is Dst's leading dimension.
+func (m Matmul) ldd() int {
+	if m.LDD == 0 {
+		return m.N
+	}
+	return m.LDD
+}
+
 func (m Matmul) check() error {
 	if m.T <= 0 || m.K <= 0 || m.N <= 0 {
 		return fmt.Errorf("cublasLt: matmul of %d×%d by %d×%d", m.T, m.K, m.N, m.K)
+	}
+	if m.LDD != 0 && m.LDD < m.N {
+		return fmt.Errorf("cublasLt: output rows %d apart for %d columns", m.LDD, m.N)
 	}
 	if m.In < F32 || m.In > F8E4M3 || m.Out < F32 || m.Out > F8E4M3 {
 		return fmt.Errorf("cublasLt: element types %d and %d", m.In, m.Out)
@@ -209,13 +228,13 @@ func (m Matmul) check() error {
 
 // plan returns m's plan, made on first use; on the device's thread.
 func (lt *BlasLt) plan(m Matmul) (unsafe.Pointer, error) {
-	key := planKey{m.In, m.Out, m.T, m.K, m.N, m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
+	key := planKey{m.In, m.Out, m.T, m.K, m.N, m.ldd(), m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
 	if plan := lt.plans[key]; plan != nil {
 		return plan, nil
 	}
 	plan, err := ltPlanCreate(lt.h, ltPlanArgs{
 		abType: m.In.cuda(), cdType: m.Out.cuda(), transa: 1, transb: 0,
-		m: m.N, n: m.T, k: m.K, lda: m.K, ldb: m.K, ldc: m.N,
+		m: m.N, n: m.T, k: m.K, lda: m.K, ldb: m.K, ldc: m.ldd(),
 		bias: m.Bias != 0, ws: lt.wsSize, alA: key.alW, alB: key.alX, alC: key.alD,
 		scaled: m.In == F8E4M3,
 	})

@@ -516,6 +516,35 @@ func TestBlasLtMatmul(t *testing.T) {
 		})
 	}
 
+	// A product in two column slices of one output (LDD: Dst's rows N
+	// apart), with the bias, as products of chunks of W's rows run.
+	t.Run("column slices", func(t *testing.T) {
+		const T, K, N, n1 = 37, 256, 300, 136
+		xb, x := encode(BF16, randv(T*K))
+		wb, w := encode(BF16, randv(N*K))
+		bb, bias := encode(BF16, randv(N))
+		px, pw, pb := upload(t, d, bytesU16(xb)), upload(t, d, bytesU16(wb)), upload(t, d, bytesU16(bb))
+		ob := make([]byte, T*N*2)
+		po, err := d.Alloc(len(ob))
+		must(t, err)
+		defer d.Free(po)
+		must(t, d.Memset8(po, 0xff, len(ob), nil))
+		for _, c := range [][2]int{{0, n1}, {n1, N}} {
+			m := Matmul{T: T, K: K, N: c[1] - c[0], LDD: N, In: BF16, Out: BF16, X: px, W: pw.Add(2 * c[0] * K), Dst: po.Add(2 * c[0]), Bias: pb.Add(2 * c[0])}
+			must(t, lt.Matmul(m))
+		}
+		must(t, d.Sync())
+		must(t, d.Download(ob, po))
+		e := relErr(decode(BF16, ob), ref(x, w, bias, T, K, N))
+		t.Logf("column slices: ‖out−ref‖/‖ref‖ = %.3g (tolerance 4e-3)", e)
+		if !(e <= 4e-3) {
+			t.Fatalf("relative error %.3g over 4e-3", e)
+		}
+		if err := lt.Matmul(Matmul{T: 1, K: 16, N: 8, LDD: 4, In: BF16, Out: BF16, X: 1, W: 1, Dst: 1}); err == nil {
+			t.Error("output rows closer than N accepted")
+		}
+	})
+
 	// Bad combination is refused before cuBLASLt.
 	if err := lt.Matmul(Matmul{T: 1, K: 1, N: 1, In: BF16, Out: F16, X: 1, W: 1, Dst: 1}); err == nil {
 		t.Fatal("bf16→f16 accepted")

@@ -426,6 +426,115 @@ extern "C" __global__ void fp8_quant(const T* x, unsigned char* q, const unsigne
 	}
 }
 
+// ---------------------------------------------------------------- dequantization
+// dequant_<format>: GGUF blocks of a matrix kept quantized on the device,
+// widened to the activation dtype (Kernels.Dequantize) for a product
+// through cuBLASLt. A thread per group of 32 values (a Q8_0 or Q4_0 block;
+// an eighth of a K-quant super-block), computing each value with the float
+// operations, in the order, of tensor's reference decoders (ggml.go),
+// unfused (__fmul_rn, __fsub_rn), so that the widened values are those the
+// host's conversion gives, rounded the same way.
+
+__device__ __forceinline__ float f16_at(const unsigned char* p) {
+	f16 h;
+	h.x = (unsigned short)(p[0] | p[1] << 8);
+	return tof(h);
+}
+
+__device__ __forceinline__ void dq_store(T* out, const float* y) {
+#pragma unroll
+	for (int i = 0; i < 32; i += VEC) store16(out + i, y + i);
+}
+
+extern "C" __global__ void dequant_q8_0(const unsigned char* w, T* out, long long groups) {
+	pdl_enter();
+	GRID_STRIDE(g, groups) {
+		const unsigned char* b = w + g * 34;
+		const float d = f16_at(b);
+		float y[32];
+#pragma unroll
+		for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)(signed char)b[2 + j], d);
+		dq_store(out + g * 32, y);
+	}
+}
+
+extern "C" __global__ void dequant_q4_0(const unsigned char* w, T* out, long long groups) {
+	pdl_enter();
+	GRID_STRIDE(g, groups) {
+		const unsigned char* b = w + g * 18;
+		const float d = f16_at(b);
+		float y[32];
+#pragma unroll
+		for (int j = 0; j < 16; j++) {
+			const int q = b[2 + j];
+			y[j] = __fmul_rn((float)((q & 15) - 8), d);
+			y[j + 16] = __fmul_rn((float)((q >> 4) - 8), d);
+		}
+		dq_store(out + g * 32, y);
+	}
+}
+
+// k_scale_min is ggml's get_scale_min_k4 (tensor.KScaleMin).
+__device__ __forceinline__ void k_scale_min(int j, const unsigned char* q, int& sc, int& m) {
+	if (j < 4) {
+		sc = q[j] & 63, m = q[j + 4] & 63;
+	} else {
+		sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4), m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+	}
+}
+
+// Q4_K and Q5_K: group i (0..7) of a super-block is sub-block i: the low
+// (i even) or high (i odd) nibbles of bytes 32·(i/2).. of the quants, plus
+// bit i of qh (Q5_K).
+template <bool Q5>
+__device__ __forceinline__ void dequant_k45(const unsigned char* w, T* out, long long groups) {
+	pdl_enter();
+	constexpr int BYTES = Q5 ? 176 : 144;
+	GRID_STRIDE(g, groups) {
+		const unsigned char* b = w + (g >> 3) * BYTES;
+		const int i = (int)(g & 7);
+		const float d = f16_at(b), dmin = f16_at(b + 2);
+		int sc, m;
+		k_scale_min(i, b + 4, sc, m);
+		const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
+		const unsigned char* q = b + (Q5 ? 48 : 16) + 32 * (i >> 1);
+		const unsigned char* qh = b + 16;
+		float y[32];
+#pragma unroll
+		for (int l = 0; l < 32; l++) {
+			int v = (i & 1) ? q[l] >> 4 : q[l] & 15;
+			if (Q5 && (qh[l] >> i) & 1) v += 16;
+			y[l] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
+		}
+		dq_store(out + g * 32, y);
+	}
+}
+extern "C" __global__ void dequant_q4_k(const unsigned char* w, T* out, long long groups) { dequant_k45<false>(w, out, groups); }
+extern "C" __global__ void dequant_q5_k(const unsigned char* w, T* out, long long groups) { dequant_k45<true>(w, out, groups); }
+
+// Q6_K: group i (0..7) is elements 32i.. of the super-block: pass n = i/4
+// of 128, run r = i%4 (q1..q4 of tensor's decodeQ6_K).
+extern "C" __global__ void dequant_q6_k(const unsigned char* w, T* out, long long groups) {
+	pdl_enter();
+	GRID_STRIDE(g, groups) {
+		const unsigned char* b = w + (g >> 3) * 210;
+		const int i = (int)(g & 7), n = i >> 2, r = i & 3;
+		const unsigned char* ql = b + 64 * n;
+		const unsigned char* qh = b + 128 + 32 * n;
+		const signed char* sc = (const signed char*)(b + 192 + 8 * n);
+		const float d = f16_at(b + 208);
+		float y[32];
+#pragma unroll
+		for (int l = 0; l < 32; l++) {
+			const int lo = (r & 1) ? ql[l + 32] : ql[l];
+			const int nib = (r & 2) ? lo >> 4 : lo & 15;
+			const int q = (nib | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
+			y[l] = __fmul_rn(__fmul_rn(d, (float)sc[l / 16 + 2 * r]), (float)q);
+		}
+		dq_store(out + g * 32, y);
+	}
+}
+
 // ---------------------------------------------------------------- rope, kv write
 
 // rotate_pair rotates the pair (a, b) of head vector v (of x) by the table row of p.

@@ -13,10 +13,12 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"kiln/backend/cuda/cu"
+	"kiln/tensor"
 )
 
 var (
@@ -209,6 +211,25 @@ func (k *Kernels) ScaleCols(s *cu.Stream, out, x, scales cu.Ptr, rows, cols int)
 		return err
 	}
 	return k.launchDep("scale_cols", ewGrid(rows*cols), cu.D1(256), 0, s, x, scales, out, int32(rows), int32(cols))
+}
+
+// DequantFormats are the GGUF block formats Dequantize widens on the
+// device (the matrices of Q8_0, Q4_0, Q4_K_M and Q5_K_M files).
+var DequantFormats = []tensor.DType{tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K}
+
+// Dequantize widens n values of GGUF blocks of format f at w to the
+// activation dtype at out (16-byte aligned), exactly as tensor's reference
+// decoders do, rounded to the activation dtype: a quantized matrix's rows
+// for a product through cuBLASLt. n must be whole blocks.
+func (k *Kernels) Dequantize(s *cu.Stream, out, w cu.Ptr, f tensor.DType, n int) error {
+	if !slices.Contains(DequantFormats, f) {
+		return fmt.Errorf("kernels: no dequantization of %v on the device", f)
+	}
+	if n <= 0 || n%f.BlockSize() != 0 || out%16 != 0 || w == 0 {
+		return fmt.Errorf("kernels: dequantize %d values of %v (whole blocks of %d) to %#x", n, f, f.BlockSize(), uint64(out))
+	}
+	groups := n / 32
+	return k.launchDep("dequant_"+strings.ToLower(f.String()), ewGrid(groups), cu.D1(256), 0, s, w, out, int64(groups))
 }
 
 // Add: out = a + b over n elements.

@@ -1,0 +1,182 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+
+	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/compile"
+	"kiln/ir"
+	"kiln/tensor"
+)
+
+// Products of GGUF matrices kept in their blocks (weightDTypes: the
+// formats of kernels.DequantFormats), as llama.cpp's CUDA backend runs
+// them: a Q4_K matrix's products of up to kernels.GEMVVectorMaxT rows on
+// the GEMV straight from the blocks (GEMV.RunQ4K, x rounded to int8 per 32
+// values as llama.cpp's MMVQ does); every other product dequantized, at
+// most dqLimit bytes of rows at a time, into the dq scratch
+// (Kernels.Dequantize, bit for bit the host's widening) and multiplied by
+// cuBLASLt into its columns of the output.
+
+// dqLimit bounds the dequantized rows of one product's chunk.
+const dqLimit = 128 << 20
+
+// dqChunkRows is how many rows of a matrix of k columns one chunk
+// dequantizes: dqLimit's worth, a multiple of 16.
+func dqChunkRows(k, elemSize int) int {
+	r := dqLimit / (k * elemSize)
+	return max(16, r-r%16)
+}
+
+// quantNeeds is the scratch plan p's quantized products need: qs for the
+// activation's copies (fp8Need; a Q4_K GEMV's int8 groups), dq for a
+// chunk of dequantized rows.
+func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
+	qs = l.fp8Need(p)
+	for _, n := range p.Graph.Nodes {
+		if (n.Op != ir.MatMul && n.Op != ir.MatMulBias) || len(n.Inputs) < 2 {
+			continue
+		}
+		w, ok := l.weights[n.Inputs[1].Def]
+		if !ok || w.dtype != devBlocks {
+			continue
+		}
+		k, rows := n.Inputs[0].Shape.Last(), w.rows
+		if w.blocks == tensor.Q4_K && l.gemv != nil {
+			qs = max(qs, fp8XOffset+kernels.Q4KScratchBytes(min(p.Bucket.Tokens, kernels.GEMVVectorMaxT), k))
+		}
+		if w.blocks != tensor.Q4_K || p.Bucket.Tokens > kernels.GEMVVectorMaxT || l.gemv == nil {
+			dq = max(dq, min(rows, dqChunkRows(k, l.act.Size()))*k*l.act.Size())
+		}
+	}
+	return qs, dq
+}
+
+// growQuant makes the quantized products' scratch at least qs and dq
+// bytes. Growing either drops every executable's captured graphs, which
+// bake in their addresses.
+func (l *loaded) growQuant(qs, dq int) error {
+	if qs <= l.qsCap && dq <= l.dqCap {
+		return nil
+	}
+	if err := l.stream.Sync(); err != nil {
+		return err
+	}
+	for _, e := range l.execs {
+		e.dropGraphs()
+	}
+	grow := func(p *cu.Ptr, capacity *int, n int, what string) error {
+		if n <= *capacity {
+			return nil
+		}
+		if *p != 0 {
+			if err := l.free(*p); err != nil {
+				return err
+			}
+			*p, *capacity = 0, 0
+		}
+		q, err := l.alloc(n)
+		if err != nil {
+			return fmt.Errorf("cuda: %s scratch of %d bytes: %w", what, n, err)
+		}
+		*p, *capacity = q, n
+		return nil
+	}
+	if err := grow(&l.qs, &l.qsCap, qs, "quantized activation"); err != nil {
+		return err
+	}
+	if l.fp8 && l.f8One == 0 && qs > 0 {
+		p, err := l.alloc(4)
+		if err != nil {
+			return err
+		}
+		if err := l.dev.Upload(p, cu.AsBytes([]float32{1})); err != nil {
+			return err
+		}
+		l.f8One = p
+	}
+	return grow(&l.dq, &l.dqCap, dq, "dequantized weight")
+}
+
+// ensureQuant grows the scratch for a product about to run, or, inside a
+// capture (which must not allocate), reports what is missing.
+func (l *loaded) ensureQuant(x *stepState, qs, dq int) error {
+	if qs <= l.qsCap && dq <= l.dqCap {
+		return nil
+	}
+	if x.capturing {
+		return fmt.Errorf("cuda: quantized products' scratch of %d and %d bytes, %d and %d reserved", qs, dq, l.qsCap, l.dqCap)
+	}
+	return oom(l.growQuant(qs, dq))
+}
+
+// chooseBlocks binds a MatMul or MatMulBias node whose weight is in GGUF
+// blocks on the device (the comment above); the bias is added by
+// cuBLASLt's epilogue where its dtype is the output's, else by a kernel.
+func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
+	in, out := nd.in, nd.out
+	w := &in[1]
+	rowBytes, err := w.blocks.Bytes(int64(in[0].cols))
+	if err != nil {
+		return fmt.Errorf("cuda: matmul weight %q: %w", w.v.Def.Attrs.Name, err)
+	}
+	nd.kernel = fmt.Sprintf("%v blocks: dequantized rows + cuBLASLt", w.blocks)
+	if w.blocks == tensor.Q4_K && l.gemv != nil {
+		nd.kernel = fmt.Sprintf("q4_k blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", kernels.GEMVVectorMaxT)
+	}
+	var bias *operand
+	if nd.n.Op == ir.MatMulBias {
+		bias = &in[2]
+		nd.kernel += " + bias"
+	}
+	nd.launch = func(x *stepState, nd *node) error {
+		t, k, n := in[0].rows(x), in[0].cols, out[0].cols
+		outF32 := out[0].dtype == cu.F32
+		addBias := bias != nil
+		if t <= kernels.GEMVVectorMaxT && w.blocks == tensor.Q4_K && l.gemv != nil {
+			if err := l.ensureQuant(x, fp8XOffset+kernels.Q4KScratchBytes(t, k), 0); err != nil {
+				return err
+			}
+			err := l.gemv.RunQ4K(s, out[0].p, in[0].p, w.p, l.qs.Add(fp8XOffset), t, k, n, outF32)
+			if err == nil {
+				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, "gemv Q4_K")
+				if addBias {
+					return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
+				}
+				return nil
+			}
+			if !errors.Is(err, kernels.ErrGEMVShape) {
+				return err
+			}
+		}
+		es, oes := l.act.Size(), out[0].dtype.Size()
+		rows := min(n, dqChunkRows(k, es))
+		if err := l.ensureQuant(x, 0, rows*k*es); err != nil {
+			return err
+		}
+		epilogue := addBias && bias.dtype == out[0].dtype
+		for n0 := 0; n0 < n; n0 += rows {
+			nc := min(rows, n-n0)
+			if err := l.k.Dequantize(s, l.dq, w.p.Add(n0*int(rowBytes)), w.blocks, nc*k); err != nil {
+				return err
+			}
+			mm := cu.Matmul{T: t, K: k, N: nc, LDD: n, In: l.act, Out: out[0].dtype, X: in[0].p, W: l.dq,
+				Dst: out[0].p.Add(n0 * oes), Stream: s}
+			if epilogue {
+				mm.Bias = bias.p.Add(n0 * oes)
+			}
+			mm.Algo = l.algorithm(x, mm)
+			x.noteProduct(mm, fmt.Sprintf("%v dequantized + cuBLASLt", w.blocks))
+			if err := l.lt.Matmul(mm); err != nil {
+				return err
+			}
+		}
+		if addBias && !epilogue {
+			return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
+		}
+		return nil
+	}
+	return nil
+}

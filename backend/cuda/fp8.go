@@ -88,28 +88,15 @@ func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int,
 }
 
 // chooseFP8 binds a MatMul or MatMulBias node whose weight is E4M3 on the
-// device (fp8Product, then the bias as a kernel of its own); the reader a
-// GEMV epilogue would take runs as its own kernel.
+// device (fp8Product, the bias by its kernel after).
 func (l *loaded) chooseFP8(nd *node, s *cu.Stream) error {
 	in, out := nd.in, nd.out
 	if out[0].dtype != l.act {
 		return fmt.Errorf("cuda: FP8 product %q into %v, want the compute dtype %v", in[1].v.Def.Attrs.Name, out[0].dtype, l.act)
 	}
-	nd.kernel = fmt.Sprintf("FP8 weights: gemv (T ≤ %d) | E4M3 activation + cuBLASLt FP8", kernels.GEMVVectorMaxT)
-	var bias *operand
-	if nd.n.Op == ir.MatMulBias {
-		bias = &in[2]
-		nd.kernel += " + bias"
-	}
-	nd.launch = func(x *stepState, nd *node) error {
-		t, k, n := in[0].rows(x), in[0].cols, out[0].cols
-		if err := l.fp8Product(x, s, &in[1], t, k, n, in[0].p, out[0].p); err != nil {
-			return err
-		}
-		if bias == nil {
-			return nil
-		}
-		return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
-	}
+	kernel := fmt.Sprintf("FP8 weights: gemv (T ≤ %d) | E4M3 activation + cuBLASLt FP8", kernels.GEMVVectorMaxT)
+	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, _ *operand) (bool, error) {
+		return false, l.fp8Product(x, s, &in[1], t, k, n, in[0].p, out[0].p)
+	})
 	return nil
 }

@@ -63,6 +63,20 @@ func quantSteps(t *testing.T, e *engine.Engine, vocab int) [][]float32 {
 	return out
 }
 
+// compareSteps requires each step's logits got to be within bound(step)
+// of want (‖Δ‖₂/‖ref‖₂), logging each with what bound names.
+func compareSteps(t *testing.T, got, want [][]float32, bound func(step int) (float64, string)) {
+	t.Helper()
+	for i := range want {
+		b, what := bound(i)
+		e := relL2(got[i], want[i])
+		t.Logf("step %d (%s): ‖Δ‖₂/‖ref‖₂ %.3g (bound %.0e)", i, what, e, b)
+		if e > b || math.IsNaN(e) {
+			t.Errorf("step %d (%s): ‖Δ‖₂/‖ref‖₂ = %.3g > %.0e", i, what, e, b)
+		}
+	}
+}
+
 // perTensorFP8 recodes m's FP8 matrices from scales a row to one scale a
 // matrix (the largest row scale; each code re-rounded to E4M3), as
 // per-tensor FP8 checkpoints are.
@@ -139,17 +153,12 @@ func TestFP8Weights(t *testing.T) {
 			wide := backendOf(t, "bf16")
 			wide.NoFP8 = true
 			want := run(wide)
-			for i := range want {
-				bound, what := 1e-1, "FP8 products"
+			compareSteps(t, got, want, func(i int) (float64, string) {
 				if i <= 6 {
-					bound, what = 2e-2, "FP8 GEMV"
+					return 2e-2, "FP8 GEMV"
 				}
-				e := relL2(got[i], want[i])
-				t.Logf("step %d (%s): ‖Δ‖₂/‖ref‖₂ %.3g (bound %.0e)", i, what, e, bound)
-				if e > bound || math.IsNaN(e) {
-					t.Errorf("step %d (%s): ‖Δ‖₂/‖ref‖₂ = %.3g > %.0e", i, what, e, bound)
-				}
-			}
+				return 1e-1, "FP8 products"
+			})
 		})
 	}
 }
@@ -202,17 +211,12 @@ func TestGGUFBlocks(t *testing.T) {
 			wide := backendOf(t, "bf16")
 			wide.WidenBlocks = true
 			want := run(wide)
-			for i := range want {
-				bound, what := 1e-2, "dequantized + cuBLASLt"
+			compareSteps(t, got, want, func(i int) (float64, string) {
 				if i <= 6 && scheme == "q4_k_m" {
-					bound, what = 5e-2, "Q4_K GEMV, int8 x"
+					return 5e-2, "Q4_K GEMV, int8 x"
 				}
-				e := relL2(got[i], want[i])
-				t.Logf("step %d (%s): ‖Δ‖₂/‖ref‖₂ %.3g (bound %.0e)", i, what, e, bound)
-				if e > bound || math.IsNaN(e) {
-					t.Errorf("step %d (%s): ‖Δ‖₂/‖ref‖₂ = %.3g > %.0e", i, what, e, bound)
-				}
-			}
+				return 1e-2, "dequantized + cuBLASLt"
+			})
 		})
 	}
 }

@@ -112,6 +112,30 @@ func (l *loaded) ensureQuant(x *stepState, qs, dq int) error {
 	return oom(l.growQuant(qs, dq))
 }
 
+// bindWeightProduct binds a MatMul or MatMulBias node whose weight the
+// device holds in a form of its own (E4M3, GGUF blocks), kernel naming it:
+// run computes the product of t rows, k columns and n outputs into the
+// node's output, adding bias itself where it can (it reports whether it
+// did); otherwise the bias kernel adds it after. The reader a GEMV
+// epilogue would take runs as its own kernel.
+func (l *loaded) bindWeightProduct(nd *node, s *cu.Stream, kernel string, run func(x *stepState, t, k, n int, bias *operand) (bool, error)) {
+	in, out := nd.in, nd.out
+	nd.kernel = kernel
+	var bias *operand
+	if nd.n.Op == ir.MatMulBias {
+		bias = &in[2]
+		nd.kernel += " + bias"
+	}
+	nd.launch = func(x *stepState, nd *node) error {
+		t, k, n := in[0].rows(x), in[0].cols, out[0].cols
+		biased, err := run(x, t, k, n, bias)
+		if err != nil || bias == nil || biased {
+			return err
+		}
+		return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
+	}
+}
+
 // chooseBlocks binds a MatMul or MatMulBias node whose weight is in GGUF
 // blocks on the device (the comment above); the bias is added by
 // cuBLASLt's epilogue where its dtype is the output's, else by a kernel.
@@ -122,45 +146,32 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	if err != nil {
 		return fmt.Errorf("cuda: matmul weight %q: %w", w.v.Def.Attrs.Name, err)
 	}
-	nd.kernel = fmt.Sprintf("%v blocks: dequantized rows + cuBLASLt", w.blocks)
-	if w.blocks == tensor.Q4_K && l.gemv != nil {
-		nd.kernel = fmt.Sprintf("q4_k blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", kernels.GEMVVectorMaxT)
+	gemv := w.blocks == tensor.Q4_K && l.gemv != nil
+	kernel := fmt.Sprintf("%v blocks: dequantized rows + cuBLASLt", w.blocks)
+	if gemv {
+		kernel = fmt.Sprintf("q4_k blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", kernels.GEMVVectorMaxT)
 	}
-	var bias *operand
-	if nd.n.Op == ir.MatMulBias {
-		bias = &in[2]
-		nd.kernel += " + bias"
-	}
-	nd.launch = func(x *stepState, nd *node) error {
-		t, k, n := in[0].rows(x), in[0].cols, out[0].cols
-		outF32 := out[0].dtype == cu.F32
-		addBias := bias != nil
-		if t <= kernels.GEMVVectorMaxT && w.blocks == tensor.Q4_K && l.gemv != nil {
+	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
+		if t <= kernels.GEMVVectorMaxT && gemv {
 			if err := l.ensureQuant(x, fp8XOffset+kernels.Q4KScratchBytes(t, k), 0); err != nil {
-				return err
+				return false, err
 			}
-			err := l.gemv.RunQ4K(s, out[0].p, in[0].p, w.p, l.qs.Add(fp8XOffset), t, k, n, outF32)
-			if err == nil {
+			err := l.gemv.RunQ4K(s, out[0].p, in[0].p, w.p, l.qs.Add(fp8XOffset), t, k, n, out[0].dtype == cu.F32)
+			if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
 				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, "gemv Q4_K")
-				if addBias {
-					return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
-				}
-				return nil
-			}
-			if !errors.Is(err, kernels.ErrGEMVShape) {
-				return err
+				return false, err
 			}
 		}
 		es, oes := l.act.Size(), out[0].dtype.Size()
 		rows := min(n, dqChunkRows(k, es))
 		if err := l.ensureQuant(x, 0, rows*k*es); err != nil {
-			return err
+			return false, err
 		}
-		epilogue := addBias && bias.dtype == out[0].dtype
+		epilogue := bias != nil && bias.dtype == out[0].dtype
 		for n0 := 0; n0 < n; n0 += rows {
 			nc := min(rows, n-n0)
 			if err := l.k.Dequantize(s, l.dq, w.p.Add(n0*int(rowBytes)), w.blocks, nc*k); err != nil {
-				return err
+				return false, err
 			}
 			mm := cu.Matmul{T: t, K: k, N: nc, LDD: n, In: l.act, Out: out[0].dtype, X: in[0].p, W: l.dq,
 				Dst: out[0].p.Add(n0 * oes), Stream: s}
@@ -170,13 +181,10 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 			mm.Algo = l.algorithm(x, mm)
 			x.noteProduct(mm, fmt.Sprintf("%v dequantized + cuBLASLt", w.blocks))
 			if err := l.lt.Matmul(mm); err != nil {
-				return err
+				return false, err
 			}
 		}
-		if addBias && !epilogue {
-			return l.k.AddBias(s, out[0].p, out[0].p, bias.p, bias.dtype, t, n)
-		}
-		return nil
-	}
+		return epilogue, nil
+	})
 	return nil
 }

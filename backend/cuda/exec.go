@@ -67,10 +67,6 @@ type stepState struct {
 	// done is a node whose outputs the product before it wrote in its
 	// epilogue: not launched.
 	done *node
-	// colScale: the scales a row of the FP8 product just run, which its
-	// reader (the next node: SwiGLUPacked, RoPEQKVWrite) applies to its
-	// input instead of a kernel of their own (0: none).
-	colScale cu.Ptr
 	// prof names the kernels the events of a profiled step end
 	// (Backend.Profile; nil: not profiled); ran is what the last product
 	// ran on.

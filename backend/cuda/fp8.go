@@ -57,11 +57,7 @@ func (l *loaded) fp8Need(p *compile.Plan) int {
 // fp8Product runs out[T,N] = x[T,K]·w[N,K]ᵀ for E4M3 weights w (with
 // their scales) into out of the compute dtype, as the comment above says.
 // It notes the kernel that ran on x.
-//
-// With reader, the next node when it takes scales a row of its input
-// (scaledReader), a product through cuBLASLt leaves the rows' scales to it
-// (stepState.colScale) instead of running Kernels.ScaleCols.
-func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int, X, out cu.Ptr, reader *node) error {
+func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int, X, out cu.Ptr) error {
 	if t <= kernels.GEMVVectorMaxT && l.gemv != nil {
 		err := l.gemv.RunF8(s, out, X, w.p, w.scales, t, k, n, false)
 		if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
@@ -85,11 +81,7 @@ func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int,
 	if err := l.lt.Matmul(mm); err != nil {
 		return err
 	}
-	switch {
-	case w.perTensor:
-		return nil
-	case reader != nil:
-		x.colScale = w.scales
+	if w.perTensor {
 		return nil
 	}
 	return l.k.ScaleCols(s, out, out, w.scales, t, n)
@@ -103,19 +95,8 @@ func (l *loaded) chooseFP8(nd *node, s *cu.Stream) error {
 		return fmt.Errorf("cuda: FP8 product %q into %v, want the compute dtype %v", in[1].v.Def.Attrs.Name, out[0].dtype, l.act)
 	}
 	kernel := fmt.Sprintf("FP8 weights: gemv (T ≤ %d) | E4M3 activation + cuBLASLt FP8", kernels.GEMVVectorMaxT)
-	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
-		var reader *node
-		if bias == nil && scaledReader(nd.epilogue) {
-			reader = nd.epilogue
-		}
-		return false, l.fp8Product(x, s, &in[1], t, k, n, in[0].p, out[0].p, reader)
+	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, _ *operand) (bool, error) {
+		return false, l.fp8Product(x, s, &in[1], t, k, n, in[0].p, out[0].p)
 	})
 	return nil
-}
-
-// scaledReader reports whether node r applies stepState.colScale to its
-// input: SwiGLU of a stacked gate/up product, RoPE with the cache writes of
-// a stacked Q/K/V product.
-func scaledReader(r *node) bool {
-	return r != nil && (r.n.Op == ir.SwiGLUPacked || r.n.Op == ir.RoPEQKVWrite)
 }

@@ -123,9 +123,7 @@ func (l *loaded) choose(nd *node) error {
 	case ir.SwiGLUPacked:
 		nd.kernel = "swiglu_packed"
 		nd.launch = func(x *stepState, nd *node) error {
-			cs := x.colScale
-			x.colScale = 0
-			return k.SwiGLUPackedScaled(s, out[0].p, in[0].p, cs, in[0].rows(x), out[0].cols)
+			return k.SwiGLUPacked(s, out[0].p, in[0].p, in[0].rows(x), out[0].cols)
 		}
 	case ir.AddBias:
 		nd.kernel = "add_bias" + ws(in[1])
@@ -160,9 +158,7 @@ func (l *loaded) choose(nd *node) error {
 		}
 		nd.kernel = "rope_qkv_write"
 		nd.launch = func(x *stepState, nd *node) error {
-			cs := x.colScale
-			x.colScale = 0
-			return k.RoPEQKVWriteScaled(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p, cs,
+			return k.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
 				x.m.T, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
 		}
 	case ir.Attention:

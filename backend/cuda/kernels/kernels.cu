@@ -337,23 +337,19 @@ extern "C" __global__ void swiglu_v(const T* g, const T* u, T* out, long long nv
 		store16(out + i * VEC, a);
 	}
 }
-// gu[rows, 2n] (gate columns, then up) → out[rows, n] = SiLU(gate)·up;
-// with cs (not null), gu's columns are first scaled by cs[2n] (the scales
-// a row of FP8 weights, applied here rather than by scale_cols).
-extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n, const float* cs) {
+// gu[rows, 2n] (gate columns, then up) → out[rows, n] = SiLU(gate)·up.
+extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n) {
 	pdl_enter();
 	long long total = (long long)rows * n;
 	GRID_STRIDE(i, total) {
 		long long r = i / n;
 		int c = (int)(i % n);
 		const T* row = gu + r * 2 * n;
-		float g = tof(row[c]), u = tof(row[n + c]);
-		if (cs) g *= cs[c], u *= cs[n + c];
-		out[i] = fromf<T>(silu_f(g) * u);
+		out[i] = fromf<T>(silu_f(tof(row[c])) * tof(row[n + c]));
 	}
 }
 // swiglu_packed for n = nv·VEC, by 16-byte vectors (16-byte aligned operands).
-extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv, const float* cs) {
+extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv) {
 	pdl_enter();
 	long long total = (long long)rows * nv;
 	int n = nv * VEC;
@@ -364,10 +360,6 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv
 		float a[VEC], b[VEC];
 		load16(row + c, a);
 		load16(row + n + c, b);
-		if (cs) {
-#pragma unroll
-			for (int j = 0; j < VEC; j++) a[j] *= cs[c + j], b[j] *= cs[n + c + j];
-		}
 #pragma unroll
 		for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
 		store16(out + r * n + c, a);
@@ -616,11 +608,9 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, c
 // qkv[rows, (heads+2·kvHeads)·hd], the stacked Q, K and V of each token:
 // q heads rotated into q[rows, heads·hd], k heads rotated and v heads stored
 // into the cache slots. One thread per rotated pair (q and k) or per pair of
-// v elements. With cs (not null), qkv's columns are first scaled by cs (the
-// scales a row of FP8 weights, applied here rather than by scale_cols).
+// v elements.
 extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, const int* pos, const int* slots,
-                                          const float* table, int rows, int heads, int kvHeads, int hd, int interleaved,
-                                          const float* cs) {
+                                          const float* table, int rows, int heads, int kvHeads, int hd, int interleaved) {
 	pdl_enter();
 	int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
 	long long n = (long long)rows * nh * half;
@@ -631,13 +621,8 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, cons
 		const T* src = qkv + rh * hd;
 		if (h >= heads + kvHeads) {
 			long long dst = (long long)slots[t] * width + (long long)(h - heads - kvHeads) * hd;
-			if (cs) {
-				vc[dst + 2 * i] = fromf<T>(tof(src[2 * i]) * cs[h * hd + 2 * i]);
-				vc[dst + 2 * i + 1] = fromf<T>(tof(src[2 * i + 1]) * cs[h * hd + 2 * i + 1]);
-			} else {
-				vc[dst + 2 * i] = src[2 * i];
-				vc[dst + 2 * i + 1] = src[2 * i + 1];
-			}
+			vc[dst + 2 * i] = src[2 * i];
+			vc[dst + 2 * i + 1] = src[2 * i + 1];
 			continue;
 		}
 		int p = pos[t];
@@ -645,7 +630,6 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, cons
 		int a, b;
 		rope_pair(i, half, interleaved, &a, &b);
 		float x1 = tof(src[a]), x2 = tof(src[b]);
-		if (cs) x1 *= cs[h * hd + a], x2 *= cs[h * hd + b];
 		T* dst = h < heads ? q + ((long long)t * heads + h) * hd
 		                   : kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
 		dst[a] = fromf<T>(rot1(x1, x2, c, s));

@@ -265,20 +265,13 @@ func (k *Kernels) SwiGLU(s *cu.Stream, out, gate, up cu.Ptr, n int) error {
 
 // SwiGLUPacked: out[rows, n] = SiLU(gu[:, :n]) · gu[:, n:] for gu[rows, 2n].
 func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, rows, n int) error {
-	return k.SwiGLUPackedScaled(s, out, gu, 0, rows, n)
-}
-
-// SwiGLUPackedScaled is SwiGLUPacked with gu's columns first scaled by the
-// f32 scales[2n] (0: none): the scales a row of FP8 weights, applied by
-// the product's reader rather than by ScaleCols.
-func (k *Kernels) SwiGLUPackedScaled(s *cu.Stream, out, gu, scales cu.Ptr, rows, n int) error {
 	if err := checkRows("swiglu_packed", rows, 2*n); err != nil {
 		return err
 	}
 	if v := k.vec(); n%v == 0 && aligned16(out, gu) {
-		return k.launchDep("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, out, int32(rows), int32(n/v), scales)
+		return k.launchDep("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, out, int32(rows), int32(n/v))
 	}
-	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n), scales)
+	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n))
 }
 
 // QuantizeE4M3 queues the per-tensor dynamic FP8 quantization of x[n] (the
@@ -341,17 +334,11 @@ func (k *Kernels) KVWrite(s *cu.Stream, kc, vc, kx, vx, slots cu.Ptr, rows, widt
 // rotated by pos into q[rows, heads·headDim], the k heads rotated and the v
 // heads stored into one layer's caches at slots, like RoPE and RoPEKVWrite.
 func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv, pos, slots, table cu.Ptr, rows, heads, kvHeads, headDim int, interleaved bool) error {
-	return k.RoPEQKVWriteScaled(s, q, kc, vc, qkv, pos, slots, table, 0, rows, heads, kvHeads, headDim, interleaved)
-}
-
-// RoPEQKVWriteScaled is RoPEQKVWrite with qkv's columns first scaled by
-// the f32 scales (0: none), as SwiGLUPackedScaled.
-func (k *Kernels) RoPEQKVWriteScaled(s *cu.Stream, q, kc, vc, qkv, pos, slots, table, scales cu.Ptr, rows, heads, kvHeads, headDim int, interleaved bool) error {
 	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
 	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, q, kc, vc, pos, slots, table,
-		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved), scales)
+		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 
 // RoPEKVWrite rotates k by pos, then stores k and v like KVWrite.

@@ -26,18 +26,6 @@ func TestSwiGLUPacked(t *testing.T) {
 			}
 			e := compare(t, "swiglu_packed", down(t, act, out, rows*n), ref, tol(act))
 			report(t, act, fmt.Sprintf("swiglu_packed %dx%d", rows, n), e)
-
-			// With the columns scaled first (FP8 weights' scales a row).
-			cs := randn(rng, 2*n, 1)
-			must(t, k.SwiGLUPackedScaled(nil, out, up(t, act, gu), up(t, cu.F32, cs), rows, n))
-			for r := 0; r < rows; r++ {
-				for c := 0; c < n; c++ {
-					g, u := float64(gu[r*2*n+c])*float64(cs[c]), float64(gu[r*2*n+n+c])*float64(cs[n+c])
-					ref[r*n+c] = silu64(g) * u
-				}
-			}
-			e = compare(t, "swiglu_packed scaled", down(t, act, out, rows*n), ref, tol(act))
-			report(t, act, fmt.Sprintf("swiglu_packed scaled %dx%d", rows, n), e)
 		}
 	}
 }
@@ -63,25 +51,15 @@ func TestRoPEQKVWrite(t *testing.T) {
 				for i := range slots {
 					slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
 				}
-				for _, c := range []struct{ il, scaled bool }{{false, false}, {true, false}, {false, true}} {
-					il := c.il
+				for _, il := range []bool{false, true} {
 					qkv := roundTo(act, randn(rng, rows*cols, 1))
 					kc0 := roundTo(act, randn(rng, nslot*width, 1))
 					vc0 := roundTo(act, randn(rng, nslot*width, 1))
 					pq, pkc, pvc := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
-					x := f64(qkv)
-					var pcs cu.Ptr
-					if c.scaled { // the columns scaled first (FP8 weights' scales a row)
-						cs := randn(rng, cols, 1)
-						pcs = up(t, cu.F32, cs)
-						for i := range x {
-							x[i] *= float64(cs[i%cols])
-						}
-					}
-					must(t, k.RoPEQKVWriteScaled(nil, pq, pkc, pvc, up(t, act, qkv), upI32(t, pos), upI32(t, slots), ptab, pcs,
+					must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, up(t, act, qkv), upI32(t, pos), upI32(t, slots), ptab,
 						rows, heads, kvHeads, hd, il))
-					qref, kref, vref := refRoPEQKV(x, pos, slots, tab, kc0, vc0, heads, kvHeads, hd, il)
-					op := fmt.Sprintf("rope_qkv_write interleaved=%v scaled=%v", il, c.scaled)
+					qref, kref, vref := refRoPEQKV(f64(qkv), pos, slots, tab, kc0, vc0, heads, kvHeads, hd, il)
+					op := fmt.Sprintf("rope_qkv_write interleaved=%v", il)
 					e1 := compare(t, op+" q", down(t, act, pq, rows*qw), qref, tol(act))
 					e2 := compare(t, op+" k", down(t, act, pkc, nslot*width), kref, tol(act))
 					e3 := compare(t, op+" v", down(t, act, pvc, nslot*width), vref, tol(act))

@@ -45,10 +45,10 @@ type ModelOptions struct {
 	// DeviceTime, when set, is the device's cumulative busy time over the
 	// steps run (stream time from a step's first operation to its last).
 	DeviceTime func() time.Duration
-	// Profile, when set, is called once per generation test, after its
-	// last timed repetition, with the test's label and a function that runs
-	// ProfileSteps more steps (untimed): the backend profiles what run
-	// runs.
+	// Profile, when set, is called once per test (prefill and
+	// generation), after its last timed repetition, with the test's label
+	// and a function that runs ProfileSteps more steps (prefills), untimed:
+	// the backend profiles what run runs.
 	Profile func(label string, run func() error) error
 	// WeightElemBytes is the width of a weight element as the backend holds
 	// it (0: as stored in the file, FP8 matrices as the CPU's bf16);
@@ -176,6 +176,22 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			if peak > 0 {
 				peaks = append(peaks, peak)
 				fractions = append(fractions, rate*flopsPerToken/peak)
+			}
+		}
+		if o.Profile != nil {
+			err := o.Profile(res.Test, func() error {
+				for range ProfileSteps {
+					seq := e.NewSequence()
+					_, err := e.Prefill(seq, prompt, false)
+					e.Free(seq)
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return nil, err
 			}
 		}
 		res.TokensPerSec, res.StdDev = meanStd(res.Samples)

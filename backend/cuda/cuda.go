@@ -69,10 +69,10 @@ type Backend struct {
 	// Timing records events around every step and adds the device time
 	// between them to Stats.DeviceTime.
 	Timing bool
-	// Profile runs decode steps node by node with an event after each
-	// kernel (behind a hold of the stream, so that launches leave no gaps)
-	// and adds each kernel's time to Stats.Profile; for `kiln bench model
-	// --profile`.
+	// Profile runs steps (decode steps without their graphs) node by node
+	// with an event after each kernel (behind a hold of the stream, so that
+	// launches leave no gaps) and adds each kernel's time to
+	// Stats.Profile; for `kiln bench model --profile`.
 	Profile bool
 
 	stats     Stats

@@ -322,7 +322,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 	d := e.l.dev
 	err = d.Do(func() error {
 		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs)}
-		if x.decode && e.l.b.Profile {
+		if e.l.b.Profile {
 			x.prof = []string{}
 		}
 		timing := e.l.b.Timing

@@ -449,3 +449,44 @@ func TestProfile(t *testing.T) {
 		t.Errorf("after ResetProfile: %d steps, %d entries", st.ProfileSteps, len(st.Profile))
 	}
 }
+
+// TestProfilePrefill: prefills profiled kernel by kernel give the logits
+// of direct launches, and the profile names each layer's prefill attention.
+func TestProfilePrefill(t *testing.T) {
+	s := bench.Shape{Name: "p", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 500, Context: 256}
+	dir := randomModel(t, s, tensor.F32, 5)
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = (i*7 + 3) % s.Vocab
+	}
+	run := func(profile bool) ([]float32, *cuda.Backend) {
+		b := backendOf(t, "bf16")
+		b.Products = "cublaslt"
+		e := openEngine(t, dir, b, engine.Options{MaxSeqs: 2})
+		b.Profile = profile
+		l, err := e.Prefill(e.NewSequence(), prompt, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(l), b
+	}
+	want, _ := run(false)
+	got, b := run(true)
+	if !slices.Equal(got, want) {
+		t.Fatalf("profiled prefill's logits differ from direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", relL2(got, want))
+	}
+	st := b.Stats()
+	attention := 0
+	for _, p := range st.Profile {
+		t.Logf("%-60s %3d calls %8.1f µs", p.Name, p.Calls, p.Time.Seconds()*1e6)
+		if p.Time <= 0 {
+			t.Errorf("%s: %v", p.Name, p.Time)
+		}
+		if strings.HasPrefix(p.Name, "prefill attention, 4/2 heads ×64") {
+			attention += p.Calls
+		}
+	}
+	if st.ProfileSteps == 0 || attention != s.Layers*st.ProfileSteps {
+		t.Errorf("%d prefill attention calls over %d profiled steps, want %d a step", attention, st.ProfileSteps, s.Layers)
+	}
+}

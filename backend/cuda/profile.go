@@ -41,7 +41,7 @@ func (l *loaded) profileEvents(n int) ([]*cu.Event, error) {
 	return l.profEvents[:n], nil
 }
 
-// profiled queues a decode step for Backend.Profile: node by node behind a
+// profiled queues a step for Backend.Profile: node by node behind a
 // hold of the stream, an event after each kernel; copyBytes of logits are
 // copied to the host when not zero. x.prof names what each event ends.
 // Without graphs and with an event between kernels, programmatic dependent
@@ -88,15 +88,17 @@ func (e *executable) profiled(x *stepState, copyBytes int) error {
 
 // profileName is what a profiled step calls the kernel that node nd just
 // ran: a product by its shape and kernel (with the op its epilogue
-// computed), decode attention with its plan.
+// computed), decode attention with its plan, prefill attention.
 func (nd *node) profileName(x *stepState) string {
 	switch {
 	case x.ran != "" && nd.epilogue != nil && x.done == nd.epilogue:
 		return x.ran + " + " + strings.TrimSuffix(nd.epilogue.kernel, unlessFused)
 	case x.ran != "":
 		return x.ran
-	case nd.n.Op == ir.Attention:
+	case nd.n.Op == ir.Attention && x.decode:
 		return fmt.Sprintf("decode attention, %d/%d heads ×%d (%v)", nd.n.Attrs.Heads, nd.n.Attrs.KVHeads, nd.n.Attrs.HeadDim, nd.plan)
+	case nd.n.Op == ir.Attention:
+		return fmt.Sprintf("prefill attention, %d/%d heads ×%d", nd.n.Attrs.Heads, nd.n.Attrs.KVHeads, nd.n.Attrs.HeadDim)
 	}
 	return strings.TrimSuffix(nd.kernel, unlessFused)
 }

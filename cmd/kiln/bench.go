@@ -49,7 +49,7 @@ func cmdBenchModel(args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	output := fs.String("output", "", "also write the JSON report to this file")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the benchmark to this file")
-	profile := fs.Bool("profile", false, fmt.Sprintf("GPU: after each generation test, run %d more steps kernel by kernel and print the device time of each kernel", bench.ProfileSteps))
+	profile := fs.Bool("profile", false, fmt.Sprintf("GPU: after each test (prefill and generation), run %d more of its steps (prefills) kernel by kernel and print the device time of each kernel", bench.ProfileSteps))
 	budgetFile := fs.String("budget", "", `TOML file of targets ([min_tokens_per_s] "tg128 batch 1" = 60, [min_roofline] ...): exit 1 when one is missed`)
 	pos, err := parseFlags(fs, args)
 	if err != nil {

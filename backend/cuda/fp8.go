@@ -6,8 +6,6 @@ import (
 
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
-	"kiln/compile"
-	"kiln/ir"
 )
 
 // FP8 products. A matrix kept in E4M3 (weightDTypes) is multiplied as
@@ -32,27 +30,6 @@ import (
 // scratch, after its scale (at 0) and absolute maximum (at 16), both
 // 16-byte aligned as cuBLASLt wants its scales.
 const fp8XOffset = 256
-
-// fp8Need is the FP8 scratch plan p's products need: the E4M3 copy of
-// the largest activation an FP8 product of more than GEMVVectorMaxT rows
-// reads (0 when there is none).
-func (l *loaded) fp8Need(p *compile.Plan) int {
-	if !l.fp8 || p.Bucket.Tokens <= kernels.GEMVVectorMaxT {
-		return 0
-	}
-	k := 0
-	for _, n := range p.Graph.Nodes {
-		if (n.Op == ir.MatMul || n.Op == ir.MatMulBias) && len(n.Inputs) > 1 {
-			if w, ok := l.weights[n.Inputs[1].Def]; ok && w.dtype == cu.F8E4M3 {
-				k = max(k, n.Inputs[0].Shape.Last())
-			}
-		}
-	}
-	if k == 0 {
-		return 0
-	}
-	return fp8XOffset + p.Bucket.Tokens*k
-}
 
 // fp8Product runs out[T,N] = x[T,K]·w[N,K]ᵀ for E4M3 weights w (with
 // their scales) into out of the compute dtype, as the comment above says.

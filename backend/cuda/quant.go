@@ -31,24 +31,29 @@ func dqChunkRows(k, elemSize int) int {
 }
 
 // quantNeeds is the scratch plan p's quantized products need: qs for the
-// activation's copies (fp8Need; a Q4_K GEMV's int8 groups), dq for a
-// chunk of dequantized rows.
+// activation's copies (an FP8 product beyond GEMVVectorMaxT rows: its
+// E4M3 copy; a Q4_K GEMV: its int8 groups), dq for a chunk of dequantized
+// rows.
 func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
-	qs = l.fp8Need(p)
+	rows := p.Bucket.Tokens
 	for _, n := range p.Graph.Nodes {
 		if (n.Op != ir.MatMul && n.Op != ir.MatMulBias) || len(n.Inputs) < 2 {
 			continue
 		}
 		w, ok := l.weights[n.Inputs[1].Def]
-		if !ok || w.dtype != devBlocks {
-			continue
-		}
-		k, rows := n.Inputs[0].Shape.Last(), w.rows
-		if w.blocks == tensor.Q4_K && l.gemv != nil {
-			qs = max(qs, fp8XOffset+kernels.Q4KScratchBytes(min(p.Bucket.Tokens, kernels.GEMVVectorMaxT), k))
-		}
-		if w.blocks != tensor.Q4_K || p.Bucket.Tokens > kernels.GEMVVectorMaxT || l.gemv == nil {
-			dq = max(dq, min(rows, dqChunkRows(k, l.act.Size()))*k*l.act.Size())
+		k := n.Inputs[0].Shape.Last()
+		switch {
+		case !ok:
+		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
+			qs = max(qs, fp8XOffset+rows*k)
+		case w.dtype == devBlocks:
+			gemv := w.blocks == tensor.Q4_K && l.gemv != nil
+			if gemv {
+				qs = max(qs, fp8XOffset+kernels.Q4KScratchBytes(min(rows, kernels.GEMVVectorMaxT), k))
+			}
+			if !gemv || rows > kernels.GEMVVectorMaxT {
+				dq = max(dq, min(w.rows, dqChunkRows(k, l.act.Size()))*k*l.act.Size())
+			}
 		}
 	}
 	return qs, dq

@@ -14,3 +14,14 @@ keep=${KILN_BENCH_DIR:-/tmp/kiln-bench}
 if [ -z "${KILN_BENCH_DIR:-}" ] && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 20000000 ] 2>/dev/null; then
 	keep=/dev/shm/kiln-bench
 fi
+
+# random_bf16 makes sure the random Llama-3-8B-shaped bf16 model is in
+# $keep (kiln bench model writes it) and sets bf16 to its directory.
+random_bf16() {
+	bf16=$keep/llama3-8b-bf16
+	[ -f "$bf16/config.json" ] && return
+	local t0
+	t0=$(date +%s)
+	$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$out/write.txt" 2>&1
+	echo "wrote $bf16: rc=$? in $(($(date +%s) - t0)) s"
+}

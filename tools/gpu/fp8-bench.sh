@@ -9,14 +9,9 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
-bf16=$keep/llama3-8b-bf16
+random_bf16
 fp8=$keep/llama3-8b-fp8
 args=(--device cuda --pp "${PP:-2048}" --tg "${TG:-64}" --depth 512 --batch "${BATCH:-1,64,256}" --reps 1)
-if [ ! -f "$bf16/config.json" ]; then
-	t0=$(date +%s)
-	$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$out/write.txt" 2>&1
-	echo "wrote $bf16: rc=$? in $(($(date +%s) - t0)) s"
-fi
 if [ ! -f "$fp8/config.json" ]; then
 	t0=$(date +%s)
 	$k quantize --to fp8 "$bf16" "$fp8" >"$out/quantize.txt" 2>&1

@@ -7,13 +7,8 @@
 #   FORMATS (default "q4_k_m q8_0"); BATCH (1,16); PP (512); TG (64).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/gguf-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-bf16=$keep/llama3-8b-bf16
+random_bf16
 args=(--device cuda --pp "${PP:-512}" --tg "${TG:-64}" --depth 512 --batch "${BATCH:-1,16}" --reps 1)
-if [ ! -f "$bf16/config.json" ]; then
-	t0=$(date +%s)
-	$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$out/write.txt" 2>&1
-	echo "wrote $bf16: rc=$? in $(($(date +%s) - t0)) s"
-fi
 $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/bf16.json" >"$out/bf16.txt" 2>&1
 echo "== bf16: rc=$?"
 grep -E '^\| |busy' "$out/bf16.txt" | head -12

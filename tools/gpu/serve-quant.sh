@@ -9,11 +9,8 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-quant.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 tok=demo/files/tokenizer.json
-bf16=$keep/llama3-8b-bf16
+random_bf16
 t0=$(date +%s)
-if [ ! -f "$bf16/config.json" ]; then
-	$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$out/write.txt" 2>&1
-fi
 [ -f "$keep/llama3-8b-fp8/config.json" ] || $k quantize --to fp8 "$bf16" "$keep/llama3-8b-fp8" >"$out/quantize-fp8.txt" 2>&1
 [ -f "$keep/llama3-8b-q4_k_m.gguf" ] || $k quantize --to q4_k_m "$bf16" "$keep/llama3-8b-q4_k_m.gguf" >"$out/quantize-q4_k_m.txt" 2>&1
 echo "models ready at $(($(date +%s) - t0)) s"

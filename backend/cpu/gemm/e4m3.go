@@ -16,7 +16,7 @@ func DotsE4M3(out, a []float32, b []byte, stride int) {
 	}
 	b = b[:(n-1)*stride+k]
 	k8 := k &^ 7
-	if haveSIMD && k8 > 0 {
+	if SIMD() && k8 > 0 {
 		dotsE4M3(unsafe.SliceData(a), unsafe.SliceData(b), uintptr(stride), n, k8/8, unsafe.SliceData(out))
 	} else {
 		clear(out)
@@ -41,7 +41,7 @@ func AxpysE4M3(w []float32, x []byte, stride int, y []float32) {
 	}
 	x = x[:(n-1)*stride+k]
 	k8 := 0
-	if haveSIMD && k >= 8 {
+	if SIMD() && k >= 8 {
 		k8 = k &^ 7
 		axpysE4M3(unsafe.SliceData(w), unsafe.SliceData(x), uintptr(stride), n, k8/8, unsafe.SliceData(y))
 	}

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -229,7 +228,7 @@ func (k *Kernels) Dequantize(s *cu.Stream, out, w cu.Ptr, f tensor.DType, n int)
 		return fmt.Errorf("kernels: dequantize %d values of %v (whole blocks of %d) to %#x", n, f, f.BlockSize(), uint64(out))
 	}
 	groups := n / 32
-	return k.launchDep("dequant_"+strings.ToLower(f.String()), ewGrid(groups), cu.D1(256), 0, s, w, out, int64(groups))
+	return k.launchDep("dequant_"+f.String(), ewGrid(groups), cu.D1(256), 0, s, w, out, int64(groups))
 }
 
 // Add: out = a + b over n elements.

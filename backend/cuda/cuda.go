@@ -261,6 +261,7 @@ type loaded struct {
 	b        *Backend
 	dev      *cu.Device
 	k        *kernels.Kernels
+	kf8      *kernels.Kernels // the module of FP8 KV caches (kernels.NewFP8KV), made by the first such cache
 	lt       *cu.BlasLt
 	stream   *cu.Stream
 	act      cu.DType
@@ -381,6 +382,11 @@ func (l *loaded) Close() error {
 			keep(err)
 		}
 	}
+	if l.kf8 != nil {
+		if err := l.kf8.Close(); err != nil {
+			keep(err)
+		}
+	}
 	return first
 }
 
@@ -411,12 +417,24 @@ func (l *loaded) timer() error {
 }
 
 // kvCache holds, per layer, keys and values as
-// [Blocks][BlockSize][KVHeads][HeadDim] in the compute dtype.
+// [Blocks][BlockSize][KVHeads][HeadDim] in the compute dtype, or as E4M3
+// codes (spec.FP8), which the kernels of kern write and read.
 type kvCache struct {
 	spec backend.KVSpec
 	l    *loaded
+	kern *kernels.Kernels // the cache writers and attention for its dtype
 	k, v []cu.Ptr
 	base cu.Ptr
+}
+
+// elemSize is the bytes of a cache element.
+func (c *kvCache) elemSize() int { return kvElem(c.spec, c.l.act) }
+
+func kvElem(s backend.KVSpec, act cu.DType) int {
+	if s.FP8 {
+		return 1
+	}
+	return act.Size()
 }
 
 func (c *kvCache) Spec() backend.KVSpec { return c.spec }
@@ -424,7 +442,7 @@ func (c *kvCache) Spec() backend.KVSpec { return c.spec }
 // CopyBlocks queues the copies on the model's stream, ahead of the next step.
 func (c *kvCache) CopyBlocks(pairs [][2]int32) error {
 	s := c.spec
-	n := s.BlockSize * s.KVHeads * s.HeadDim * c.l.act.Size()
+	n := s.BlockSize * s.KVHeads * s.HeadDim * c.elemSize()
 	return c.l.dev.Do(func() error {
 		for _, p := range pairs {
 			if p[0] < 0 || p[1] < 0 || int(p[0]) >= s.Blocks || int(p[1]) >= s.Blocks {
@@ -449,20 +467,46 @@ func (l *loaded) FreeMemory() (int64, error) {
 }
 
 // KVBytes implements backend.MemoryReporter: keys and values in the compute
-// dtype.
+// dtype, or a byte each in FP8.
 func (l *loaded) KVBytes(s backend.KVSpec) int64 {
-	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * int64(l.act.Size())
+	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * int64(kvElem(s, l.act))
+}
+
+// fp8Kernels is the module of FP8 KV caches, compiled on first use, after
+// checking that every attention layer of the model takes one.
+func (l *loaded) fp8Kernels() (*kernels.Kernels, error) {
+	if l.kf8 != nil {
+		return l.kf8, nil
+	}
+	for _, n := range l.compiled.Graph.Nodes {
+		if n.Op == ir.Attention {
+			if err := kernels.FP8OK(n.Attrs.Heads, n.Attrs.KVHeads, n.Attrs.HeadDim); err != nil {
+				return nil, fmt.Errorf("cuda: %w", err)
+			}
+		}
+	}
+	k, err := kernels.NewFP8KV(l.dev, l.act)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	k.PDL = l.k.PDL
+	l.kf8 = k
+	return k, nil
 }
 
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cuda: bad kv cache spec %+v", spec)
 	}
+	c := &kvCache{spec: spec, l: l, kern: l.k}
 	if spec.FP8 {
-		return nil, fmt.Errorf("cuda: an FP8 KV cache is not built for the GPU yet (the CPU backend has one)")
+		k, err := l.fp8Kernels()
+		if err != nil {
+			return nil, err
+		}
+		c.kern = k
 	}
-	c := &kvCache{spec: spec, l: l}
-	per := int64(spec.Blocks) * int64(spec.BlockSize) * int64(spec.KVHeads) * int64(spec.HeadDim) * int64(l.act.Size())
+	per := int64(spec.Blocks) * int64(spec.BlockSize) * int64(spec.KVHeads) * int64(spec.HeadDim) * int64(c.elemSize())
 	per = (per + 255) &^ 255
 	total := 2 * per * int64(spec.Layers)
 	if free, _, err := l.dev.MemInfo(); err == nil && uint64(total) > free {

@@ -62,7 +62,7 @@ func (l *loaded) choose(nd *node) error {
 			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
 			var ep *node // the reader the GEMV would run in its epilogue
-			if nd.epilogue != nil && bias == nil && mm.Out == l.act {
+			if nd.epilogue != nil && bias == nil && mm.Out == l.act && !(x.kv.spec.FP8 && nd.epilogue.n.Op == ir.RoPEQKVWrite) {
 				ep = nd.epilogue
 			}
 			gemv := l.useGEMV(x, mm, ep)
@@ -141,7 +141,7 @@ func (l *loaded) choose(nd *node) error {
 	case ir.KVWrite:
 		nd.kernel = "kv_write"
 		nd.launch = func(x *stepState, nd *node) error {
-			return k.KVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, x.m.At(x.m.Slots), x.m.T, a.KVHeads*a.HeadDim)
+			return x.kv.kern.KVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, x.m.At(x.m.Slots), x.m.T, a.KVHeads*a.HeadDim)
 		}
 	case ir.RoPEKVWrite:
 		if in[3].dtype != cu.F32 {
@@ -149,7 +149,7 @@ func (l *loaded) choose(nd *node) error {
 		}
 		nd.kernel = "rope_kv_write"
 		nd.launch = func(x *stepState, nd *node) error {
-			return k.RoPEKVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, in[2].ptr(x), x.m.At(x.m.Slots), in[3].p,
+			return x.kv.kern.RoPEKVWrite(s, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].p, in[2].ptr(x), x.m.At(x.m.Slots), in[3].p,
 				x.m.T, a.KVHeads, a.HeadDim, a.Interleaved)
 		}
 	case ir.RoPEQKVWrite:
@@ -158,7 +158,7 @@ func (l *loaded) choose(nd *node) error {
 		}
 		nd.kernel = "rope_qkv_write"
 		nd.launch = func(x *stepState, nd *node) error {
-			return k.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
+			return x.kv.kern.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
 				x.m.T, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
 		}
 	case ir.Attention:
@@ -173,9 +173,9 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			at := l.attn(x, nd)
 			if x.decode {
-				return k.DecodeAttention(s, at, x.m, nd.plan, x.ws, x.counters) // planned by decodeWorkspace
+				return x.kv.kern.DecodeAttention(s, at, x.m, nd.plan, x.ws, x.counters) // planned by decodeWorkspace
 			}
-			return k.PrefillAttention(s, at, x.m)
+			return x.kv.kern.PrefillAttention(s, at, x.m)
 		}
 	case ir.SelectRows:
 		nd.kernel = "select_rows"
@@ -210,7 +210,7 @@ func checkHeadDim(hd int) error {
 func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
 	a := nd.n.Attrs
 	return kernels.Attn{Out: nd.out[0].p, Q: nd.in[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer],
-		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}
+		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale, FP8: x.kv.spec.FP8}
 }
 
 // gemvEpilogue runs product mm on the GEMV with the op of node ep (its
@@ -229,6 +229,10 @@ func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
 		}
 		return l.gemv.RunSwiGLU(mm.Stream, ep.out[0].p, mm.X, mm.W, mm.T, mm.K, ep.out[0].cols)
 	case ir.RoPEQKVWrite:
+		if x.kv.spec.FP8 {
+			// The GEMV's epilogue writes the cache in the activation dtype.
+			return fmt.Errorf("%w: rope into an FP8 cache", kernels.ErrGEMVShape)
+		}
 		if (a.Heads+2*a.KVHeads)*a.HeadDim != mm.N {
 			return fmt.Errorf("%w: rope of %d columns from %d", kernels.ErrGEMVShape, (a.Heads+2*a.KVHeads)*a.HeadDim, mm.N)
 		}
@@ -414,6 +418,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 type decodeKey struct {
 	heads, kvHeads, headDim, window int
 	t, ctx                          int // tokens (rounded up to a power of two), context bucket
+	fp8                             bool
 }
 
 // decodePlan picks attention node nd's split for step x among
@@ -424,18 +429,21 @@ type decodeKey struct {
 // is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
-	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, pow2(x.planMeta.T), x.planMeta.MaxPos + 1}
+	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, pow2(x.planMeta.T), x.planMeta.MaxPos + 1, x.kv.spec.FP8}
 	if p, ok := l.decodeChoice[key]; ok {
 		return p.ForBatch(l.attn(x, nd), x.planMeta), nil
 	}
 	at := l.attn(x, nd)
 	cands := kernels.DecodePlans(at, x.planMeta, l.dev.SMs, l.dev.Clusters(), l.k.Act)
+	if len(cands) == 0 {
+		return kernels.DecodePlan{}, fmt.Errorf("cuda: no decode attention plan for %d/%d heads of %d (FP8 cache %v)", a.Heads, a.KVHeads, a.HeadDim, at.FP8)
+	}
 	best := cands[0]
 	if !l.b.FixedDecodePlan && len(cands) > 1 {
 		bestMs := float32(math.MaxFloat32)
-		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim)
+		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
 		for _, p := range cands {
-			ms, err := l.timeOn(func() error { return l.k.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
+			ms, err := l.timeOn(func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
 			if err != nil && p.Cluster {
 				// A cluster the device cannot place (a launch error, not
 				// a fault): not a candidate.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"kiln/backend"
+	"kiln/backend/cpu"
 	"kiln/backend/cuda"
 	"kiln/bench"
 	"kiln/convert"
@@ -219,4 +220,36 @@ func TestGGUFBlocks(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestFP8KVCache runs a bf16 model (head dim 128, GQA groups of 2) over
+// quantSteps with its KV cache in FP8 (E4M3, scale 1; compute capability
+// 8.9+), against the same steps with the bf16 cache on the GPU and with the
+// CPU backend's FP8 cache (float32 compute, the same codes but where a
+// key's bf16 and float32 values round to neighbouring codes). Keys and
+// values keep 3 significant bits (a relative error of up to 2^-4 each), so
+// the logits stay within 1e-1 of the bf16 cache's (as FP8 activations do,
+// TestFP8Weights) and within 5e-2 of the CPU's FP8 cache; a block of the
+// FP8 cache takes half the bf16 cache's bytes.
+func TestFP8KVCache(t *testing.T) {
+	b := backendOf(t, "bf16")
+	if !b.Device.FP8() {
+		t.Skipf("%s has no FP8 (compute capability %d.%d)", b.Device.Name, b.Device.Major, b.Device.Minor)
+	}
+	s := bench.Shape{Name: "kvfp8", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
+	dir := randomModel(t, s, tensor.BF16, 17)
+	run := func(bk backend.Backend, fp8 bool) ([][]float32, *engine.Engine) {
+		e := openEngine(t, dir, bk, engine.Options{MaxSeqs: 12, KVCacheFP8: fp8})
+		return quantSteps(t, e, s.Vocab), e
+	}
+	got, e8 := run(b, true)
+	want, e16 := run(backendOf(t, "bf16"), false)
+	cpuFP8, _ := run(&cpu.Backend{}, true)
+	if a, c := e16.KVBytes()/int64(e16.KVSpec().Blocks), e8.KVBytes()/int64(e8.KVSpec().Blocks); a != 2*c {
+		t.Errorf("a block of the bf16 cache takes %d bytes, of the FP8 cache %d: want half", a, c)
+	}
+	t.Log("against the bf16 cache:")
+	compareSteps(t, got, want, func(int) (float64, string) { return 1e-1, "E4M3 keys and values" })
+	t.Log("against the CPU's FP8 cache:")
+	compareSteps(t, got, cpuFP8, func(int) (float64, string) { return 5e-2, "bf16 compute, codes of bf16 keys" })
 }

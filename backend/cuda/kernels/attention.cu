@@ -17,6 +17,11 @@ __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, i
 	return (slot * kvHeads + kvh) * hd;
 }
 
+// The CUDA-core kernels (prefill_impl, decode_impl) read caches of the
+// activation dtype only: an FP8 cache (KV_F8) takes the tensor-core kernels
+// (prefill_mma.cu, decode_mma.cu), and the Go side refuses it where those
+// do not apply.
+#ifndef KV_F8
 // Prefill: grid (tiles, heads), block 128. Tile i covers tokens
 // [tileTok0[i], tileTok0[i]+tileCnt[i]), all of one sequence. Two threads per
 // query; thread half h owns the float4 chunks c of the head with c%2 == h.
@@ -139,6 +144,8 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 	}
 }
 
+
+#endif // KV_F8
 
 // Decode (flash-decoding): grid (maxSplits, kvHeads, tokens), block 128.
 // Block (sp, kvh, t) covers keys [lo + sp*chunk, min(lo+(sp+1)*chunk, p+1)) of
@@ -269,6 +276,7 @@ __device__ __forceinline__ void decode_merge(T* out, const float* wsAcc, const f
 	}
 }
 
+#ifndef KV_F8
 template <int HD, bool CL>
 __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL,
                             int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt, int heads,
@@ -495,17 +503,20 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
 }
 
+#endif // KV_F8
+
 // DC_PARAMS and DC_ARGS are the parameters of every decode attention kernel
 // (these split and cluster kernels, and the tensor-core decode_mma kernels
 // of decode_mma.cu): one launch wrapper, Kernels.DecodeAttention, passes them.
 #define DC_PARAMS                                                                                                     \
-	const T *q, const T *kc, const T *vc, T *out, float *wsAcc, float *wsM, float *wsL, int *counters,                \
+	const T *q, const KV *kc, const KV *vc, T *out, float *wsAcc, float *wsM, float *wsL, int *counters,              \
 	    const int *positions, const int *seqIndex, const int *seqBlockOff, const int *seqFresh, const int *bt,        \
 	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits
 #define DC_ARGS                                                                                                       \
 	q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh, bt, heads, kvHeads, bs,    \
 	    window, scale, chunk, maxSplits
 
+#ifndef KV_F8
 // DECODE_ATTN defines decode kernel NAME: split plans (CL false) or
 // cluster plans (CL true).
 #define DECODE_ATTN(NAME, HD, CL)                                                                                    \
@@ -529,3 +540,4 @@ ATTN_KERNELS(64)
 ATTN_KERNELS(80)
 ATTN_KERNELS(96)
 ATTN_KERNELS(128)
+#endif // KV_F8

@@ -114,7 +114,18 @@ func BenchmarkDecodeAttention(b *testing.B) {
 		if c.batch > 1 {
 			name = "batch=" + itoa(c.batch) + "/" + name
 		}
-		b.Run(name, func(b *testing.B) { benchDecode(b, c.batch, c.ctx) })
+		b.Run(name, func(b *testing.B) { benchDecode(b, c.batch, c.ctx, false) })
+	}
+}
+
+// BenchmarkDecodeAttentionFP8 is BenchmarkDecodeAttention's batches over an
+// FP8 cache (NewFP8KV: E4M3 codes, half the bytes; the tensor-core plans
+// only), reporting the same measures of the bytes it reads.
+func BenchmarkDecodeAttentionFP8(b *testing.B) {
+	for _, batch := range []int{16, 64, 256} {
+		for _, ctx := range []int{512, 2048} {
+			b.Run("batch="+itoa(batch)+"/ctx="+itoa(ctx), func(b *testing.B) { benchDecode(b, batch, ctx, true) })
+		}
 	}
 }
 
@@ -122,25 +133,29 @@ func BenchmarkDecodeAttention(b *testing.B) {
 // K/V cache holds copies of the batch's blocks, rotated call by call so
 // that L2 (50–60 MB) does not keep them: 16 at batch 1 (as in the earlier
 // runs of docs/PERF.md), else as many as make 512 MiB (one copy for 512
-// MiB and more; batch 256 × 2048 keys is 2.1 GB).
-func benchDecode(b *testing.B, batch, ctx int) {
+// MiB and more; batch 256 × 2048 keys is 2.1 GB). fp8: the cache holds
+// E4M3 codes (a byte an element), read by the FP8 cache's module.
+func benchDecode(b *testing.B, batch, ctx int, fp8 bool) {
 	const heads, kvHeads, hd, bs = 32, 8, 128, 16
 	act := cu.BF16
-	k := kern(b, act)
+	k, es, cache := kern(b, act), 2, "bf16"
+	if fp8 {
+		k, es, cache = kern8(b, act), 1, "fp8"
+	}
 	d := gpu(b)
 	bw := copyBandwidth(b)
 	rng := rand.New(rand.NewPCG(1, 2))
 	nb := (ctx + bs - 1) / bs
 	width := kvHeads * hd
-	bytes := float64(batch) * float64(ctx) * float64(width) * 2 * 2 // K and V read by a call
+	bytes := float64(batch) * float64(ctx) * float64(width) * 2 * float64(es) // K and V read by a call
 	copies := 16
 	if batch > 1 {
 		copies = max(1, int(math.Ceil(float64(512<<20)/bytes)))
 	}
 	blocks := nb * batch * copies
 	spec := backend.KVSpec{Layers: 1, Blocks: blocks, BlockSize: bs, KVHeads: kvHeads, HeadDim: hd}
-	kc := randCache(b, act, blocks*bs*width, rng)
-	vc := randCache(b, act, blocks*bs*width, rng)
+	kc := randCache(b, act, blocks*bs*width, rng, fp8)
+	vc := randCache(b, act, blocks*bs*width, rng, fp8)
 	q := up(b, act, randn(rng, batch*heads*hd, 1))
 	out := outBuf(b, act, batch*heads*hd)
 	perm := rng.Perm(blocks)
@@ -163,7 +178,7 @@ func benchDecode(b *testing.B, batch, ctx int) {
 		metas[c], err = m.Upload(d, buf, m.Bytes())
 		must(b, err)
 	}
-	a := Attn{Out: out, Q: q, KCache: kc, VCache: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	a := Attn{Out: out, Q: q, KCache: kc, VCache: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd)), FP8: fp8}
 	if batch == 1 {
 		emptyMs := gpuTime(b, 64, 7, func(int) error {
 			if err := spinMod.Launch("spin", cu.D1(1), cu.D1(1), 0, nil, int64(0)); err != nil {
@@ -174,7 +189,7 @@ func benchDecode(b *testing.B, batch, ctx int) {
 		b.Logf("two empty back-to-back launches: %.2f µs", emptyMs*1e3)
 	}
 	plans := DecodePlans(a, metas[0].Meta, d.SMs, d.Clusters(), act)
-	ws := alloc(b, plans[0].WorkspaceBytes)
+	ws := alloc(b, PlanDecode(a, metas[0].Meta, d.SMs).WorkspaceBytes) // the most any plan needs
 	counters := alloc(b, DecodeCounterBytes(batch, kvHeads))
 	calls := 64
 	if bytes > 64<<20 {
@@ -196,22 +211,29 @@ func benchDecode(b *testing.B, batch, ctx int) {
 			b.ReportMetric(ms*1e3, "us/call")
 			b.ReportMetric(gbs, "GB/s")
 			b.ReportMetric(gbs/bw, "of-copy-bw")
-			b.Logf("device %s: decode attention bf16 batch %d ctx %d, 32/8 heads, hd 128 (%v, at most %d keys a block; %d copies of %.0f MB): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
-				d.Name, batch, ctx, plan, plan.Chunk, copies, bytes/1e6, ms*1e3, gbs, 100*gbs/bw, bw)
+			b.Logf("device %s: decode attention bf16, %s cache, batch %d ctx %d, 32/8 heads, hd 128 (%v, at most %d keys a block; %d copies of %.0f MB): %.2f µs, %.0f GB/s of K+V, %.0f%% of copy bandwidth %.0f GB/s",
+				d.Name, cache, batch, ctx, plan, plan.Chunk, copies, bytes/1e6, ms*1e3, gbs, 100*gbs/bw, bw)
 		})
 	}
 }
 
-// randCache allocates n elements of dtype act on the device, filled with
-// random normal values: one random chunk of at most 16 Mi elements,
-// uploaded and repeated (drawing the 2 GB of the largest benchmark on the
-// host would take minutes).
-func randCache(b testing.TB, act cu.DType, n int, rng *rand.Rand) cu.Ptr {
+// randCache allocates n elements of dtype act (fp8: E4M3 codes) on the
+// device, filled with random normal values: one random chunk of at most 16
+// Mi elements, uploaded and repeated (drawing the 2 GB of the largest
+// benchmark on the host would take minutes).
+func randCache(b testing.TB, act cu.DType, n int, rng *rand.Rand, fp8 bool) cu.Ptr {
 	d := gpu(b)
 	es := act.Size()
 	chunk := min(n, 16<<20)
+	var data []byte
+	if fp8 {
+		es = 1
+		data, _ = e4m3Codes(randn(rng, chunk, 1))
+	} else {
+		data = encode(act, randn(rng, chunk, 1))
+	}
 	p := alloc(b, n*es)
-	must(b, d.Upload(p, encode(act, randn(rng, chunk, 1))))
+	must(b, d.Upload(p, data))
 	for off := chunk; off < n; off += chunk {
 		must(b, d.CopyDtoD(p.Add(off*es), p, min(chunk, n-off)*es, nil))
 	}

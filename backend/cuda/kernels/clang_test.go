@@ -32,6 +32,8 @@ func TestSourcesCompile(t *testing.T) {
 				defs      []string
 			}{
 				{"kernels", Source(), []string{"-DACT_MMA=1"}},
+				// The module of an FP8 KV cache (NewFP8KV).
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKV_F8=1"}},
 				{"gemv", gemvSource, []string{"-DGEMV_MMA=1"}},
 				// The Hopper build (clang 14 knows no sm_90a; the
 				// wgmma PTX strings are the GPU tests' to check).

@@ -22,7 +22,8 @@
 //
 // The keys stream through shared memory in stages of DM_BK = 64 keys (K and
 // V rows, padded by 16 bytes: ldmatrix without bank conflicts), a ring of
-// ST stages (DM_ST = 3, or 2 for the _s2 kernels) loaded by 16-byte
+// ST stages (DM_ST = 3, or 2 for the _s2 kernels; 5 and 3 over an FP8
+// cache) loaded by 16-byte
 // cp.async.cg (stage n + ST − 1 in flight during stage n; one barrier a
 // stage), gathered through the block table: the cache rows of a stage's 64
 // keys are computed a stage before its copies are issued (threads 0-63, one
@@ -51,12 +52,27 @@
 // holds K[64][HD+8] then V[64][HD+8] (as many stages as the split has, up
 // to ST), overlaid at the end by the warps' accumulators
 // red[4][ROWS][HD+8] (f32); ROWS = 16·MT.
+//
+// An FP8 cache (KV_F8): the ring's rows are HD codes (unpadded), and each
+// warp loads its 16 keys' codes of a stage (K and V) into registers and
+// widens them into 16 rows of its own, wide[4][16][HD+8] between Q and the
+// ring, which its ldmatrix loads read: K's rows for S, then V's for P·V;
+// red overlays wide and the ring.
 
 #define DM_WARPS 4
 #define DM_THREADS (32 * DM_WARPS)
 #define DM_KW 16                   // keys of a warp in a stage
 #define DM_BK (DM_WARPS * DM_KW)   // keys per stage (decodeMMAKeys in kernels.go)
-#define DM_ST 3                    // stages in the ring (decodeMMAStages)
+// Stages in the ring (decodeMMAStages in kernels.go), and in the _s2
+// kernels' ring: an FP8 cache's stages hold half the bytes, so that its
+// rings are deeper for as many bytes in flight.
+#ifdef KV_F8
+#define DM_ST 5
+#define DM_ST2 3
+#else
+#define DM_ST 3
+#define DM_ST2 2
+#endif
 
 extern __shared__ __align__(16) unsigned short dm_smem[];
 
@@ -68,28 +84,35 @@ __device__ __forceinline__ void st_f2(float* p, float x, float y) {
 	*(float2*)p = v;
 }
 
+// dm_rb is the bytes of a ring row: HD cache elements padded by 16 bytes
+// (HD + 8 elements as ldmatrix wants them).
+// (An FP8 cache's rows are not padded: they are widened by 8-byte loads, not
+// read by ldmatrix.)
+template <int HD> __device__ constexpr int dm_rb() { return kv_f8 ? HD : HD * (int)sizeof(KV) + 16; }
+
 // dm_load copies the K and V rows of stage n of a split (keys k0 + 64n..,
 // of the nk keys k0..) into ring slot n % DM_ST, each thread its share of
 // the rows' 16-byte chunks: WHICH 0 every row, 1 only the rows of keys
 // before fresh (before the PDL wait), 2 the other rows (this step's keys,
 // and zeros past the split's end, so that P·V meets no garbage).
 template <int HD, int ST, int WHICH>
-__device__ __forceinline__ void dm_load(unsigned short* ring, const T* kc, const T* vc, const int* bt, int seqOff, int bs,
+__device__ __forceinline__ void dm_load(unsigned char* ring, const KV* kc, const KV* vc, const int* bt, int seqOff, int bs,
                                         int kvHeads, int kvh, int k0, int nk, int fresh, int n) {
-	constexpr int STR = HD + 8, CPR = HD / 8;
-	unsigned short* kd = ring + (n % ST) * 2 * DM_BK * STR;
-	unsigned short* vd = kd + DM_BK * STR;
+	constexpr int RRB = dm_rb<HD>(), CPR = HD / KV_CE, N = DM_BK * CPR;
+	unsigned char* kd = ring + (n % ST) * 2 * DM_BK * RRB;
+	unsigned char* vd = kd + DM_BK * RRB;
 #pragma unroll
-	for (int i0 = 0; i0 < DM_BK * CPR; i0 += DM_THREADS) {
+	for (int i0 = 0; i0 < N; i0 += DM_THREADS) {
 		int i = i0 + (int)threadIdx.x;
+		if (N % DM_THREADS != 0 && i >= N) continue;
 		int row = i / CPR, c = i % CPR;
 		int kk = n * DM_BK + row; // key index in the split
 		int j = k0 + kk;
 		bool in = kk < nk, old = in && j < fresh;
 		if ((WHICH == 1 && !old) || (WHICH == 2 && old)) continue;
-		long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * 8 : 0;
-		cp16(smem_addr(kd + row * STR + c * 8), kc + at, in);
-		cp16(smem_addr(vd + row * STR + c * 8), vc + at, in);
+		long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * KV_CE : 0;
+		cp16(smem_addr(kd + row * RRB + c * 16), kc + at, in);
+		cp16(smem_addr(vd + row * RRB + c * 16), vc + at, in);
 	}
 }
 
@@ -109,21 +132,25 @@ __device__ __forceinline__ int dm_rowof(int b, int bs, int kvHeads, int kvh, int
 // values in shared memory): one table read per 16-byte chunk, all of them
 // before the copies, and no block-table lookup or division.
 template <int HD, int ST>
-__device__ __forceinline__ void dm_load_tab(unsigned short* ring, const T* kc, const T* vc, const int* tab, int n) {
-	constexpr int STR = HD + 8, CPR = HD / 8, NI = DM_BK * CPR / DM_THREADS;
-	unsigned short* kd = ring + (n % ST) * 2 * DM_BK * STR;
-	unsigned short* vd = kd + DM_BK * STR;
+__device__ __forceinline__ void dm_load_tab(unsigned char* ring, const KV* kc, const KV* vc, const int* tab, int n) {
+	constexpr int RRB = dm_rb<HD>(), CPR = HD / KV_CE, N = DM_BK * CPR, NI = (N + DM_THREADS - 1) / DM_THREADS;
+	unsigned char* kd = ring + (n % ST) * 2 * DM_BK * RRB;
+	unsigned char* vd = kd + DM_BK * RRB;
 	int r[NI];
-#pragma unroll
-	for (int it = 0; it < NI; it++) r[it] = tab[(it * DM_THREADS + (int)threadIdx.x) / CPR];
 #pragma unroll
 	for (int it = 0; it < NI; it++) {
 		int i = it * DM_THREADS + (int)threadIdx.x;
+		r[it] = N % DM_THREADS == 0 || i < N ? tab[i / CPR] : -2;
+	}
+#pragma unroll
+	for (int it = 0; it < NI; it++) {
+		int i = it * DM_THREADS + (int)threadIdx.x;
+		if (N % DM_THREADS != 0 && r[it] == -2) continue;
 		int row = i / CPR, c = i % CPR;
 		bool in = r[it] >= 0;
-		long long at = in ? (long long)r[it] * HD + c * 8 : 0;
-		cp16(smem_addr(kd + row * STR + c * 8), kc + at, in);
-		cp16(smem_addr(vd + row * STR + c * 8), vc + at, in);
+		long long at = in ? (long long)r[it] * HD + c * KV_CE : 0;
+		cp16(smem_addr(kd + row * RRB + c * 16), kc + at, in);
+		cp16(smem_addr(vd + row * RRB + c * 16), vc + at, in);
 	}
 }
 
@@ -136,11 +163,15 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	constexpr int OT = HD / 8;    // 8-wide column tiles of O
 	constexpr int ROWS = 16 * MT; // query rows: the group's heads, zero-padded
 	constexpr int RS = HD + 8;    // floats per row of red (2-way bank conflicts at most)
-	constexpr int SB = 2 * DM_BK * RB; // bytes per stage (K then V)
+	constexpr int RRB = dm_rb<HD>();  // ring row bytes (RB unless the cache is FP8)
+	constexpr int SB = 2 * DM_BK * RRB; // ring bytes per stage (K then V)
+	constexpr int WROWS = kv_f8 ? DM_KW : 0; // an FP8 cache: each warp's widened K, then V, rows
 	constexpr bool PSPLIT = act_is_f16<T>::v;
 	constexpr bool QREG = MT == 1; // Q's fragments kept in registers (one m-tile: 4·KC registers)
 	static_assert(HD % 16 == 0 && DM_THREADS == DC_THREADS && (DM_BK * CPR) % DM_THREADS == 0 && DM_BK <= DM_THREADS && ST >= 2,
 	              "decode_mma shape");
+	static_assert(kv_f8 || RRB == RB, "decode_mma ring rows");
+	static_assert(kv_f8 || ST <= 3, "decode_mma ring of the activation dtype");
 
 	const int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
 	const int group = heads / kvHeads, h0 = kvh * group;
@@ -151,8 +182,9 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	float* wl = wm + DM_WARPS * ROWS;
 	int* tab = (int*)(wl + DM_WARPS * ROWS); // tab[2][DM_BK]: the rows of the next stages to load (dm_row)
 	unsigned short* Qs = (unsigned short*)(tab + 2 * DM_BK);
-	unsigned short* ring = Qs + ROWS * STR;
-	float* red = (float*)ring;
+	unsigned short* wide = Qs + ROWS * STR; // FP8: wide[DM_WARPS][DM_KW][STR]
+	unsigned char* ring = (unsigned char*)(wide + DM_WARPS * WROWS * STR);
+	float* red = (float*)wide;
 
 	// Before the wait: the split's keys, and the older keys' rows.
 	const int p = positions[t];
@@ -193,8 +225,11 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	// V transposed (keys 0-7 / 8-15 × dims 0-7, then dims 8-15: b0, b1 of
 	// dim tiles 0 and 1), each at the warp's 16 keys of stage 0.
 	const unsigned sQ = smem_addr(Qs) + (((mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
-	const unsigned sK = smem_addr(ring) + ((warp * DM_KW + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2;
-	const unsigned sV = smem_addr(ring) + DM_BK * RB + ((warp * DM_KW + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
+	// With an FP8 cache the warp's K and V rows are its widened ones.
+	const unsigned sK = kv_f8 ? smem_addr(wide) + ((warp * WROWS + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2
+	                          : smem_addr(ring) + ((warp * DM_KW + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2;
+	const unsigned sV = kv_f8 ? smem_addr(wide) + ((warp * WROWS + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2
+	                          : smem_addr(ring) + DM_BK * RB + ((warp * DM_KW + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
 
 	float o[MT][OT][4];
 	float m[MT][2], l[MT][2];
@@ -221,7 +256,19 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		cp_commit();
 		const int kw = n * DM_BK + warp * DM_KW; // the warp's first key in the split
 		if (kw < nk) {                           // some of its keys left (uniform over the warp)
-		const unsigned kbase = sK + (n % ST) * SB, vbase = sV + (n % ST) * SB;
+		// An FP8 cache: the warp's 16 keys of stage n, loaded now (K's
+		// rows, and V's DM_BK rows further in the ring) and widened into
+		// the warp's rows, K's now (the barrier above: the warp is done
+		// with the previous stage's rows), V's once S is computed.
+		typedef Widen<HD, kv_f8 ? 2 * DM_KW : 2, 32> WK;
+		WK wv;
+		unsigned short* const wrows = wide + warp * WROWS * STR;
+		if constexpr (kv_f8) {
+			widen_load(wv, ring + (n % ST) * SB + warp * DM_KW * RRB, RRB, (DM_BK - DM_KW) * RRB, lane);
+			widen_store<HD, 2 * DM_KW, 32, 0, WK::IT / 2>(wrows, STR, wv, lane);
+			__syncwarp();
+		}
+		const unsigned kbase = kv_f8 ? sK : sK + (n % ST) * SB, vbase = kv_f8 ? sV : sV + (n % ST) * SB;
 		if constexpr (QREG) {
 			if (n == 0) {
 #pragma unroll
@@ -316,6 +363,11 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 			}
 		}
 
+		if constexpr (kv_f8) { // V's rows where K's were
+			__syncwarp();
+			widen_store<HD, 2 * DM_KW, 32, WK::IT / 2, WK::IT>(wrows, STR, wv, lane);
+			__syncwarp();
+		}
 		// O += P·V over the warp's 16 keys: P (rows × keys) is one A
 		// fragment per m-tile, i: (row g, keys 2tq..), (row g+8, ..),
 		// (row g, keys 8+2tq..), (row g+8, ..).
@@ -416,12 +468,14 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 // decode_mma_<HD> and decode_mma32_<HD>: the 3-stage ring (DM_ST);
 // decode_mma_s2_<HD> and decode_mma32_s2_<HD> (DecodePlan.Stages 2): a ring
 // of 2, 74 KiB at head dim 128 and groups ≤ 16, so three blocks an SM
-// (registers bounded for them: 170 a thread).
+// (registers bounded for them: 170 a thread). Over an FP8 cache the rings
+// are of 5 and 3 stages (97 and 60 KiB at head dim 128: two and three
+// blocks an SM).
 #define DECODE_MMA(HD)                                                                                               \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS, 3) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, 2>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, 2>(DC_ARGS); }
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, 3) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2>(DC_ARGS); }
 DECODE_MMA(16)
 DECODE_MMA(32)
 DECODE_MMA(64)

@@ -22,8 +22,19 @@ import (
 // of reads; what it cannot check (timing, the memory model, NVRTC's code
 // generation) the GPU test does. Skipped without a C++ compiler (clang++
 // or g++) or with -short.
+//
+// It runs twice: with caches of the activation dtype, and with FP8 caches
+// (KV_F8: E4M3 codes, widened by each warp in shared memory), whose
+// reference reads the codes' values.
 func TestDecodeMMAEmulated(t *testing.T) {
-	runEmulated(t, emuSource(t))
+	for _, build := range []struct {
+		name, defines string
+	}{{"act", ""}, {"fp8", "#define KV_F8 1\n"}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			runEmulated(t, emuSource(t, build.defines))
+		})
+	}
 }
 
 // TestGEMVTileEmulated runs the GEMV's tile kernels' own source
@@ -119,7 +130,7 @@ func gemvEmuSource(t *testing.T, defines string) string {
 // emuSource assembles the emulated program: the prelude, the pieces of
 // attention.cu the kernel uses, decode_mma.cu with its dynamic shared
 // memory mapped to the prelude's array, and the driver.
-func emuSource(t *testing.T) string {
+func emuSource(t *testing.T, defines string) string {
 	t.Helper()
 	read := func(name string) string {
 		b, err := os.ReadFile(name)
@@ -130,7 +141,11 @@ func emuSource(t *testing.T) string {
 	}
 	var b strings.Builder
 	b.WriteString(read("testdata/emu/prelude.h"))
-	b.WriteString("\n#define ACT_MMA 1\n")
+	b.WriteString("\n#define ACT_MMA 1\n" + defines)
+	// The cache's element type and the widening of FP8 codes.
+	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
+	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
+	b.WriteString(cBetween(t, prefillMMA, "__device__ __forceinline__ float e4m3_float(", "#define KV_CE (16 / (int)sizeof(KV))\n"))
 	b.WriteString(cLines(t, attention, "#define DC_THREADS"))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
 	b.WriteString(cBlock(t, attention, "template <int HD>\n__device__ __forceinline__ void decode_merge("))
@@ -167,6 +182,20 @@ func cBlock(t *testing.T, src, marker string) string {
 	}
 	t.Fatalf("%q: no closing brace", marker)
 	return ""
+}
+
+// cBetween is src from marker start through the first end after it.
+func cBetween(t *testing.T, src, start, end string) string {
+	t.Helper()
+	i := strings.Index(src, start)
+	if i < 0 {
+		t.Fatalf("no %q in the source", start)
+	}
+	j := strings.Index(src[i:], end)
+	if j < 0 {
+		t.Fatalf("no %q after %q", end, start)
+	}
+	return src[i:i+j+len(end)] + "\n"
 }
 
 // cLines is the line starting with marker in src and the lines it

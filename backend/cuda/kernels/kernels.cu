@@ -61,6 +61,37 @@ template <typename X> __device__ __forceinline__ void load16(const X* p, float* 
 
 #define VEC (16 / (int)sizeof(T))
 
+// e4m3x2 packs E4M3(hi) into the high byte and E4M3(lo) into the low one,
+// rounded to nearest even and saturated at ±448 (NaN stays NaN), as
+// tensor.F32ToE4M3 (compute capability 8.9 on; the Go side refuses older
+// devices).
+__device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) {
+	unsigned short r = 0;
+#if __CUDA_ARCH__ >= 890
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+#endif
+	return r;
+}
+
+// KV is the KV cache's element: the activation dtype, or E4M3 codes (scale
+// 1, as tensor.F32ToE4M3 and the CPU's FP8 cache) in the module built with
+// -DKV_F8 (kernels.NewFP8KV). kv_of stores a float as a cache element,
+// kv_from an activation (bit for bit unless the cache is FP8).
+#ifdef KV_F8
+struct e4m3 { unsigned char x; };
+typedef e4m3 KV;
+__device__ __forceinline__ KV kv_of(float v) {
+	KV r;
+	r.x = (unsigned char)e4m3x2(v, 0.f);
+	return r;
+}
+__device__ __forceinline__ KV kv_from(T v) { return kv_of(tof(v)); }
+#else
+typedef T KV;
+__device__ __forceinline__ KV kv_of(float v) { return fromf<T>(v); }
+__device__ __forceinline__ KV kv_from(T v) { return v; }
+#endif
+
 // pdl_enter starts a kernel that may have been launched as a programmatic
 // dependent launch (Kernels.launchDep): it waits until the previous kernel
 // in the stream has finished and its writes are visible, then lets the next
@@ -348,6 +379,26 @@ extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n) {
 		out[i] = fromf<T>(silu_f(tof(row[c])) * tof(row[n + c]));
 	}
 }
+// scale_cols by 16-byte vectors: cols = cvs·VEC, x, out and s 16-byte
+// aligned.
+extern "C" __global__ void scale_cols_v(const T* x, const float* s, T* out, int rows, int cvs) {
+	pdl_enter();
+	long long total = (long long)rows * cvs;
+	GRID_STRIDE(i, total) {
+		const float* sc = s + (int)(i % cvs) * VEC;
+		float a[VEC];
+		load16(x + i * VEC, a);
+#pragma unroll
+		for (int j = 0; j < VEC; j += 4) {
+			float4 f = *(const float4*)(sc + j);
+			a[j] *= f.x;
+			a[j + 1] *= f.y;
+			a[j + 2] *= f.z;
+			a[j + 3] *= f.w;
+		}
+		store16(out + i * VEC, a);
+	}
+}
 // swiglu_packed for n = nv·VEC, by 16-byte vectors (16-byte aligned operands).
 extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv) {
 	pdl_enter();
@@ -392,16 +443,6 @@ extern "C" __global__ void fp8_amax(const T* x, unsigned* amax, long long nv) {
 		m = warp_max(m);
 		if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
 	}
-}
-
-// e4m3x2 packs E4M3(hi) into the high byte and E4M3(lo) into the low one
-// (compute capability 8.9 on; the Go side refuses older devices).
-__device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) {
-	unsigned short r = 0;
-#if __CUDA_ARCH__ >= 890
-	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-#endif
-	return r;
 }
 
 extern "C" __global__ void fp8_quant(const T* x, unsigned char* q, const unsigned* amax, float* scale, long long nv) {
@@ -570,19 +611,19 @@ extern "C" __global__ void rope(const T* x, T* out, const int* pos, const float*
 }
 
 // kc, vc: one layer's cache [slots][width]; k, v: [rows][width]; slots[t] is token t's cache slot.
-extern "C" __global__ void kv_write(const T* k, const T* v, T* kc, T* vc, const int* slots, int rows, int width) {
+extern "C" __global__ void kv_write(const T* k, const T* v, KV* kc, KV* vc, const int* slots, int rows, int width) {
 	pdl_enter();
 	long long n = (long long)rows * width;
 	GRID_STRIDE(idx, n) {
 		int t = (int)(idx / width), e = (int)(idx % width);
 		long long at = (long long)slots[t] * width + e;
-		kc[at] = k[idx];
-		vc[at] = v[idx];
+		kc[at] = kv_from(k[idx]);
+		vc[at] = kv_from(v[idx]);
 	}
 }
 
 // RoPE on k (kvHeads heads of hd), then k and v into their cache slots.
-extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, const int* pos, const int* slots,
+extern "C" __global__ void rope_kv_write(const T* k, const T* v, KV* kc, KV* vc, const int* pos, const int* slots,
                                          const float* table, int rows, int kvHeads, int hd, int interleaved) {
 	pdl_enter();
 	int half = hd / 2, width = kvHeads * hd;
@@ -598,10 +639,10 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, c
 		long long src = rh * hd;
 		long long dst = (long long)slots[t] * width + (long long)h * hd;
 		float x1 = tof(k[src + a]), x2 = tof(k[src + b]);
-		kc[dst + a] = fromf<T>(rot1(x1, x2, c, s));
-		kc[dst + b] = fromf<T>(rot2(x1, x2, c, s));
-		vc[dst + a] = v[src + a];
-		vc[dst + b] = v[src + b];
+		kc[dst + a] = kv_of(rot1(x1, x2, c, s));
+		kc[dst + b] = kv_of(rot2(x1, x2, c, s));
+		vc[dst + a] = kv_from(v[src + a]);
+		vc[dst + b] = kv_from(v[src + b]);
 	}
 }
 
@@ -609,7 +650,7 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, T* kc, T* vc, c
 // q heads rotated into q[rows, heads·hd], k heads rotated and v heads stored
 // into the cache slots. One thread per rotated pair (q and k) or per pair of
 // v elements.
-extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, const int* pos, const int* slots,
+extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, KV* kc, KV* vc, const int* pos, const int* slots,
                                           const float* table, int rows, int heads, int kvHeads, int hd, int interleaved) {
 	pdl_enter();
 	int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
@@ -621,8 +662,8 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, cons
 		const T* src = qkv + rh * hd;
 		if (h >= heads + kvHeads) {
 			long long dst = (long long)slots[t] * width + (long long)(h - heads - kvHeads) * hd;
-			vc[dst + 2 * i] = src[2 * i];
-			vc[dst + 2 * i + 1] = src[2 * i + 1];
+			vc[dst + 2 * i] = kv_from(src[2 * i]);
+			vc[dst + 2 * i + 1] = kv_from(src[2 * i + 1]);
 			continue;
 		}
 		int p = pos[t];
@@ -630,10 +671,15 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, T* kc, T* vc, cons
 		int a, b;
 		rope_pair(i, half, interleaved, &a, &b);
 		float x1 = tof(src[a]), x2 = tof(src[b]);
-		T* dst = h < heads ? q + ((long long)t * heads + h) * hd
-		                   : kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
-		dst[a] = fromf<T>(rot1(x1, x2, c, s));
-		dst[b] = fromf<T>(rot2(x1, x2, c, s));
+		if (h < heads) {
+			T* dst = q + ((long long)t * heads + h) * hd;
+			dst[a] = fromf<T>(rot1(x1, x2, c, s));
+			dst[b] = fromf<T>(rot2(x1, x2, c, s));
+		} else {
+			KV* dst = kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
+			dst[a] = kv_of(rot1(x1, x2, c, s));
+			dst[b] = kv_of(rot2(x1, x2, c, s));
+		}
 	}
 }
 

@@ -59,6 +59,9 @@ type Kernels struct {
 	// each is scheduled while the previous kernel finishes, hiding the gap
 	// between them. On by default.
 	PDL bool
+	// KVF8: the module of an FP8 KV cache (NewFP8KV), whose cache writers
+	// store E4M3 codes and whose attention reads them.
+	KVF8 bool
 
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
@@ -81,6 +84,41 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 		return nil, err
 	}
 	return &Kernels{D: d, Act: act, M: m, PDL: true, sharedSet: map[string]int{}}, nil
+}
+
+// NewFP8KV compiles (or loads from the kernel cache) the module of an FP8
+// KV cache for activation dtype act (f16 or bf16, compute capability 8.9
+// or later): the kernels of New, built with -DKV_F8, so that the cache
+// writers (KVWrite, RoPEKVWrite, RoPEQKVWrite) store keys and values as
+// E4M3 codes (scale 1, rounded to nearest even and saturated at ±448, as
+// tensor.F32ToE4M3) and the tensor-core attention (prefill and decode)
+// widens the codes in shared memory. The CUDA-core attention kernels are
+// not built in it: Attn values with FP8 set take the tensor-core plans,
+// and FP8OK says which layers those serve.
+func NewFP8KV(d *cu.Device, act cu.DType) (*Kernels, error) {
+	if act != cu.F16 && act != cu.BF16 {
+		return nil, fmt.Errorf("kernels: an FP8 KV cache needs f16 or bf16 activations (not %v)", act)
+	}
+	if !d.FP8() {
+		return nil, fmt.Errorf("kernels: an FP8 KV cache needs compute capability 8.9 (%s is %d.%d)", d.Name, d.Major, d.Minor)
+	}
+	m, err := d.Compile("kiln_kernels_"+cname(act)+"_kvf8", source, "-DACT="+cname(act), "--std=c++17", "-DACT_MMA=1", "-DKV_F8=1")
+	if err != nil {
+		return nil, err
+	}
+	return &Kernels{D: d, Act: act, M: m, PDL: true, KVF8: true, sharedSet: map[string]int{}}, nil
+}
+
+// FP8OK reports whether the attention of a layer of heads query heads over
+// kvHeads kv heads of headDim takes an FP8 cache: the tensor-core kernels'
+// shapes (a head dim multiple of 16 among HeadDims, GQA groups of at most
+// 32).
+func FP8OK(heads, kvHeads, headDim int) error {
+	if headDim%16 != 0 || !slices.Contains(HeadDims, headDim) || kvHeads <= 0 || heads%kvHeads != 0 || heads/kvHeads > 32 {
+		return fmt.Errorf("kernels: an FP8 KV cache needs the tensor-core attention: head dim a multiple of 16 (%d), GQA groups of at most 32 query heads (%d/%d)",
+			headDim, heads, kvHeads)
+	}
+	return nil
 }
 
 // Close unloads the module.
@@ -208,6 +246,9 @@ func (k *Kernels) AddBias(s *cu.Stream, out, x, b cu.Ptr, bt cu.DType, rows, col
 func (k *Kernels) ScaleCols(s *cu.Stream, out, x, scales cu.Ptr, rows, cols int) error {
 	if err := checkRows("scale_cols", rows, cols); err != nil {
 		return err
+	}
+	if v := k.vec(); cols%v == 0 && aligned16(x, out, scales) {
+		return k.launchDep("scale_cols_v", ewGrid(rows*cols/v), cu.D1(256), 0, s, x, scales, out, int32(rows), int32(cols/v))
 	}
 	return k.launchDep("scale_cols", ewGrid(rows*cols), cu.D1(256), 0, s, x, scales, out, int32(rows), int32(cols))
 }
@@ -401,6 +442,8 @@ type Attn struct {
 	HeadDim        int
 	Window         int // 0: full causal
 	Scale          float32
+	// FP8: KCache and VCache hold E4M3 codes (a module of NewFP8KV).
+	FP8 bool
 }
 
 func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
@@ -416,6 +459,17 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 	}
 	if a.KCache%16 != 0 || a.VCache%16 != 0 {
 		return fmt.Errorf("kernels: attention caches must be 16-byte aligned")
+	}
+	if a.FP8 != k.KVF8 {
+		return fmt.Errorf("kernels: attention over an FP8 cache (%v) by the module of an FP8 cache (%v)", a.FP8, k.KVF8)
+	}
+	if a.FP8 {
+		if err := FP8OK(a.Heads, a.KVHeads, a.HeadDim); err != nil {
+			return err
+		}
+		if !mmaOK(*a) {
+			return fmt.Errorf("kernels: attention over an FP8 cache needs 16-byte aligned q and out and a scale > 0")
+		}
 	}
 	return nil
 }
@@ -461,7 +515,8 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 // mma.sync, the GQA group's query heads as the rows of the tiles; its
 // Stages is the ring of 64-key shared-memory stages: 0 for the default
 // (decodeMMAStages, 3: two blocks an SM at head dim 128), or 2 (three
-// blocks an SM, a stage in flight while one is computed).
+// blocks an SM, a stage in flight while one is computed); over an FP8
+// cache the rings are 5 and 3 stages deep (decodeMMARing).
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
@@ -509,8 +564,15 @@ func PlanDecode(a Attn, m *Meta, sms int) DecodePlan {
 // whose blocks take at most 128 keys follow. For f16 and bf16 activations
 // (act) the tensor-core plans follow where they apply (decodeMMAOK; see
 // decodeMMAPlans); every one needs at most the first plan's workspace (at
-// least 128 keys a split, against at most 128).
+// least 128 keys a split, against at most 128). Over an FP8 cache (a.FP8)
+// only the tensor-core plans are offered (none where they do not apply).
 func DecodePlans(a Attn, m *Meta, sms int, clusters bool, act cu.DType) []DecodePlan {
+	if a.FP8 {
+		if act == cu.F32 || !decodeMMAOK(a) {
+			return nil
+		}
+		return decodeMMAPlans(a, m, sms)
+	}
 	plans := []DecodePlan{PlanDecode(a, m, sms)}
 	group := a.Heads / a.KVHeads
 	for c := 2 * plans[0].Chunk; c <= decodeThreads && group*c <= 4096; c *= 2 {
@@ -647,17 +709,34 @@ func decodeMMARows(a Attn) int {
 // (tab), Q's rows padded by 16
 // bytes, then the ring of K and V stages (as many as a split has, up to
 // decodeMMAStages), which the warps' f32 accumulators overlay at the end.
+// Over an FP8 cache the ring's rows are the codes, unpadded, and each
+// warp's 16 widened rows come before it.
 func decodeMMAShared(a Attn, p DecodePlan) int {
 	rows := decodeMMARows(a)
 	rowBytes := (a.HeadDim + 8) * 2
-	stages := decodeMMAStages
-	if p.Stages > 0 {
-		stages = p.Stages
+	stages := min(decodeMMARing(a, p), (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
+	ringRow, wide := rowBytes, 0
+	if a.FP8 {
+		ringRow, wide = a.HeadDim, decodeMMAWarps*16*rowBytes
 	}
-	stages = min(stages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
-	ring := stages * 2 * decodeMMAKeys * rowBytes
+	ring := wide + stages*2*decodeMMAKeys*ringRow
 	red := decodeMMAWarps * rows * (a.HeadDim + 8) * 4
 	return 2*decodeMMAWarps*rows*4 + 2*decodeMMAKeys*4 + rows*rowBytes + max(ring, red)
+}
+
+// decodeMMARing is the stages of a tensor-core plan's ring (DM_ST and
+// DM_ST2 in decode_mma.cu): 3, or 2 for Stages 2; over an FP8 cache, whose
+// stages hold half the bytes, 5 and 3.
+func decodeMMARing(a Attn, p DecodePlan) int {
+	switch {
+	case a.FP8 && p.Stages == 2:
+		return 3
+	case a.FP8:
+		return 5
+	case p.Stages > 0:
+		return p.Stages
+	}
+	return decodeMMAStages
 }
 
 func decodeContext(a Attn, m *Meta) int {

@@ -13,7 +13,7 @@ import (
 // cores.
 func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
 	v := "mma"
-	if k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a) {
+	if !a.FP8 && (k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a)) {
 		v = "attn"
 	}
 	return k.prefill(s, a, m, v)
@@ -36,13 +36,18 @@ type pfCfg struct {
 // heads is the number of query heads of one block.
 func (c pfCfg) heads() int { return c.mb * c.wg }
 
-// shared is the dynamic shared memory of the kernel at head dim hd.
-func (c pfCfg) shared(hd int) int {
-	rows := 2 * c.stages * c.bk
+// shared is the dynamic shared memory of the kernel at head dim hd; over
+// an FP8 cache (fp8) one stage of widened K and V rows, and the ring of
+// the stages' codes (rows of hd + 16 bytes).
+func (c pfCfg) shared(hd int, fp8 bool) int {
+	rows, codes := 2*c.stages*c.bk, 0
+	if fp8 {
+		rows, codes = 2*c.bk, 2*c.stages*c.bk*(hd+16)
+	}
 	if !c.qreg {
 		rows += c.heads() * PrefillTile
 	}
-	return rows * (hd + 8) * 2
+	return rows*(hd+8)*2 + codes
 }
 
 // pfMMA is the shape of prefill_mma<suffix>_<hd> for heads (4, 2 or 1)
@@ -74,6 +79,9 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 	args := []any{a.Q, a.KCache, a.VCache, a.Out, m.At(m.TileTok0), m.At(m.TileCount), m.At(m.Positions), m.At(m.SeqIndex),
 		m.At(m.SeqBlockOff), m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale}
 	if variant == "attn" {
+		if a.FP8 {
+			return fmt.Errorf("kernels: no CUDA-core prefill over an FP8 cache")
+		}
 		return k.launch(fmt.Sprintf("prefill_attn_%d", a.HeadDim), cu.Dim3{X: m.Tiles, Y: a.Heads, Z: 1}, cu.D1(128), 0, s, args...)
 	}
 	if k.Act == cu.F32 {
@@ -95,7 +103,7 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 	}
 	suffix, cfg := pfMMA(a.HeadDim, hb)
 	name := fmt.Sprintf("prefill_mma%s_%d", suffix, a.HeadDim)
-	shared := cfg.shared(a.HeadDim)
+	shared := cfg.shared(a.HeadDim, a.FP8)
 	if err := k.raiseShared(name, shared); err != nil {
 		return err
 	}

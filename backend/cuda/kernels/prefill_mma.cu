@@ -16,20 +16,120 @@
 
 extern __shared__ __align__(16) unsigned short pf_smem[];
 
+// An FP8 cache (KV_F8) reaches the tensor cores widened: each stage's E4M3
+// codes come into shared memory by cp.async as they are (half the bytes),
+// then are widened to the activation dtype into the rows that ldmatrix
+// reads. Every E4M3 value is exactly an f16 and a bf16.
+//
+// e4m3_float is code b as a float (NaN for ±0x7F): its exponent and
+// mantissa bits placed as a float's, times 2^120 (exact, subnormals too).
+__device__ __forceinline__ float e4m3_float(unsigned b) {
+	if ((b & 0x7fu) == 0x7fu) return __uint_as_float(0x7fffffffu);
+	return __uint_as_float((b & 0x80u) << 24 | (b & 0x7fu) << 20) * 0x1p120f;
+}
+// e4m3x4_act widens the four codes of w (the low byte first) to activation
+// elements packed as PK2 packs them (two to a word). f16: the hardware's
+// conversion of two codes at a time. bf16 by the bits, not the conversion
+// units (16 a cycle a multiprocessor on Hopper: the conversions through f16
+// and f32 held the decode to the bf16 cache's time, H200, 2026-11-26):
+// each code's sign, and its exponent and mantissa 4 bits lower, make a
+// bf16 of the value 2^−120 times the code's (subnormals too), scaled back
+// by one multiply-add of bf16 pairs (−0 added, so that −0 stays −0). A
+// NaN code (0x7F, 0xFF: the writers saturate, so only a NaN key or value
+// makes one) widens to ±480 there.
+__device__ __forceinline__ uint2 e4m3x4_act(unsigned w) {
+	uint2 r;
+#if __CUDA_ARCH__ >= 890
+	if (act_is_f16<T>::v) {
+		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.x) : "h"((unsigned short)(w & 0xffffu)));
+		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.y) : "h"((unsigned short)(w >> 16)));
+		return r;
+	}
+	unsigned p[2];
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p[0]) : "r"(w), "r"(0u), "r"(0x1404u)); // codes 0, 1 in the halves' high bytes
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p[1]) : "r"(w), "r"(0u), "r"(0x3424u)); // codes 2, 3
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const unsigned b = (p[i] & 0x80008000u) | ((p[i] >> 4) & 0x07f007f0u);
+		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(p[i]) : "r"(b), "r"(0x7b807b80u), "r"(0x80008000u)); // × 2^120
+	}
+	r.x = p[0];
+	r.y = p[1];
+#else
+	r.x = PK2(e4m3_float(w & 0xffu), e4m3_float((w >> 8) & 0xffu));
+	r.y = PK2(e4m3_float((w >> 16) & 0xffu), e4m3_float(w >> 24));
+#endif
+	return r;
+}
+// e4m3x8_act widens 8 codes (w.x's bytes from the low one, then w.y's).
+__device__ __forceinline__ uint4 e4m3x8_act(uint2 w) {
+	const uint2 a = e4m3x4_act(w.x), b = e4m3x4_act(w.y);
+	uint4 r;
+	r.x = a.x;
+	r.y = a.y;
+	r.z = b.x;
+	r.w = b.y;
+	return r;
+}
+// widen_load and widen_store widen ROWS rows of HD codes at src (rows
+// srcRB bytes apart, and split bytes further from row ROWS/2 on) into rows
+// of HD activation elements at dst (dstStr elements apart), 8 codes (8
+// bytes in, 16 out) at a time: thread i of N takes groups i, i + N, ...,
+// loading all of them into v first (widen_load), then widening and storing
+// them (widen_store), so that the loads' latency overlaps and may overlap
+// other work.
+template <int HD, int ROWS, int N> struct Widen {
+	static constexpr int G = HD / 8, U = ROWS * G, IT = (U + N - 1) / N;
+	uint2 v[IT];
+};
+template <int HD, int ROWS, int N>
+__device__ __forceinline__ void widen_load(Widen<HD, ROWS, N>& w, const unsigned char* src, int srcRB, int split, int i) {
+	constexpr int G = HD / 8, U = ROWS * G, IT = (U + N - 1) / N;
+#pragma unroll
+	for (int it = 0; it < IT; it++) {
+		const int u = i + it * N, r = u / G;
+		if (U % N == 0 || u < U) w.v[it] = *(const uint2*)(src + r * srcRB + (r >= ROWS / 2 ? split : 0) + (u % G) * 8);
+	}
+}
+// widen_store stores the groups of loads FROM..TO−1 (whole rows: FROM·N a
+// multiple of HD/8), their first row at dst.
+template <int HD, int ROWS, int N, int FROM = 0, int TO = Widen<HD, ROWS, N>::IT>
+__device__ __forceinline__ void widen_store(unsigned short* dst, int dstStr, const Widen<HD, ROWS, N>& w, int i) {
+	constexpr int G = HD / 8, U = ROWS * G;
+	static_assert(FROM * N % G == 0 && TO <= Widen<HD, ROWS, N>::IT, "widen_store: whole rows");
+#pragma unroll
+	for (int it = FROM; it < TO; it++) {
+		const int u = i + it * N;
+		if (U % N == 0 || u < U) *(uint4*)(dst + (u / G - FROM * N / G) * dstStr + (u % G) * 8) = e4m3x8_act(w.v[it]);
+	}
+}
+
+// kv_f8 is whether the cache holds E4M3 codes; KV_CE its elements per
+// 16-byte copy.
+#ifdef KV_F8
+constexpr bool kv_f8 = true;
+#else
+constexpr bool kv_f8 = false;
+#endif
+#define KV_CE (16 / (int)sizeof(KV))
+
 // prefill_fa: HD head dim, MB query heads per warp (of one kv head), WG groups
 // of 4 warps per block (each its own MB heads: MB·WG heads per block, 128·WG
 // threads), BK keys per stage, ST ≥ 2 stages of K and V in a ring (stage
 // n+ST−1 loaded by cp.async during the whole of stage n), QREG: Q
 // fragments held in registers (else reloaded from shared memory by ldmatrix
 // each stage). Dynamic shared memory: ((QREG ? 0 : MB·WG·PF_BQ) +
-// 2·ST·BK)·(HD+8)·2 bytes (pfCfg.shared in prefill.go). Grid: tiles·heads/
-// (MB·WG) blocks, the last tile (the most keys, causal) first.
+// 2·ST·BK)·(HD+8)·2 bytes (pfCfg.shared in prefill.go); with an FP8 cache
+// (KV_F8) one stage of widened rows, 2·BK instead of 2·ST·BK, then the ring
+// of codes, 2·ST·BK rows of HD+16 bytes, each stage widened by the whole
+// block between two barriers. Grid: tiles·heads/(MB·WG) blocks, the last
+// tile (the most keys, causal) first.
 //
 // f16 splits P into f16 hi + lo parts for P·V (two products): P rounded to
 // f16 alone costs single outputs up to ~2e-3 of the outputs' rms, the
 // test's whole f16 limit. bf16 rounds P once, as FlashAttention does.
 template <int HD, int MB, int WG, int BK, int ST, bool QREG>
-__device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0,
+__device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* vc, T* out, const int* tileTok0,
                                            const int* tileCnt, const int* positions, const int* seqIndex,
                                            const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs,
                                            int window, float scale) {
@@ -42,11 +142,15 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 	constexpr int NTH = 128 * WG; // threads
 	constexpr bool PSPLIT = act_is_f16<T>::v;
 	constexpr int RB = STR * 2; // row bytes
+	// An FP8 cache: one stage of widened K and V rows (KS), which the
+	// stages of codes (rows of RB8 bytes) in the ring after them feed.
+	constexpr int KS = kv_f8 ? 1 : ST, RB8 = HD + 16;
 	static_assert(HD % 16 == 0 && BK % 16 == 0 && ST >= 2, "prefill_fa shape");
 	__shared__ int sLo, sHi, sLoMax, sHiMin;
 	unsigned short* Qs = pf_smem;
 	unsigned short* Ks = pf_smem + QROWS * STR;
-	unsigned short* Vs = Ks + ST * BK * STR;
+	unsigned short* Vs = Ks + KS * BK * STR;
+	unsigned char* ring8 = (unsigned char*)(Vs + KS * BK * STR);
 
 	const int hg = heads / (MB * WG);
 	const int bid = blockIdx.x;
@@ -89,19 +193,22 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
 	const int kLo = sLo, kHi = sHi, fLo = sLoMax, fHi = sHiMin;
 
-	// load copies keys kb..kb+BK-1 of K into stage kd and of V into stage vd
+	// load copies keys kb..kb+BK-1 of K and V into stage slot of the ring
 	// (zeros past kHi: masked, and no NaN garbage in P·V).
-	auto load = [&](unsigned short* kd, unsigned short* vd, int kb) {
-		constexpr int N = BK * CPR;
+	auto load = [&](int slot, int kb) {
+		constexpr int CPRK = HD / KV_CE, N = BK * CPRK; // 16-byte chunks a row, a stage
+		constexpr int RBK = kv_f8 ? RB8 : RB;          // the ring's row bytes
+		unsigned char* kd = kv_f8 ? ring8 + slot * 2 * BK * RBK : (unsigned char*)(Ks + slot * BK * STR);
+		unsigned char* vd = kv_f8 ? kd + BK * RBK : (unsigned char*)(Vs + slot * BK * STR);
 #pragma unroll
 		for (int i0 = 0; i0 < N; i0 += NTH) {
 			int i = i0 + tid;
 			if (N % NTH == 0 || i < N) {
-				int row = i / CPR, c = i % CPR, j = kb + row;
+				int row = i / CPRK, c = i % CPRK, j = kb + row;
 				bool in = j <= kHi;
-				long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * 8 : 0;
-				cp16(smem_addr(kd + row * STR + c * 8), kc + at, in);
-				cp16(smem_addr(vd + row * STR + c * 8), vc + at, in);
+				long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + c * KV_CE : 0;
+				cp16(smem_addr(kd + row * RBK + c * 16), kc + at, in);
+				cp16(smem_addr(vd + row * RBK + c * 16), vc + at, in);
 			}
 		}
 	};
@@ -141,11 +248,11 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 	const int nblk = (kHi - kLo) / BK + 1;
 	const bool wact = wl * 16 < cnt; // the warp has a row of the tile
 
-	load(Ks, Vs, kLo);
+	load(0, kLo);
 	cp_commit();
 #pragma unroll
 	for (int i = 1; i < ST - 1; i++) {
-		if (i < nblk) load(Ks + i * BK * STR, Vs + i * BK * STR, kLo + i * BK);
+		if (i < nblk) load(i, kLo + i * BK);
 		cp_commit();
 	}
 
@@ -154,9 +261,16 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 		const int buf = n % ST;
 		cp_wait<ST - 2>(); // stage n is in (the later ones may not be)
 		__syncthreads();                  // and every warp is done with stage n−1
-		const int nb = (n + ST - 1) % ST;
-		if (n + ST - 1 < nblk) load(Ks + nb * BK * STR, Vs + nb * BK * STR, kb + (ST - 1) * BK);
+		if constexpr (kv_f8) {
+			// K's rows then V's, in both places one after the other.
+			Widen<HD, 2 * BK, NTH> w;
+			widen_load(w, ring8 + buf * 2 * BK * RB8, RB8, 0, tid);
+			widen_store(Ks, STR, w, tid);
+		}
+		if (n + ST - 1 < nblk) load((n + ST - 1) % ST, kb + (ST - 1) * BK);
 		cp_commit();
+		if constexpr (kv_f8) __syncthreads(); // the widened stage is whole
+		const int sb = kv_f8 ? 0 : buf;        // the stage of rows ldmatrix reads
 
 		float s[MB][NT][4];
 		if (wact) {
@@ -164,7 +278,7 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 			for (int mb = 0; mb < MB; mb++)
 #pragma unroll
 				for (int nt = 0; nt < NT; nt++) s[mb][nt][0] = s[mb][nt][1] = s[mb][nt][2] = s[mb][nt][3] = 0.f;
-			const unsigned kbase = sK + buf * BK * RB;
+			const unsigned kbase = sK + sb * BK * RB;
 #pragma unroll
 			for (int c = 0; c < KC; c++) {
 				unsigned qa[MB][4];
@@ -244,7 +358,7 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 					o[mb][i][3] *= c1;
 				}
 			}
-			const unsigned vbase = sV + buf * BK * RB;
+			const unsigned vbase = sV + sb * BK * RB;
 #pragma unroll
 			for (int kk = 0; kk < BK / 16; kk++) {
 				unsigned pa[MB][4], pl[MB][PSPLIT ? 4 : 1];
@@ -298,7 +412,7 @@ __device__ __forceinline__ void prefill_fa(const T* q, const T* kc, const T* vc,
 }
 
 #define PF_PARAMS                                                                                                     \
-	const T *q, const T *kc, const T *vc, T *out, const int *tileTok0, const int *tileCnt, const int *positions,      \
+	const T *q, const KV *kc, const KV *vc, T *out, const int *tileTok0, const int *tileCnt, const int *positions,    \
 	    const int *seqIndex, const int *seqBlockOff, const int *bt, int heads, int kvHeads, int bs, int window,       \
 	    float scale
 #define PF_ARGS q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window, scale

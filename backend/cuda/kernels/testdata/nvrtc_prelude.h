@@ -14,6 +14,7 @@ struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 struct int4 { int x, y, z, w; };
 __device__ void __syncthreads();
+__device__ void __syncwarp(unsigned mask = 0xffffffffu);
 __device__ void __threadfence();
 __device__ float __shfl_xor_sync(unsigned, float, int, int w = 32);
 __device__ int __shfl_xor_sync(unsigned, int, int, int w = 32);

@@ -4,6 +4,25 @@
 // |ref| + its row's rms). Prints one line per case and "N failed".
 #include <algorithm>
 #include <random>
+// The cache's elements: the activation dtype, or (KV_F8) E4M3 codes, made
+// from normal floats as tensor.F32ToE4M3 makes them; kvf is an element's
+// value, which the reference reads.
+#ifdef KV_F8
+static KV kv_make(float f) {
+	unsigned bits = __float_as_uint(f), sign = (bits >> 24) & 0x80, abs = bits & 0x7fffffffu;
+	if (abs > 0x7f800000u) return KV{0x7f};
+	if (abs >= 0x43e00000u) return KV{(unsigned char)(sign | 0x7e)};
+	if (abs < 0x3c800000u) return KV{(unsigned char)(sign | (unsigned)nearbyint((double)__uint_as_float(abs) * 512))};
+	unsigned r = (abs + 0x7ffffu + ((abs >> 20) & 1)) >> 20;
+	int v = (int)r - (120 << 3);
+	return KV{(unsigned char)(sign | (v < 0x7f ? v : 0x7e))};
+}
+static double kvf(KV x) { return e4m3_float(x.x); }
+#else
+static KV kv_make(float f) { return fromf<T>(f); }
+static double kvf(KV x) { return tof(x); }
+#endif
+
 struct Case {
 	int heads, kvHeads, hd, window;
 	std::vector<std::pair<int, int>> seqs; // {length after the step, tokens in the step}
@@ -13,7 +32,7 @@ struct Case {
 static void launch_one(int hd, int mt, int st, DC_PARAMS) {
 #define CALL(H, M)                                                                    \
 	if (hd == H && mt == M && st == DM_ST) { decode_mma<H, M, DM_ST>(DC_ARGS); return; } \
-	if (hd == H && mt == M && st == 2) { decode_mma<H, M, 2>(DC_ARGS); return; }
+	if (hd == H && mt == M && st == DM_ST2) { decode_mma<H, M, DM_ST2>(DC_ARGS); return; }
 	CALL(16, 1) CALL(32, 1) CALL(64, 1) CALL(80, 1) CALL(96, 1) CALL(128, 1)
 	CALL(16, 2) CALL(32, 2) CALL(64, 2) CALL(80, 2) CALL(96, 2) CALL(128, 2)
 	fprintf(stderr, "no kernel\n");
@@ -54,7 +73,13 @@ static double run(const Case& c, int st, unsigned seed) {
 		for (auto& x : v) x = fromf<T>(nd(rng));
 		return v;
 	};
-	std::vector<T> kc = rnd((size_t)blocks * bs * width), vc = rnd((size_t)blocks * bs * width), q = rnd((size_t)Tn * c.heads * c.hd);
+	auto rndKV = [&](size_t n) {
+		std::vector<KV> v(n);
+		for (auto& x : v) x = kv_make(nd(rng));
+		return v;
+	};
+	std::vector<KV> kc = rndKV((size_t)blocks * bs * width), vc = rndKV((size_t)blocks * bs * width);
+	std::vector<T> q = rnd((size_t)Tn * c.heads * c.hd);
 	std::vector<T> out((size_t)Tn * c.heads * c.hd);
 	for (auto& x : out) x.x = 0x7fc1;
 	int ctx = maxPos + 1;
@@ -67,8 +92,9 @@ static double run(const Case& c, int st, unsigned seed) {
 	g_after_wait = [&](const void* src) {
 		const T* p = (const T*)src;
 		if (p >= q.data() && p < q.data() + q.size()) return true;
-		for (const std::vector<T>* cache : {&kc, &vc})
-			if (p >= cache->data() && p < cache->data() + cache->size()) return (bool)fresh[(p - cache->data()) / width];
+		const KV* e = (const KV*)src;
+		for (const std::vector<KV>* cache : {&kc, &vc})
+			if (e >= cache->data() && e < cache->data() + cache->size()) return (bool)fresh[(e - cache->data()) / width];
 		return false;
 	};
 	std::vector<float> ws((size_t)Tn * c.heads * splits * (c.hd + 2) + 4, NAN);
@@ -107,7 +133,7 @@ static double run(const Case& c, int st, unsigned seed) {
 				long slot = (long)sb[j / bs] * bs + j % bs;
 				double d = 0;
 				for (int e = 0; e < c.hd; e++)
-					d += (double)tof(q[((size_t)t * c.heads + h) * c.hd + e]) * tof(kc[(slot * c.kvHeads + kvh) * c.hd + e]);
+					d += (double)tof(q[((size_t)t * c.heads + h) * c.hd + e]) * kvf(kc[(slot * c.kvHeads + kvh) * c.hd + e]);
 				sc[j - lo] = d * scale;
 				mx = std::max(mx, sc[j - lo]);
 			}
@@ -116,7 +142,7 @@ static double run(const Case& c, int st, unsigned seed) {
 			std::vector<double> o(c.hd, 0.0);
 			for (int j = lo; j <= p; j++) {
 				long slot = (long)sb[j / bs] * bs + j % bs;
-				for (int e = 0; e < c.hd; e++) o[e] += sc[j - lo] / sum * tof(vc[(slot * c.kvHeads + kvh) * c.hd + e]);
+				for (int e = 0; e < c.hd; e++) o[e] += sc[j - lo] / sum * kvf(vc[(slot * c.kvHeads + kvh) * c.hd + e]);
 			}
 			double ss = 0;
 			for (double v : o) ss += v * v;
@@ -157,9 +183,9 @@ int main(int argc, char** argv) {
 		{32, 1, 64, 300, {{900, 1}}, 192},
 	};
 	int fails = 0;
-	// Each case with the default ring (DM_ST stages) and with 2 stages
-	// (decode_mma_s2_<hd>).
-	for (int st : {DM_ST, 2})
+	// Each case with the default ring (DM_ST stages) and with the _s2
+	// kernels' (DM_ST2: 2, or 3 over an FP8 cache).
+	for (int st : {DM_ST, DM_ST2})
 		for (size_t i = 0; i < cases.size(); i++)
 			if (run(cases[i], st, 1234 + i) < 0) fails++;
 	printf("%d failed\n", fails);

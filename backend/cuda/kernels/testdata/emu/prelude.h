@@ -207,6 +207,7 @@ std::function<bool(const void*)> g_after_wait;
 static inline int lane_id() { return threadIdx.x & 31; }
 static inline int warp_id() { return threadIdx.x >> 5; }
 static inline void warp_sync() { g_block->wbar[warp_id()].wait(); }
+static inline void __syncwarp() { warp_sync(); }
 static inline void __syncthreads() { g_block->bar.wait(); }
 static inline void __threadfence() {}
 static inline int atomicAdd(int* p, int v) {

@@ -59,7 +59,7 @@ for step in ${STEPS:-tests attn decode serve}; do
 			$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 --kv-cache-dtype $c >"$out/serve-$c.log" 2>&1 &
 			server=$!
 			for i in $(seq 1 300); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done
-			echo "serve, cache $c: up at $(($(date +%s) - t0)) s: $(grep -iE 'kv cache' "$out/serve-$c.log" | head -2)"
+			echo "serve, cache $c: up at $(($(date +%s) - t0)) s: $(grep -oE 'kv_cache_[a-z]+=[0-9]+' "$out/serve-$c.log" | head -3 | tr '\n' ' ')"
 			runs="c256:256:1792:256 c64:64:512:64 c1:1:24:2"
 			[ "$c" = auto ] && runs="" # the bf16 cache's size only
 			for r in $runs; do

@@ -22,8 +22,7 @@
 //
 // The keys stream through shared memory in stages of DM_BK = 64 keys (K and
 // V rows, padded by 16 bytes: ldmatrix without bank conflicts), a ring of
-// ST stages (DM_ST = 3, or 2 for the _s2 kernels; 5 and 3 over an FP8
-// cache) loaded by 16-byte
+// ST stages (DM_ST = 3, or 2 for the _s2 kernels) loaded by 16-byte
 // cp.async.cg (stage n + ST − 1 in flight during stage n; one barrier a
 // stage), gathered through the block table: the cache rows of a stage's 64
 // keys are computed a stage before its copies are issued (threads 0-63, one
@@ -53,25 +52,31 @@
 // to ST), overlaid at the end by the warps' accumulators
 // red[4][ROWS][HD+8] (f32); ROWS = 16·MT.
 //
-// An FP8 cache (KV_F8): the ring's rows are HD codes (unpadded), and each
-// warp loads its 16 keys' codes of a stage (K and V) into registers and
-// widens them into 16 rows of its own, wide[4][16][HD+8] between Q and the
-// ring, which its ldmatrix loads read: K's rows for S, then V's for P·V;
-// red overlays wide and the ring.
+// An FP8 cache (KV_F8): the ring's rows are HD codes padded by 16 bytes,
+// and each thread loads the codes of its K and V fragments from them and
+// widens them in registers (see qfrag below).
 
 #define DM_WARPS 4
 #define DM_THREADS (32 * DM_WARPS)
 #define DM_KW 16                   // keys of a warp in a stage
 #define DM_BK (DM_WARPS * DM_KW)   // keys per stage (decodeMMAKeys in kernels.go)
 // Stages in the ring (decodeMMAStages in kernels.go), and in the _s2
-// kernels' ring: an FP8 cache's stages hold half the bytes, so that its
-// rings are deeper for as many bytes in flight.
+// kernels' ring, with the blocks an SM their registers are bounded for
+// (DM_MINB, DM_MINB2). An FP8 cache's stages hold half the bytes and its
+// kernels widen the codes, so that more blocks an SM pay more than deeper
+// rings (H200, 2026-11-26: rings of 5 stages, 2 blocks an SM, against 3,
+// 3 blocks: 0.55 against 0.66 of the copy bandwidth at batch 256, context
+// 2048).
 #ifdef KV_F8
-#define DM_ST 5
-#define DM_ST2 3
+#define DM_ST 3
+#define DM_MINB 3
+#define DM_ST2 2
+#define DM_MINB2 4
 #else
 #define DM_ST 3
+#define DM_MINB 1
 #define DM_ST2 2
+#define DM_MINB2 3
 #endif
 
 extern __shared__ __align__(16) unsigned short dm_smem[];
@@ -85,10 +90,9 @@ __device__ __forceinline__ void st_f2(float* p, float x, float y) {
 }
 
 // dm_rb is the bytes of a ring row: HD cache elements padded by 16 bytes
-// (HD + 8 elements as ldmatrix wants them).
-// (An FP8 cache's rows are not padded: they are widened by 8-byte loads, not
-// read by ldmatrix.)
-template <int HD> __device__ constexpr int dm_rb() { return kv_f8 ? HD : HD * (int)sizeof(KV) + 16; }
+// (HD + 8 elements as ldmatrix wants them; an FP8 cache's codes, which the
+// fragments' 16-byte loads then read without bank conflicts).
+template <int HD> __device__ constexpr int dm_rb() { return HD * (int)sizeof(KV) + 16; }
 
 // dm_load copies the K and V rows of stage n of a split (keys k0 + 64n..,
 // of the nk keys k0..) into ring slot n % DM_ST, each thread its share of
@@ -154,6 +158,82 @@ __device__ __forceinline__ void dm_load_tab(unsigned char* ring, const KV* kc, c
 	}
 }
 
+// ld_seg loads the BYTES bytes at p (aligned to BYTES' largest power-of-two
+// divisor, at most 16; BYTES even) into words w, the last one's high half
+// zero when BYTES is not a multiple of 4.
+template <int BYTES>
+__device__ __forceinline__ void ld_seg(unsigned* w, const unsigned char* p) {
+	static_assert(BYTES % 2 == 0, "ld_seg: even bytes");
+	constexpr int A = BYTES % 16 == 0 ? 16 : BYTES % 8 == 0 ? 8 : BYTES % 4 == 0 ? 4 : 2;
+#pragma unroll
+	for (int i = 0; i < BYTES / A; i++) {
+		if constexpr (A == 16) {
+			const uint4 v = *(const uint4*)(p + 16 * i);
+			w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+		} else if constexpr (A == 8) {
+			const uint2 v = *(const uint2*)(p + 8 * i);
+			w[2 * i] = v.x, w[2 * i + 1] = v.y;
+		} else if constexpr (A == 4) {
+			w[i] = *(const unsigned*)(p + 4 * i);
+		} else {
+			const unsigned h = *(const unsigned short*)(p + 2 * i);
+			if (i % 2 == 0) w[i / 2] = h;
+			else w[i / 2] |= h << 16;
+		}
+	}
+}
+
+// prmt is PTX's byte permutation: byte i of the result is byte sel's nibble
+// i of {b, a} (a's bytes 0-3, then b's 4-7).
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+	unsigned r;
+#if __CUDA_ARCH__
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+#else
+	const unsigned long long x = (unsigned long long)b << 32 | a;
+	r = 0;
+	for (int i = 0; i < 4; i++) r |= (unsigned)(x >> (8 * ((sel >> (4 * i)) & 7)) & 0xff) << (8 * i);
+#endif
+	return r;
+}
+
+// dm_mmat<F8>::type is the dtype decode_mma's products take: the
+// activation dtype, or over an FP8 cache f16 (E4M3's codes widen to f16 in
+// one conversion a pair; Q is scaled by a power of two into f16's range).
+template <bool F8> struct dm_mmat { typedef T type; };
+template <> struct dm_mmat<true> { typedef f16 type; };
+
+// e4m3x4_f16 widens the four codes of w (the low byte first) to f16 pairs.
+__device__ __forceinline__ uint2 e4m3x4_f16(unsigned w) {
+	uint2 r;
+#if __CUDA_ARCH__ >= 890
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.x) : "h"((unsigned short)(w & 0xffffu)));
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.y) : "h"((unsigned short)(w >> 16)));
+#else
+	r.x = cvt2(e4m3_float(w & 0xffu), e4m3_float((w >> 8) & 0xffu), (const f16*)0);
+	r.y = cvt2(e4m3_float((w >> 16) & 0xffu), e4m3_float(w >> 24), (const f16*)0);
+#endif
+	return r;
+}
+
+// dm_qshift is the power of two, 2^−shift, that brings the largest |q| of
+// rows × HD query elements at Qs (rows STR apart) into [2^14, 2^15), f16's
+// range with a binade to spare (0 for all-zero rows): every thread of the
+// block calls it; red (DM_WARPS floats) is scratch.
+template <int HD>
+__device__ __forceinline__ int dm_qshift(const unsigned short* Qs, int STR, int rows, float* red) {
+	float mx = 0.f;
+	for (int i = threadIdx.x; i < rows * HD; i += DM_THREADS) mx = fmaxf(mx, fabsf(tof(*(const T*)(Qs + (i / HD) * STR + i % HD))));
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+	if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+	__syncthreads();
+#pragma unroll
+	for (int w = 0; w < DM_WARPS; w++) mx = fmaxf(mx, red[w]);
+	const int e = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127; // ⌊log2 mx⌋ (normal mx)
+	return mx > 0.f ? imin(100, e > -100 ? e - 14 : -100) : 0;
+}
+
 template <int HD, int MT, int ST>
 __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	constexpr int STR = HD + 8;   // shared row stride (elements)
@@ -165,9 +245,11 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	constexpr int RS = HD + 8;    // floats per row of red (2-way bank conflicts at most)
 	constexpr int RRB = dm_rb<HD>();  // ring row bytes (RB unless the cache is FP8)
 	constexpr int SB = 2 * DM_BK * RRB; // ring bytes per stage (K then V)
-	constexpr int WROWS = kv_f8 ? DM_KW : 0; // an FP8 cache: each warp's widened K, then V, rows
+	constexpr int VW = (OT + 3) / 4;         // an FP8 cache: the words of a thread's OT codes of a V row
 	constexpr bool PSPLIT = act_is_f16<T>::v;
 	constexpr bool QREG = MT == 1; // Q's fragments kept in registers (one m-tile: 4·KC registers)
+	typedef typename dm_mmat<kv_f8>::type MMT;
+	const MMT* const mmt = nullptr; // picks the products' dtype
 	static_assert(HD % 16 == 0 && DM_THREADS == DC_THREADS && (DM_BK * CPR) % DM_THREADS == 0 && DM_BK <= DM_THREADS && ST >= 2,
 	              "decode_mma shape");
 	static_assert(kv_f8 || RRB == RB, "decode_mma ring rows");
@@ -182,9 +264,8 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	float* wl = wm + DM_WARPS * ROWS;
 	int* tab = (int*)(wl + DM_WARPS * ROWS); // tab[2][DM_BK]: the rows of the next stages to load (dm_row)
 	unsigned short* Qs = (unsigned short*)(tab + 2 * DM_BK);
-	unsigned short* wide = Qs + ROWS * STR; // FP8: wide[DM_WARPS][DM_KW][STR]
-	unsigned char* ring = (unsigned char*)(wide + DM_WARPS * WROWS * STR);
-	float* red = (float*)wide;
+	unsigned char* ring = (unsigned char*)(Qs + ROWS * STR);
+	float* red = (float*)ring;
 
 	// Before the wait: the split's keys, and the older keys' rows.
 	const int p = positions[t];
@@ -225,11 +306,31 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	// V transposed (keys 0-7 / 8-15 × dims 0-7, then dims 8-15: b0, b1 of
 	// dim tiles 0 and 1), each at the warp's 16 keys of stage 0.
 	const unsigned sQ = smem_addr(Qs) + (((mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
-	// With an FP8 cache the warp's K and V rows are its widened ones.
-	const unsigned sK = kv_f8 ? smem_addr(wide) + ((warp * WROWS + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2
-	                          : smem_addr(ring) + ((warp * DM_KW + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2;
-	const unsigned sV = kv_f8 ? smem_addr(wide) + ((warp * WROWS + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2
-	                          : smem_addr(ring) + DM_BK * RB + ((warp * DM_KW + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
+	const unsigned sK = smem_addr(ring) + ((warp * DM_KW + (mi >> 1) * 8 + rr) * STR + (mi & 1) * 8) * 2;
+	const unsigned sV = smem_addr(ring) + DM_BK * RB + ((warp * DM_KW + (mi & 1) * 8 + rr) * STR + (mi >> 1) * 8) * 2;
+	// An FP8 cache: no ldmatrix (its rows are codes); each thread loads the
+	// codes of its fragments and widens them in registers. Q·Kᵀ sums over
+	// the dims in any order, so they are taken permuted, Q's and K's alike,
+	// for each thread's codes of a key to be one run of HD/4 bytes: in
+	// k-chunk c, k-positions 2tq + e and 2tq + 8 + e are dims tq·HD/4 + 4c
+	// + e and + 2 + e (Q's A fragments by qfrag). P·V's output columns are
+	// permuted too, for each thread's codes of a V row to be one run of OT
+	// bytes: the column of lanes g in tile ot is dim g·OT + ot. The
+	// products are f16's: K's and V's codes widen to f16 in one conversion
+	// a pair, P is rounded to f16, and Q, times 2^−qshift (dm_qshift; the
+	// softmax's scale times 2^qshift undoes it), to f16 as qfrag loads it.
+	int qshift = 0;
+	auto qfrag = [&](unsigned* qa, int mt, int c) {
+		const unsigned short* r0 = Qs + (16 * mt + g) * STR + tq * (HD / 4) + 4 * c;
+		const unsigned short* r1 = r0 + 8 * STR;
+		const float f = __uint_as_float((unsigned)(127 - qshift) << 23); // 2^−qshift
+		const unsigned short* at[4] = {r0, r1, r0 + 2, r1 + 2};
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const unsigned w = *(const unsigned*)at[i];
+			qa[i] = cvt2(lo16(w, (T*)0) * f, hi16(w, (T*)0) * f, mmt);
+		}
+	};
 
 	float o[MT][OT][4];
 	float m[MT][2], l[MT][2];
@@ -240,12 +341,18 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		m[mt][0] = m[mt][1] = NEG_INF;
 		l[mt][0] = l[mt][1] = 0.f;
 	}
-	const float sl2 = scale * LOG2E; // scale > 0 (decodeMMAOK)
+	float sl2 = scale * LOG2E; // scale > 0 (decodeMMAOK); over an FP8 cache times 2^qshift
 	unsigned qr[QREG ? KC : 1][4];   // QREG: Q's A fragments, loaded at the first stage
 
 	for (int n = 0; n < nblk; n++) {
 		cp_wait<ST - 2>(); // stage n is in (the later ones may not be)
 		__syncthreads();   // every warp is done with stage n − 1, and tab holds stage n + ST − 1's rows
+		if constexpr (kv_f8) {
+			if (n == 0) { // Q is in (the first group of copies)
+				qshift = dm_qshift<HD>(Qs, STR, ROWS, wm);
+				sl2 *= __uint_as_float((unsigned)(127 + qshift) << 23);
+			}
+		}
 		// The block-table entry of key tid of stage n + ST, loaded now and
 		// made a row (into tab) after the math; then the copies of stage
 		// n + ST − 1 from the rows in tab.
@@ -256,24 +363,26 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		cp_commit();
 		const int kw = n * DM_BK + warp * DM_KW; // the warp's first key in the split
 		if (kw < nk) {                           // some of its keys left (uniform over the warp)
-		// An FP8 cache: the warp's 16 keys of stage n, loaded now (K's
-		// rows, and V's DM_BK rows further in the ring) and widened into
-		// the warp's rows, K's now (the barrier above: the warp is done
-		// with the previous stage's rows), V's once S is computed.
-		typedef Widen<HD, kv_f8 ? 2 * DM_KW : 2, 32> WK;
-		WK wv;
-		unsigned short* const wrows = wide + warp * WROWS * STR;
-		if constexpr (kv_f8) {
-			widen_load(wv, ring + (n % ST) * SB + warp * DM_KW * RRB, RRB, (DM_BK - DM_KW) * RRB, lane);
-			widen_store<HD, 2 * DM_KW, 32, 0, WK::IT / 2>(wrows, STR, wv, lane);
-			__syncwarp();
-		}
-		const unsigned kbase = kv_f8 ? sK : sK + (n % ST) * SB, vbase = kv_f8 ? sV : sV + (n % ST) * SB;
+		const unsigned kbase = sK + (n % ST) * SB, vbase = sV + (n % ST) * SB;
 		if constexpr (QREG) {
 			if (n == 0) {
 #pragma unroll
-				for (int c = 0; c < KC; c++) ldsm4(qr[c], sQ + c * 32);
+				for (int c = 0; c < KC; c++) {
+					if constexpr (kv_f8) qfrag(qr[c], 0, c);
+					else ldsm4(qr[c], sQ + c * 32);
+				}
 			}
+		}
+		// An FP8 cache: the codes of this thread's fragments, K's (keys g
+		// and 8 + g of the warp's 16, dims from tq·HD/4) and V's (keys 2tq,
+		// 2tq + 1, 8 + 2tq, 9 + 2tq, dims from g·OT), all loaded now.
+		unsigned kq[kv_f8 ? 2 : 1][kv_f8 ? KC : 1], vq[kv_f8 ? 4 : 1][kv_f8 ? VW : 1];
+		if constexpr (kv_f8) {
+			const unsigned char* st8 = ring + (n % ST) * SB + warp * DM_KW * RRB;
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) ld_seg<HD / 4>(kq[nt], st8 + (8 * nt + g) * RRB + tq * (HD / 4));
+#pragma unroll
+			for (int j = 0; j < 4; j++) ld_seg<OT>(vq[j], st8 + (DM_BK + (j >> 1) * 8 + 2 * tq + (j & 1)) * RRB + g * OT);
 		}
 
 		// S = Q·Kᵀ: s[mt][nt] is rows 16mt.. × keys kw + 8nt.. (even and
@@ -288,7 +397,12 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 #pragma unroll
 		for (int c = 0; c < KC; c++) {
 			unsigned b[4];
-			ldsm4(b, kbase + c * 32);
+			if constexpr (kv_f8) {
+				const uint2 b0 = e4m3x4_f16(kq[0][c]), b1 = e4m3x4_f16(kq[1][c]);
+				b[0] = b0.x, b[1] = b0.y, b[2] = b1.x, b[3] = b1.y;
+			} else {
+				ldsm4(b, kbase + c * 32);
+			}
 #pragma unroll
 			for (int mt = 0; mt < MT; mt++) {
 				unsigned qa[4];
@@ -297,15 +411,17 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 					qa[1] = qr[c][1];
 					qa[2] = qr[c][2];
 					qa[3] = qr[c][3];
+				} else if constexpr (kv_f8) {
+					qfrag(qa, mt, c);
 				} else {
 					ldsm4(qa, sQ + mt * 16 * RB + c * 32);
 				}
 				if (c & 1) {
-					mma16816(s2[mt][0], qa, b[0], b[1], q);
-					mma16816(s2[mt][1], qa, b[2], b[3], q);
+					mma16816(s2[mt][0], qa, b[0], b[1], mmt);
+					mma16816(s2[mt][1], qa, b[2], b[3], mmt);
 				} else {
-					mma16816(s[mt][0], qa, b[0], b[1], q);
-					mma16816(s[mt][1], qa, b[2], b[3], q);
+					mma16816(s[mt][0], qa, b[0], b[1], mmt);
+					mma16816(s[mt][1], qa, b[2], b[3], mmt);
 				}
 			}
 		}
@@ -363,11 +479,6 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 			}
 		}
 
-		if constexpr (kv_f8) { // V's rows where K's were
-			__syncwarp();
-			widen_store<HD, 2 * DM_KW, 32, WK::IT / 2, WK::IT>(wrows, STR, wv, lane);
-			__syncwarp();
-		}
 		// O += P·V over the warp's 16 keys: P (rows × keys) is one A
 		// fragment per m-tile, i: (row g, keys 2tq..), (row g+8, ..),
 		// (row g, keys 8+2tq..), (row g+8, ..).
@@ -377,21 +488,31 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				float x = s[mt][i >> 1][(i & 1) * 2], y = s[mt][i >> 1][(i & 1) * 2 + 1];
-				pa[mt][i] = PK2(x, y);
+				pa[mt][i] = cvt2(x, y, mmt);
 				if constexpr (PSPLIT) pl[mt][i] = PK2(x - lo16(pa[mt][i], (f16*)0), y - hi16(pa[mt][i], (f16*)0));
 			}
 		}
 #pragma unroll
 		for (int ot = 0; ot < OT; ot += 2) {
 			unsigned b[4];
-			ldsm4t(b, vbase + ot * 16);
+			if constexpr (kv_f8) {
+				// Tiles ot, ot + 1: bytes ot, ot + 1 of the four rows,
+				// paired key by key (2tq with 2tq + 1: b0; 8 + 2tq with
+				// 9 + 2tq: b1).
+				const unsigned sel = ot % 4 == 0 ? 0x5140u : 0x7362u;
+				const uint2 lo = e4m3x4_f16(prmt(vq[0][ot / 4], vq[1][ot / 4], sel));
+				const uint2 hi = e4m3x4_f16(prmt(vq[2][ot / 4], vq[3][ot / 4], sel));
+				b[0] = lo.x, b[1] = hi.x, b[2] = lo.y, b[3] = hi.y;
+			} else {
+				ldsm4t(b, vbase + ot * 16);
+			}
 #pragma unroll
 			for (int mt = 0; mt < MT; mt++) {
-				mma16816(o[mt][ot], pa[mt], b[0], b[1], q);
-				mma16816(o[mt][ot + 1], pa[mt], b[2], b[3], q);
+				mma16816(o[mt][ot], pa[mt], b[0], b[1], mmt);
+				mma16816(o[mt][ot + 1], pa[mt], b[2], b[3], mmt);
 				if constexpr (PSPLIT) {
-					mma16816(o[mt][ot], pl[mt], b[0], b[1], q);
-					mma16816(o[mt][ot + 1], pl[mt], b[2], b[3], q);
+					mma16816(o[mt][ot], pl[mt], b[0], b[1], mmt);
+					mma16816(o[mt][ot + 1], pl[mt], b[2], b[3], mmt);
 				}
 			}
 		}
@@ -419,9 +540,18 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 				wm[warp * ROWS + r] = m[mt][h];
 				wl[warp * ROWS + r] = h ? l1 : l0;
 			}
-			float* dst = red + (warp * ROWS + r) * RS + 2 * tq;
+			if constexpr (kv_f8) { // columns 2tq, 2tq + 1 of tile ot: dims (2tq)·OT + ot, (2tq + 1)·OT + ot
+				float* dst = red + (warp * ROWS + r) * RS + 2 * tq * OT;
 #pragma unroll
-			for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2 * h], o[mt][ot][2 * h + 1]);
+				for (int ot = 0; ot < OT; ot++) {
+					dst[ot] = o[mt][ot][2 * h];
+					dst[OT + ot] = o[mt][ot][2 * h + 1];
+				}
+			} else {
+				float* dst = red + (warp * ROWS + r) * RS + 2 * tq;
+#pragma unroll
+				for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2 * h], o[mt][ot][2 * h + 1]);
+			}
 		}
 	}
 	__syncthreads();
@@ -469,12 +599,12 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 // decode_mma_s2_<HD> and decode_mma32_s2_<HD> (DecodePlan.Stages 2): a ring
 // of 2, 74 KiB at head dim 128 and groups ≤ 16, so three blocks an SM
 // (registers bounded for them: 170 a thread). Over an FP8 cache the rings
-// are of 5 and 3 stages (97 and 60 KiB at head dim 128: two and three
-// blocks an SM).
+// are of 3 and 2 stages (61 and 42 KiB at head dim 128), registers bounded
+// for three and four blocks an SM.
 #define DECODE_MMA(HD)                                                                                               \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS, 3) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2>(DC_ARGS); }
 DECODE_MMA(16)
 DECODE_MMA(32)

@@ -515,8 +515,8 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 // mma.sync, the GQA group's query heads as the rows of the tiles; its
 // Stages is the ring of 64-key shared-memory stages: 0 for the default
 // (decodeMMAStages, 3: two blocks an SM at head dim 128), or 2 (three
-// blocks an SM, a stage in flight while one is computed); over an FP8
-// cache the rings are 5 and 3 stages deep (decodeMMARing).
+// blocks an SM, a stage in flight while one is computed; over an FP8
+// cache four).
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
@@ -709,34 +709,22 @@ func decodeMMARows(a Attn) int {
 // (tab), Q's rows padded by 16
 // bytes, then the ring of K and V stages (as many as a split has, up to
 // decodeMMAStages), which the warps' f32 accumulators overlay at the end.
-// Over an FP8 cache the ring's rows are the codes, unpadded, and each
-// warp's 16 widened rows come before it.
+// Over an FP8 cache the ring's rows are the codes padded by 16 bytes.
 func decodeMMAShared(a Attn, p DecodePlan) int {
 	rows := decodeMMARows(a)
 	rowBytes := (a.HeadDim + 8) * 2
-	stages := min(decodeMMARing(a, p), (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
-	ringRow, wide := rowBytes, 0
-	if a.FP8 {
-		ringRow, wide = a.HeadDim, decodeMMAWarps*16*rowBytes
+	stages := decodeMMAStages
+	if p.Stages > 0 {
+		stages = p.Stages
 	}
-	ring := wide + stages*2*decodeMMAKeys*ringRow
+	stages = min(stages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
+	ringRow := rowBytes
+	if a.FP8 {
+		ringRow = a.HeadDim + 16
+	}
+	ring := stages * 2 * decodeMMAKeys * ringRow
 	red := decodeMMAWarps * rows * (a.HeadDim + 8) * 4
 	return 2*decodeMMAWarps*rows*4 + 2*decodeMMAKeys*4 + rows*rowBytes + max(ring, red)
-}
-
-// decodeMMARing is the stages of a tensor-core plan's ring (DM_ST and
-// DM_ST2 in decode_mma.cu): 3, or 2 for Stages 2; over an FP8 cache, whose
-// stages hold half the bytes, 5 and 3.
-func decodeMMARing(a Attn, p DecodePlan) int {
-	switch {
-	case a.FP8 && p.Stages == 2:
-		return 3
-	case a.FP8:
-		return 5
-	case p.Stages > 0:
-		return p.Stages
-	}
-	return decodeMMAStages
 }
 
 func decodeContext(a Attn, m *Meta) int {

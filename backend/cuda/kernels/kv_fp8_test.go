@@ -186,8 +186,9 @@ func newFP8Attn(t *testing.T, rng *rand.Rand, act cu.DType, c attnCfg) *attnSetu
 // caches' tests whose shapes take an FP8 cache, against the float64
 // reference over the codes' values, held to the measure of the activation
 // caches' tensor-core kernels (checkDecodeMMA, checkMMA): the codes are
-// exact in f16 and bf16, so only P's rounding remains. The CUDA-core
-// kernels are refused.
+// exact in f16 and bf16, so only P's rounding remains (the decode computes
+// in f16, Q scaled into its range: a case with |q| up to 1e5 checks that).
+// The CUDA-core kernels are refused.
 func TestFP8CacheAttention(t *testing.T) {
 	ws := alloc(t, 64<<20)
 	counters := alloc(t, DecodeCounterBytes(64, 64))
@@ -249,6 +250,23 @@ func TestFP8CacheAttention(t *testing.T) {
 		}
 		if ran < 20 {
 			t.Errorf("%v: only %d cases take an FP8 cache", act, ran)
+		}
+		if act == cu.BF16 {
+			// Queries past f16's range (the decode's products are f16's:
+			// Q is scaled into it by a power of two).
+			c := attnCfg{heads: 32, kvHeads: 8, hd: 128, seqs: batchSeqs(8, 100, 900, 1)}
+			st := newFP8Attn(t, rng, act, c)
+			for i := range st.q {
+				st.q[i] *= 3e4
+			}
+			roundTo(act, st.q)
+			st.a.Q = up(t, act, st.q)
+			ref := st.ref()
+			for _, p := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act) {
+				poison(t, act, st.a.Out, len(st.q))
+				must(t, k.DecodeAttention(nil, st.a, st.dm, p, ws, counters))
+				checkDecodeMMA(t, act, fmt.Sprintf("fp8 decode %v, |q| to 1e5, on %v", p, c), down(t, act, st.a.Out, len(st.q)), ref, c.hd)
+			}
 		}
 	}
 }

@@ -9,6 +9,7 @@
 #   decode  kiln bench model on the random Llama-3-8B-shaped bf16 model with
 #           the bf16 cache and the FP8 cache taking turns: prefill 2048,
 #           decode at depth 2048 (batch 1, 64) and 512 (batch 256);
+#   capacity the caches kiln serve sizes in each dtype at --max-num-seqs 1024;
 #   serve   kiln serve --kv-cache-dtype fp8 (the cache it sizes, against
 #           the bf16 cache's) under kiln bench serve at 256, 64 and 1
 #           streams of 128/128 on the same server.
@@ -49,6 +50,20 @@ for step in ${STEPS:-tests attn decode serve}; do
 					--reps 1 --kv-cache-dtype $c --output "$out/decode256-$c-$r.json" >"$out/decode256-$c-$r.txt" 2>&1
 				grep -E '^\| (tg|test)' "$out/decode256-$c-$r.txt" | head -4
 			done
+		done
+		;;
+	capacity)
+		# The caches kiln serve sizes when the sequences could use more
+		# than the memory holds (--max-num-seqs 1024).
+		random_bf16
+		for c in auto fp8; do
+			timeout 120 $k serve "$bf16" --tokenizer demo/files/tokenizer.json --device cuda --max-num-seqs 1024 --port 8766 \
+				--kv-cache-dtype $c >"$out/capacity-$c.log" 2>&1 &
+			server=$!
+			for i in $(seq 1 100); do curl -sf http://127.0.0.1:8766/health >/dev/null && break; sleep 1; done
+			echo "capacity, cache $c: $(grep -oE 'kv_cache_[a-z]+=[0-9]+' "$out/capacity-$c.log" | head -3 | tr '\n' ' ')"
+			kill -TERM $server
+			wait $server
 		done
 		;;
 	serve)

@@ -29,9 +29,8 @@ __device__ __forceinline__ float e4m3_float(unsigned b) {
 }
 // e4m3x4_act widens the four codes of w (the low byte first) to activation
 // elements packed as PK2 packs them (two to a word). f16: the hardware's
-// conversion of two codes at a time. bf16 by the bits, not the conversion
-// units (16 a cycle a multiprocessor on Hopper: the conversions through f16
-// and f32 held the decode to the bf16 cache's time, H200, 2026-11-26):
+// conversion of two codes at a time. bf16 by the bits (fewer instructions
+// than converting through f16 and f32, and none on the conversion units):
 // each code's sign, and its exponent and mantissa 4 bits lower, make a
 // bf16 of the value 2^−120 times the code's (subnormals too), scaled back
 // by one multiply-add of bf16 pairs (−0 added, so that −0 stays −0). A

@@ -78,6 +78,17 @@ func compareSteps(t *testing.T, got, want [][]float32, bound func(step int) (flo
 	}
 }
 
+// fp8Backend is a bf16 backend on a device with FP8 (compute capability
+// 8.9+), or skips.
+func fp8Backend(t *testing.T) *cuda.Backend {
+	t.Helper()
+	b := backendOf(t, "bf16")
+	if !b.Device.FP8() {
+		t.Skipf("%s has no FP8 (compute capability %d.%d)", b.Device.Name, b.Device.Major, b.Device.Minor)
+	}
+	return b
+}
+
 // perTensorFP8 recodes m's FP8 matrices from scales a row to one scale a
 // matrix (the largest row scale; each code re-rounded to E4M3), as
 // per-tensor FP8 checkpoints are.
@@ -107,10 +118,7 @@ func perTensorFP8(m *model.Model) {
 // the activations are rounded to E4M3 as well (3 significant bits; 0.04
 // to 0.05 measured on an H200): within 1e-1.
 func TestFP8Weights(t *testing.T) {
-	b := backendOf(t, "bf16")
-	if !b.Device.FP8() {
-		t.Skipf("%s has no FP8 (compute capability %d.%d)", b.Device.Name, b.Device.Major, b.Device.Minor)
-	}
+	fp8Backend(t)
 	s := bench.Shape{Name: "fp8", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
 	src := randomModel(t, s, tensor.BF16, 11)
 	dir := filepath.Join(t.TempDir(), "fp8")
@@ -232,10 +240,7 @@ func TestGGUFBlocks(t *testing.T) {
 // TestFP8Weights) and within 5e-2 of the CPU's FP8 cache; a block of the
 // FP8 cache takes half the bf16 cache's bytes.
 func TestFP8KVCache(t *testing.T) {
-	b := backendOf(t, "bf16")
-	if !b.Device.FP8() {
-		t.Skipf("%s has no FP8 (compute capability %d.%d)", b.Device.Name, b.Device.Major, b.Device.Minor)
-	}
+	b := fp8Backend(t)
 	s := bench.Shape{Name: "kvfp8", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
 	dir := randomModel(t, s, tensor.BF16, 17)
 	run := func(bk backend.Backend, fp8 bool) ([][]float32, *engine.Engine) {

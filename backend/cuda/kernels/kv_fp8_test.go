@@ -116,12 +116,7 @@ func TestFP8KVWrite(t *testing.T) {
 			tab := ropeTable(maxPos, hd, 500000)
 			ptab := up(t, cu.F32, tab)
 			for _, rows := range testRows {
-				nslot := ((rows+bs-1)/bs + 3) * bs
-				perm := rng.Perm(nslot)
-				slots, pos := make([]int32, rows), make([]int32, rows)
-				for i := range slots {
-					slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
-				}
+				nslot, slots, pos := randSlots(rng, rows, bs, maxPos)
 				pslots, ppos := upI32(t, slots), upI32(t, pos)
 				kc0, kv0 := e4m3Codes(randn(rng, nslot*width, 2))
 				vc0, vv0 := e4m3Codes(randn(rng, nslot*width, 2))

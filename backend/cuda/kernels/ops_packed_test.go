@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"kiln/backend/cuda/cu"
@@ -45,12 +46,7 @@ func TestRoPEQKVWrite(t *testing.T) {
 			tab := ropeTable(maxPos, hd, 500000)
 			ptab := up(t, cu.F32, tab)
 			for _, rows := range testRows {
-				nslot := ((rows+bs-1)/bs + 3) * bs
-				perm := rng.Perm(nslot)
-				slots, pos := make([]int32, rows), make([]int32, rows)
-				for i := range slots {
-					slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
-				}
+				nslot, slots, pos := randSlots(rng, rows, bs, maxPos)
 				for _, il := range []bool{false, true} {
 					qkv := roundTo(act, randn(rng, rows*cols, 1))
 					kc0 := roundTo(act, randn(rng, nslot*width, 1))
@@ -68,6 +64,19 @@ func TestRoPEQKVWrite(t *testing.T) {
 			}
 		}
 	}
+}
+
+// randSlots draws a cache of rows tokens and some room (nslot slots in
+// blocks of bs), distinct random slots for the rows and random positions
+// below maxPos.
+func randSlots(rng *rand.Rand, rows, bs, maxPos int) (nslot int, slots, pos []int32) {
+	nslot = ((rows+bs-1)/bs + 3) * bs
+	perm := rng.Perm(nslot)
+	slots, pos = make([]int32, rows), make([]int32, rows)
+	for i := range slots {
+		slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
+	}
+	return nslot, slots, pos
 }
 
 // refRoPEQKV is RoPEQKVWrite in float64 on the stacked rows x (one per

@@ -13,9 +13,10 @@ import (
 
 // Products of GGUF matrices kept in their blocks (weightDTypes: the
 // formats of kernels.DequantFormats), as llama.cpp's CUDA backend runs
-// them: a Q4_K matrix's products of up to kernels.GEMVVectorMaxT rows on
-// the GEMV straight from the blocks (GEMV.RunQ4K, x rounded to int8 per 32
-// values as llama.cpp's MMVQ does); every other product dequantized, at
+// them: a Q4_K or Q6_K matrix's products of up to kernels.GEMVVectorMaxT
+// rows on the GEMV straight from the blocks (GEMV.RunQ4K, RunQ6K, x
+// rounded to int8 per 32 values as llama.cpp's MMVQ does); every other
+// product dequantized, at
 // most dqLimit bytes of rows at a time, into the dq scratch
 // (Kernels.Dequantize, bit for bit the host's widening) and multiplied by
 // cuBLASLt into its columns of the output.
@@ -32,7 +33,7 @@ func dqChunkRows(k, elemSize int) int {
 
 // quantNeeds is the scratch plan p's quantized products need: qs for the
 // activation's copies (an FP8 product beyond GEMVVectorMaxT rows: its
-// E4M3 copy; a Q4_K GEMV: its int8 groups), dq for a chunk of dequantized
+// E4M3 copy; a Q4_K or Q6_K GEMV: its int8 groups), dq for a chunk of dequantized
 // rows.
 func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 	rows := p.Bucket.Tokens
@@ -47,7 +48,7 @@ func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
 			qs = max(qs, fp8XOffset+rows*k)
 		case w.dtype == devBlocks:
-			gemv := w.blocks == tensor.Q4_K && l.gemv != nil
+			gemv := kQuantGEMV(w.blocks) && l.gemv != nil
 			if gemv {
 				qs = max(qs, fp8XOffset+kernels.Q4KScratchBytes(min(rows, kernels.GEMVVectorMaxT), k))
 			}
@@ -151,19 +152,23 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	if err != nil {
 		return fmt.Errorf("cuda: matmul weight %q: %w", w.v.Def.Attrs.Name, err)
 	}
-	gemv := w.blocks == tensor.Q4_K && l.gemv != nil
+	gemv := kQuantGEMV(w.blocks) && l.gemv != nil
 	kernel := fmt.Sprintf("%v blocks: dequantized rows + cuBLASLt", w.blocks)
 	if gemv {
-		kernel = fmt.Sprintf("q4_k blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", kernels.GEMVVectorMaxT)
+		kernel = fmt.Sprintf("%v blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", w.blocks, kernels.GEMVVectorMaxT)
+	}
+	run := l.gemv.RunQ4K
+	if w.blocks == tensor.Q6_K {
+		run = l.gemv.RunQ6K
 	}
 	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
 		if t <= kernels.GEMVVectorMaxT && gemv {
 			if err := l.ensureQuant(x, fp8XOffset+kernels.Q4KScratchBytes(t, k), 0); err != nil {
 				return false, err
 			}
-			err := l.gemv.RunQ4K(s, out[0].p, in[0].p, w.p, l.qs.Add(fp8XOffset), t, k, n, out[0].dtype == cu.F32)
+			err := run(s, out[0].p, in[0].p, w.p, l.qs.Add(fp8XOffset), t, k, n, out[0].dtype == cu.F32)
 			if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
-				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, "gemv Q4_K")
+				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, fmt.Sprintf("gemv %v", w.blocks))
 				return false, err
 			}
 		}
@@ -193,3 +198,7 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	})
 	return nil
 }
+
+// kQuantGEMV reports whether the GEMV multiplies matrices of GGUF format f
+// straight from their blocks (GEMV.RunQ4K, RunQ6K) for decode steps.
+func kQuantGEMV(f tensor.DType) bool { return f == tensor.Q4_K || f == tensor.Q6_K }

@@ -179,7 +179,7 @@ func TestFP8Weights(t *testing.T) {
 // (Backend.WidenBlocks), over quantSteps. Dequantized on the device the
 // weights are bit for bit the widened ones, so where cuBLASLt runs the
 // logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
-// Q4_K's products of at most 8 rows run on the GEMV with x rounded to int8
+// Q4_K's and Q6_K's products of at most 8 rows run on the GEMV with x rounded to int8
 // per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
 func TestGGUFBlocks(t *testing.T) {
 	s := bench.Shape{Name: "gguf", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
@@ -222,7 +222,7 @@ func TestGGUFBlocks(t *testing.T) {
 			want := run(wide)
 			compareSteps(t, got, want, func(i int) (float64, string) {
 				if i <= 6 && scheme == "q4_k_m" {
-					return 5e-2, "Q4_K GEMV, int8 x"
+					return 5e-2, "Q4_K and Q6_K GEMV, int8 x"
 				}
 				return 1e-2, "dequantized + cuBLASLt"
 			})

@@ -632,6 +632,113 @@ __device__ __forceinline__ void gemv_q4k_impl(const signed char* xq, const float
 		gemv_q4k_impl<TT, U>(xq, xss, w, K, OutStore{out, N, outF32});                                     \
 	}
 
+// ld16u reads the 16 bytes at p, which is 2-byte aligned (a Q6_K block is
+// 210 bytes), by aligned 4-byte words and funnel shifts.
+__device__ __forceinline__ uint4 ld16u(const unsigned char* p) {
+	const unsigned off = (unsigned)((unsigned long long)p & 3u); // 0 or 2
+	const unsigned* a = (const unsigned*)(p - off);
+	const unsigned w[5] = {a[0], a[1], a[2], a[3], off ? a[4] : 0u};
+	unsigned r[4];
+#pragma unroll
+	for (int i = 0; i < 4; i++) asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(r[i]) : "r"(w[i]), "r"(w[i + 1]), "r"(8 * off));
+	uint4 v;
+	v.x = r[0], v.y = r[1], v.z = r[2], v.w = r[3];
+	return v;
+}
+
+// q6_m32 is four Q6_K values q (0..63, a byte each) less 32, as int8 bytes:
+// q ^ 32, with the sign bits set where q < 32.
+__device__ __forceinline__ int q6_m32(unsigned q) {
+	const unsigned lo = ~q & 0x20202020u;
+	return (int)((q ^ 0x20202020u) | lo << 1 | lo << 2);
+}
+
+// gemv_q6k: GGUF Q6_K weights (tensor.Q6_K, ggml's block_q6_K: 210 bytes a
+// super-block of 256: ql[128] low nibbles, qh[64] high 2 bits, 16 int8
+// scales, d as f16) as RunQ6K describes: a warp a weight row; lane l takes
+// super-block l/4 of each group of 8 and, of half h = (l%4)/2 of it (128
+// values), the 16 positions p0 = 16·(l%2).. of each of the half's four
+// quarters (values 128h + 32quad + p, the bytes of ql at 64h + p, or + 32,
+// low or high nibble, and qh at 128 + 32h + p, bits 2quad), each quarter's
+// 16 values under one scale (8h + l%2 + 2quad) and in one group of 32 of x.
+template <int TT, int U>
+__device__ __forceinline__ void gemv_q6k_impl(const signed char* xq, const float* xss, const unsigned char* w, int K, const OutStore& e) {
+	pdl_trigger();
+	const int lane = threadIdx.x & 31;
+	const int N = e.units();
+	const int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	if (n >= N) return; // the whole warp
+	const int nb = K / 256, G = K / 32;
+	const unsigned char* row = w + (long long)n * nb * 210;
+	const int bl = lane >> 2, h = (lane & 3) >> 1, p0 = 16 * (lane & 1);
+	float acc[TT];
+#pragma unroll
+	for (int t = 0; t < TT; t++) acc[t] = 0.f;
+	bool waited = false;
+	for (int b0 = 0; b0 < nb; b0 += 8 * U) {
+		uint4 qa[U], qb[U], qh[U];
+		float ds[U][4];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const int b = b0 + 8 * u + bl;
+			if (b < nb) {
+				const unsigned char* blk = row + (long long)b * 210;
+				qa[u] = ld16u(blk + 64 * h + p0);
+				qb[u] = ld16u(blk + 64 * h + 32 + p0);
+				qh[u] = ld16u(blk + 128 + 32 * h + p0);
+				const float d = ld1((const f16*)(blk + 208));
+				const signed char* sc = (const signed char*)(blk + 192 + 8 * h + (lane & 1));
+#pragma unroll
+				for (int quad = 0; quad < 4; quad++) ds[u][quad] = d * (float)sc[2 * quad];
+			}
+		}
+		if (!waited) {
+			pdl_wait(); // x is the previous kernel's output
+			waited = true;
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const int b = b0 + 8 * u + bl;
+			if (b >= nb) continue;
+			const unsigned hw[4] = {qh[u].x, qh[u].y, qh[u].z, qh[u].w};
+#pragma unroll
+			for (int quad = 0; quad < 4; quad++) {
+				const uint4 src = quad & 1 ? qb[u] : qa[u];
+				const unsigned lw[4] = {src.x, src.y, src.z, src.w};
+				int v[4];
+#pragma unroll
+				for (int i = 0; i < 4; i++)
+					v[i] = q6_m32((lw[i] >> (4 * (quad >> 1)) & 0x0f0f0f0fu) | (hw[i] >> (2 * quad) & 0x03030303u) << 4);
+				const int off = b * 256 + 128 * h + 32 * quad + p0, g = b * 8 + 4 * h + quad;
+#pragma unroll
+				for (int t = 0; t < TT; t++) {
+					const uint4 x = ldx((const uint4*)(xq + (long long)t * K + off));
+					const int dot = __dp4a(v[0], (int)x.x, __dp4a(v[1], (int)x.y, __dp4a(v[2], (int)x.z, __dp4a(v[3], (int)x.w, 0))));
+					acc[t] += ds[u][quad] * xss[2 * ((long long)t * G + g)] * (float)dot;
+				}
+			}
+		}
+	}
+	if (!waited) pdl_wait();
+#pragma unroll
+	for (int t = 0; t < TT; t++) {
+		float v = acc[t];
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+		acc[t] = v;
+	}
+	typename OutStore::Pre pre{};
+#pragma unroll
+	for (int t = 0; t < TT; t++)
+		if (lane == t) e.put(pre, t, n, acc[t], 0.f);
+}
+
+#define GEMV_Q6K(TT, U)                                                                                            \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_q6k_##TT##_##U(                            \
+	    const signed char* xq, const float* xss, const unsigned char* w, void* out, int K, int N, int outF32) {     \
+		gemv_q6k_impl<TT, U>(xq, xss, w, K, OutStore{out, N, outF32});                                     \
+	}
+
 #ifdef GEMV_MMA
 // ---------------------------------------------------------------- tensor cores (f16/bf16)
 
@@ -792,6 +899,7 @@ GEMV_F8(1, 2, 4, 1) GEMV_F8(2, 2, 4, 1) GEMV_F8(3, 2, 4, 1) GEMV_F8(4, 2, 4, 1)
 GEMV_F8(5, 2, 4, 1) GEMV_F8(6, 2, 4, 1) GEMV_F8(7, 2, 4, 1) GEMV_F8(8, 2, 4, 1)
 // Q4_K weights (gemvQ4KCfg in gemv.go).
 GEMV_Q4K(1, 2) GEMV_Q4K(2, 2) GEMV_Q4K(3, 2) GEMV_Q4K(4, 2) GEMV_Q4K(5, 2) GEMV_Q4K(6, 2) GEMV_Q4K(7, 2) GEMV_Q4K(8, 2)
+GEMV_Q6K(1, 2) GEMV_Q6K(2, 2) GEMV_Q6K(3, 2) GEMV_Q6K(4, 2) GEMV_Q6K(5, 2) GEMV_Q6K(6, 2) GEMV_Q6K(7, 2) GEMV_Q6K(8, 2)
 #ifdef GEMV_MMA
 GEMV_MMA_K(4, 8, 2)
 GEMV_MMA_EPI(4, 8, 2)

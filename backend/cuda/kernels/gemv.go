@@ -135,6 +135,7 @@ type gemvCfg struct {
 	epi    gemvEpi
 	f8     bool // FP8 weights (gemv_f8_<t>_<r>_<u>_<lm>, the CUDA-core layout)
 	q4k    bool // Q4_K weights (gemv_q4k_<t>_<u>, a warp a row)
+	q6k    bool // Q6_K weights (gemv_q6k_<t>_<u>, a warp a row)
 }
 
 func (c gemvCfg) name() string {
@@ -149,6 +150,9 @@ func (c gemvCfg) name() string {
 	}
 	if c.q4k {
 		return fmt.Sprintf("gemv_q4k_%d_%d", c.t, c.u)
+	}
+	if c.q6k {
+		return fmt.Sprintf("gemv_q6k_%d_%d", c.t, c.u)
 	}
 	return fmt.Sprintf("gemv_%s%d_%d_%d_%d", c.epi.prefix(), c.t, c.r, c.u, c.lm)
 }
@@ -205,6 +209,10 @@ func gemvF8Cfg(t int) gemvCfg { return gemvCfg{t: t, r: 2, u: 4, lm: 1, f8: true
 // gemvQ4KCfg is the Q4_K-weight kernel for t rows (GEMV_Q4K in gemv.cu):
 // one weight row a warp.
 func gemvQ4KCfg(t int) gemvCfg { return gemvCfg{t: t, r: 1, u: 2, q4k: true} }
+
+// gemvQ6KCfg is the Q6_K-weight kernel for t rows (GEMV_Q6K in gemv.cu):
+// one weight row a warp.
+func gemvQ6KCfg(t int) gemvCfg { return gemvCfg{t: t, r: 1, u: 2, q6k: true} }
 
 // gemvCC is the CUDA-core kernel for t rows (GEMV_CC in gemv.cu).
 func gemvCC(t int) gemvCfg {
@@ -517,7 +525,13 @@ func Q4KScratchBytes(t, k int) int { return t*k + 8*(t*k/32) }
 // ErrGEMVShape before anything is queued. It can be captured into a CUDA
 // graph.
 func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
-	if err := g.checkWeightOnly("Q4_K", 256, out, x, w, t, k, n, outF32); err != nil {
+	return g.runKQuant("Q4_K", gemvQ4KCfg(t), s, out, x, w, scratch, t, k, n, outF32)
+}
+
+// runKQuant quantizes x for a K-quant kernel c (RunQ4K, RunQ6K) and runs
+// it.
+func (g *GEMV) runKQuant(format string, c gemvCfg, s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
+	if err := g.checkWeightOnly(format, 256, out, x, w, t, k, n, outF32); err != nil {
 		return err
 	}
 	if scratch == 0 || scratch%16 != 0 {
@@ -532,7 +546,19 @@ func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF
 	if err := launch("quant_q8_32", cu.D1((groups*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, xq, xss, int64(groups)); err != nil {
 		return fmt.Errorf("kernels: quant_q8_32: %w", err)
 	}
-	return g.launch(s, gemvQ4KCfg(t), t, n, xq, xss, w, out, int32(k), int32(n), b2i(outF32))
+	return g.launch(s, c, t, n, xq, xss, w, out, int32(k), int32(n), b2i(outF32))
+}
+
+// Q6KBlockBytes is the size of a Q6_K super-block of 256 weights (GGUF).
+const Q6KBlockBytes = 210
+
+// RunQ6K is RunQ4K for weights in GGUF's Q6_K (each row k/256 super-blocks
+// of Q6KBlockBytes, as tensor.Q6_K stores them: the output matrix and some
+// value and down projections of Q4_K_M files), x quantized the same way
+// into the same scratch (Q4KScratchBytes), the 6-bit weights less 32
+// multiplied in integers (dp4a) and scaled per 16 values (gemv_q6k_*).
+func (g *GEMV) RunQ6K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
+	return g.runKQuant("Q6_K", gemvQ6KCfg(t), s, out, x, w, scratch, t, k, n, outF32)
 }
 
 // RunSwiGLU queues out[t,f] = SiLU(x·w[:f]ᵀ)·(x·w[f:]ᵀ) for the stacked

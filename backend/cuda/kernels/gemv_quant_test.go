@@ -119,9 +119,9 @@ func q8x(x []float32) []float64 {
 	return out
 }
 
-// TestGEMVQ4K: RunQ4K against a float64 reference of x (rounded to the
-// activation dtype, then to int8 per group of 32 as quant_q8_32 does: q8x)
-// times the Q4_K weights as tensor.ToF32 decodes them (weights quantized
+// TestGEMVQ4K: RunQ4K and RunQ6K against a float64 reference of x (rounded
+// to the activation dtype, then to int8 per group of 32 as quant_q8_32
+// does: q8x) times the Q4_K or Q6_K weights as tensor.ToF32 decodes them (weights quantized
 // by tensor.Quantize from normal values, so every scale and minimum is a
 // real one), 1 to 8 rows, every activation dtype,
 // both output dtypes, on decode shapes and odd ones (N not a multiple of
@@ -132,19 +132,26 @@ func TestGEMVQ4K(t *testing.T) {
 	for _, act := range allDTypes {
 		g := gemvMod(t, act, false)
 		rng := newRNG(t)
-		for _, sh := range []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"one block", 256, 301}, {"three blocks", 768, 33}, {"tiny", 512, 3}} {
-			k, n := sh.k, sh.n
-			x := roundTo(act, randn(rng, GEMVVectorMaxT*k, 1/math.Sqrt(float64(k))))
-			q, err := tensor.Quantize(tensor.Q4_K, randn(rng, n*k, 1))
-			must(t, err)
-			wf := make([]float32, n*k)
-			must(t, tensor.ToF32(tensor.Q4_K, q, wf))
-			px, pw, scratch := up(t, act, x), alloc(t, len(q)), alloc(t, Q4KScratchBytes(GEMVVectorMaxT, k))
-			must(t, d.Upload(pw, q))
-			checkWeightOnly(t, act, fmt.Sprintf("gemv_q4k %v %s k=%d n=%d", act, sh.name, k, n), n, weightOnlyRef(q8x(x), f64(wf), k, n),
-				func(out cu.Ptr, rows int, outF32 bool) error {
-					return g.RunQ4K(nil, out, px, pw, scratch, rows, k, n, outF32)
-				})
+		for _, f := range []struct {
+			dt  tensor.DType
+			run func(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error
+		}{{tensor.Q4_K, g.RunQ4K}, {tensor.Q6_K, g.RunQ6K}} {
+			// Q6_K: odd super-blocks start 2 bytes past a 4-byte boundary
+			// (210 bytes each), which the kernel's loads must handle.
+			for _, sh := range []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"one block", 256, 301}, {"three blocks", 768, 33}, {"tiny", 512, 3}} {
+				k, n := sh.k, sh.n
+				x := roundTo(act, randn(rng, GEMVVectorMaxT*k, 1/math.Sqrt(float64(k))))
+				q, err := tensor.Quantize(f.dt, randn(rng, n*k, 1))
+				must(t, err)
+				wf := make([]float32, n*k)
+				must(t, tensor.ToF32(f.dt, q, wf))
+				px, pw, scratch := up(t, act, x), alloc(t, len(q)), alloc(t, Q4KScratchBytes(GEMVVectorMaxT, k))
+				must(t, d.Upload(pw, q))
+				checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v %s k=%d n=%d", f.dt, act, sh.name, k, n), n, weightOnlyRef(q8x(x), f64(wf), k, n),
+					func(out cu.Ptr, rows int, outF32 bool) error {
+						return f.run(nil, out, px, pw, scratch, rows, k, n, outF32)
+					})
+			}
 		}
 		p := alloc(t, 1<<16)
 		for _, c := range []struct {
@@ -164,6 +171,21 @@ func TestGEMVQ4K(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestGEMVQ6KSpeed is TestGEMVQ4KSpeed for RunQ6K (Q6_K weights).
+func TestGEMVQ6KSpeed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("benchmark")
+	}
+	g := gemvMod(t, cu.BF16, false)
+	scratch := alloc(t, Q4KScratchBytes(GEMVVectorMaxT, 14336))
+	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * Q6KBlockBytes },
+		func(x, w, out cu.Ptr, rows, k, n int) error {
+			return g.RunQ6K(nil, out, x, w, scratch, rows, k, n, false)
+		})
+	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q6_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
+		"| product (K, N) | rows | bf16 | Q6_K | bf16 ÷ Q6_K time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
 }
 
 // TestGEMVQ4KSpeed times RunQ4K (Q4_K weights; x's quantization included)

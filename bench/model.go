@@ -117,6 +117,7 @@ type ModelReport struct {
 	Params        int64         `json:"params"`
 	WeightBytes   int64         `json:"weight_bytes"`
 	Backend       string        `json:"backend"`
+	KVCache       string        `json:"kv_cache,omitempty"` // the KV cache's element type (fp8, f32, bf16, ...)
 	Threads       int           `json:"threads"`
 	CopyBandwidth float64       `json:"copy_bytes_per_s"`
 	ReadBandwidth float64       `json:"read_bytes_per_s"`

@@ -212,6 +212,14 @@ func cmdBenchModel(args []string) error {
 	if *random != "" {
 		rep.Model = "random " + *random + " " + dtype
 	}
+	switch {
+	case fp8:
+		rep.KVCache = "fp8"
+	case gpu != nil:
+		rep.KVCache = gpu.ComputeDType(e.Compiled.Graph).String()
+	default:
+		rep.KVCache = "f32"
+	}
 	data, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return err
@@ -257,7 +265,11 @@ func cmdBenchModel(args []string) error {
 }
 
 func printModelReport(r *bench.ModelReport) {
-	fmt.Printf("model %s (%s), %s params, %s weights; backend %s\n", r.Model, r.Format, groupDigits(r.Params), bytesString(r.WeightBytes), r.Backend)
+	fmt.Printf("model %s (%s), %s params, %s weights; backend %s", r.Model, r.Format, groupDigits(r.Params), bytesString(r.WeightBytes), r.Backend)
+	if r.KVCache != "" {
+		fmt.Printf(", KV cache %s", r.KVCache)
+	}
+	fmt.Println()
 	if r.ReadBandwidth > 0 {
 		fmt.Printf("memory: copy %.1f GB/s (read+write), read pass %.1f GB/s (a read-only workload's ceiling: %.0f%% of copy)\n\n",
 			r.CopyBandwidth/1e9, r.ReadBandwidth/1e9, 100*r.ReadBandwidth/r.CopyBandwidth)

@@ -37,6 +37,25 @@ func TestDecodeMMAEmulated(t *testing.T) {
 	}
 }
 
+// TestPrefillMMAEmulated runs the tensor-core prefill's own source
+// (prefill_fa of prefill_mma.cu, with kv_row from attention.cu) on the host
+// as TestDecodeMMAEmulated runs the decode: every build prefill.go
+// launches (four heads a block of 8 warps, two, one) for bf16 and f16,
+// head dims 16 to 128, windows, chunked prefill over earlier context,
+// several sequences and tiles, over caches of the activation dtype and of
+// FP8 codes (the widening's portable path: the GPU test checks the
+// device's). Skipped as TestDecodeMMAEmulated.
+func TestPrefillMMAEmulated(t *testing.T) {
+	for _, build := range []struct {
+		name, defines string
+	}{{"act", ""}, {"fp8", "#define KV_F8 1\n"}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			runEmulated(t, prefillEmuSource(t, build.defines))
+		})
+	}
+}
+
 // TestGEMVTileEmulated runs the GEMV's tile kernels' own source
 // (gemv_tile.cu, with gemv.cu's epilogues and shared.cu) on the host with
 // the same emulation, thread-block clusters included (each block its own
@@ -103,16 +122,8 @@ func runEmulated(t *testing.T, src string) {
 // shared memory mapped to the running block's, and the driver.
 func gemvEmuSource(t *testing.T, defines string) string {
 	t.Helper()
-	b, err := os.ReadFile("testdata/emu/prelude.h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	driver, err := os.ReadFile("testdata/emu/gemv_driver.cpp")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var s strings.Builder
-	s.Write(b)
+	s.WriteString(readEmu(t, "prelude.h"))
 	s.WriteString("\n#define GEMV_MMA 1\n#define GEMV_TILE_SWEEP 1\n" + defines)
 	s.WriteString(shared)
 	for _, st := range []string{"struct OutStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
@@ -123,31 +134,19 @@ func gemvEmuSource(t *testing.T, defines string) string {
 		t.Fatalf("gemv_tile.cu: no single %q", ext)
 	}
 	s.WriteString(strings.Replace(gemvTile, ext, "unsigned char* const gt_smem = cur_smem();", 1))
-	s.Write(driver)
+	s.WriteString(readEmu(t, "gemv_driver.cpp"))
 	return s.String()
 }
 
-// emuSource assembles the emulated program: the prelude, the pieces of
+// emuSource assembles the emulated decode: the prelude, the pieces of
 // attention.cu the kernel uses, decode_mma.cu with its dynamic shared
 // memory mapped to the prelude's array, and the driver.
 func emuSource(t *testing.T, defines string) string {
 	t.Helper()
-	read := func(name string) string {
-		b, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
 	var b strings.Builder
-	b.WriteString(read("testdata/emu/prelude.h"))
-	b.WriteString("\n#define ACT_MMA 1\n" + defines)
-	// The cache's element type and the widening of FP8 codes.
-	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
-	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
+	emuPreamble(t, &b, defines)
 	b.WriteString(cBetween(t, prefillMMA, "__device__ __forceinline__ float e4m3_float(", "#define KV_CE (16 / (int)sizeof(KV))\n"))
 	b.WriteString(cLines(t, attention, "#define DC_THREADS"))
-	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
 	b.WriteString(cBlock(t, attention, "template <int HD>\n__device__ __forceinline__ void decode_merge("))
 	b.WriteString(cLines(t, attention, "#define DC_PARAMS"))
 	b.WriteString(cLines(t, attention, "#define DC_ARGS"))
@@ -156,8 +155,48 @@ func emuSource(t *testing.T, defines string) string {
 		t.Fatalf("decode_mma.cu: no single %q", ext)
 	}
 	b.WriteString(strings.Replace(decodeMMA, ext, "static unsigned short* const dm_smem = (unsigned short*)g_smem;", 1))
-	b.WriteString(read("testdata/emu/driver.cpp"))
+	b.WriteString(readEmu(t, "attn.h"))
+	b.WriteString(readEmu(t, "driver.cpp"))
 	return b.String()
+}
+
+// prefillEmuSource assembles the emulated prefill: the prelude, the pieces
+// of attention.cu it uses, prefill_mma.cu with its dynamic shared memory
+// mapped to the prelude's array, and the driver.
+func prefillEmuSource(t *testing.T, defines string) string {
+	t.Helper()
+	var b strings.Builder
+	emuPreamble(t, &b, defines)
+	b.WriteString(cLines(t, attention, "#define PF_BQ"))
+	const ext = "extern __shared__ __align__(16) unsigned short pf_smem[];"
+	if strings.Count(prefillMMA, ext) != 1 {
+		t.Fatalf("prefill_mma.cu: no single %q", ext)
+	}
+	b.WriteString(strings.Replace(prefillMMA, ext, "static unsigned short* const pf_smem = (unsigned short*)g_smem;", 1))
+	b.WriteString(readEmu(t, "attn.h"))
+	b.WriteString(readEmu(t, "prefill_driver.cpp"))
+	return b.String()
+}
+
+// emuPreamble writes what both emulated attention kernels start from: the
+// prelude, the defines, the cache's element type (kernels.cu's KV, with
+// e4m3x2) and kv_row.
+func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
+	t.Helper()
+	b.WriteString(readEmu(t, "prelude.h"))
+	b.WriteString("\n#define ACT_MMA 1\n" + defines)
+	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
+	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
+	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
+}
+
+func readEmu(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata/emu", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // cBlock is the definition starting at marker in src, through the brace

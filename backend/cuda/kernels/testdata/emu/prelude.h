@@ -133,10 +133,13 @@ struct Barrier {
 		g_cur->wait_gen = nullptr;
 	}
 };
+// g_threads is the threads of a block (128 unless the driver sets 256
+// before a launch).
+static int g_threads = 128;
 struct Block {
-	Barrier bar{128};
-	Barrier wbar[4] = {{32}, {32}, {32}, {32}};
-	unsigned long long xch[4][32][8]; // warp exchange tables
+	Barrier bar{g_threads};
+	Barrier wbar[8] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
+	unsigned long long xch[8][32][8]; // warp exchange tables
 };
 Block* g_block;
 Barrier* g_cluster_bar;
@@ -145,11 +148,11 @@ static void thread_entry() {
 	g_cur->done = true;
 }
 static inline unsigned char* cur_smem() { return g_rank_smem[g_cur->rank]; }
-// run_cluster runs body as the 128 threads of each of the n blocks first,
+// run_cluster runs body as the g_threads threads of each of the n blocks first,
 // first + (1, 0, 0), ... of one cluster (n ≤ 16; n = 1: one block) until
 // all return. Ranks past 0 get shared memory poisoned with 0xff bytes.
 static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
-	const int nt = 128 * n;
+	const int bt = g_threads, nt = bt * n;
 	std::vector<Block*> blocks(n);
 	for (int r = 0; r < n; r++) {
 		blocks[r] = new Block();
@@ -164,8 +167,8 @@ static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
 	g_stacks.resize((size_t)nt << 16);
 	std::vector<Thread> th(nt);
 	for (int t = 0; t < nt; t++) {
-		th[t].rank = t / 128;
-		th[t].idx = dim3{(unsigned)(t % 128), 0, 0};
+		th[t].rank = t / bt;
+		th[t].idx = dim3{(unsigned)(t % bt), 0, 0};
 		th[t].block = dim3{first.x + (unsigned)th[t].rank, first.y, first.z};
 		th[t].blk = blocks[th[t].rank];
 		getcontext(&th[t].uc);
@@ -213,6 +216,16 @@ static inline void __threadfence() {}
 static inline int atomicAdd(int* p, int v) {
 	int o = *p;
 	*p = o + v;
+	return o;
+}
+static inline int atomicMin(int* p, int v) {
+	int o = *p;
+	*p = o < v ? o : v;
+	return o;
+}
+static inline int atomicMax(int* p, int v) {
+	int o = *p;
+	*p = o > v ? o : v;
 	return o;
 }
 

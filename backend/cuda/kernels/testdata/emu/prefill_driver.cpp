@@ -1,0 +1,89 @@
+// Driver of TestPrefillMMAEmulated (emu_test.go): runs the tensor-core
+// prefill (prefill_fa, each build prefill.go's pfMMA launches: four heads a
+// block of 8 warps, two heads, one head) on random paged caches, block by
+// block, and compares every output with the float64 reference as the GPU
+// test does. Prints one line per case and "N failed".
+struct Case {
+	int heads, kvHeads, hd, window;
+	std::vector<std::pair<int, int>> seqs; // {length after the step, tokens in the step}
+};
+
+// launch_one runs block bid of variant v (0: 4 heads a block, 1: 2 heads,
+// 2: 1 head) at head dim hd; it reports false for a variant the group
+// does not take.
+static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
+	blockIdx = dim3{(unsigned)bid, 0, 0};
+#define PF_CALL(H)                                                                                          \
+	if (hd == H) {                                                                                          \
+		if (v == 0) prefill_fa<H, 2, 2, 64, 2, (2 * H <= 128)>(PF_ARGS);                                    \
+		if (v == 1) prefill_fa<H, 2, 1, (2 * H <= 128 ? 64 : 32), 2, (2 * H <= 128)>(PF_ARGS);             \
+		if (v == 2) prefill_fa<H, 1, 1, 64, 2, true>(PF_ARGS);                                              \
+		return true;                                                                                        \
+	}
+	PF_CALL(16) PF_CALL(32) PF_CALL(64) PF_CALL(80) PF_CALL(96) PF_CALL(128)
+	return false;
+}
+
+static double run(const Case& c, int v, unsigned seed) {
+	const int group = c.heads / c.kvHeads, hb = v == 0 ? 4 : v == 1 ? 2 : 1;
+	if (group % hb != 0) return 0; // a variant the group does not take
+	std::mt19937_64 rng(seed);
+	PagedBatch pb(c.heads, c.kvHeads, c.hd, c.window, c.seqs, rng);
+	const int Tn = pb.tokens();
+	// Tiles: at most 64 consecutive tokens of one sequence (kernels.Pack).
+	std::vector<int> tok0, cnt;
+	for (int i = 0; i < Tn; i++) {
+		if (i == 0 || pb.seqIndex[i] != pb.seqIndex[i - 1] || cnt.back() == PF_BQ) {
+			tok0.push_back(i);
+			cnt.push_back(0);
+		}
+		cnt.back()++;
+	}
+	std::vector<T> out((size_t)Tn * c.heads * c.hd);
+	for (auto& x : out) x.x = 0x7fc1;
+	float scale = 1.0f / sqrtf((float)c.hd);
+	g_after_wait = [](const void*) { return false; }; // launched plainly: no PDL
+	g_threads = 128 * (v == 0 ? 2 : 1);
+	const int blocks = (int)tok0.size() * c.heads / hb;
+	gridDim = dim3{(unsigned)blocks, 1, 1};
+	blockDim = dim3{(unsigned)g_threads, 1, 1};
+	for (int bid = 0; bid < blocks; bid++) {
+		for (size_t i = 0; i < sizeof(g_smem) / 2; i++) ((unsigned short*)g_smem)[i] = 0x7fc1;
+		run_block(dim3{(unsigned)bid, 0, 0}, [&] {
+			launch_one(c.hd, v, bid, pb.q.data(), pb.kc.data(), pb.vc.data(), out.data(), tok0.data(), cnt.data(), pb.positions.data(),
+			           pb.seqIndex.data(), pb.seqBlockOff.data(), pb.bt.data(), c.heads, c.kvHeads, PagedBatch::bs, c.window, scale);
+		});
+	}
+	g_threads = 128;
+	double worst;
+	int bad = pb.check(out, scale, &worst);
+	printf("heads %d/%d hd %d window %d tokens %d tiles %d, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd, c.window, Tn,
+	       (int)tok0.size(), hb, worst, bad);
+	fflush(stdout);
+	return bad ? -1 : worst;
+}
+
+int main(int argc, char** argv) {
+	// Cases of the GPU test's (prefillCases in attn_test.go) with head dims
+	// the tensor cores take, small enough for the emulator.
+	std::vector<Case> cases = {
+		{8, 2, 128, 2, {{3, 3}}},
+		{8, 1, 80, 0, {{17, 17}, {50, 3}, {1, 1}}},
+		{4, 4, 64, 37, {{200, 130}, {90, 17}}},
+		{6, 2, 96, 0, {{40, 1}}},
+		{16, 4, 64, 100, {{129, 1}, {64, 64}, {65, 65}}},
+		{4, 2, 16, 8, {{70, 70}, {33, 5}}},
+		{4, 2, 32, 0, {{100, 100}, {3, 1}}},
+		{3, 3, 128, 0, {{150, 77}}},
+		{8, 2, 128, 0, {{160, 160}}},
+		{8, 2, 128, 50, {{200, 70}, {70, 70}}},
+		{8, 1, 128, 0, {{64, 64}, {129, 129}, {5, 1}}},
+		{12, 4, 128, 64, {{150, 100}}},
+	};
+	int fails = 0;
+	for (int v = 0; v < 3; v++)
+		for (size_t i = 0; i < cases.size(); i++)
+			if (run(cases[i], v, 4321 + i) < 0) fails++;
+	printf("%d failed\n", fails);
+	return fails != 0;
+}

@@ -61,7 +61,10 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
-			var ep *node // the reader the GEMV would run in its epilogue
+			// The reader the GEMV would run in its epilogue (not RoPE into
+			// an FP8 cache: the epilogue writes the cache in the
+			// activation dtype).
+			var ep *node
 			if nd.epilogue != nil && bias == nil && mm.Out == l.act && !(x.kv.spec.FP8 && nd.epilogue.n.Op == ir.RoPEQKVWrite) {
 				ep = nd.epilogue
 			}
@@ -229,10 +232,6 @@ func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
 		}
 		return l.gemv.RunSwiGLU(mm.Stream, ep.out[0].p, mm.X, mm.W, mm.T, mm.K, ep.out[0].cols)
 	case ir.RoPEQKVWrite:
-		if x.kv.spec.FP8 {
-			// The GEMV's epilogue writes the cache in the activation dtype.
-			return fmt.Errorf("%w: rope into an FP8 cache", kernels.ErrGEMVShape)
-		}
 		if (a.Heads+2*a.KVHeads)*a.HeadDim != mm.N {
 			return fmt.Errorf("%w: rope of %d columns from %d", kernels.ErrGEMVShape, (a.Heads+2*a.KVHeads)*a.HeadDim, mm.N)
 		}

@@ -48,7 +48,7 @@ func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
 			qs = max(qs, fp8XOffset+rows*k)
 		case w.dtype == devBlocks:
-			gemv := kQuantGEMV(w.blocks) && l.gemv != nil
+			gemv := l.blockGEMV(w.blocks) != nil
 			if gemv {
 				qs = max(qs, fp8XOffset+kernels.Q4KScratchBytes(min(rows, kernels.GEMVVectorMaxT), k))
 			}
@@ -152,14 +152,11 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	if err != nil {
 		return fmt.Errorf("cuda: matmul weight %q: %w", w.v.Def.Attrs.Name, err)
 	}
-	gemv := kQuantGEMV(w.blocks) && l.gemv != nil
+	run := l.blockGEMV(w.blocks)
+	gemv := run != nil
 	kernel := fmt.Sprintf("%v blocks: dequantized rows + cuBLASLt", w.blocks)
 	if gemv {
 		kernel = fmt.Sprintf("%v blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", w.blocks, kernels.GEMVVectorMaxT)
-	}
-	run := l.gemv.RunQ4K
-	if w.blocks == tensor.Q6_K {
-		run = l.gemv.RunQ6K
 	}
 	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
 		if t <= kernels.GEMVVectorMaxT && gemv {
@@ -199,6 +196,17 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	return nil
 }
 
-// kQuantGEMV reports whether the GEMV multiplies matrices of GGUF format f
-// straight from their blocks (GEMV.RunQ4K, RunQ6K) for decode steps.
-func kQuantGEMV(f tensor.DType) bool { return f == tensor.Q4_K || f == tensor.Q6_K }
+// blockGEMV is the GEMV's product straight from matrices of GGUF format f
+// (GEMV.RunQ4K, RunQ6K) for decode steps, nil for other formats or
+// without the GEMV.
+func (l *loaded) blockGEMV(f tensor.DType) func(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
+	switch {
+	case l.gemv == nil:
+		return nil
+	case f == tensor.Q4_K:
+		return l.gemv.RunQ4K
+	case f == tensor.Q6_K:
+		return l.gemv.RunQ6K
+	}
+	return nil
+}

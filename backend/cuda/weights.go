@@ -40,10 +40,10 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.D
 			if (product && i == 1) || (n.Op == ir.Embed && i == 0) || (n.Op == ir.MatMulBias && i == 2 && !output[n.Out()]) {
 				dt = act
 			}
-			if product && i == 1 && fp8 && fp8Product(in.Def.Attrs.Tensor, output[n.Out()]) {
+			if product && i == 1 && fp8 && staysFP8(in.Def.Attrs.Tensor, output[n.Out()]) {
 				dt = cu.F8E4M3
 			}
-			if product && i == 1 && blocks && blocksProduct(in.Def.Attrs.Tensor) {
+			if product && i == 1 && blocks && staysInBlocks(in.Def.Attrs.Tensor) {
 				dt = devBlocks
 			}
 			if old, ok := want[in.Def]; ok && old != dt {
@@ -190,23 +190,9 @@ func (u *uploader) put(dst cu.Ptr, t *tensor.Tensor, dt cu.DType) error {
 	}
 	for off := 0; off < n; off += chunk {
 		m := min(chunk, n-off)
-		// The buffer is free once the copy queued from it two chunks ago is done.
-		if err := u.events[u.cur].Sync(); err != nil {
+		if err := u.send(dst.Add(off*size), m*size, func(out []byte) error { return u.convert(t, off, m, dt, out) }); err != nil {
 			return err
 		}
-		out := u.bufs[u.cur].Bytes()[:m*size]
-		if err := u.convert(t, off, m, dt, out); err != nil {
-			return err
-		}
-		if err := u.l.dev.CopyHtoDAsync(dst.Add(off*size), u.bufs[u.cur], 0, m*size, u.l.stream); err != nil {
-			return err
-		}
-		if err := u.events[u.cur].Record(u.l.stream); err != nil {
-			return err
-		}
-		u.cur ^= 1
-		u.done += int64(m * size)
-		u.show()
 	}
 	return nil
 }
@@ -219,20 +205,32 @@ func (u *uploader) putRaw(dst cu.Ptr, t *tensor.Tensor) error {
 	}
 	for off := 0; off < n; off += uploadChunk {
 		m := min(uploadChunk, n-off)
-		if err := u.events[u.cur].Sync(); err != nil {
+		if err := u.send(dst.Add(off), m, func(out []byte) error { copy(out, t.Data[off:off+m]); return nil }); err != nil {
 			return err
 		}
-		copy(u.bufs[u.cur].Bytes()[:m], t.Data[off:off+m])
-		if err := u.l.dev.CopyHtoDAsync(dst.Add(off), u.bufs[u.cur], 0, m, u.l.stream); err != nil {
-			return err
-		}
-		if err := u.events[u.cur].Record(u.l.stream); err != nil {
-			return err
-		}
-		u.cur ^= 1
-		u.done += int64(m)
-		u.show()
 	}
+	return nil
+}
+
+// send fills the next pinned buffer's first m bytes (fill) and queues
+// their copy to dst. The buffer is free once the copy queued from it two
+// chunks ago is done.
+func (u *uploader) send(dst cu.Ptr, m int, fill func(out []byte) error) error {
+	if err := u.events[u.cur].Sync(); err != nil {
+		return err
+	}
+	if err := fill(u.bufs[u.cur].Bytes()[:m]); err != nil {
+		return err
+	}
+	if err := u.l.dev.CopyHtoDAsync(dst, u.bufs[u.cur], 0, m, u.l.stream); err != nil {
+		return err
+	}
+	if err := u.events[u.cur].Record(u.l.stream); err != nil {
+		return err
+	}
+	u.cur ^= 1
+	u.done += int64(m)
+	u.show()
 	return nil
 }
 
@@ -318,9 +316,9 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 // (deviceTensor.blocks says which format).
 const devBlocks cu.DType = -1
 
-// blocksProduct reports whether GGUF matrix t can stay in its blocks for
+// staysInBlocks reports whether GGUF matrix t can stay in its blocks for
 // the products that read it: a format kernels.Dequantize takes.
-func blocksProduct(t *tensor.Tensor) bool {
+func staysInBlocks(t *tensor.Tensor) bool {
 	return len(t.Shape) == 2 && slices.Contains(kernels.DequantFormats, t.DType)
 }
 
@@ -333,11 +331,11 @@ func deviceBytes(t *tensor.Tensor, dt cu.DType) int64 {
 	return t.Shape.Elements() * int64(dt.Size())
 }
 
-// fp8Product reports whether FP8 matrix t can stay E4M3 on the device for
-// the products that read it: not the graph's output (the logits are f32,
-// which cuBLASLt's FP8 products do not write), K a multiple of 16 and N
-// even (what they take).
-func fp8Product(t *tensor.Tensor, output bool) bool {
+// staysFP8 reports whether FP8 matrix t can stay E4M3 on the device for
+// the products that read it (fp8Product): not the graph's output (the
+// logits are f32, which cuBLASLt's FP8 products do not write), K a
+// multiple of 16 and N even (what they take).
+func staysFP8(t *tensor.Tensor, output bool) bool {
 	return t.DType == tensor.F8_E4M3 && !output && len(t.Shape) == 2 && t.Shape[1]%16 == 0 && t.Shape[0]%2 == 0
 }
 

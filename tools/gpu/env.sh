@@ -25,3 +25,11 @@ random_bf16() {
 	$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$out/write.txt" 2>&1
 	echo "wrote $bf16: rc=$? in $(($(date +%s) - t0)) s"
 }
+
+# metric prints the value of the Prometheus metric $1 of the kiln serve on
+# port 8765; serve_summary one line of a kiln bench serve --output file's
+# summary (requests, errors, output tokens/s, TTFT, ITL, TPOT).
+metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
+serve_summary() {
+	python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print('requests', s['requests'], 'errors', s['errors'], 'out tok/s %.0f' % s['output_tokens_per_s'], 'ttft', s['ttft'], 'itl', s['itl'], 'tpot', s['tpot'])" "$1" 2>&1 | head -3
+}

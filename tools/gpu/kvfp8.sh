@@ -69,7 +69,6 @@ for step in ${STEPS:-tests attn decode serve}; do
 	serve)
 		random_bf16
 		tok=demo/files/tokenizer.json
-		metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 		for c in fp8 auto; do
 			$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 --kv-cache-dtype $c >"$out/serve-$c.log" 2>&1 &
 			server=$!
@@ -83,7 +82,7 @@ for step in ${STEPS:-tests attn decode serve}; do
 					--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$out/serve-$c-$rn.json" \
 					--html "$out/serve-$c-$rn.html" >"$out/serve-$c-$rn.txt" 2>&1
 				echo "serve $c $rn: rc=$? at $(($(date +%s) - t0)) s"
-				python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print('requests', s['requests'], 'errors', s['errors'], 'out tok/s %.0f' % s['output_tokens_per_s'], 'ttft', s['ttft'], 'itl', s['itl'], 'tpot', s['tpot'])" "$out/serve-$c-$rn.json" 2>&1 | head -3
+				serve_summary "$out/serve-$c-$rn.json"
 			done
 			echo "serve $c: oom retries $(metric kiln:num_oom_retries_total), preemptions $(metric kiln:num_preemptions_total)"
 			kill -TERM $server

@@ -26,7 +26,6 @@ $k serve "$model" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 876
 server=$!
 for i in $(seq 1 600); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done
 echo "server up after $(($(date +%s) - t0)) s"
-metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 snap() { echo "$1 $(metric kiln:engine_step_seconds_total) $(metric kiln:scheduler_loop_seconds_total) $(metric kiln:kv_cache_slots_allocated_total) $(metric kiln:kv_cache_slots_used_total) $(metric kiln:num_oom_retries_total) $(metric kiln:num_preemptions_total)" >>"$work/snaps.txt"; }
 run() { # name concurrency requests warmup
 	snap "$1-start"

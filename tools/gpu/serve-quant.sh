@@ -14,7 +14,6 @@ t0=$(date +%s)
 [ -f "$keep/llama3-8b-fp8/config.json" ] || $k quantize --to fp8 "$bf16" "$keep/llama3-8b-fp8" >"$out/quantize-fp8.txt" 2>&1
 [ -f "$keep/llama3-8b-q4_k_m.gguf" ] || $k quantize --to q4_k_m "$bf16" "$keep/llama3-8b-q4_k_m.gguf" >"$out/quantize-q4_k_m.txt" 2>&1
 echo "models ready at $(($(date +%s) - t0)) s"
-metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 for m in fp8:llama3-8b-fp8 q4_k_m:llama3-8b-q4_k_m.gguf; do
 	name=${m%%:*}
 	$k serve "$keep/${m#*:}" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 >"$out/serve-$name.log" 2>&1 &
@@ -28,7 +27,7 @@ for m in fp8:llama3-8b-fp8 q4_k_m:llama3-8b-q4_k_m.gguf; do
 		$k bench serve --url http://127.0.0.1:8765 --concurrency "$c" --num-requests "$n" --warmup "$w" \
 			--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$out/$name-$rn.json" >"$out/$name-$rn.txt" 2>&1
 		echo "$name $rn: rc=$? at $(($(date +%s) - t0)) s"
-		python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print('requests', s['requests'], 'errors', s['errors'], 'out tok/s %.0f' % s['output_tokens_per_s'], 'ttft', s['ttft'], 'itl', s['itl'], 'tpot', s['tpot'])" "$out/$name-$rn.json" 2>&1 | head -3
+		serve_summary "$out/$name-$rn.json"
 	done
 	echo "$name: oom retries $(metric kiln:num_oom_retries_total), preemptions $(metric kiln:num_preemptions_total)"
 	kill -TERM $server

@@ -64,9 +64,7 @@
 // kernels' ring, with the blocks an SM their registers are bounded for
 // (DM_MINB, DM_MINB2). An FP8 cache's stages hold half the bytes and its
 // kernels widen the codes, so that more blocks an SM pay more than deeper
-// rings (H200, 2026-11-26: rings of 5 stages, 2 blocks an SM, against 3,
-// 3 blocks: 0.55 against 0.66 of the copy bandwidth at batch 256, context
-// 2048).
+// rings (measured: kernels/NOTES.md, the FP8 KV cache's attention).
 #ifdef KV_F8
 #define DM_ST 3
 #define DM_MINB 3
@@ -183,38 +181,11 @@ __device__ __forceinline__ void ld_seg(unsigned* w, const unsigned char* p) {
 	}
 }
 
-// prmt is PTX's byte permutation: byte i of the result is byte sel's nibble
-// i of {b, a} (a's bytes 0-3, then b's 4-7).
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
-	unsigned r;
-#if __CUDA_ARCH__
-	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-#else
-	const unsigned long long x = (unsigned long long)b << 32 | a;
-	r = 0;
-	for (int i = 0; i < 4; i++) r |= (unsigned)(x >> (8 * ((sel >> (4 * i)) & 7)) & 0xff) << (8 * i);
-#endif
-	return r;
-}
-
 // dm_mmat<F8>::type is the dtype decode_mma's products take: the
 // activation dtype, or over an FP8 cache f16 (E4M3's codes widen to f16 in
 // one conversion a pair; Q is scaled by a power of two into f16's range).
 template <bool F8> struct dm_mmat { typedef T type; };
 template <> struct dm_mmat<true> { typedef f16 type; };
-
-// e4m3x4_f16 widens the four codes of w (the low byte first) to f16 pairs.
-__device__ __forceinline__ uint2 e4m3x4_f16(unsigned w) {
-	uint2 r;
-#if __CUDA_ARCH__ >= 890
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.x) : "h"((unsigned short)(w & 0xffffu)));
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.y) : "h"((unsigned short)(w >> 16)));
-#else
-	r.x = cvt2(e4m3_float(w & 0xffu), e4m3_float((w >> 8) & 0xffu), (const f16*)0);
-	r.y = cvt2(e4m3_float((w >> 16) & 0xffu), e4m3_float(w >> 24), (const f16*)0);
-#endif
-	return r;
-}
 
 // dm_qshift is the power of two, 2^−shift, that brings the largest |q| of
 // rows × HD query elements at Qs (rows STR apart) into [2^14, 2^15), f16's

@@ -75,15 +75,23 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 	if act != cu.F32 && act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: activation dtype %v", act)
 	}
-	opts := []string{"-DACT=" + cname(act), "--std=c++17"}
+	return build(d, act, false)
+}
+
+// build compiles the module of act, for an FP8 KV cache with kvF8.
+func build(d *cu.Device, act cu.DType, kvF8 bool) (*Kernels, error) {
+	name, opts := "kiln_kernels_"+cname(act), []string{"-DACT=" + cname(act), "--std=c++17"}
 	if act != cu.F32 {
 		opts = append(opts, "-DACT_MMA=1") // the tensor-core prefill kernels
 	}
-	m, err := d.Compile("kiln_kernels_"+cname(act), source, opts...)
+	if kvF8 {
+		name, opts = name+"_kvf8", append(opts, "-DKV_F8=1")
+	}
+	m, err := d.Compile(name, source, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: m, PDL: true, sharedSet: map[string]int{}}, nil
+	return &Kernels{D: d, Act: act, M: m, PDL: true, KVF8: kvF8, sharedSet: map[string]int{}}, nil
 }
 
 // NewFP8KV compiles (or loads from the kernel cache) the module of an FP8
@@ -102,11 +110,7 @@ func NewFP8KV(d *cu.Device, act cu.DType) (*Kernels, error) {
 	if !d.FP8() {
 		return nil, fmt.Errorf("kernels: an FP8 KV cache needs compute capability 8.9 (%s is %d.%d)", d.Name, d.Major, d.Minor)
 	}
-	m, err := d.Compile("kiln_kernels_"+cname(act)+"_kvf8", source, "-DACT="+cname(act), "--std=c++17", "-DACT_MMA=1", "-DKV_F8=1")
-	if err != nil {
-		return nil, err
-	}
-	return &Kernels{D: d, Act: act, M: m, PDL: true, KVF8: true, sharedSet: map[string]int{}}, nil
+	return build(d, act, true)
 }
 
 // FP8OK reports whether the attention of a layer of heads query heads over
@@ -463,14 +467,6 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 	if a.FP8 != k.KVF8 {
 		return fmt.Errorf("kernels: attention over an FP8 cache (%v) by the module of an FP8 cache (%v)", a.FP8, k.KVF8)
 	}
-	if a.FP8 {
-		if err := FP8OK(a.Heads, a.KVHeads, a.HeadDim); err != nil {
-			return err
-		}
-		if !mmaOK(*a) {
-			return fmt.Errorf("kernels: attention over an FP8 cache needs 16-byte aligned q and out and a scale > 0")
-		}
-	}
 	return nil
 }
 
@@ -800,7 +796,7 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 		return err
 	}
 	ctx := decodeContext(a, m.Meta)
-	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx || (!plan.MMA && plan.Stages != 0)
+	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx || (!plan.MMA && (plan.Stages != 0 || a.FP8))
 	switch {
 	case plan.MMA:
 		bad = bad || (plan.Stages != 0 && plan.Stages != 2) || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)

@@ -27,26 +27,45 @@ __device__ __forceinline__ float e4m3_float(unsigned b) {
 	if ((b & 0x7fu) == 0x7fu) return __uint_as_float(0x7fffffffu);
 	return __uint_as_float((b & 0x80u) << 24 | (b & 0x7fu) << 20) * 0x1p120f;
 }
-// e4m3x4_act widens the four codes of w (the low byte first) to activation
-// elements packed as PK2 packs them (two to a word). f16: the hardware's
-// conversion of two codes at a time. bf16 by the bits (fewer instructions
-// than converting through f16 and f32, and none on the conversion units):
-// each code's sign, and its exponent and mantissa 4 bits lower, make a
-// bf16 of the value 2^−120 times the code's (subnormals too), scaled back
-// by one multiply-add of bf16 pairs (−0 added, so that −0 stays −0). A
-// NaN code (0x7F, 0xFF: the writers saturate, so only a NaN key or value
-// makes one) widens to ±480 there.
-__device__ __forceinline__ uint2 e4m3x4_act(unsigned w) {
+// prmt is PTX's byte permutation: byte i of the result is byte sel's nibble
+// i of {b, a} (a's bytes 0-3, then b's 4-7).
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+	unsigned r;
+#if __CUDA_ARCH__
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+#else
+	const unsigned long long x = (unsigned long long)b << 32 | a;
+	r = 0;
+	for (int i = 0; i < 4; i++) r |= (unsigned)(x >> (8 * ((sel >> (4 * i)) & 7)) & 0xff) << (8 * i);
+#endif
+	return r;
+}
+// e4m3x4_f16 widens the four codes of w (the low byte first) to f16 pairs:
+// the hardware's conversion of two codes at a time.
+__device__ __forceinline__ uint2 e4m3x4_f16(unsigned w) {
 	uint2 r;
 #if __CUDA_ARCH__ >= 890
-	if (act_is_f16<T>::v) {
-		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.x) : "h"((unsigned short)(w & 0xffffu)));
-		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.y) : "h"((unsigned short)(w >> 16)));
-		return r;
-	}
-	unsigned p[2];
-	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p[0]) : "r"(w), "r"(0u), "r"(0x1404u)); // codes 0, 1 in the halves' high bytes
-	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p[1]) : "r"(w), "r"(0u), "r"(0x3424u)); // codes 2, 3
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.x) : "h"((unsigned short)(w & 0xffffu)));
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r.y) : "h"((unsigned short)(w >> 16)));
+#else
+	r.x = cvt2(e4m3_float(w & 0xffu), e4m3_float((w >> 8) & 0xffu), (const f16*)0);
+	r.y = cvt2(e4m3_float((w >> 16) & 0xffu), e4m3_float(w >> 24), (const f16*)0);
+#endif
+	return r;
+}
+// e4m3x4_act widens the four codes of w (the low byte first) to activation
+// elements packed as PK2 packs them (two to a word). f16: e4m3x4_f16. bf16
+// by the bits (fewer instructions than converting through f16 and f32, and
+// none on the conversion units): each code's sign, and its exponent and
+// mantissa 4 bits lower, make a bf16 of the value 2^−120 times the code's
+// (subnormals too), scaled back by one multiply-add of bf16 pairs (−0
+// added, so that −0 stays −0). A NaN code (0x7F, 0xFF: the writers
+// saturate, so only a NaN key or value makes one) widens to ±480 there.
+__device__ __forceinline__ uint2 e4m3x4_act(unsigned w) {
+	if (act_is_f16<T>::v) return e4m3x4_f16(w);
+	uint2 r;
+#if __CUDA_ARCH__ >= 890
+	unsigned p[2] = {prmt(w, 0u, 0x1404u), prmt(w, 0u, 0x3424u)}; // codes 0, 1 (then 2, 3) in the halves' high bytes
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		const unsigned b = (p[i] & 0x80008000u) | ((p[i] >> 4) & 0x07f007f0u);
@@ -60,46 +79,28 @@ __device__ __forceinline__ uint2 e4m3x4_act(unsigned w) {
 #endif
 	return r;
 }
-// e4m3x8_act widens 8 codes (w.x's bytes from the low one, then w.y's).
-__device__ __forceinline__ uint4 e4m3x8_act(uint2 w) {
-	const uint2 a = e4m3x4_act(w.x), b = e4m3x4_act(w.y);
-	uint4 r;
-	r.x = a.x;
-	r.y = a.y;
-	r.z = b.x;
-	r.w = b.y;
-	return r;
-}
-// widen_load and widen_store widen ROWS rows of HD codes at src (rows
-// srcRB bytes apart, and split bytes further from row ROWS/2 on) into rows
-// of HD activation elements at dst (dstStr elements apart), 8 codes (8
-// bytes in, 16 out) at a time: thread i of N takes groups i, i + N, ...,
-// loading all of them into v first (widen_load), then widening and storing
-// them (widen_store), so that the loads' latency overlaps and may overlap
-// other work.
-template <int HD, int ROWS, int N> struct Widen {
-	static constexpr int G = HD / 8, U = ROWS * G, IT = (U + N - 1) / N;
-	uint2 v[IT];
-};
+// widen_rows widens ROWS rows of HD codes at src (rows srcRB bytes apart)
+// into rows of HD activation elements at dst (dstStr elements apart), 8
+// codes (8 bytes in, 16 out) at a time: thread i of N takes groups i,
+// i + N, ..., all of them loaded before the first is widened and stored.
 template <int HD, int ROWS, int N>
-__device__ __forceinline__ void widen_load(Widen<HD, ROWS, N>& w, const unsigned char* src, int srcRB, int split, int i) {
+__device__ __forceinline__ void widen_rows(unsigned short* dst, int dstStr, const unsigned char* src, int srcRB, int i) {
 	constexpr int G = HD / 8, U = ROWS * G, IT = (U + N - 1) / N;
+	uint2 v[IT];
 #pragma unroll
 	for (int it = 0; it < IT; it++) {
-		const int u = i + it * N, r = u / G;
-		if (U % N == 0 || u < U) w.v[it] = *(const uint2*)(src + r * srcRB + (r >= ROWS / 2 ? split : 0) + (u % G) * 8);
-	}
-}
-// widen_store stores the groups of loads FROM..TO−1 (whole rows: FROM·N a
-// multiple of HD/8), their first row at dst.
-template <int HD, int ROWS, int N, int FROM = 0, int TO = Widen<HD, ROWS, N>::IT>
-__device__ __forceinline__ void widen_store(unsigned short* dst, int dstStr, const Widen<HD, ROWS, N>& w, int i) {
-	constexpr int G = HD / 8, U = ROWS * G;
-	static_assert(FROM * N % G == 0 && TO <= Widen<HD, ROWS, N>::IT, "widen_store: whole rows");
-#pragma unroll
-	for (int it = FROM; it < TO; it++) {
 		const int u = i + it * N;
-		if (U % N == 0 || u < U) *(uint4*)(dst + (u / G - FROM * N / G) * dstStr + (u % G) * 8) = e4m3x8_act(w.v[it]);
+		if (U % N == 0 || u < U) v[it] = *(const uint2*)(src + (u / G) * srcRB + (u % G) * 8);
+	}
+#pragma unroll
+	for (int it = 0; it < IT; it++) {
+		const int u = i + it * N;
+		if (U % N == 0 || u < U) {
+			const uint2 a = e4m3x4_act(v[it].x), b = e4m3x4_act(v[it].y);
+			uint4 w;
+			w.x = a.x, w.y = a.y, w.z = b.x, w.w = b.y;
+			*(uint4*)(dst + (u / G) * dstStr + (u % G) * 8) = w;
+		}
 	}
 }
 
@@ -262,9 +263,7 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 		__syncthreads();                  // and every warp is done with stage n−1
 		if constexpr (kv_f8) {
 			// K's rows then V's, in both places one after the other.
-			Widen<HD, 2 * BK, NTH> w;
-			widen_load(w, ring8 + buf * 2 * BK * RB8, RB8, 0, tid);
-			widen_store(Ks, STR, w, tid);
+			widen_rows<HD, 2 * BK, NTH>(Ks, STR, ring8 + buf * 2 * BK * RB8, RB8, tid);
 		}
 		if (n + ST - 1 < nblk) load((n + ST - 1) % ST, kb + (ST - 1) * BK);
 		cp_commit();

@@ -15,7 +15,8 @@ import (
 // formats of kernels.DequantFormats), as llama.cpp's CUDA backend runs
 // them: a Q4_K or Q6_K matrix's products of up to kernels.GEMVVectorMaxT
 // rows on the GEMV straight from the blocks (GEMV.RunQ4K, RunQ6K, x
-// rounded to int8 per 32 values as llama.cpp's MMVQ does); every other
+// rounded to int8 per 32 values as llama.cpp's MMVQ does, in the kernel's
+// shared memory); every other
 // product dequantized, at
 // most dqLimit bytes of rows at a time, into the dq scratch
 // (Kernels.Dequantize, bit for bit the host's widening) and multiplied by
@@ -33,8 +34,7 @@ func dqChunkRows(k, elemSize int) int {
 
 // quantNeeds is the scratch plan p's quantized products need: qs for the
 // activation's copies (an FP8 product beyond GEMVVectorMaxT rows: its
-// E4M3 copy; a Q4_K or Q6_K GEMV: its int8 groups), dq for a chunk of dequantized
-// rows.
+// E4M3 copy), dq for a chunk of dequantized rows.
 func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 	rows := p.Bucket.Tokens
 	for _, n := range p.Graph.Nodes {
@@ -48,11 +48,7 @@ func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
 			qs = max(qs, fp8XOffset+rows*k)
 		case w.dtype == devBlocks:
-			gemv := l.blockGEMV(w.blocks) != nil
-			if gemv {
-				qs = max(qs, fp8XOffset+kernels.Q4KScratchBytes(min(rows, kernels.GEMVVectorMaxT), k))
-			}
-			if !gemv || rows > kernels.GEMVVectorMaxT {
+			if l.blockGEMV(w.blocks) == nil || rows > kernels.GEMVVectorMaxT {
 				dq = max(dq, min(w.rows, dqChunkRows(k, l.act.Size()))*k*l.act.Size())
 			}
 		}
@@ -160,10 +156,7 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	}
 	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
 		if t <= kernels.GEMVVectorMaxT && gemv {
-			if err := l.ensureQuant(x, fp8XOffset+kernels.Q4KScratchBytes(t, k), 0); err != nil {
-				return false, err
-			}
-			err := run(s, out[0].p, in[0].p, w.p, l.qs.Add(fp8XOffset), t, k, n, out[0].dtype == cu.F32)
+			err := run(s, out[0].p, in[0].p, w.p, t, k, n, out[0].dtype == cu.F32)
 			if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
 				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, fmt.Sprintf("gemv %v", w.blocks))
 				return false, err
@@ -199,7 +192,7 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 // blockGEMV is the GEMV's product straight from matrices of GGUF format f
 // (GEMV.RunQ4K, RunQ6K) for decode steps, nil for other formats or
 // without the GEMV.
-func (l *loaded) blockGEMV(f tensor.DType) func(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
+func (l *loaded) blockGEMV(f tensor.DType) func(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 	switch {
 	case l.gemv == nil:
 		return nil

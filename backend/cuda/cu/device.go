@@ -14,18 +14,22 @@ import (
 // Device attribute numbers (CUdevice_attribute in cuda.h).
 const (
 	attrMultiprocessorCount = 16
+	attrSharedPerBlockOptin = 97
 	attrComputeMajor        = 75
 	attrComputeMinor        = 76
 )
 
 // Device is one GPU and the worker goroutine that owns its primary context.
 type Device struct {
-	Ordinal  int
-	Name     string
-	Major    int // compute capability
-	Minor    int
-	SMs      int
-	TotalMem uint64
+	Ordinal int
+	Name    string
+	Major   int // compute capability
+	Minor   int
+	SMs     int
+	// SharedPerBlock is the most dynamic shared memory a block can opt in
+	// to (Function.SetMaxDynamicShared), in bytes.
+	SharedPerBlock int
+	TotalMem       uint64
 
 	dev  int
 	ctx  unsafe.Pointer
@@ -144,6 +148,9 @@ func (d *Device) setup() (err error) {
 	}
 	d.dependent = d.Major >= 9 && drvHasLaunchEx()
 	if d.SMs, err = drvDeviceAttr(d.dev, attrMultiprocessorCount); err != nil {
+		return err
+	}
+	if d.SharedPerBlock, err = drvDeviceAttr(d.dev, attrSharedPerBlockOptin); err != nil {
 		return err
 	}
 	if d.TotalMem, err = drvTotalMem(d.dev); err != nil {

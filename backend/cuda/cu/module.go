@@ -172,6 +172,19 @@ func (f *Function) SetMaxDynamicShared(bytes int) error {
 	return f.m.d.Do(func() error { return drvFuncSetAttr(f.h, f.Name, 8, bytes) })
 }
 
+// Occupancy is how many blocks of threads threads and shared bytes of
+// dynamic shared memory the kernel keeps resident on one multiprocessor
+// (cuOccupancyMaxActiveBlocksPerMultiprocessor).
+func (f *Function) Occupancy(threads, shared int) (int, error) {
+	var n int
+	err := f.m.d.Do(func() error {
+		var err error
+		n, err = drvOccupancy(f.h, f.Name, threads, shared)
+		return err
+	})
+	return n, err
+}
+
 // Launch looks up kernel name and launches it (see Function.Launch).
 func (m *Module) Launch(name string, grid, block Dim3, shared int, s *Stream, args ...any) error {
 	f, err := m.Function(name)

@@ -1,11 +1,18 @@
 package kernels
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"kiln/backend/cuda/cu"
+	"kiln/tensor"
 )
 
 // TestDecodeMMAEmulated runs the tensor-core decode kernel's own source
@@ -77,6 +84,70 @@ func TestGEMVTileEmulated(t *testing.T) {
 			runEmulated(t, gemvEmuSource(t, build.defines))
 		})
 	}
+}
+
+// TestGEMVKQEmulated runs the K-quant GEMV's own source (gemv_kq.cu's
+// frame and formats, with gemv.cu's OutStore) on the host with the same
+// emulation, and testdata/emu/kq_driver.cpp compares it with the float64
+// reference this test writes for it: Q4_K and Q6_K weights from
+// tensor.Quantize decoded by tensor.ToF32, x rounded to the activation
+// dtype and then to int8 per 32 values as the kernel does (q8x), 1 to 8
+// rows, rows of whole and partial units of super-blocks, grids of fewer
+// warps than rows. It checks the ring's order (each copy lands only at the
+// cp.async.wait_group that must complete it), the shared-memory layout of
+// x, the lanes' shares of a super-block and the stores; the GPU test
+// (TestGEMVQ4K) checks the same on the device. Skipped as
+// TestDecodeMMAEmulated.
+func TestGEMVKQEmulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	dir := t.TempDir()
+	rng := newRNG(t)
+	type kqCase struct {
+		dt         tensor.DType
+		k, n, grid int
+	}
+	cases := []kqCase{{tensor.Q4_K, 2304, 37, 2}, {tensor.Q4_K, 768, 19, 1}, {tensor.Q6_K, 4096, 29, 2}, {tensor.Q6_K, 2048, 9, 1}}
+	for _, act := range []cu.DType{cu.BF16, cu.F16} {
+		var b bytes.Buffer
+		put := func(v any) {
+			if err := binary.Write(&b, binary.LittleEndian, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		put(int32(len(cases)))
+		for _, c := range cases {
+			x := roundTo(act, randn(rng, GEMVVectorMaxT*c.k, 1/math.Sqrt(float64(c.k))))
+			q, err := tensor.Quantize(c.dt, randn(rng, c.n*c.k, 1))
+			must(t, err)
+			wf := make([]float32, c.n*c.k)
+			must(t, tensor.ToF32(c.dt, q, wf))
+			format := int32(0)
+			if c.dt == tensor.Q6_K {
+				format = 1
+			}
+			put([]int32{format, int32(c.k), int32(c.n), int32(c.grid), int32(len(q))})
+			put(q)
+			put(x)
+			put(weightOnlyRef(q8x(x), f64(wf), c.k, c.n))
+		}
+		must(t, os.WriteFile(filepath.Join(dir, "kq_"+cname(act)+".bin"), b.Bytes(), 0o644))
+	}
+	var s strings.Builder
+	s.WriteString(readEmu(t, "prelude.h"))
+	fmt.Fprintf(&s, "\n#define KQ_DATA %q\n", dir)
+	s.WriteString(cBlock(t, gemvFile, "struct OutStore {") + ";\n")
+	s.WriteString(readEmu(t, "kq.h"))
+	s.WriteString(cBetween(t, gemvKQ, "#define KQ_WARPS", "// ---- PTX helpers"))
+	const ext = "extern __shared__ __align__(16) unsigned char kq_smem[];"
+	frame := cBetween(t, gemvKQ, "// ---- KQ_BEGIN", "// ---- KQ_END")
+	if strings.Count(frame, ext) != 1 {
+		t.Fatalf("gemv_kq.cu: no single %q", ext)
+	}
+	s.WriteString(strings.Replace(frame, ext, "unsigned char* const kq_smem = cur_smem();", 1))
+	s.WriteString(readEmu(t, "kq_driver.cpp"))
+	runEmulated(t, s.String())
 }
 
 // runEmulated compiles the emulated program src for bf16 and f16 with a

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"kiln/backend/cuda/cu"
+	"kiln/tensor"
 )
 
 // The skinny matrix product of decode steps (gemv.cu, a module of its own
@@ -22,13 +23,15 @@ var (
 	gemvTile string
 	//go:embed wgmma.cu
 	wgmmaHelpers string
+	//go:embed gemv_kq.cu
+	gemvKQ string
 )
 
 // gemvSource is the module's NVRTC source: the functions shared with
 // kernels.cu (shared.cu), gemv.cu, then the asynchronous copies, the
-// tensor-core helpers (mma.sync, and Hopper's wgmma) and the tile kernels
-// (built for f16/bf16 only).
-var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + gemvTile
+// K-quant kernels, the tensor-core helpers (mma.sync, and Hopper's wgmma)
+// and the tile kernels (built for f16/bf16 only).
+var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + gemvKQ + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + gemvTile
 
 // GEMVSource is the CUDA C source of the skinny matrix product.
 func GEMVSource() string { return gemvSource }
@@ -84,6 +87,10 @@ type GEMV struct {
 	mu     sync.Mutex
 	fns    map[gemvCfg]*cu.Function
 	splits map[tileKey]int // measured choices (SetTileSplits)
+	kqOcc  map[gemvCfg]int // resident blocks of a K-quant kernel and shared memory (kqBlocks)
+	// kqSharedLimit, when set, is the shared memory a K-quant launch may
+	// take in place of the device's (tests: several launches of rows).
+	kqSharedLimit int
 }
 
 // tileKey identifies a tile product for the choice of its splits: the
@@ -134,8 +141,12 @@ type gemvCfg struct {
 	splits int
 	epi    gemvEpi
 	f8     bool // FP8 weights (gemv_f8_<t>_<r>_<u>_<lm>, the CUDA-core layout)
-	q4k    bool // Q4_K weights (gemv_q4k_<t>_<u>, a warp a row)
-	q6k    bool // Q6_K weights (gemv_q6k_<t>_<u>, a warp a row)
+	// K-quant weights (gemv_<kq>_<t>, gemv_kq.cu): kq names the format
+	// ("q4k", "q6k"); the grid's blocks and their dynamic shared memory
+	// are the launch's (runKQuant).
+	kq     string
+	blocks int
+	sh     int
 }
 
 func (c gemvCfg) name() string {
@@ -148,11 +159,8 @@ func (c gemvCfg) name() string {
 	if c.f8 {
 		return fmt.Sprintf("gemv_f8_%d_%d_%d_%d", c.t, c.r, c.u, c.lm)
 	}
-	if c.q4k {
-		return fmt.Sprintf("gemv_q4k_%d_%d", c.t, c.u)
-	}
-	if c.q6k {
-		return fmt.Sprintf("gemv_q6k_%d_%d", c.t, c.u)
+	if c.kq != "" {
+		return fmt.Sprintf("gemv_%s_%d", c.kq, c.t)
 	}
 	return fmt.Sprintf("gemv_%s%d_%d_%d_%d", c.epi.prefix(), c.t, c.r, c.u, c.lm)
 }
@@ -166,6 +174,9 @@ func (c gemvCfg) grid(n int) cu.Dim3 {
 		outs := 16 / c.epi.rows()
 		return cu.D1((n + outs - 1) / outs)
 	}
+	if c.kq != "" {
+		return cu.D1(c.blocks)
+	}
 	outs := c.r / c.epi.rows() // per warp
 	warps := (n + outs - 1) / outs
 	return cu.D1((warps*32 + gemvThreads - 1) / gemvThreads)
@@ -177,8 +188,12 @@ func (c gemvCfg) tiles(n int) int {
 	return (n + outs - 1) / outs
 }
 
-// shared is the dynamic shared memory a block takes (tile kernels).
+// shared is the dynamic shared memory a block takes (tile and K-quant
+// kernels).
 func (c gemvCfg) shared() int {
+	if c.kq != "" {
+		return c.sh
+	}
 	if !c.tile {
 		return 0
 	}
@@ -194,6 +209,9 @@ func (c gemvCfg) block() cu.Dim3 {
 	if c.mma {
 		return cu.D1(32 * c.warps)
 	}
+	if c.kq != "" {
+		return cu.D1(32 * kqWarps)
+	}
 	return cu.D1(gemvThreads)
 }
 
@@ -205,14 +223,6 @@ func mmaCfg(t, u, warps int) gemvCfg {
 
 // gemvF8Cfg is the FP8-weight kernel for t rows (GEMV_F8 in gemv.cu).
 func gemvF8Cfg(t int) gemvCfg { return gemvCfg{t: t, r: 2, u: 4, lm: 1, f8: true} }
-
-// gemvQ4KCfg is the Q4_K-weight kernel for t rows (GEMV_Q4K in gemv.cu):
-// one weight row a warp.
-func gemvQ4KCfg(t int) gemvCfg { return gemvCfg{t: t, r: 1, u: 2, q4k: true} }
-
-// gemvQ6KCfg is the Q6_K-weight kernel for t rows (GEMV_Q6K in gemv.cu):
-// one weight row a warp.
-func gemvQ6KCfg(t int) gemvCfg { return gemvCfg{t: t, r: 1, u: 2, q6k: true} }
 
 // gemvCC is the CUDA-core kernel for t rows (GEMV_CC in gemv.cu).
 func gemvCC(t int) gemvCfg {
@@ -300,7 +310,7 @@ func newGEMV(d *cu.Device, act cu.DType, sweep bool) (*GEMV, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &GEMV{D: d, Act: act, M: m, PDL: true, fns: map[gemvCfg]*cu.Function{}, splits: map[tileKey]int{}}, nil
+	return &GEMV{D: d, Act: act, M: m, PDL: true, fns: map[gemvCfg]*cu.Function{}, splits: map[tileKey]int{}, kqOcc: map[gemvCfg]int{}}, nil
 }
 
 // Close unloads the module.
@@ -422,7 +432,7 @@ func (g *GEMV) RunTileSplits(st *cu.Stream, s int, out, x, w cu.Ptr, t, k, n int
 // kernel's arguments args.
 func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 	key := c
-	key.splits = 0
+	key.splits, key.blocks, key.sh = 0, 0, 0
 	if c.mma || c.tile {
 		key.t = 0
 	} else if c.t != t {
@@ -436,7 +446,11 @@ func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
 		if f, err = g.M.Function(c.name()); err != nil {
 			return fmt.Errorf("kernels: %s: %w", c.name(), err)
 		}
-		if sh := c.shared(); sh > 48<<10 {
+		sh := c.shared()
+		if c.kq != "" {
+			sh = g.D.SharedPerBlock // the launches' shared memory varies with t and K
+		}
+		if sh > 48<<10 {
 			if err := f.SetMaxDynamicShared(sh); err != nil {
 				return fmt.Errorf("kernels: %s: %d bytes of shared memory: %w", c.name(), sh, err)
 			}
@@ -506,59 +520,153 @@ func (g *GEMV) checkWeightOnly(format string, kMul int, out, x, w cu.Ptr, t, k, 
 	return nil
 }
 
-// Q4KBlockBytes is the size of a Q4_K super-block of 256 weights (GGUF).
-const Q4KBlockBytes = 144
+// The K-quant kernels' shape (gemv_kq.cu): KQ_WARPS warps a block, each
+// streaming its rows through a ring of KQ_STAGES units of 8 super-blocks;
+// x's int8 values and group scales take KQ_XSB bytes and KQ_SSB floats a
+// super-block.
+const (
+	kqWarps  = 8
+	kqStages = 4
+	kqXSB    = 272
+	kqSSB    = 20
+)
 
-// Q4KScratchBytes is the scratch RunQ4K needs for t rows of k values: x
-// quantized to int8 in groups of 32, then each group's scale and scaled
-// sum (float32 pairs, 16-byte aligned since t·k is a multiple of 256).
-func Q4KScratchBytes(t, k int) int { return t*k + 8*(t*k/32) }
+// Q4KBlockBytes and Q6KBlockBytes are the sizes of GGUF's Q4_K and Q6_K
+// super-blocks of 256 weights.
+const (
+	Q4KBlockBytes = 144
+	Q6KBlockBytes = 210
+)
+
+// kqShared is the dynamic shared memory of a K-quant kernel for t rows of
+// k values and super-blocks of bb bytes: the warps' rings, then x.
+func kqShared(bb, t, k int) int { return kqWarps*kqStages*8*bb + t*(k/256)*(kqXSB+4*kqSSB) }
+
+// kqFormat is a GGUF format the K-quant kernels take (gemv_kq.cu).
+type kqFormat struct {
+	name string // as errors name it
+	kq   string // the kernels' infix
+	bb   int    // bytes a super-block of 256 weights
+}
+
+var kqFormats = map[tensor.DType]kqFormat{
+	tensor.Q4_K: {"Q4_K", "q4k", Q4KBlockBytes},
+	tensor.Q6_K: {"Q6_K", "q6k", Q6KBlockBytes},
+}
 
 // RunQ4K queues out[t,n] = x[t,k]·w[n,k]ᵀ for weights w in GGUF's Q4_K
 // (each row k/256 super-blocks of Q4KBlockBytes, as tensor.Q4_K stores
 // them), for decode steps of 1 to GEMVVectorMaxT rows, out of the
-// activation dtype or f32, as llama.cpp computes it: x is quantized to
-// int8 per group of 32 values into scratch (Q4KScratchBytes, 16-byte
-// aligned; quant_q8_32), then multiplied by the 4-bit weights in integers
-// (dp4a) and scaled per 16 values (gemv_q4k_*). K must be a multiple of
-// 256, x and w 16-byte aligned. Other products get an error wrapping
+// activation dtype or f32, as llama.cpp's MMVQ computes it: x rounded to
+// int8 per group of 32 values, multiplied by the 4-bit weights in integers
+// (dp4a) and scaled per 32 values (gemv_q4k_<t>, gemv_kq.cu: each block
+// quantizes x into its shared memory, each warp streams its rows through a
+// ring of cp.async copies). K must be a multiple of 256, x and w 16-byte
+// aligned. Rows of x whose int8 copy would not fit a block's shared memory
+// run in several launches. Other products get an error wrapping
 // ErrGEMVShape before anything is queued. It can be captured into a CUDA
 // graph.
-func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
-	return g.runKQuant("Q4_K", gemvQ4KCfg(t), s, out, x, w, scratch, t, k, n, outF32)
+func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	return g.RunBlocks(s, tensor.Q4_K, out, x, w, t, k, n, outF32)
 }
-
-// runKQuant quantizes x for a K-quant kernel c (RunQ4K, RunQ6K) and runs
-// it.
-func (g *GEMV) runKQuant(format string, c gemvCfg, s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
-	if err := g.checkWeightOnly(format, 256, out, x, w, t, k, n, outF32); err != nil {
-		return err
-	}
-	if scratch == 0 || scratch%16 != 0 {
-		return fmt.Errorf("%w: scratch at %#x (16-byte aligned)", ErrGEMVShape, uint64(scratch))
-	}
-	groups := t * k / 32
-	xq, xss := scratch, scratch.Add(t*k)
-	launch := g.M.Launch
-	if g.PDL {
-		launch = g.M.LaunchDependent
-	}
-	if err := launch("quant_q8_32", cu.D1((groups*32+gemvThreads-1)/gemvThreads), cu.D1(gemvThreads), 0, s, x, xq, xss, int64(groups)); err != nil {
-		return fmt.Errorf("kernels: quant_q8_32: %w", err)
-	}
-	return g.launch(s, c, t, n, xq, xss, w, out, int32(k), int32(n), b2i(outF32))
-}
-
-// Q6KBlockBytes is the size of a Q6_K super-block of 256 weights (GGUF).
-const Q6KBlockBytes = 210
 
 // RunQ6K is RunQ4K for weights in GGUF's Q6_K (each row k/256 super-blocks
 // of Q6KBlockBytes, as tensor.Q6_K stores them: the output matrix and some
-// value and down projections of Q4_K_M files), x quantized the same way
-// into the same scratch (Q4KScratchBytes), the 6-bit weights less 32
-// multiplied in integers (dp4a) and scaled per 16 values (gemv_q6k_*).
-func (g *GEMV) RunQ6K(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error {
-	return g.runKQuant("Q6_K", gemvQ6KCfg(t), s, out, x, w, scratch, t, k, n, outF32)
+// value and down projections of Q4_K_M files): the 6-bit weights less 32
+// multiplied in integers and scaled per 16 values (gemv_q6k_<t>). K must be
+// a multiple of 2048 (rows of whole units of 8 super-blocks, 16-byte
+// aligned).
+func (g *GEMV) RunQ6K(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	return g.RunBlocks(s, tensor.Q6_K, out, x, w, t, k, n, outF32)
+}
+
+// RunBlocks is RunQ4K or RunQ6K by the weights' format (tensor.Q4_K,
+// tensor.Q6_K; others get an error wrapping ErrGEMVShape).
+func (g *GEMV) RunBlocks(s *cu.Stream, format tensor.DType, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	f, err := g.checkBlocks(format, out, x, w, t, k, n, outF32)
+	if err != nil {
+		return err
+	}
+	return g.runKQuant(f, s, out, x, w, t, k, n, outF32)
+}
+
+// checkBlocks checks a K-quant product of t rows by weights of format:
+// checkWeightOnly's rules, and K a multiple of 2048 for Q6_K (rows of
+// whole units of 8 super-blocks, which start 16-byte aligned).
+func (g *GEMV) checkBlocks(format tensor.DType, out, x, w cu.Ptr, t, k, n int, outF32 bool) (kqFormat, error) {
+	f, ok := kqFormats[format]
+	if !ok {
+		return f, fmt.Errorf("%w: weights of %v", ErrGEMVShape, format)
+	}
+	if err := g.checkWeightOnly(f.name, 256, out, x, w, t, k, n, outF32); err != nil {
+		return f, err
+	}
+	if f.bb%16 != 0 && k%2048 != 0 {
+		return f, fmt.Errorf("%w: %s rows of %d values (a multiple of 2048)", ErrGEMVShape, f.name, k)
+	}
+	return f, nil
+}
+
+// runKQuant runs the K-quant kernel of format f on the product, in as few
+// launches of consecutive rows of x as the device's shared memory per
+// block allows, each on a grid that stays resident (its warps loop over
+// the rows of w).
+func (g *GEMV) runKQuant(f kqFormat, s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	limit := g.D.SharedPerBlock
+	if g.kqSharedLimit > 0 {
+		limit = g.kqSharedLimit
+	}
+	per := t
+	for per > 0 && kqShared(f.bb, per, k) > limit {
+		per--
+	}
+	if per == 0 {
+		return fmt.Errorf("%w: %s rows of %d values need %d bytes of shared memory, %d a block", ErrGEMVShape, f.name, k, kqShared(f.bb, 1, k), limit)
+	}
+	oes := g.Act.Size()
+	if outF32 {
+		oes = 4
+	}
+	for t0 := 0; t0 < t; t0 += per {
+		c := gemvCfg{t: min(per, t-t0), kq: f.kq}
+		c.sh = kqShared(f.bb, c.t, k)
+		blocks, err := g.kqBlocks(c)
+		if err != nil {
+			return err
+		}
+		c.blocks = min(blocks, (n+kqWarps-1)/kqWarps)
+		if err := g.launch(s, c, c.t, n, x.Add(t0*k*g.Act.Size()), w, out.Add(t0*n*oes), int32(k), int32(n), b2i(outF32)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kqBlocks is how many blocks of K-quant kernel c the device keeps
+// resident (measured once a kernel and shared memory size).
+func (g *GEMV) kqBlocks(c gemvCfg) (int, error) {
+	g.mu.Lock()
+	b, ok := g.kqOcc[c]
+	g.mu.Unlock()
+	if ok {
+		return b, nil
+	}
+	f, err := g.M.Function(c.name())
+	if err != nil {
+		return 0, fmt.Errorf("kernels: %s: %w", c.name(), err)
+	}
+	if err := f.SetMaxDynamicShared(g.D.SharedPerBlock); err != nil {
+		return 0, fmt.Errorf("kernels: %s: %d bytes of shared memory: %w", c.name(), g.D.SharedPerBlock, err)
+	}
+	per, err := f.Occupancy(32*kqWarps, c.sh)
+	if err != nil {
+		return 0, err
+	}
+	b = max(1, per) * g.D.SMs
+	g.mu.Lock()
+	g.kqOcc[c] = b
+	g.mu.Unlock()
+	return b, nil
 }
 
 // RunSwiGLU queues out[t,f] = SiLU(x·w[:f]ᵀ)·(x·w[f:]ᵀ) for the stacked

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -63,7 +64,8 @@ func checkWeightOnly(t *testing.T, act cu.DType, what string, n int, ref []float
 // bytes(k, n) bytes a matrix, run(x, w, out, rows, k, n), and returns the
 // copy bandwidth of the run and a table row a case: each kernel's own
 // weight bytes a second and % of copy, weights rotated past the L2 (the
-// bf16 buffers' first bytes serve as the other format's).
+// bf16 buffers' first bytes serve as the other format's). KILN_GEMV_SHAPE
+// names the one product to time (to profile one).
 func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out cu.Ptr, rows, k, n int) error) (float64, []string) {
 	d := gpu(t)
 	g := gemvMod(t, cu.BF16, false)
@@ -74,6 +76,9 @@ func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out 
 	copyBW := 2 * cb / (cms * 1e-3) / 1e9
 	var lines []string
 	for _, sh := range gemvShapes[:5] {
+		if only := os.Getenv("KILN_GEMV_SHAPE"); only != "" && only != sh.name {
+			continue
+		}
 		k, n := sh.k, sh.n
 		b16, bq := k*n*2, bytes(k, n)
 		nbuf := max(2, (200<<20+bq-1)/bq)
@@ -97,9 +102,9 @@ func weightOnlySpeed(t *testing.T, bytes func(k, n int) int, run func(x, w, out 
 	return copyBW, lines
 }
 
-// q8x quantizes x (rows of k) as quant_q8_32 does: per group of 32 values
-// s = max|x|/127 and q = x/s rounded to even (float32 divisions), and
-// returns each value as the product sees it, s·q.
+// q8x quantizes x (rows of k) as the K-quant kernels' kq_round8 does: per
+// group of 32 values s = max|x|/127 and q = x·(127/max|x|) rounded to even
+// (float32 arithmetic), and returns each value as the product sees it, s·q.
 func q8x(x []float32) []float64 {
 	out := make([]float64, len(x))
 	for g := 0; g < len(x); g += 32 {
@@ -110,9 +115,9 @@ func q8x(x []float32) []float64 {
 		if a == 0 {
 			continue
 		}
-		s := a / 127
+		s, is := a/127, 127/a
 		for i, v := range x[g : g+32] {
-			q := max(-127, min(127, math.RoundToEven(float64(v/s))))
+			q := max(-127, min(127, math.RoundToEven(float64(v*is))))
 			out[g+i] = float64(s) * q
 		}
 	}
@@ -120,53 +125,88 @@ func q8x(x []float32) []float64 {
 }
 
 // TestGEMVQ4K: RunQ4K and RunQ6K against a float64 reference of x (rounded
-// to the activation dtype, then to int8 per group of 32 as quant_q8_32
-// does: q8x) times the Q4_K or Q6_K weights as tensor.ToF32 decodes them (weights quantized
-// by tensor.Quantize from normal values, so every scale and minimum is a
-// real one), 1 to 8 rows, every activation dtype,
-// both output dtypes, on decode shapes and odd ones (N not a multiple of
-// a block's warps, K of one to three super-blocks, fewer than a group of
-// loads), nothing written past the output; then the products it refuses.
+// to the activation dtype, then to int8 per group of 32 as the kernels'
+// kq_quantize does: q8x) times the Q4_K or Q6_K weights as tensor.ToF32
+// decodes them (weights quantized by tensor.Quantize from normal values, so
+// every scale and minimum is a real one), 1 to 8 rows, every activation
+// dtype, both output dtypes, on decode shapes (warps looping over several
+// rows) and odd ones (N not a multiple of a block's warps, rows ending in a
+// partial unit of super-blocks, fewer rows than warps), nothing written
+// past the output; the rows of x in several launches when a block's shared
+// memory cannot hold them all; then the products it refuses.
 func TestGEMVQ4K(t *testing.T) {
 	d := gpu(t)
 	for _, act := range allDTypes {
 		g := gemvMod(t, act, false)
 		rng := newRNG(t)
 		for _, f := range []struct {
-			dt  tensor.DType
-			run func(s *cu.Stream, out, x, w, scratch cu.Ptr, t, k, n int, outF32 bool) error
-		}{{tensor.Q4_K, g.RunQ4K}, {tensor.Q6_K, g.RunQ6K}} {
-			// Q6_K: odd super-blocks start 2 bytes past a 4-byte boundary
-			// (210 bytes each), which the kernel's loads must handle.
-			for _, sh := range []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"one block", 256, 301}, {"three blocks", 768, 33}, {"tiny", 512, 3}} {
-				k, n := sh.k, sh.n
-				x := roundTo(act, randn(rng, GEMVVectorMaxT*k, 1/math.Sqrt(float64(k))))
+			dt     tensor.DType
+			bb     int
+			run    func(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error
+			shapes []gemvShape
+		}{
+			{tensor.Q4_K, Q4KBlockBytes, g.RunQ4K, []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"nine blocks", 2304, 77},
+				{"one block", 256, 301}, {"three blocks", 768, 33}, {"tiny", 512, 3}}},
+			// Q6_K: rows of whole units (K a multiple of 2048); super-blocks
+			// of 210 bytes start 2 bytes past a 4-byte boundary every other
+			// one, which the kernel's reads must handle.
+			{tensor.Q6_K, Q6KBlockBytes, g.RunQ6K, []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"one unit", 2048, 301},
+				{"odd rows", 2048, 33}, {"tiny", 2048, 3}}},
+		} {
+			upload := func(k, n int) (x []float32, pw cu.Ptr, ref []float64) {
+				x = roundTo(act, randn(rng, GEMVVectorMaxT*k, 1/math.Sqrt(float64(k))))
 				q, err := tensor.Quantize(f.dt, randn(rng, n*k, 1))
 				must(t, err)
 				wf := make([]float32, n*k)
 				must(t, tensor.ToF32(f.dt, q, wf))
-				px, pw, scratch := up(t, act, x), alloc(t, len(q)), alloc(t, Q4KScratchBytes(GEMVVectorMaxT, k))
+				pw = alloc(t, len(q))
 				must(t, d.Upload(pw, q))
-				checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v %s k=%d n=%d", f.dt, act, sh.name, k, n), n, weightOnlyRef(q8x(x), f64(wf), k, n),
+				return x, pw, weightOnlyRef(q8x(x), f64(wf), k, n)
+			}
+			for _, sh := range f.shapes {
+				k, n := sh.k, sh.n
+				x, pw, ref := upload(k, n)
+				px := up(t, act, x)
+				checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v %s k=%d n=%d", f.dt, act, sh.name, k, n), n, ref,
 					func(out cu.Ptr, rows int, outF32 bool) error {
-						return f.run(nil, out, px, pw, scratch, rows, k, n, outF32)
+						return f.run(nil, out, px, pw, rows, k, n, outF32)
 					})
 			}
+			// Shared memory for 3 rows of x at K 4096: 8 rows in three
+			// launches (3, 3, 2).
+			const k, n = 4096, 520
+			x, pw, ref := upload(k, n)
+			px := up(t, act, x)
+			g.kqSharedLimit = kqShared(f.bb, 3, k)
+			checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v 3 rows a launch k=%d n=%d", f.dt, act, k, n), n, ref,
+				func(out cu.Ptr, rows int, outF32 bool) error {
+					return f.run(nil, out, px, pw, rows, k, n, outF32)
+				})
+			g.kqSharedLimit = kqShared(f.bb, 1, k) - 1
+			if err := f.run(nil, pw, px, pw, 1, k, n, false); !errors.Is(err, ErrGEMVShape) {
+				t.Errorf("%v %v: x of one row past the shared memory: err %v, want ErrGEMVShape", f.dt, act, err)
+			}
+			g.kqSharedLimit = 0
 		}
 		p := alloc(t, 1<<16)
 		for _, c := range []struct {
-			what               string
-			out, x, w, scratch cu.Ptr
-			rows, k, n         int
+			what       string
+			q6k        bool
+			out, x, w  cu.Ptr
+			rows, k, n int
 		}{
-			{"9 rows", p, p, p, p, 9, 256, 8},
-			{"K 128", p, p, p, p, 1, 128, 8},
-			{"x off by 8", p, p + 8, p, p, 1, 256, 8},
-			{"w off by 4", p, p, p + 4, p, 1, 256, 8},
-			{"scratch off by 4", p, p, p, p + 4, 1, 256, 8},
-			{"null w", p, p, 0, p, 1, 256, 8},
+			{"9 rows", false, p, p, p, 9, 256, 8},
+			{"K 128", false, p, p, p, 1, 128, 8},
+			{"Q6_K K 1024", true, p, p, p, 1, 1024, 8},
+			{"x off by 8", false, p, p + 8, p, 1, 256, 8},
+			{"w off by 4", false, p, p, p + 4, 1, 256, 8},
+			{"null w", false, p, p, 0, 1, 256, 8},
 		} {
-			if err := g.RunQ4K(nil, c.out, c.x, c.w, c.scratch, c.rows, c.k, c.n, false); !errors.Is(err, ErrGEMVShape) {
+			run := g.RunQ4K
+			if c.q6k {
+				run = g.RunQ6K
+			}
+			if err := run(nil, c.out, c.x, c.w, c.rows, c.k, c.n, false); !errors.Is(err, ErrGEMVShape) {
 				t.Errorf("%v %s: err %v, want ErrGEMVShape", act, c.what, err)
 			}
 		}
@@ -179,10 +219,9 @@ func TestGEMVQ6KSpeed(t *testing.T) {
 		t.Skip("benchmark")
 	}
 	g := gemvMod(t, cu.BF16, false)
-	scratch := alloc(t, Q4KScratchBytes(GEMVVectorMaxT, 14336))
 	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * Q6KBlockBytes },
 		func(x, w, out cu.Ptr, rows, k, n int) error {
-			return g.RunQ6K(nil, out, x, w, scratch, rows, k, n, false)
+			return g.RunQ6K(nil, out, x, w, rows, k, n, false)
 		})
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q6_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
 		"| product (K, N) | rows | bf16 | Q6_K | bf16 ÷ Q6_K time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
@@ -199,10 +238,9 @@ func TestGEMVQ4KSpeed(t *testing.T) {
 		t.Skip("benchmark")
 	}
 	g := gemvMod(t, cu.BF16, false)
-	scratch := alloc(t, Q4KScratchBytes(GEMVVectorMaxT, 14336))
 	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * Q4KBlockBytes },
 		func(x, w, out cu.Ptr, rows, k, n int) error {
-			return g.RunQ4K(nil, out, x, w, scratch, rows, k, n, false)
+			return g.RunQ4K(nil, out, x, w, rows, k, n, false)
 		})
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q4_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
 		"| product (K, N) | rows | bf16 | Q4_K | bf16 ÷ Q4_K time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))

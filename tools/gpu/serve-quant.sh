@@ -6,16 +6,19 @@
 # output tokens one run after another on the same server: the user's path
 # for quantized models, checked for failed requests and out-of-memory
 # retries. Prints each run's summary line and the server's counters.
+#   FORMATS (default "fp8 q4_k_m"): the models to serve.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-quant.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 tok=demo/files/tokenizer.json
 random_bf16
 t0=$(date +%s)
-[ -f "$keep/llama3-8b-fp8/config.json" ] || $k quantize --to fp8 "$bf16" "$keep/llama3-8b-fp8" >"$out/quantize-fp8.txt" 2>&1
-[ -f "$keep/llama3-8b-q4_k_m.gguf" ] || $k quantize --to q4_k_m "$bf16" "$keep/llama3-8b-q4_k_m.gguf" >"$out/quantize-q4_k_m.txt" 2>&1
+want() { [[ " ${FORMATS:-fp8 q4_k_m} " == *" $1 "* ]]; }
+want fp8 && [ ! -f "$keep/llama3-8b-fp8/config.json" ] && $k quantize --to fp8 "$bf16" "$keep/llama3-8b-fp8" >"$out/quantize-fp8.txt" 2>&1
+want q4_k_m && [ ! -f "$keep/llama3-8b-q4_k_m.gguf" ] && $k quantize --to q4_k_m "$bf16" "$keep/llama3-8b-q4_k_m.gguf" >"$out/quantize-q4_k_m.txt" 2>&1
 echo "models ready at $(($(date +%s) - t0)) s"
 for m in fp8:llama3-8b-fp8 q4_k_m:llama3-8b-q4_k_m.gguf; do
 	name=${m%%:*}
+	want "$name" || continue
 	$k serve "$keep/${m#*:}" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 >"$out/serve-$name.log" 2>&1 &
 	server=$!
 	for i in $(seq 1 300); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done

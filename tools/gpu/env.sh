@@ -33,3 +33,14 @@ metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print
 serve_summary() {
 	python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print('requests', s['requests'], 'errors', s['errors'], 'out tok/s %.0f' % s['output_tokens_per_s'], 'ttft', s['ttft'], 'itl', s['itl'], 'tpot', s['tpot'])" "$1" 2>&1 | head -3
 }
+
+# kernels_test NAME ARGS... runs the kernels package's test binary with ARGS
+# in its directory (within 200 s) into $out/NAME.log and prints its exit
+# status and time.
+kernels_test() {
+	local name=$1 t0
+	shift
+	t0=$(date +%s)
+	(cd backend/cuda/kernels && timeout 200 ../../../.devbin/backend_cuda_kernels.test -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
+	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
+}

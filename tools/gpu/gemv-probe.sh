@@ -8,23 +8,17 @@
 # Logs under $OUT (or ./gpu-logs).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/gemv-probe.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-bin=$(pwd)/.devbin/backend_cuda_kernels.test
-cd backend/cuda/kernels || exit 2
-t0=$(date +%s)
-timeout 200 "$bin" -test.v -test.count=1 -test.run 'TestGEMV$|TestGEMVSweepCorrect|TestGEMVErrors|TestGEMVSwiGLU|TestGEMVRoPEQKV|TestGEMVEpilogueErrors' >"$out/gemv-tests.log" 2>&1
-echo "tests: rc=$? in $(($(date +%s) - t0)) s"
+kernels_test gemv-tests -test.run 'TestGEMV$|TestGEMVSweepCorrect|TestGEMVErrors|TestGEMVSwiGLU|TestGEMVRoPEQKV|TestGEMVEpilogueErrors'
 grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)' "$out/gemv-tests.log" | head -40
-t0=$(date +%s)
-KILN_GEMV_ROWS=16,32,64 timeout 200 "$bin" -test.v -test.count=1 -test.run 'TestGEMVSpeed' >"$out/gemv-speed.log" 2>&1
-echo "speed: rc=$? in $(($(date +%s) - t0)) s"
+KILN_GEMV_ROWS=16,32,64 kernels_test gemv-speed -test.run 'TestGEMVSpeed'
 grep -E '^\| ' "$out/gemv-speed.log" | sort -u
 if command -v ncu >/dev/null; then
 	for sh in O down; do
 		t0=$(date +%s)
-		KILN_GEMV_ROWS=64 timeout 120 ncu --clock-control none --filter-mode per-launch-config --launch-skip 3 --launch-count 1 \
+		(cd backend/cuda/kernels && KILN_GEMV_ROWS=64 timeout 120 ncu --clock-control none --filter-mode per-launch-config --launch-skip 3 --launch-count 1 \
 			--kernel-name regex:'gemv_tile|sm90|gemm|xmma|cutlass' \
 			--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-			"$bin" -test.count=1 -test.run "TestGEMVSpeed/$sh\$" >"$out/ncu-$sh.txt" 2>&1
+			../../../.devbin/backend_cuda_kernels.test -test.count=1 -test.run "TestGEMVSpeed/$sh\$") >"$out/ncu-$sh.txt" 2>&1
 		echo "ncu $sh: rc=$? in $(($(date +%s) - t0)) s, $(grep -c '^  [a-z_0-9]*(' "$out/ncu-$sh.txt") kernels"
 	done
 fi

@@ -9,22 +9,16 @@
 # Logs under $OUT (or ./gpu-logs).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/q4k-probe.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-bin=$(pwd)/.devbin/backend_cuda_kernels.test
-cd backend/cuda/kernels || exit 2
-t0=$(date +%s)
-timeout 200 "$bin" -test.v -test.count=1 -test.run 'TestGEMVQ4K$' >"$out/q4k-tests.log" 2>&1
-echo "tests: rc=$? in $(($(date +%s) - t0)) s"
+kernels_test q4k-tests -test.run 'TestGEMVQ4K$'
 grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)' "$out/q4k-tests.log" | head -20
-t0=$(date +%s)
-timeout 200 "$bin" -test.v -test.count=1 -test.run 'TestGEMVQ4KSpeed|TestGEMVQ6KSpeed' >"$out/q4k-speed.log" 2>&1
-echo "speed: rc=$? in $(($(date +%s) - t0)) s"
+kernels_test q4k-speed -test.run 'TestGEMVQ4KSpeed|TestGEMVQ6KSpeed'
 grep -E '\| ' "$out/q4k-speed.log"
 if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
 	t0=$(date +%s)
-	timeout 240 ncu --clock-control none --filter-mode per-launch-config --launch-skip 2 --launch-count 1 \
+	(cd backend/cuda/kernels && timeout 240 ncu --clock-control none --filter-mode per-launch-config --launch-skip 2 --launch-count 1 \
 		--kernel-name regex:'gemv_q[46]k|quant_q8' \
 		--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
-		env KILN_GEMV_SHAPE="${NCU_SHAPE:-}" "$bin" -test.count=1 -test.run "${NCU_TEST:-TestGEMVQ4KSpeed}" >"$out/ncu.txt" 2>&1
+		env KILN_GEMV_SHAPE="${NCU_SHAPE:-}" ../../../.devbin/backend_cuda_kernels.test -test.count=1 -test.run "${NCU_TEST:-TestGEMVQ4KSpeed}") >"$out/ncu.txt" 2>&1
 	echo "ncu: rc=$? in $(($(date +%s) - t0)) s"
 	grep -E '^  [a-z_0-9]+ ?\(|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Block Limit Reg|Warp Cycles Per Issued|Issue Slots Busy|Eligible Warps|[Ss]tall' "$out/ncu.txt" | head -150
 fi

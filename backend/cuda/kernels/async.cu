@@ -23,6 +23,18 @@ __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool in) {
 	asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 #endif
 }
+// cp16n copies the first n (0 to 16) of the 16 bytes at src (16-byte
+// aligned) and zero-fills the rest.
+__device__ __forceinline__ void cp16n(unsigned dst, const void* src, int n) {
+#if __CUDA_ARCH__ >= 800
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+#else
+	__align__(16) unsigned char b[16];
+	for (int i = 0; i < 16; i++) b[i] = i < n ? ((const unsigned char*)src)[i] : 0;
+	const uint4 v = *(const uint4*)b;
+	asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#endif
+}
 // cp16_l2 is cp16 asking the L2 to fetch the 256 bytes around src (for
 // streams that read on past it).
 __device__ __forceinline__ void cp16_l2(unsigned dst, const void* src, bool in) {

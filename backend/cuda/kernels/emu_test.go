@@ -92,8 +92,8 @@ func TestGEMVTileEmulated(t *testing.T) {
 // reference this test writes for it: Q4_K and Q6_K weights from
 // tensor.Quantize decoded by tensor.ToF32, x rounded to the activation
 // dtype and then to int8 per 32 values as the kernel does (q8x), 1 to 8
-// rows, rows of whole and partial units of super-blocks, grids of fewer
-// warps than rows. It checks the ring's order (each copy lands only at the
+// rows, rows of whole and partial units of super-blocks (Q6_K rows and
+// units off the 16-byte grid), grids of fewer warps than rows. It checks the ring's order (each copy lands only at the
 // cp.async.wait_group that must complete it), the shared-memory layout of
 // x, the lanes' shares of a super-block and the stores; the GPU test
 // (TestGEMVQ4K) checks the same on the device. Skipped as
@@ -108,7 +108,9 @@ func TestGEMVKQEmulated(t *testing.T) {
 		dt         tensor.DType
 		k, n, grid int
 	}
-	cases := []kqCase{{tensor.Q4_K, 2304, 37, 2}, {tensor.Q4_K, 768, 19, 1}, {tensor.Q6_K, 4096, 29, 2}, {tensor.Q6_K, 2048, 9, 1}}
+	// Q6_K rows of 3 and 9 super-blocks start off the 16-byte grid.
+	cases := []kqCase{{tensor.Q4_K, 2304, 37, 2}, {tensor.Q4_K, 768, 19, 1}, {tensor.Q6_K, 4096, 29, 2}, {tensor.Q6_K, 2048, 9, 1},
+		{tensor.Q6_K, 768, 21, 2}, {tensor.Q6_K, 2304, 13, 1}}
 	for _, act := range []cu.DType{cu.BF16, cu.F16} {
 		var b bytes.Buffer
 		put := func(v any) {

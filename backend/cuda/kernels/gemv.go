@@ -540,7 +540,13 @@ const (
 
 // kqShared is the dynamic shared memory of a K-quant kernel for t rows of
 // k values and super-blocks of bb bytes: the warps' rings, then x.
-func kqShared(bb, t, k int) int { return kqWarps*kqStages*8*bb + t*(k/256)*(kqXSB+4*kqSSB) }
+func kqShared(bb, t, k int) int {
+	unit := 8 * bb // KQ_UNIT: room for a unit off the 16-byte grid
+	if bb%16 != 0 {
+		unit += 16
+	}
+	return kqWarps*kqStages*unit + t*(k/256)*(kqXSB+4*kqSSB)
+}
 
 // kqFormat is a GGUF format the K-quant kernels take (gemv_kq.cu).
 type kqFormat struct {
@@ -573,9 +579,7 @@ func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) 
 // RunQ6K is RunQ4K for weights in GGUF's Q6_K (each row k/256 super-blocks
 // of Q6KBlockBytes, as tensor.Q6_K stores them: the output matrix and some
 // value and down projections of Q4_K_M files): the 6-bit weights less 32
-// multiplied in integers and scaled per 16 values (gemv_q6k_<t>). K must be
-// a multiple of 2048 (rows of whole units of 8 super-blocks, 16-byte
-// aligned).
+// multiplied in integers and scaled per 16 values (gemv_q6k_<t>).
 func (g *GEMV) RunQ6K(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 	return g.RunBlocks(s, tensor.Q6_K, out, x, w, t, k, n, outF32)
 }
@@ -590,9 +594,8 @@ func (g *GEMV) RunBlocks(s *cu.Stream, format tensor.DType, out, x, w cu.Ptr, t,
 	return g.runKQuant(f, s, out, x, w, t, k, n, outF32)
 }
 
-// checkBlocks checks a K-quant product of t rows by weights of format:
-// checkWeightOnly's rules, and K a multiple of 2048 for Q6_K (rows of
-// whole units of 8 super-blocks, which start 16-byte aligned).
+// checkBlocks checks a K-quant product of t rows by weights of format
+// (checkWeightOnly's rules).
 func (g *GEMV) checkBlocks(format tensor.DType, out, x, w cu.Ptr, t, k, n int, outF32 bool) (kqFormat, error) {
 	f, ok := kqFormats[format]
 	if !ok {
@@ -600,9 +603,6 @@ func (g *GEMV) checkBlocks(format tensor.DType, out, x, w cu.Ptr, t, k, n int, o
 	}
 	if err := g.checkWeightOnly(f.name, 256, out, x, w, t, k, n, outF32); err != nil {
 		return f, err
-	}
-	if f.bb%16 != 0 && k%2048 != 0 {
-		return f, fmt.Errorf("%w: %s rows of %d values (a multiple of 2048)", ErrGEMVShape, f.name, k)
 	}
 	return f, nil
 }

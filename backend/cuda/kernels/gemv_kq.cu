@@ -23,9 +23,12 @@
 //   first units are issued before the PDL wait (no kernel writes weights).
 // - Lane l takes super-block l%8 of a unit and quarter l/8 of it; at a
 //   row's last unit the warp sums its lanes and lane t stores output t.
-// A Q6_K row must be a multiple of 8 super-blocks (K a multiple of 2048:
-// rows and units then start 16-byte aligned); Q4_K rows end in a partial
-// unit when they are not.
+// Rows end in a partial unit when K is not a multiple of 2048. A Q6_K
+// unit (210-byte super-blocks) starts 16-byte aligned only where the row
+// length is a multiple of 8 super-blocks; otherwise its copy starts at the
+// 16-byte boundary below it, reads only the unit's bytes past that
+// (cp16n), and the lanes read the unit at its offset in the stage (KQ_UNIT
+// leaves 16 bytes for it).
 
 #define KQ_WARPS 8
 #define KQ_STAGES 4
@@ -239,18 +242,19 @@ __device__ __forceinline__ void kq_quantize(const T* x, int TT, int K, signed ch
 // The dynamic shared memory of gemv_kq_impl (kqShared in gemv.go): the
 // warps' rings (KQ_RING for super-blocks of BB bytes), then x's int8
 // values and its groups' scales.
-#define KQ_RING(BB) (KQ_WARPS * KQ_STAGES * 8 * (BB))
+#define KQ_UNIT(BB) (8 * (BB) + ((BB) % 16 ? 16 : 0))
+#define KQ_RING(BB) (KQ_WARPS * KQ_STAGES * KQ_UNIT(BB))
 
 template <class F, int TT>
 __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w, int K, const OutStore& e) {
 	extern __shared__ __align__(16) unsigned char kq_smem[];
 	pdl_trigger();
-	constexpr int UNIT = 8 * F::BB;
+	constexpr int UNIT = 8 * F::BB, STAGE = KQ_UNIT(F::BB);
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, bl = lane & 7, sub = lane >> 3;
 	const int N = e.units(), nb = K / 256, ng = (nb + 7) / 8;
 	const long long rowBytes = (long long)nb * F::BB;
 	const int xrow = nb * KQ_XSB, srow = nb * KQ_SSB;
-	unsigned char* ring = kq_smem + warp * KQ_STAGES * UNIT;
+	unsigned char* ring = kq_smem + warp * KQ_STAGES * STAGE;
 	signed char* xq = (signed char*)(kq_smem + KQ_RING(F::BB));
 	float* xs = (float*)(kq_smem + KQ_RING(F::BB) + TT * xrow);
 	const int gw = blockIdx.x * KQ_WARPS + warp, nw = gridDim.x * KQ_WARPS;
@@ -261,12 +265,14 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 		if (in < units) {
 			const int count = imin(8, nb - 8 * inG);
 			const unsigned char* src = w + inRow * rowBytes + (long long)inG * UNIT;
-			const unsigned dst = smem_addr(ring + (in % KQ_STAGES) * UNIT);
-			if (count == 8) {
+			const unsigned dst = smem_addr(ring + (in % KQ_STAGES) * STAGE);
+			const int off = (int)((unsigned long long)src & 15);
+			if (count == 8 && off == 0) {
 #pragma unroll
 				for (int c = lane; c < UNIT / 16; c += 32) cp16(dst + 16 * c, src + 16 * c, true);
-			} else {
-				for (int c = lane; c < count * F::BB / 16; c += 32) cp16(dst + 16 * c, src + 16 * c, true);
+			} else { // a partial unit, or a Q6_K unit off the 16-byte grid
+				const int bytes = off + count * F::BB;
+				for (int c = lane; c < (bytes + 15) / 16; c += 32) cp16n(dst + 16 * c, src - off + 16 * c, imin(16, bytes - 16 * c));
 			}
 			if (++inG == ng) inG = 0, inRow += nw;
 		}
@@ -286,8 +292,9 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 		issue();
 		cp_wait<KQ_STAGES - 1>();
 		__syncwarp(); // every lane's copies of unit u have landed
-		const int b = 8 * g + bl;
-		if (b < nb) F::template dot<TT>(ring + (u % KQ_STAGES) * UNIT + bl * F::BB, sub, xq + b * KQ_XSB, xs + b * KQ_SSB, xrow, srow, acc);
+		const int b = 8 * g + bl, off = (int)((n * rowBytes + (long long)g * UNIT) & 15); // the unit's offset in its stage
+		if (b < nb)
+			F::template dot<TT>(ring + (u % KQ_STAGES) * STAGE + off + bl * F::BB, sub, xq + b * KQ_XSB, xs + b * KQ_SSB, xrow, srow, acc);
 		if (++g == ng) { // the end of a row: the warp's sums, lane t stores output t
 #pragma unroll
 			for (int t = 0; t < TT; t++) {

@@ -99,7 +99,7 @@ static inline int window_start(int p, int window) { return (window > 0 && p - wi
 alignas(16) unsigned char g_smem[256 << 10]; // cluster rank 0's shared memory
 static unsigned char* g_rank_smem[16] = {g_smem};
 struct Block;
-struct Copy { unsigned dst; const void* src; bool in; int group; };
+struct Copy { unsigned dst; const void* src; bool in; int group; int n = 16; }; // n: bytes read (the rest zero-filled)
 struct Thread {
 	ucontext_t uc;
 	dim3 idx, block;
@@ -253,14 +253,20 @@ static inline void cp16(unsigned dst, const void* src, bool in) {
 	g_cur->pending.push_back({dst, src, in, g_cur->group});
 }
 static inline void cp16_l2(unsigned dst, const void* src, bool in) { cp16(dst, src, in); }
+static inline void cp16n(unsigned dst, const void* src, int n) {
+	cp16(dst, src, n > 0);
+	g_cur->pending.back().n = n;
+}
 static inline void cp_commit() { g_cur->group++; }
 template <int N> static inline void cp_wait() {
 	// complete every committed group but the newest N
 	std::vector<Copy> keep;
 	for (auto& c : g_cur->pending) {
 		if (c.group < g_cur->group - N) {
-			if (c.in) memcpy(cur_smem() + c.dst, c.src, 16);
-			else memset(cur_smem() + c.dst, 0, 16);
+			if (c.in) {
+				memcpy(cur_smem() + c.dst, c.src, c.n);
+				memset(cur_smem() + c.dst + c.n, 0, 16 - c.n);
+			} else memset(cur_smem() + c.dst, 0, 16);
 		} else keep.push_back(c);
 	}
 	g_cur->pending.swap(keep);

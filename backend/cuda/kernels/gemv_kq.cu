@@ -292,7 +292,7 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 		issue();
 		cp_wait<KQ_STAGES - 1>();
 		__syncwarp(); // every lane's copies of unit u have landed
-		const int b = 8 * g + bl, off = (int)((n * rowBytes + (long long)g * UNIT) & 15); // the unit's offset in its stage
+		const int b = 8 * g + bl, off = (int)((n * rowBytes + (long long)g * UNIT) & 15); // its offset in the stage (w is 16-byte aligned)
 		if (b < nb)
 			F::template dot<TT>(ring + (u % KQ_STAGES) * STAGE + off + bl * F::BB, sub, xq + b * KQ_XSB, xs + b * KQ_SSB, xrow, srow, acc);
 		if (++g == ng) { // the end of a row: the warp's sums, lane t stores output t

@@ -2,7 +2,10 @@
 # Runs on the GPU machine (no Go there): every .devbin/*.test with -test.v,
 # one log per binary under $OUT (or ./gpu-logs), and a summary last.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/run.sh", carry [".devpack"]
-#   extra arguments go to every test binary, e.g. -test.run TestBlasLt
+#   extra arguments go to every test binary, e.g. -test.run TestBlasLt;
+#   BINS picks binaries by name (e.g. "backend_cuda_kernels", or
+#   "backend_cuda backend_cuda_cu backend_cuda_kcache"): all of them take
+#   more than one call's 10 minutes on an H200 with a cold kernel cache.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-logs}
@@ -24,6 +27,7 @@ summary=()
 for b in .devbin/*.test; do
 	[ -e "$b" ] || { echo "no test binaries: run tools/gpu/build.sh first" >&2; exit 2; }
 	name=$(basename "$b" .test)
+	if [ -n "${BINS:-}" ] && [[ " $BINS " != *" $name "* ]]; then continue; fi
 	bin=$(pwd)/$b
 	# Run in the package's directory, as go test does (testdata paths).
 	dir=$(echo "$name" | tr _ /)

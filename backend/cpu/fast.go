@@ -33,12 +33,12 @@ func init() {
 		}})
 	register(ir.SwiGLU, kernel{name: "cpu.swiglu_expf", priority: fastPriority, run: func(x *execState, s *step) {
 		n := s.out[0].rows(x) * s.out[0].cols
-		swiglu(s.out[0].f[:n], s.in[0].f[:n], s.in[1].f[:n])
+		gemm.SwiGLU(s.out[0].f[:n], s.in[0].f[:n], s.in[1].f[:n])
 	}})
 	register(ir.SwiGLUPacked, kernel{name: "cpu.swiglu_packed_expf", priority: fastPriority, run: func(x *execState, s *step) {
 		rows, n := s.out[0].rows(x), s.out[0].cols
 		for r := 0; r < rows; r++ {
-			swiglu(s.out[0].f[r*n:(r+1)*n], s.in[0].f[2*n*r:2*n*r+n], s.in[0].f[2*n*r+n:2*n*(r+1)])
+			gemm.SwiGLU(s.out[0].f[r*n:(r+1)*n], s.in[0].f[2*n*r:2*n*r+n], s.in[0].f[2*n*r+n:2*n*(r+1)])
 		}
 	}})
 	register(ir.RoPEKVWrite, kernel{name: "cpu.rope_kv_write", priority: fastPriority, run: func(x *execState, s *step) {
@@ -54,15 +54,6 @@ func init() {
 			x.kv.put(a.Layer, at, k, s.in[1].f[t*width:(t+1)*width])
 		}
 	}})
-}
-
-// swiglu sets out[i] = silu(g[i])·u[i] with expf (math.Exp is most of the
-// reference kernel's time).
-func swiglu(out, g, u []float32) {
-	u = u[:len(out)]
-	for i, v := range g[:len(out)] {
-		out[i] = v / (1 + expf(-v)) * u[i]
-	}
 }
 
 type attnTask struct {
@@ -114,7 +105,7 @@ func (t *attnTask) Do(lo, hi int) {
 				blockMax = max(blockMax, scores[i])
 			}
 			if blockMax > maxScore {
-				corr := expf(maxScore - blockMax)
+				corr := gemm.Expf(maxScore - blockMax)
 				for d := range acc {
 					acc[d] *= corr
 				}
@@ -122,7 +113,7 @@ func (t *attnTask) Do(lo, hi int) {
 				maxScore = blockMax
 			}
 			for i := range scores[:n] {
-				scores[i] = expf(scores[i] - maxScore)
+				scores[i] = gemm.Expf(scores[i] - maxScore)
 				sum += scores[i]
 			}
 			for i := 0; i < n; {

@@ -87,6 +87,11 @@ func rowsQ5K(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16,
 //go:noescape
 func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16, nb, nrows int, out *float32)
 
+// swigluF32 is in swiglu_amd64.s (SwiGLU).
+//
+//go:noescape
+func swigluF32(out, gate, up *float32, n8 int)
+
 // dotsE4M3 and axpysE4M3 are in e4m3_amd64.s (DotsE4M3, AxpysE4M3).
 
 //go:noescape

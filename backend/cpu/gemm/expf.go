@@ -1,12 +1,12 @@
-package cpu
+package gemm
 
 import "math"
 
-// expf is a float32 exp accurate to about 1 ulp over the range softmax needs
+// Expf is a float32 exp accurate to about 1 ulp over the range softmax needs
 // (x ≤ 0), several times faster than math.Exp: x = n·ln2 + r with |r| ≤ ln2/2
 // (ln2 split in two parts so r is exact), exp(r) by Cephes' degree-6
 // polynomial, and 2ⁿ put into the exponent bits.
-func expf(x float32) float32 {
+func Expf(x float32) float32 {
 	const (
 		log2e = 1.44269504088896341
 		ln2Hi = 0.693359375

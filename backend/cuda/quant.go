@@ -14,7 +14,7 @@ import (
 // Products of GGUF matrices kept in their blocks (weightDTypes: the
 // formats of kernels.DequantFormats), as llama.cpp's CUDA backend runs
 // them: a Q4_K or Q6_K matrix's products of up to kernels.GEMVVectorMaxT
-// rows on the GEMV straight from the blocks (GEMV.RunQ4K, RunQ6K, x
+// rows on the GEMV straight from the blocks (GEMV.RunBlocks, x
 // rounded to int8 per 32 values as llama.cpp's MMVQ does, in the kernel's
 // shared memory); every other
 // product dequantized, at
@@ -48,7 +48,7 @@ func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
 			qs = max(qs, fp8XOffset+rows*k)
 		case w.dtype == devBlocks:
-			if l.blockGEMV(w.blocks) == nil || rows > kernels.GEMVVectorMaxT {
+			if !l.blockGEMV(w.blocks) || rows > kernels.GEMVVectorMaxT {
 				dq = max(dq, min(w.rows, dqChunkRows(k, l.act.Size()))*k*l.act.Size())
 			}
 		}
@@ -148,15 +148,14 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	if err != nil {
 		return fmt.Errorf("cuda: matmul weight %q: %w", w.v.Def.Attrs.Name, err)
 	}
-	run := l.blockGEMV(w.blocks)
-	gemv := run != nil
+	gemv := l.blockGEMV(w.blocks)
 	kernel := fmt.Sprintf("%v blocks: dequantized rows + cuBLASLt", w.blocks)
 	if gemv {
 		kernel = fmt.Sprintf("%v blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", w.blocks, kernels.GEMVVectorMaxT)
 	}
 	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
 		if t <= kernels.GEMVVectorMaxT && gemv {
-			err := run(s, out[0].p, in[0].p, w.p, t, k, n, out[0].dtype == cu.F32)
+			err := l.gemv.RunBlocks(s, w.blocks, out[0].p, in[0].p, w.p, t, k, n, out[0].dtype == cu.F32)
 			if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
 				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, fmt.Sprintf("gemv %v", w.blocks))
 				return false, err
@@ -189,17 +188,6 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	return nil
 }
 
-// blockGEMV is the GEMV's product straight from matrices of GGUF format f
-// (GEMV.RunQ4K, RunQ6K) for decode steps, nil for other formats or
-// without the GEMV.
-func (l *loaded) blockGEMV(f tensor.DType) func(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
-	switch {
-	case l.gemv == nil:
-		return nil
-	case f == tensor.Q4_K:
-		return l.gemv.RunQ4K
-	case f == tensor.Q6_K:
-		return l.gemv.RunQ6K
-	}
-	return nil
-}
+// blockGEMV reports whether the GEMV computes decode steps' products
+// straight from matrices of GGUF format f (GEMV.RunBlocks).
+func (l *loaded) blockGEMV(f tensor.DType) bool { return l.gemv != nil && kernels.TakesBlocks(f) }

@@ -96,7 +96,7 @@ func TestGEMVTileEmulated(t *testing.T) {
 // units off the 16-byte grid), grids of fewer warps than rows. It checks the ring's order (each copy lands only at the
 // cp.async.wait_group that must complete it), the shared-memory layout of
 // x, the lanes' shares of a super-block and the stores; the GPU test
-// (TestGEMVQ4K) checks the same on the device. Skipped as
+// (TestGEMVBlocks) checks the same on the device. Skipped as
 // TestDecodeMMAEmulated.
 func TestGEMVKQEmulated(t *testing.T) {
 	if testing.Short() {

@@ -428,42 +428,54 @@ func (g *GEMV) RunTileSplits(st *cu.Stream, s int, out, x, w cu.Ptr, t, k, n int
 	return g.run(st, tileCfg(t, s), out, x, w, t, k, n, outF32)
 }
 
-// launch launches configuration c for t rows of x and n outputs with the
-// kernel's arguments args.
-func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
+// function is kernel c of the module, looked up once, allowed the dynamic
+// shared memory its launches take (the device's most for the K-quant
+// kernels, whose shared memory varies with t and K).
+func (g *GEMV) function(c gemvCfg) (*cu.Function, error) {
 	key := c
 	key.splits, key.blocks, key.sh = 0, 0, 0
 	if c.mma || c.tile {
 		key.t = 0
-	} else if c.t != t {
-		return fmt.Errorf("kernels: %s for %d rows", c.name(), t)
 	}
 	g.mu.Lock()
 	f := g.fns[key]
 	g.mu.Unlock()
-	if f == nil {
-		var err error
-		if f, err = g.M.Function(c.name()); err != nil {
-			return fmt.Errorf("kernels: %s: %w", c.name(), err)
+	if f != nil {
+		return f, nil
+	}
+	f, err := g.M.Function(c.name())
+	if err != nil {
+		return nil, fmt.Errorf("kernels: %s: %w", c.name(), err)
+	}
+	sh := c.shared()
+	if c.kq != "" {
+		sh = g.D.SharedPerBlock
+	}
+	if sh > 48<<10 {
+		if err := f.SetMaxDynamicShared(sh); err != nil {
+			return nil, fmt.Errorf("kernels: %s: %d bytes of shared memory: %w", c.name(), sh, err)
 		}
-		sh := c.shared()
-		if c.kq != "" {
-			sh = g.D.SharedPerBlock // the launches' shared memory varies with t and K
-		}
-		if sh > 48<<10 {
-			if err := f.SetMaxDynamicShared(sh); err != nil {
-				return fmt.Errorf("kernels: %s: %d bytes of shared memory: %w", c.name(), sh, err)
-			}
-		}
-		g.mu.Lock()
-		g.fns[key] = f
-		g.mu.Unlock()
+	}
+	g.mu.Lock()
+	g.fns[key] = f
+	g.mu.Unlock()
+	return f, nil
+}
+
+// launch launches configuration c for t rows of x and n outputs with the
+// kernel's arguments args.
+func (g *GEMV) launch(s *cu.Stream, c gemvCfg, t, n int, args ...any) error {
+	if !c.mma && !c.tile && c.t != t {
+		return fmt.Errorf("kernels: %s for %d rows", c.name(), t)
+	}
+	f, err := g.function(c)
+	if err != nil {
+		return err
 	}
 	launch := f.Launch
 	if g.PDL {
 		launch = f.LaunchDependent
 	}
-	var err error
 	if c.splits > 1 {
 		err = f.LaunchInClusters(c.splits, g.PDL, c.grid(n), c.block(), c.shared(), s, args...)
 	} else {
@@ -498,7 +510,7 @@ func (g *GEMV) RunF8(s *cu.Stream, out, x, w, wscale cu.Ptr, t, k, n int, outF32
 }
 
 // checkWeightOnly checks a product of t rows by weights of format (FP8,
-// Q4_K) for RunF8 and RunQ4K: 1 to GEMVVectorMaxT rows, K a multiple of
+// Q4_K, Q6_K) for RunF8 and RunBlocks: 1 to GEMVVectorMaxT rows, K a multiple of
 // kMul, x and w 16-byte aligned, out aligned to its elements.
 func (g *GEMV) checkWeightOnly(format string, kMul int, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 	oes := g.Act.Size()
@@ -560,32 +572,26 @@ var kqFormats = map[tensor.DType]kqFormat{
 	tensor.Q6_K: {"Q6_K", "q6k", Q6KBlockBytes},
 }
 
-// RunQ4K queues out[t,n] = x[t,k]·w[n,k]ᵀ for weights w in GGUF's Q4_K
-// (each row k/256 super-blocks of Q4KBlockBytes, as tensor.Q4_K stores
-// them), for decode steps of 1 to GEMVVectorMaxT rows, out of the
-// activation dtype or f32, as llama.cpp's MMVQ computes it: x rounded to
-// int8 per group of 32 values, multiplied by the 4-bit weights in integers
-// (dp4a) and scaled per 32 values (gemv_q4k_<t>, gemv_kq.cu: each block
-// quantizes x into its shared memory, each warp streams its rows through a
-// ring of cp.async copies). K must be a multiple of 256, x and w 16-byte
-// aligned. Rows of x whose int8 copy would not fit a block's shared memory
-// run in several launches. Other products get an error wrapping
-// ErrGEMVShape before anything is queued. It can be captured into a CUDA
-// graph.
-func (g *GEMV) RunQ4K(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
-	return g.RunBlocks(s, tensor.Q4_K, out, x, w, t, k, n, outF32)
+// TakesBlocks reports whether RunBlocks takes weights of GGUF format f
+// (Q4_K, Q6_K).
+func TakesBlocks(f tensor.DType) bool {
+	_, ok := kqFormats[f]
+	return ok
 }
 
-// RunQ6K is RunQ4K for weights in GGUF's Q6_K (each row k/256 super-blocks
-// of Q6KBlockBytes, as tensor.Q6_K stores them: the output matrix and some
-// value and down projections of Q4_K_M files): the 6-bit weights less 32
-// multiplied in integers and scaled per 16 values (gemv_q6k_<t>).
-func (g *GEMV) RunQ6K(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
-	return g.RunBlocks(s, tensor.Q6_K, out, x, w, t, k, n, outF32)
-}
-
-// RunBlocks is RunQ4K or RunQ6K by the weights' format (tensor.Q4_K,
-// tensor.Q6_K; others get an error wrapping ErrGEMVShape).
+// RunBlocks queues out[t,n] = x[t,k]·w[n,k]ᵀ for weights w in GGUF's Q4_K
+// or Q6_K (format; each row k/256 super-blocks of Q4KBlockBytes or
+// Q6KBlockBytes, as tensor.Q4_K and tensor.Q6_K store them), for decode
+// steps of 1 to GEMVVectorMaxT rows, out of the activation dtype or f32,
+// as llama.cpp's MMVQ computes it: x rounded to int8 per group of 32
+// values, multiplied by the 4-bit (Q4_K) or 6-bit less 32 (Q6_K) weights
+// in integers (dp4a) and scaled per 32 or 16 values (gemv_q4k_<t>,
+// gemv_q6k_<t>, gemv_kq.cu: each block quantizes x into its shared memory,
+// each warp streams its rows through a ring of cp.async copies). K must be
+// a multiple of 256, x and w 16-byte aligned. Rows of x whose int8 copy
+// would not fit a block's shared memory run in several launches. Other
+// products and formats get an error wrapping ErrGEMVShape before anything
+// is queued. It can be captured into a CUDA graph.
 func (g *GEMV) RunBlocks(s *cu.Stream, format tensor.DType, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 	f, err := g.checkBlocks(format, out, x, w, t, k, n, outF32)
 	if err != nil {
@@ -651,12 +657,9 @@ func (g *GEMV) kqBlocks(c gemvCfg) (int, error) {
 	if ok {
 		return b, nil
 	}
-	f, err := g.M.Function(c.name())
+	f, err := g.function(c)
 	if err != nil {
-		return 0, fmt.Errorf("kernels: %s: %w", c.name(), err)
-	}
-	if err := f.SetMaxDynamicShared(g.D.SharedPerBlock); err != nil {
-		return 0, fmt.Errorf("kernels: %s: %d bytes of shared memory: %w", c.name(), g.D.SharedPerBlock, err)
+		return 0, err
 	}
 	per, err := f.Occupancy(32*kqWarps, c.sh)
 	if err != nil {

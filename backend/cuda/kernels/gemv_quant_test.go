@@ -124,7 +124,7 @@ func q8x(x []float32) []float64 {
 	return out
 }
 
-// TestGEMVQ4K: RunQ4K and RunQ6K against a float64 reference of x (rounded
+// TestGEMVBlocks: RunBlocks (Q4_K and Q6_K weights) against a float64 reference of x (rounded
 // to the activation dtype, then to int8 per group of 32 as the kernels'
 // kq_quantize does: q8x) times the Q4_K or Q6_K weights as tensor.ToF32
 // decodes them (weights quantized by tensor.Quantize from normal values, so
@@ -134,7 +134,7 @@ func q8x(x []float32) []float64 {
 // partial unit of super-blocks, fewer rows than warps), nothing written
 // past the output; the rows of x in several launches when a block's shared
 // memory cannot hold them all; then the products it refuses.
-func TestGEMVQ4K(t *testing.T) {
+func TestGEMVBlocks(t *testing.T) {
 	d := gpu(t)
 	for _, act := range allDTypes {
 		g := gemvMod(t, act, false)
@@ -142,16 +142,15 @@ func TestGEMVQ4K(t *testing.T) {
 		for _, f := range []struct {
 			dt     tensor.DType
 			bb     int
-			run    func(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error
 			shapes []gemvShape
 		}{
-			{tensor.Q4_K, Q4KBlockBytes, g.RunQ4K, []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"nine blocks", 2304, 77},
+			{tensor.Q4_K, Q4KBlockBytes, []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"nine blocks", 2304, 77},
 				{"one block", 256, 301}, {"three blocks", 768, 33}, {"tiny", 512, 3}}},
 			// Q6_K: super-blocks of 210 bytes start 2 bytes past a 4-byte
 			// boundary every other one, and rows of other than a multiple
 			// of 8 super-blocks off the 16-byte grid, which the kernel's
 			// copies and reads must handle.
-			{tensor.Q6_K, Q6KBlockBytes, g.RunQ6K, []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"nine blocks", 2304, 77},
+			{tensor.Q6_K, Q6KBlockBytes, []gemvShape{{"O", 4096, 4096}, {"down", 14336, 4096}, {"nine blocks", 2304, 77},
 				{"one block", 256, 301}, {"three blocks", 768, 33}, {"tiny", 512, 3}}},
 		} {
 			upload := func(k, n int) (x []float32, pw cu.Ptr, ref []float64) {
@@ -170,7 +169,7 @@ func TestGEMVQ4K(t *testing.T) {
 				px := up(t, act, x)
 				checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v %s k=%d n=%d", f.dt, act, sh.name, k, n), n, ref,
 					func(out cu.Ptr, rows int, outF32 bool) error {
-						return f.run(nil, out, px, pw, rows, k, n, outF32)
+						return g.RunBlocks(nil, f.dt, out, px, pw, rows, k, n, outF32)
 					})
 			}
 			// Shared memory for 3 rows of x at K 4096: 8 rows in three
@@ -181,10 +180,10 @@ func TestGEMVQ4K(t *testing.T) {
 			g.kqSharedLimit = kqShared(f.bb, 3, k)
 			checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v 3 rows a launch k=%d n=%d", f.dt, act, k, n), n, ref,
 				func(out cu.Ptr, rows int, outF32 bool) error {
-					return f.run(nil, out, px, pw, rows, k, n, outF32)
+					return g.RunBlocks(nil, f.dt, out, px, pw, rows, k, n, outF32)
 				})
 			g.kqSharedLimit = kqShared(f.bb, 1, k) - 1
-			if err := f.run(nil, pw, px, pw, 1, k, n, false); !errors.Is(err, ErrGEMVShape) {
+			if err := g.RunBlocks(nil, f.dt, pw, px, pw, 1, k, n, false); !errors.Is(err, ErrGEMVShape) {
 				t.Errorf("%v %v: x of one row past the shared memory: err %v, want ErrGEMVShape", f.dt, act, err)
 			}
 			g.kqSharedLimit = 0
@@ -192,57 +191,45 @@ func TestGEMVQ4K(t *testing.T) {
 		p := alloc(t, 1<<16)
 		for _, c := range []struct {
 			what       string
-			q6k        bool
+			format     tensor.DType
 			out, x, w  cu.Ptr
 			rows, k, n int
 		}{
-			{"9 rows", false, p, p, p, 9, 256, 8},
-			{"K 128", false, p, p, p, 1, 128, 8},
-			{"Q6_K K 128", true, p, p, p, 1, 128, 8},
-			{"x off by 8", false, p, p + 8, p, 1, 256, 8},
-			{"w off by 4", false, p, p, p + 4, 1, 256, 8},
-			{"null w", false, p, p, 0, 1, 256, 8},
+			{"9 rows", tensor.Q4_K, p, p, p, 9, 256, 8},
+			{"K 128", tensor.Q4_K, p, p, p, 1, 128, 8},
+			{"Q6_K K 128", tensor.Q6_K, p, p, p, 1, 128, 8},
+			{"Q5_K", tensor.Q5_K, p, p, p, 1, 256, 8},
+			{"x off by 8", tensor.Q4_K, p, p + 8, p, 1, 256, 8},
+			{"w off by 4", tensor.Q4_K, p, p, p + 4, 1, 256, 8},
+			{"null w", tensor.Q4_K, p, p, 0, 1, 256, 8},
 		} {
-			run := g.RunQ4K
-			if c.q6k {
-				run = g.RunQ6K
-			}
-			if err := run(nil, c.out, c.x, c.w, c.rows, c.k, c.n, false); !errors.Is(err, ErrGEMVShape) {
+			if err := g.RunBlocks(nil, c.format, c.out, c.x, c.w, c.rows, c.k, c.n, false); !errors.Is(err, ErrGEMVShape) {
 				t.Errorf("%v %s: err %v, want ErrGEMVShape", act, c.what, err)
 			}
 		}
 	}
 }
 
-// TestGEMVQ6KSpeed is TestGEMVQ4KSpeed for RunQ6K (Q6_K weights).
-func TestGEMVQ6KSpeed(t *testing.T) {
+// TestGEMVBlocksSpeed times RunBlocks (Q4_K and Q6_K weights; x's
+// quantization included) against the bf16 GEMV (Run) on a Llama-3-8B's
+// decode products at 1, 4 and 8 rows, weights rotated past the L2, each as
+// bytes of its own weights a second against the device-to-device copy of
+// the same run (issue 16's target: batch 1 at 85% of copy). It logs,
+// asserts nothing (docs/PERF.md).
+func TestGEMVBlocksSpeed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("benchmark")
 	}
 	g := gemvMod(t, cu.BF16, false)
-	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * Q6KBlockBytes },
-		func(x, w, out cu.Ptr, rows, k, n int) error {
-			return g.RunQ6K(nil, out, x, w, rows, k, n, false)
-		})
-	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q6_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
-		"| product (K, N) | rows | bf16 | Q6_K | bf16 ÷ Q6_K time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
-}
-
-// TestGEMVQ4KSpeed times RunQ4K (Q4_K weights; x's quantization included)
-// against the bf16 GEMV (Run)
-// on a Llama-3-8B's decode products at 1, 4 and 8 rows, weights rotated
-// past the L2, each as bytes of its own weights a second against the
-// device-to-device copy of the same run (issue 16's target: batch 1 at 85%
-// of copy). It logs, asserts nothing (docs/PERF.md).
-func TestGEMVQ4KSpeed(t *testing.T) {
-	if testing.Short() {
-		t.Skip("benchmark")
+	for _, f := range []struct {
+		dt tensor.DType
+		bb int
+	}{{tensor.Q4_K, Q4KBlockBytes}, {tensor.Q6_K, Q6KBlockBytes}} {
+		copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * f.bb },
+			func(x, w, out cu.Ptr, rows, k, n int) error {
+				return g.RunBlocks(nil, f.dt, out, x, w, rows, k, n, false)
+			})
+		t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against %v GEMV, each as bytes of its own weights a second and %% of copy:\n"+
+			"| product (K, N) | rows | bf16 | %v | bf16 ÷ %v time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, f.dt, f.dt, f.dt, strings.Join(lines, "\n"))
 	}
-	g := gemvMod(t, cu.BF16, false)
-	copyBW, lines := weightOnlySpeed(t, func(k, n int) int { return n * k / 256 * Q4KBlockBytes },
-		func(x, w, out cu.Ptr, rows, k, n int) error {
-			return g.RunQ4K(nil, out, x, w, rows, k, n, false)
-		})
-	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against Q4_K GEMV, each as bytes of its own weights a second and %% of copy:\n"+
-		"| product (K, N) | rows | bf16 | Q4_K | bf16 ÷ Q4_K time |\n|---|---|---|---|---|\n%s", gpu(t).Name, copyBW, strings.Join(lines, "\n"))
 }

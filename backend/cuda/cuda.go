@@ -87,8 +87,13 @@ type Stats struct {
 	GraphFailures int // captures that failed (those compositions run directly)
 	// Epilogues counts the launches (captures included) of a GEMV with the
 	// op reading its product in its epilogue.
-	Epilogues   int
-	LastFailure error // the latest capture failure
+	Epilogues int
+	// FP8Scaled counts the FP8 products (launches, captures included)
+	// whose scales their reader applied (no pass of their own), FP8Written
+	// the activations a kernel wrote in FP8 form for the FP8 product after
+	// it (no quantization of their own).
+	FP8Scaled, FP8Written int
+	LastFailure           error // the latest capture failure
 	// FP8Matrices counts the matrices loads kept in E4M3 on the device
 	// (Backend.FP8), BlockMatrices those kept in GGUF blocks.
 	FP8Matrices, BlockMatrices int

@@ -67,6 +67,9 @@ type stepState struct {
 	// done is a node whose outputs the product before it wrote in its
 	// epilogue: not launched.
 	done *node
+	// fp8In is the activation whose FP8 form the node before the FP8
+	// product reading it wrote into the FP8 scratch (fp8Output).
+	fp8In cu.Ptr
 	// prof names the kernels the events of a profiled step end
 	// (Backend.Profile; nil: not profiled); ran is what the last product
 	// ran on.
@@ -107,6 +110,21 @@ type node struct {
 	in, out []operand
 	plan    kernels.DecodePlan // attention: this step's flash-decoding split
 	launch  func(x *stepState, nd *node) error
+	// scaled (the readers of products that can take an FP8 product's
+	// scales: SwiGLU, RoPE with the cache writes, the residual add and
+	// norm) launches the node on a product whose scales are still to be
+	// applied, its input scaledIn; launch is scaled with none. Like
+	// launch it is given the node it runs (the executable's copy, which
+	// markFP8Fusions marks, not the one choose bound).
+	scaled   func(x *stepState, nd *node, sc kernels.ProductScales) error
+	scaledIn int
+	// scaledReader (FP8 products): the next node, the product's sole
+	// reader, which takes its scales (markFP8Fusions).
+	scaledReader *node
+	// fp8Out: the node's output is read only by the next node, a product
+	// of E4M3 weights (markFP8Fusions), for which it may write it in FP8
+	// form (fp8Output).
+	fp8Out bool
 	// epilogue (products): the next node, which takes this product apart
 	// and which the GEMV computes in its epilogue when it runs the product
 	// (compile.EpilogueReaders).
@@ -214,6 +232,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		}
 		e.nodes = append(e.nodes, nd)
 	}
+	markFP8Fusions(e.nodes, p.Graph)
 	epilogues := compile.EpilogueReaders(p.Graph)
 	for i := 0; i+1 < len(e.nodes); i++ {
 		if nd, next := &e.nodes[i], &e.nodes[i+1]; epilogues[nd.n] == next.n && l.gemv != nil && !l.b.NoEpilogues {

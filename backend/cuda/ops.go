@@ -27,12 +27,34 @@ func (l *loaded) choose(nd *node) error {
 	case ir.RMSNorm:
 		nd.kernel = "rmsnorm" + ws(in[1])
 		nd.launch = func(x *stepState, nd *node) error {
-			return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, in[0].rows(x), in[0].cols, a.Eps)
+			t := in[0].rows(x)
+			q, ok, err := l.fp8Output(x, nd, out[0], t)
+			if err != nil {
+				return err
+			}
+			if ok {
+				return k.RMSNormE4M3(s, q, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps)
+			}
+			return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps)
 		}
 	case ir.AddRMSNorm:
 		nd.kernel = "add_rmsnorm" + ws(in[2])
-		nd.launch = func(x *stepState, nd *node) error {
-			return k.AddRMSNorm(s, out[0].p, out[1].p, in[0].p, in[1].p, in[2].p, in[2].dtype, in[0].rows(x), in[0].cols, a.Eps)
+		nd.scaled = func(x *stepState, nd *node, sc kernels.ProductScales) error {
+			t := in[0].rows(x)
+			// The scales are those of input scaledIn (the sum is the same
+			// either way round).
+			a0, a1 := in[0].p, in[1].p
+			if nd.scaledIn == 1 {
+				a0, a1 = a1, a0
+			}
+			q, ok, err := l.fp8Output(x, nd, out[1], t)
+			if err != nil {
+				return err
+			}
+			if ok {
+				return k.AddRMSNormE4M3(s, out[0].p, out[1].p, q, a0, a1, sc, in[2].p, in[2].dtype, t, in[0].cols, a.Eps)
+			}
+			return k.AddRMSNorm(s, out[0].p, out[1].p, a0, a1, sc, in[2].p, in[2].dtype, t, in[0].cols, a.Eps)
 		}
 	case ir.MatMul, ir.MatMulBias:
 		w := in[1]
@@ -125,8 +147,16 @@ func (l *loaded) choose(nd *node) error {
 		}
 	case ir.SwiGLUPacked:
 		nd.kernel = "swiglu_packed"
-		nd.launch = func(x *stepState, nd *node) error {
-			return k.SwiGLUPacked(s, out[0].p, in[0].p, in[0].rows(x), out[0].cols)
+		nd.scaled = func(x *stepState, nd *node, sc kernels.ProductScales) error {
+			t := in[0].rows(x)
+			q, ok, err := l.fp8Output(x, nd, out[0], t)
+			if err != nil {
+				return err
+			}
+			if ok {
+				return k.SwiGLUPackedE4M3(s, q, out[0].p, in[0].p, sc, t, out[0].cols)
+			}
+			return k.SwiGLUPacked(s, out[0].p, in[0].p, sc, t, out[0].cols)
 		}
 	case ir.AddBias:
 		nd.kernel = "add_bias" + ws(in[1])
@@ -160,8 +190,8 @@ func (l *loaded) choose(nd *node) error {
 			return fmt.Errorf("cuda: rope table is %v", in[2].dtype)
 		}
 		nd.kernel = "rope_qkv_write"
-		nd.launch = func(x *stepState, nd *node) error {
-			return x.kv.kern.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
+		nd.scaled = func(x *stepState, nd *node, sc kernels.ProductScales) error {
+			return x.kv.kern.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, sc, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
 				x.m.T, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
 		}
 	case ir.Attention:
@@ -196,6 +226,9 @@ func (l *loaded) choose(nd *node) error {
 		}
 	default:
 		return fmt.Errorf("cuda: no kernel for %v", nd.n.Op)
+	}
+	if nd.scaled != nil {
+		nd.launch = func(x *stepState, nd *node) error { return nd.scaled(x, nd, kernels.ProductScales{}) }
 	}
 	return nil
 }

@@ -93,6 +93,8 @@ func (nd *node) profileName(x *stepState) string {
 	switch {
 	case x.ran != "" && nd.epilogue != nil && x.done == nd.epilogue:
 		return x.ran + " + " + strings.TrimSuffix(nd.epilogue.kernel, unlessFused)
+	case x.ran != "" && nd.scaledReader != nil && x.done == nd.scaledReader:
+		return x.ran + " + " + strings.TrimSuffix(nd.scaledReader.kernel, unlessFused)
 	case x.ran != "":
 		return x.ran
 	case nd.n.Op == ir.Attention && x.decode:

@@ -46,7 +46,7 @@ func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 		switch {
 		case !ok:
 		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
-			qs = max(qs, fp8XOffset+rows*k)
+			qs = max(qs, fp8XOffset(rows)+rows*k)
 		case w.dtype == devBlocks:
 			if !l.blockGEMV(w.blocks) || rows > kernels.GEMVVectorMaxT {
 				dq = max(dq, min(w.rows, dqChunkRows(k, l.act.Size()))*k*l.act.Size())
@@ -120,7 +120,7 @@ func (l *loaded) ensureQuant(x *stepState, qs, dq int) error {
 // node's output, adding bias itself where it can (it reports whether it
 // did); otherwise the bias kernel adds it after. The reader a GEMV
 // epilogue would take runs as its own kernel.
-func (l *loaded) bindWeightProduct(nd *node, s *cu.Stream, kernel string, run func(x *stepState, t, k, n int, bias *operand) (bool, error)) {
+func (l *loaded) bindWeightProduct(nd *node, s *cu.Stream, kernel string, run func(x *stepState, nd *node, t, k, n int, bias *operand) (bool, error)) {
 	in, out := nd.in, nd.out
 	nd.kernel = kernel
 	var bias *operand
@@ -130,7 +130,7 @@ func (l *loaded) bindWeightProduct(nd *node, s *cu.Stream, kernel string, run fu
 	}
 	nd.launch = func(x *stepState, nd *node) error {
 		t, k, n := in[0].rows(x), in[0].cols, out[0].cols
-		biased, err := run(x, t, k, n, bias)
+		biased, err := run(x, nd, t, k, n, bias)
 		if err != nil || bias == nil || biased {
 			return err
 		}
@@ -153,7 +153,7 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	if gemv {
 		kernel = fmt.Sprintf("%v blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", w.blocks, kernels.GEMVVectorMaxT)
 	}
-	l.bindWeightProduct(nd, s, kernel, func(x *stepState, t, k, n int, bias *operand) (bool, error) {
+	l.bindWeightProduct(nd, s, kernel, func(x *stepState, _ *node, t, k, n int, bias *operand) (bool, error) {
 		if t <= kernels.GEMVVectorMaxT && gemv {
 			err := l.gemv.RunBlocks(s, w.blocks, out[0].p, in[0].p, w.p, t, k, n, out[0].dtype == cu.F32)
 			if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {

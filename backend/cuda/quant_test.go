@@ -116,7 +116,9 @@ func perTensorFP8(m *model.Model) {
 // bf16's rounding (‖Δ‖₂/‖ref‖₂ ≤ 2e-2, as the transformers fixtures' bf16
 // bound). Once cuBLASLt runs (prefills of 200 and 35 rows, decode of 12)
 // the activations are rounded to E4M3 as well (3 significant bits; 0.04
-// to 0.05 measured on an H200): within 1e-1.
+// to 0.05 measured on an H200): within 1e-1. Those steps must have taken
+// the fused paths: the readers applying the products' scales, the norms
+// and SwiGLU writing the products' inputs in FP8 form.
 func TestFP8Weights(t *testing.T) {
 	fp8Backend(t)
 	s := bench.Shape{Name: "fp8", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
@@ -154,10 +156,18 @@ func TestFP8Weights(t *testing.T) {
 				return quantSteps(t, e, s.Vocab)
 			}
 			native := backendOf(t, "bf16")
-			before := native.Stats().FP8Matrices
+			before := native.Stats()
 			got := run(native)
-			if n := native.Stats().FP8Matrices - before; n == 0 {
+			after := native.Stats()
+			if n := after.FP8Matrices - before.FP8Matrices; n == 0 {
 				t.Fatalf("no matrix was kept in E4M3")
+			}
+			// Beyond the GEMV's rows the products' readers applied their
+			// scales and the norms and SwiGLU wrote the products' inputs
+			// in FP8 form.
+			if after.FP8Scaled == before.FP8Scaled || after.FP8Written == before.FP8Written {
+				t.Errorf("FP8 products with their scales in the reader: %d, activations written in FP8 form: %d; want some of each",
+					after.FP8Scaled-before.FP8Scaled, after.FP8Written-before.FP8Written)
 			}
 			wide := backendOf(t, "bf16")
 			wide.NoFP8 = true

@@ -5,26 +5,37 @@
 # turns: prefill of 2048 tokens and decode at depth 512 of batches 1, 64 and
 # 256 (issue 16's FP8 targets: prefill ≥ 1.6×, batch-256 decode ≥ 1.4× the
 # bf16 model). Logs under $OUT (or ./gpu-logs).
-#   ROUNDS (default 2) rounds; BATCH (1,64,256); PP (2048); TG (64).
+#   ROUNDS (default 2) rounds; BATCH (1,64,256); PP (2048); TG (64). With
+#   .devbin/kiln-base (BASE=<rev> tools/gpu/build.sh) the FP8 checkpoint also
+#   runs on that kiln in each round (fp8-base). VARIANTS replaces the list
+#   (bf16, fp8, fp8-base; bf16-base; fp8-kv8 and bf16-kv8: with
+#   --kv-cache-dtype fp8);
+#   PROFILE=1 adds --profile (the kernels' device times after each test).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
 random_bf16
 fp8=$keep/llama3-8b-fp8
 args=(--device cuda --pp "${PP:-2048}" --tg "${TG:-64}" --depth 512 --batch "${BATCH:-1,64,256}" --reps 1)
+[ "${PROFILE:-0}" = 1 ] && args+=(--profile)
 if [ ! -f "$fp8/config.json" ]; then
 	t0=$(date +%s)
 	$k quantize --to fp8 "$bf16" "$fp8" >"$out/quantize.txt" 2>&1
 	echo "quantize: rc=$? in $(($(date +%s) - t0)) s: $(tail -1 "$out/quantize.txt")"
 fi
+variants="bf16 fp8"
+[ -x .devbin/kiln-base ] && variants="bf16 fp8 fp8-base"
 for r in $(seq "${ROUNDS:-2}"); do
-	for v in bf16 fp8; do
+	for v in ${VARIANTS:-$variants}; do
 		t0=$(date +%s)
-		if [ "$v" = bf16 ]; then
-			$k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1
-		else
-			$k bench model "$fp8" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1
-		fi
+		case $v in
+		bf16) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		bf16-kv8) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		fp8) $k bench model "$fp8" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		fp8-kv8) $k bench model "$fp8" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		fp8-base) .devbin/kiln-base bench model "$fp8" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		bf16-base) .devbin/kiln-base bench model "$bf16" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		esac
 		echo "== $v, round $r: rc=$? in $(($(date +%s) - t0)) s"
 		grep -E '^\| |roofline|busy' "$out/$v-$r.txt" | head -20
 	done

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -20,86 +21,101 @@ func fp8Device(t testing.TB) *cu.Device {
 	return d
 }
 
-// TestQuantizeE4M3: QuantizeE4M3 against tensor.F32ToE4M3 of x/s with s =
-// max|x|/448 in float32 (the same divisions, correctly rounded), byte for
-// byte, and the scale bit for bit, for every activation dtype: normal
-// values with an outlier (which maps to ±448, or saturates there when x/s
-// rounds above it), values of order 1e-4 (a tiny scale), an all-zero x
-// (scale 1), each on fresh scratch; values near zero land on E4M3's
-// subnormals in every case. Then the operands it refuses.
-func TestQuantizeE4M3(t *testing.T) {
+// TestQuantizeRowsE4M3: QuantizeRowsE4M3 against tensor.F32ToE4M3 of x/s
+// with s = max|x|/448 of each row in float32 (the same divisions, correctly
+// rounded), byte for byte, and each row's scale bit for bit, for every
+// activation dtype: rows of magnitudes 1/16 to 16 with an outlier (which
+// maps to ±448, or saturates there when x/s rounds above it), values of
+// order 1e-4 (tiny scales), an all-zero row among others (scale 1), rows
+// shorter and longer than a block's pass, each on fresh scratch; values
+// near zero land on E4M3's subnormals in every case. Then the operands it
+// refuses.
+func TestQuantizeRowsE4M3(t *testing.T) {
 	fp8Device(t)
 	rng := newRNG(t)
 	for _, act := range allDTypes {
 		k := kern(t, act)
 		for _, c := range []struct {
-			what  string
-			n     int
-			scale float64
-		}{{"normal", 256 * 4096, 1}, {"small", 48, 3}, {"tiny", 4096, 1e-4}, {"zeros", 64, 0}, {"normal again", 16 * 1024, 7}} {
-			x := roundTo(act, randn(rng, c.n, c.scale))
-			if c.what == "normal" {
-				x[12345] = float32(40 * c.scale) // an outlier sets the scale
-				roundTo(act, x[12345:12346])
+			what       string
+			rows, cols int
+			scale      float64
+		}{{"normal", 256, 4096, 1}, {"small", 3, 48, 3}, {"tiny", 5, 4096, 1e-4}, {"zero row", 4, 64, 1}, {"long rows", 9, 14336, 7}, {"one row", 1, 16, 1}} {
+			n := c.rows * c.cols
+			x := randn(rng, n, c.scale)
+			for r := range c.rows {
+				for i := range c.cols {
+					x[r*c.cols+i] *= float32(math.Ldexp(1, r%9-4))
+				}
 			}
+			switch c.what {
+			case "normal":
+				x[12345] = float32(40 * c.scale) // an outlier sets its row's scale
+			case "zero row":
+				clear(x[2*c.cols : 3*c.cols])
+			}
+			roundTo(act, x)
 			px := up(t, act, x)
-			q, scale, amax := alloc(t, c.n), alloc(t, 4), alloc(t, 4)
-			must(t, k.QuantizeE4M3(nil, q, scale, amax, px, c.n))
-			got := make([]byte, c.n)
+			q, scales := alloc(t, n), alloc(t, 4*c.rows)
+			must(t, k.QuantizeRowsE4M3(nil, q, scales, px, c.rows, c.cols))
+			got := make([]byte, n)
 			must(t, gpu(t).Sync())
 			must(t, gpu(t).Download(got, q))
-			sb := make([]byte, 4)
-			must(t, gpu(t).Download(sb, scale))
-			gotScale := math.Float32frombits(uint32(sb[0]) | uint32(sb[1])<<8 | uint32(sb[2])<<16 | uint32(sb[3])<<24)
-			var a float32
-			for _, v := range x {
-				a = max(a, float32(math.Abs(float64(v))))
-			}
-			s := float32(1)
-			if a > 0 {
-				s = a / tensor.E4M3Max
-			}
-			if gotScale != s {
-				t.Errorf("%v %s: scale %v, want %v", act, c.what, gotScale, s)
-			}
+			gotScales := make([]float32, c.rows)
+			must(t, gpu(t).Download(cu.AsBytes(gotScales), scales))
 			bad := 0
-			for i, v := range x {
-				if want := tensor.F32ToE4M3(v / s); got[i] != want {
-					if bad < 5 {
-						t.Errorf("%v %s: q[%d] = %#x for x %v (x/s %v), want %#x", act, c.what, i, got[i], v, v/s, want)
+			for r := range c.rows {
+				row := x[r*c.cols : (r+1)*c.cols]
+				var a float32
+				for _, v := range row {
+					a = max(a, float32(math.Abs(float64(v))))
+				}
+				s := float32(1)
+				if a > 0 {
+					s = a / tensor.E4M3Max
+				}
+				if gotScales[r] != s {
+					t.Errorf("%v %s: row %d scale %v, want %v", act, c.what, r, gotScales[r], s)
+				}
+				for i, v := range row {
+					if want := tensor.F32ToE4M3(v / s); got[r*c.cols+i] != want {
+						if bad < 5 {
+							t.Errorf("%v %s: q[%d, %d] = %#x for x %v (x/s %v), want %#x", act, c.what, r, i, got[r*c.cols+i], v, v/s, want)
+						}
+						bad++
 					}
-					bad++
 				}
 			}
 			if bad > 0 {
-				t.Errorf("%v %s: %d of %d wrong", act, c.what, bad, c.n)
+				t.Errorf("%v %s: %d of %d wrong", act, c.what, bad, n)
 			}
 		}
 		p := alloc(t, 4096)
 		for _, c := range []struct {
-			what              string
-			q, scale, amax, x cu.Ptr
-			n                 int
+			what         string
+			q, scales, x cu.Ptr
+			rows, cols   int
 		}{
-			{"n 24", p, p + 2048, p + 2052, p, 24},
-			{"n 0", p, p + 2048, p + 2052, p, 0},
-			{"x off by 8", p + 1024, p + 2048, p + 2052, p + 8, 16},
-			{"q off by 4", p + 1028, p + 2048, p + 2052, p, 16},
-			{"null scale", p + 1024, 0, p + 2052, p, 16},
-			{"scale off by 4", p + 1024, p + 2052, p + 2048, p, 16},
+			{"cols 24", p, p + 2048, p, 1, 24},
+			{"cols 0", p, p + 2048, p, 1, 0},
+			{"rows 0", p, p + 2048, p, 0, 16},
+			{"x off by 8", p + 1024, p + 2048, p + 8, 1, 16},
+			{"q off by 4", p + 1028, p + 2048, p, 1, 16},
+			{"null scales", p + 1024, 0, p, 1, 16},
+			{"scales off by 2", p + 1024, p + 2050, p, 1, 16},
 		} {
-			if err := k.QuantizeE4M3(nil, c.q, c.scale, c.amax, c.x, c.n); err == nil {
+			if err := k.QuantizeRowsE4M3(nil, c.q, c.scales, c.x, c.rows, c.cols); err == nil {
 				t.Errorf("%v %s: accepted", act, c.what)
 			}
 		}
 	}
 }
 
-// TestFP8ProductSpeed times a Llama-3-8B layer's products as an FP8 path
-// would run them, the activation quantized per tensor (QuantizeE4M3) then
-// the FP8 product (cuBLASLt, the fastest of its candidates), against the
-// bf16 product, at 2048 rows (prefill), 256 and 64 (batched decode). It
-// logs, asserts nothing (docs/PERF.md).
+// TestFP8ProductSpeed times a Llama-3-8B layer's products as the FP8 path
+// runs them, the activation quantized a token (QuantizeRowsE4M3) then the
+// FP8 product (cuBLASLt, the fastest of its candidates) with unit scales,
+// against the bf16 product, at 2048 rows (prefill), 256 and 64 (batched
+// decode); and the pass that applies the scales where no reader takes
+// them (ScaleRowsCols in place). It logs, asserts nothing (docs/PERF.md).
 func TestFP8ProductSpeed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("benchmark")
@@ -112,11 +128,11 @@ func TestFP8ProductSpeed(t *testing.T) {
 	const maxT, maxK, maxW = 2048, 14336, 4096 * 28672
 	px, pq := alloc(t, maxT*maxK*2), alloc(t, maxT*maxK)
 	pw, po := alloc(t, maxW*2), alloc(t, maxT*28672*2)
-	scales := alloc(t, 48)
-	xs, ws, amax := scales, scales+16, scales+32 // cuBLASLt refuses scales off 16-byte boundaries
+	one, rs, cs := alloc(t, 16), alloc(t, 4*maxT), alloc(t, 4*28672) // cuBLASLt refuses scales off 16-byte boundaries
+	must(t, d.Memset32(one, math.Float32bits(1), 1, nil))
+	must(t, d.Memset32(cs, math.Float32bits(1e-3), 28672, nil))
 	must(t, d.Memset32(px, 0x3c003c00, maxT*maxK/2, nil))
 	must(t, d.Memset32(pw, 0x3c003c00, maxW/2, nil))
-	must(t, d.Memset32(ws, math.Float32bits(1e-3), 1, nil))
 	fastest := func(mm cu.Matmul, pre func() error) float64 {
 		n, err := lt.Algorithms(mm)
 		must(t, err)
@@ -137,24 +153,27 @@ func TestFP8ProductSpeed(t *testing.T) {
 	}
 	var lines []string
 	for _, rows := range []int{2048, 256, 64} {
-		var sum [3]float64
+		var sum [4]float64
 		for _, sh := range []struct {
 			name string
 			k, n int
 		}{{"Q/K/V", 4096, 6144}, {"output", 4096, 4096}, {"gate/up", 4096, 28672}, {"down", 14336, 4096}} {
 			bf := cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: px, W: pw, Dst: po}
-			f8 := cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.F8E4M3, Out: cu.BF16, X: pq, W: pw, Dst: po, XScale: xs, WScale: ws}
-			quant := func() error { return k.QuantizeE4M3(nil, pq, xs, amax, px, rows*sh.k) }
-			tb, tq, tf := fastest(bf, nil), gpuTime(t, 10, 5, func(int) error { return quant() }), fastest(f8, quant)
-			sum[0] += tb
-			sum[1] += tq
-			sum[2] += tf
-			lines = append(lines, fmt.Sprintf("| %d | %s (%d, %d) | %.1f | %.1f | %.1f | %.2f× |", rows, sh.name, sh.k, sh.n, tb*1e3, tq*1e3, tf*1e3, tb/tf))
+			f8 := cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.F8E4M3, Out: cu.BF16, X: pq, W: pw, Dst: po, XScale: one, WScale: one}
+			quant := func() error { return k.QuantizeRowsE4M3(nil, pq, rs, px, rows, sh.k) }
+			scale := func(int) error { return k.ScaleRowsCols(nil, po, po, ProductScales{rs, cs}, rows, sh.n) }
+			tb, tq, tf, ts := fastest(bf, nil), gpuTime(t, 10, 5, func(int) error { return quant() }), fastest(f8, quant), gpuTime(t, 10, 5, scale)
+			for i, v := range []float64{tb, tq, tf, ts} {
+				sum[i] += v
+			}
+			lines = append(lines, fmt.Sprintf("| %d | %s (%d, %d) | %.1f | %.1f | %.1f | %.2f× | %.1f | %.2f× |", rows, sh.name, sh.k, sh.n,
+				tb*1e3, tq*1e3, tf*1e3, tb/tf, ts*1e3, tb/(tf+ts)))
 		}
-		lines = append(lines, fmt.Sprintf("| %d | the layer's four | %.1f | %.1f | %.1f | %.2f× |", rows, sum[0]*1e3, sum[1]*1e3, sum[2]*1e3, sum[0]/sum[2]))
+		lines = append(lines, fmt.Sprintf("| %d | the layer's four | %.1f | %.1f | %.1f | %.2f× | %.1f | %.2f× |", rows,
+			sum[0]*1e3, sum[1]*1e3, sum[2]*1e3, sum[0]/sum[2], sum[3]*1e3, sum[0]/(sum[2]+sum[3])))
 	}
-	t.Logf("device %s; µs a product, bf16 against the activation quantized to E4M3 then the FP8 product (per-tensor scales, bf16 out):\n"+
-		"| rows | product (K, N) | bf16 | quantization alone | quantization + FP8 | bf16 ÷ FP8 path |\n|---|---|---|---|---|---|\n%s",
+	t.Logf("device %s; µs a product, bf16 against the activation quantized to E4M3 a token then the FP8 product (unit scales, bf16 out), and with the scales' pass:\n"+
+		"| rows | product (K, N) | bf16 | quantization alone | quantization + FP8 | bf16 ÷ that | scales' pass | bf16 ÷ all three |\n|---|---|---|---|---|---|---|---|\n%s",
 		d.Name, strings.Join(lines, "\n"))
 }
 
@@ -256,4 +275,84 @@ func TestGEMVF8Speed(t *testing.T) {
 		func(x, w, out cu.Ptr, rows, k, n int) error { return g.RunF8(nil, out, x, w, ps, rows, k, n, false) })
 	t.Logf("device %s, copy %.0f GB/s; bf16 GEMV against FP8 GEMV, each as bytes of its own weights a second and %% of copy:\n"+
 		"| product (K, N) | rows | bf16 | FP8 | bf16 ÷ FP8 time |\n|---|---|---|---|---|\n%s", d.Name, copyBW, strings.Join(lines, "\n"))
+}
+
+// TestE4M3Writers: the kernels that write their output in FP8 form for the
+// product after them (RMSNormE4M3, AddRMSNormE4M3, SwiGLUPackedE4M3, with
+// an FP8 product's scales for SwiGLU) write bit for bit the codes and
+// scales that QuantizeRowsE4M3 writes from the output of the plain kernel
+// (and AddRMSNorm's sum), for every activation dtype, on the register path
+// for few rows and many, and past it (rows too long: the plain kernel and
+// the quantization); SwiGLU's one kernel from 256 rows.
+func TestE4M3Writers(t *testing.T) {
+	d := fp8Device(t)
+	rng := newRNG(t)
+	get := func(p cu.Ptr, n int) []byte {
+		b := make([]byte, n)
+		must(t, d.Sync())
+		must(t, d.Download(b, p))
+		return b
+	}
+	same := func(what string, a, b []byte) {
+		t.Helper()
+		if !bytes.Equal(a, b) {
+			n := 0
+			for i := range a {
+				if a[i] != b[i] {
+					n++
+				}
+			}
+			t.Errorf("%s: %d of %d bytes differ from the plain kernel then QuantizeRowsE4M3", what, n, len(a))
+		}
+	}
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		es := act.Size()
+		for _, sh := range [][2]int{{3, 4096}, {300, 4096}, {5, 14336}, {256, 14336}, {9, 96}, {4, 16400}, {260, 16400}} {
+			rows, dim := sh[0], sh[1]
+			what := fmt.Sprintf("%v %d×%d", act, rows, dim)
+			x, r := up(t, act, roundTo(act, randn(rng, rows*dim, 2))), up(t, act, roundTo(act, randn(rng, rows*dim, 2)))
+			w := up(t, cu.BF16, roundTo(cu.BF16, randn(rng, dim, 1)))
+			q1, s1, q2, s2 := alloc(t, rows*dim), alloc(t, 4*rows), alloc(t, rows*dim), alloc(t, 4*rows)
+			out, sum1, sum2 := outBuf(t, act, rows*dim), outBuf(t, act, rows*dim), outBuf(t, act, rows*dim)
+
+			must(t, k.RMSNormE4M3(nil, E4M3Rows{q1, s1}, out, x, w, cu.BF16, rows, dim, 1e-5))
+			must(t, k.RMSNorm(nil, out, x, w, cu.BF16, rows, dim, 1e-5))
+			must(t, k.QuantizeRowsE4M3(nil, q2, s2, out, rows, dim))
+			same(what+" rmsnorm codes", get(q1, rows*dim), get(q2, rows*dim))
+			same(what+" rmsnorm scales", get(s1, 4*rows), get(s2, 4*rows))
+
+			for _, xs := range []ProductScales{{}, productScales(t, rng, rows, dim, 3)} {
+				what := fmt.Sprintf("%s add_rmsnorm (x scaled %v)", what, xs.Rows != 0)
+				must(t, k.AddRMSNormE4M3(nil, sum1, out, E4M3Rows{q1, s1}, x, r, xs, w, cu.BF16, rows, dim, 1e-5))
+				must(t, k.AddRMSNorm(nil, sum2, out, x, r, xs, w, cu.BF16, rows, dim, 1e-5))
+				must(t, k.QuantizeRowsE4M3(nil, q2, s2, out, rows, dim))
+				same(what+" sum", get(sum1, rows*dim*es), get(sum2, rows*dim*es))
+				same(what+" codes", get(q1, rows*dim), get(q2, rows*dim))
+				same(what+" scales", get(s1, 4*rows), get(s2, 4*rows))
+			}
+
+			gu := up(t, act, roundTo(act, randn(rng, rows*2*dim, 2)))
+			for which := 0; which <= 3; which++ {
+				sc := productScales(t, rng, rows, 2*dim, which)
+				must(t, k.SwiGLUPackedE4M3(nil, E4M3Rows{q1, s1}, out, gu, sc, rows, dim))
+				must(t, k.SwiGLUPacked(nil, out, gu, sc, rows, dim))
+				must(t, k.QuantizeRowsE4M3(nil, q2, s2, out, rows, dim))
+				same(fmt.Sprintf("%s swiglu_packed scales %d codes", what, which), get(q1, rows*dim), get(q2, rows*dim))
+				same(fmt.Sprintf("%s swiglu_packed scales %d scales", what, which), get(s1, 4*rows), get(s2, 4*rows))
+			}
+			// In place, as in an FP8 product's epilogue: the output's
+			// scales over the product's rows' scales.
+			sr := make([]float32, rows)
+			for i := range sr {
+				sr[i] = float32(math.Ldexp(1+rng.Float64(), rng.IntN(7)-4))
+			}
+			a, b, cols := up(t, cu.F32, sr), up(t, cu.F32, sr), productScales(t, rng, rows, 2*dim, 2).Cols
+			must(t, k.SwiGLUPackedE4M3(nil, E4M3Rows{q1, a}, out, gu, ProductScales{a, cols}, rows, dim))
+			must(t, k.SwiGLUPacked(nil, out, gu, ProductScales{b, cols}, rows, dim))
+			must(t, k.QuantizeRowsE4M3(nil, q2, s2, out, rows, dim))
+			same(what+" swiglu_packed in place codes", get(q1, rows*dim), get(q2, rows*dim))
+			same(what+" swiglu_packed in place scales", get(a, 4*rows), get(s2, 4*rows))
+		}
+	}
 }

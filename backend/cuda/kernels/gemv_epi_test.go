@@ -95,7 +95,7 @@ func TestGEMVSwiGLU(t *testing.T) {
 				checkPoisonTail(t, what, got, n, act)
 				prodBuf, out2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
 				must(t, g.Run(nil, prodBuf, px, pw, rows, k, 2*f, false))
-				must(t, kk.SwiGLUPacked(nil, out2, prodBuf, rows, f))
+				must(t, kk.SwiGLUPacked(nil, out2, prodBuf, ProductScales{}, rows, f))
 				if want := bytesOf(t, act, out2, rows*f); !bytes.Equal(got[:n], want) {
 					t.Errorf("%s: differs from gemv + swiglu_packed", what)
 				}
@@ -154,7 +154,7 @@ func TestGEMVRoPEQKV(t *testing.T) {
 					prodBuf := outBuf(t, act, rows*n)
 					q2, kc2, vc2 := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
 					must(t, g.Run(nil, prodBuf, px, pw, rows, k, n, false))
-					must(t, kk.RoPEQKVWrite(nil, q2, kc2, vc2, prodBuf, ppos, pslots, ptab, rows, heads, kvHeads, hd, il))
+					must(t, kk.RoPEQKVWrite(nil, q2, kc2, vc2, prodBuf, ProductScales{}, ppos, pslots, ptab, rows, heads, kvHeads, hd, il))
 					want := [3][]byte{bytesOf(t, act, q2, rows*qw), bytesOf(t, act, kc2, nslot*width), bytesOf(t, act, vc2, nslot*width)}
 					for i, part := range []string{"q", "k cache", "v cache"} {
 						if !bytes.Equal(got[i], want[i]) {

@@ -129,6 +129,37 @@ template <typename H> __device__ __forceinline__ void store16(H* p, const float*
 // round_t is v rounded to T and back.
 __device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }
 
+// The scales of an FP8 product (Kernels.QuantizeRowsE4M3, cuBLASLt with unit
+// scales): sr[r] each row's (the activation's, per token), sc[c] each
+// column's (the weight's, a scale a row of it); either may be null (1).
+// scaled_of is the product's element x at (r, c) times both, rounded to T:
+// what scale_rows_cols writes and what the kernels that read a product
+// (swiglu_packed, rope_qkv_write) take when given the scales instead. With
+// neither scale, x as it is. The multiplication is never contracted into
+// a reader's next addition (__fmul_rn), so that f32 rounds as in two kernels.
+__device__ __forceinline__ float scaled_of(float x, const float* sr, const float* sc, long long r, long long c) {
+	if (!sr && !sc) return x;
+	float f = (sr ? sr[r] : 1.f) * (sc ? sc[c] : 1.f);
+	return tof(fromf<T>(__fmul_rn(x, f)));
+}
+
+// load_scaled16 is load16 of VEC elements of an FP8 product at row r,
+// columns c.. (sc, when not null, 16-byte aligned), each as scaled_of reads it.
+__device__ __forceinline__ void load_scaled16(const T* p, const float* sr, const float* sc, long long r, int c, float* f) {
+	load16(p, f);
+	if (!sr && !sc) return;
+	const float fr = sr ? sr[r] : 1.f;
+#pragma unroll
+	for (int j = 0; j < VEC; j += 4) {
+		float4 s4 = sc ? *(const float4*)(sc + c + j) : f4(1.f, 1.f, 1.f, 1.f);
+		f[j] = tof(fromf<T>(__fmul_rn(f[j], fr * s4.x)));
+		f[j + 1] = tof(fromf<T>(__fmul_rn(f[j + 1], fr * s4.y)));
+		f[j + 2] = tof(fromf<T>(__fmul_rn(f[j + 2], fr * s4.z)));
+		f[j + 3] = tof(fromf<T>(__fmul_rn(f[j + 3], fr * s4.w)));
+	}
+}
+
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
@@ -140,15 +171,39 @@ __device__ __forceinline__ float warp_max(float v) {
 	return v;
 }
 
-// block_sum: every thread gets the block's sum. blockDim.x is a multiple of 32.
-__device__ float block_sum(float v, float* sh) {
-	v = warp_sum(v);
+// block_reduce: every thread gets the block's sum (MAX: maximum), through
+// sh[32]. blockDim.x is a multiple of 32.
+template <bool MAX> __device__ __forceinline__ float warp_reduce(float v) { return MAX ? warp_max(v) : warp_sum(v); }
+template <bool MAX> __device__ float block_reduce(float v, float* sh) {
+	v = warp_reduce<MAX>(v);
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	__syncthreads();
 	if (lane == 0) sh[w] = v;
 	__syncthreads();
 	v = lane < nw ? sh[lane] : 0.f;
-	return warp_sum(v);
+	return warp_reduce<MAX>(v);
+}
+__device__ float block_sum(float v, float* sh) { return block_reduce<false>(v, sh); }
+__device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }
+
+// The FP8 (E4M3) form of an activation's row for cuBLASLt's FP8 products
+// (Kernels.QuantizeRowsE4M3 and the kernels that write their output that
+// way): e4m3_scale is the row's scale for its max|x| m (m/448; 1 for an
+// all-zero row), store_e4m3 writes VEC values divided by it as VEC bytes
+// at q (VEC-byte aligned).
+__device__ __forceinline__ float e4m3_scale(float m) { return m > 0.f ? __fdiv_rn(m, 448.f) : 1.f; }
+__device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, float s) {
+	unsigned short p[VEC / 2];
+#pragma unroll
+	for (int j = 0; j < VEC / 2; j++) p[j] = e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
+	if (VEC == 8) {
+		uint2 w;
+		w.x = p[0] | (unsigned)p[1] << 16;
+		w.y = p[2] | (unsigned)p[3] << 16;
+		*(uint2*)q = w;
+	} else {
+		*(unsigned*)q = p[0] | (unsigned)p[1] << 16;
+	}
 }
 
 __device__ __forceinline__ int window_start(int p, int window) {
@@ -194,14 +249,16 @@ __device__ void rmsnorm_impl(const T* x, const W* w, T* out, int rows, int dim, 
 
 // grid (rows), block 256: sum = x + r (stored as T); normed = RMSNorm(sum as stored, w).
 // sum may alias x or r.
+// x may be an FP8 product's with its scales sr and sc (scaled_of; null: none).
 template <typename W>
-__device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* normed, int rows, int dim, float eps) {
+__device__ void add_rmsnorm_impl(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, T* normed,
+                                 int rows, int dim, float eps) {
 	pdl_enter();
 	__shared__ float sh[32];
 	long long base = (long long)blockIdx.x * dim;
 	float ss = 0.f;
 	for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-		T s = fromf<T>(tof(x[base + c]) + tof(r[base + c]));
+		T s = fromf<T>(scaled_of(tof(x[base + c]), sr, sc, blockIdx.x, c) + tof(r[base + c]));
 		sum[base + c] = s;
 		float v = tof(s);
 		ss += v * v;
@@ -222,8 +279,14 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const W* w, T* sum, T* 
 // rmsnorm (sum unused). sum may alias x or r: every thread reads its own
 // elements before the block's sum and writes them after.
 #define NORM_MAXV 8
-template <typename W, bool PREW>
-__device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out, int dim, float eps) {
+// With Q the normalized row is written in its FP8 form instead (q, the
+// row's scale into qs[row]; out unused): each value rounded to T, then as
+// fp8_quant_rows would write that row.
+// x may be an FP8 product's with its scales sr and sc (scaled_of; null:
+// none).
+template <typename W, bool PREW, bool Q = false>
+__device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out, int dim, float eps,
+                              unsigned char* q = 0, float* qs = 0, const float* sr = 0, const float* sc = 0) {
 	__shared__ float sh[32];
 	long long base = (long long)blockIdx.x * dim;
 	float wv[PREW ? NORM_MAXV : 1][VEC];
@@ -244,7 +307,7 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 	for (int i = 0; i < NORM_MAXV; i++) {
 		int c = (threadIdx.x + i * blockDim.x) * VEC;
 		if (c < dim) {
-			load16(x + base + c, v[i]);
+			load_scaled16(x + base + c, sr, sc, blockIdx.x, c, v[i]);
 			if (r) {
 				float b[VEC];
 				load16(r + base + c, b);
@@ -257,6 +320,7 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 	}
 	ss = block_sum(ss, sh);
 	float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+	float m = 0.f;
 #pragma unroll
 	for (int i = 0; i < NORM_MAXV; i++) {
 		int c = (threadIdx.x + i * blockDim.x) * VEC;
@@ -270,7 +334,24 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 				else wj = tof(w[c + j]);
 				o[j] = v[i][j] * scale * wj;
 			}
-			store16(out + base + c, o);
+			if constexpr (Q) {
+#pragma unroll
+				for (int j = 0; j < VEC; j++) {
+					v[i][j] = round_t(o[j]);
+					m = fmaxf(m, fabsf(v[i][j]));
+				}
+			} else {
+				store16(out + base + c, o);
+			}
+		}
+	}
+	if constexpr (Q) {
+		const float s = e4m3_scale(block_max(m, sh));
+		if (threadIdx.x == 0) qs[blockIdx.x] = s;
+#pragma unroll
+		for (int i = 0; i < NORM_MAXV; i++) {
+			int c = (threadIdx.x + i * blockDim.x) * VEC;
+			if (c < dim) store_e4m3(q + base + c, v[i], s);
 		}
 	}
 }
@@ -286,14 +367,24 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 }
 
 // The register-path norms of weight dtype W: rmsnorm_<V>_w<W> and
-// add_rmsnorm_<V>_w<W>, PREW as norm_vec_impl's.
-#define NORM_VEC_KERNELS(W, V, PREW)                                                                            \
-	extern "C" __global__ void rmsnorm_##V##_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) { \
-		norm_vec_impl<W, PREW>(x, (const T*)0, w, (T*)0, out, dim, eps);                                           \
-	}                                                                                                              \
-	extern "C" __global__ void add_rmsnorm_##V##_w##W(const T* x, const T* r, const W* w, T* sum, T* normed,     \
-	                                                  int rows, int dim, float eps) {                            \
-		norm_vec_impl<W, PREW>(x, r, w, sum, normed, dim, eps);                                                    \
+// add_rmsnorm_<V>_w<W>, PREW as norm_vec_impl's; the <V>q variants write
+// the normalized rows in their FP8 form.
+#define NORM_VEC_KERNELS(W, V, PREW)                                                                             \
+	extern "C" __global__ void rmsnorm_##V##_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {  \
+		norm_vec_impl<W, PREW>(x, (const T*)0, w, (T*)0, out, dim, eps);                                            \
+	}                                                                                                               \
+	extern "C" __global__ void add_rmsnorm_##V##_w##W(const T* x, const T* r, const float* sr, const float* sc,    \
+	                                                  const W* w, T* sum, T* normed, int rows, int dim, float eps) { \
+		norm_vec_impl<W, PREW>(x, r, w, sum, normed, dim, eps, 0, 0, sr, sc);                                       \
+	}                                                                                                               \
+	extern "C" __global__ void rmsnorm_##V##q_w##W(const T* x, const W* w, unsigned char* q, float* qs, int rows,  \
+	                                               int dim, float eps) {                                          \
+		norm_vec_impl<W, PREW, true>(x, (const T*)0, w, (T*)0, (T*)0, dim, eps, q, qs);                             \
+	}                                                                                                               \
+	extern "C" __global__ void add_rmsnorm_##V##q_w##W(const T* x, const T* r, const float* sr, const float* sc,   \
+	                                                   const W* w, T* sum, unsigned char* q, float* qs, int rows,    \
+	                                                   int dim, float eps) {                                        \
+		norm_vec_impl<W, PREW, true>(x, r, w, sum, (T*)0, dim, eps, q, qs, sr, sc);                                 \
 	}
 
 #define WEIGHT_KERNELS(W)                                                                                        \
@@ -303,9 +394,9 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 	extern "C" __global__ void rmsnorm_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {       \
 		rmsnorm_impl<W>(x, w, out, rows, dim, eps);                                                                \
 	}                                                                                                              \
-	extern "C" __global__ void add_rmsnorm_w##W(const T* x, const T* r, const W* w, T* sum, T* normed, int rows, \
-	                                            int dim, float eps) {                                            \
-		add_rmsnorm_impl<W>(x, r, w, sum, normed, rows, dim, eps);                                                 \
+	extern "C" __global__ void add_rmsnorm_w##W(const T* x, const T* r, const float* sr, const float* sc,        \
+	                                            const W* w, T* sum, T* normed, int rows, int dim, float eps) {   \
+		add_rmsnorm_impl<W>(x, r, sr, sc, w, sum, normed, rows, dim, eps);                                         \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
@@ -317,13 +408,12 @@ WEIGHT_KERNELS(f32)
 WEIGHT_KERNELS(f16)
 WEIGHT_KERNELS(bf16)
 
-// scale_cols: out[r, c] = x[r, c]·s[c] (f32 scales): the per-row scales of
-// FP8 weights applied to a product computed with unit scale.
-extern "C" __global__ void scale_cols(const T* x, const float* s, T* out, int rows, int cols) {
+// scale_rows_cols: out[r, c] = x[r, c]·sr[r]·sc[c] (scaled_of).
+extern "C" __global__ void scale_rows_cols(const T* x, const float* sr, const float* sc, T* out, int rows, int cols) {
 	pdl_enter();
 	long long n = (long long)rows * cols;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-		out[i] = fromf<T>(tof(x[i]) * s[i % cols]);
+		out[i] = fromf<T>(scaled_of(tof(x[i]), sr, sc, i / cols, i % cols));
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -368,102 +458,107 @@ extern "C" __global__ void swiglu_v(const T* g, const T* u, T* out, long long nv
 		store16(out + i * VEC, a);
 	}
 }
-// gu[rows, 2n] (gate columns, then up) → out[rows, n] = SiLU(gate)·up.
-extern "C" __global__ void swiglu_packed(const T* gu, T* out, int rows, int n) {
+// gu[rows, 2n] (gate columns, then up) → out[rows, n] = SiLU(gate)·up; gu
+// an FP8 product's with its scales sr and sc (scaled_of; null: none).
+extern "C" __global__ void swiglu_packed(const T* gu, const float* sr, const float* sc, T* out, int rows, int n) {
 	pdl_enter();
 	long long total = (long long)rows * n;
 	GRID_STRIDE(i, total) {
 		long long r = i / n;
 		int c = (int)(i % n);
 		const T* row = gu + r * 2 * n;
-		out[i] = fromf<T>(silu_f(tof(row[c])) * tof(row[n + c]));
+		out[i] = fromf<T>(silu_f(scaled_of(tof(row[c]), sr, sc, r, c)) * scaled_of(tof(row[n + c]), sr, sc, r, n + c));
 	}
 }
-// scale_cols by 16-byte vectors: cols = cvs·VEC, x, out and s 16-byte
-// aligned.
-extern "C" __global__ void scale_cols_v(const T* x, const float* s, T* out, int rows, int cvs) {
+// scale_rows_cols by 16-byte vectors: cols = cvs·VEC, x, out and sc
+// 16-byte aligned.
+extern "C" __global__ void scale_rows_cols_v(const T* x, const float* sr, const float* sc, T* out, int rows, int cvs) {
 	pdl_enter();
 	long long total = (long long)rows * cvs;
 	GRID_STRIDE(i, total) {
-		const float* sc = s + (int)(i % cvs) * VEC;
+		long long r = i / cvs;
 		float a[VEC];
-		load16(x + i * VEC, a);
-#pragma unroll
-		for (int j = 0; j < VEC; j += 4) {
-			float4 f = *(const float4*)(sc + j);
-			a[j] *= f.x;
-			a[j + 1] *= f.y;
-			a[j + 2] *= f.z;
-			a[j + 3] *= f.w;
-		}
+		load_scaled16(x + i * VEC, sr, sc, r, (int)(i - r * cvs) * VEC, a);
 		store16(out + i * VEC, a);
 	}
 }
 // swiglu_packed for n = nv·VEC, by 16-byte vectors (16-byte aligned operands).
-extern "C" __global__ void swiglu_packed_v(const T* gu, T* out, int rows, int nv) {
+extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const float* sc, T* out, int rows, int nv) {
 	pdl_enter();
 	long long total = (long long)rows * nv;
 	int n = nv * VEC;
 	GRID_STRIDE(i, total) {
 		long long r = i / nv;
-		int c = (int)(i % nv) * VEC;
+		int c = (int)(i - r * nv) * VEC;
 		const T* row = gu + r * 2 * n;
 		float a[VEC], b[VEC];
-		load16(row + c, a);
-		load16(row + n + c, b);
+		load_scaled16(row + c, sr, sc, r, c, a);
+		load_scaled16(row + n + c, sr, sc, r, n + c, b);
 #pragma unroll
 		for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
 		store16(out + r * n + c, a);
 	}
 }
-
-// ---------------------------------------------------------------- FP8 activations
-// Per-tensor dynamic FP8 (E4M3) quantization of an activation for
-// cuBLASLt's FP8 products (Kernels.QuantizeE4M3): fp8_amax folds max|x|
-// into *amax (float bits, zeroed before: the bits of non-negative floats
-// order as the floats do), fp8_quant writes q = E4M3(x / s), s = amax/448
-// (1 for an all-zero x), rounded to nearest even and saturated at ±448,
-// and block 0 writes s to *scale. x by 16-byte vectors (nv of them).
-// NaNs are not propagated into amax (fmaxf).
-extern "C" __global__ void fp8_amax(const T* x, unsigned* amax, long long nv) {
+// swiglu_packed_v with its output in FP8 form, a block a row: each value
+// rounded to T, then the row as fp8_quant_rows would write it (q, its scale
+// into qs[row]). nv at most NORM_MAXV·blockDim.
+extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const float* sc, unsigned char* q, float* qs, int nv) {
 	__shared__ float sh[32];
 	pdl_enter();
+	const long long r = blockIdx.x;
+	const int n = nv * VEC;
+	const T* row = gu + r * 2 * n;
+	float v[NORM_MAXV][VEC];
 	float m = 0.f;
-	GRID_STRIDE(i, nv) {
-		float f[VEC];
-		load16(x + i * VEC, f);
 #pragma unroll
-		for (int j = 0; j < VEC; j++) m = fmaxf(m, fabsf(f[j]));
+	for (int i = 0; i < NORM_MAXV; i++) {
+		int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < n) {
+			float b[VEC];
+			load_scaled16(row + c, sr, sc, r, c, v[i]);
+			load_scaled16(row + n + c, sr, sc, r, n + c, b);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				v[i][j] = round_t(silu_f(v[i][j]) * b[j]);
+				m = fmaxf(m, fabsf(v[i][j]));
+			}
+		}
 	}
-	m = warp_max(m);
-	if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
-	__syncthreads();
-	if (threadIdx.x < 32) {
-		m = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.f;
-		m = warp_max(m);
-		if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
+	const float s = e4m3_scale(block_max(m, sh));
+	if (threadIdx.x == 0) qs[r] = s;
+#pragma unroll
+	for (int i = 0; i < NORM_MAXV; i++) {
+		int c = (threadIdx.x + i * blockDim.x) * VEC;
+		if (c < n) store_e4m3(q + r * n + c, v[i], s);
 	}
 }
 
-extern "C" __global__ void fp8_quant(const T* x, unsigned char* q, const unsigned* amax, float* scale, long long nv) {
+// ---------------------------------------------------------------- FP8 activations
+// Per-token dynamic FP8 (E4M3) quantization of an activation for cuBLASLt's
+// FP8 products (Kernels.QuantizeRowsE4M3), one block a row of x[rows,
+// cvs·VEC]: q = E4M3(x/s) with s = max|x|/448 of the row (1 for an all-zero
+// row), rounded to nearest even and saturated at ±448, and s into
+// scales[row]. The row is read once from memory (the second pass finds it
+// in the cache). NaNs are not propagated into the maximum (fmaxf).
+extern "C" __global__ void fp8_quant_rows(const T* x, unsigned char* q, float* scales, int cvs) {
+	__shared__ float sh[32];
 	pdl_enter();
-	const float a = __uint_as_float(*amax);
-	const float s = a > 0.f ? __fdiv_rn(a, 448.f) : 1.f;
-	if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
-	GRID_STRIDE(i, nv) {
+	const long long r = blockIdx.x;
+	const T* xr = x + r * cvs * VEC;
+	unsigned char* qr = q + r * cvs * VEC;
+	float m = 0.f;
+	for (int i = threadIdx.x; i < cvs; i += blockDim.x) {
 		float f[VEC];
-		load16(x + i * VEC, f);
-		unsigned short p[VEC / 2];
+		load16(xr + i * VEC, f);
 #pragma unroll
-		for (int j = 0; j < VEC / 2; j++) p[j] = e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
-		if (VEC == 8) {
-			uint2 w;
-			w.x = p[0] | (unsigned)p[1] << 16;
-			w.y = p[2] | (unsigned)p[3] << 16;
-			*(uint2*)(q + i * VEC) = w;
-		} else {
-			*(unsigned*)(q + i * VEC) = p[0] | (unsigned)p[1] << 16;
-		}
+		for (int j = 0; j < VEC; j++) m = fmaxf(m, fabsf(f[j]));
+	}
+	const float s = e4m3_scale(block_max(m, sh));
+	if (threadIdx.x == 0) scales[r] = s;
+	for (int i = threadIdx.x; i < cvs; i += blockDim.x) {
+		float f[VEC];
+		load16(xr + i * VEC, f);
+		store_e4m3(qr + i * VEC, f, s);
 	}
 }
 
@@ -649,9 +744,11 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, KV* kc, KV* vc,
 // qkv[rows, (heads+2·kvHeads)·hd], the stacked Q, K and V of each token:
 // q heads rotated into q[rows, heads·hd], k heads rotated and v heads stored
 // into the cache slots. One thread per rotated pair (q and k) or per pair of
-// v elements.
-extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, KV* kc, KV* vc, const int* pos, const int* slots,
-                                          const float* table, int rows, int heads, int kvHeads, int hd, int interleaved) {
+// v elements. qkv may be an FP8 product's with its scales sr and sc
+// (scaled_of; null: none).
+extern "C" __global__ void rope_qkv_write(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,
+                                          const int* pos, const int* slots, const float* table, int rows, int heads,
+                                          int kvHeads, int hd, int interleaved) {
 	pdl_enter();
 	int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
 	long long n = (long long)rows * nh * half;
@@ -660,17 +757,23 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, T* q, KV* kc, KV* vc, co
 		long long rh = idx / half;
 		int t = (int)(rh / nh), h = (int)(rh % nh);
 		const T* src = qkv + rh * hd;
+		const long long col = (long long)h * hd;
 		if (h >= heads + kvHeads) {
 			long long dst = (long long)slots[t] * width + (long long)(h - heads - kvHeads) * hd;
-			vc[dst + 2 * i] = kv_from(src[2 * i]);
-			vc[dst + 2 * i + 1] = kv_from(src[2 * i + 1]);
+			if (sr || sc) {
+				vc[dst + 2 * i] = kv_of(scaled_of(tof(src[2 * i]), sr, sc, t, col + 2 * i));
+				vc[dst + 2 * i + 1] = kv_of(scaled_of(tof(src[2 * i + 1]), sr, sc, t, col + 2 * i + 1));
+			} else {
+				vc[dst + 2 * i] = kv_from(src[2 * i]);
+				vc[dst + 2 * i + 1] = kv_from(src[2 * i + 1]);
+			}
 			continue;
 		}
 		int p = pos[t];
 		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
 		int a, b;
 		rope_pair(i, half, interleaved, &a, &b);
-		float x1 = tof(src[a]), x2 = tof(src[b]);
+		float x1 = scaled_of(tof(src[a]), sr, sc, t, col + a), x2 = scaled_of(tof(src[b]), sr, sc, t, col + b);
 		if (h < heads) {
 			T* dst = q + ((long long)t * heads + h) * hd;
 			dst[a] = fromf<T>(rot1(x1, x2, c, s));

@@ -204,18 +204,22 @@ const normMaxVectors = 8
 const normPrefetchRows = 256
 
 // normKernel picks a norm's kernel and block for rows of dim: the register
-// path ("_v", "_vp" for few rows) when the rows split into 16-byte vectors
-// that fit it, else the plain loop.
-func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, ptrs ...cu.Ptr) (string, cu.Dim3) {
+// path ("_v", "_vp" for few rows; with fp8 its variant writing the FP8
+// form, "_vq", "_vpq") when the rows split into 16-byte vectors that fit
+// it, else the plain loop. It reports whether it took the register path.
+func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, fp8 bool, ptrs ...cu.Ptr) (string, cu.Dim3, bool) {
 	nv := dim / k.vec()
 	if dim%k.vec() == 0 && nv <= normMaxVectors*256 && aligned16(ptrs...) {
 		v := "_v"
 		if rows <= normPrefetchRows {
 			v = "_vp"
 		}
-		return name + v + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32))
+		if fp8 {
+			v += "q"
+		}
+		return name + v + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32)), true
 	}
-	return name + wsuffix(wt), normBlock(dim)
+	return name + wsuffix(wt), normBlock(dim), false
 }
 
 // RMSNorm: out[r,:] = x[r,:] / sqrt(mean(x[r,:]²)+eps) · w (w of dtype wt).
@@ -223,17 +227,55 @@ func (k *Kernels) RMSNorm(s *cu.Stream, out, x, w cu.Ptr, wt cu.DType, rows, dim
 	if err := checkRows("rmsnorm", rows, dim); err != nil {
 		return err
 	}
-	name, block := k.normKernel("rmsnorm", wt, rows, dim, out, x)
+	name, block, _ := k.normKernel("rmsnorm", wt, rows, dim, false, out, x)
 	return k.launchDep(name, cu.D1(rows), block, 0, s, x, w, out, int32(rows), int32(dim), eps)
 }
 
-// AddRMSNorm: sum = x + r; normed = RMSNorm(sum, w). sum may alias x or r.
-func (k *Kernels) AddRMSNorm(s *cu.Stream, sum, normed, x, r, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
+// AddRMSNorm: sum = x + r; normed = RMSNorm(sum, w). sum may alias x or r;
+// x may be an FP8 product's with its scales xs (ProductScales{}: none).
+func (k *Kernels) AddRMSNorm(s *cu.Stream, sum, normed, x, r cu.Ptr, xs ProductScales, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
 	if err := checkRows("add_rmsnorm", rows, dim); err != nil {
 		return err
 	}
-	name, block := k.normKernel("add_rmsnorm", wt, rows, dim, sum, normed, x, r)
-	return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, w, sum, normed, int32(rows), int32(dim), eps)
+	name, block, _ := k.normKernel("add_rmsnorm", wt, rows, dim, false, sum, normed, x, r, xs.Cols)
+	return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, xs.Rows, xs.Cols, w, sum, normed, int32(rows), int32(dim), eps)
+}
+
+// E4M3Rows is where a kernel writes its output rows in their FP8 form, as
+// QuantizeRowsE4M3 would write them from the rows it otherwise writes: Q
+// the codes (rows×cols bytes, 8-byte aligned), Scales a float32 a row.
+type E4M3Rows struct{ Q, Scales cu.Ptr }
+
+// RMSNormE4M3 is RMSNorm with its output in FP8 form: one kernel on the
+// norms' register path, else RMSNorm into out and QuantizeRowsE4M3 of it.
+func (k *Kernels) RMSNormE4M3(s *cu.Stream, q E4M3Rows, out, x, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
+	if err := checkRows("rmsnorm", rows, dim); err != nil {
+		return err
+	}
+	if name, block, ok := k.normKernel("rmsnorm", wt, rows, dim, true, x); ok && q.Q%8 == 0 && dim%16 == 0 {
+		return k.launchDep(name, cu.D1(rows), block, 0, s, x, w, q.Q, q.Scales, int32(rows), int32(dim), eps)
+	}
+	if err := k.RMSNorm(s, out, x, w, wt, rows, dim, eps); err != nil {
+		return err
+	}
+	return k.QuantizeRowsE4M3(s, q.Q, q.Scales, out, rows, dim)
+}
+
+// AddRMSNormE4M3 is AddRMSNorm with normed in FP8 form (sum as it is; x
+// may be an FP8 product's with its scales xs, as AddRMSNorm's): one
+// kernel on the norms' register path, else AddRMSNorm and
+// QuantizeRowsE4M3 of normed.
+func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x, r cu.Ptr, xs ProductScales, w cu.Ptr, wt cu.DType, rows, dim int, eps float32) error {
+	if err := checkRows("add_rmsnorm", rows, dim); err != nil {
+		return err
+	}
+	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
+		return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales, int32(rows), int32(dim), eps)
+	}
+	if err := k.AddRMSNorm(s, sum, normed, x, r, xs, w, wt, rows, dim, eps); err != nil {
+		return err
+	}
+	return k.QuantizeRowsE4M3(s, q.Q, q.Scales, normed, rows, dim)
 }
 
 // AddBias: out[r,c] = x[r,c] + b[c] (b of dtype bt).
@@ -244,17 +286,25 @@ func (k *Kernels) AddBias(s *cu.Stream, out, x, b cu.Ptr, bt cu.DType, rows, col
 	return k.launchDep("add_bias"+wsuffix(bt), ewGrid(rows*cols), cu.D1(256), 0, s, x, b, out, int32(rows), int32(cols))
 }
 
-// ScaleCols: out[r,c] = x[r,c]·scales[c] (f32) over rows×cols elements
-// (in place when out is x): the scales a row of FP8 weights, applied to a
-// product computed with unit scale.
-func (k *Kernels) ScaleCols(s *cu.Stream, out, x, scales cu.Ptr, rows, cols int) error {
-	if err := checkRows("scale_cols", rows, cols); err != nil {
+// ProductScales are the scales of an FP8 product that cuBLASLt ran with
+// unit scales (QuantizeRowsE4M3): Rows, a float32 a row of the product (its
+// activation's, per token), and Cols, a float32 a column (the weight's
+// scale a row); a zero pointer stands for ones. The kernels that take them
+// (ScaleRowsCols, SwiGLUPacked, RoPEQKVWrite) read each element of the
+// product as x·Rows[r]·Cols[c] rounded to the activation dtype, exactly
+// what ScaleRowsCols writes.
+type ProductScales struct{ Rows, Cols cu.Ptr }
+
+// ScaleRowsCols: out[r,c] = x[r,c]·sc.Rows[r]·sc.Cols[c] over rows×cols
+// elements (in place when out is x): an FP8 product's scales applied.
+func (k *Kernels) ScaleRowsCols(s *cu.Stream, out, x cu.Ptr, sc ProductScales, rows, cols int) error {
+	if err := checkRows("scale_rows_cols", rows, cols); err != nil {
 		return err
 	}
-	if v := k.vec(); cols%v == 0 && aligned16(x, out, scales) {
-		return k.launchDep("scale_cols_v", ewGrid(rows*cols/v), cu.D1(256), 0, s, x, scales, out, int32(rows), int32(cols/v))
+	if v := k.vec(); cols%v == 0 && aligned16(x, out, sc.Cols) {
+		return k.launchDep("scale_rows_cols_v", ewGrid(rows*cols/v), cu.D1(256), 0, s, x, sc.Rows, sc.Cols, out, int32(rows), int32(cols/v))
 	}
-	return k.launchDep("scale_cols", ewGrid(rows*cols), cu.D1(256), 0, s, x, scales, out, int32(rows), int32(cols))
+	return k.launchDep("scale_rows_cols", ewGrid(rows*cols), cu.D1(256), 0, s, x, sc.Rows, sc.Cols, out, int32(rows), int32(cols))
 }
 
 // DequantFormats are the GGUF block formats Dequantize widens on the
@@ -307,44 +357,62 @@ func (k *Kernels) SwiGLU(s *cu.Stream, out, gate, up cu.Ptr, n int) error {
 	return k.launchDep("swiglu", ewGrid(n), cu.D1(256), 0, s, gate, up, out, int64(n))
 }
 
-// SwiGLUPacked: out[rows, n] = SiLU(gu[:, :n]) · gu[:, n:] for gu[rows, 2n].
-func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, rows, n int) error {
+// SwiGLUPacked: out[rows, n] = SiLU(gu[:, :n]) · gu[:, n:] for gu[rows, 2n],
+// gu an FP8 product's with its scales sc (ProductScales{}: none).
+func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, sc ProductScales, rows, n int) error {
 	if err := checkRows("swiglu_packed", rows, 2*n); err != nil {
 		return err
 	}
-	if v := k.vec(); n%v == 0 && aligned16(out, gu) {
-		return k.launchDep("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, out, int32(rows), int32(n/v))
+	if v := k.vec(); n%v == 0 && aligned16(out, gu, sc.Cols) {
+		return k.launchDep("swiglu_packed_v", ewGrid(rows*n/v), cu.D1(256), 0, s, gu, sc.Rows, sc.Cols, out, int32(rows), int32(n/v))
 	}
-	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, out, int32(rows), int32(n))
+	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, sc.Rows, sc.Cols, out, int32(rows), int32(n))
 }
 
-// QuantizeE4M3 queues the per-tensor dynamic FP8 quantization of x[n] (the
-// activation dtype) for cuBLASLt's FP8 products (cu.Matmul with In
-// F8E4M3): q[n] = E4M3(x/s) with s = max|x|/448 (1 when x is all zeros),
-// rounded to nearest even and saturated at ±448, and s into scale (one
-// float32, 16-byte aligned as cu.Matmul's scales must be). amax is scratch
-// for one uint32. Three launches: a memset of amax, the reduction, the
-// conversion (fp8_amax, fp8_quant in kernels.cu). n must be a multiple of
-// 16 (cuBLASLt's FP8 K is), x 16-byte aligned and q 8-byte aligned;
-// compute capability 8.9 or later.
-func (k *Kernels) QuantizeE4M3(s *cu.Stream, q, scale, amax, x cu.Ptr, n int) error {
+// swigluE4M3MinRows is the fewest rows SwiGLUPackedE4M3 gives its one
+// kernel (a block a row): with fewer, too few blocks spread over the device
+// (on an H200, batch-64 decode of the Llama-3-8B-shaped FP8 model ran 3%
+// slower with it than with the two kernels; batch 256 and prefill gained).
+const swigluE4M3MinRows = 256
+
+// SwiGLUPackedE4M3 is SwiGLUPacked with its output in FP8 form: one kernel,
+// a block a row, for at least swigluE4M3MinRows rows that fit the norms'
+// register path, else SwiGLUPacked into out and QuantizeRowsE4M3 of it.
+func (k *Kernels) SwiGLUPackedE4M3(s *cu.Stream, q E4M3Rows, out, gu cu.Ptr, sc ProductScales, rows, n int) error {
+	if err := checkRows("swiglu_packed", rows, 2*n); err != nil {
+		return err
+	}
+	if v := k.vec(); rows >= swigluE4M3MinRows && n%16 == 0 && n/v <= normMaxVectors*256 && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
+		nv := n / v
+		return k.launchDep("swiglu_packed_q", cu.D1(rows), cu.D1(min(256, (nv+31)/32*32)), 0, s, gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(nv))
+	}
+	if err := k.SwiGLUPacked(s, out, gu, sc, rows, n); err != nil {
+		return err
+	}
+	return k.QuantizeRowsE4M3(s, q.Q, q.Scales, out, rows, n)
+}
+
+// QuantizeRowsE4M3 queues the per-token dynamic FP8 quantization of
+// x[rows, cols] (the activation dtype) for cuBLASLt's FP8 products
+// (cu.Matmul with In F8E4M3 and unit scales, their scales applied after
+// through ProductScales): each row's q = E4M3(x/s) with s = max|x|/448 of
+// the row (1 when it is all zeros), rounded to nearest even and saturated
+// at ±448, and s into scales[row] (float32). One launch, a block a row
+// (fp8_quant_rows in kernels.cu). cols must be a multiple of 16 (cuBLASLt's
+// FP8 K is), x 16-byte aligned, q 8-byte aligned and scales 4-byte
+// aligned; compute capability 8.9 or later.
+func (k *Kernels) QuantizeRowsE4M3(s *cu.Stream, q, scales, x cu.Ptr, rows, cols int) error {
 	switch {
 	case !k.D.FP8():
 		return fmt.Errorf("kernels: FP8 quantization needs compute capability 8.9 (%s is %d.%d)", k.D.Name, k.D.Major, k.D.Minor)
-	case n <= 0 || n%16 != 0:
-		return fmt.Errorf("kernels: FP8 quantization of %d values (a positive multiple of 16)", n)
-	case !aligned16(x, scale) || q%8 != 0 || amax%4 != 0 || q == 0 || scale == 0 || amax == 0:
-		return fmt.Errorf("kernels: FP8 quantization operands misaligned or null (x %#x, q %#x, scale %#x, amax %#x)",
-			uint64(x), uint64(q), uint64(scale), uint64(amax))
+	case cols <= 0 || cols%16 != 0 || checkRows("fp8_quant_rows", rows, cols) != nil:
+		return fmt.Errorf("kernels: FP8 quantization of %d rows of %d values (a positive multiple of 16)", rows, cols)
+	case !aligned16(x) || q%8 != 0 || scales%4 != 0 || q == 0 || scales == 0:
+		return fmt.Errorf("kernels: FP8 quantization operands misaligned or null (x %#x, q %#x, scales %#x)",
+			uint64(x), uint64(q), uint64(scales))
 	}
-	if err := k.D.Memset32(amax, 0, 1, s); err != nil {
-		return fmt.Errorf("kernels: fp8 amax: %w", err)
-	}
-	nv := n / k.vec()
-	if err := k.launchDep("fp8_amax", ewGrid(nv), cu.D1(256), 0, s, x, amax, int64(nv)); err != nil {
-		return err
-	}
-	return k.launchDep("fp8_quant", ewGrid(nv), cu.D1(256), 0, s, x, q, amax, scale, int64(nv))
+	cvs := cols / k.vec()
+	return k.launchDep("fp8_quant_rows", cu.D1(rows), normBlock(cvs), 0, s, x, q, scales, int32(cvs))
 }
 
 func b2i(b bool) int32 {
@@ -377,11 +445,12 @@ func (k *Kernels) KVWrite(s *cu.Stream, kc, vc, kx, vx, slots cu.Ptr, rows, widt
 // RoPEQKVWrite takes qkv[rows, (heads+2·kvHeads)·headDim] apart: the q heads
 // rotated by pos into q[rows, heads·headDim], the k heads rotated and the v
 // heads stored into one layer's caches at slots, like RoPE and RoPEKVWrite.
-func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv, pos, slots, table cu.Ptr, rows, heads, kvHeads, headDim int, interleaved bool) error {
+// qkv may be an FP8 product's with its scales sc (ProductScales{}: none).
+func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductScales, pos, slots, table cu.Ptr, rows, heads, kvHeads, headDim int, interleaved bool) error {
 	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
-	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, q, kc, vc, pos, slots, table,
+	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table,
 		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 

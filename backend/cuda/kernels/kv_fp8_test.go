@@ -140,7 +140,7 @@ func TestFP8KVWrite(t *testing.T) {
 							must(t, k.RoPEKVWrite(nil, pkc, pvc, up(t, act, kx), up(t, act, vx), ppos, pslots, ptab, rows, kvHeads, hd, il))
 						default:
 							pq = outBuf(t, act, rows*qw)
-							must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, up(t, act, qkv), ppos, pslots, ptab, rows, heads, kvHeads, hd, il))
+							must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, up(t, act, qkv), ProductScales{}, ppos, pslots, ptab, rows, heads, kvHeads, hd, il))
 						}
 						qref, kref, vref := refRoPEQKV(f64(qkv), pos, slots, tab, kv0, vv0, heads, kvHeads, hd, il)
 						if op == "kv_write" {

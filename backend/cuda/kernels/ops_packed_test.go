@@ -1,15 +1,63 @@
 package kernels
 
 import (
+	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
 	"kiln/backend/cuda/cu"
 )
 
+// productScales draws an FP8 product's scales for rows×cols (ProductScales:
+// a float32 a row and one a column, magnitudes 1/8 to 8) onto the device;
+// which says which of the two are drawn (1 rows, 2 columns, 3 both).
+func productScales(t *testing.T, rng *rand.Rand, rows, cols, which int) ProductScales {
+	var sc ProductScales
+	draw := func(n int) cu.Ptr {
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = float32(math.Ldexp(1+rng.Float64(), rng.IntN(7)-4))
+		}
+		return up(t, cu.F32, s)
+	}
+	if which&1 != 0 {
+		sc.Rows = draw(rows)
+	}
+	if which&2 != 0 {
+		sc.Cols = draw(cols)
+	}
+	return sc
+}
+
+// checkScaledReader: a reader of a product given the product's scales
+// (run with sc) writes bit for bit what it writes on the product scaled
+// first by ScaleRowsCols (run with no scales on the scaled copy); outs are
+// the outputs both write (allocated by fresh before each run, n bytes
+// each).
+func checkScaledReader(t *testing.T, k *Kernels, what string, x cu.Ptr, sc ProductScales, rows, cols int, fresh func() []cu.Ptr, n []int,
+	run func(x cu.Ptr, sc ProductScales, outs []cu.Ptr) error) {
+	t.Helper()
+	fused := fresh()
+	must(t, run(x, sc, fused))
+	scaled := alloc(t, rows*cols*k.Act.Size())
+	must(t, k.ScaleRowsCols(nil, scaled, x, sc, rows, cols))
+	twice := fresh()
+	must(t, run(scaled, ProductScales{}, twice))
+	for i := range fused {
+		a, b := make([]byte, n[i]), make([]byte, n[i])
+		must(t, gpu(t).Download(a, fused[i]))
+		must(t, gpu(t).Download(b, twice[i]))
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s: output %d with the scales differs from scale_rows_cols then the kernel", what, i)
+		}
+	}
+}
+
 // TestSwiGLUPacked: gu[rows, 2n] → SiLU(gate)·up, on the 16-byte vector
-// path (n a multiple of the vector) and the element path.
+// path (n a multiple of the vector) and the element path; then with an FP8
+// product's scales (rows, columns, both) against ScaleRowsCols first.
 func TestSwiGLUPacked(t *testing.T) {
 	for _, act := range allDTypes {
 		k := kern(t, act)
@@ -18,7 +66,8 @@ func TestSwiGLUPacked(t *testing.T) {
 			rows, n := shape[0], shape[1]
 			gu := roundTo(act, randn(rng, rows*2*n, 3))
 			out := outBuf(t, act, rows*n)
-			must(t, k.SwiGLUPacked(nil, out, up(t, act, gu), rows, n))
+			pgu := up(t, act, gu)
+			must(t, k.SwiGLUPacked(nil, out, pgu, ProductScales{}, rows, n))
 			ref := make([]float64, rows*n)
 			for r := 0; r < rows; r++ {
 				for c := 0; c < n; c++ {
@@ -27,13 +76,21 @@ func TestSwiGLUPacked(t *testing.T) {
 			}
 			e := compare(t, "swiglu_packed", down(t, act, out, rows*n), ref, tol(act))
 			report(t, act, fmt.Sprintf("swiglu_packed %dx%d", rows, n), e)
+			for which := 1; which <= 3; which++ {
+				checkScaledReader(t, k, fmt.Sprintf("%v swiglu_packed %dx%d scales %d", act, rows, n, which), pgu, productScales(t, rng, rows, 2*n, which), rows, 2*n,
+					func() []cu.Ptr { return []cu.Ptr{outBuf(t, act, rows*n)} }, []int{rows * n * act.Size()},
+					func(x cu.Ptr, sc ProductScales, outs []cu.Ptr) error {
+						return k.SwiGLUPacked(nil, outs[0], x, sc, rows, n)
+					})
+			}
 		}
 	}
 }
 
 // TestRoPEQKVWrite: the stacked q, k and v of each token taken apart: q
 // rotated into its buffer, k rotated and v into random cache slots; the
-// other slots keep what they held.
+// other slots keep what they held. Then with an FP8 product's scales
+// against ScaleRowsCols first.
 func TestRoPEQKVWrite(t *testing.T) {
 	const bs, maxPos = 16, 4096
 	for _, act := range allDTypes {
@@ -52,7 +109,8 @@ func TestRoPEQKVWrite(t *testing.T) {
 					kc0 := roundTo(act, randn(rng, nslot*width, 1))
 					vc0 := roundTo(act, randn(rng, nslot*width, 1))
 					pq, pkc, pvc := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
-					must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, up(t, act, qkv), upI32(t, pos), upI32(t, slots), ptab,
+					pqkv, ppos, pslots := up(t, act, qkv), upI32(t, pos), upI32(t, slots)
+					must(t, k.RoPEQKVWrite(nil, pq, pkc, pvc, pqkv, ProductScales{}, ppos, pslots, ptab,
 						rows, heads, kvHeads, hd, il))
 					qref, kref, vref := refRoPEQKV(f64(qkv), pos, slots, tab, kc0, vc0, heads, kvHeads, hd, il)
 					op := fmt.Sprintf("rope_qkv_write interleaved=%v", il)
@@ -60,6 +118,13 @@ func TestRoPEQKVWrite(t *testing.T) {
 					e2 := compare(t, op+" k", down(t, act, pkc, nslot*width), kref, tol(act))
 					e3 := compare(t, op+" v", down(t, act, pvc, nslot*width), vref, tol(act))
 					report(t, act, fmt.Sprintf("%s rows=%d heads=%d/%d hd=%d", op, rows, heads, kvHeads, hd), max(e1, e2, e3))
+					es := act.Size()
+					checkScaledReader(t, k, fmt.Sprintf("%v %s rows=%d hd=%d", act, op, rows, hd), pqkv, productScales(t, rng, rows, cols, 3), rows, cols,
+						func() []cu.Ptr { return []cu.Ptr{outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)} },
+						[]int{rows * qw * es, nslot * width * es, nslot * width * es},
+						func(x cu.Ptr, sc ProductScales, o []cu.Ptr) error {
+							return k.RoPEQKVWrite(nil, o[0], o[1], o[2], x, sc, ppos, pslots, ptab, rows, heads, kvHeads, hd, il)
+						})
 				}
 			}
 		}

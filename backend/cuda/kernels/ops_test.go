@@ -88,11 +88,20 @@ func TestRMSNorm(t *testing.T) {
 							ps = outBuf(t, act, rows*dim)
 						}
 						pn := outBuf(t, act, rows*dim)
-						must(t, k.AddRMSNorm(nil, ps, pn, px, pr, pw, wt, rows, dim, eps))
+						must(t, k.AddRMSNorm(nil, ps, pn, px, pr, ProductScales{}, pw, wt, rows, dim, eps))
 						e1 := compare(t, "add_rmsnorm sum", down(t, act, ps, rows*dim), refSum, tol(act))
 						e2 := compare(t, "add_rmsnorm normed", down(t, act, pn, rows*dim), refNorm, tol(act))
 						report(t, act, fmt.Sprintf("add_rmsnorm w=%v rows=%d dim=%d in-place=%v", wt, rows, dim, inPlace), max(e1, e2))
 					}
+					// x an FP8 product's, with its scales.
+					px, pr := up(t, act, x), up(t, act, r)
+					checkScaledReader(t, k, fmt.Sprintf("%v add_rmsnorm w=%v rows=%d dim=%d", act, wt, rows, dim), px,
+						productScales(t, rng, rows, dim, 3), rows, dim,
+						func() []cu.Ptr { return []cu.Ptr{outBuf(t, act, rows*dim), outBuf(t, act, rows*dim)} },
+						[]int{rows * dim * act.Size(), rows * dim * act.Size()},
+						func(x cu.Ptr, sc ProductScales, o []cu.Ptr) error {
+							return k.AddRMSNorm(nil, o[0], o[1], x, pr, sc, pw, wt, rows, dim, eps)
+						})
 				}
 			}
 		}
@@ -124,10 +133,20 @@ func TestElementwise(t *testing.T) {
 			run("mul", func(o cu.Ptr) error { return k.Mul(nil, o, pa, pb, n) }, func(i int) float64 { return float64(a[i]) * float64(b[i]) })
 			run("silu", func(o cu.Ptr) error { return k.SiLU(nil, o, pa, n) }, func(i int) float64 { return silu64(float64(a[i])) })
 			run("swiglu", func(o cu.Ptr) error { return k.SwiGLU(nil, o, pa, pb, n) }, func(i int) float64 { return silu64(float64(a[i])) * float64(b[i]) })
-			sc := randn(rng, cols, 1)
-			psc := up(t, cu.F32, sc)
-			run("scale_cols", func(o cu.Ptr) error { return k.ScaleCols(nil, o, pa, psc, rows, cols) },
-				func(i int) float64 { return float64(a[i]) * float64(sc[i%cols]) })
+			sr, sc := randn(rng, rows, 1), randn(rng, cols, 1)
+			psr, psc := up(t, cu.F32, sr), up(t, cu.F32, sc)
+			for _, c := range []struct {
+				what string
+				sc   ProductScales
+				f    func(i int) float64
+			}{
+				{"rows and columns", ProductScales{psr, psc}, func(i int) float64 { return float64(sr[i/cols] * sc[i%cols]) }},
+				{"rows", ProductScales{Rows: psr}, func(i int) float64 { return float64(sr[i/cols]) }},
+				{"columns", ProductScales{Cols: psc}, func(i int) float64 { return float64(sc[i%cols]) }},
+			} {
+				run("scale_rows_cols "+c.what, func(o cu.Ptr) error { return k.ScaleRowsCols(nil, o, pa, c.sc, rows, cols) },
+					func(i int) float64 { return float64(a[i]) * c.f(i) })
+			}
 			for _, wt := range allDTypes {
 				bias := roundTo(wt, randn(rng, cols, 1))
 				pbias := up(t, wt, bias)

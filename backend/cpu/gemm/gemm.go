@@ -53,6 +53,9 @@ type Weights struct {
 	DType tensor.DType // F32, BF16, F16 or a GGML block type (K whole blocks a row)
 	Data  []byte       // N*K elements, row-major, little-endian; any alignment
 	N, K  int
+	// Packed, when set, is Data's rows interleaved for the SIMD kernels
+	// (PackQ4K8), which then read it instead of Data.
+	Packed []byte
 }
 
 // rowBytes is the bytes of one weight row (K a whole number of blocks for
@@ -92,6 +95,9 @@ func check(out, x []float32, T int, w Weights) {
 	}
 	if need := w.N * w.rowBytes(); len(w.Data) < need {
 		panic(fmt.Sprintf("gemm: weights [%d,%d] %v need %d bytes, have %d", w.N, w.K, w.DType, need, len(w.Data)))
+	}
+	if w.Packed != nil && (w.DType != tensor.Q4_K || w.N%8 != 0 || len(w.Packed) < w.N/8*w.K/256*q4k8Block) {
+		panic(fmt.Sprintf("gemm: packed weights [%d,%d] %v of %d bytes", w.N, w.K, w.DType, len(w.Packed)))
 	}
 	if len(x) < T*w.K || len(out) < T*w.N {
 		panic(fmt.Sprintf("gemm: T=%d N=%d K=%d: len(x)=%d len(out)=%d too short", T, w.N, w.K, len(x), len(out)))

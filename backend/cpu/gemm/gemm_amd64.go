@@ -99,3 +99,6 @@ func dotsE4M3(a *float32, b *byte, stride uintptr, n, n8 int, out *float32)
 
 //go:noescape
 func axpysE4M3(w *float32, x *byte, stride uintptr, n, n8 int, y *float32)
+
+//go:noescape
+func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)

@@ -233,7 +233,8 @@ func randBlocks(r *rand.Rand, d tensor.DType, N, K int) Weights {
 // (read in place, decoded block by block, or multiplied in integers with x
 // rounded to 8 bits for the types of intDot) against MatMulRef, which
 // decodes whole rows with tensor.ToF32, on fresh random blocks. The integer
-// path is allowed quantBound more than float32 rounding.
+// path is allowed quantBound more than float32 rounding. Q4_K rows in
+// multiples of 8 also run interleaved (PackQ4K8).
 func TestMatMulBlocks(t *testing.T) {
 	r := newRand(t)
 	p := workers.New(3)
@@ -242,7 +243,7 @@ func TestMatMulBlocks(t *testing.T) {
 		tensor.Q2_K, tensor.Q3_K, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K, tensor.IQ4_NL} {
 		bs := d.BlockSize()
 		for _, T := range []int{1, 3, 17} {
-			for _, N := range []int{1, 5, 67} {
+			for _, N := range []int{1, 5, 24, 67} {
 				for _, blocks := range []int{1, 3} {
 					K := blocks * bs
 					w := randBlocks(r, d, N, K)
@@ -250,13 +251,21 @@ func TestMatMulBlocks(t *testing.T) {
 					ref := make([]float32, T*N)
 					MatMulRef(ref, x, T, w)
 					row := make([]float32, K)
-					for i, pool := range []*workers.Pool{p, nil, p} {
+					packed := PackQ4K8(w)
+					for i, pool := range []*workers.Pool{p, nil, p, p, nil} {
+						if i >= 3 && packed == nil {
+							continue
+						}
 						out := make([]float32, T*N)
 						for i := range out {
 							out[i] = float32(math.NaN())
 						}
 						SetPure(i == 2) // the Go kernels
-						MatMul(pool, out, x, T, w)
+						wi := w
+						if i >= 3 {
+							wi.Packed = packed
+						}
+						MatMul(pool, out, x, T, wi)
 						SetPure(false)
 						for n := 0; n < N; n++ {
 							rb := len(w.Data) / N
@@ -296,6 +305,11 @@ func TestMatMulBlocksNoAlloc(t *testing.T) {
 	for _, T := range []int{1, 3} {
 		if a := testing.AllocsPerRun(50, func() { MatMul(p, out, x, T, w) }); a != 0 {
 			t.Errorf("MatMul of q4_k blocks, T=%d, allocates %v times per call", T, a)
+		}
+		if wp := (Weights{DType: w.DType, Data: w.Data, N: w.N, K: w.K, Packed: PackQ4K8(w)}); wp.Packed != nil {
+			if a := testing.AllocsPerRun(50, func() { MatMul(p, out, x, T, wp) }); a != 0 {
+				t.Errorf("MatMul of interleaved q4_k rows, T=%d, allocates %v times per call", T, a)
+			}
 		}
 	}
 }

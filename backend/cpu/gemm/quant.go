@@ -167,7 +167,11 @@ func matMulQuant(p *workers.Pool, out, x []float32, T int, w Weights) {
 	a.quantize(x, T, w.K, xBlock(w.DType), xBits(w.DType))
 	t := quantTasks.Get().(*quantTask)
 	*t = quantTask{out: out, a: a, T: T, w: w}
-	runRowGroups(p, w, t)
+	if w.Packed != nil && SIMD() {
+		runGroupsQ4K8(p, w, t)
+	} else {
+		runRowGroups(p, w, t)
+	}
 	*t = quantTask{}
 	quantTasks.Put(t)
 	qxPool.Put(a)

@@ -1,0 +1,120 @@
+package gemm
+
+import (
+	"unsafe"
+
+	"kiln/backend/cpu/workers"
+	"kiln/tensor"
+)
+
+// Q4_K rows interleaved by eights, as llama.cpp's CPU backend repacks them
+// for its fastest kernels: the scales and minimums of 8 rows unpacked side
+// by side and their 4-bit values interleaved 4 bytes at a time, so that one
+// vector holds 8 rows and a kernel takes each row's scales, sums and results
+// from its own lanes (no broadcast of scales, no horizontal sums).
+//
+// A group of 8 rows is nb blocks of q4k8Block bytes, block b holding the
+// rows' super-block b:
+//
+//	0     d[8]      f16, one a row
+//	16    dmin[8]   f16
+//	32    sc[8][8]  uint8: sub-block j's scale of row r at 32+8j+r
+//	96    mn[4][8][2] uint8: the minimums of sub-blocks 2i and 2i+1 of row r at 96+16i+2r
+//	160   qs[32][8][4]: vector v = 8c+u holds, at 4r, bytes 32c+4u..+4 of row r's values
+//
+// (byte l of a row's 32-byte chunk c holds value 64c+l in its low nibble and
+// 64c+32+l in its high one, as in the file).
+const q4k8Block = 1184
+
+// packQ4K8 interleaves the n rows of nb Q4_K blocks each in data (n a
+// multiple of 8).
+func packQ4K8(data []byte, n, nb int) []byte {
+	const bb = 144
+	out := make([]byte, n/8*nb*q4k8Block)
+	for g := 0; g < n/8; g++ {
+		for b := 0; b < nb; b++ {
+			dst := out[(g*nb+b)*q4k8Block:][:q4k8Block]
+			for r := 0; r < 8; r++ {
+				blk := data[((8*g+r)*nb+b)*bb:][:bb]
+				copy(dst[2*r:], blk[0:2])
+				copy(dst[16+2*r:], blk[2:4])
+				for j := 0; j < 8; j++ {
+					sc, m := tensor.KScaleMin(j, blk[4:16])
+					dst[32+8*j+r] = sc
+					dst[96+16*(j/2)+2*r+j%2] = m
+				}
+				for c := 0; c < 4; c++ {
+					for u := 0; u < 8; u++ {
+						copy(dst[160+32*(8*c+u)+4*r:][:4], blk[16+32*c+4*u:])
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// dotsQ4K8 is dotQ4K of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ4K8(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q4k8Block:][:q4k8Block]
+			xq := q[256*b : 256*b+256]
+			var isum, msum int32
+			for j := 0; j < 8; j++ {
+				var sub int32
+				for l := 0; l < 32; l++ {
+					c, k := j/2, l
+					v := blk[160+32*(8*c+k/4)+4*r+k%4]
+					if j%2 == 0 {
+						v &= 0xF
+					} else {
+						v >>= 4
+					}
+					sub += int32(v) * int32(xq[32*j+l])
+				}
+				isum += int32(blk[32+8*j+r]) * sub
+				msum += int32(blk[96+16*(j/2)+2*r+j%2]) * int32(sums[8*b+j])
+			}
+			s += f16(blk[2*r:])*xd[b]*float32(isum) - f16(blk[16+2*r:])*xd[b]*float32(msum)
+		}
+		out[r] = s
+	}
+}
+
+// PackQ4K8 returns w's rows interleaved by eights for the SIMD kernel
+// (Weights.Packed), or nil where it does not apply: w not Q4_K, its rows
+// not a multiple of 8, or no SIMD kernels on this CPU.
+func PackQ4K8(w Weights) []byte {
+	if w.DType != tensor.Q4_K || w.N%8 != 0 || w.K%256 != 0 || !haveSIMD || len(w.Data) < w.N*w.rowBytes() {
+		return nil
+	}
+	return packQ4K8(w.Data, w.N, w.K/256)
+}
+
+// groupsQ4K8 is a product's share of work over packed Q4_K rows: groups
+// [lo, hi) of 8 rows for every token.
+type groupsQ4K8 struct{ *quantTask }
+
+func (t groupsQ4K8) Do(lo, hi int) {
+	w := t.w
+	nb := w.K / 256
+	p := unsafe.Pointer(&w.Packed[lo*nb*q4k8Block])
+	for tk := 0; tk < t.T; tk++ {
+		x := t.a.token(tk, w.K, 256)
+		rowsQ4K8(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums), nb, hi-lo, &t.out[tk*w.N+8*lo])
+	}
+}
+
+// runGroupsQ4K8 runs t over w's packed groups of 8 rows on p (nil: here),
+// in shares of about decodeGrainBytes.
+func runGroupsQ4K8(p *workers.Pool, w Weights, t *quantTask) {
+	groups := w.N / 8
+	if p == nil {
+		groupsQ4K8{t}.Do(0, groups)
+		return
+	}
+	p.Run(groups, max(1, decodeGrainBytes/(8*w.rowBytes())), groupsQ4K8{t})
+}

@@ -1,0 +1,104 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+#include "simd_amd64.h"
+
+// The Q4_K kernel of rows interleaved by eights (q4k8.go): each vector of
+// 32 bytes is 4 bytes of each of 8 rows, so that VPMADDUBSW against x's 4
+// values broadcast leaves each row's products in its own lanes. A chunk's
+// 8 vectors (64 values of each row: sub-blocks 2c, 2c+1) add up in int16
+// (8 pairs of at most 2·15·128: no overflow), then VPMADDWD by ones gives
+// each row's int32 sum, times its sub-block's scale (VPMULLD). The
+// minimums' term takes pairs of sub-blocks by VPMADDWD against x's sums.
+// Go's operand order is Intel's reversed: VPMADDUBSW signed, unsigned, dst.
+
+// Q8VEC(c, u): vector u of chunk c, its low nibbles times x's values
+// [64c+4u, +4) into Y2, its high ones times [64c+32+4u, +4) into Y3.
+#define Q8VEC(c, u) \
+	VMOVDQU      (160+32*(8*c+u))(BX), Y4; \
+	VPSRLW       $4, Y4, Y5; \
+	VPAND        Y15, Y4, Y4; \
+	VPAND        Y15, Y5, Y5; \
+	VPBROADCASTD (64*c+4*u)(DI), Y6; \
+	VPBROADCASTD (64*c+32+4*u)(DI), Y7; \
+	VPMADDUBSW   Y6, Y4, Y4; \
+	VPMADDUBSW   Y7, Y5, Y5; \
+	VPADDW       Y4, Y2, Y2; \
+	VPADDW       Y5, Y3, Y3
+
+// Q8CHUNK(c): chunk c's two sub-blocks, scaled, into Y1 (int32 a row).
+#define Q8CHUNK(c) \
+	VPXOR      Y2, Y2, Y2; \
+	VPXOR      Y3, Y3, Y3; \
+	Q8VEC(c, 0); \
+	Q8VEC(c, 1); \
+	Q8VEC(c, 2); \
+	Q8VEC(c, 3); \
+	Q8VEC(c, 4); \
+	Q8VEC(c, 5); \
+	Q8VEC(c, 6); \
+	Q8VEC(c, 7); \
+	VPMADDWD   Y14, Y2, Y2; \
+	VPMADDWD   Y14, Y3, Y3; \
+	VPMOVZXBD  (32+16*c)(BX), Y8; \
+	VPMOVZXBD  (40+16*c)(BX), Y9; \
+	VPMULLD    Y8, Y2, Y2; \
+	VPMULLD    Y9, Y3, Y3; \
+	VPADDD     Y2, Y1, Y1; \
+	VPADDD     Y3, Y1, Y1
+
+// Q8MIN(i): the minimums of sub-blocks 2i, 2i+1 times x's sums of them,
+// into Y10 (int32 a row).
+#define Q8MIN(i) \
+	VPMOVZXBW    (96+16*i)(BX), Y8; \
+	VPBROADCASTD (4*i)(R12), Y9; \
+	VPMADDWD     Y9, Y8, Y8; \
+	VPADDD       Y8, Y10, Y10
+
+// func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
+TEXT ·rowsQ4K8(SB), NOSPLIT, $0-56
+	MOVQ p+0(FP), BX
+	MOVQ out+48(FP), R13
+	MOVQ groups+40(FP), R14
+	SPLAT(0x0f0f0f0f, X15, Y15)
+	SPLAT(0x00010001, X14, Y14)
+
+q4k8group:
+	MOVQ   xq+8(FP), DI
+	MOVQ   xd+16(FP), DX
+	MOVQ   xs+24(FP), R12
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+
+q4k8block:
+	VPXOR Y1, Y1, Y1
+	Q8CHUNK(0)
+	Q8CHUNK(1)
+	Q8CHUNK(2)
+	Q8CHUNK(3)
+	VPXOR Y10, Y10, Y10
+	Q8MIN(0)
+	Q8MIN(1)
+	Q8MIN(2)
+	Q8MIN(3)
+	VCVTDQ2PS    Y1, Y1
+	VCVTPH2PS    (BX), Y8
+	VBROADCASTSS (DX), Y9
+	VMULPS       Y9, Y8, Y8
+	VFMADD231PS  Y8, Y1, Y0
+	VCVTDQ2PS    Y10, Y10
+	VCVTPH2PS    16(BX), Y8
+	VMULPS       Y9, Y8, Y8
+	VFNMADD231PS Y8, Y10, Y0
+	ADDQ         $1184, BX
+	ADDQ         $256, DI
+	ADDQ         $4, DX
+	ADDQ         $16, R12
+	DECQ         CX
+	JNZ          q4k8block
+	VMOVUPS      Y0, (R13)
+	ADDQ         $32, R13
+	DECQ         R14
+	JNZ          q4k8group
+	VZEROUPPER
+	RET

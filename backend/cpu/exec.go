@@ -97,10 +97,10 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 					}
 					o.w.DType, o.w.Data = tensor.BF16, data
 				}
-				if t.DType == tensor.Q4_K {
+				if t.DType == tensor.Q4_K || t.DType == tensor.Q8_0 {
 					packed, ok := l.widened[v.Def]
 					if !ok {
-						packed = gemm.PackQ4K8(o.w)
+						packed = gemm.PackRows8(o.w)
 						l.widened[v.Def] = packed
 					}
 					o.w.Packed = packed

@@ -54,7 +54,7 @@ type Weights struct {
 	Data  []byte       // N*K elements, row-major, little-endian; any alignment
 	N, K  int
 	// Packed, when set, is Data's rows interleaved for the SIMD kernels
-	// (PackQ4K8), which then read it instead of Data.
+	// (PackRows8), which then read it instead of Data.
 	Packed []byte
 }
 
@@ -96,7 +96,7 @@ func check(out, x []float32, T int, w Weights) {
 	if need := w.N * w.rowBytes(); len(w.Data) < need {
 		panic(fmt.Sprintf("gemm: weights [%d,%d] %v need %d bytes, have %d", w.N, w.K, w.DType, need, len(w.Data)))
 	}
-	if w.Packed != nil && (w.DType != tensor.Q4_K || w.N%8 != 0 || len(w.Packed) < w.N/8*w.K/256*q4k8Block) {
+	if w.Packed != nil && (w.N%8 != 0 || packedBytes(w) == 0 || len(w.Packed) < packedBytes(w)) {
 		panic(fmt.Sprintf("gemm: packed weights [%d,%d] %v of %d bytes", w.N, w.K, w.DType, len(w.Packed)))
 	}
 	if len(x) < T*w.K || len(out) < T*w.N {

@@ -102,3 +102,6 @@ func axpysE4M3(w *float32, x *byte, stride uintptr, n, n8 int, y *float32)
 
 //go:noescape
 func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
+
+//go:noescape
+func rowsQ8_08(p unsafe.Pointer, xq *int16, xd *float32, nb, groups int, out *float32)

@@ -73,3 +73,6 @@ func swigluF32(out, gate, up *float32, n8 int)                              { pa
 func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32) {
 	panic("unreachable")
 }
+func rowsQ8_08(p unsafe.Pointer, xq *int16, xd *float32, nb, groups int, out *float32) {
+	panic("unreachable")
+}

@@ -234,7 +234,7 @@ func randBlocks(r *rand.Rand, d tensor.DType, N, K int) Weights {
 // rounded to 8 bits for the types of intDot) against MatMulRef, which
 // decodes whole rows with tensor.ToF32, on fresh random blocks. The integer
 // path is allowed quantBound more than float32 rounding. Q4_K rows in
-// multiples of 8 also run interleaved (PackQ4K8).
+// multiples of 8 also run interleaved (PackRows8), as do Q8_0 ones.
 func TestMatMulBlocks(t *testing.T) {
 	r := newRand(t)
 	p := workers.New(3)
@@ -251,7 +251,7 @@ func TestMatMulBlocks(t *testing.T) {
 					ref := make([]float32, T*N)
 					MatMulRef(ref, x, T, w)
 					row := make([]float32, K)
-					packed := PackQ4K8(w)
+					packed := PackRows8(w)
 					for i, pool := range []*workers.Pool{p, nil, p, p, nil} {
 						if i >= 3 && packed == nil {
 							continue
@@ -306,7 +306,7 @@ func TestMatMulBlocksNoAlloc(t *testing.T) {
 		if a := testing.AllocsPerRun(50, func() { MatMul(p, out, x, T, w) }); a != 0 {
 			t.Errorf("MatMul of q4_k blocks, T=%d, allocates %v times per call", T, a)
 		}
-		if wp := (Weights{DType: w.DType, Data: w.Data, N: w.N, K: w.K, Packed: PackQ4K8(w)}); wp.Packed != nil {
+		if wp := (Weights{DType: w.DType, Data: w.Data, N: w.N, K: w.K, Packed: PackRows8(w)}); wp.Packed != nil {
 			if a := testing.AllocsPerRun(50, func() { MatMul(p, out, x, T, wp) }); a != 0 {
 				t.Errorf("MatMul of interleaved q4_k rows, T=%d, allocates %v times per call", T, a)
 			}

@@ -168,7 +168,7 @@ func matMulQuant(p *workers.Pool, out, x []float32, T int, w Weights) {
 	t := quantTasks.Get().(*quantTask)
 	*t = quantTask{out: out, a: a, T: T, w: w}
 	if w.Packed != nil && SIMD() {
-		runGroupsQ4K8(p, w, t)
+		runGroups8(p, w, t)
 	} else {
 		runRowGroups(p, w, t)
 	}

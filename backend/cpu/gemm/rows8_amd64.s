@@ -3,7 +3,7 @@
 #include "textflag.h"
 #include "simd_amd64.h"
 
-// The Q4_K kernel of rows interleaved by eights (q4k8.go): each vector of
+// The Q4_K kernel of rows interleaved by eights (rows8.go): each vector of
 // 32 bytes is 4 bytes of each of 8 rows, so that VPMADDUBSW against x's 4
 // values broadcast leaves each row's products in its own lanes. A chunk's
 // 8 vectors (64 values of each row: sub-blocks 2c, 2c+1) add up in int16
@@ -100,5 +100,59 @@ q4k8block:
 	ADDQ         $32, R13
 	DECQ         R14
 	JNZ          q4k8group
+	VZEROUPPER
+	RET
+
+// The Q8_0 kernel of rows interleaved by eights: VPMOVSXBW widens 2 values
+// of each of 8 rows, VPMADDWD against x's 2 values (16 bits) broadcast
+// leaves each row's pair sum in its own lane.
+#define Q80PAIR(u) \
+	VPMOVSXBW    (16+16*u)(BX), Y4; \
+	VPMOVSXBW    (32+16*u)(BX), Y5; \
+	VPBROADCASTD (4*u)(DI), Y6; \
+	VPBROADCASTD (4+4*u)(DI), Y7; \
+	VPMADDWD     Y6, Y4, Y4; \
+	VPMADDWD     Y7, Y5, Y5; \
+	VPADDD       Y4, Y1, Y1; \
+	VPADDD       Y5, Y2, Y2
+
+// func rowsQ8_08(p unsafe.Pointer, xq *int16, xd *float32, nb, groups int, out *float32)
+TEXT ·rowsQ8_08(SB), NOSPLIT, $0-48
+	MOVQ p+0(FP), BX
+	MOVQ out+40(FP), R13
+	MOVQ groups+32(FP), R14
+
+q808group:
+	MOVQ   xq+8(FP), DI
+	MOVQ   xd+16(FP), DX
+	MOVQ   nb+24(FP), CX
+	VXORPS Y0, Y0, Y0
+
+q808block:
+	VPXOR        Y1, Y1, Y1
+	VPXOR        Y2, Y2, Y2
+	Q80PAIR(0)
+	Q80PAIR(2)
+	Q80PAIR(4)
+	Q80PAIR(6)
+	Q80PAIR(8)
+	Q80PAIR(10)
+	Q80PAIR(12)
+	Q80PAIR(14)
+	VPADDD       Y2, Y1, Y1
+	VCVTDQ2PS    Y1, Y1
+	VCVTPH2PS    (BX), Y8
+	VBROADCASTSS (DX), Y9
+	VMULPS       Y9, Y8, Y8
+	VFMADD231PS  Y8, Y1, Y0
+	ADDQ         $272, BX
+	ADDQ         $64, DI
+	ADDQ         $4, DX
+	DECQ         CX
+	JNZ          q808block
+	VMOVUPS      Y0, (R13)
+	ADDQ         $32, R13
+	DECQ         R14
+	JNZ          q808group
 	VZEROUPPER
 	RET

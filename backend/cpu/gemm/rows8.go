@@ -1,0 +1,190 @@
+package gemm
+
+import (
+	"unsafe"
+
+	"kiln/backend/cpu/workers"
+	"kiln/tensor"
+)
+
+// Rows interleaved by eights (Q4_K, Q8_0), as llama.cpp's CPU backend
+// repacks them for its fastest kernels (PackRows8).
+//
+// Q4_K rows interleaved by eights, as llama.cpp's CPU backend repacks them
+// for its fastest kernels: the scales and minimums of 8 rows unpacked side
+// by side and their 4-bit values interleaved 4 bytes at a time, so that one
+// vector holds 8 rows and a kernel takes each row's scales, sums and results
+// from its own lanes (no broadcast of scales, no horizontal sums).
+//
+// A group of 8 rows is nb blocks of q4k8Block bytes, block b holding the
+// rows' super-block b:
+//
+//	0     d[8]      f16, one a row
+//	16    dmin[8]   f16
+//	32    sc[8][8]  uint8: sub-block j's scale of row r at 32+8j+r
+//	96    mn[4][8][2] uint8: the minimums of sub-blocks 2i and 2i+1 of row r at 96+16i+2r
+//	160   qs[32][8][4]: vector v = 8c+u holds, at 4r, bytes 32c+4u..+4 of row r's values
+//
+// (byte l of a row's 32-byte chunk c holds value 64c+l in its low nibble and
+// 64c+32+l in its high one, as in the file).
+const q4k8Block = 1184
+
+// packQ4K8 interleaves the n rows of nb Q4_K blocks each in data (n a
+// multiple of 8).
+func packQ4K8(data []byte, n, nb int) []byte {
+	const bb = 144
+	out := make([]byte, n/8*nb*q4k8Block)
+	for g := 0; g < n/8; g++ {
+		for b := 0; b < nb; b++ {
+			dst := out[(g*nb+b)*q4k8Block:][:q4k8Block]
+			for r := 0; r < 8; r++ {
+				blk := data[((8*g+r)*nb+b)*bb:][:bb]
+				copy(dst[2*r:], blk[0:2])
+				copy(dst[16+2*r:], blk[2:4])
+				for j := 0; j < 8; j++ {
+					sc, m := tensor.KScaleMin(j, blk[4:16])
+					dst[32+8*j+r] = sc
+					dst[96+16*(j/2)+2*r+j%2] = m
+				}
+				for c := 0; c < 4; c++ {
+					for u := 0; u < 8; u++ {
+						copy(dst[160+32*(8*c+u)+4*r:][:4], blk[16+32*c+4*u:])
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// dotsQ4K8 is dotQ4K of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ4K8(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q4k8Block:][:q4k8Block]
+			xq := q[256*b : 256*b+256]
+			var isum, msum int32
+			for j := 0; j < 8; j++ {
+				var sub int32
+				for l := 0; l < 32; l++ {
+					c, k := j/2, l
+					v := blk[160+32*(8*c+k/4)+4*r+k%4]
+					if j%2 == 0 {
+						v &= 0xF
+					} else {
+						v >>= 4
+					}
+					sub += int32(v) * int32(xq[32*j+l])
+				}
+				isum += int32(blk[32+8*j+r]) * sub
+				msum += int32(blk[96+16*(j/2)+2*r+j%2]) * int32(sums[8*b+j])
+			}
+			s += f16(blk[2*r:])*xd[b]*float32(isum) - f16(blk[16+2*r:])*xd[b]*float32(msum)
+		}
+		out[r] = s
+	}
+}
+
+// PackRows8 returns w's rows interleaved by eights for the SIMD kernels
+// (Weights.Packed: packQ4K8, packQ8_08), or nil where they do not apply: w
+// neither Q4_K nor Q8_0, its rows not a multiple of 8, or no SIMD kernels
+// on this CPU.
+func PackRows8(w Weights) []byte {
+	if w.N%8 != 0 || !haveSIMD || len(w.Data) < w.N*w.rowBytes() {
+		return nil
+	}
+	switch w.DType {
+	case tensor.Q4_K:
+		return packQ4K8(w.Data, w.N, w.K/256)
+	case tensor.Q8_0:
+		return packQ8_08(w.Data, w.N, w.K/32)
+	}
+	return nil
+}
+
+// packedBytes is the size PackRows8 gives w.
+func packedBytes(w Weights) int {
+	switch w.DType {
+	case tensor.Q4_K:
+		return w.N / 8 * w.K / 256 * q4k8Block
+	case tensor.Q8_0:
+		return w.N / 8 * w.K / 32 * q808Block
+	}
+	return 0
+}
+
+// groups8 is a product's share of work over packed rows: groups [lo, hi)
+// of 8 rows for every token.
+type groups8 struct{ *quantTask }
+
+func (t groups8) Do(lo, hi int) {
+	w := t.w
+	nb := w.K / xBlock(w.DType)
+	gb := packedBytes(w) / (w.N / 8)
+	p := unsafe.Pointer(&w.Packed[lo*gb])
+	for tk := 0; tk < t.T; tk++ {
+		x := t.a.token(tk, w.K, xBlock(w.DType))
+		out := &t.out[tk*w.N+8*lo]
+		if w.DType == tensor.Q8_0 {
+			rowsQ8_08(p, unsafe.SliceData(x.q16), unsafe.SliceData(x.d), nb, hi-lo, out)
+		} else {
+			rowsQ4K8(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums), nb, hi-lo, out)
+		}
+	}
+}
+
+// runGroups8 runs t over w's packed groups of 8 rows on p (nil: here), in
+// shares of about decodeGrainBytes.
+func runGroups8(p *workers.Pool, w Weights, t *quantTask) {
+	groups := w.N / 8
+	if p == nil {
+		groups8{t}.Do(0, groups)
+		return
+	}
+	p.Run(groups, max(1, decodeGrainBytes/(8*w.rowBytes())), groups8{t})
+}
+
+// Q8_0 rows interleaved by eights: a group of 8 rows is nb blocks of
+// q808Block bytes, block b holding the rows' blocks b: d[8] (f16, one a
+// row) at 0, then 16 chunks of 16 bytes, chunk u holding at 2r values 2u
+// and 2u+1 of row r (int8).
+const q808Block = 272
+
+// packQ8_08 interleaves the n rows of nb Q8_0 blocks each in data (n a
+// multiple of 8).
+func packQ8_08(data []byte, n, nb int) []byte {
+	const bb = 34
+	out := make([]byte, n/8*nb*q808Block)
+	for g := 0; g < n/8; g++ {
+		for b := 0; b < nb; b++ {
+			dst := out[(g*nb+b)*q808Block:][:q808Block]
+			for r := 0; r < 8; r++ {
+				blk := data[((8*g+r)*nb+b)*bb:][:bb]
+				copy(dst[2*r:], blk[0:2])
+				for u := 0; u < 16; u++ {
+					copy(dst[16+16*u+2*r:][:2], blk[2+2*u:])
+				}
+			}
+		}
+	}
+	return out
+}
+
+// dotsQ8_08 is dotQ8_0 of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ8_08(p []byte, nb int, q []int16, xd []float32, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q808Block:][:q808Block]
+			var isum int32
+			for i := 0; i < 32; i++ {
+				isum += int32(int8(blk[16+16*(i/2)+2*r+i%2])) * int32(q[32*b+i])
+			}
+			s += f16(blk[2*r:]) * xd[b] * float32(isum)
+		}
+		out[r] = s
+	}
+}

@@ -7,8 +7,8 @@ import (
 	"kiln/tensor"
 )
 
-// Rows interleaved by eights (Q4_K, Q8_0), as llama.cpp's CPU backend
-// repacks them for its fastest kernels (PackRows8).
+// Rows interleaved by eights (Q4_K, Q8_0, Q4_0), as llama.cpp's CPU
+// backend repacks Q4_K and Q4_0 for its fastest kernels (PackRows8).
 //
 // Q4_K rows interleaved by eights, as llama.cpp's CPU backend repacks them
 // for its fastest kernels: the scales and minimums of 8 rows unpacked side
@@ -88,9 +88,9 @@ func dotsQ4K8(p []byte, nb int, q []int8, xd []float32, sums []int16, out []floa
 }
 
 // PackRows8 returns w's rows interleaved by eights for the SIMD kernels
-// (Weights.Packed: packQ4K8, packQ8_08), or nil where they do not apply: w
-// neither Q4_K nor Q8_0, its rows not a multiple of 8, or no SIMD kernels
-// on this CPU.
+// (Weights.Packed: packQ4K8, packQ8_08, packQ4_08), or nil where they do
+// not apply: w not Q4_K, Q8_0 or Q4_0, its rows not a multiple of 8, or no
+// SIMD kernels on this CPU.
 func PackRows8(w Weights) []byte {
 	if w.N%8 != 0 || !haveSIMD || len(w.Data) < w.N*w.rowBytes() {
 		return nil
@@ -100,6 +100,8 @@ func PackRows8(w Weights) []byte {
 		return packQ4K8(w.Data, w.N, w.K/256)
 	case tensor.Q8_0:
 		return packQ8_08(w.Data, w.N, w.K/32)
+	case tensor.Q4_0:
+		return packQ4_08(w.Data, w.N, w.K/32)
 	}
 	return nil
 }
@@ -111,6 +113,8 @@ func packedBytes(w Weights) int {
 		return w.N / 8 * w.K / 256 * q4k8Block
 	case tensor.Q8_0:
 		return w.N / 8 * w.K / 32 * q808Block
+	case tensor.Q4_0:
+		return w.N / 8 * w.K / 32 * q408Block
 	}
 	return 0
 }
@@ -127,9 +131,12 @@ func (t groups8) Do(lo, hi int) {
 	for tk := 0; tk < t.T; tk++ {
 		x := t.a.token(tk, w.K, xBlock(w.DType))
 		out := &t.out[tk*w.N+8*lo]
-		if w.DType == tensor.Q8_0 {
+		switch w.DType {
+		case tensor.Q8_0:
 			rowsQ8_08(p, unsafe.SliceData(x.q16), unsafe.SliceData(x.d), nb, hi-lo, out)
-		} else {
+		case tensor.Q4_0:
+			rowsQ4_08(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums), nb, hi-lo, out)
+		default:
 			rowsQ4K8(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums), nb, hi-lo, out)
 		}
 	}
@@ -184,6 +191,51 @@ func dotsQ8_08(p []byte, nb int, q []int16, xd []float32, out []float32) {
 				isum += int32(int8(blk[16+16*(i/2)+2*r+i%2])) * int32(q[32*b+i])
 			}
 			s += f16(blk[2*r:]) * xd[b] * float32(isum)
+		}
+		out[r] = s
+	}
+}
+
+// Q4_0 rows interleaved by eights: a group of 8 rows is nb blocks of
+// q408Block bytes, block b holding the rows' blocks b: d[8] (f16, one a
+// row) at 0, then 4 vectors of 32 bytes, vector u holding at 4r bytes
+// 4u..4u+4 of row r's 16 (value 4u+i in the low nibble of byte i, 16+4u+i
+// in the high one, each q−8).
+const q408Block = 144
+
+// packQ4_08 interleaves the n rows of nb Q4_0 blocks each in data (n a
+// multiple of 8).
+func packQ4_08(data []byte, n, nb int) []byte {
+	const bb = 18
+	out := make([]byte, n/8*nb*q408Block)
+	for g := 0; g < n/8; g++ {
+		for b := 0; b < nb; b++ {
+			dst := out[(g*nb+b)*q408Block:][:q408Block]
+			for r := 0; r < 8; r++ {
+				blk := data[((8*g+r)*nb+b)*bb:][:bb]
+				copy(dst[2*r:], blk[0:2])
+				for u := 0; u < 4; u++ {
+					copy(dst[16+32*u+4*r:][:4], blk[2+4*u:])
+				}
+			}
+		}
+	}
+	return out
+}
+
+// dotsQ4_08 is dotQ4_0 of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ4_08(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q408Block:][:q408Block]
+			var isum int32
+			for l := 0; l < 16; l++ {
+				v := blk[16+32*(l/4)+4*r+l%4]
+				isum += int32(v&0xF)*int32(q[32*b+l]) + int32(v>>4)*int32(q[32*b+16+l])
+			}
+			s += f16(blk[2*r:]) * xd[b] * float32(isum-8*int32(sums[b]))
 		}
 		out[r] = s
 	}

@@ -12,19 +12,24 @@
 // minimums' term takes pairs of sub-blocks by VPMADDWD against x's sums.
 // Go's operand order is Intel's reversed: VPMADDUBSW signed, unsigned, dst.
 
-// Q8VEC(c, u): vector u of chunk c, its low nibbles times x's values
-// [64c+4u, +4) into Y2, its high ones times [64c+32+4u, +4) into Y3.
-#define Q8VEC(c, u) \
-	VMOVDQU      (160+32*(8*c+u))(BX), Y4; \
+// NIBVEC(w, lo, hi, L, H): the 32 bytes at w(BX) (4 of each of 8 rows),
+// their low nibbles times x's 4 values at lo(DI) broadcast added to L, their
+// high ones times those at hi(DI) to H (int16 pair sums, VPMADDUBSW).
+#define NIBVEC(w, lo, hi, L, H) \
+	VMOVDQU      w(BX), Y4; \
 	VPSRLW       $4, Y4, Y5; \
 	VPAND        Y15, Y4, Y4; \
 	VPAND        Y15, Y5, Y5; \
-	VPBROADCASTD (64*c+4*u)(DI), Y6; \
-	VPBROADCASTD (64*c+32+4*u)(DI), Y7; \
+	VPBROADCASTD lo(DI), Y6; \
+	VPBROADCASTD hi(DI), Y7; \
 	VPMADDUBSW   Y6, Y4, Y4; \
 	VPMADDUBSW   Y7, Y5, Y5; \
-	VPADDW       Y4, Y2, Y2; \
-	VPADDW       Y5, Y3, Y3
+	VPADDW       Y4, L, L; \
+	VPADDW       Y5, H, H
+
+// Q8VEC(c, u): vector u of chunk c, its low nibbles times x's values
+// [64c+4u, +4) into Y2, its high ones times [64c+32+4u, +4) into Y3.
+#define Q8VEC(c, u) NIBVEC((160+32*(8*c+u)), (64*c+4*u), (64*c+32+4*u), Y2, Y3)
 
 // Q8CHUNK(c): chunk c's two sub-blocks, scaled, into Y1 (int32 a row).
 #define Q8CHUNK(c) \
@@ -55,20 +60,36 @@
 	VPMADDWD     Y9, Y8, Y8; \
 	VPADDD       Y8, Y10, Y10
 
-// func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
-TEXT ·rowsQ4K8(SB), NOSPLIT, $0-56
-	MOVQ p+0(FP), BX
-	MOVQ out+48(FP), R13
-	MOVQ groups+40(FP), R14
-	SPLAT(0x0f0f0f0f, X15, Y15)
+// The kernels taking (p, xq, xd, xs, nb, groups, out) share their frame:
+// ROWS8_INIT sets BX to the first group, R13 to out, R14 to the groups, Y15
+// to the nibble mask and Y14 to int16 ones; ROWS8_GROUP x's pointers (DI
+// values, DX scales, R12 sums), CX a group's blocks and Y0's 8 sums to
+// zero; ROWS8_STORE writes Y0 and counts the group (flags for JNZ).
+#define ROWS8_INIT \
+	MOVQ p+0(FP), BX; \
+	MOVQ out+48(FP), R13; \
+	MOVQ groups+40(FP), R14; \
+	SPLAT(0x0f0f0f0f, X15, Y15); \
 	SPLAT(0x00010001, X14, Y14)
 
-q4k8group:
-	MOVQ   xq+8(FP), DI
-	MOVQ   xd+16(FP), DX
-	MOVQ   xs+24(FP), R12
-	MOVQ   nb+32(FP), CX
+#define ROWS8_GROUP \
+	MOVQ   xq+8(FP), DI; \
+	MOVQ   xd+16(FP), DX; \
+	MOVQ   xs+24(FP), R12; \
+	MOVQ   nb+32(FP), CX; \
 	VXORPS Y0, Y0, Y0
+
+#define ROWS8_STORE \
+	VMOVUPS Y0, (R13); \
+	ADDQ    $32, R13; \
+	DECQ    R14
+
+// func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
+TEXT ·rowsQ4K8(SB), NOSPLIT, $0-56
+	ROWS8_INIT
+
+q4k8group:
+	ROWS8_GROUP
 
 q4k8block:
 	VPXOR Y1, Y1, Y1
@@ -96,9 +117,7 @@ q4k8block:
 	ADDQ         $16, R12
 	DECQ         CX
 	JNZ          q4k8block
-	VMOVUPS      Y0, (R13)
-	ADDQ         $32, R13
-	DECQ         R14
+	ROWS8_STORE
 	JNZ          q4k8group
 	VZEROUPPER
 	RET
@@ -150,41 +169,21 @@ q808block:
 	ADDQ         $4, DX
 	DECQ         CX
 	JNZ          q808block
-	VMOVUPS      Y0, (R13)
-	ADDQ         $32, R13
-	DECQ         R14
+	ROWS8_STORE
 	JNZ          q808group
 	VZEROUPPER
 	RET
 
 // The Q4_0 kernel of rows interleaved by eights: Q8VEC's nibble products of
 // 8 rows, the offsets −8·Σx after the block's int32 sums.
-#define Q40VEC(u) \
-	VMOVDQU      (16+32*u)(BX), Y4; \
-	VPSRLW       $4, Y4, Y5; \
-	VPAND        Y15, Y4, Y4; \
-	VPAND        Y15, Y5, Y5; \
-	VPBROADCASTD (4*u)(DI), Y6; \
-	VPBROADCASTD (16+4*u)(DI), Y7; \
-	VPMADDUBSW   Y6, Y4, Y4; \
-	VPMADDUBSW   Y7, Y5, Y5; \
-	VPADDW       Y4, Y2, Y2; \
-	VPADDW       Y5, Y2, Y2
+#define Q40VEC(u) NIBVEC((16+32*u), (4*u), (16+4*u), Y2, Y2)
 
 // func rowsQ4_08(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
 TEXT ·rowsQ4_08(SB), NOSPLIT, $0-56
-	MOVQ p+0(FP), BX
-	MOVQ out+48(FP), R13
-	MOVQ groups+40(FP), R14
-	SPLAT(0x0f0f0f0f, X15, Y15)
-	SPLAT(0x00010001, X14, Y14)
+	ROWS8_INIT
 
 q408group:
-	MOVQ   xq+8(FP), DI
-	MOVQ   xd+16(FP), DX
-	MOVQ   xs+24(FP), R12
-	MOVQ   nb+32(FP), CX
-	VXORPS Y0, Y0, Y0
+	ROWS8_GROUP
 
 q408block:
 	VPXOR        Y2, Y2, Y2
@@ -209,9 +208,7 @@ q408block:
 	ADDQ         $2, R12
 	DECQ         CX
 	JNZ          q408block
-	VMOVUPS      Y0, (R13)
-	ADDQ         $32, R13
-	DECQ         R14
+	ROWS8_STORE
 	JNZ          q408group
 	VZEROUPPER
 	RET

@@ -31,6 +31,14 @@ if [ -n "${BASE:-}" ]; then
 	git worktree remove --force "$wt"
 	echo "built .devbin/kiln-base ($BASE: $(git rev-parse --short "$BASE"))"
 fi
+# The King James Bible for tools/gpu/quality-big.sh (train.py's input), when
+# Debian's bible-kjv is installed here.
+rm -rf .devbin/data
+if command -v bible >/dev/null; then
+	mkdir -p .devbin/data/kjv
+	(cd /tmp && bible -f "Gen1:1-Rev22:21") >.devbin/data/kjv/kjv.txt
+	echo "wrote .devbin/data/kjv/kjv.txt"
+fi
 # The shared test data the GPU tests read (../shared does not travel to the
 # GPU machine; tools/gpu/run.sh points KILN_SHARED_DIR here).
 if [ -d ../shared/models/stories260K ]; then

@@ -63,7 +63,7 @@ type loaded struct {
 	vectors map[*ir.Node][]float32
 	// widened caches FP8 matrices widened to bf16 with their scales: the
 	// CPU multiplies bf16 faster than it widens E4M3 codes (docs/PERF.md).
-	// It also holds Q4_K, Q8_0 and Q4_0 matrices' rows interleaved by eights
+	// It also holds Q4_K, Q6_K, Q8_0 and Q4_0 matrices' rows interleaved by eights
 	// (gemm.PackRows8), as llama.cpp repacks them for its CPU kernels.
 	widened map[*ir.Node][]byte
 }

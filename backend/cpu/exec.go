@@ -97,7 +97,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 					}
 					o.w.DType, o.w.Data = tensor.BF16, data
 				}
-				if t.DType == tensor.Q4_K || t.DType == tensor.Q8_0 || t.DType == tensor.Q4_0 {
+				if t.DType == tensor.Q4_K || t.DType == tensor.Q6_K || t.DType == tensor.Q8_0 || t.DType == tensor.Q4_0 {
 					packed, ok := l.widened[v.Def]
 					if !ok {
 						packed = gemm.PackRows8(o.w)

@@ -108,3 +108,6 @@ func rowsQ8_08(p unsafe.Pointer, xq *int16, xd *float32, nb, groups int, out *fl
 
 //go:noescape
 func rowsQ4_08(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
+
+//go:noescape
+func rowsQ6K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)

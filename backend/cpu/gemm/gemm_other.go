@@ -79,3 +79,6 @@ func rowsQ8_08(p unsafe.Pointer, xq *int16, xd *float32, nb, groups int, out *fl
 func rowsQ4_08(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32) {
 	panic("unreachable")
 }
+func rowsQ6K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32) {
+	panic("unreachable")
+}

@@ -234,7 +234,7 @@ func randBlocks(r *rand.Rand, d tensor.DType, N, K int) Weights {
 // rounded to 8 bits for the types of intDot) against MatMulRef, which
 // decodes whole rows with tensor.ToF32, on fresh random blocks. The integer
 // path is allowed quantBound more than float32 rounding. Q4_K rows in
-// multiples of 8 also run interleaved (PackRows8), as do Q8_0 and Q4_0 ones.
+// multiples of 8 also run interleaved (PackRows8), as do Q6_K, Q8_0 and Q4_0 ones.
 func TestMatMulBlocks(t *testing.T) {
 	r := newRand(t)
 	p := workers.New(3)

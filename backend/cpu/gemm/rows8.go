@@ -7,7 +7,7 @@ import (
 	"kiln/tensor"
 )
 
-// Rows interleaved by eights (Q4_K, Q8_0, Q4_0), as llama.cpp's CPU
+// Rows interleaved by eights (Q4_K, Q6_K, Q8_0, Q4_0), as llama.cpp's CPU
 // backend repacks Q4_K and Q4_0 for its fastest kernels (PackRows8).
 //
 // Q4_K rows interleaved by eights, as llama.cpp's CPU backend repacks them
@@ -88,9 +88,9 @@ func dotsQ4K8(p []byte, nb int, q []int8, xd []float32, sums []int16, out []floa
 }
 
 // PackRows8 returns w's rows interleaved by eights for the SIMD kernels
-// (Weights.Packed: packQ4K8, packQ8_08, packQ4_08), or nil where they do
-// not apply: w not Q4_K, Q8_0 or Q4_0, its rows not a multiple of 8, or no
-// SIMD kernels on this CPU.
+// (Weights.Packed: packQ4K8, packQ6K8, packQ8_08, packQ4_08), or nil where
+// they do not apply: w not Q4_K, Q6_K, Q8_0 or Q4_0, its rows not a
+// multiple of 8, or no SIMD kernels on this CPU.
 func PackRows8(w Weights) []byte {
 	if w.N%8 != 0 || !haveSIMD || len(w.Data) < w.N*w.rowBytes() {
 		return nil
@@ -102,6 +102,8 @@ func PackRows8(w Weights) []byte {
 		return packQ8_08(w.Data, w.N, w.K/32)
 	case tensor.Q4_0:
 		return packQ4_08(w.Data, w.N, w.K/32)
+	case tensor.Q6_K:
+		return packQ6K8(w.Data, w.N, w.K/256)
 	}
 	return nil
 }
@@ -115,6 +117,8 @@ func packedBytes(w Weights) int {
 		return w.N / 8 * w.K / 32 * q808Block
 	case tensor.Q4_0:
 		return w.N / 8 * w.K / 32 * q408Block
+	case tensor.Q6_K:
+		return w.N / 8 * w.K / 256 * q6k8Block
 	}
 	return 0
 }
@@ -136,6 +140,8 @@ func (t groups8) Do(lo, hi int) {
 			rowsQ8_08(p, unsafe.SliceData(x.q16), unsafe.SliceData(x.d), nb, hi-lo, out)
 		case tensor.Q4_0:
 			rowsQ4_08(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums), nb, hi-lo, out)
+		case tensor.Q6_K:
+			rowsQ6K8(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums16), nb, hi-lo, out)
 		default:
 			rowsQ4K8(p, unsafe.SliceData(x.q), unsafe.SliceData(x.d), unsafe.SliceData(x.sums), nb, hi-lo, out)
 		}
@@ -236,6 +242,77 @@ func dotsQ4_08(p []byte, nb int, q []int8, xd []float32, sums []int16, out []flo
 				isum += int32(v&0xF)*int32(q[32*b+l]) + int32(v>>4)*int32(q[32*b+16+l])
 			}
 			s += f16(blk[2*r:]) * xd[b] * float32(isum-8*int32(sums[b]))
+		}
+		out[r] = s
+	}
+}
+
+// Q6_K rows interleaved by eights: a group of 8 rows is nb blocks of
+// q6k8Block bytes, block b holding the rows' super-blocks b:
+//
+//	0     d[8]        f16, one a row
+//	16    sc[16][8]   int8: sub-block s's scale of row r at 16+8s+r
+//	144   ql[32][8][4]: vector 16h+u holds, at 4r, bytes 64h+4u..+4 of row r's ql
+//	1168  qh[16][8][4]: vector 8h+u holds, at 4r, bytes 32h+4u..+4 of row r's qh
+//
+// (ggml's layout within a row: value 128h+32g+l, g < 4, l < 32, takes its low
+// 4 bits from ql[64h+l+32(g&1)] (the low nibble for g < 2, the high one
+// beyond) and its high 2 from bits 2g, 2g+1 of qh[32h+l]).
+const q6k8Block = 1680
+
+// packQ6K8 interleaves the n rows of nb Q6_K blocks each in data (n a
+// multiple of 8).
+func packQ6K8(data []byte, n, nb int) []byte {
+	const bb = 210
+	out := make([]byte, n/8*nb*q6k8Block)
+	for g := 0; g < n/8; g++ {
+		for b := 0; b < nb; b++ {
+			dst := out[(g*nb+b)*q6k8Block:][:q6k8Block]
+			for r := 0; r < 8; r++ {
+				blk := data[((8*g+r)*nb+b)*bb:][:bb]
+				copy(dst[2*r:], blk[208:210])
+				for s := 0; s < 16; s++ {
+					dst[16+8*s+r] = blk[192+s]
+				}
+				for u := 0; u < 32; u++ {
+					copy(dst[144+32*u+4*r:][:4], blk[4*u:])
+				}
+				for u := 0; u < 16; u++ {
+					copy(dst[1168+32*u+4*r:][:4], blk[128+4*u:])
+				}
+			}
+		}
+	}
+	return out
+}
+
+// dotsQ6K8 is dotQ6K of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ6K8(p []byte, nb int, q []int8, xd []float32, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q6k8Block:][:q6k8Block]
+			ql := func(i int) byte { return blk[144+32*(i/4)+4*r+i%4] }
+			qh := func(i int) byte { return blk[1168+32*(i/4)+4*r+i%4] }
+			var isum int32
+			for h := 0; h < 2; h++ {
+				xq := q[256*b+128*h:]
+				for l := 0; l < 32; l++ {
+					is := l / 16
+					a, c, hh := ql(64*h+l), ql(64*h+l+32), qh(32*h+l)
+					v := [4]int32{
+						int32(a&0xF|(hh>>0&3)<<4) - 32,
+						int32(c&0xF|(hh>>2&3)<<4) - 32,
+						int32(a>>4|(hh>>4&3)<<4) - 32,
+						int32(c>>4|(hh>>6&3)<<4) - 32,
+					}
+					for g := 0; g < 4; g++ {
+						isum += int32(int8(blk[16+8*(8*h+is+2*g)+r])) * v[g] * int32(xq[l+32*g])
+					}
+				}
+			}
+			s += f16(blk[2*r:]) * xd[b] * float32(isum)
 		}
 		out[r] = s
 	}

@@ -212,3 +212,142 @@ q408block:
 	JNZ          q408group
 	VZEROUPPER
 	RET
+
+// The Q6_K kernel of rows interleaved by eights (rows8.go): each vector of
+// ql (and its qh) holds 4 values of each of 8 rows for two of a half's four
+// groups of 32; the 6-bit values (< 64) times x's 4 values broadcast
+// (VPMADDUBSW) add up in int16 over two vectors (at most 2·2·63·128),
+// then VPMADDWD by ones gives each row's int32 sum. A sub-block's sum less
+// 32·Σx of it (the −32 offsets) is multiplied by the rows' scales
+// (VPMULLD). Y15 0x0f bytes, Y13 0x30 bytes, Y14 int16 ones. The block two
+// ahead is prefetched a few lines a pass: without it the kernel streamed
+// at a third of the row kernel's rate (the passes read the block out of
+// order, which the hardware prefetcher does not follow).
+
+// q6k32<>: int16 pairs (32, 0): VPMADDWD of a broadcast int16 by it is
+// 32 times it in every int32 lane.
+DATA q6k32<>+0(SB)/8, $0x0000002000000020
+DATA q6k32<>+8(SB)/8, $0x0000002000000020
+DATA q6k32<>+16(SB)/8, $0x0000002000000020
+DATA q6k32<>+24(SB)/8, $0x0000002000000020
+GLOBL q6k32<>(SB), RODATA|NOPTR, $32
+
+// Q6V0(h, u): vector u of half h's ql[l] (l = 4u..4u+3) and its qh: groups
+// 0 (low nibbles, qh bits 0-1) and 2 (high nibbles, qh bits 4-5), times
+// x's values into Y2 and Y3.
+#define Q6V0(h, u) \
+	VMOVDQU      (144+32*(16*(h)+(u)))(BX), Y6; \
+	VMOVDQU      (1168+32*(8*(h)+(u)))(BX), Y7; \
+	VPAND        Y15, Y6, Y8; \
+	VPSLLW       $4, Y7, Y9; \
+	VPAND        Y13, Y9, Y9; \
+	VPOR         Y9, Y8, Y8; \
+	VPBROADCASTD (128*(h)+4*(u))(DI), Y9; \
+	VPMADDUBSW   Y9, Y8, Y8; \
+	VPADDW       Y8, Y2, Y2; \
+	VPSRLW       $4, Y6, Y6; \
+	VPAND        Y15, Y6, Y6; \
+	VPAND        Y13, Y7, Y7; \
+	VPOR         Y7, Y6, Y6; \
+	VPBROADCASTD (128*(h)+64+4*(u))(DI), Y9; \
+	VPMADDUBSW   Y9, Y6, Y6; \
+	VPADDW       Y6, Y3, Y3
+
+// Q6V1(h, u): the same for ql[l+32]: groups 1 (qh bits 2-3) and 3 (6-7).
+#define Q6V1(h, u) \
+	VMOVDQU      (144+32*(16*(h)+8+(u)))(BX), Y6; \
+	VMOVDQU      (1168+32*(8*(h)+(u)))(BX), Y7; \
+	VPAND        Y15, Y6, Y8; \
+	VPSLLW       $2, Y7, Y9; \
+	VPAND        Y13, Y9, Y9; \
+	VPOR         Y9, Y8, Y8; \
+	VPBROADCASTD (128*(h)+32+4*(u))(DI), Y9; \
+	VPMADDUBSW   Y9, Y8, Y8; \
+	VPADDW       Y8, Y2, Y2; \
+	VPSRLW       $4, Y6, Y6; \
+	VPAND        Y15, Y6, Y6; \
+	VPSRLW       $2, Y7, Y7; \
+	VPAND        Y13, Y7, Y7; \
+	VPOR         Y7, Y6, Y6; \
+	VPBROADCASTD (128*(h)+96+4*(u))(DI), Y9; \
+	VPMADDUBSW   Y9, Y6, Y6; \
+	VPADDW       Y6, Y3, Y3
+
+// Q6SUB(s, acc): acc (sub-block s's Σ q·x, a row a lane) less 32·xs[s],
+// times the rows' scales of s, into Y1.
+#define Q6SUB(s, acc) \
+	VPBROADCASTW (2*s)(R12), Y10; \
+	VPMADDWD     q6k32<>(SB), Y10, Y10; \
+	VPSUBD       Y10, acc, acc; \
+	VPMOVSXBD    (16+8*s)(BX), Y10; \
+	VPMULLD      Y10, acc, acc; \
+	VPADDD       acc, Y1, Y1
+
+// Q6PASS(V, h, is, lo, hi): vectors 4is..4is+3 of half h through V, whose
+// two groups' sums are sub-blocks lo and hi.
+#define Q6PASS(V, h, is, lo, hi) \
+	VPXOR    Y2, Y2, Y2; \
+	VPXOR    Y3, Y3, Y3; \
+	V(h, 4*is); \
+	V(h, 4*is+1); \
+	VPMADDWD Y14, Y2, Y4; \
+	VPMADDWD Y14, Y3, Y5; \
+	VPXOR    Y2, Y2, Y2; \
+	VPXOR    Y3, Y3, Y3; \
+	V(h, 4*is+2); \
+	V(h, 4*is+3); \
+	VPMADDWD Y14, Y2, Y2; \
+	VPMADDWD Y14, Y3, Y3; \
+	VPADDD   Y2, Y4, Y4; \
+	VPADDD   Y3, Y5, Y5; \
+	Q6SUB(lo, Y4); \
+	Q6SUB(hi, Y5)
+
+// Q6PF(k): lines 4k..4k+3 of the block two ahead into the cache.
+#define Q6PF(k) \
+	PREFETCHT0 (3360+256*(k))(BX); \
+	PREFETCHT0 (3424+256*(k))(BX); \
+	PREFETCHT0 (3488+256*(k))(BX); \
+	PREFETCHT0 (3552+256*(k))(BX)
+
+// func rowsQ6K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
+// xs: x's sums of each 16 values.
+TEXT ·rowsQ6K8(SB), NOSPLIT, $0-56
+	ROWS8_INIT
+	SPLAT(0x30303030, X13, Y13)
+
+q6k8group:
+	ROWS8_GROUP
+
+q6k8block:
+	VPXOR        Y1, Y1, Y1
+	Q6PF(0)
+	Q6PASS(Q6V0, 0, 0, 0, 4)
+	Q6PF(1)
+	Q6PASS(Q6V0, 0, 1, 1, 5)
+	Q6PF(2)
+	Q6PASS(Q6V1, 0, 0, 2, 6)
+	Q6PF(3)
+	Q6PASS(Q6V1, 0, 1, 3, 7)
+	Q6PF(4)
+	Q6PASS(Q6V0, 1, 0, 8, 12)
+	Q6PF(5)
+	Q6PASS(Q6V0, 1, 1, 9, 13)
+	Q6PF(6)
+	Q6PASS(Q6V1, 1, 0, 10, 14)
+	Q6PASS(Q6V1, 1, 1, 11, 15)
+	VCVTDQ2PS    Y1, Y1
+	VCVTPH2PS    (BX), Y8
+	VBROADCASTSS (DX), Y9
+	VMULPS       Y9, Y8, Y8
+	VFMADD231PS  Y8, Y1, Y0
+	ADDQ         $1680, BX
+	ADDQ         $256, DI
+	ADDQ         $4, DX
+	ADDQ         $32, R12
+	DECQ         CX
+	JNZ          q6k8block
+	ROWS8_STORE
+	JNZ          q6k8group
+	VZEROUPPER
+	RET

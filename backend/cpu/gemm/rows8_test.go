@@ -23,6 +23,11 @@ var rows8Types = []struct {
 		func(p []byte, nb, groups int, a *qx, out []float32) {
 			rowsQ4K8(unsafe.Pointer(&p[0]), &a.q[0], &a.d[0], &a.sums[0], nb, groups, &out[0])
 		}},
+	{tensor.Q6_K,
+		func(p []byte, nb int, a *qx, out []float32) { dotsQ6K8(p, nb, a.q, a.d, out) },
+		func(p []byte, nb, groups int, a *qx, out []float32) {
+			rowsQ6K8(unsafe.Pointer(&p[0]), &a.q[0], &a.d[0], &a.sums16[0], nb, groups, &out[0])
+		}},
 	{tensor.Q8_0,
 		func(p []byte, nb int, a *qx, out []float32) { dotsQ8_08(p, nb, a.q16, a.d, out) },
 		func(p []byte, nb, groups int, a *qx, out []float32) {

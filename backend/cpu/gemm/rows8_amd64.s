@@ -79,6 +79,15 @@
 	MOVQ   nb+32(FP), CX; \
 	VXORPS Y0, Y0, Y0
 
+// ROWS8_SCALE(acc): the block's int32 sums in acc (a row a lane) times
+// the rows' d (f16 at 0(BX)) and x's scale (DX), into Y0 (clobbers Y8, Y9).
+#define ROWS8_SCALE(acc) \
+	VCVTDQ2PS    acc, acc; \
+	VCVTPH2PS    (BX), Y8; \
+	VBROADCASTSS (DX), Y9; \
+	VMULPS       Y9, Y8, Y8; \
+	VFMADD231PS  Y8, acc, Y0
+
 #define ROWS8_STORE \
 	VMOVUPS Y0, (R13); \
 	ADDQ    $32, R13; \
@@ -102,11 +111,7 @@ q4k8block:
 	Q8MIN(1)
 	Q8MIN(2)
 	Q8MIN(3)
-	VCVTDQ2PS    Y1, Y1
-	VCVTPH2PS    (BX), Y8
-	VBROADCASTSS (DX), Y9
-	VMULPS       Y9, Y8, Y8
-	VFMADD231PS  Y8, Y1, Y0
+	ROWS8_SCALE(Y1)
 	VCVTDQ2PS    Y10, Y10
 	VCVTPH2PS    16(BX), Y8
 	VMULPS       Y9, Y8, Y8
@@ -159,11 +164,7 @@ q808block:
 	Q80PAIR(12)
 	Q80PAIR(14)
 	VPADDD       Y2, Y1, Y1
-	VCVTDQ2PS    Y1, Y1
-	VCVTPH2PS    (BX), Y8
-	VBROADCASTSS (DX), Y9
-	VMULPS       Y9, Y8, Y8
-	VFMADD231PS  Y8, Y1, Y0
+	ROWS8_SCALE(Y1)
 	ADDQ         $272, BX
 	ADDQ         $64, DI
 	ADDQ         $4, DX
@@ -197,11 +198,7 @@ q408block:
 	VMOVD        AX, X3
 	VPBROADCASTD X3, Y3
 	VPSUBD       Y3, Y2, Y2
-	VCVTDQ2PS    Y2, Y2
-	VCVTPH2PS    (BX), Y8
-	VBROADCASTSS (DX), Y9
-	VMULPS       Y9, Y8, Y8
-	VFMADD231PS  Y8, Y2, Y0
+	ROWS8_SCALE(Y2)
 	ADDQ         $144, BX
 	ADDQ         $32, DI
 	ADDQ         $4, DX
@@ -336,11 +333,7 @@ q6k8block:
 	Q6PF(6)
 	Q6PASS(Q6V1, 1, 0, 10, 14)
 	Q6PASS(Q6V1, 1, 1, 11, 15)
-	VCVTDQ2PS    Y1, Y1
-	VCVTPH2PS    (BX), Y8
-	VBROADCASTSS (DX), Y9
-	VMULPS       Y9, Y8, Y8
-	VFMADD231PS  Y8, Y1, Y0
+	ROWS8_SCALE(Y1)
 	ADDQ         $1680, BX
 	ADDQ         $256, DI
 	ADDQ         $4, DX

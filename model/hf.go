@@ -339,6 +339,9 @@ func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
 		if err != nil {
 			return m, fmt.Errorf("%s: %w", shard, err)
 		}
+		if _, ok := src.(dirSource); ok {
+			markMapped(ts, data)
+		}
 		for name, t := range ts {
 			if _, dup := m.Tensors[name]; dup {
 				return m, fmt.Errorf("%s: tensor %s appears in more than one shard", shard, name)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"kiln/tensor"
 )
@@ -69,7 +70,28 @@ func loadMapped(path string, parse func([]byte) (*Model, error)) (*Model, error)
 	}
 	m.Path = path
 	m.closers = append(m.closers, unmap)
+	markMapped(m.Tensors, data)
 	return m, nil
+}
+
+// markMapped sets Release on the tensors whose data lies in mapping, a
+// file mapping of mapFile's (tensors rewritten into memory of their own,
+// e.g. GGUF's permuted Q/K rows, are left alone).
+func markMapped(ts map[string]*tensor.Tensor, mapping []byte) {
+	if len(mapping) == 0 {
+		return
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(mapping)))
+	hi := lo + uintptr(len(mapping))
+	for _, t := range ts {
+		if len(t.Data) == 0 {
+			continue
+		}
+		if p := uintptr(unsafe.Pointer(unsafe.SliceData(t.Data))); p >= lo && p+uintptr(len(t.Data)) <= hi {
+			d := t.Data
+			t.Release = func() { dropPages(d) }
+		}
+	}
 }
 
 // TensorSpec names a tensor a config implies, with its shape.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"unsafe"
 )
 
 // mapFile maps path read-only. The returned function unmaps it. An empty file
@@ -36,4 +37,21 @@ func mapFile(path string) ([]byte, func() error, error) {
 		return nil, nil, fmt.Errorf("mmap: %w", err)
 	}
 	return data, func() error { return syscall.Munmap(data) }, nil
+}
+
+// dropPages gives back the whole pages of b, a slice of a file mapping
+// (mapFile's, read-only and shared): they are read from the file again if
+// touched.
+func dropPages(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	ps := uintptr(os.Getpagesize())
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo := (start + ps - 1) &^ (ps - 1)
+	hi := (start + uintptr(len(b))) &^ (ps - 1)
+	if hi <= lo {
+		return
+	}
+	_ = syscall.Madvise(b[lo-start:hi-start], syscall.MADV_DONTNEED)
 }

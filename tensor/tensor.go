@@ -136,6 +136,11 @@ type Tensor struct {
 	// ·Scales[0] for every row (FP8 checkpoints' weight_scale); nil for
 	// other dtypes. F32s applies them; ToF32 on Data does not.
 	Scales []float32
+	// Release, when set, gives back to the system the memory behind Data,
+	// which stays valid: the loader sets it on tensors that slice a file
+	// mapping, whose pages are read from the file again if touched. A
+	// backend that keeps its own copy of a tensor calls it.
+	Release func()
 }
 
 // Validate checks that Data has the size Shape and DType require.

@@ -102,6 +102,9 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 					if !ok {
 						packed = gemm.PackRows8(o.w)
 						l.widened[v.Def] = packed
+						if packed != nil && t.Release != nil {
+							t.Release() // the products read the copy
+						}
 					}
 					o.w.Packed = packed
 				}

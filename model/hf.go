@@ -334,13 +334,13 @@ func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
 		if err != nil {
 			return m, err
 		}
-		m.closers = append(m.closers, unmap)
 		ts, _, err := parseSafetensors(data)
+		if _, ok := src.(dirSource); ok && err == nil {
+			unmap = markMapped(ts, data, unmap)
+		}
+		m.closers = append(m.closers, unmap)
 		if err != nil {
 			return m, fmt.Errorf("%s: %w", shard, err)
-		}
-		if _, ok := src.(dirSource); ok {
-			markMapped(ts, data)
 		}
 		for name, t := range ts {
 			if _, dup := m.Tensors[name]; dup {

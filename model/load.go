@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"kiln/tensor"
@@ -69,28 +70,40 @@ func loadMapped(path string, parse func([]byte) (*Model, error)) (*Model, error)
 		return nil, fmt.Errorf("load %s: %w", path, err)
 	}
 	m.Path = path
-	m.closers = append(m.closers, unmap)
-	markMapped(m.Tensors, data)
+	m.closers = append(m.closers, markMapped(m.Tensors, data, unmap))
 	return m, nil
 }
 
 // markMapped sets Release on the tensors whose data lies in mapping, a
-// file mapping of mapFile's (tensors rewritten into memory of their own,
-// e.g. GGUF's permuted Q/K rows, are left alone).
-func markMapped(ts map[string]*tensor.Tensor, mapping []byte) {
-	if len(mapping) == 0 {
-		return
-	}
+// file mapping of mapFile's that unmap releases (tensors rewritten into
+// memory of their own, e.g. GGUF's permuted Q/K rows, are left alone). It
+// returns the unmapping to run when the model closes: after it, Release
+// does nothing (the addresses may belong to something else by then).
+func markMapped(ts map[string]*tensor.Tensor, mapping []byte, unmap func() error) func() error {
+	var mu sync.RWMutex
+	unmapped := false
 	lo := uintptr(unsafe.Pointer(unsafe.SliceData(mapping)))
 	hi := lo + uintptr(len(mapping))
 	for _, t := range ts {
-		if len(t.Data) == 0 {
+		if len(t.Data) == 0 || len(mapping) == 0 {
 			continue
 		}
 		if p := uintptr(unsafe.Pointer(unsafe.SliceData(t.Data))); p >= lo && p+uintptr(len(t.Data)) <= hi {
 			d := t.Data
-			t.Release = func() { dropPages(d) }
+			t.Release = func() {
+				mu.RLock()
+				defer mu.RUnlock()
+				if !unmapped {
+					dropPages(d)
+				}
+			}
 		}
+	}
+	return func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		unmapped = true
+		return unmap()
 	}
 }
 

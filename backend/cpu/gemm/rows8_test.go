@@ -52,7 +52,7 @@ func TestRows8(t *testing.T) {
 	for _, c := range rows8Types {
 		bs := xBlock(c.d)
 		for _, nb := range []int{1, 3, 8} {
-			for _, groups := range []int{1, 3} {
+			for _, groups := range []int{1, 3, 160} { // 160: packed in several shares
 				N, K := 8*groups, bs*nb
 				w := randBlocks(r, c.d, N, K)
 				x := randVec(r, K)

@@ -43,7 +43,7 @@ func fp8XOffset(rows int) int { return (4*rows + 255) &^ 255 }
 // (node.scaled): it runs here, in place of the pass that scales out, and
 // is marked done for the step. It notes the kernel that ran on x.
 func (l *loaded) fp8Product(x *stepState, s *cu.Stream, w *operand, t, k, n int, X, out cu.Ptr, ep *node) error {
-	if t <= kernels.GEMVVectorMaxT && l.gemv != nil {
+	if !l.fp8Activation(t) {
 		err := l.gemv.RunF8(s, out, X, w.p, w.scales, t, k, n, false)
 		if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
 			x.noteProduct(cu.Matmul{T: t, K: k, N: n}, "gemv FP8")

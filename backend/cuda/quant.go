@@ -45,7 +45,7 @@ func (l *loaded) quantNeeds(p *compile.Plan) (qs, dq int) {
 		k := n.Inputs[0].Shape.Last()
 		switch {
 		case !ok:
-		case w.dtype == cu.F8E4M3 && rows > kernels.GEMVVectorMaxT:
+		case w.dtype == cu.F8E4M3 && l.fp8Activation(rows):
 			qs = max(qs, fp8XOffset(rows)+rows*k)
 		case w.dtype == devBlocks:
 			if !l.blockGEMV(w.blocks) || rows > kernels.GEMVVectorMaxT {

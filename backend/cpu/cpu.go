@@ -52,7 +52,7 @@ func (b *Backend) Supports(op ir.Op) bool {
 // Load implements backend.Backend.
 func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	return &loaded{backend: b, compiled: c, pool: workers.New(b.Threads), vectors: map[*ir.Node][]float32{},
-		widened: map[*ir.Node][]byte{}}, nil
+		copies: map[*ir.Node][]byte{}}, nil
 }
 
 type loaded struct {
@@ -61,11 +61,12 @@ type loaded struct {
 	pool     *workers.Pool
 	// vectors caches 1-D weights (norms, biases) decoded to float32.
 	vectors map[*ir.Node][]float32
-	// widened caches FP8 matrices widened to bf16 with their scales: the
-	// CPU multiplies bf16 faster than it widens E4M3 codes (docs/PERF.md).
-	// It also holds Q4_K, Q6_K, Q8_0 and Q4_0 matrices' rows interleaved by eights
-	// (gemm.PackRows8), as llama.cpp repacks them for its CPU kernels.
-	widened map[*ir.Node][]byte
+	// copies caches the backend's own forms of matrices: FP8 ones widened
+	// to bf16 with their scales (the CPU multiplies bf16 faster than it
+	// widens E4M3 codes, docs/PERF.md), and block-type ones with their rows
+	// interleaved by eights (gemm.PackRows8), as llama.cpp repacks them for
+	// its CPU kernels.
+	copies map[*ir.Node][]byte
 }
 
 func (l *loaded) Close() error {

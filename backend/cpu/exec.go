@@ -82,7 +82,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			case 2:
 				o.w = gemm.Weights{DType: t.DType, Data: t.Data, N: t.Shape[0], K: t.Shape[1]}
 				if t.DType == tensor.F8_E4M3 {
-					data, ok := l.widened[v.Def]
+					data, ok := l.copies[v.Def]
 					if !ok {
 						f, err := t.F32s() // codes times their scales
 						if err != nil {
@@ -93,15 +93,15 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 							return o, err
 						}
 						data = w.Data
-						l.widened[v.Def] = data
+						l.copies[v.Def] = data
 					}
 					o.w.DType, o.w.Data = tensor.BF16, data
 				}
-				if t.DType == tensor.Q4_K || t.DType == tensor.Q6_K || t.DType == tensor.Q8_0 || t.DType == tensor.Q4_0 {
-					packed, ok := l.widened[v.Def]
+				if t.DType.Quantized() {
+					packed, ok := l.copies[v.Def]
 					if !ok {
-						packed = gemm.PackRows8(o.w)
-						l.widened[v.Def] = packed
+						packed = gemm.PackRows8(o.w) // nil for the types it does not pack
+						l.copies[v.Def] = packed
 						if packed != nil && t.Release != nil {
 							t.Release() // the products read the copy
 						}

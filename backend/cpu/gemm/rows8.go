@@ -9,16 +9,16 @@ import (
 	"kiln/tensor"
 )
 
-// Rows interleaved by eights (Q4_K, Q6_K, Q8_0, Q4_0), as llama.cpp's CPU
-// backend repacks Q4_K and Q4_0 for its fastest kernels (PackRows8).
+// Rows interleaved by eights (Q4_K, Q6_K, Q8_0, Q4_0; PackRows8), as
+// llama.cpp's CPU backend repacks Q4_K and Q4_0 for its fastest kernels:
+// each row's scales unpacked beside the other 7 rows' and their values
+// interleaved 4 bytes (Q8_0: 2) at a time, so that one vector holds 8 rows
+// and a kernel (rows8_amd64.s) keeps each row's sums and result in its own
+// lanes: no broadcast of scales, no horizontal sums. The products equal the
+// row kernels' integer sums exactly (TestRows8 holds Go references of each
+// layout).
 //
-// Q4_K rows interleaved by eights, as llama.cpp's CPU backend repacks them
-// for its fastest kernels: the scales and minimums of 8 rows unpacked side
-// by side and their 4-bit values interleaved 4 bytes at a time, so that one
-// vector holds 8 rows and a kernel takes each row's scales, sums and results
-// from its own lanes (no broadcast of scales, no horizontal sums).
-//
-// A group of 8 rows is nb blocks of q4k8Block bytes, block b holding the
+// Q4_K: a group of 8 rows is nb blocks of q4k8Block bytes, block b holding the
 // rows' super-block b:
 //
 //	0     d[8]      f16, one a row
@@ -59,36 +59,6 @@ func packQ4K8(data []byte, n, nb int) []byte {
 		}
 	})
 	return out
-}
-
-// dotsQ4K8 is dotQ4K of the 8 rows of group p (nb blocks) into out[:8],
-// the same arithmetic in the same order.
-func dotsQ4K8(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
-	for r := 0; r < 8; r++ {
-		var s float32
-		for b := 0; b < nb; b++ {
-			blk := p[b*q4k8Block:][:q4k8Block]
-			xq := q[256*b : 256*b+256]
-			var isum, msum int32
-			for j := 0; j < 8; j++ {
-				var sub int32
-				for l := 0; l < 32; l++ {
-					c, k := j/2, l
-					v := blk[160+32*(8*c+k/4)+4*r+k%4]
-					if j%2 == 0 {
-						v &= 0xF
-					} else {
-						v >>= 4
-					}
-					sub += int32(v) * int32(xq[32*j+l])
-				}
-				isum += int32(blk[32+8*j+r]) * sub
-				msum += int32(blk[96+16*(j/2)+2*r+j%2]) * int32(sums[8*b+j])
-			}
-			s += f16(blk[2*r:])*xd[b]*float32(isum) - f16(blk[16+2*r:])*xd[b]*float32(msum)
-		}
-		out[r] = s
-	}
 }
 
 // packGroups runs pack over the groups [0, n/8) of 8 rows in shares, one
@@ -210,23 +180,6 @@ func packQ8_08(data []byte, n, nb int) []byte {
 	return out
 }
 
-// dotsQ8_08 is dotQ8_0 of the 8 rows of group p (nb blocks) into out[:8],
-// the same arithmetic in the same order.
-func dotsQ8_08(p []byte, nb int, q []int16, xd []float32, out []float32) {
-	for r := 0; r < 8; r++ {
-		var s float32
-		for b := 0; b < nb; b++ {
-			blk := p[b*q808Block:][:q808Block]
-			var isum int32
-			for i := 0; i < 32; i++ {
-				isum += int32(int8(blk[16+16*(i/2)+2*r+i%2])) * int32(q[32*b+i])
-			}
-			s += f16(blk[2*r:]) * xd[b] * float32(isum)
-		}
-		out[r] = s
-	}
-}
-
 // Q4_0 rows interleaved by eights: a group of 8 rows is nb blocks of
 // q408Block bytes, block b holding the rows' blocks b: d[8] (f16, one a
 // row) at 0, then 4 vectors of 32 bytes, vector u holding at 4r bytes
@@ -254,24 +207,6 @@ func packQ4_08(data []byte, n, nb int) []byte {
 		}
 	})
 	return out
-}
-
-// dotsQ4_08 is dotQ4_0 of the 8 rows of group p (nb blocks) into out[:8],
-// the same arithmetic in the same order.
-func dotsQ4_08(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
-	for r := 0; r < 8; r++ {
-		var s float32
-		for b := 0; b < nb; b++ {
-			blk := p[b*q408Block:][:q408Block]
-			var isum int32
-			for l := 0; l < 16; l++ {
-				v := blk[16+32*(l/4)+4*r+l%4]
-				isum += int32(v&0xF)*int32(q[32*b+l]) + int32(v>>4)*int32(q[32*b+16+l])
-			}
-			s += f16(blk[2*r:]) * xd[b] * float32(isum-8*int32(sums[b]))
-		}
-		out[r] = s
-	}
 }
 
 // Q6_K rows interleaved by eights: a group of 8 rows is nb blocks of
@@ -313,36 +248,4 @@ func packQ6K8(data []byte, n, nb int) []byte {
 		}
 	})
 	return out
-}
-
-// dotsQ6K8 is dotQ6K of the 8 rows of group p (nb blocks) into out[:8],
-// the same arithmetic in the same order.
-func dotsQ6K8(p []byte, nb int, q []int8, xd []float32, out []float32) {
-	for r := 0; r < 8; r++ {
-		var s float32
-		for b := 0; b < nb; b++ {
-			blk := p[b*q6k8Block:][:q6k8Block]
-			ql := func(i int) byte { return blk[144+32*(i/4)+4*r+i%4] }
-			qh := func(i int) byte { return blk[1168+32*(i/4)+4*r+i%4] }
-			var isum int32
-			for h := 0; h < 2; h++ {
-				xq := q[256*b+128*h:]
-				for l := 0; l < 32; l++ {
-					is := l / 16
-					a, c, hh := ql(64*h+l), ql(64*h+l+32), qh(32*h+l)
-					v := [4]int32{
-						int32(a&0xF|(hh>>0&3)<<4) - 32,
-						int32(c&0xF|(hh>>2&3)<<4) - 32,
-						int32(a>>4|(hh>>4&3)<<4) - 32,
-						int32(c>>4|(hh>>6&3)<<4) - 32,
-					}
-					for g := 0; g < 4; g++ {
-						isum += int32(int8(blk[16+8*(8*h+is+2*g)+r])) * v[g] * int32(xq[l+32*g])
-					}
-				}
-			}
-			s += f16(blk[2*r:]) * xd[b] * float32(isum)
-		}
-		out[r] = s
-	}
 }

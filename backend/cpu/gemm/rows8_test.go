@@ -133,3 +133,103 @@ func BenchmarkRows8(b *testing.B) {
 		}
 	}
 }
+
+// The Go references of the interleaved layouts: the row kernels' arithmetic
+// (dotQ4K, dotQ6K, dotQ8_0, dotQ4_0) read from a packed group of 8 rows.
+
+// dotsQ4K8 is dotQ4K of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ4K8(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q4k8Block:][:q4k8Block]
+			xq := q[256*b : 256*b+256]
+			var isum, msum int32
+			for j := 0; j < 8; j++ {
+				var sub int32
+				for l := 0; l < 32; l++ {
+					c, k := j/2, l
+					v := blk[160+32*(8*c+k/4)+4*r+k%4]
+					if j%2 == 0 {
+						v &= 0xF
+					} else {
+						v >>= 4
+					}
+					sub += int32(v) * int32(xq[32*j+l])
+				}
+				isum += int32(blk[32+8*j+r]) * sub
+				msum += int32(blk[96+16*(j/2)+2*r+j%2]) * int32(sums[8*b+j])
+			}
+			s += f16(blk[2*r:])*xd[b]*float32(isum) - f16(blk[16+2*r:])*xd[b]*float32(msum)
+		}
+		out[r] = s
+	}
+}
+
+// dotsQ8_08 is dotQ8_0 of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ8_08(p []byte, nb int, q []int16, xd []float32, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q808Block:][:q808Block]
+			var isum int32
+			for i := 0; i < 32; i++ {
+				isum += int32(int8(blk[16+16*(i/2)+2*r+i%2])) * int32(q[32*b+i])
+			}
+			s += f16(blk[2*r:]) * xd[b] * float32(isum)
+		}
+		out[r] = s
+	}
+}
+
+// dotsQ4_08 is dotQ4_0 of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ4_08(p []byte, nb int, q []int8, xd []float32, sums []int16, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q408Block:][:q408Block]
+			var isum int32
+			for l := 0; l < 16; l++ {
+				v := blk[16+32*(l/4)+4*r+l%4]
+				isum += int32(v&0xF)*int32(q[32*b+l]) + int32(v>>4)*int32(q[32*b+16+l])
+			}
+			s += f16(blk[2*r:]) * xd[b] * float32(isum-8*int32(sums[b]))
+		}
+		out[r] = s
+	}
+}
+
+// dotsQ6K8 is dotQ6K of the 8 rows of group p (nb blocks) into out[:8],
+// the same arithmetic in the same order.
+func dotsQ6K8(p []byte, nb int, q []int8, xd []float32, out []float32) {
+	for r := 0; r < 8; r++ {
+		var s float32
+		for b := 0; b < nb; b++ {
+			blk := p[b*q6k8Block:][:q6k8Block]
+			ql := func(i int) byte { return blk[144+32*(i/4)+4*r+i%4] }
+			qh := func(i int) byte { return blk[1168+32*(i/4)+4*r+i%4] }
+			var isum int32
+			for h := 0; h < 2; h++ {
+				xq := q[256*b+128*h:]
+				for l := 0; l < 32; l++ {
+					is := l / 16
+					a, c, hh := ql(64*h+l), ql(64*h+l+32), qh(32*h+l)
+					v := [4]int32{
+						int32(a&0xF|(hh>>0&3)<<4) - 32,
+						int32(c&0xF|(hh>>2&3)<<4) - 32,
+						int32(a>>4|(hh>>4&3)<<4) - 32,
+						int32(c>>4|(hh>>6&3)<<4) - 32,
+					}
+					for g := 0; g < 4; g++ {
+						isum += int32(int8(blk[16+8*(8*h+is+2*g)+r])) * v[g] * int32(xq[l+32*g])
+					}
+				}
+			}
+			s += f16(blk[2*r:]) * xd[b] * float32(isum)
+		}
+		out[r] = s
+	}
+}

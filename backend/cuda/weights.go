@@ -103,7 +103,18 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 		}
 		l.weights[n] = dev
 	}
-	return u.finish()
+	if err := u.finish(); err != nil {
+		return err
+	}
+	// The device holds the weights now: the file's pages behind them go
+	// back to the system (read from the file again if anything touches
+	// them).
+	for k := range copies {
+		if k.t.Release != nil {
+			k.t.Release()
+		}
+	}
+	return nil
 }
 
 // uploadWeight copies tensor t to the device as dt (E4M3 matrices with

@@ -8,16 +8,11 @@ import (
 	"kiln/internal/testshared"
 )
 
-// TestReleaseMapped: the tensors of a mapped file can give their pages back
-// (tensor.Tensor.Release), and their data reads the same afterwards (the
-// pages come back from the file), for a llama2.c file and a Hugging Face
-// directory; the same directory read through an fs.FS (into memory, not a
-// mapping) has no Release.
-func TestReleaseMapped(t *testing.T) {
-	m, err := Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
+// checkRelease: some tensors of m (loaded from a file mapping) can give
+// their pages back (tensor.Tensor.Release), twice harmlessly, and their data
+// reads the same afterwards (the pages come back from the file).
+func checkRelease(t *testing.T, m *Model) {
+	t.Helper()
 	released := 0
 	for name, ts := range m.Tensors {
 		if ts.Release == nil {
@@ -25,16 +20,25 @@ func TestReleaseMapped(t *testing.T) {
 		}
 		before := bytes.Clone(ts.Data)
 		ts.Release()
-		ts.Release() // twice is harmless
+		ts.Release()
 		if !bytes.Equal(ts.Data, before) {
 			t.Fatalf("%s: data changed after Release", name)
 		}
 		released++
 	}
 	if released == 0 {
-		t.Fatal("no tensor of a mapped file has Release")
+		t.Fatalf("%s: no tensor of a mapped file has Release", m.Path)
 	}
-	// After Close the mapping is gone: Release must not touch it.
+}
+
+// TestReleaseMapped: checkRelease on a llama2.c file, and Release does
+// nothing once the model is closed (the mapping is gone).
+func TestReleaseMapped(t *testing.T) {
+	m, err := Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRelease(t, m)
 	m.Close()
 	for _, ts := range m.Tensors {
 		if ts.Release != nil {
@@ -43,6 +47,9 @@ func TestReleaseMapped(t *testing.T) {
 	}
 }
 
+// TestReleaseHF: checkRelease on a Hugging Face directory; the same
+// directory read through an fs.FS (into memory, not a mapping) has no
+// Release.
 func TestReleaseHF(t *testing.T) {
 	dir := "../demo/files"
 	m, err := LoadHF(dir)
@@ -50,21 +57,7 @@ func TestReleaseHF(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	n := 0
-	for name, ts := range m.Tensors {
-		if ts.Release == nil {
-			continue
-		}
-		before := bytes.Clone(ts.Data)
-		ts.Release()
-		if !bytes.Equal(ts.Data, before) {
-			t.Fatalf("%s: data changed after Release", name)
-		}
-		n++
-	}
-	if n == 0 {
-		t.Fatal("no tensor of a mapped checkpoint has Release")
-	}
+	checkRelease(t, m)
 	inMemory, err := LoadHFFS(os.DirFS(dir), "demo")
 	if err != nil {
 		t.Fatal(err)

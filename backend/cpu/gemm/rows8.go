@@ -62,9 +62,8 @@ func packQ4K8(data []byte, n, nb int) []byte {
 }
 
 // packGroups runs pack over the groups [0, n/8) of 8 rows in shares, one
-// goroutine a share, up to a share a thread (packing runs at about 1.2
-// GB/s a thread on this project's 2-core machine: 4 s for a 4.9 GB model
-// on one thread).
+// goroutine a share, up to a share a thread: packing is part of a plan's
+// start-up (BenchmarkPackRows8, docs/PERF.md).
 func packGroups(n int, pack func(g0, g1 int)) {
 	groups := n / 8
 	parts := max(1, min(runtime.GOMAXPROCS(0), groups/64))

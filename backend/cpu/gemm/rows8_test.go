@@ -233,3 +233,21 @@ func dotsQ6K8(p []byte, nb int, q []int8, xd []float32, out []float32) {
 		out[r] = s
 	}
 }
+
+// BenchmarkPackRows8: PackRows8 of a 4096×4096 matrix of each type, on the
+// machine's threads (packed bytes a second: a plan's start-up cost).
+func BenchmarkPackRows8(b *testing.B) {
+	if !haveSIMD {
+		b.Skip("no assembly kernels (PackRows8 packs nothing)")
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range rows8Types {
+		w := randBlocks(r, c.d, 4096, 4096)
+		b.Run(c.d.String(), func(b *testing.B) {
+			b.SetBytes(int64(len(w.Data)))
+			for b.Loop() {
+				PackRows8(w)
+			}
+		})
+	}
+}

@@ -43,6 +43,20 @@ extern "C" __global__ void l2_stream(const uint4* src, long long n, uint4* sink,
 		for (long long l = tid; l < pfLines; l += nth) pf_line(pf + 128 * l, last);
 	if (acc == 0x9e3779b9u) sink[0] = make_uint4(acc, 0, 0, 0);
 }
+// l2_norm_pf stands in for the add + RMSNorm before a product of 64 rows
+// (one block a row reads and writes a row of dim bf16 values) and asks the
+// L2 for the first prefix bytes of each of the product's n weight rows of
+// rowBytes each.
+extern "C" __global__ void l2_norm_pf(const uint4* x, uint4* y, int dim16, const char* w, int n, long long rowBytes, long long prefix) {
+	for (int i = threadIdx.x; i < dim16; i += blockDim.x) {
+		uint4 v = x[(long long)blockIdx.x * dim16 + i];
+		v.x ^= 1;
+		y[(long long)blockIdx.x * dim16 + i] = v;
+	}
+	const long long per = prefix / 128, total = per * n;
+	for (long long l = blockIdx.x * (long long)blockDim.x + threadIdx.x; l < total; l += (long long)gridDim.x * blockDim.x)
+		pf_line(w + (l / per) * rowBytes + 128 * (l % per), 0);
+}
 `
 
 // TestL2PrefetchSpeed measures whether a product's weights fetched into
@@ -112,6 +126,74 @@ func TestL2PrefetchSpeed(t *testing.T) {
 					mode, 1e3*sMs, float64(n16*16)/(sMs*1e-3)/1e9, 1e3*pMs, 1e3*(sMs+pMs)))
 			}
 			t.Logf("%s (stream %d MB, product 64×%d×%d, weights %.1f MB):\n%s", sh.name, sh.streamMB, sh.k, sh.n, float64(wbytes)/1e6, strings.Join(lines, "\n"))
+		})
+	}
+}
+
+// TestL2PrefetchAfterNorm measures whether the kernel before a product of
+// 64 rows (an add + RMSNorm, short and far from the memory's bandwidth)
+// can make the cuBLASLt product that follows faster by asking the L2 for
+// the first part of each weight row (every block of the product starts its
+// rows at K = 0): the pair's time for prefixes of 0 to all of K, weights
+// rotated over copies so that they are cold unless fetched. It logs,
+// asserts nothing.
+func TestL2PrefetchAfterNorm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("benchmark")
+	}
+	d := gpu(t)
+	m, err := d.Compile("kiln_l2_probe", l2ProbeSource, "--std=c++17")
+	must(t, err)
+	defer m.Close()
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+	for _, sh := range []struct {
+		name string
+		k, n int
+	}{{"QKV", 4096, 6144}, {"O", 4096, 4096}, {"gate/up", 4096, 28672}, {"down", 14336, 4096}} {
+		t.Run(sh.name, func(t *testing.T) {
+			const rows, nw = 64, 4
+			wbytes := sh.k * sh.n * 2
+			ws := make([]cu.Ptr, nw)
+			for i := range ws {
+				ws[i] = alloc(t, wbytes)
+				must(t, d.Memset32(ws[i], 0x3c003c00^uint32(i*0x00010001), wbytes/4, nil))
+			}
+			x, y, out := alloc(t, rows*sh.k*2), alloc(t, rows*sh.k*2), alloc(t, rows*sh.n*2)
+			must(t, d.Memset32(x, 0x3c003c00, rows*sh.k/2, nil))
+			ev := make([]*cu.Event, 3)
+			for i := range ev {
+				ev[i], err = d.NewEvent(true)
+				must(t, err)
+			}
+			var lines []string
+			for _, eighths := range []int{0, 1, 2, 3, 4, 6, 8, 0} {
+				prefix := int64(sh.k*2*eighths/8) &^ 127
+				var sumN, sumP float64
+				const reps = 40
+				for r := 0; r < reps+3; r++ {
+					w := ws[r%nw]
+					must(t, ev[0].Record(nil))
+					must(t, m.Launch("l2_norm_pf", cu.D1(rows), cu.D1(512), 0, nil, x, y, int32(sh.k/8), w, int32(sh.n), int64(sh.k*2), prefix))
+					must(t, ev[1].Record(nil))
+					must(t, lt.Matmul(cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: y, W: w, Dst: out}))
+					must(t, ev[2].Record(nil))
+					must(t, ev[2].Sync())
+					a, err1 := cu.Elapsed(ev[0], ev[1])
+					b, err2 := cu.Elapsed(ev[1], ev[2])
+					must(t, err1)
+					must(t, err2)
+					if r >= 3 {
+						sumN += float64(a)
+						sumP += float64(b)
+					}
+				}
+				nMs, pMs := sumN/reps, sumP/reps
+				lines = append(lines, fmt.Sprintf("prefix %d/8 (%.1f MB): norm %.1f µs, product %.1f µs (%.0f GB/s), both %.1f µs",
+					eighths, float64(prefix)*float64(sh.n)/1e6, 1e3*nMs, 1e3*pMs, float64(wbytes)/(pMs*1e-3)/1e9, 1e3*(nMs+pMs)))
+			}
+			t.Logf("%s (product 64×%d×%d, weights %.1f MB):\n%s", sh.name, sh.k, sh.n, float64(wbytes)/1e6, strings.Join(lines, "\n"))
 		})
 	}
 }

@@ -18,10 +18,10 @@
 // Split K: the `splits` consecutive blocks of a thread-block cluster share
 // one tile of outputs, each taking an equal range of K; after the products
 // each block writes its f32 partial tile into its own shared memory and,
-// after a cluster barrier, block rank r sums outputs r, r + splits, ...
-// of the tile over every block's partials (distributed shared memory, in
-// rank order, so the sums do not depend on timing) and stores them through
-// the epilogue. No workspace, nothing left in global memory between
+// after a cluster barrier, each block sums its share of the tile's
+// outputs over every block's partials (distributed shared memory, in rank
+// order, so the sums do not depend on timing; gt_store) and stores them
+// through the epilogue. No workspace, nothing left in global memory between
 // launches. With splits = 1 (no cluster) the same code reads its own
 // shared memory.
 //
@@ -64,10 +64,48 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
 	return (unsigned long long)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// gt_partial loads partial sum i (a float index) of cluster block rank r.
-__device__ __forceinline__ float gt_partial(const float* red, int i, int r, int splits) {
-	if (splits == 1) return red[i];
-	return lds_cluster(dsmem(red + i, r));
+// gt_partial4 loads partial sums i..i+3 (i a multiple of 4) of cluster
+// block rank r.
+__device__ __forceinline__ float4 gt_partial4(const float* red, int i, int r, int splits) {
+	if (splits == 1) return *(const float4*)(red + i);
+	return lds_cluster4(dsmem(red + i, r));
+}
+
+// gt_store sums each output's partials over the cluster's splits blocks (at
+// most 8, a portable cluster; red[token·RS + tile row] in each, summed in
+// rank order, so the sums do not depend on timing) and stores them through
+// the epilogue. Block rank r takes groups of 4 consecutive outputs of one
+// token, r·threads + tid, then every splits·threads further; a group's
+// partials from every rank (and their partner rows') are requested before
+// any is summed, so the latency of distributed shared memory is paid once
+// a group, not once a partial.
+template <int OUTS, class E>
+__device__ __forceinline__ void gt_store(const float* red, int RS, int rank, int splits, int tid, int threads, int TT, int n0,
+                                         int units, const E& e) {
+	constexpr int G = OUTS / 4;
+	for (int idx = rank * threads + tid; idx < G * TT; idx += splits * threads) {
+		const int t = idx / G, o = 4 * (idx % G);
+		if (n0 + o >= units) continue;
+		float4 a[8], b[8];
+#pragma unroll
+		for (int r = 0; r < 8; r++)
+			if (r < splits) {
+				a[r] = gt_partial4(red, t * RS + o, r, splits);
+				if (E::ROWS == 2) b[r] = gt_partial4(red, t * RS + o + OUTS, r, splits);
+			}
+		float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+		for (int r = 0; r < 8; r++)
+			if (r < splits) {
+				s[0] += a[r].x, s[1] += a[r].y, s[2] += a[r].z, s[3] += a[r].w;
+				if (E::ROWS == 2) s2[0] += b[r].x, s2[1] += b[r].y, s2[2] += b[r].z, s2[3] += b[r].w;
+			}
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			const int n = n0 + o + j;
+			if (n < units) e.put(e.pre(t, n), t, n, s[j], s2[j]);
+		}
+	}
 }
 
 template <int NT, int BK, int ST, int PF, class E>
@@ -216,19 +254,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		}
 	if (splits > 1) cluster_sync();
 	else __syncthreads();
-	// Block rank r stores (token t, output o) pairs r·GT_THREADS + tid, then
-	// every splits·GT_THREADS further; consecutive threads take consecutive
-	// outputs of one token.
-	for (int idx = rank * GT_THREADS + tid; idx < OUTS * TT; idx += splits * GT_THREADS) {
-		const int t = idx / OUTS, o = idx % OUTS, n = n0 + o;
-		if (n >= units) continue;
-		float s = 0.f, s2 = 0.f;
-		for (int r = 0; r < splits; r++) {
-			s += gt_partial(red, t * RS + o, r, splits);
-			if (E::ROWS == 2) s2 += gt_partial(red, t * RS + o + OUTS, r, splits);
-		}
-		e.put(e.pre(t, n), t, n, s, s2);
-	}
+	gt_store<OUTS>(red, RS, rank, splits, tid, GT_THREADS, TT, n0, units, e);
 	if (splits > 1) cluster_sync(); // no block leaves while others read its partials
 }
 

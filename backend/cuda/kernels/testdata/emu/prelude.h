@@ -283,6 +283,11 @@ static inline float lds_cluster(unsigned a) {
 	memcpy(&v, g_rank_smem[a >> 24] + (a & 0xffffff), 4);
 	return v;
 }
+static inline float4 lds_cluster4(unsigned a) {
+	float4 v;
+	memcpy(&v, g_rank_smem[a >> 24] + (a & 0xffffff), 16);
+	return v;
+}
 
 // ---- ldmatrix: lane i addresses row i%8 of matrix i/8
 static inline unsigned short sm16(unsigned a) { unsigned short v; memcpy(&v, cur_smem() + a, 2); return v; }

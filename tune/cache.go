@@ -150,6 +150,18 @@ func (c *Cache) Len() int {
 	return len(c.entries)
 }
 
+// Entries lists the entries, ordered by family, dtype and shape.
+func (c *Cache) Entries() []Entry {
+	c.mu.Lock()
+	es := make([]Entry, 0, len(c.entries))
+	for _, e := range c.entries {
+		es = append(es, e)
+	}
+	c.mu.Unlock()
+	sort.Slice(es, func(i, j int) bool { return es[i].Key.String() < es[j].Key.String() })
+	return es
+}
+
 // Put records e (replacing any entry of its key) and writes the cache.
 func (c *Cache) Put(e Entry) error {
 	if e.Family == "" || e.Choice == "" {
@@ -328,4 +340,17 @@ func KilnVersion() string {
 		return bi.Main.Version
 	}
 	return "devel"
+}
+
+// DefaultDir is where kiln keeps tuned choices: $KILN_TUNE_DIR, else
+// os.UserCacheDir()/kiln/tune, else a directory under the system's
+// temporary directory.
+func DefaultDir() string {
+	if d := os.Getenv("KILN_TUNE_DIR"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kiln", "tune")
+	}
+	return filepath.Join(os.TempDir(), "kiln-tune")
 }

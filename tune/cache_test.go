@@ -30,7 +30,7 @@ func mustOpen(t *testing.T, dir string, d Device) *Cache {
 }
 
 // TestCacheRoundTrip: entries put are read back by a later Open of the same
-// device, and not by another device's; the file is replaced atomically (no
+// device (Entries in the order of their keys), and not by another device's; the file is replaced atomically (no
 // temporary file left behind).
 func TestCacheRoundTrip(t *testing.T) {
 	dir := t.TempDir()
@@ -54,6 +54,9 @@ func TestCacheRoundTrip(t *testing.T) {
 		if !ok || got.Choice != e.Choice || got.ChoiceUs != e.ChoiceUs || !got.Tuned.Equal(e.Tuned) || len(got.Rejected) != 1 {
 			t.Errorf("%v: got %+v (%v), want %+v", e.Key, got, ok, e)
 		}
+	}
+	if es := again.Entries(); len(es) != 2 || es[0].Key != want[0].Key || es[1].Key != want[1].Key {
+		t.Errorf("Entries, ordered by key: %+v", es)
 	}
 	if other := mustOpen(t, dir, h100); other.Len() != 0 {
 		t.Errorf("another device sees %d entries", other.Len())

@@ -13,6 +13,7 @@ package cuda
 import (
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"kiln/backend"
@@ -21,6 +22,7 @@ import (
 	"kiln/compile"
 	"kiln/ir"
 	"kiln/tensor"
+	"kiln/tune"
 )
 
 // Backend is the CUDA target of one device.
@@ -75,8 +77,15 @@ type Backend struct {
 	// Stats.Profile; for `kiln bench model --profile`.
 	Profile bool
 
+	// Tune is how the choices timed at first use are kept across starts
+	// (TuneCached, the default when "", TuneOff or TuneFull; tuned.go), in
+	// TuneDir (default tune.DefaultDir()).
+	Tune, TuneDir string
+
 	stats     Stats
 	profIndex map[string]int // Stats.Profile's entry of each name
+	tuneOnce  sync.Once
+	tuned     *tune.Cache
 }
 
 // Stats counts how steps were launched.

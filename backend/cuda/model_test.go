@@ -38,7 +38,9 @@ func backendOf(t *testing.T, dtype string) *cuda.Backend {
 	if devErr != nil {
 		t.Fatalf("open device 0: %v", devErr)
 	}
-	return &cuda.Backend{Device: dev, DType: dtype}
+	// The tests time their own choices: no cache of tuned choices read
+	// from or left in the user's cache directory (TestTuneCache has its own).
+	return &cuda.Backend{Device: dev, DType: dtype, Tune: cuda.TuneOff}
 }
 
 // openEngine loads the model at path and builds an engine on b; both are

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strconv"
 	"strings"
 
 	"kiln/backend/cuda/cu"
@@ -306,6 +308,23 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 	if use, ok := l.gemvChoice[key]; ok {
 		return use
 	}
+	epi := ""
+	if ep != nil {
+		epi = ep.kernel
+	}
+	tk := gemvKey(l.act, key, epi)
+	if l.b.Products == "" {
+		if name, ok := l.cachedChoice(tk); ok {
+			if use, splits, valid := parseGEMVChoice(name); valid && l.gemvTakes(mm, use, splits) {
+				if splits > 0 {
+					l.gemv.SetTileSplits(mm.T, mm.K, mm.N, splits)
+				}
+				l.noteCached(tk, name)
+				l.gemvChoice[key] = use
+				return use
+			}
+		}
+	}
 	if x.capturing || l.b.Products == "cublaslt" {
 		return false
 	}
@@ -315,7 +334,7 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 	case fits && l.b.Products == "gemv":
 		use = true
 	case fits:
-		g, splits, errG := l.timeGEMV(mm)
+		g, splits, best, errG := l.timeGEMV(mm)
 		lt := mm
 		lt.Algo = l.algorithm(x, mm)
 		product := func() error { return l.lt.Matmul(lt) }
@@ -344,21 +363,41 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 		}
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s: gemv %.1f µs%s, cuBLASLt %.1f µs (5 runs each): %s",
 			mm.T, mm.K, mm.N, what, 1e3*g/5, splits, 1e3*b/5, kept))
+		if errG == nil && errB == nil {
+			choice := b
+			if use {
+				choice = g
+			}
+			l.keep(tk, gemvChoiceName(use, best), gemvChoiceName(false, 0), choice, b)
+		}
 	}
 	l.gemvChoice[key] = use
 	return use
 }
 
+// gemvTakes reports whether a cached GEMV-or-cuBLASLt choice still holds
+// for product mm: the GEMV takes the product, and a split of K is one the
+// tile kernels offer for it.
+func (l *loaded) gemvTakes(mm cu.Matmul, use bool, splits int) bool {
+	if !use {
+		return true
+	}
+	if l.gemv.Check(mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) != nil {
+		return false
+	}
+	return splits == 0 || slices.Contains(l.gemv.TileSplits(mm.T, mm.K, mm.N), splits)
+}
+
 // timeGEMV times product mm on the GEMV (5 runs after a warm-up). Beyond
 // kernels.GEMVVectorMaxT rows each of the tile kernel's splits of K is
 // timed and the fastest kept for the shape (GEMV.SetTileSplits), which the
-// line it returns lists.
-func (l *loaded) timeGEMV(mm cu.Matmul) (float32, string, error) {
+// line it returns lists, and which it returns (0 for the vector kernels).
+func (l *loaded) timeGEMV(mm cu.Matmul) (float32, string, int, error) {
 	f32 := mm.Out == cu.F32
 	cands := l.gemv.TileSplits(mm.T, mm.K, mm.N)
 	if len(cands) == 0 {
 		ms, err := l.timeOn(func() error { return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32) })
-		return ms, "", err
+		return ms, "", 0, err
 	}
 	best, bestMs, line := 0, float32(math.Inf(1)), " (K split"
 	var err error
@@ -375,10 +414,10 @@ func (l *loaded) timeGEMV(mm cu.Matmul) (float32, string, error) {
 		}
 	}
 	if best == 0 {
-		return 0, "", err
+		return 0, "", 0, err
 	}
 	l.gemv.SetTileSplits(mm.T, mm.K, mm.N, best)
-	return bestMs, fmt.Sprintf("%s: %d kept)", strings.TrimSuffix(line, ","), best), nil
+	return bestMs, fmt.Sprintf("%s: %d kept)", strings.TrimSuffix(line, ","), best), best, nil
 }
 
 // algoKey identifies a cuBLASLt product for the choice of its algorithm:
@@ -405,6 +444,18 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.In, mm.Out, mm.Bias != 0, mm.LDD}
 	if a, ok := l.algoChoice[key]; ok {
 		return a
+	}
+	tk := algoTuneKey(key)
+	if name, ok := l.cachedChoice(tk); ok {
+		// The index is into the heuristic's list, the same for the same
+		// cuBLASLt on the same device (the cache's key holds both).
+		if a, err := strconv.Atoi(name); err == nil && a >= 0 {
+			if n, err := l.lt.Algorithms(mm); err == nil && a < n {
+				l.noteCached(tk, name)
+				l.algoChoice[key] = a
+				return a
+			}
+		}
 	}
 	if x.capturing {
 		return 0
@@ -441,6 +492,9 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			kept += fmt.Sprintf(" (%v)", c)
 		}
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %s kept", strings.TrimSuffix(line, ","), kept))
+		if !math.IsInf(float64(times[best]), 1) && !math.IsInf(float64(times[0]), 1) {
+			l.keep(tk, strconv.Itoa(best), "0", times[best], times[0])
+		}
 	}
 	l.algoChoice[key] = best
 	return best
@@ -471,8 +525,18 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		return kernels.DecodePlan{}, fmt.Errorf("cuda: no decode attention plan for %d/%d heads of %d (FP8 cache %v)", a.Heads, a.KVHeads, a.HeadDim, at.FP8)
 	}
 	best := cands[0]
+	tk := decodeTuneKey(l.k.Act, key)
 	if !l.b.FixedDecodePlan && len(cands) > 1 {
-		bestMs := float32(math.MaxFloat32)
+		if name, ok := l.cachedChoice(tk); ok {
+			if p, ok := cachedPlan(cands, name); ok {
+				l.noteCached(tk, name)
+				l.decodeChoice[key] = p
+				return p.ForBatch(at, x.planMeta), nil
+			}
+		}
+	}
+	if !l.b.FixedDecodePlan && len(cands) > 1 {
+		bestMs, firstMs := float32(math.MaxFloat32), float32(0)
 		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
 		for _, p := range cands {
 			ms, err := l.timeOn(func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
@@ -486,11 +550,17 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 				return p, err
 			}
 			line += fmt.Sprintf(" %v %.1f µs,", p, 1e3*ms/5)
+			if p == cands[0] {
+				firstMs = ms
+			}
 			if ms < bestMs {
 				best, bestMs = p, ms
 			}
 		}
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %v kept", strings.TrimSuffix(line, ","), best))
+		if firstMs > 0 {
+			l.keep(tk, planName(best), planName(cands[0]), bestMs, firstMs)
+		}
 	}
 	l.decodeChoice[key] = best
 	return best, nil

@@ -96,6 +96,9 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 	if _, _, err := cuda.ParseDType(f.dtype); err != nil {
 		return nil, fmt.Errorf("--dtype: %w", err)
 	}
+	if _, err := cuda.ParseTune(f.tune); err != nil {
+		return nil, fmt.Errorf("--tune: %w", err)
+	}
 	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack}
 	switch f.device {
 	case "cpu":
@@ -237,4 +240,5 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 // configure applies the CUDA flags to b.
 func (f *engineFlags) configure(b *cuda.Backend) {
 	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues, b.NoFP8, b.WidenBlocks = progressWriter(), !f.graphs, !f.pdl, !f.epilogues, !f.fp8, !f.blocks
+	b.Tune = f.tune
 }

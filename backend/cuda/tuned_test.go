@@ -1,0 +1,47 @@
+package cuda
+
+import (
+	"testing"
+
+	"kiln/backend/cuda/kernels"
+)
+
+// TestTuneChoiceNames: the cache's names of GEMV-or-cuBLASLt choices read
+// back to the same choice, malformed ones are refused; decode plans that
+// differ get different names; --tune values are checked.
+func TestTuneChoiceNames(t *testing.T) {
+	for _, c := range []struct {
+		use    bool
+		splits int
+	}{{false, 0}, {true, 0}, {true, 1}, {true, 8}} {
+		name := gemvChoiceName(c.use, c.splits)
+		use, splits, ok := parseGEMVChoice(name)
+		if !ok || use != c.use || splits != c.splits {
+			t.Errorf("%q read back as %v, %d, %v (want %v, %d)", name, use, splits, ok, c.use, c.splits)
+		}
+	}
+	for _, bad := range []string{"", "GEMV", "gemv, K split 0", "gemv, K split -2", "gemv, K split x", "cublaslt "} {
+		if _, _, ok := parseGEMVChoice(bad); ok {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	plans := []kernels.DecodePlan{{Chunk: 64, MaxSplits: 4}, {Chunk: 64, MaxSplits: 8}, {Chunk: 64, MaxSplits: 4, MMA: true},
+		{Chunk: 64, MaxSplits: 4, MMA: true, Stages: 2}, {MaxSplits: 4, Cluster: true}}
+	for i, p := range plans {
+		got, ok := cachedPlan(plans, planName(p))
+		if !ok || got != p {
+			t.Errorf("plan %d (%v): %q found %v, %v", i, p, planName(p), got, ok)
+		}
+	}
+	if _, ok := cachedPlan(plans, "chunk 32, splits 4, cluster false, mma false, stages 0"); ok {
+		t.Error("a plan not among the candidates was taken")
+	}
+	for in, want := range map[string]string{"": TuneCached, "cached": TuneCached, "off": TuneOff, "full": TuneFull} {
+		if got, err := ParseTune(in); err != nil || got != want {
+			t.Errorf("ParseTune(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseTune("Full"); err == nil {
+		t.Error(`ParseTune("Full") accepted`)
+	}
+}

@@ -3,10 +3,8 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
-	"strings"
 
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
@@ -288,14 +286,15 @@ type mmKey struct {
 // useGEMV reports whether product mm runs on the skinny GEMV kernel rather
 // than cuBLASLt: for at most kernels.GEMVMaxT rows, the first time a shape
 // (its exact rows up to kernels.GEMVVectorMaxT, beyond a power-of-two
-// bucket of rows, as the tile kernels are built for) is seen both are
-// timed on the stream (5 runs each after a warm-up; cuBLASLt with the
-// algorithm it would run) and the faster is kept. With ep, the product's
-// reader that the GEMV runs in its epilogue (gemvEpilogue), the GEMV's
-// time is that of the fused kernel and cuBLASLt's that of the product
-// followed by ep's own kernel: what each way costs the step. Inside a
-// graph capture an unmeasured shape takes cuBLASLt (a capture cannot wait
-// for timings; the warm-up step before it measures).
+// bucket of rows, as the tile kernels are built for) is seen, the tune
+// cache's choice for it, else the choice of a race on the stream
+// (raceGEMV: cuBLASLt the default, the GEMV kept only if it beats it by
+// more than the noise). With ep, the product's reader that the GEMV runs
+// in its epilogue (gemvEpilogue), the GEMV's time is that of the fused
+// kernel and cuBLASLt's that of the product followed by ep's own kernel:
+// what each way costs the step. Inside a graph capture an unmeasured shape
+// takes cuBLASLt (a capture cannot wait for timings; the warm-up step
+// before it measures).
 func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
 		return false
@@ -334,42 +333,7 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 	case fits && l.b.Products == "gemv":
 		use = true
 	case fits:
-		g, splits, best, errG := l.timeGEMV(mm)
-		lt := mm
-		lt.Algo = l.algorithm(x, mm)
-		product := func() error { return l.lt.Matmul(lt) }
-		what := ""
-		if ep != nil {
-			// Both ways write what the step writes: ep's outputs (and, for
-			// RoPE, this step's cache rows) from the same product.
-			gf, errF := l.timeOn(func() error { return l.gemvEpilogue(x, ep, mm) })
-			if errF == nil {
-				g, errG, what = gf, nil, " with "+ep.kernel
-				product = func() error {
-					if err := l.lt.Matmul(lt); err != nil {
-						return err
-					}
-					return ep.launch(x, ep)
-				}
-			} else if !errors.Is(errF, kernels.ErrGEMVShape) {
-				errG = errF
-			}
-		}
-		b, errB := l.timeOn(product)
-		use = errG == nil && (errB != nil || g < b)
-		kept := "cuBLASLt"
-		if use {
-			kept = "gemv"
-		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s: gemv %.1f µs%s, cuBLASLt %.1f µs (5 runs each): %s",
-			mm.T, mm.K, mm.N, what, 1e3*g/5, splits, 1e3*b/5, kept))
-		if errG == nil && errB == nil {
-			choice := b
-			if use {
-				choice = g
-			}
-			l.keep(tk, gemvChoiceName(use, best), gemvChoiceName(false, 0), choice, b)
-		}
+		use = l.raceGEMV(x, mm, ep, tk)
 	}
 	l.gemvChoice[key] = use
 	return use
@@ -388,38 +352,6 @@ func (l *loaded) gemvTakes(mm cu.Matmul, use bool, splits int) bool {
 	return splits == 0 || slices.Contains(l.gemv.TileSplits(mm.T, mm.K, mm.N), splits)
 }
 
-// timeGEMV times product mm on the GEMV (5 runs after a warm-up). Beyond
-// kernels.GEMVVectorMaxT rows each of the tile kernel's splits of K is
-// timed and the fastest kept for the shape (GEMV.SetTileSplits), which the
-// line it returns lists, and which it returns (0 for the vector kernels).
-func (l *loaded) timeGEMV(mm cu.Matmul) (float32, string, int, error) {
-	f32 := mm.Out == cu.F32
-	cands := l.gemv.TileSplits(mm.T, mm.K, mm.N)
-	if len(cands) == 0 {
-		ms, err := l.timeOn(func() error { return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32) })
-		return ms, "", 0, err
-	}
-	best, bestMs, line := 0, float32(math.Inf(1)), " (K split"
-	var err error
-	for _, sp := range cands {
-		ms, e := l.timeOn(func() error { return l.gemv.RunTileSplits(l.stream, sp, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32) })
-		if e != nil {
-			err = e
-			line += fmt.Sprintf(" %d failed,", sp)
-			continue
-		}
-		line += fmt.Sprintf(" %d %.1f,", sp, 1e3*ms/5)
-		if ms < bestMs {
-			best, bestMs = sp, ms
-		}
-	}
-	if best == 0 {
-		return 0, "", 0, err
-	}
-	l.gemv.SetTileSplits(mm.T, mm.K, mm.N, best)
-	return bestMs, fmt.Sprintf("%s: %d kept)", strings.TrimSuffix(line, ","), best), best, nil
-}
-
 // algoKey identifies a cuBLASLt product for the choice of its algorithm:
 // its shape, with the rows rounded up to a power of two.
 type algoKey struct {
@@ -430,11 +362,11 @@ type algoKey struct {
 }
 
 // algorithm picks cuBLASLt's algorithm for product mm: the first time a
-// shape and bucket of rows are seen, each candidate (cu.BlasLt.Algorithms:
-// the heuristic's, and those with K split) is timed on the step's operands (5 runs after a warm-up, writing the
-// product's own output before the product runs) and the fastest kept if it
-// beats the heuristic's first choice by more than 3% (so that timing noise
-// does not trade the first choice for an equal one).
+// shape and bucket of rows are seen (and the tune cache has no choice for
+// it), the candidates (cu.BlasLt.Algorithms: the heuristic's, and those
+// with K split) race on the step's operands (writing the product's own
+// output before the product runs) against the heuristic's first choice,
+// which is kept unless one beats it by more than the noise (race).
 // Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for
 // timings) and a fixed Backend.Products take the first choice.
 func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
@@ -461,39 +393,28 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 		return 0
 	}
 	best := 0
-	n, err := l.lt.Algorithms(mm)
-	if err == nil && n > 1 {
-		times := make([]float32, n)
-		line := fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms", mm.T, key.rows, mm.K, mm.N)
+	if n, err := l.lt.Algorithms(mm); err == nil && n > 1 {
+		cands := make([]candidate, n)
 		for i := range n {
 			m := mm
 			m.Algo = i
-			ms, err := l.timeOn(func() error { return l.lt.Matmul(m) })
-			if err != nil {
-				times[i] = float32(math.Inf(1))
-				line += fmt.Sprintf(" %d failed (%v),", i, err)
-				continue
-			}
-			times[i] = ms
-			split := ""
+			name := strconv.Itoa(i)
 			if c, err := l.lt.Config(m, i); err == nil && c.SplitK > 1 {
-				split = fmt.Sprintf(" (K in %d)", c.SplitK)
+				name += fmt.Sprintf(" (K in %d)", c.SplitK)
 			}
-			line += fmt.Sprintf(" %d%s %.1f µs,", i, split, 1e3*ms/5)
-			if ms < times[best] {
-				best = i
-			}
+			cands[i] = candidate{name, func() error { return l.lt.Matmul(m) }}
 		}
-		if times[best] > 0.97*times[0] {
-			best = 0
+		r := l.race(cands)
+		if r.best >= 0 {
+			best = r.best
 		}
 		kept := fmt.Sprint(best)
 		if c, err := l.lt.Config(mm, best); err == nil {
 			kept += fmt.Sprintf(" (%v)", c)
 		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %s kept", strings.TrimSuffix(line, ","), kept))
-		if !math.IsInf(float64(times[best]), 1) && !math.IsInf(float64(times[0]), 1) {
-			l.keep(tk, strconv.Itoa(best), "0", times[best], times[0])
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms%s: %s kept", mm.T, key.rows, mm.K, mm.N, r.line(cands), kept))
+		if r.best >= 0 && r.errs[0] == nil {
+			l.keep(tk, strconv.Itoa(best), "0", r, cands)
 		}
 	}
 	l.algoChoice[key] = best
@@ -509,10 +430,10 @@ type decodeKey struct {
 
 // decodePlan picks attention node nd's split for step x among
 // kernels.DecodePlans: the first time a shape and context bucket are seen
-// each candidate is timed on the step's batch (5 runs after a warm-up;
-// decodeWorkspace runs before the step's kernels, so what the runs write is
-// overwritten) and the fastest kept; a cluster plan whose launch is refused
-// is passed over.
+// (and the tune cache has no choice for it) the candidates race on the
+// step's batch against the first (race; decodeWorkspace runs before the
+// step's kernels, so what the runs write is overwritten); a cluster plan
+// whose launch is refused is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
 	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, pow2(x.planMeta.T), x.planMeta.MaxPos + 1, x.kv.spec.FP8}
@@ -534,32 +455,26 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 				return p.ForBatch(at, x.planMeta), nil
 			}
 		}
-	}
-	if !l.b.FixedDecodePlan && len(cands) > 1 {
-		bestMs, firstMs := float32(math.MaxFloat32), float32(0)
-		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
-		for _, p := range cands {
-			ms, err := l.timeOn(func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) })
-			if err != nil && p.Cluster {
-				// A cluster the device cannot place (a launch error, not
-				// a fault): not a candidate.
-				line += fmt.Sprintf(" %v refused (%v),", p, err)
-				continue
-			}
-			if err != nil {
-				return p, err
-			}
-			line += fmt.Sprintf(" %v %.1f µs,", p, 1e3*ms/5)
-			if p == cands[0] {
-				firstMs = ms
-			}
-			if ms < bestMs {
-				best, bestMs = p, ms
+		cs := make([]candidate, len(cands))
+		for i, p := range cands {
+			cs[i] = candidate{p.String(), func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
+		}
+		r := l.race(cs)
+		for i, err := range r.errs {
+			// A cluster the device cannot place (a launch error, not a
+			// fault) is no candidate; any other failure is the step's.
+			if err != nil && !cands[i].Cluster {
+				return cands[i], err
 			}
 		}
-		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s: %v kept", strings.TrimSuffix(line, ","), best))
-		if firstMs > 0 {
-			l.keep(tk, planName(best), planName(cands[0]), bestMs, firstMs)
+		if r.best < 0 {
+			return cands[0], r.errs[0]
+		}
+		best = cands[r.best]
+		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
+		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s%s: %v kept", line, r.line(cs), best))
+		if r.errs[0] == nil {
+			l.keep(tk, planName(best), planName(cands[0]), r, cs)
 		}
 	}
 	l.decodeChoice[key] = best

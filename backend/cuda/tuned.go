@@ -1,7 +1,10 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -89,18 +92,180 @@ func (l *loaded) cachedChoice(k tune.Key) (string, bool) {
 	return e.Choice, ok
 }
 
-// keep files a choice timed at first use (times in ms of 5 runs); a failed
-// write is noted in Stats.Choices.
-func (l *loaded) keep(k tune.Key, choice, def string, choiceMs, defMs float32) {
+// keep files the choice a race made (r.best among cands, cands[0] the
+// default); a failed write is noted in Stats.Choices.
+func (l *loaded) keep(k tune.Key, choice, def string, r raceResult, cands []candidate) {
 	c := l.b.tuneCache()
 	if c == nil {
 		return
 	}
-	e := tune.Entry{Key: k, Choice: choice, Default: def, ChoiceUs: float64(choiceMs) * 1e3 / 5, DefaultUs: float64(defMs) * 1e3 / 5,
-		Tuned: time.Now().UTC()}
+	e := tune.Entry{Key: k, Choice: choice, Default: def, ChoiceUs: r.us(r.best), DefaultUs: r.us(0), NoiseUs: r.us(-1), Tuned: time.Now().UTC()}
+	for i, err := range r.errs {
+		if err != nil {
+			e.Rejected = append(e.Rejected, fmt.Sprintf("%s: %v", cands[i].name, err))
+		}
+	}
 	if err := c.Put(e); err != nil {
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("tune cache: %v", err))
 	}
+}
+
+// candidate is one way to run a step's operation, for race.
+type candidate struct {
+	name string
+	run  func() error
+}
+
+// raceRounds is how many times race times each candidate.
+const raceRounds = 3
+
+// raceResult is what race measured: each candidate's median time (ms of
+// timeOn's 5 runs; +Inf for one that failed), the default's spread, the
+// failures, and the candidate kept (-1: none ran).
+type raceResult struct {
+	med   []float32
+	noise float32
+	errs  []error
+	best  int
+}
+
+// us is candidate i's median time a run in µs (i = -1: the noise).
+func (r raceResult) us(i int) float64 {
+	if i < 0 {
+		return float64(r.noise) * 1e3 / 5
+	}
+	return float64(r.med[i]) * 1e3 / 5
+}
+
+// line lists the candidates' times (µs a run) and the noise for
+// Stats.Choices.
+func (r raceResult) line(cands []candidate) string {
+	var b strings.Builder
+	for i, c := range cands {
+		if r.errs[i] != nil {
+			fmt.Fprintf(&b, " %s failed (%v),", c.name, r.errs[i])
+			continue
+		}
+		fmt.Fprintf(&b, " %s %.1f µs,", c.name, r.us(i))
+	}
+	return fmt.Sprintf("%s (medians of %d interleaved rounds, noise %.1f µs)", strings.TrimSuffix(b.String(), ","), raceRounds, r.us(-1))
+}
+
+// race times cands on the stream, cands[0] being the default: raceRounds
+// rounds, each timing every candidate once in turn (timeOn), so that a
+// drift of the device's speed falls on all of them alike. A candidate's
+// time is its median over the rounds; the noise is the spread of the
+// default's times (largest less smallest). The fastest candidate is kept
+// only if it beats the default by more than the noise, so a tuned choice
+// is never slower than the default beyond what the timings can tell; a
+// candidate that fails drops out (its error in errs), and when the default
+// fails the fastest of the others is kept.
+func (l *loaded) race(cands []candidate) raceResult {
+	n := len(cands)
+	times := make([][]float32, n)
+	r := raceResult{med: make([]float32, n), errs: make([]error, n), best: -1}
+	for range raceRounds {
+		for i, c := range cands {
+			if r.errs[i] != nil {
+				continue
+			}
+			ms, err := l.timeOn(c.run)
+			if err != nil {
+				r.errs[i] = err
+				continue
+			}
+			times[i] = append(times[i], ms)
+		}
+	}
+	for i := range cands {
+		r.med[i] = float32(math.Inf(1))
+		if r.errs[i] == nil {
+			ts := slices.Clone(times[i])
+			slices.Sort(ts)
+			r.med[i] = ts[len(ts)/2]
+			if r.best < 0 || r.med[i] < r.med[r.best] {
+				r.best = i
+			}
+		}
+	}
+	if r.errs[0] == nil {
+		r.noise = slices.Max(times[0]) - slices.Min(times[0])
+		if r.med[0]-r.med[r.best] <= r.noise {
+			r.best = 0
+		}
+	}
+	return r
+}
+
+// raceGEMV decides whether product mm (with ep, the reader the GEMV can
+// run in its epilogue) runs on the GEMV: cuBLASLt with the algorithm it
+// would run (followed by ep's own kernel) is the default, raced against
+// the GEMV (in the tile kernels, each split of K; with ep in its
+// epilogue). Both ways write what the step writes. It sets the tile
+// kernels' split kept, notes the race in Stats.Choices and files it in the
+// tune cache under tk.
+func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) bool {
+	f32 := mm.Out == cu.F32
+	lt := mm
+	lt.Algo = l.algorithm(x, mm)
+	fused := ep != nil
+	if fused {
+		// The GEMV takes the epilogue for this shape, or the race is between
+		// the plain products.
+		err := l.gemvEpilogue(x, ep, mm)
+		if errors.Is(err, kernels.ErrGEMVShape) {
+			fused = false
+		}
+	}
+	cands := []candidate{{"cuBLASLt", func() error { return l.lt.Matmul(lt) }}}
+	if fused {
+		cands[0] = candidate{"cuBLASLt + " + ep.kernel, func() error {
+			if err := l.lt.Matmul(lt); err != nil {
+				return err
+			}
+			return ep.launch(x, ep)
+		}}
+	}
+	splits := l.gemv.TileSplits(mm.T, mm.K, mm.N)
+	gemv := func(s int) func() error {
+		return func() error {
+			switch {
+			case fused:
+				if s > 0 {
+					l.gemv.SetTileSplits(mm.T, mm.K, mm.N, s)
+				}
+				return l.gemvEpilogue(x, ep, mm)
+			case s > 0:
+				return l.gemv.RunTileSplits(l.stream, s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32)
+			}
+			return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32)
+		}
+	}
+	if len(splits) == 0 {
+		cands = append(cands, candidate{"gemv", gemv(0)})
+	}
+	for _, s := range splits {
+		cands = append(cands, candidate{fmt.Sprintf("gemv K split %d", s), gemv(s)})
+	}
+	r := l.race(cands)
+	use, split := r.best > 0, 0
+	if use && len(splits) > 0 {
+		split = splits[r.best-1]
+		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, split)
+	}
+	what := ""
+	if fused {
+		what = " with " + ep.kernel
+	}
+	kept := "cuBLASLt"
+	if use {
+		kept = cands[r.best].name
+	}
+	l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
+	if r.best >= 0 && r.errs[0] == nil {
+		l.keep(tk, gemvChoiceName(use, split), gemvChoiceName(false, 0), r, cands)
+	}
+	return use
 }
 
 // noteCached records in Stats.Choices a choice taken from the cache.

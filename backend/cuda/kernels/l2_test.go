@@ -71,13 +71,7 @@ func TestL2PrefetchSpeed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("benchmark")
 	}
-	d := gpu(t)
-	m, err := d.Compile("kiln_l2_probe", l2ProbeSource, "--std=c++17")
-	must(t, err)
-	defer m.Close()
-	lt, err := d.NewBlasLt(0)
-	must(t, err)
-	defer lt.Close()
+	d, m, lt := l2Probe(t)
 	for _, sh := range []struct {
 		name           string
 		streamMB, k, n int
@@ -94,34 +88,12 @@ func TestL2PrefetchSpeed(t *testing.T) {
 			}
 			x, out := alloc(t, rows*sh.k*2), alloc(t, rows*sh.n*2)
 			must(t, d.Memset32(x, 0x3c003c00, rows*sh.k/2, nil))
-			ev := make([]*cu.Event, 3)
-			for i := range ev {
-				ev[i], err = d.NewEvent(true)
-				must(t, err)
-			}
 			var lines []string
 			for _, mode := range []int{0, 1, 2, 3, 4, 5, 6, 0} {
-				var sumS, sumP float64
-				const reps = 30
-				for r := 0; r < reps+3; r++ {
-					w := ws[r%nw]
-					pfLines := int64(wbytes / 128)
-					must(t, ev[0].Record(nil))
-					must(t, m.Launch("l2_stream", cu.D1(d.SMs*4), cu.D1(512), 0, nil, src, int64(n16), sink, w, pfLines, int32(mode)))
-					must(t, ev[1].Record(nil))
-					must(t, lt.Matmul(cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: x, W: w, Dst: out}))
-					must(t, ev[2].Record(nil))
-					must(t, ev[2].Sync())
-					s, err1 := cu.Elapsed(ev[0], ev[1])
-					p, err2 := cu.Elapsed(ev[1], ev[2])
-					must(t, err1)
-					must(t, err2)
-					if r >= 3 {
-						sumS += float64(s)
-						sumP += float64(p)
-					}
-				}
-				sMs, pMs := sumS/reps, sumP/reps
+				pfLines := int64(wbytes / 128)
+				sMs, pMs := timeBeforeProduct(t, d, lt, ws, 30, func(w cu.Ptr) error {
+					return m.Launch("l2_stream", cu.D1(d.SMs*4), cu.D1(512), 0, nil, src, int64(n16), sink, w, pfLines, int32(mode))
+				}, cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: x, Dst: out})
 				lines = append(lines, fmt.Sprintf("mode %d: stream %.1f µs (%.0f GB/s), product %.1f µs, both %.1f µs",
 					mode, 1e3*sMs, float64(n16*16)/(sMs*1e-3)/1e9, 1e3*pMs, 1e3*(sMs+pMs)))
 			}
@@ -141,13 +113,7 @@ func TestL2PrefetchAfterNorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("benchmark")
 	}
-	d := gpu(t)
-	m, err := d.Compile("kiln_l2_probe", l2ProbeSource, "--std=c++17")
-	must(t, err)
-	defer m.Close()
-	lt, err := d.NewBlasLt(0)
-	must(t, err)
-	defer lt.Close()
+	d, m, lt := l2Probe(t)
 	for _, sh := range []struct {
 		name string
 		k, n int
@@ -162,38 +128,61 @@ func TestL2PrefetchAfterNorm(t *testing.T) {
 			}
 			x, y, out := alloc(t, rows*sh.k*2), alloc(t, rows*sh.k*2), alloc(t, rows*sh.n*2)
 			must(t, d.Memset32(x, 0x3c003c00, rows*sh.k/2, nil))
-			ev := make([]*cu.Event, 3)
-			for i := range ev {
-				ev[i], err = d.NewEvent(true)
-				must(t, err)
-			}
 			var lines []string
 			for _, eighths := range []int{0, 1, 2, 3, 4, 6, 8, 0} {
 				prefix := int64(sh.k*2*eighths/8) &^ 127
-				var sumN, sumP float64
-				const reps = 40
-				for r := 0; r < reps+3; r++ {
-					w := ws[r%nw]
-					must(t, ev[0].Record(nil))
-					must(t, m.Launch("l2_norm_pf", cu.D1(rows), cu.D1(512), 0, nil, x, y, int32(sh.k/8), w, int32(sh.n), int64(sh.k*2), prefix))
-					must(t, ev[1].Record(nil))
-					must(t, lt.Matmul(cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: y, W: w, Dst: out}))
-					must(t, ev[2].Record(nil))
-					must(t, ev[2].Sync())
-					a, err1 := cu.Elapsed(ev[0], ev[1])
-					b, err2 := cu.Elapsed(ev[1], ev[2])
-					must(t, err1)
-					must(t, err2)
-					if r >= 3 {
-						sumN += float64(a)
-						sumP += float64(b)
-					}
-				}
-				nMs, pMs := sumN/reps, sumP/reps
+				nMs, pMs := timeBeforeProduct(t, d, lt, ws, 40, func(w cu.Ptr) error {
+					return m.Launch("l2_norm_pf", cu.D1(rows), cu.D1(512), 0, nil, x, y, int32(sh.k/8), w, int32(sh.n), int64(sh.k*2), prefix)
+				}, cu.Matmul{T: rows, K: sh.k, N: sh.n, In: cu.BF16, Out: cu.BF16, X: y, Dst: out})
 				lines = append(lines, fmt.Sprintf("prefix %d/8 (%.1f MB): norm %.1f µs, product %.1f µs (%.0f GB/s), both %.1f µs",
 					eighths, float64(prefix)*float64(sh.n)/1e6, 1e3*nMs, 1e3*pMs, float64(wbytes)/(pMs*1e-3)/1e9, 1e3*(nMs+pMs)))
 			}
 			t.Logf("%s (product 64×%d×%d, weights %.1f MB):\n%s", sh.name, sh.k, sh.n, float64(wbytes)/1e6, strings.Join(lines, "\n"))
 		})
 	}
+}
+
+// timeBeforeProduct times a kernel (launch, given the run's weights) and
+// the cuBLASLt product mm after it on those weights, rotated over ws: the
+// mean time of each over reps runs after 3 warm-ups, in ms.
+func timeBeforeProduct(t *testing.T, d *cu.Device, lt *cu.BlasLt, ws []cu.Ptr, reps int, launch func(w cu.Ptr) error, mm cu.Matmul) (float64, float64) {
+	ev := make([]*cu.Event, 3)
+	for i := range ev {
+		var err error
+		ev[i], err = d.NewEvent(true)
+		must(t, err)
+		defer ev[i].Close()
+	}
+	var sumA, sumB float64
+	for r := 0; r < reps+3; r++ {
+		mm.W = ws[r%len(ws)]
+		must(t, ev[0].Record(nil))
+		must(t, launch(mm.W))
+		must(t, ev[1].Record(nil))
+		must(t, lt.Matmul(mm))
+		must(t, ev[2].Record(nil))
+		must(t, ev[2].Sync())
+		a, err1 := cu.Elapsed(ev[0], ev[1])
+		b, err2 := cu.Elapsed(ev[1], ev[2])
+		must(t, err1)
+		must(t, err2)
+		if r >= 3 {
+			sumA += float64(a)
+			sumB += float64(b)
+		}
+	}
+	return sumA / float64(reps), sumB / float64(reps)
+}
+
+// l2Probe compiles l2ProbeSource and opens cuBLASLt, both closed when the
+// test ends.
+func l2Probe(t *testing.T) (*cu.Device, *cu.Module, *cu.BlasLt) {
+	d := gpu(t)
+	m, err := d.Compile("kiln_l2_probe", l2ProbeSource, "--std=c++17")
+	must(t, err)
+	t.Cleanup(func() { m.Close() })
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	t.Cleanup(func() { lt.Close() })
+	return d, m, lt
 }

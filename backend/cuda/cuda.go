@@ -241,27 +241,46 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		}
 	}
 	act := b.ComputeDType(c.Graph)
+	// The two modules compile at once (NVRTC runs on the host, one thread
+	// a program): on a cold kernel cache the start takes the longer of the
+	// two, not their sum.
+	var gemv *kernels.GEMV
+	var gemvErr error
+	gemvDone := make(chan struct{})
+	go func() {
+		defer close(gemvDone)
+		gemv, gemvErr = kernels.NewGEMV(b.Device, act)
+	}()
 	k, err := kernels.New(b.Device, act)
+	<-gemvDone
+	closeGEMV := func() {
+		if gemvErr == nil {
+			gemv.Close()
+		}
+	}
 	if err != nil {
+		closeGEMV()
 		return nil, err
 	}
 	k.PDL = !b.NoPDL
 	lt, err := b.Device.NewBlasLt(32 << 20)
 	if err != nil {
+		closeGEMV()
 		k.Close()
 		return nil, err
 	}
 	stream, err := b.Device.NewStream()
 	if err != nil {
+		closeGEMV()
 		lt.Close()
 		k.Close()
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}, algoChoice: map[algoKey]int{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, fp8: b.FP8(act)}
-	if g, err := kernels.NewGEMV(b.Device, act); err == nil {
-		g.PDL = !b.NoPDL
-		l.gemv = g
+	if gemvErr == nil {
+		gemv.PDL = !b.NoPDL
+		l.gemv = gemv
 	} // else: every product goes through cuBLASLt
 	if err := l.uploadWeights(b.Progress); err != nil {
 		l.Close()

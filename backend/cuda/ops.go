@@ -405,15 +405,15 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			cands[i] = candidate{name, func() error { return l.lt.Matmul(m) }}
 		}
 		r := l.race(cands)
-		if r.best >= 0 {
-			best = r.best
+		if r.Best >= 0 {
+			best = r.Best
 		}
 		kept := fmt.Sprint(best)
 		if c, err := l.lt.Config(mm, best); err == nil {
 			kept += fmt.Sprintf(" (%v)", c)
 		}
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms%s: %s kept", mm.T, key.rows, mm.K, mm.N, r.line(cands), kept))
-		if r.best >= 0 && r.errs[0] == nil {
+		if r.Best >= 0 && r.Errs[0] == nil {
 			l.keep(tk, strconv.Itoa(best), "0", r, cands)
 		}
 	}
@@ -460,20 +460,20 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 			cs[i] = candidate{p.String(), func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
 		}
 		r := l.race(cs)
-		for i, err := range r.errs {
+		for i, err := range r.Errs {
 			// A cluster the device cannot place (a launch error, not a
 			// fault) is no candidate; any other failure is the step's.
 			if err != nil && !cands[i].Cluster {
 				return cands[i], err
 			}
 		}
-		if r.best < 0 {
-			return cands[0], r.errs[0]
+		if r.Best < 0 {
+			return cands[0], r.Errs[0]
 		}
-		best = cands[r.best]
+		best = cands[r.Best]
 		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s%s: %v kept", line, r.line(cs), best))
-		if r.errs[0] == nil {
+		if r.Errs[0] == nil {
 			l.keep(tk, planName(best), planName(cands[0]), r, cs)
 		}
 	}

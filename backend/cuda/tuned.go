@@ -3,8 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -99,8 +97,8 @@ func (l *loaded) keep(k tune.Key, choice, def string, r raceResult, cands []cand
 	if c == nil {
 		return
 	}
-	e := tune.Entry{Key: k, Choice: choice, Default: def, ChoiceUs: r.us(r.best), DefaultUs: r.us(0), NoiseUs: r.us(-1), Tuned: time.Now().UTC()}
-	for i, err := range r.errs {
+	e := tune.Entry{Key: k, Choice: choice, Default: def, ChoiceUs: r.us(r.Best), DefaultUs: r.us(0), NoiseUs: r.us(-1), Tuned: time.Now().UTC()}
+	for i, err := range r.Errs {
 		if err != nil {
 			e.Rejected = append(e.Rejected, fmt.Sprintf("%s: %v", cands[i].name, err))
 		}
@@ -116,25 +114,25 @@ type candidate struct {
 	run  func() error
 }
 
-// raceRounds is how many times race times each candidate.
-const raceRounds = 3
+// raceResult is tune.Race's result over candidates timed by timeOn (ms of
+// its 5 runs).
+type raceResult struct{ tune.Result }
 
-// raceResult is what race measured: each candidate's median time (ms of
-// timeOn's 5 runs; +Inf for one that failed), the default's spread, the
-// failures, and the candidate kept (-1: none ran).
-type raceResult struct {
-	med   []float32
-	noise float32
-	errs  []error
-	best  int
+// race races cands on the stream (tune.Race: cands[0] the default, kept
+// unless another beats it by more than the noise), each timing one timeOn.
+func (l *loaded) race(cands []candidate) raceResult {
+	return raceResult{tune.Race(len(cands), func(i int) (float64, error) {
+		ms, err := l.timeOn(cands[i].run)
+		return float64(ms), err
+	})}
 }
 
 // us is candidate i's median time a run in µs (i = -1: the noise).
 func (r raceResult) us(i int) float64 {
 	if i < 0 {
-		return float64(r.noise) * 1e3 / 5
+		return r.Noise * 1e3 / 5
 	}
-	return float64(r.med[i]) * 1e3 / 5
+	return r.Median[i] * 1e3 / 5
 }
 
 // line lists the candidates' times (µs a run) and the noise for
@@ -142,59 +140,13 @@ func (r raceResult) us(i int) float64 {
 func (r raceResult) line(cands []candidate) string {
 	var b strings.Builder
 	for i, c := range cands {
-		if r.errs[i] != nil {
-			fmt.Fprintf(&b, " %s failed (%v),", c.name, r.errs[i])
+		if r.Errs[i] != nil {
+			fmt.Fprintf(&b, " %s failed (%v),", c.name, r.Errs[i])
 			continue
 		}
 		fmt.Fprintf(&b, " %s %.1f µs,", c.name, r.us(i))
 	}
-	return fmt.Sprintf("%s (medians of %d interleaved rounds, noise %.1f µs)", strings.TrimSuffix(b.String(), ","), raceRounds, r.us(-1))
-}
-
-// race times cands on the stream, cands[0] being the default: raceRounds
-// rounds, each timing every candidate once in turn (timeOn), so that a
-// drift of the device's speed falls on all of them alike. A candidate's
-// time is its median over the rounds; the noise is the spread of the
-// default's times (largest less smallest). The fastest candidate is kept
-// only if it beats the default by more than the noise, so a tuned choice
-// is never slower than the default beyond what the timings can tell; a
-// candidate that fails drops out (its error in errs), and when the default
-// fails the fastest of the others is kept.
-func (l *loaded) race(cands []candidate) raceResult {
-	n := len(cands)
-	times := make([][]float32, n)
-	r := raceResult{med: make([]float32, n), errs: make([]error, n), best: -1}
-	for range raceRounds {
-		for i, c := range cands {
-			if r.errs[i] != nil {
-				continue
-			}
-			ms, err := l.timeOn(c.run)
-			if err != nil {
-				r.errs[i] = err
-				continue
-			}
-			times[i] = append(times[i], ms)
-		}
-	}
-	for i := range cands {
-		r.med[i] = float32(math.Inf(1))
-		if r.errs[i] == nil {
-			ts := slices.Clone(times[i])
-			slices.Sort(ts)
-			r.med[i] = ts[len(ts)/2]
-			if r.best < 0 || r.med[i] < r.med[r.best] {
-				r.best = i
-			}
-		}
-	}
-	if r.errs[0] == nil {
-		r.noise = slices.Max(times[0]) - slices.Min(times[0])
-		if r.med[0]-r.med[r.best] <= r.noise {
-			r.best = 0
-		}
-	}
-	return r
+	return fmt.Sprintf("%s (medians of %d interleaved rounds, noise %.1f µs)", strings.TrimSuffix(b.String(), ","), tune.Rounds, r.us(-1))
 }
 
 // raceGEMV decides whether product mm (with ep, the reader the GEMV can
@@ -248,9 +200,9 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 		cands = append(cands, candidate{fmt.Sprintf("gemv K split %d", s), gemv(s)})
 	}
 	r := l.race(cands)
-	use, split := r.best > 0, 0
+	use, split := r.Best > 0, 0
 	if use && len(splits) > 0 {
-		split = splits[r.best-1]
+		split = splits[r.Best-1]
 		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, split)
 	}
 	what := ""
@@ -259,10 +211,10 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 	}
 	kept := "cuBLASLt"
 	if use {
-		kept = cands[r.best].name
+		kept = cands[r.Best].name
 	}
 	l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
-	if r.best >= 0 && r.errs[0] == nil {
+	if r.Best >= 0 && r.Errs[0] == nil {
 		l.keep(tk, gemvChoiceName(use, split), gemvChoiceName(false, 0), r, cands)
 	}
 	return use

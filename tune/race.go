@@ -1,0 +1,64 @@
+package tune
+
+import (
+	"math"
+	"slices"
+)
+
+// Rounds is how many times Race times each candidate.
+const Rounds = 3
+
+// Result is what Race measured: each candidate's median time (+Inf for
+// one that failed), the default's spread over the rounds, the failures,
+// and the candidate kept (-1: none ran).
+type Result struct {
+	Median []float64
+	Noise  float64
+	Errs   []error
+	Best   int
+}
+
+// Race times n candidates, candidate 0 being the default: Rounds rounds,
+// each timing every candidate once in turn (time(i) returns one timing of
+// candidate i), so that a drift of the machine's speed falls on all of them
+// alike. A candidate's time is its median over the rounds; the noise is
+// the spread of the default's times (largest less smallest). The fastest
+// candidate is kept only if it beats the default by more than the noise,
+// so a tuned choice is never slower than the default beyond what the
+// timings can tell; a candidate whose timing fails drops out (its error in
+// Errs), and when the default fails the fastest of the others is kept.
+func Race(n int, time func(i int) (float64, error)) Result {
+	times := make([][]float64, n)
+	r := Result{Median: make([]float64, n), Errs: make([]error, n), Best: -1}
+	for range Rounds {
+		for i := range n {
+			if r.Errs[i] != nil {
+				continue
+			}
+			t, err := time(i)
+			if err != nil {
+				r.Errs[i] = err
+				continue
+			}
+			times[i] = append(times[i], t)
+		}
+	}
+	for i := range n {
+		r.Median[i] = math.Inf(1)
+		if r.Errs[i] == nil && len(times[i]) > 0 {
+			ts := slices.Clone(times[i])
+			slices.Sort(ts)
+			r.Median[i] = ts[len(ts)/2]
+			if r.Best < 0 || r.Median[i] < r.Median[r.Best] {
+				r.Best = i
+			}
+		}
+	}
+	if n > 0 && r.Errs[0] == nil && len(times[0]) > 0 {
+		r.Noise = slices.Max(times[0]) - slices.Min(times[0])
+		if r.Median[0]-r.Median[r.Best] <= r.Noise {
+			r.Best = 0
+		}
+	}
+	return r
+}

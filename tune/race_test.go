@@ -1,0 +1,46 @@
+package tune
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestRace: the default is kept unless a candidate's median beats it by
+// more than the default's spread; medians resist one slow round; failing
+// candidates drop out, and a failing default leaves the fastest other.
+func TestRace(t *testing.T) {
+	seq := func(ts map[int][]float64) func(int) (float64, error) {
+		calls := map[int]int{}
+		return func(i int) (float64, error) {
+			if ts[i] == nil {
+				return 0, errors.New("launch refused")
+			}
+			v := ts[i][calls[i]%len(ts[i])]
+			calls[i]++
+			return v, nil
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		times map[int][]float64
+		best  int
+		noise float64
+	}{
+		{"clear win", map[int][]float64{0: {10, 10.2, 10.1}, 1: {8, 8.1, 8}}, 1, 0.2},
+		{"within the noise", map[int][]float64{0: {10, 11, 10.5}, 1: {9.8, 9.9, 9.7}}, 0, 1},
+		{"one slow round", map[int][]float64{0: {10, 10.1, 10}, 1: {8, 30, 8}}, 1, 0.1},
+		{"default fastest", map[int][]float64{0: {5, 5, 5}, 1: {6, 6, 6}, 2: {7, 7, 7}}, 0, 0},
+		{"a candidate fails", map[int][]float64{0: {10, 10, 10}, 2: {7, 7, 7}}, 2, 0},
+		{"the default fails", map[int][]float64{1: {9, 9, 9}, 2: {7, 7.5, 7}}, 2, 0},
+		{"all fail", map[int][]float64{}, -1, 0},
+	} {
+		n := 3
+		if c.name == "clear win" || c.name == "within the noise" || c.name == "one slow round" {
+			n = 2
+		}
+		r := Race(n, seq(c.times))
+		if r.Best != c.best || r.Noise < c.noise-1e-9 || r.Noise > c.noise+1e-9 {
+			t.Errorf("%s: best %d noise %g (want %d, %g); medians %v, errors %v", c.name, r.Best, r.Noise, c.best, c.noise, r.Median, r.Errs)
+		}
+	}
+}

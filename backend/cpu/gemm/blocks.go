@@ -40,11 +40,11 @@ func matMulBlocks(p *workers.Pool, out, x []float32, T int, w Weights) {
 }
 
 // runRowGroups runs t over w's rows in groups of 4 (t.Do(lo, hi) computes
-// rows [4·lo, 4·hi)), at least decodeGrainBytes of weights a chunk, on the
+// rows [4·lo, 4·hi)), at least w.Tiling's GrainBytes of weights a chunk, on the
 // workers of p (nil: on the caller).
 func runRowGroups(p *workers.Pool, w Weights, t workers.Task) {
 	units := (w.N + 3) / 4
-	grain := max(1, decodeGrainBytes/max(1, 4*w.rowBytes()))
+	grain := max(1, w.Tiling.resolved().GrainBytes/max(1, 4*w.rowBytes()))
 	if p == nil {
 		t.Do(0, units)
 	} else {

@@ -56,6 +56,51 @@ type Weights struct {
 	// Packed, when set, is Data's rows interleaved for the SIMD kernels
 	// (PackRows8), which then read it instead of Data.
 	Packed []byte
+	// Tiling is how the products of this matrix are split into work (the
+	// zero value: DefaultTiling).
+	Tiling Tiling
+}
+
+// Tiling is how MatMul splits a product into work: the float formats'
+// prefill in units of UnitRows rows × UnitTokens tokens whose k-sum runs
+// in equal blocks of at most KBlock, and the row groups of decode steps
+// (and of the block formats at any T) shared out at least GrainBytes of
+// weights at a time. A zero field takes DefaultTiling's. Every tiling
+// computes the same products; KBlock changes the order of a sum.
+type Tiling struct {
+	UnitRows   int // a multiple of 4
+	UnitTokens int // a multiple of 3
+	KBlock     int // a multiple of 8
+	GrainBytes int
+}
+
+// DefaultTiling is the tiling a zero Tiling means.
+var DefaultTiling = Tiling{UnitRows: unitRows, UnitTokens: unitTokens, KBlock: maxKBlock, GrainBytes: decodeGrainBytes}
+
+// Check reports a tiling MatMul cannot run.
+func (t Tiling) Check() error {
+	if t.UnitRows < 0 || t.UnitRows%4 != 0 || t.UnitTokens < 0 || t.UnitTokens%3 != 0 || t.KBlock < 0 || t.KBlock%8 != 0 || t.GrainBytes < 0 {
+		return fmt.Errorf("gemm: tiling %+v: units of a multiple of 4 rows and of 3 tokens, k blocks of a multiple of 8", t)
+	}
+	return nil
+}
+
+// resolved is t with DefaultTiling's fields in place of its zero ones.
+func (t Tiling) resolved() Tiling {
+	d := DefaultTiling
+	if t.UnitRows > 0 {
+		d.UnitRows = t.UnitRows
+	}
+	if t.UnitTokens > 0 {
+		d.UnitTokens = t.UnitTokens
+	}
+	if t.KBlock > 0 {
+		d.KBlock = t.KBlock
+	}
+	if t.GrainBytes > 0 {
+		d.GrainBytes = t.GrainBytes
+	}
+	return d
 }
 
 // rowBytes is the bytes of one weight row (K a whole number of blocks for
@@ -101,6 +146,9 @@ func check(out, x []float32, T int, w Weights) {
 	}
 	if len(x) < T*w.K || len(out) < T*w.N {
 		panic(fmt.Sprintf("gemm: T=%d N=%d K=%d: len(x)=%d len(out)=%d too short", T, w.N, w.K, len(x), len(out)))
+	}
+	if err := w.Tiling.Check(); err != nil {
+		panic(err)
 	}
 }
 
@@ -153,7 +201,7 @@ func dotTail(w Weights, n, k0 int, x []float32) float32 {
 	return s
 }
 
-// Tiling parameters (see the package comment).
+// Tiling parameters (see the package comment), DefaultTiling's.
 const (
 	unitRows   = 64   // rows per prefill work unit (multiple of 4)
 	unitTokens = 48   // tokens per prefill work unit (multiple of 3)
@@ -173,6 +221,7 @@ type mmTask struct {
 	out, x []float32
 	T      int
 	w      Weights
+	tl     Tiling // w.Tiling resolved
 	pure   bool
 	nUnits int // row blocks (prefill)
 	// Decode (T == 1) with SIMD: zmm selects the AVX-512 kernels, plain the
@@ -199,7 +248,7 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 		return
 	}
 	t := taskPool.Get().(*mmTask)
-	*t = mmTask{out: out, x: x, T: T, w: w, pure: !SIMD()}
+	*t = mmTask{out: out, x: x, T: T, w: w, tl: w.Tiling.resolved(), pure: !SIMD()}
 	if T == 1 && !t.pure {
 		kern := decodeKernels.Load()
 		t.zmm = haveAVX512 && kern == kernAuto
@@ -209,10 +258,10 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 	var units, grain int
 	if T == 1 {
 		units = (w.N + 3) / 4
-		grain = max(1, decodeGrainBytes/max(1, 4*rowBytes))
+		grain = max(1, t.tl.GrainBytes/max(1, 4*rowBytes))
 	} else {
-		t.nUnits = (w.N + unitRows - 1) / unitRows
-		units = t.nUnits * ((T + unitTokens - 1) / unitTokens)
+		t.nUnits = (w.N + t.tl.UnitRows - 1) / t.tl.UnitRows
+		units = t.nUnits * ((T + t.tl.UnitTokens - 1) / t.tl.UnitTokens)
 		grain = 1
 		if T*w.N*w.K < inlineMACs {
 			grain = units
@@ -240,8 +289,8 @@ func (t *mmTask) Do(lo, hi int) {
 	}
 	for u := lo; u < hi; u++ {
 		tb, nb := u/t.nUnits, u%t.nUnits
-		t0, t1 := tb*unitTokens, min((tb+1)*unitTokens, t.T)
-		n0, n1 := nb*unitRows, min((nb+1)*unitRows, t.w.N)
+		t0, t1 := tb*t.tl.UnitTokens, min((tb+1)*t.tl.UnitTokens, t.T)
+		n0, n1 := nb*t.tl.UnitRows, min((nb+1)*t.tl.UnitRows, t.w.N)
 		if t.pure {
 			pureRows(t.out, t.x, t0, t1, t.w, n0, n1)
 		} else {
@@ -341,8 +390,8 @@ func (t *mmTask) prefill(t0, t1, n0, n1 int) {
 		}
 	}
 	var sums [12]float32
-	// Equal k blocks of at most maxKBlock, each a multiple of 8.
-	nBlocks := max(1, (8*k8+maxKBlock-1)/maxKBlock)
+	// Equal k blocks of at most the tiling's KBlock, each a multiple of 8.
+	nBlocks := max(1, (8*k8+t.tl.KBlock-1)/t.tl.KBlock)
 	if t1-t0 <= streamTokens {
 		nBlocks = 1
 	}

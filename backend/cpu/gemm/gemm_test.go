@@ -3,9 +3,11 @@ package gemm
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -295,6 +297,69 @@ func TestMatMulBlocks(t *testing.T) {
 }
 
 // TestMatMulBlocksNoAlloc: products from blocks allocate nothing either.
+// TestMatMulTilings: every tiling computes the product within the
+// tolerance of the reference (units smaller and larger than the shape,
+// k blocks that split K unevenly or not at all, grains of one row group
+// and of the whole matrix), for the float formats (prefill and decode) and
+// the block formats (row groups and the interleaved groups of eight); a
+// tiling MatMul cannot run panics.
+func TestMatMulTilings(t *testing.T) {
+	r := newRand(t)
+	p := workers.New(3)
+	defer p.Close()
+	tilings := []Tiling{{}, {UnitRows: 4, UnitTokens: 3, KBlock: 8, GrainBytes: 1}, {UnitRows: 128, UnitTokens: 96, KBlock: 4096, GrainBytes: 1 << 30},
+		{UnitRows: 32, KBlock: 136}, {UnitTokens: 24, GrainBytes: 4096}}
+	for _, d := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16, tensor.Q8_0, tensor.Q4_K} {
+		for _, T := range []int{1, 2, 7, 50} {
+			K, N := 512, 72
+			var w Weights
+			if d.Quantized() {
+				w = randBlocks(r, d, N, K)
+				w.Packed = PackRows8(w)
+			} else {
+				w = randWeights(r, d, N, K, T%2)
+			}
+			x := randVec(r, T*K)
+			ref := make([]float32, T*N)
+			if d.Quantized() {
+				// The block formats' sums do not depend on the split
+				// (TestMatMulBlocks checks the default against MatMulRef).
+				MatMul(p, ref, x, T, w)
+			} else {
+				MatMulRef(ref, x, T, w)
+			}
+			for _, tl := range tilings {
+				w.Tiling = tl
+				what := fmt.Sprintf("%v T=%d tiling %+v", d, T, tl)
+				if !d.Quantized() {
+					checkProduct(t, p, ref, x, T, w, what)
+					continue
+				}
+				out := make([]float32, T*N)
+				MatMul(p, out, x, T, w)
+				if !slices.Equal(out, ref) {
+					t.Errorf("%s: differs from the default tiling's product", what)
+				}
+			}
+		}
+	}
+	for _, bad := range []Tiling{{UnitRows: 6}, {UnitTokens: 4}, {KBlock: 12}, {GrainBytes: -1}} {
+		if bad.Check() == nil {
+			t.Errorf("tiling %+v accepted", bad)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("MatMul ran tiling %+v", bad)
+				}
+			}()
+			w := randWeights(r, tensor.F32, 4, 8, 0)
+			w.Tiling = bad
+			MatMul(p, make([]float32, 8), randVec(r, 16), 2, w)
+		}()
+	}
+}
+
 func TestMatMulBlocksNoAlloc(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	p := workers.New(2)

@@ -354,3 +354,26 @@ func DefaultDir() string {
 	}
 	return filepath.Join(os.TempDir(), "kiln-tune")
 }
+
+// The ways a run treats the cache (kiln's --tune).
+const (
+	// Cached takes the choices the cache holds and tunes (and keeps) the
+	// others: the default.
+	Cached = "cached"
+	// Off neither reads nor writes the cache: choices are made afresh and
+	// forgotten at exit.
+	Off = "off"
+	// Full tunes every choice again and keeps what it finds.
+	Full = "full"
+)
+
+// ParseMode checks a --tune value ("" is Cached).
+func ParseMode(s string) (string, error) {
+	switch s {
+	case "", Cached:
+		return Cached, nil
+	case Off, Full:
+		return s, nil
+	}
+	return "", fmt.Errorf("tune mode %q: want %s, %s or %s", s, Off, Cached, Full)
+}

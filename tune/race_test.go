@@ -44,3 +44,15 @@ func TestRace(t *testing.T) {
 		}
 	}
 }
+
+// TestParseMode: the --tune values, "" the default.
+func TestParseMode(t *testing.T) {
+	for in, want := range map[string]string{"": Cached, "cached": Cached, "off": Off, "full": Full} {
+		if got, err := ParseMode(in); err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseMode("Full"); err == nil {
+		t.Error(`ParseMode("Full") accepted`)
+	}
+}

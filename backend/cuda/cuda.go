@@ -78,7 +78,7 @@ type Backend struct {
 	Profile bool
 
 	// Tune is how the choices timed at first use are kept across starts
-	// (TuneCached, the default when "", TuneOff or TuneFull; tuned.go), in
+	// (tune.Cached, the default when "", tune.Off or tune.Full; tuned.go), in
 	// TuneDir (default tune.DefaultDir()).
 	Tune, TuneDir string
 

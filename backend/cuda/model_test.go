@@ -19,6 +19,7 @@ import (
 	"kiln/model"
 	"kiln/tensor"
 	"kiln/tokenizer"
+	"kiln/tune"
 )
 
 var (
@@ -40,7 +41,7 @@ func backendOf(t *testing.T, dtype string) *cuda.Backend {
 	}
 	// The tests time their own choices: no cache of tuned choices read
 	// from or left in the user's cache directory (TestTuneCache has its own).
-	return &cuda.Backend{Device: dev, DType: dtype, Tune: cuda.TuneOff}
+	return &cuda.Backend{Device: dev, DType: dtype, Tune: tune.Off}
 }
 
 // openEngine loads the model at path and builds an engine on b; both are

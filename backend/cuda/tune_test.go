@@ -17,7 +17,7 @@ import (
 // cuBLASLt's algorithms; decode attention's plan) and files them under the
 // device; a second start with the same cache takes every one of them from
 // it (Stats.Choices says "(tune cache)", nothing is timed) and gives the
-// same logits bit for bit; TuneFull times them again; TuneOff leaves the
+// same logits bit for bit; tune.Full times them again; tune.Off leaves the
 // directory untouched.
 func TestTuneCache(t *testing.T) {
 	s := bench.Shape{Name: "tc", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 500, Context: 256}
@@ -58,11 +58,11 @@ func TestTuneCache(t *testing.T) {
 		}
 		return n
 	}
-	first, c1 := run(cuda.TuneCached, dir)
+	first, c1 := run(tune.Cached, dir)
 	if cached(c1) != 0 || len(c1) == 0 {
 		t.Fatalf("first start: %d choices, %d from the cache (want some, none):\n%s", len(c1), cached(c1), strings.Join(c1, "\n"))
 	}
-	second, c2 := run(cuda.TuneCached, dir)
+	second, c2 := run(tune.Cached, dir)
 	if cached(c2) == 0 || cached(c2) != len(c2) {
 		t.Fatalf("second start: %d of %d choices from the cache (want all):\n%s", cached(c2), len(c2), strings.Join(c2, "\n"))
 	}
@@ -71,15 +71,15 @@ func TestTuneCache(t *testing.T) {
 			t.Fatalf("step %d: logits with the cached choices differ from the first start's", i)
 		}
 	}
-	_, c3 := run(cuda.TuneFull, dir)
+	_, c3 := run(tune.Full, dir)
 	if cached(c3) != 0 || len(c3) == 0 {
-		t.Fatalf("TuneFull: %d of %d choices from the cache (want none)", cached(c3), len(c3))
+		t.Fatalf("tune.Full: %d of %d choices from the cache (want none)", cached(c3), len(c3))
 	}
 	off := t.TempDir()
-	run(cuda.TuneOff, off)
+	run(tune.Off, off)
 	c, err := tune.Open(off, cuda.TuneDevice(backendOf(t, "bf16").Device))
 	if err != nil || c.Len() != 0 {
-		t.Fatalf("TuneOff left %v entries (%v)", c, err)
+		t.Fatalf("tune.Off left %v entries (%v)", c, err)
 	}
 	c, err = tune.Open(dir, cuda.TuneDevice(backendOf(t, "bf16").Device))
 	if err != nil {

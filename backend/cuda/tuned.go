@@ -12,32 +12,11 @@ import (
 	"kiln/tune"
 )
 
-// The ways a backend treats the persistent cache of tuned choices
-// (Backend.Tune): the choices timed at first use (GEMV or cuBLASLt and the
-// tile kernels' split of K, cuBLASLt's algorithm, decode attention's plan)
-// are kept in a tune.Cache filed under the device, so that a later start
-// on the same kind of device takes them without timing again.
-const (
-	// TuneCached takes the choices the cache holds and times (and keeps)
-	// the others: the default.
-	TuneCached = "cached"
-	// TuneOff neither reads nor writes the cache: every choice is timed at
-	// first use and forgotten at exit.
-	TuneOff = "off"
-	// TuneFull times every choice again and keeps what it finds.
-	TuneFull = "full"
-)
-
-// ParseTune checks a --tune value ("" is TuneCached).
-func ParseTune(s string) (string, error) {
-	switch s {
-	case "", TuneCached:
-		return TuneCached, nil
-	case TuneOff, TuneFull:
-		return s, nil
-	}
-	return "", fmt.Errorf("tune mode %q: want %s, %s or %s", s, TuneOff, TuneCached, TuneFull)
-}
+// The choices timed at first use (GEMV or cuBLASLt and the tile kernels'
+// split of K, cuBLASLt's algorithm, decode attention's plan) are kept in a
+// tune.Cache filed under the device, so that a later start on the same
+// kind of device takes them without timing again (Backend.Tune: the
+// tune.Cached, tune.Off and tune.Full modes).
 
 // TuneDevice identifies d for the cache: its name and compute capability,
 // the driver API's version, and the NVRTC and cuBLASLt versions whose
@@ -53,13 +32,13 @@ func TuneDevice(d *cu.Device) tune.Device {
 	}
 }
 
-// tuneCache opens b's cache once (nil under TuneOff, or when it cannot be
+// tuneCache opens b's cache once (nil under tune.Off, or when it cannot be
 // opened: the choices are then timed as without a cache); what it skipped
 // and why are added to Stats.Choices.
 func (b *Backend) tuneCache() *tune.Cache {
 	b.tuneOnce.Do(func() {
-		mode, err := ParseTune(b.Tune)
-		if err != nil || mode == TuneOff {
+		mode, err := tune.ParseMode(b.Tune)
+		if err != nil || mode == tune.Off {
 			return
 		}
 		dir := b.TuneDir
@@ -80,10 +59,10 @@ func (b *Backend) tuneCache() *tune.Cache {
 }
 
 // cachedChoice returns the cache's choice for k when b takes cached
-// choices (TuneCached).
+// choices (tune.Cached).
 func (l *loaded) cachedChoice(k tune.Key) (string, bool) {
 	c := l.b.tuneCache()
-	if c == nil || l.b.Tune == TuneFull {
+	if c == nil || l.b.Tune == tune.Full {
 		return "", false
 	}
 	e, ok := c.Get(k)

@@ -6,10 +6,11 @@ package main
 import (
 	"flag"
 	"fmt"
-	"kiln/backend/cuda"
 	"os"
 	"strconv"
 	"strings"
+
+	"kiln/tune"
 )
 
 func envString(name, def string) string {
@@ -75,7 +76,7 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&e.blocks, "cuda-blocks", envString("KILN_CUDA_BLOCKS", "1") != "0", "keep a GGUF file's Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices in their blocks on the GPU, dequantized for each product (KILN_CUDA_BLOCKS=0 widens them to the compute dtype at upload) [KILN_CUDA_BLOCKS]")
 	fs.BoolVar(&e.graphs, "cuda-graphs", envString("KILN_CUDA_GRAPHS", "1") != "0", "replay decode steps from captured CUDA graphs (KILN_CUDA_GRAPHS=0 turns them off) [KILN_CUDA_GRAPHS]")
 	fs.BoolVar(&e.stack, "stack-projections", envBool("KILN_STACK_PROJECTIONS"), "stack Q/K/V and gate/up weights into single products (copies them out of the file mapping) [KILN_STACK_PROJECTIONS]")
-	fs.StringVar(&e.tune, "tune", envString("KILN_TUNE", cuda.TuneCached), "choices timed at first use on a GPU (GEMV or cuBLASLt, cuBLASLt's algorithm, decode attention's split): cached (take those the tune cache holds for this device, time and keep the rest), full (time all again and keep them) or off (time all, keep none); the cache is $KILN_TUNE_DIR or the user cache directory's kiln/tune; see kiln tune [KILN_TUNE]")
+	fs.StringVar(&e.tune, "tune", envString("KILN_TUNE", tune.Cached), "choices timed at first use on a GPU (GEMV or cuBLASLt, cuBLASLt's algorithm, decode attention's split): cached (take those the tune cache holds for this device, time and keep the rest), full (time all again and keep them) or off (time all, keep none); the cache is $KILN_TUNE_DIR or the user cache directory's kiln/tune; see kiln tune [KILN_TUNE]")
 	fs.StringVar(&e.kvDType, "kv-cache-dtype", envString("KILN_KV_CACHE_DTYPE", "auto"), "KV cache element type: auto (the backend's: float32 on the CPU, the compute dtype on a GPU) or fp8 (E4M3, scale 1: half the bytes of bf16 and a quarter of float32; on a GPU compute capability 8.9+ with f16/bf16 activations) [KILN_KV_CACHE_DTYPE]")
 }
 

@@ -16,6 +16,7 @@ import (
 	"kiln/engine"
 	"kiln/model"
 	"kiln/tokenizer"
+	"kiln/tune"
 )
 
 // openModel loads the model at path.
@@ -96,7 +97,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 	if _, _, err := cuda.ParseDType(f.dtype); err != nil {
 		return nil, fmt.Errorf("--dtype: %w", err)
 	}
-	if _, err := cuda.ParseTune(f.tune); err != nil {
+	if _, err := tune.ParseMode(f.tune); err != nil {
 		return nil, fmt.Errorf("--tune: %w", err)
 	}
 	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack}

@@ -11,12 +11,15 @@ package cpu
 
 import (
 	"fmt"
+	"sync"
 
 	"kiln/backend"
+	"kiln/backend/cpu/gemm"
 	"kiln/backend/cpu/workers"
 	"kiln/compile"
 	"kiln/ir"
 	"kiln/tensor"
+	"kiln/tune"
 )
 
 // Backend is the CPU target.
@@ -30,6 +33,11 @@ type Backend struct {
 	// model file's memory mapping, and on the CPU the separate products
 	// already run at memory speed, so it is off by default.
 	StackProjections bool
+	// Tune says whether the products take the tilings kiln tune found for
+	// their shapes on this machine (tune.Cached, the default when "", and
+	// tune.Full: yes; tune.Off: the default tiling), kept in TuneDir
+	// (default tune.DefaultDir()).
+	Tune, TuneDir string
 }
 
 // Name implements compile.Target.
@@ -52,7 +60,7 @@ func (b *Backend) Supports(op ir.Op) bool {
 // Load implements backend.Backend.
 func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	return &loaded{backend: b, compiled: c, pool: workers.New(b.Threads), vectors: map[*ir.Node][]float32{},
-		copies: map[*ir.Node][]byte{}}, nil
+		matrices: map[*ir.Node]gemm.Weights{}}, nil
 }
 
 type loaded struct {
@@ -61,12 +69,11 @@ type loaded struct {
 	pool     *workers.Pool
 	// vectors caches 1-D weights (norms, biases) decoded to float32.
 	vectors map[*ir.Node][]float32
-	// copies caches the backend's own forms of matrices: FP8 ones widened
-	// to bf16 with their scales (the CPU multiplies bf16 faster than it
-	// widens E4M3 codes, docs/PERF.md), and block-type ones with their rows
-	// interleaved by eights (gemm.PackRows8), as llama.cpp repacks them for
-	// its CPU kernels.
-	copies map[*ir.Node][]byte
+	// matrices caches 2-D weights in the form their products read
+	// (productWeights), with their tuned tiling.
+	matrices map[*ir.Node]gemm.Weights
+	tuneOnce sync.Once
+	tuned    *tune.Cache
 }
 
 func (l *loaded) Close() error {

@@ -80,34 +80,15 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 				}
 				o.f = f
 			case 2:
-				o.w = gemm.Weights{DType: t.DType, Data: t.Data, N: t.Shape[0], K: t.Shape[1]}
-				if t.DType == tensor.F8_E4M3 {
-					data, ok := l.copies[v.Def]
-					if !ok {
-						f, err := t.F32s() // codes times their scales
-						if err != nil {
-							return o, err
-						}
-						w, err := tensor.Encode(t.Name, t.Shape, tensor.BF16, f)
-						if err != nil {
-							return o, err
-						}
-						data = w.Data
-						l.copies[v.Def] = data
+				w, ok := l.matrices[v.Def]
+				if !ok {
+					var err error
+					if w, err = l.matrix(t); err != nil {
+						return o, err
 					}
-					o.w.DType, o.w.Data = tensor.BF16, data
+					l.matrices[v.Def] = w
 				}
-				if t.DType.Quantized() {
-					packed, ok := l.copies[v.Def]
-					if !ok {
-						packed = gemm.PackRows8(o.w) // nil for the types it does not pack
-						l.copies[v.Def] = packed
-						if packed != nil && t.Release != nil {
-							t.Release() // the products read the copy
-						}
-					}
-					o.w.Packed = packed
-				}
+				o.w = w
 			}
 			return o, nil
 		}

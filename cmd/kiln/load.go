@@ -100,7 +100,7 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 	if _, err := tune.ParseMode(f.tune); err != nil {
 		return nil, fmt.Errorf("--tune: %w", err)
 	}
-	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack}
+	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack, Tune: f.tune}
 	switch f.device {
 	case "cpu":
 		return cpuBackend, nil

@@ -27,6 +27,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	kilnBin = filepath.Join(dir, "kiln")
+	// The tests' runs take no tilings tuned on this machine.
+	os.Setenv("KILN_TUNE_DIR", filepath.Join(dir, "tune"))
 	if out, err := exec.Command("go", "build", "-o", kilnBin, ".").CombinedOutput(); err != nil {
 		os.Stderr.Write(out)
 		panic(err)
@@ -99,6 +101,14 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"run", bin, "--tokenizer", tok, "--no-such-flag"},
 		{"serve", bin, "--tokenizer", tok, "--block-size", "0"},
 		{"run", bin, "--tokenizer", tok, "--kv-cache-dtype", "fp16"},
+		{"run", bin, "--tokenizer", tok, "--tune", "sometimes"},
+		{"tune"},
+		{"tune", "list", "extra"},
+		{"tune", "/no/such/model"},
+		{"tune", bin, "--prefill", "0"},
+		{"tune", bin, "--device", "cuda"},
+		{"tune", "import", garbage, "--device", "cpu"},
+		{"tune", "list", "--device", "tpu"},
 	}
 	for _, args := range cases {
 		_, stderr, code := kiln(t, args...)
@@ -402,5 +412,43 @@ func TestQuantize(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
 		t.Errorf("%d files left in %s, want only %s", len(entries), dir, filepath.Base(out))
+	}
+}
+
+// TestTuneCPU: kiln tune races the tilings of a model's products and
+// keeps them; kiln tune list shows them; export and import carry them to
+// another cache directory; kiln run with the tuned tilings gives the
+// greedy text it gives without them (stories260K's rows are shorter than
+// every k block tried, so the sums are the same).
+func TestTuneCPU(t *testing.T) {
+	bin, tok := stories(t)
+	dir, other := t.TempDir(), t.TempDir()
+	env := []string{"KILN_DEVICE=cpu", "KILN_TUNE_DIR=" + dir}
+	out, stderr, code := kilnEnv(t, env, "tune", bin, "--threads", "1", "--prefill", "6")
+	if code != 0 || !strings.Contains(out, "all shapes, one product each") || !strings.Contains(out, "cpu prefill tiling") {
+		t.Fatalf("kiln tune: exit %d\n%s\n%s", code, out, stderr)
+	}
+	out, _, code = kilnEnv(t, env, "tune", "list", "--device", "cpu")
+	if code != 0 || !strings.Contains(out, "cpu product grain") {
+		t.Fatalf("kiln tune list: exit %d\n%s", code, out)
+	}
+	file := filepath.Join(t.TempDir(), "tuned.json")
+	if out, stderr, code = kilnEnv(t, env, "tune", "export", file, "--device", "cpu"); code != 0 {
+		t.Fatalf("kiln tune export: exit %d\n%s%s", code, out, stderr)
+	}
+	out, stderr, code = kilnEnv(t, []string{"KILN_TUNE_DIR=" + other}, "tune", "import", file, "--device", "cpu")
+	if code != 0 || !strings.Contains(out, "imported ") {
+		t.Fatalf("kiln tune import: exit %d\n%s%s", code, out, stderr)
+	}
+	run := func(tuneDir string) string {
+		o, e, c := kilnEnv(t, []string{"KILN_DEVICE=cpu", "KILN_TUNE_DIR=" + tuneDir}, "run", bin, "--tokenizer", tok, "--threads", "1",
+			"--temperature", "0", "--max-tokens", "24", "--json")
+		if c != 0 {
+			t.Fatalf("kiln run: exit %d: %s", c, e)
+		}
+		return o
+	}
+	if tuned, plain := run(other), run(t.TempDir()); tuned != plain {
+		t.Errorf("with the tuned tilings:\n%s\nwithout:\n%s", tuned, plain)
 	}
 }

@@ -7,36 +7,55 @@ import (
 	"os"
 	"text/tabwriter"
 
+	"kiln/backend/cpu"
+	"kiln/backend/cpu/workers"
 	"kiln/backend/cuda"
+	"kiln/tensor"
 	"kiln/tune"
 )
 
-const tuneUsage = "usage: kiln tune list | export FILE | import FILE [--dir DIR]"
+const tuneUsage = "usage: kiln tune MODEL [--threads N] [--prefill N] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
 
-// cmdTune lists, exports and imports the GPU's cache of tuned choices (the
-// choices kiln run, serve and bench time at first use and keep: --tune). An
-// export holds the device it was tuned on; import refuses another device's.
+// cmdTune tunes the CPU's products for a model's matrices (kiln tune
+// MODEL), and lists, exports and imports a device's cache of tuned choices
+// (the CPU's tilings; a GPU's choices, which kiln run, serve and bench time
+// at first use and keep: --tune). An export holds the device it was tuned
+// on; import refuses another device's.
 func cmdTune(args []string) error {
 	fs := flag.NewFlagSet("tune", flag.ContinueOnError)
 	dir := fs.String("dir", tune.DefaultDir(), "the cache's directory [KILN_TUNE_DIR]")
+	device := fs.String("device", "auto", "whose cache: auto (the GPU when one is usable, else the CPU), cpu or cuda; kiln tune MODEL tunes the CPU")
+	threads := fs.Int("threads", envInt("KILN_THREADS", 0), "CPU worker threads the tilings are tuned for, 0 for all cores (kiln run and serve take the tilings of their own thread count) [KILN_THREADS]")
+	prefill := fs.Int("prefill", 128, "tokens of the prefill products whose tiling is tuned (the float formats)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 || (pos[0] == "list") != (len(pos) == 1) || len(pos) > 2 {
+	if len(pos) == 0 || len(pos) > 2 {
 		return errors.New(tuneUsage)
 	}
 	switch pos[0] {
 	case "list", "export", "import":
+		if (pos[0] == "list") != (len(pos) == 1) {
+			return errors.New(tuneUsage)
+		}
 	default:
-		return fmt.Errorf("unknown action %q (%s)", pos[0], tuneUsage)
+		if len(pos) != 1 {
+			return errors.New(tuneUsage)
+		}
+		if *device == "cuda" || *device == "gpu" {
+			return errors.New("kiln tune MODEL tunes the CPU's products (--device cpu); a GPU's choices are timed by kiln run, serve and bench at first use and kept (--tune)")
+		}
+		if *prefill < 1 {
+			return fmt.Errorf("--prefill %d: want at least 1", *prefill)
+		}
+		return tuneCPU(pos[0], *dir, *threads, *prefill)
 	}
-	// The cache is filed under the device it was tuned on: this machine's.
-	b, err := cuda.Open(0, "auto")
+	dev, err := tuneDevice(*device)
 	if err != nil {
-		return fmt.Errorf("the cache belongs to a GPU: %w", err)
+		return err
 	}
-	c, err := tune.Open(*dir, cuda.TuneDevice(b.Device))
+	c, err := tune.Open(*dir, dev)
 	if err != nil {
 		return err
 	}
@@ -47,9 +66,9 @@ func cmdTune(args []string) error {
 	case "list":
 		fmt.Printf("%s: %d entries for %v\n", *dir, c.Len(), c.Device())
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "family\tdtype\tshape\tchoice\tµs\tdefault\tµs\ttuned")
+		fmt.Fprintln(tw, "family\tdtype\tshape\tchoice\tµs\tdefault\tµs\tnoise µs\ttuned")
 		for _, e := range c.Entries() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%.1f\t%s\n", e.Family, e.DType, e.Shape, e.Choice, e.ChoiceUs, e.Default, e.DefaultUs, e.Tuned.Format("2006-01-02 15:04"))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f\t%s\t%.1f\t%.1f\t%s\n", e.Family, e.DType, e.Shape, e.Choice, e.ChoiceUs, e.Default, e.DefaultUs, e.NoiseUs, e.Tuned.Format("2006-01-02 15:04"))
 		}
 		return tw.Flush()
 	case "export":
@@ -80,5 +99,77 @@ func cmdTune(args []string) error {
 		return err
 	}
 	fmt.Printf("imported %d entries into %s (%d in all)\n", n, *dir, c.Len())
+	return nil
+}
+
+// tuneDevice identifies the device whose cache --device names.
+func tuneDevice(device string) (tune.Device, error) {
+	switch device {
+	case "cpu":
+		return cpu.TuneDevice(), nil
+	case "auto", "":
+		if cuda.Available() != nil {
+			return cpu.TuneDevice(), nil
+		}
+	case "cuda", "gpu":
+	default:
+		return tune.Device{}, fmt.Errorf("--device %q: want auto, cpu or cuda", device)
+	}
+	b, err := cuda.Open(0, "auto")
+	if err != nil {
+		return tune.Device{}, err
+	}
+	return cuda.TuneDevice(b.Device), nil
+}
+
+// tuneCPU races the tilings of the products of the model at path on
+// threads workers and keeps the winners in dir's cache of this CPU,
+// printing each race and a table of the gains.
+func tuneCPU(path, dir string, threads, prefill int) error {
+	m, err := openModel(path)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	var ts []*tensor.Tensor
+	for _, name := range m.Names() {
+		ts = append(ts, m.Tensors[name])
+	}
+	ws, err := cpu.TuneWeights(ts)
+	if err != nil {
+		return err
+	}
+	c, err := tune.Open(dir, cpu.TuneDevice())
+	if err != nil {
+		return err
+	}
+	for _, w := range c.Warnings {
+		fmt.Fprintf(os.Stderr, "kiln tune: %s\n", w)
+	}
+	p := workers.New(threads)
+	defer p.Close()
+	fmt.Printf("tuning the products of %d matrices of %s on %d threads for %v\n", len(ws), path, p.Size(), c.Device())
+	races := 0
+	res, err := cpu.TuneProducts(p, ws, prefill, c, func(line string) {
+		races++
+		fmt.Printf("[%d] %s\n", races, line)
+	})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nfamily\tdtype\tshape\tdefault µs\tkept µs\tgain\tkept")
+	var def, kept float64
+	for _, r := range res {
+		def += r.DefaultUs
+		kept += r.ChoiceUs
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%+.1f%%\t%s\n", r.Family, r.DType, r.Shape, r.DefaultUs, r.ChoiceUs, 100*(r.DefaultUs/r.ChoiceUs-1), r.Choice)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if kept > 0 {
+		fmt.Printf("all shapes, one product each: %.1f µs against the defaults' %.1f (%+.1f%%); kept in %s\n", kept, def, 100*(def/kept-1), dir)
+	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -163,7 +164,8 @@ type TuneResult struct {
 // checked against the default tiling's product on fresh random inputs
 // (‖Δ‖₂ ≤ 1e-5·‖ref‖₂: the tilings change only the order of sums), then
 // the candidates race (tune.Race: kept only if faster than the default by
-// more than the noise). progress receives a line a race.
+// more than the noise) on copies of the matrix rotated past the caches, as
+// a model's steps find their weights. progress receives a line a race.
 func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache, progress func(string)) ([]TuneResult, error) {
 	seen := map[tune.Key]bool{}
 	var out []TuneResult
@@ -258,19 +260,27 @@ func raceTilings(p *workers.Pool, w gemm.Weights, T int, cands []gemm.Tiling) (T
 			errs[i+1] = fmt.Errorf("‖Δ‖₂/‖ref‖₂ = %.3g against the default tiling's product", d)
 		}
 	}
-	// Enough products a timing for about 20 ms.
-	w.Tiling = cands[0]
+	// The products read copies of the weights in turn, more bytes than the
+	// caches hold, so that each finds its weights in memory as a model's
+	// step does; enough products a timing for about 20 ms.
+	copies := coldCopies(w, 256<<20)
+	next := 0
+	product := func(tl gemm.Tiling) {
+		c := copies[next%len(copies)]
+		next++
+		c.Tiling = tl
+		gemm.MatMul(p, out, x, T, c)
+	}
 	t0 := time.Now()
-	gemm.MatMul(p, out, x, T, w)
+	product(cands[0])
 	reps := max(1, int(20*time.Millisecond/max(time.Since(t0), time.Microsecond)))
 	r := tune.Race(len(cands), func(i int) (float64, error) {
 		if errs[i] != nil {
 			return 0, errs[i]
 		}
-		w.Tiling = cands[i]
 		t0 := time.Now()
 		for range reps {
-			gemm.MatMul(p, out, x, T, w)
+			product(cands[i])
 		}
 		return float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(reps), nil
 	})
@@ -303,6 +313,22 @@ func TuneWeights(ts []*tensor.Tensor) ([]gemm.Weights, error) {
 		ws = append(ws, w)
 	}
 	return ws, nil
+}
+
+// coldCopies is w and copies of its bytes, at least total bytes in all
+// (at most 64 copies).
+func coldCopies(w gemm.Weights, total int) []gemm.Weights {
+	size := max(1, len(w.Data)+len(w.Packed))
+	cs := []gemm.Weights{w}
+	for len(cs) < 64 && len(cs)*size < total {
+		c := w
+		c.Data = slices.Clone(w.Data)
+		if w.Packed != nil {
+			c.Packed = slices.Clone(w.Packed)
+		}
+		cs = append(cs, c)
+	}
+	return cs
 }
 
 // relDiff is ‖a−b‖₂/‖b‖₂.

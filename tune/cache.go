@@ -37,7 +37,7 @@ import (
 type Device struct {
 	Name    string `json:"name"`    // e.g. "NVIDIA H200", or the CPU's model name
 	Arch    string `json:"arch"`    // e.g. compute capability "9.0", or "amd64 avx2 avx512"
-	Driver  string `json:"driver"`  // e.g. "580.159.04" ("" on the CPU)
+	Driver  string `json:"driver"`  // e.g. the CUDA driver API's version "13000" ("" on the CPU)
 	Runtime string `json:"runtime"` // e.g. "CUDA 13.0", or the Go version
 	Kiln    string `json:"kiln"`    // the kiln build (KilnVersion)
 }
@@ -54,6 +54,17 @@ type Key struct {
 }
 
 func (k Key) String() string { return fmt.Sprintf("%s %s %s", k.Family, k.DType, k.Shape) }
+
+// less orders keys by family, then dtype, then shape.
+func (k Key) less(o Key) bool {
+	if k.Family != o.Family {
+		return k.Family < o.Family
+	}
+	if k.DType != o.DType {
+		return k.DType < o.DType
+	}
+	return k.Shape < o.Shape
+}
 
 // Entry is one tuned decision: the candidate kept and the timings that
 // chose it. A choice other than the default beat it by more than the
@@ -158,7 +169,7 @@ func (c *Cache) Entries() []Entry {
 		es = append(es, e)
 	}
 	c.mu.Unlock()
-	sort.Slice(es, func(i, j int) bool { return es[i].Key.String() < es[j].Key.String() })
+	sort.Slice(es, func(i, j int) bool { return es[i].Key.less(es[j].Key) })
 	return es
 }
 
@@ -224,14 +235,33 @@ func (c *Cache) merge(f *file) (int, []string) {
 	return n, warnings
 }
 
-// save writes the cache's file atomically (c.mu held).
+// save writes the cache's file atomically (c.mu held). Under a lock of
+// the directory it first takes in the entries another process filed since
+// this one read the file (the newer of two entries of one key wins), so
+// that processes sharing a cache do not drop each other's choices.
 func (c *Cache) save() error {
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	unlock, err := lockDir(c.dir)
+	if err != nil {
+		return fmt.Errorf("tune: lock %s: %w", c.dir, err)
+	}
+	defer unlock()
+	if b, err := os.ReadFile(c.path()); err == nil {
+		if f, err := decode(b); err == nil && f.Device == c.device {
+			for _, sl := range f.Entries {
+				if e, err := unseal(sl); err == nil {
+					if mine, ok := c.entries[e.Key]; !ok || e.Tuned.After(mine.Tuned) {
+						c.entries[e.Key] = e
+					}
+				}
+			}
+		}
+	}
 	b, err := c.encode()
 	if err != nil {
 		return err
-	}
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
-		return fmt.Errorf("tune: %w", err)
 	}
 	tmp, err := os.CreateTemp(c.dir, ".tune-*")
 	if err != nil {
@@ -259,7 +289,7 @@ func (c *Cache) encode() ([]byte, error) {
 	for k := range c.entries {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	sort.Slice(keys, func(i, j int) bool { return keys[i].less(keys[j]) })
 	f := file{Format: format, Device: c.device, Entries: make([]sealed, 0, len(keys))}
 	for _, k := range keys {
 		s, err := seal(c.entries[k])

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,8 +63,36 @@ func TestCacheRoundTrip(t *testing.T) {
 		t.Errorf("another device sees %d entries", other.Len())
 	}
 	names, _ := filepath.Glob(filepath.Join(dir, "*"))
+	names = slices.DeleteFunc(names, func(n string) bool { return filepath.Base(n) == ".lock" })
 	if len(names) != 1 || strings.HasPrefix(filepath.Base(names[0]), ".tune-") {
 		t.Errorf("files in the cache directory: %v", names)
+	}
+}
+
+// TestCacheShared: two processes' caches of one directory, each opened
+// before the other wrote, keep both's entries; of two entries of one key
+// the newer wins.
+func TestCacheShared(t *testing.T) {
+	dir := t.TempDir()
+	a, b := mustOpen(t, dir, h200), mustOpen(t, dir, h200)
+	ea, eb := entry("T≤16 K=4096 N=4096", "gemv"), entry("T≤64 K=4096 N=4096", "cublaslt")
+	if err := a.Put(ea); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Put(eb); err != nil {
+		t.Fatal(err)
+	}
+	newer := ea
+	newer.Choice, newer.Tuned = "gemv, K split 2", ea.Tuned.Add(time.Hour)
+	if err := b.Put(newer); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Put(eb); err != nil { // a's ea is older than the file's
+		t.Fatal(err)
+	}
+	c := mustOpen(t, dir, h200)
+	if got, _ := c.Get(ea.Key); c.Len() != 2 || got.Choice != newer.Choice {
+		t.Errorf("%d entries, %v: %q (want 2, %q)", c.Len(), ea.Key, got.Choice, newer.Choice)
 	}
 }
 

@@ -159,8 +159,9 @@ type TuneResult struct {
 
 // TuneProducts races tilings for the products of each distinct matrix
 // shape of ws on p's workers and files the winners in c: for every format
-// the grain of the row groups at one token (decode), and for the float
-// formats the prefill units at prefill tokens. Each candidate is first
+// the grain of the row groups at one token (decode steps, the only ones
+// that take it), and for the float formats the prefill units and k block
+// at prefill tokens (which every product of more than one token takes). Each candidate is first
 // checked against the default tiling's product on fresh random inputs
 // (‖Δ‖₂ ≤ 1e-5·‖ref‖₂: the tilings change only the order of sums), then
 // the candidates race (tune.Race: kept only if faster than the default by
@@ -298,14 +299,20 @@ func raceTilings(p *workers.Pool, w gemm.Weights, T int, cands []gemm.Tiling) (T
 	return res, true
 }
 
-// TuneWeights is the product form (productWeights) of each matrix of ts,
-// for TuneProducts.
+// TuneWeights is the product form (productWeights) of one matrix of each
+// format and shape of ts, for TuneProducts.
 func TuneWeights(ts []*tensor.Tensor) ([]gemm.Weights, error) {
 	var ws []gemm.Weights
+	type shape struct {
+		dt   tensor.DType
+		k, n int
+	}
+	seen := map[shape]bool{}
 	for _, t := range ts {
-		if len(t.Shape) != 2 {
+		if len(t.Shape) != 2 || seen[shape{t.DType, t.Shape[1], t.Shape[0]}] {
 			continue
 		}
+		seen[shape{t.DType, t.Shape[1], t.Shape[0]}] = true
 		w, err := productWeights(t)
 		if err != nil {
 			return nil, fmt.Errorf("cpu: %s: %w", t.Name, err)
@@ -315,16 +322,22 @@ func TuneWeights(ts []*tensor.Tensor) ([]gemm.Weights, error) {
 	return ws, nil
 }
 
-// coldCopies is w and copies of its bytes, at least total bytes in all
-// (at most 64 copies).
+// coldCopies is w and copies of the bytes its products read (the
+// interleaved rows where the SIMD kernels take them, else the rows as
+// stored), at least total bytes in all (at most 64 copies).
 func coldCopies(w gemm.Weights, total int) []gemm.Weights {
-	size := max(1, len(w.Data)+len(w.Packed))
+	packed := w.Packed != nil && gemm.SIMD()
+	size := len(w.Data)
+	if packed {
+		size = len(w.Packed)
+	}
 	cs := []gemm.Weights{w}
-	for len(cs) < 64 && len(cs)*size < total {
+	for len(cs) < 64 && len(cs)*max(1, size) < total {
 		c := w
-		c.Data = slices.Clone(w.Data)
-		if w.Packed != nil {
+		if packed {
 			c.Packed = slices.Clone(w.Packed)
+		} else {
+			c.Data = slices.Clone(w.Data)
 		}
 		cs = append(cs, c)
 	}

@@ -379,13 +379,16 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	}
 	tk := algoTuneKey(key)
 	if name, ok := l.cachedChoice(tk); ok {
-		// The index is into the heuristic's list, the same for the same
-		// cuBLASLt on the same device (the cache's key holds both).
-		if a, err := strconv.Atoi(name); err == nil && a >= 0 {
-			if n, err := l.lt.Algorithms(mm); err == nil && a < n {
-				l.noteCached(tk, name)
-				l.algoChoice[key] = a
-				return a
+		// The choice names the algorithm by its configuration: its place
+		// in the heuristic's list moves with the rows and the operands'
+		// alignment.
+		if n, err := l.lt.Algorithms(mm); err == nil {
+			for a := range n {
+				if algoName(l.lt, mm, a) == name {
+					l.noteCached(tk, name)
+					l.algoChoice[key] = a
+					return a
+				}
 			}
 		}
 	}
@@ -413,12 +416,23 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			kept += fmt.Sprintf(" (%v)", c)
 		}
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms%s: %s kept", mm.T, key.rows, mm.K, mm.N, r.line(cands), kept))
-		if r.Best >= 0 && r.Errs[0] == nil {
-			l.keep(tk, strconv.Itoa(best), "0", r, cands)
+		if name := algoName(l.lt, mm, best); r.Best >= 0 && name != "" {
+			l.keep(tk, name, algoName(l.lt, mm, 0), r, cands)
 		}
 	}
 	l.algoChoice[key] = best
 	return best
+}
+
+// algoName names candidate a of product mm for the tune cache: its
+// configuration (algorithm id, tile, stages, split of K), "" when cuBLASLt
+// cannot say.
+func algoName(lt *cu.BlasLt, mm cu.Matmul, a int) string {
+	c, err := lt.Config(mm, a)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprint(c)
 }
 
 // decodeKey identifies a decode attention call for the choice of its split.
@@ -473,9 +487,7 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		best = cands[r.Best]
 		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
 		l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("%s%s: %v kept", line, r.line(cs), best))
-		if r.Errs[0] == nil {
-			l.keep(tk, planName(best), planName(cands[0]), r, cs)
-		}
+		l.keep(tk, planName(best), planName(cands[0]), r, cs)
 	}
 	l.decodeChoice[key] = best
 	return best, nil

@@ -69,14 +69,17 @@ func (l *loaded) cachedChoice(k tune.Key) (string, bool) {
 	return e.Choice, ok
 }
 
-// keep files the choice a race made (r.best among cands, cands[0] the
-// default); a failed write is noted in Stats.Choices.
+// keep files the choice a race made (r.Best among cands, which ran;
+// cands[0] the default); a failed write is noted in Stats.Choices.
 func (l *loaded) keep(k tune.Key, choice, def string, r raceResult, cands []candidate) {
 	c := l.b.tuneCache()
 	if c == nil {
 		return
 	}
-	e := tune.Entry{Key: k, Choice: choice, Default: def, ChoiceUs: r.us(r.Best), DefaultUs: r.us(0), NoiseUs: r.us(-1), Tuned: time.Now().UTC()}
+	e := tune.Entry{Key: k, Choice: choice, Default: def, ChoiceUs: r.us(r.Best), NoiseUs: r.us(-1), Tuned: time.Now().UTC()}
+	if r.Errs[0] == nil {
+		e.DefaultUs = r.us(0) // else 0: the default failed (listed in Rejected)
+	}
 	for i, err := range r.Errs {
 		if err != nil {
 			e.Rejected = append(e.Rejected, fmt.Sprintf("%s: %v", cands[i].name, err))
@@ -178,11 +181,19 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 	for _, s := range splits {
 		cands = append(cands, candidate{fmt.Sprintf("gemv K split %d", s), gemv(s)})
 	}
+	// The fused candidates set the split their launch takes; the race must
+	// leave the split it found (products of the same tile shape share it).
+	was, wasSet := l.gemv.TileSplit(mm.T, mm.K, mm.N)
 	r := l.race(cands)
 	use, split := r.Best > 0, 0
-	if use && len(splits) > 0 {
+	switch {
+	case use && len(splits) > 0:
 		split = splits[r.Best-1]
 		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, split)
+	case wasSet:
+		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, was)
+	default:
+		l.gemv.ForgetTileSplits(mm.T, mm.K, mm.N)
 	}
 	what := ""
 	if fused {
@@ -193,7 +204,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 		kept = cands[r.Best].name
 	}
 	l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
-	if r.Best >= 0 && r.Errs[0] == nil {
+	if r.Best >= 0 {
 		l.keep(tk, gemvChoiceName(use, split), gemvChoiceName(false, 0), r, cands)
 	}
 	return use

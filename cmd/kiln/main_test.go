@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -417,9 +419,10 @@ func TestQuantize(t *testing.T) {
 
 // TestTuneCPU: kiln tune races the tilings of a model's products and
 // keeps them; kiln tune list shows them; export and import carry them to
-// another cache directory; kiln run with the tuned tilings gives the
-// greedy text it gives without them (stories260K's rows are shorter than
-// every k block tried, so the sums are the same).
+// another cache directory; kiln run with tilings far from the defaults
+// (put into the export: the smallest units and grain, a k block longer
+// than stories260K's rows, so the sums are the same) gives the greedy text
+// it gives without them.
 func TestTuneCPU(t *testing.T) {
 	bin, tok := stories(t)
 	dir, other := t.TempDir(), t.TempDir()
@@ -436,8 +439,9 @@ func TestTuneCPU(t *testing.T) {
 	if out, stderr, code = kilnEnv(t, env, "tune", "export", file, "--device", "cpu"); code != 0 {
 		t.Fatalf("kiln tune export: exit %d\n%s%s", code, out, stderr)
 	}
+	forceTiling(t, file, "rows 4, tokens 3, kblock 2048, grain 1")
 	out, stderr, code = kilnEnv(t, []string{"KILN_TUNE_DIR=" + other}, "tune", "import", file, "--device", "cpu")
-	if code != 0 || !strings.Contains(out, "imported ") {
+	if code != 0 || !strings.HasPrefix(out, "imported ") || strings.HasPrefix(out, "imported 0 ") || stderr != "" {
 		t.Fatalf("kiln tune import: exit %d\n%s%s", code, out, stderr)
 	}
 	run := func(tuneDir string) string {
@@ -450,5 +454,40 @@ func TestTuneCPU(t *testing.T) {
 	}
 	if tuned, plain := run(other), run(t.TempDir()); tuned != plain {
 		t.Errorf("with the tuned tilings:\n%s\nwithout:\n%s", tuned, plain)
+	}
+}
+
+// forceTiling sets every entry of the kiln tune export at file to choice,
+// resealing each with its checksum.
+func forceTiling(t *testing.T, file, choice string) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f map[string]any
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := f["entries"].([]any)
+	if len(entries) == 0 {
+		t.Fatalf("no entries in %s", b)
+	}
+	for _, s := range entries {
+		sealed := s.(map[string]any)
+		e := sealed["entry"].(map[string]any)
+		e["choice"] = choice
+		raw, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(raw)
+		sealed["entry"], sealed["sha256"] = json.RawMessage(raw), hex.EncodeToString(sum[:])
+	}
+	if b, err = json.Marshal(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

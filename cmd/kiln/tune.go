@@ -43,8 +43,12 @@ func cmdTune(args []string) error {
 		if len(pos) != 1 {
 			return errors.New(tuneUsage)
 		}
-		if *device == "cuda" || *device == "gpu" {
+		switch *device {
+		case "cuda", "gpu":
 			return errors.New("kiln tune MODEL tunes the CPU's products (--device cpu); a GPU's choices are timed by kiln run, serve and bench at first use and kept (--tune)")
+		case "auto", "", "cpu":
+		default:
+			return fmt.Errorf("--device %q: want auto, cpu or cuda", *device)
 		}
 		if *prefill < 1 {
 			return fmt.Errorf("--prefill %d: want at least 1", *prefill)
@@ -119,6 +123,7 @@ func tuneDevice(device string) (tune.Device, error) {
 	if err != nil {
 		return tune.Device{}, err
 	}
+	defer b.Close()
 	return cuda.TuneDevice(b.Device), nil
 }
 

@@ -34,17 +34,17 @@ func matMulBlocks(p *workers.Pool, out, x []float32, T int, w Weights) {
 	}
 	t := blockTasks.Get().(*blockTask)
 	*t = blockTask{out: out, x: x, T: T, w: w}
-	runRowGroups(p, w, t)
+	runRowGroups(p, w, T, t)
 	*t = blockTask{}
 	blockTasks.Put(t)
 }
 
 // runRowGroups runs t over w's rows in groups of 4 (t.Do(lo, hi) computes
-// rows [4·lo, 4·hi)), at least w.Tiling's GrainBytes of weights a chunk, on the
-// workers of p (nil: on the caller).
-func runRowGroups(p *workers.Pool, w Weights, t workers.Task) {
+// rows [4·lo, 4·hi) for T tokens), at least w.grainBytes(T) of weights a
+// chunk, on the workers of p (nil: on the caller).
+func runRowGroups(p *workers.Pool, w Weights, T int, t workers.Task) {
 	units := (w.N + 3) / 4
-	grain := max(1, w.Tiling.resolved().GrainBytes/max(1, 4*w.rowBytes()))
+	grain := max(1, w.grainBytes(T)/max(1, 4*w.rowBytes()))
 	if p == nil {
 		t.Do(0, units)
 	} else {

@@ -64,8 +64,7 @@ type Weights struct {
 // Tiling is how MatMul splits a product into work: the float formats'
 // prefill in units of UnitRows rows × UnitTokens tokens whose k-sum runs
 // in equal blocks of at most KBlock, and the row groups of decode steps
-// (and of the block formats at any T) shared out at least GrainBytes of
-// weights at a time. A zero field takes DefaultTiling's. Every tiling
+// (one token) shared out at least GrainBytes of weights at a time. A zero field takes DefaultTiling's. Every tiling
 // computes the same products; KBlock changes the order of a sum.
 type Tiling struct {
 	UnitRows   int // a multiple of 4
@@ -79,10 +78,22 @@ var DefaultTiling = Tiling{UnitRows: unitRows, UnitTokens: unitTokens, KBlock: m
 
 // Check reports a tiling MatMul cannot run.
 func (t Tiling) Check() error {
-	if t.UnitRows < 0 || t.UnitRows%4 != 0 || t.UnitTokens < 0 || t.UnitTokens%3 != 0 || t.KBlock < 0 || t.KBlock%8 != 0 || t.GrainBytes < 0 {
-		return fmt.Errorf("gemm: tiling %+v: units of a multiple of 4 rows and of 3 tokens, k blocks of a multiple of 8", t)
+	const most = 1 << 20 // rows, tokens, k block; grain: a GiB
+	if t.UnitRows < 0 || t.UnitRows%4 != 0 || t.UnitTokens < 0 || t.UnitTokens%3 != 0 || t.KBlock < 0 || t.KBlock%8 != 0 || t.GrainBytes < 0 ||
+		t.UnitRows > most || t.UnitTokens > most || t.KBlock > most || t.GrainBytes > 1<<30 {
+		return fmt.Errorf("gemm: tiling %+v: units of a multiple of 4 rows and of 3 tokens, k blocks of a multiple of 8, each at most %d; a grain of at most 1 GiB", t, most)
 	}
 	return nil
+}
+
+// grainBytes is the least weight bytes a worker's share of the row groups
+// of a product of T tokens: the tiling's for decode steps (T = 1, where
+// kiln tune races it), the default's otherwise.
+func (w Weights) grainBytes(T int) int {
+	if T == 1 {
+		return w.Tiling.resolved().GrainBytes
+	}
+	return decodeGrainBytes
 }
 
 // resolved is t with DefaultTiling's fields in place of its zero ones.
@@ -258,7 +269,7 @@ func MatMul(p *workers.Pool, out, x []float32, T int, w Weights) {
 	var units, grain int
 	if T == 1 {
 		units = (w.N + 3) / 4
-		grain = max(1, t.tl.GrainBytes/max(1, 4*rowBytes))
+		grain = max(1, w.grainBytes(T)/max(1, 4*rowBytes))
 	} else {
 		t.nUnits = (w.N + t.tl.UnitRows - 1) / t.tl.UnitRows
 		units = t.nUnits * ((T + t.tl.UnitTokens - 1) / t.tl.UnitTokens)

@@ -343,7 +343,7 @@ func TestMatMulTilings(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range []Tiling{{UnitRows: 6}, {UnitTokens: 4}, {KBlock: 12}, {GrainBytes: -1}} {
+	for _, bad := range []Tiling{{UnitRows: 6}, {UnitTokens: 4}, {KBlock: 12}, {GrainBytes: -1}, {UnitRows: 1 << 62}, {KBlock: 1 << 40}, {GrainBytes: 1 << 40}} {
 		if bad.Check() == nil {
 			t.Errorf("tiling %+v accepted", bad)
 		}

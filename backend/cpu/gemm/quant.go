@@ -168,9 +168,9 @@ func matMulQuant(p *workers.Pool, out, x []float32, T int, w Weights) {
 	t := quantTasks.Get().(*quantTask)
 	*t = quantTask{out: out, a: a, T: T, w: w}
 	if w.Packed != nil && SIMD() {
-		runGroups8(p, w, t)
+		runGroups8(p, w, T, t)
 	} else {
-		runRowGroups(p, w, t)
+		runRowGroups(p, w, T, t)
 	}
 	*t = quantTask{}
 	quantTasks.Put(t)

@@ -140,15 +140,15 @@ func (t groups8) Do(lo, hi int) {
 	}
 }
 
-// runGroups8 runs t over w's packed groups of 8 rows on p (nil: here), in
-// shares of about w.Tiling's GrainBytes.
-func runGroups8(p *workers.Pool, w Weights, t *quantTask) {
+// runGroups8 runs t over w's packed groups of 8 rows for T tokens on p
+// (nil: here), in shares of about w.grainBytes(T).
+func runGroups8(p *workers.Pool, w Weights, T int, t *quantTask) {
 	groups := w.N / 8
 	if p == nil {
 		groups8{t}.Do(0, groups)
 		return
 	}
-	p.Run(groups, max(1, w.Tiling.resolved().GrainBytes/(8*w.rowBytes())), groups8{t})
+	p.Run(groups, max(1, w.grainBytes(T)/(8*w.rowBytes())), groups8{t})
 }
 
 // Q8_0 rows interleaved by eights: a group of 8 rows is nb blocks of

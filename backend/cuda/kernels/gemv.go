@@ -416,6 +416,25 @@ func (g *GEMV) SetTileSplits(t, k, n, s int) {
 	g.mu.Unlock()
 }
 
+// TileSplit reports the split SetTileSplits set for the tile products of
+// t rows, k columns and n outputs, if it set one.
+func (g *GEMV) TileSplit(t, k, n int) (int, bool) {
+	c := tileCfg(t, 0)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s, ok := g.splits[tileKey{c.nt, k, c.tiles(n)}]
+	return s, ok
+}
+
+// ForgetTileSplits undoes SetTileSplits for the tile products of t rows,
+// k columns and n outputs: tileSplits' choice again.
+func (g *GEMV) ForgetTileSplits(t, k, n int) {
+	c := tileCfg(t, 0)
+	g.mu.Lock()
+	delete(g.splits, tileKey{c.nt, k, c.tiles(n)})
+	g.mu.Unlock()
+}
+
 // RunTileSplits is Run for more than GEMVVectorMaxT rows with K split over
 // s blocks (one of TileSplits), for timing the choice.
 func (g *GEMV) RunTileSplits(st *cu.Stream, s int, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {

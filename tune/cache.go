@@ -67,9 +67,9 @@ func (k Key) less(o Key) bool {
 }
 
 // Entry is one tuned decision: the candidate kept and the timings that
-// chose it. A choice other than the default beat it by more than the
-// measured noise (the tuner's rule); Rejected lists the candidates that
-// failed verification or crashed, with why.
+// chose it. A choice other than the default beat it in every timing
+// (Race's rule); NoiseUs is the spread of the default's timings; Rejected
+// lists the candidates that failed verification or crashed, with why.
 type Entry struct {
 	Key
 	Choice    string    `json:"choice"`

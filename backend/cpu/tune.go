@@ -164,8 +164,8 @@ type TuneResult struct {
 // at prefill tokens (which every product of more than one token takes). Each candidate is first
 // checked against the default tiling's product on fresh random inputs
 // (‖Δ‖₂ ≤ 1e-5·‖ref‖₂: the tilings change only the order of sums), then
-// the candidates race (tune.Race: kept only if faster than the default by
-// more than the noise) on copies of the matrix rotated past the caches, as
+// the candidates race (tune.Race: kept only if faster than the default in
+// every timing) on copies of the matrix rotated past the caches, as
 // a model's steps find their weights. progress receives a line a race.
 func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache, progress func(string)) ([]TuneResult, error) {
 	seen := map[tune.Key]bool{}

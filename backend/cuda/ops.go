@@ -288,8 +288,8 @@ type mmKey struct {
 // (its exact rows up to kernels.GEMVVectorMaxT, beyond a power-of-two
 // bucket of rows, as the tile kernels are built for) is seen, the tune
 // cache's choice for it, else the choice of a race on the stream
-// (raceGEMV: cuBLASLt the default, the GEMV kept only if it beats it by
-// more than the noise). With ep, the product's reader that the GEMV runs
+// (raceGEMV: cuBLASLt the default, the GEMV kept only if it beats it in
+// every timing). With ep, the product's reader that the GEMV runs
 // in its epilogue (gemvEpilogue), the GEMV's time is that of the fused
 // kernel and cuBLASLt's that of the product followed by ep's own kernel:
 // what each way costs the step. Inside a graph capture an unmeasured shape
@@ -366,7 +366,7 @@ type algoKey struct {
 // it), the candidates (cu.BlasLt.Algorithms: the heuristic's, and those
 // with K split) race on the step's operands (writing the product's own
 // output before the product runs) against the heuristic's first choice,
-// which is kept unless one beats it by more than the noise (race).
+// which is kept unless one beats it in every timing (race).
 // Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for
 // timings) and a fixed Backend.Products take the first choice.
 func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {

@@ -101,7 +101,7 @@ type candidate struct {
 type raceResult struct{ tune.Result }
 
 // race races cands on the stream (tune.Race: cands[0] the default, kept
-// unless another beats it by more than the noise), each timing one timeOn.
+// unless another beats it in every timing), each timing one timeOn.
 func (l *loaded) race(cands []candidate) raceResult {
 	return raceResult{tune.Race(len(cands), func(i int) (float64, error) {
 		ms, err := l.timeOn(cands[i].run)

@@ -5,7 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"kiln/backend/cpu"
 	"kiln/backend/cpu/workers"
@@ -14,7 +17,7 @@ import (
 	"kiln/tune"
 )
 
-const tuneUsage = "usage: kiln tune MODEL [--threads N] [--prefill N] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
+const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
 
 // cmdTune tunes the CPU's products for a model's matrices (kiln tune
 // MODEL), and lists, exports and imports a device's cache of tuned choices
@@ -26,7 +29,8 @@ func cmdTune(args []string) error {
 	dir := fs.String("dir", tune.DefaultDir(), "the cache's directory [KILN_TUNE_DIR]")
 	device := fs.String("device", "auto", "whose cache: auto (the GPU when one is usable, else the CPU), cpu or cuda; kiln tune MODEL tunes the CPU")
 	threads := fs.Int("threads", envInt("KILN_THREADS", 0), "CPU worker threads the tilings are tuned for, 0 for all cores (kiln run and serve take the tilings of their own thread count) [KILN_THREADS]")
-	prefill := fs.Int("prefill", 128, "tokens of the prefill products whose tiling is tuned (the float formats)")
+	prefill := fs.Int("prefill", 128, "tokens of the prefill products whose tiling is tuned (the CPU's float formats), or of the prompt prefilled (a GPU)")
+	batches := fs.String("batch", "1,16,64,256", "a GPU: the decode batch sizes whose choices are tuned")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -43,15 +47,15 @@ func cmdTune(args []string) error {
 		if len(pos) != 1 {
 			return errors.New(tuneUsage)
 		}
+		if *prefill < 1 {
+			return fmt.Errorf("--prefill %d: want at least 1", *prefill)
+		}
 		switch *device {
 		case "cuda", "gpu":
-			return errors.New("kiln tune MODEL tunes the CPU's products (--device cpu); a GPU's choices are timed by kiln run, serve and bench at first use and kept (--tune)")
+			return tuneGPU(pos[0], *dir, *prefill, *batches)
 		case "auto", "", "cpu":
 		default:
 			return fmt.Errorf("--device %q: want auto, cpu or cuda", *device)
-		}
-		if *prefill < 1 {
-			return fmt.Errorf("--prefill %d: want at least 1", *prefill)
 		}
 		return tuneCPU(pos[0], *dir, *threads, *prefill)
 	}
@@ -162,19 +166,65 @@ func tuneCPU(path, dir string, threads, prefill int) error {
 	if err != nil {
 		return err
 	}
+	es := make([]tune.Entry, len(res))
+	for i, r := range res {
+		es[i] = r.Entry
+	}
+	return printGains(es, dir)
+}
+
+// tuneGPU tunes a GPU's choices for the model at path: kiln bench model
+// with every first-use choice raced again and kept (--tune full), a
+// prompt of prefill tokens and a few decode steps at each of batches; then
+// the gains of the choices it filed.
+func tuneGPU(path, dir string, prefill int, batches string) error {
+	start := time.Now()
+	if err := os.Setenv("KILN_TUNE_DIR", dir); err != nil {
+		return err
+	}
+	args := []string{"model", path, "--device", "cuda", "--tune", tune.Full, "--pp", strconv.Itoa(prefill), "--tg", "8",
+		"--batch", batches, "--reps", "1"}
+	fmt.Printf("kiln bench %s\n", strings.Join(args, " "))
+	if err := cmdBench(args); err != nil {
+		return err
+	}
+	dev, err := tuneDevice("cuda")
+	if err != nil {
+		return err
+	}
+	c, err := tune.Open(dir, dev)
+	if err != nil {
+		return err
+	}
+	var es []tune.Entry
+	for _, e := range c.Entries() {
+		if !e.Tuned.Before(start) {
+			es = append(es, e)
+		}
+	}
+	return printGains(es, dir)
+}
+
+// printGains prints a table of es (the default's time, the kept choice's,
+// the gain) and their sums.
+func printGains(es []tune.Entry, dir string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nfamily\tdtype\tshape\tdefault µs\tkept µs\tgain\tkept")
 	var def, kept float64
-	for _, r := range res {
-		def += r.DefaultUs
-		kept += r.ChoiceUs
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%+.1f%%\t%s\n", r.Family, r.DType, r.Shape, r.DefaultUs, r.ChoiceUs, 100*(r.DefaultUs/r.ChoiceUs-1), r.Choice)
+	for _, e := range es {
+		gain := "(the default failed)"
+		if e.DefaultUs > 0 {
+			def += e.DefaultUs
+			kept += e.ChoiceUs
+			gain = fmt.Sprintf("%+.1f%%", 100*(e.DefaultUs/e.ChoiceUs-1))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\n", e.Family, e.DType, e.Shape, e.DefaultUs, e.ChoiceUs, gain, e.Choice)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if kept > 0 {
-		fmt.Printf("all shapes, one product each: %.1f µs against the defaults' %.1f (%+.1f%%); kept in %s\n", kept, def, 100*(def/kept-1), dir)
+		fmt.Printf("all %d choices, once each: %.1f µs against the defaults' %.1f (%+.1f%%); kept in %s\n", len(es), kept, def, 100*(def/kept-1), dir)
 	}
 	return nil
 }

@@ -71,26 +71,43 @@ func within(got, want float64) bool {
 // TestAccuracy: every reported percentile of TTFT and ITL is within 5% (or
 // 1 ms) of the delays the server really produced. Client and server share
 // this machine's cores with the other packages' tests, whose load can delay
-// either side by milliseconds, so the measurement is tried up to three times
-// and must hold in one of them.
+// either side by milliseconds. An attempt counts only when the server's own
+// sleeps kept to their times (a busy machine shows in them too, and then
+// says nothing about the client's accuracy); of up to three attempts that
+// count, one must hold. When the machine stays busy through eight
+// attempts the test is skipped, saying so.
 func TestAccuracy(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector slows client and server by more than the tolerance")
 	}
 	var misses []string
-	for attempt := 0; attempt < 3; attempt++ {
-		misses = accuracyMisses(t)
+	counted := 0
+	for attempt := 0; attempt < 8 && counted < 3; attempt++ {
+		var busy string
+		misses, busy = accuracyMisses(t)
+		if busy != "" {
+			t.Logf("attempt %d not counted, the machine was busy: %s", attempt+1, busy)
+			time.Sleep(time.Second)
+			continue
+		}
+		counted++
 		if len(misses) == 0 {
 			return
 		}
 		t.Logf("attempt %d: %v", attempt+1, misses)
+	}
+	if counted == 0 {
+		t.Skip("the machine was busy through every attempt (the server's own sleeps overran): accuracy not measured")
 	}
 	for _, m := range misses {
 		t.Error(m)
 	}
 }
 
-func accuracyMisses(t *testing.T) []string {
+// accuracyMisses runs the measurement once and returns what the client
+// reported wrong and, when the server's own delays overran what it was
+// told to sleep by more than 2 ms (the machine was busy), why.
+func accuracyMisses(t *testing.T) ([]string, string) {
 	f := &fakeServer{ttft: 40 * time.Millisecond, gap: 8 * time.Millisecond, jitter: 4 * time.Millisecond, tokens: 12, rng: rand.New(rand.NewPCG(1, 2))}
 	ts := httptest.NewServer(f)
 	defer ts.Close()
@@ -105,6 +122,13 @@ func accuracyMisses(t *testing.T) []string {
 	}
 	if s.OutputTokensPerS <= 0 || s.InputTokensPerS <= 0 {
 		t.Fatalf("throughput %+v", s)
+	}
+	const slack = 2 * time.Millisecond
+	if m := slices.Max(f.trueTTFT); m > f.ttft+slack {
+		return nil, fmt.Sprintf("a first token %v after the request, told %v", m, f.ttft)
+	}
+	if m := slices.Max(f.trueITL); m > f.gap+f.jitter+slack {
+		return nil, fmt.Sprintf("a gap of %v between tokens, told at most %v", m, f.gap+f.jitter)
 	}
 	var misses []string
 	for _, c := range []struct {
@@ -121,7 +145,7 @@ func accuracyMisses(t *testing.T) []string {
 			}
 		}
 	}
-	return misses
+	return misses, ""
 }
 
 // TestOpenLoop: at a constant rate the requests are sent on schedule.

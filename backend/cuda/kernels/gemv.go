@@ -134,6 +134,7 @@ type gemvCfg struct {
 	warps  int
 	lm     int
 	tile   bool
+	rows   int // the tile's weight rows (0: tileRows; 64: the sweep's gemv_tile_r64_…)
 	nt     int
 	bk     int
 	stages int
@@ -150,6 +151,9 @@ type gemvCfg struct {
 }
 
 func (c gemvCfg) name() string {
+	if c.tile && c.rows == 64 {
+		return fmt.Sprintf("gemv_tile_r64_%s%d_%d_%d_%d", c.epi.prefix(), c.nt, c.bk, c.stages, c.pf)
+	}
 	if c.tile {
 		return fmt.Sprintf("gemv_tile_%s%d_%d_%d_%d", c.epi.prefix(), c.nt, c.bk, c.stages, c.pf)
 	}
@@ -184,7 +188,7 @@ func (c gemvCfg) grid(n int) cu.Dim3 {
 
 // tiles is the number of tiles of n outputs (tile kernels).
 func (c gemvCfg) tiles(n int) int {
-	outs := tileRows / c.epi.rows()
+	outs := c.tileRows() / c.epi.rows()
 	return (n + outs - 1) / outs
 }
 
@@ -199,7 +203,15 @@ func (c gemvCfg) shared() int {
 	}
 	// The stages, and 1 KB to start them on a 1024-byte boundary
 	// (gemv_tile.cu).
-	return c.stages*(tileRows+8*c.nt)*c.bk*2 + 1024
+	return c.stages*(c.tileRows()+8*c.nt)*c.bk*2 + 1024
+}
+
+// tileRows is a tile configuration's weight rows a tile.
+func (c gemvCfg) tileRows() int {
+	if c.rows > 0 {
+		return c.rows
+	}
+	return tileRows
 }
 
 func (c gemvCfg) block() cu.Dim3 {

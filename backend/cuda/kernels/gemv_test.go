@@ -272,14 +272,18 @@ func cfgLabel(c gemvCfg) string {
 
 // gemvSweep lists the configurations of the sweep module for t rows
 // (GEMV_CC, GEMV_EXTRA and the tensor-core kernels in gemv.cu; for more
-// than GEMVVectorMaxT rows the tile kernel with K split 1 to 8 ways).
+// than GEMVVectorMaxT rows the tile kernel with K split 1 to 8 ways, on
+// tiles of 128 weight rows and of 64).
 func gemvSweep(act cu.DType, t int) []gemvCfg {
 	if t > GEMVVectorMaxT {
 		var cs []gemvCfg
-		for _, v := range [][3]int{{64, 4, 1}, {64, 4, 0}, {64, 6, 1}, {128, 3, 1}, {128, 4, 1}} {
+		for _, v := range [][4]int{{64, 4, 1, 0}, {64, 4, 0, 0}, {64, 6, 1, 0}, {128, 3, 1, 0}, {128, 4, 1, 0}, {64, 4, 1, 64}, {64, 6, 1, 64}} {
+			if v[3] == 64 && tileCfg(t, 0).nt != 8 && v[1] == 6 {
+				continue // 64-row tiles 6 stages deep are built for 8 n8 tiles only
+			}
 			for _, s := range []int{1, 2, 3, 4, 6, 8} {
 				c := tileCfg(t, s)
-				c.bk, c.stages, c.pf = v[0], v[1], v[2]
+				c.bk, c.stages, c.pf, c.rows = v[0], v[1], v[2], v[3]
 				cs = append(cs, c)
 			}
 		}

@@ -108,14 +108,20 @@ __device__ __forceinline__ void gt_store(const float* red, int RS, int rank, int
 	}
 }
 
-template <int NT, int BK, int ST, int PF, class E>
+// R is the tile's weight rows: GT_ROWS, or 64 (the sweep's tiles of half
+// the rows, twice as many tiles for a product, so fewer splits of K to fill
+// the device): MT = R/64 m64 tiles for wgmma, MT m16 tiles a warp for
+// mma.sync (warp v: rows 16·MT·v on).
+template <int NT, int BK, int ST, int PF, class E, int R = GT_ROWS>
 __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, int TT, int splits, const E& e) {
 	extern __shared__ __align__(128) unsigned char gt_smem[];
+	static_assert(R == 64 || R == 128, "tiles of 64 or 128 rows");
+	constexpr int MT = R / 64;
 	constexpr int XROWS = 8 * NT, CH = BK / 8; // x rows, 16-byte chunks a row
-	constexpr int WBYTES = GT_ROWS * 2 * BK, SBYTES = WBYTES + XROWS * 2 * BK;
-	constexpr int OUTS = GT_ROWS / E::ROWS; // outputs a tile
-	constexpr int RSTEP = GT_THREADS / CH;  // rows a round of copies covers
-	constexpr int WLOADS = GT_ROWS / RSTEP, XLOADS = XROWS / RSTEP;
+	constexpr int WBYTES = R * 2 * BK, SBYTES = WBYTES + XROWS * 2 * BK;
+	constexpr int OUTS = R / E::ROWS;      // outputs a tile
+	constexpr int RSTEP = GT_THREADS / CH; // rows a round of copies covers
+	constexpr int WLOADS = R / RSTEP, XLOADS = XROWS / RSTEP;
 	static_assert(XLOADS >= 1 && XROWS % RSTEP == 0 && GT_THREADS % CH == 0, "x chunks a thread");
 	if (!E::LATE) pdl_trigger();
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -180,9 +186,9 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	// mma.sync: acc[m][n] is the m16n8 tile of w rows 32·warp + 16m and x
 	// rows 8n. wgmma: acc[m] (as 4·NT floats) is the m64n(8·NT) tile of w
 	// rows 64m (wg_mma's layout).
-	float acc[2][NT][4];
+	float acc[MT][NT][4];
 #pragma unroll
-	for (int m = 0; m < 2; m++)
+	for (int m = 0; m < MT; m++)
 #pragma unroll
 		for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -208,7 +214,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 #pragma unroll
 			for (int kk = 0; kk < BK / 16; kk++)
 #pragma unroll
-				for (int m = 0; m < 2; m++) wg_mma<8 * NT>(&acc[m][0][0], wg_desc(wb + m * 64 * 2 * BK + 32 * kk), wg_desc(xb + 32 * kk));
+				for (int m = 0; m < MT; m++) wg_mma<8 * NT>(&acc[m][0][0], wg_desc(wb + m * 64 * 2 * BK + 32 * kk), wg_desc(xb + 32 * kk));
 			wg_commit();
 			wg_wait0(); // the stage is read before the next round of copies overwrites it
 			continue;
@@ -217,9 +223,9 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 #pragma unroll
 		for (int kk = 0; kk < BK / 16; kk++) {
 			// A (w rows, 16×16): matrices rows 0-7 / 8-15 × k 0-7 / 8-15 → a0..a3.
-			unsigned a[2][4];
+			unsigned a[MT][4];
 #pragma unroll
-			for (int m = 0; m < 2; m++) ldsm4(a[m], wb + gt_off<BK>(32 * warp + 16 * m + mi + 8 * (mq & 1), 2 * kk + (mq >> 1)));
+			for (int m = 0; m < MT; m++) ldsm4(a[m], wb + gt_off<BK>(16 * MT * warp + 16 * m + mi + 8 * (mq & 1), 2 * kk + (mq >> 1)));
 			// B (x rows as columns): matrices tokens 0-7 k 0-7, tokens 0-7 k 8-15,
 			// tokens 8-15 k 0-7, 8-15 k 8-15 → b0, b1 of n-tiles 2p and 2p+1.
 #pragma unroll
@@ -227,7 +233,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 				unsigned b[4];
 				ldsm4(b, xb + gt_off<BK>(16 * p + mi + 8 * (mq >> 1), 2 * kk + (mq & 1)));
 #pragma unroll
-				for (int m = 0; m < 2; m++) {
+				for (int m = 0; m < MT; m++) {
 					mma16816(acc[m][2 * p], a[m], b[0], b[1], (const T*)0);
 					mma16816(acc[m][2 * p + 1], a[m], b[2], b[3], (const T*)0);
 				}
@@ -236,17 +242,17 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	}
 	if (E::LATE) pdl_trigger();
 
-	// The block's partial tile, red[token][row] (row stride GT_ROWS + 4), over the stages.
+	// The block's partial tile, red[token][row] (row stride R + 4), over the stages.
 	cp_wait<0>();
 	__syncthreads();
-	constexpr int RS = GT_ROWS + 4;
+	constexpr int RS = R + 4;
 	float* red = (float*)smem;
 	const int g = lane >> 2, q = lane & 3;
 #pragma unroll
-	for (int m = 0; m < 2; m++)
+	for (int m = 0; m < MT; m++)
 #pragma unroll
 		for (int n = 0; n < NT; n++) {
-			const int r = (WG ? 64 * m + 16 * warp : 32 * warp + 16 * m) + g, t = 8 * n + 2 * q;
+			const int r = (WG ? 64 * m + 16 * warp : 16 * MT * warp + 16 * m) + g, t = 8 * n + 2 * q;
 			red[t * RS + r] = acc[m][n][0];
 			red[(t + 1) * RS + r] = acc[m][n][1];
 			red[t * RS + r + 8] = acc[m][n][2];
@@ -289,5 +295,16 @@ GEMV_TILE(8, 64, 4, 1)
 GEMV_TILE_OTHERS(2)
 GEMV_TILE_OTHERS(4)
 GEMV_TILE_OTHERS(8)
+// Tiles of 64 weight rows (gemv_tile_r64_<nt>_<bk>_<st>_<pf>), the plain
+// product.
+#define GEMV_TILE_R64(NT, BK, ST, PF)                                                                              \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_r64_##NT##_##BK##_##ST##_##PF(          \
+	    const T* x, const T* w, void* out, int K, int N, int TT, int outF32, int splits) {                     \
+		gemv_tile_impl<NT, BK, ST, PF, OutStore, 64>(x, w, K, TT, splits, OutStore{out, N, outF32});       \
+	}
+GEMV_TILE_R64(2, 64, 4, 1)
+GEMV_TILE_R64(4, 64, 4, 1)
+GEMV_TILE_R64(8, 64, 4, 1)
+GEMV_TILE_R64(8, 64, 6, 1)
 #endif
 #endif // GEMV_MMA

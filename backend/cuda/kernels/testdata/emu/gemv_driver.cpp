@@ -62,16 +62,20 @@ static PlainFn plain_fn(int nt, int bk) {
 	return nt == 2 ? gemv_tile_2_64_4_1 : nt == 4 ? gemv_tile_4_64_4_1 : gemv_tile_8_64_4_1;
 }
 
-static void plain(int nt, int TT, int K, int N, int splits, bool outF32, int bk = 64) {
+static PlainFn plain_fn_r64(int nt) { return nt == 2 ? gemv_tile_r64_2_64_4_1 : nt == 4 ? gemv_tile_r64_4_64_4_1 : gemv_tile_r64_8_64_4_1; }
+
+// plain runs the plain product on tiles of rows (128, or the sweep's 64).
+static void plain(int nt, int TT, int K, int N, int splits, bool outF32, int bk = 64, int rows = 128) {
 	auto x = rand_act((size_t)TT * K, 1 / sqrtf((float)K)), w = rand_act((size_t)N * K, 1);
 	auto ref = product(x, w, TT, K, N);
-	const int total = TT * N + 64, tiles = (N + 127) / 128;
+	const int total = TT * N + 64, tiles = (N + rows - 1) / rows;
 	std::vector<float> o32(total, NAN);
 	std::vector<T> oact(total, fromf<T>(NAN));
 	void* out = outF32 ? (void*)o32.data() : (void*)oact.data();
-	launch(tiles, splits, x.data(), x.size() * sizeof(T), [&] { plain_fn(nt, bk)(x.data(), w.data(), out, K, N, TT, outF32, splits); });
+	PlainFn f = rows == 64 ? plain_fn_r64(nt) : plain_fn(nt, bk);
+	launch(tiles, splits, x.data(), x.size() * sizeof(T), [&] { f(x.data(), w.data(), out, K, N, TT, outF32, splits); });
 	char what[128];
-	snprintf(what, sizeof what, "gemv_tile_%d BK=%d T=%d K=%d N=%d splits=%d outF32=%d", nt, bk, TT, K, N, splits, outF32);
+	snprintf(what, sizeof what, "gemv_tile_%d BK=%d rows=%d T=%d K=%d N=%d splits=%d outF32=%d", nt, bk, rows, TT, K, N, splits, outF32);
 	for (int i = 0; i < total; i++) {
 		double got = outF32 ? o32[i] : tof(oact[i]);
 		if (i >= TT * N) {
@@ -167,7 +171,12 @@ int main() {
 	plain(2, 16, 384, 200, 2, false, 128);
 	plain(4, 20, 128, 128, 1, true, 128);
 	plain(8, 64, 640, 130, 3, false, 128);
-	swiglu(12, 192, 70, 1);
+	// The sweep's tiles of 64 rows.
+	plain(2, 9, 192, 200, 1, false, 64, 64);
+	plain(4, 20, 448, 100, 3, true, 64, 64);
+	plain(8, 64, 192, 64, 2, false, 64, 64);
+	plain(8, 33, 640, 37, 5, true, 64, 64);
+		swiglu(12, 192, 70, 1);
 	swiglu(64, 192, 70, 3);
 	swiglu(40, 64, 64, 2);
 	for (bool il : {false, true}) {

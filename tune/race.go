@@ -25,7 +25,8 @@ type Result struct {
 // the spread of the default's times (largest less smallest). A candidate
 // may replace the default only if every one of its timings beats every one
 // of the default's (their ranges do not overlap: by chance alone, with
-// equal speeds, 1 time in 252 for 5 rounds), and of those the fastest by
+// equal speeds, 1 time in 252 for 5 rounds, so with n−1 candidates as fast
+// as the default at most (n−1)/252), and of those the fastest by
 // median is kept, so a tuned choice is never slower than the default
 // beyond what the timings can tell; a candidate whose timing fails drops
 // out (its error in Errs), and when the default fails the fastest of the

@@ -108,7 +108,7 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"tune", "list", "extra"},
 		{"tune", "/no/such/model"},
 		{"tune", bin, "--prefill", "0"},
-		{"tune", bin, "--device", "cuda"},
+		{"tune", bin, "--device", "cuda", "--prefill", "0"},
 		{"tune", "import", garbage, "--device", "cpu"},
 		{"tune", "list", "--device", "tpu"},
 	}

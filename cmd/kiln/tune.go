@@ -19,15 +19,16 @@ import (
 
 const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
 
-// cmdTune tunes the CPU's products for a model's matrices (kiln tune
-// MODEL), and lists, exports and imports a device's cache of tuned choices
+// cmdTune tunes this machine for a model (kiln tune MODEL: the CPU's
+// products' tilings, or with --device cuda every first-use choice of the
+// GPU), and lists, exports and imports a device's cache of tuned choices
 // (the CPU's tilings; a GPU's choices, which kiln run, serve and bench time
 // at first use and keep: --tune). An export holds the device it was tuned
 // on; import refuses another device's.
 func cmdTune(args []string) error {
 	fs := flag.NewFlagSet("tune", flag.ContinueOnError)
 	dir := fs.String("dir", tune.DefaultDir(), "the cache's directory [KILN_TUNE_DIR]")
-	device := fs.String("device", "auto", "whose cache: auto (the GPU when one is usable, else the CPU), cpu or cuda; kiln tune MODEL tunes the CPU")
+	device := fs.String("device", "auto", "which device: auto (for list, export and import the GPU when one is usable, else the CPU; kiln tune MODEL tunes the CPU), cpu or cuda")
 	threads := fs.Int("threads", envInt("KILN_THREADS", 0), "CPU worker threads the tilings are tuned for, 0 for all cores (kiln run and serve take the tilings of their own thread count) [KILN_THREADS]")
 	prefill := fs.Int("prefill", 128, "tokens of the prefill products whose tiling is tuned (the CPU's float formats), or of the prompt prefilled (a GPU)")
 	batches := fs.String("batch", "1,16,64,256", "a GPU: the decode batch sizes whose choices are tuned")
@@ -211,11 +212,13 @@ func printGains(es []tune.Entry, dir string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nfamily\tdtype\tshape\tdefault µs\tkept µs\tgain\tkept")
 	var def, kept float64
+	summed := 0
 	for _, e := range es {
 		gain := "(the default failed)"
 		if e.DefaultUs > 0 {
 			def += e.DefaultUs
 			kept += e.ChoiceUs
+			summed++
 			gain = fmt.Sprintf("%+.1f%%", 100*(e.DefaultUs/e.ChoiceUs-1))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\n", e.Family, e.DType, e.Shape, e.DefaultUs, e.ChoiceUs, gain, e.Choice)
@@ -224,7 +227,8 @@ func printGains(es []tune.Entry, dir string) error {
 		return err
 	}
 	if kept > 0 {
-		fmt.Printf("all %d choices, once each: %.1f µs against the defaults' %.1f (%+.1f%%); kept in %s\n", len(es), kept, def, 100*(def/kept-1), dir)
+		fmt.Printf("%d choices, once each: %.1f µs against the defaults' %.1f (%+.1f%%; %d whose default failed left out); kept in %s\n",
+			summed, kept, def, 100*(def/kept-1), len(es)-summed, dir)
 	}
 	return nil
 }

@@ -6,10 +6,11 @@
 // At 64 rows a decode product is still bound by the streaming of w (64
 // multiply-adds per weight), but each weight row is now used by many
 // rows of x, so x must be staged once per block rather than read per
-// warp as gemv_mma does. A block of 4 warps owns GT_ROWS = 128 rows of
-// w (warp v: rows 32v..32v+31, two m16 tiles) and the first TT ≤ 8·NT
-// rows of x (NT n8 tiles), and streams a range of K through ST-deep
-// cp.async stages of BK columns (w 256·BK bytes, x 16·NT·BK), read by
+// warp as gemv_mma does. A block of 4 warps owns R = GT_ROWS = 128 rows
+// of w (warp v: rows 32v..32v+31, two m16 tiles; the sweep's tiles of R =
+// 64 rows: 16v..16v+15, one) and the first TT ≤ 8·NT rows of x (NT n8
+// tiles), and streams a range of K through ST-deep cp.async stages of BK
+// columns (w 2·R·BK bytes, x 16·NT·BK), read by
 // ldmatrix from 2·BK-byte rows whose 16-byte chunks are swizzled (chunk c
 // of row r stored at c ^ (r & 7)) so that the 8 rows of each ldmatrix
 // matrix fall in distinct banks. PF 1 asks the L2 to fetch 256 bytes
@@ -40,8 +41,8 @@
 // the wait for the previous kernel (no kernel writes them), x after it.
 //
 // Tile rows and outputs: OutStore's output n0 + r is tile row r; a paired
-// epilogue's (E::ROWS 2) outputs j0..j0+63 take tile rows 0..63 and their
-// partner rows 64..127. Rows past the epilogue's outputs are zero-filled
+// epilogue's (E::ROWS 2) outputs j0..j0+R/2−1 take tile rows 0..R/2−1 and
+// their partner rows R/2..R−1. Rows past the epilogue's outputs are zero-filled
 // and not stored; x rows past TT are zero-filled (their columns dropped).
 // K must be a multiple of BK (the Go wrapper checks).
 
@@ -122,7 +123,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	constexpr int OUTS = R / E::ROWS;      // outputs a tile
 	constexpr int RSTEP = GT_THREADS / CH; // rows a round of copies covers
 	constexpr int WLOADS = R / RSTEP, XLOADS = XROWS / RSTEP;
-	static_assert(XLOADS >= 1 && XROWS % RSTEP == 0 && GT_THREADS % CH == 0, "x chunks a thread");
+	static_assert(XLOADS >= 1 && XROWS % RSTEP == 0 && R % RSTEP == 0 && GT_THREADS % CH == 0, "w and x chunks a thread");
 	if (!E::LATE) pdl_trigger();
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int rank = blockIdx.x % splits, tile = blockIdx.x / splits;
@@ -183,7 +184,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		cp_commit();
 	}
 
-	// mma.sync: acc[m][n] is the m16n8 tile of w rows 32·warp + 16m and x
+	// mma.sync: acc[m][n] is the m16n8 tile of w rows 16·MT·warp + 16m and x
 	// rows 8n. wgmma: acc[m] (as 4·NT floats) is the m64n(8·NT) tile of w
 	// rows 64m (wg_mma's layout).
 	float acc[MT][NT][4];

@@ -176,7 +176,7 @@ int main() {
 	plain(4, 20, 448, 100, 3, true, 64, 64);
 	plain(8, 64, 192, 64, 2, false, 64, 64);
 	plain(8, 33, 640, 37, 5, true, 64, 64);
-		swiglu(12, 192, 70, 1);
+	swiglu(12, 192, 70, 1);
 	swiglu(64, 192, 70, 3);
 	swiglu(40, 64, 64, 2);
 	for (bool il : {false, true}) {

@@ -22,7 +22,7 @@ usage:
   kiln perplexity MODEL --file TEXT [--window N] [--stride N]
   kiln quantize MODEL OUT.gguf [--to q8_0|q4_0|f16|bf16|f32]
   kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
-  kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] | kiln tune list | export FILE | import FILE [--device cpu|cuda]
+  kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] | kiln tune list | export FILE | import FILE [--device cpu|cuda]
   kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
 
 MODEL is a Hugging Face directory, a .gguf file, or a llama2.c .bin (with

@@ -17,7 +17,7 @@ import (
 	"kiln/tune"
 )
 
-const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
+const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
 
 // cmdTune tunes this machine for a model (kiln tune MODEL: the CPU's
 // products' tilings, or with --device cuda every first-use choice of the
@@ -32,6 +32,7 @@ func cmdTune(args []string) error {
 	threads := fs.Int("threads", envInt("KILN_THREADS", 0), "CPU worker threads the tilings are tuned for, 0 for all cores (kiln run and serve take the tilings of their own thread count) [KILN_THREADS]")
 	prefill := fs.Int("prefill", 128, "tokens of the prefill products whose tiling is tuned (the CPU's float formats), or of the prompt prefilled (a GPU)")
 	batches := fs.String("batch", "1,16,64,256", "a GPU: the decode batch sizes whose choices are tuned")
+	depth := fs.Int("depth", 512, "a GPU: the context each decoding sequence holds first (decode attention's choices are made per context)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -53,7 +54,10 @@ func cmdTune(args []string) error {
 		}
 		switch *device {
 		case "cuda", "gpu":
-			return tuneGPU(pos[0], *dir, *prefill, *batches)
+			if *depth < 0 {
+				return fmt.Errorf("--depth %d: want 0 or more", *depth)
+			}
+			return tuneGPU(pos[0], *dir, *prefill, *depth, *batches)
 		case "auto", "", "cpu":
 		default:
 			return fmt.Errorf("--device %q: want auto, cpu or cuda", *device)
@@ -176,15 +180,15 @@ func tuneCPU(path, dir string, threads, prefill int) error {
 
 // tuneGPU tunes a GPU's choices for the model at path: kiln bench model
 // with every first-use choice raced again and kept (--tune full), a
-// prompt of prefill tokens and a few decode steps at each of batches; then
-// the gains of the choices it filed.
-func tuneGPU(path, dir string, prefill int, batches string) error {
+// prompt of prefill tokens and a few decode steps at each of batches after
+// depth tokens of context; then the gains of the choices it filed.
+func tuneGPU(path, dir string, prefill, depth int, batches string) error {
 	start := time.Now()
 	if err := os.Setenv("KILN_TUNE_DIR", dir); err != nil {
 		return err
 	}
 	args := []string{"model", path, "--device", "cuda", "--tune", tune.Full, "--pp", strconv.Itoa(prefill), "--tg", "8",
-		"--batch", batches, "--reps", "1"}
+		"--depth", strconv.Itoa(depth), "--batch", batches, "--reps", "1"}
 	fmt.Printf("kiln bench %s\n", strings.Join(args, " "))
 	if err := cmdBench(args); err != nil {
 		return err

@@ -233,13 +233,22 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	if _, _, err := ParseDType(b.DType); err != nil {
 		return nil, err
 	}
+	// hd is the graph's one head dim (0 when its layers differ): the
+	// module then holds that head dim's attention kernels alone.
+	hd := -1
 	for _, n := range c.Graph.Nodes {
 		if n.Op == ir.Attention {
 			if err := checkHeadDim(n.Attrs.HeadDim); err != nil {
 				return nil, err
 			}
+			if hd == -1 || hd == n.Attrs.HeadDim {
+				hd = n.Attrs.HeadDim
+			} else {
+				hd = 0
+			}
 		}
 	}
+	hd = max(hd, 0)
 	act := b.ComputeDType(c.Graph)
 	// The two modules compile at once (NVRTC runs on the host, one thread
 	// a program): on a cold kernel cache the start takes the longer of the
@@ -251,7 +260,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		defer close(gemvDone)
 		gemv, gemvErr = kernels.NewGEMV(b.Device, act)
 	}()
-	k, err := kernels.New(b.Device, act)
+	k, err := kernels.NewHeadDim(b.Device, act, hd)
 	<-gemvDone
 	closeGEMV := func() {
 		if gemvErr == nil {
@@ -518,7 +527,7 @@ func (l *loaded) fp8Kernels() (*kernels.Kernels, error) {
 			}
 		}
 	}
-	k, err := kernels.NewFP8KV(l.dev, l.act)
+	k, err := kernels.NewFP8KVHeadDim(l.dev, l.act, l.k.HeadDim)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}

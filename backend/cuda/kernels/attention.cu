@@ -533,6 +533,11 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	DECODE_ATTN(decode_attn_##HD, HD, false)                                                                         \
 	DECODE_ATTN(decode_attn_cl_##HD, HD, true)
 
+// KILN_HD builds one head dim's kernels (kernels.NewHeadDim), else all.
+#ifdef KILN_HD
+#define ATTN_KERNELS_X(HD) ATTN_KERNELS(HD)
+ATTN_KERNELS_X(KILN_HD)
+#else
 ATTN_KERNELS(8)
 ATTN_KERNELS(16)
 ATTN_KERNELS(32)
@@ -540,4 +545,5 @@ ATTN_KERNELS(64)
 ATTN_KERNELS(80)
 ATTN_KERNELS(96)
 ATTN_KERNELS(128)
+#endif
 #endif // KV_F8

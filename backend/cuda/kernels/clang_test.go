@@ -34,6 +34,10 @@ func TestSourcesCompile(t *testing.T) {
 				{"kernels", Source(), []string{"-DACT_MMA=1"}},
 				// The module of an FP8 KV cache (NewFP8KV).
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKV_F8=1"}},
+				// The modules of one head dim (NewHeadDim): the CUDA-core
+				// kernels alone at 8, every kind at 128.
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=8"}},
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=128", "-DKV_F8=1"}},
 				{"gemv", gemvSource, []string{"-DGEMV_MMA=1"}},
 				// The Hopper build (clang 14 knows no sm_90a; the
 				// wgmma PTX strings are the GPU tests' to check).

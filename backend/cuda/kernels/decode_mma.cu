@@ -577,11 +577,18 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2>(DC_ARGS); }
+#ifdef KILN_HD
+#if KILN_HD >= 16
+#define DECODE_MMA_X(HD) DECODE_MMA(HD)
+DECODE_MMA_X(KILN_HD)
+#endif
+#else
 DECODE_MMA(16)
 DECODE_MMA(32)
 DECODE_MMA(64)
 DECODE_MMA(80)
 DECODE_MMA(96)
 DECODE_MMA(128)
+#endif
 
 #endif // ACT_MMA

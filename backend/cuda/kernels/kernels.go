@@ -62,6 +62,9 @@ type Kernels struct {
 	// KVF8: the module of an FP8 KV cache (NewFP8KV), whose cache writers
 	// store E4M3 codes and whose attention reads them.
 	KVF8 bool
+	// HeadDim is the one head dim whose attention kernels the module holds
+	// (NewHeadDim), 0 when it holds every one of HeadDims.
+	HeadDim int
 
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
@@ -72,14 +75,25 @@ func cname(t cu.DType) string { return [...]string{"f32", "f16", "bf16"}[t] }
 // New compiles (or loads from the kernel cache) the kernels for activation
 // dtype act.
 func New(d *cu.Device, act cu.DType) (*Kernels, error) {
+	return NewHeadDim(d, act, 0)
+}
+
+// NewHeadDim is New with the attention kernels of head dim hd alone (one
+// of HeadDims; 0: all): a model has one, and NVRTC then compiles a
+// fraction of the attention kernels.
+func NewHeadDim(d *cu.Device, act cu.DType, hd int) (*Kernels, error) {
 	if act != cu.F32 && act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: activation dtype %v", act)
 	}
-	return build(d, act, false)
+	return build(d, act, false, hd)
 }
 
-// build compiles the module of act, for an FP8 KV cache with kvF8.
-func build(d *cu.Device, act cu.DType, kvF8 bool) (*Kernels, error) {
+// build compiles the module of act, for an FP8 KV cache with kvF8, with
+// the attention kernels of head dim hd (0: all).
+func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
+	if hd != 0 && !slices.Contains(HeadDims, hd) {
+		return nil, fmt.Errorf("kernels: attention head dim %d (built for %v)", hd, HeadDims)
+	}
 	name, opts := "kiln_kernels_"+cname(act), []string{"-DACT=" + cname(act), "--std=c++17"}
 	if act != cu.F32 {
 		opts = append(opts, "-DACT_MMA=1") // the tensor-core prefill kernels
@@ -87,11 +101,14 @@ func build(d *cu.Device, act cu.DType, kvF8 bool) (*Kernels, error) {
 	if kvF8 {
 		name, opts = name+"_kvf8", append(opts, "-DKV_F8=1")
 	}
+	if hd != 0 {
+		name, opts = fmt.Sprintf("%s_hd%d", name, hd), append(opts, fmt.Sprintf("-DKILN_HD=%d", hd))
+	}
 	m, err := d.Compile(name, source, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: m, PDL: true, KVF8: kvF8, sharedSet: map[string]int{}}, nil
+	return &Kernels{D: d, Act: act, M: m, PDL: true, KVF8: kvF8, HeadDim: hd, sharedSet: map[string]int{}}, nil
 }
 
 // NewFP8KV compiles (or loads from the kernel cache) the module of an FP8
@@ -104,13 +121,19 @@ func build(d *cu.Device, act cu.DType, kvF8 bool) (*Kernels, error) {
 // not built in it: Attn values with FP8 set take the tensor-core plans,
 // and FP8OK says which layers those serve.
 func NewFP8KV(d *cu.Device, act cu.DType) (*Kernels, error) {
+	return NewFP8KVHeadDim(d, act, 0)
+}
+
+// NewFP8KVHeadDim is NewFP8KV with the attention kernels of head dim hd
+// alone (0: all).
+func NewFP8KVHeadDim(d *cu.Device, act cu.DType, hd int) (*Kernels, error) {
 	if act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: an FP8 KV cache needs f16 or bf16 activations (not %v)", act)
 	}
 	if !d.FP8() {
 		return nil, fmt.Errorf("kernels: an FP8 KV cache needs compute capability 8.9 (%s is %d.%d)", d.Name, d.Major, d.Minor)
 	}
-	return build(d, act, true)
+	return build(d, act, true, hd)
 }
 
 // FP8OK reports whether the attention of a layer of heads query heads over
@@ -520,12 +543,11 @@ type Attn struct {
 }
 
 func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
-	ok := false
-	for _, d := range HeadDims {
-		ok = ok || d == a.HeadDim
-	}
-	if !ok {
+	if !slices.Contains(HeadDims, a.HeadDim) {
 		return fmt.Errorf("kernels: attention head dim %d (built for %v)", a.HeadDim, HeadDims)
+	}
+	if k.HeadDim != 0 && a.HeadDim != k.HeadDim {
+		return fmt.Errorf("kernels: attention head dim %d in a module built for head dim %d alone", a.HeadDim, k.HeadDim)
 	}
 	if a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 || a.Window < 0 || m.Meta == nil || m.T == 0 {
 		return fmt.Errorf("kernels: attention of %d heads over %d kv heads, window %d", a.Heads, a.KVHeads, a.Window)

@@ -425,11 +425,18 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 	PF_KERNEL(prefill_mma_##HD, HD, 2, 2, 64, 2, (2 * HD <= 128))                                                   \
 	PF_KERNEL(prefill_mma2_##HD, HD, 2, 1, (2 * HD <= 128 ? 64 : 32), 2, (2 * HD <= 128))                          \
 	PF_KERNEL(prefill_mma1_##HD, HD, 1, 1, 64, 2, true)
+#ifdef KILN_HD
+#if KILN_HD >= 16
+#define MMA_KERNELS_X(HD) MMA_KERNELS(HD)
+MMA_KERNELS_X(KILN_HD)
+#endif
+#else
 MMA_KERNELS(16)
 MMA_KERNELS(32)
 MMA_KERNELS(64)
 MMA_KERNELS(80)
 MMA_KERNELS(96)
 MMA_KERNELS(128)
+#endif
 
 #endif // ACT_MMA

@@ -31,34 +31,25 @@ import (
 // 64c+32+l in its high one, as in the file).
 const q4k8Block = 1184
 
-// packQ4K8 interleaves the n rows of nb Q4_K blocks each in data (n a
-// multiple of 8).
-func packQ4K8(data []byte, n, nb int) []byte {
-	const bb = 144
-	out := make([]byte, n/8*nb*q4k8Block)
-	packGroups(n, func(g0, g1 int) {
-		for g := g0; g < g1; g++ {
-			for b := 0; b < nb; b++ {
-				dst := out[(g*nb+b)*q4k8Block:][:q4k8Block]
-				for r := 0; r < 8; r++ {
-					blk := data[((8*g+r)*nb+b)*bb:][:bb]
-					copy(dst[2*r:], blk[0:2])
-					copy(dst[16+2*r:], blk[2:4])
-					for j := 0; j < 8; j++ {
-						sc, m := tensor.KScaleMin(j, blk[4:16])
-						dst[32+8*j+r] = sc
-						dst[96+16*(j/2)+2*r+j%2] = m
-					}
-					for c := 0; c < 4; c++ {
-						for u := 0; u < 8; u++ {
-							copy(dst[160+32*(8*c+u)+4*r:][:4], blk[16+32*c+4*u:])
-						}
-					}
-				}
+// packQ4K8 puts the blocks of a group's 8 rows, rows[stride·r:][:fileBlock]
+// for row r, into dst, the group's packed block.
+func packQ4K8(dst, rows []byte, stride int) {
+	dst = dst[:q4k8Block]
+	for r := 0; r < 8; r++ {
+		blk := rows[stride*r:][:144]
+		copy(dst[2*r:], blk[0:2])
+		copy(dst[16+2*r:], blk[2:4])
+		for j := 0; j < 8; j++ {
+			sc, m := tensor.KScaleMin(j, blk[4:16])
+			dst[32+8*j+r] = sc
+			dst[96+16*(j/2)+2*r+j%2] = m
+		}
+		for c := 0; c < 4; c++ {
+			for u := 0; u < 8; u++ {
+				copy(dst[160+32*(8*c+u)+4*r:][:4], blk[16+32*c+4*u:])
 			}
 		}
-	})
-	return out
+	}
 }
 
 // packGroups runs pack over the groups [0, n/8) of 8 rows in shares, one
@@ -79,40 +70,52 @@ func packGroups(n int, pack func(g0, g1 int)) {
 	wg.Wait()
 }
 
-// PackRows8 returns w's rows interleaved by eights for the SIMD kernels
-// (Weights.Packed: packQ4K8, packQ6K8, packQ8_08, packQ4_08), or nil where
-// they do not apply: w not Q4_K, Q6_K, Q8_0 or Q4_0, its rows not a
-// multiple of 8, or no SIMD kernels on this CPU.
-func PackRows8(w Weights) []byte {
-	if w.N%8 != 0 || !haveSIMD || len(w.Data) < w.N*w.rowBytes() {
-		return nil
-	}
-	switch w.DType {
-	case tensor.Q4_K:
-		return packQ4K8(w.Data, w.N, w.K/256)
-	case tensor.Q8_0:
-		return packQ8_08(w.Data, w.N, w.K/32)
-	case tensor.Q4_0:
-		return packQ4_08(w.Data, w.N, w.K/32)
-	case tensor.Q6_K:
-		return packQ6K8(w.Data, w.N, w.K/256)
-	}
-	return nil
+// rows8Layout is one block type's interleaved layout: the bytes of a
+// block in the file (fileBlock, of blockValues values) and of the packed
+// block of a group of 8 rows (packBlock), and how the group's 8 blocks
+// land in it (pack).
+type rows8Layout struct {
+	fileBlock, blockValues, packBlock int
+	pack                              func(dst, rows []byte, stride int)
 }
 
-// packedBytes is the size PackRows8 gives w.
-func packedBytes(w Weights) int {
-	switch w.DType {
-	case tensor.Q4_K:
-		return w.N / 8 * w.K / 256 * q4k8Block
-	case tensor.Q8_0:
-		return w.N / 8 * w.K / 32 * q808Block
-	case tensor.Q4_0:
-		return w.N / 8 * w.K / 32 * q408Block
-	case tensor.Q6_K:
-		return w.N / 8 * w.K / 256 * q6k8Block
+// rows8Layouts are the layouts PackRows8 writes.
+var rows8Layouts = map[tensor.DType]rows8Layout{
+	tensor.Q4_K: {144, 256, q4k8Block, packQ4K8},
+	tensor.Q6_K: {210, 256, q6k8Block, packQ6K8},
+	tensor.Q8_0: {34, 32, q808Block, packQ8_08},
+	tensor.Q4_0: {18, 32, q408Block, packQ4_08},
+}
+
+// PackRows8 returns w's rows interleaved by eights for the SIMD kernels
+// (Weights.Packed, rows8Layouts), or nil where they do not apply: w not
+// Q4_K, Q6_K, Q8_0 or Q4_0, its rows not a multiple of 8, or no SIMD
+// kernels on this CPU.
+func PackRows8(w Weights) []byte {
+	l, ok := rows8Layouts[w.DType]
+	if !ok || w.N%8 != 0 || !haveSIMD || len(w.Data) < w.N*w.rowBytes() {
+		return nil
 	}
-	return 0
+	nb := w.K / l.blockValues
+	out := make([]byte, packedBytes(w))
+	packGroups(w.N, func(g0, g1 int) {
+		for g := g0; g < g1; g++ {
+			for b := 0; b < nb; b++ {
+				l.pack(out[(g*nb+b)*l.packBlock:][:l.packBlock], w.Data[(8*g*nb+b)*l.fileBlock:], nb*l.fileBlock)
+			}
+		}
+	})
+	return out
+}
+
+// packedBytes is the size PackRows8 gives w (0 for a type it does not
+// pack).
+func packedBytes(w Weights) int {
+	l, ok := rows8Layouts[w.DType]
+	if !ok {
+		return 0
+	}
+	return w.N / 8 * w.K / l.blockValues * l.packBlock
 }
 
 // groups8 is a product's share of work over packed rows: groups [lo, hi)
@@ -157,26 +160,17 @@ func runGroups8(p *workers.Pool, w Weights, T int, t *quantTask) {
 // and 2u+1 of row r (int8).
 const q808Block = 272
 
-// packQ8_08 interleaves the n rows of nb Q8_0 blocks each in data (n a
-// multiple of 8).
-func packQ8_08(data []byte, n, nb int) []byte {
-	const bb = 34
-	out := make([]byte, n/8*nb*q808Block)
-	packGroups(n, func(g0, g1 int) {
-		for g := g0; g < g1; g++ {
-			for b := 0; b < nb; b++ {
-				dst := out[(g*nb+b)*q808Block:][:q808Block]
-				for r := 0; r < 8; r++ {
-					blk := data[((8*g+r)*nb+b)*bb:][:bb]
-					copy(dst[2*r:], blk[0:2])
-					for u := 0; u < 16; u++ {
-						copy(dst[16+16*u+2*r:][:2], blk[2+2*u:])
-					}
-				}
-			}
+// packQ8_08 puts the blocks of a group's 8 rows, rows[stride·r:][:fileBlock]
+// for row r, into dst, the group's packed block.
+func packQ8_08(dst, rows []byte, stride int) {
+	dst = dst[:q808Block]
+	for r := 0; r < 8; r++ {
+		blk := rows[stride*r:][:34]
+		copy(dst[2*r:], blk[0:2])
+		for u := 0; u < 16; u++ {
+			copy(dst[16+16*u+2*r:][:2], blk[2+2*u:])
 		}
-	})
-	return out
+	}
 }
 
 // Q4_0 rows interleaved by eights: a group of 8 rows is nb blocks of
@@ -186,26 +180,17 @@ func packQ8_08(data []byte, n, nb int) []byte {
 // in the high one, each q−8).
 const q408Block = 144
 
-// packQ4_08 interleaves the n rows of nb Q4_0 blocks each in data (n a
-// multiple of 8).
-func packQ4_08(data []byte, n, nb int) []byte {
-	const bb = 18
-	out := make([]byte, n/8*nb*q408Block)
-	packGroups(n, func(g0, g1 int) {
-		for g := g0; g < g1; g++ {
-			for b := 0; b < nb; b++ {
-				dst := out[(g*nb+b)*q408Block:][:q408Block]
-				for r := 0; r < 8; r++ {
-					blk := data[((8*g+r)*nb+b)*bb:][:bb]
-					copy(dst[2*r:], blk[0:2])
-					for u := 0; u < 4; u++ {
-						copy(dst[16+32*u+4*r:][:4], blk[2+4*u:])
-					}
-				}
-			}
+// packQ4_08 puts the blocks of a group's 8 rows, rows[stride·r:][:fileBlock]
+// for row r, into dst, the group's packed block.
+func packQ4_08(dst, rows []byte, stride int) {
+	dst = dst[:q408Block]
+	for r := 0; r < 8; r++ {
+		blk := rows[stride*r:][:18]
+		copy(dst[2*r:], blk[0:2])
+		for u := 0; u < 4; u++ {
+			copy(dst[16+32*u+4*r:][:4], blk[2+4*u:])
 		}
-	})
-	return out
+	}
 }
 
 // Q6_K rows interleaved by eights: a group of 8 rows is nb blocks of
@@ -221,30 +206,21 @@ func packQ4_08(data []byte, n, nb int) []byte {
 // beyond) and its high 2 from bits 2g, 2g+1 of qh[32h+l]).
 const q6k8Block = 1680
 
-// packQ6K8 interleaves the n rows of nb Q6_K blocks each in data (n a
-// multiple of 8).
-func packQ6K8(data []byte, n, nb int) []byte {
-	const bb = 210
-	out := make([]byte, n/8*nb*q6k8Block)
-	packGroups(n, func(g0, g1 int) {
-		for g := g0; g < g1; g++ {
-			for b := 0; b < nb; b++ {
-				dst := out[(g*nb+b)*q6k8Block:][:q6k8Block]
-				for r := 0; r < 8; r++ {
-					blk := data[((8*g+r)*nb+b)*bb:][:bb]
-					copy(dst[2*r:], blk[208:210])
-					for s := 0; s < 16; s++ {
-						dst[16+8*s+r] = blk[192+s]
-					}
-					for u := 0; u < 32; u++ {
-						copy(dst[144+32*u+4*r:][:4], blk[4*u:])
-					}
-					for u := 0; u < 16; u++ {
-						copy(dst[1168+32*u+4*r:][:4], blk[128+4*u:])
-					}
-				}
-			}
+// packQ6K8 puts the blocks of a group's 8 rows, rows[stride·r:][:fileBlock]
+// for row r, into dst, the group's packed block.
+func packQ6K8(dst, rows []byte, stride int) {
+	dst = dst[:q6k8Block]
+	for r := 0; r < 8; r++ {
+		blk := rows[stride*r:][:210]
+		copy(dst[2*r:], blk[208:210])
+		for s := 0; s < 16; s++ {
+			dst[16+8*s+r] = blk[192+s]
 		}
-	})
-	return out
+		for u := 0; u < 32; u++ {
+			copy(dst[144+32*u+4*r:][:4], blk[4*u:])
+		}
+		for u := 0; u < 16; u++ {
+			copy(dst[1168+32*u+4*r:][:4], blk[128+4*u:])
+		}
+	}
 }

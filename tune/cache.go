@@ -407,3 +407,22 @@ func ParseMode(s string) (string, error) {
 	}
 	return "", fmt.Errorf("tune mode %q: want %s, %s or %s", s, Off, Cached, Full)
 }
+
+// OpenMode opens the cache of device in dir (DefaultDir when "") for a run
+// in mode (ParseMode's values): nil under Off or a mode ParseMode refuses,
+// or when the cache cannot be opened (the runs then tune as without one).
+// The notes say why it was not opened and what Open skipped, for the
+// caller to log.
+func OpenMode(mode, dir string, device Device) (*Cache, []string) {
+	if m, err := ParseMode(mode); err != nil || m == Off {
+		return nil, nil
+	}
+	if dir == "" {
+		dir = DefaultDir()
+	}
+	c, err := Open(dir, device)
+	if err != nil {
+		return nil, []string{fmt.Sprintf("tune cache not used: %v", err)}
+	}
+	return c, c.Warnings
+}

@@ -62,23 +62,14 @@ func (l *loaded) matrix(t *tensor.Tensor) (gemm.Weights, error) {
 // written to standard error.
 func (l *loaded) tuneCache() *tune.Cache {
 	l.tuneOnce.Do(func() {
-		b := l.backend
-		if mode, err := tune.ParseMode(b.Tune); err != nil || mode == tune.Off || b.Reference {
+		if l.backend.Reference {
 			return
 		}
-		dir := b.TuneDir
-		if dir == "" {
-			dir = tune.DefaultDir()
+		var notes []string
+		l.tuned, notes = tune.OpenMode(l.backend.Tune, l.backend.TuneDir, TuneDevice())
+		for _, n := range notes {
+			fmt.Fprintf(os.Stderr, "kiln: %s\n", n)
 		}
-		c, err := tune.Open(dir, TuneDevice())
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "kiln: tune cache not used: %v\n", err)
-			return
-		}
-		for _, w := range c.Warnings {
-			fmt.Fprintf(os.Stderr, "kiln: %s\n", w)
-		}
-		l.tuned = c
 	})
 	return l.tuned
 }
@@ -176,13 +167,17 @@ func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache
 		if !w.DType.Quantized() && prefill > 1 {
 			races = append(races, tilingRace{familyPrefill, prefill, prefillCandidates()})
 		}
+		var copies []gemm.Weights // made once for the matrix's races
 		for _, r := range races {
 			key := tilingKey(r.family, w, p.Size())
 			if seen[key] {
 				continue
 			}
 			seen[key] = true
-			res, ok := raceTilings(p, w, r.T, r.cands)
+			if copies == nil {
+				copies = coldCopies(w, 256<<20)
+			}
+			res, ok := raceTilings(p, copies, r.T, r.cands)
 			if !ok {
 				return out, fmt.Errorf("cpu: tune %v: no tiling ran", key)
 			}
@@ -241,9 +236,11 @@ func prefillCandidates() []gemm.Tiling {
 	return cs
 }
 
-// raceTilings checks and races cands (cands[0] the default) for w's
-// product of T tokens; false when none ran.
-func raceTilings(p *workers.Pool, w gemm.Weights, T int, cands []gemm.Tiling) (TuneResult, bool) {
+// raceTilings checks and races cands (cands[0] the default) for the
+// product of T tokens by the matrix of copies (coldCopies: copies[0] the
+// matrix itself); false when none ran.
+func raceTilings(p *workers.Pool, copies []gemm.Weights, T int, cands []gemm.Tiling) (TuneResult, bool) {
+	w := copies[0]
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(w.N*w.K+T)))
 	x := make([]float32, T*w.K)
 	for i := range x {
@@ -261,10 +258,9 @@ func raceTilings(p *workers.Pool, w gemm.Weights, T int, cands []gemm.Tiling) (T
 			errs[i+1] = fmt.Errorf("‖Δ‖₂/‖ref‖₂ = %.3g against the default tiling's product", d)
 		}
 	}
-	// The products read copies of the weights in turn, more bytes than the
-	// caches hold, so that each finds its weights in memory as a model's
-	// step does; enough products a timing for about 20 ms.
-	copies := coldCopies(w, 256<<20)
+	// The products read the copies of the weights in turn, more bytes than
+	// the caches hold, so that each finds its weights in memory as a
+	// model's step does; enough products a timing for about 20 ms.
 	next := 0
 	product := func(tl gemm.Tiling) {
 		c := copies[next%len(copies)]

@@ -251,8 +251,8 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	hd = max(hd, 0)
 	act := b.ComputeDType(c.Graph)
 	// The two modules compile at once (NVRTC runs on the host, one thread
-	// a program): on a cold kernel cache the start takes the longer of the
-	// two, not their sum.
+	// a program), so that on a cold kernel cache their compiles overlap
+	// (the gain is not yet timed: kernels/NOTES.md, session 17).
 	var gemv *kernels.GEMV
 	var gemvErr error
 	gemvDone := make(chan struct{})

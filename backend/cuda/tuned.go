@@ -37,23 +37,9 @@ func TuneDevice(d *cu.Device) tune.Device {
 // and why are added to Stats.Choices.
 func (b *Backend) tuneCache() *tune.Cache {
 	b.tuneOnce.Do(func() {
-		mode, err := tune.ParseMode(b.Tune)
-		if err != nil || mode == tune.Off {
-			return
-		}
-		dir := b.TuneDir
-		if dir == "" {
-			dir = tune.DefaultDir()
-		}
-		c, err := tune.Open(dir, TuneDevice(b.Device))
-		if err != nil {
-			b.stats.Choices = append(b.stats.Choices, fmt.Sprintf("tune cache not used: %v", err))
-			return
-		}
-		for _, w := range c.Warnings {
-			b.stats.Choices = append(b.stats.Choices, w)
-		}
-		b.tuned = c
+		var notes []string
+		b.tuned, notes = tune.OpenMode(b.Tune, b.TuneDir, TuneDevice(b.Device))
+		b.stats.Choices = append(b.stats.Choices, notes...)
 	})
 	return b.tuned
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 	"unsafe"
 
 	"kiln/backend/cuda/kcache"
@@ -20,7 +21,13 @@ type Module struct {
 	fns   map[string]*Function
 	Cubin bool // the image was a CUBIN (else PTX, compiled by the driver)
 	Hit   bool // the image came from the kernel cache
+	// BuildTime is how long NVRTC took to compile the image (0 when it
+	// came from the kernel cache).
+	BuildTime time.Duration
 }
+
+// Name is the module's name (Device.Compile's).
+func (m *Module) Name() string { return m.name }
 
 // Function is a kernel of a module.
 type Function struct {
@@ -102,7 +109,10 @@ func (d *Device) Compile(name, src string, opts ...string) (*Module, error) {
 		Driver:   fmt.Sprintf("cuda driver %d", libs.DriverVersion),
 		Arch:     d.Arch(),
 	}.Key()
+	var took time.Duration
 	payload, hit, err := d.cache.GetOrBuild(key, func() ([]byte, error) {
+		began := time.Now()
+		defer func() { took = time.Since(began) }()
 		img, cubin, log, err := nvrtcCompile(name, src, all, wantCubin)
 		var ce *Error
 		if split && errors.As(err, &ce) && ce.Code == nvrtcInvalidOption {
@@ -130,7 +140,7 @@ func (d *Device) Compile(name, src string, opts ...string) (*Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.Cubin, m.Hit = payload[0] == imgCubin, hit
+	m.Cubin, m.Hit, m.BuildTime = payload[0] == imgCubin, hit, took
 	return m, nil
 }
 

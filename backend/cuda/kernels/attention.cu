@@ -533,7 +533,9 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	DECODE_ATTN(decode_attn_##HD, HD, false)                                                                         \
 	DECODE_ATTN(decode_attn_cl_##HD, HD, true)
 
-// KILN_HD builds one head dim's kernels (kernels.NewHeadDim), else all.
+// KILN_HD builds one head dim's kernels (kernels.NewHeadDim), else all;
+// they are part 2 of the kernels module (KILN_PART_IS).
+#if KILN_PART_IS(2)
 #ifdef KILN_HD
 #define ATTN_KERNELS_X(HD) ATTN_KERNELS(HD)
 ATTN_KERNELS_X(KILN_HD)
@@ -546,4 +548,5 @@ ATTN_KERNELS(80)
 ATTN_KERNELS(96)
 ATTN_KERNELS(128)
 #endif
+#endif // KILN_PART_IS(2)
 #endif // KV_F8

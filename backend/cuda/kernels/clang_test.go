@@ -1,9 +1,12 @@
 package kernels
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"testing"
 )
 
@@ -57,6 +60,68 @@ func TestSourcesCompile(t *testing.T) {
 					t.Errorf("%s.cu %v, ACT=%s, %s: %v\n%s", m.name, m.defs, act, arch, err, out)
 				}
 			}
+		}
+	}
+}
+
+// TestKernelParts: the kernels and GEMV modules' parts (KILN_PART,
+// compiled at once by compileParts) hold every kernel of the whole source
+// once: each kernel of the preprocessed source is in exactly one part,
+// the parts define no other, and the parts build leaves out hold none.
+func TestKernelParts(t *testing.T) {
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		t.Skip("clang is not installed")
+	}
+	prelude, err := os.ReadFile("testdata/nvrtc_prelude.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A kernel after the preprocessor (the prelude's __global__ and
+	// __launch_bounds__ are attributes).
+	kernel := regexp.MustCompile(`extern "C" __attribute__\(\(global\)\) void (?:__attribute__\(\(launch_bounds\([^)]*\)\)\) )?(\w+)\(`)
+	names := func(src string, defs ...string) []string {
+		f := filepath.Join(t.TempDir(), "m.cu")
+		if err := os.WriteFile(f, append(append(prelude, '\n'), src...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"-x", "cuda", "--cuda-gpu-arch=sm_86", "--cuda-device-only", "-nocudainc", "-nocudalib",
+			"-std=c++17", "-E", "-Wno-unknown-cuda-version"}, defs...)
+		out, err := exec.Command(clang, append(args, f)...).Output()
+		if err != nil {
+			t.Fatalf("clang -E %v: %v", defs, err)
+		}
+		var ns []string
+		for _, m := range kernel.FindAllStringSubmatch(string(out), -1) {
+			ns = append(ns, m[1])
+		}
+		slices.Sort(ns)
+		return ns
+	}
+	for _, tc := range []struct {
+		src   string
+		defs  []string
+		parts []int // the parts build compiles (of 0 to 3)
+	}{
+		{Source(), []string{"-DACT=bf16", "-DACT_MMA=1", "-DKILN_HD=128"}, []int{0, 1, 2, 3}},
+		{Source(), []string{"-DACT=bf16", "-DACT_MMA=1", "-DKILN_HD=128", "-DKV_F8=1"}, []int{0, 1, 3}},
+		{Source(), []string{"-DACT=f32", "-DKILN_HD=8"}, []int{0, 2}},
+		{Source(), []string{"-DACT=f16", "-DACT_MMA=1"}, []int{0, 1, 2, 3}},
+		{gemvSource, []string{"-DACT=bf16", "-DGEMV_MMA=1", "-DGEMV_SWEEP=1"}, []int{0, 1, 2}},
+		{gemvSource, []string{"-DACT=f32"}, []int{0, 1}},
+	} {
+		whole := names(tc.src, tc.defs...)
+		var parts []string
+		for p := range 4 {
+			ns := names(tc.src, append(slices.Clone(tc.defs), fmt.Sprintf("-DKILN_PART=%d", p))...)
+			if built := slices.Contains(tc.parts, p); (len(ns) > 0) != built {
+				t.Errorf("%v: part %d holds %d kernels (built: %v)", tc.defs, p, len(ns), built)
+			}
+			parts = append(parts, ns...)
+		}
+		slices.Sort(parts)
+		if len(whole) < 10 || !slices.Equal(parts, whole) {
+			t.Errorf("%v: the parts hold %d kernels, the whole source %d (each once in the parts: %v)", tc.defs, len(parts), len(whole), slices.Equal(slices.Compact(slices.Clone(parts)), parts))
 		}
 	}
 }

@@ -577,6 +577,8 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2>(DC_ARGS); }
+// Part 3 of the kernels module (KILN_PART_IS).
+#if KILN_PART_IS(3)
 #ifdef KILN_HD
 #if KILN_HD >= 16
 #define DECODE_MMA_X(HD) DECODE_MMA(HD)
@@ -590,5 +592,6 @@ DECODE_MMA(80)
 DECODE_MMA(96)
 DECODE_MMA(128)
 #endif
+#endif // KILN_PART_IS(3)
 
 #endif // ACT_MMA

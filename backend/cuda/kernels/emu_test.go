@@ -257,7 +257,7 @@ func prefillEmuSource(t *testing.T, defines string) string {
 func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	t.Helper()
 	b.WriteString(readEmu(t, "prelude.h"))
-	b.WriteString("\n#define ACT_MMA 1\n" + defines)
+	b.WriteString("\n#define ACT_MMA 1\n#define KILN_PART_IS(p) 1\n" + defines) // shared.cu's, for the whole source
 	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
 	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))

@@ -639,6 +639,8 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, int K, int
 #define GEMV_CC(LM)                                                                 \
 	GEMV(1, 2, 4, LM) GEMV(2, 2, 4, LM) GEMV(3, 2, 4, LM) GEMV(4, 2, 4, LM) \
 	GEMV(5, 4, 4, LM) GEMV(6, 4, 4, LM) GEMV(7, 4, 4, LM) GEMV(8, 4, 4, LM)
+// They are part 0 of the GEMV module (KILN_PART_IS).
+#if KILN_PART_IS(0)
 GEMV_CC(1)
 GEMV_EPI(1, 2, 4, 1) GEMV_EPI(2, 2, 4, 1) GEMV_EPI(3, 2, 4, 1) GEMV_EPI(4, 2, 4, 1)
 GEMV_EPI(5, 4, 4, 1) GEMV_EPI(6, 4, 4, 1) GEMV_EPI(7, 4, 4, 1) GEMV_EPI(8, 4, 4, 1)
@@ -670,3 +672,4 @@ GEMV_MMA_EXTRA(1)
 GEMV_MMA_EXTRA(2)
 #endif
 #endif
+#endif // KILN_PART_IS(0)

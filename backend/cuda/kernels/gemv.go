@@ -76,9 +76,10 @@ var ErrGEMVShape = errors.New("kernels: gemv does not take this product")
 // when the tiles alone would leave multiprocessors idle. Safe for
 // concurrent use.
 type GEMV struct {
-	D   *cu.Device
-	Act cu.DType
-	M   *cu.Module
+	D     *cu.Device
+	Act   cu.DType
+	M     *cu.Module   // the part of the CUDA-core and mma GEMVs (of parts)
+	parts *moduleParts // the parts, each holding some of the kernels
 	// PDL launches as programmatic dependent launches (cu.LaunchDependent):
 	// the weights stream in while the previous kernel finishes. On by
 	// default.
@@ -318,15 +319,24 @@ func newGEMV(d *cu.Device, act cu.DType, sweep bool) (*GEMV, error) {
 		name += "_sweep"
 		opts = append(opts, "-DGEMV_SWEEP=1")
 	}
-	m, err := d.Compile(name, gemvSource, opts...)
+	// In parts compiled at once (moduleParts): the CUDA-core and mma
+	// GEMVs, the K-quant GEMVs, the tile kernels (f16 and bf16 only).
+	parts := []int{0, 1}
+	if act != cu.F32 {
+		parts = append(parts, 2)
+	}
+	mp, err := compileParts(d, name, gemvSource, opts, parts)
 	if err != nil {
 		return nil, err
 	}
-	return &GEMV{D: d, Act: act, M: m, PDL: true, fns: map[gemvCfg]*cu.Function{}, splits: map[tileKey]int{}, kqOcc: map[gemvCfg]int{}}, nil
+	return &GEMV{D: d, Act: act, M: mp.mods[0], parts: mp, PDL: true, fns: map[gemvCfg]*cu.Function{}, splits: map[tileKey]int{}, kqOcc: map[gemvCfg]int{}}, nil
 }
 
+// Modules are the parts g was compiled in.
+func (g *GEMV) Modules() []*cu.Module { return g.parts.mods }
+
 // Close unloads the module.
-func (g *GEMV) Close() error { return g.M.Close() }
+func (g *GEMV) Close() error { return g.parts.close() }
 
 // Check reports whether Run takes the product (nil) or not (an error
 // wrapping ErrGEMVShape).
@@ -474,7 +484,10 @@ func (g *GEMV) function(c gemvCfg) (*cu.Function, error) {
 	if f != nil {
 		return f, nil
 	}
-	f, err := g.M.Function(c.name())
+	m, err := g.parts.holding(c.name())
+	if err == nil {
+		f, err = m.Function(c.name())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kernels: %s: %w", c.name(), err)
 	}

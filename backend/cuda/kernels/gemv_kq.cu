@@ -323,5 +323,8 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 #define GEMV_KQ_ALL(NAME, FMT) \
 	GEMV_KQ(NAME, FMT, 1) GEMV_KQ(NAME, FMT, 2) GEMV_KQ(NAME, FMT, 3) GEMV_KQ(NAME, FMT, 4) \
 	GEMV_KQ(NAME, FMT, 5) GEMV_KQ(NAME, FMT, 6) GEMV_KQ(NAME, FMT, 7) GEMV_KQ(NAME, FMT, 8)
+// Part 1 of the GEMV module (KILN_PART_IS).
+#if KILN_PART_IS(1)
 GEMV_KQ_ALL(q4k, KQ4K)
 GEMV_KQ_ALL(q6k, KQ6K)
+#endif

@@ -285,7 +285,9 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		gemv_tile_impl<NT, BK, ST, PF>(x, w, K, TT, splits,                                                 \
 		                               RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
 	}
-// The configuration gemv.go uses (tileBK, tileStages, tilePF).
+// The configuration gemv.go uses (tileBK, tileStages, tilePF); the tile
+// kernels are part 2 of the GEMV module (KILN_PART_IS).
+#if KILN_PART_IS(2)
 GEMV_TILE(2, 64, 4, 1)
 GEMV_TILE(4, 64, 4, 1)
 GEMV_TILE(8, 64, 4, 1)
@@ -308,4 +310,5 @@ GEMV_TILE_R64(4, 64, 4, 1)
 GEMV_TILE_R64(8, 64, 4, 1)
 GEMV_TILE_R64(8, 64, 6, 1)
 #endif
+#endif // KILN_PART_IS(2)
 #endif // GEMV_MMA

@@ -366,6 +366,9 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 		out[i] = fromf<T>(tof(x[i]) + tof(b[i % cols]));
 }
 
+// The kernels below are part 0 of the kernels module (KILN_PART_IS).
+#if KILN_PART_IS(0)
+
 // The register-path norms of weight dtype W: rmsnorm_<V>_w<W> and
 // add_rmsnorm_<V>_w<W>, PREW as norm_vec_impl's; the <V>q variants write
 // the normalized rows in their FP8 form.
@@ -817,3 +820,4 @@ extern "C" __global__ void select_rows(const T* x, T* out, const int* rowIdx, in
 	}
 }
 
+#endif // KILN_PART_IS(0)

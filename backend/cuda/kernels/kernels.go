@@ -49,11 +49,12 @@ func Source() string { return source }
 // such as stories260K) takes the CUDA-core prefill kernel.
 var HeadDims = []int{8, 16, 32, 64, 80, 96, 128}
 
-// Kernels is the module of one activation dtype on one device.
+// Kernels is the module of one activation dtype on one device, compiled
+// in parts (build).
 type Kernels struct {
 	D   *cu.Device
 	Act cu.DType
-	M   *cu.Module
+	M   *cu.Module // the part of the common kernels (of mods)
 	// PDL launches the kernels that start with pdl_enter (every kernel of
 	// kernels.cu, and decode attention) as programmatic dependent launches:
 	// each is scheduled while the previous kernel finishes, hiding the gap
@@ -66,6 +67,7 @@ type Kernels struct {
 	// (NewHeadDim), 0 when it holds every one of HeadDims.
 	HeadDim int
 
+	parts     *moduleParts // the parts, each holding some of the kernels
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
 }
@@ -104,12 +106,34 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	if hd != 0 {
 		name, opts = fmt.Sprintf("%s_hd%d", name, hd), append(opts, fmt.Sprintf("-DKILN_HD=%d", hd))
 	}
-	m, err := d.Compile(name, source, opts...)
+	// The source compiles as up to four NVRTC programs at once (KILN_PART
+	// in shared.cu: the common kernels, the tensor-core prefill attention,
+	// the CUDA-core attention, the tensor-core decode attention): NVRTC
+	// spends most of a cold start in the attention kernels, a program on
+	// few host threads even with --split-compile, so the parts take about
+	// as long as the longest of them instead of their sum (on an H100
+	// host, the Llama-3-8B shape's bf16 kernels in three parts: 3.2, 1.3
+	// and 5.7 s, the decode part both kinds of attention; docs/PERF.md,
+	// "Cold start").
+	parts := []int{0, 1, 2, 3}
+	switch {
+	case act == cu.F32:
+		parts = []int{0, 2} // no tensor-core kernels (ACT_MMA) in f32
+	case kvF8:
+		parts = []int{0, 1, 3} // an FP8 cache has no CUDA-core attention
+	}
+	mods, err := compileParts(d, name, source, opts, parts)
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: m, PDL: true, KVF8: kvF8, HeadDim: hd, sharedSet: map[string]int{}}, nil
+	return &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, sharedSet: map[string]int{}}, nil
 }
+
+// Modules are the parts k was compiled in.
+func (k *Kernels) Modules() []*cu.Module { return k.parts.mods }
+
+// module is the module of k's parts that holds kernel name.
+func (k *Kernels) module(name string) (*cu.Module, error) { return k.parts.holding(name) }
 
 // NewFP8KV compiles (or loads from the kernel cache) the module of an FP8
 // KV cache for activation dtype act (f16 or bf16, compute capability 8.9
@@ -149,10 +173,14 @@ func FP8OK(heads, kvHeads, headDim int) error {
 }
 
 // Close unloads the module.
-func (k *Kernels) Close() error { return k.M.Close() }
+func (k *Kernels) Close() error { return k.parts.close() }
 
 func (k *Kernels) launch(name string, grid, block cu.Dim3, shared int, s *cu.Stream, args ...any) error {
-	return launchOn(k.M, name, grid, block, shared, s, args...)
+	m, err := k.module(name)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", name, err)
+	}
+	return launchOn(m, name, grid, block, shared, s, args...)
 }
 
 // launchDep launches a kernel that starts with pdl_enter: as a
@@ -161,7 +189,11 @@ func (k *Kernels) launchDep(name string, grid, block cu.Dim3, shared int, s *cu.
 	if !k.PDL {
 		return k.launch(name, grid, block, shared, s, args...)
 	}
-	if err := k.M.LaunchDependent(name, grid, block, shared, s, args...); err != nil {
+	m, err := k.module(name)
+	if err == nil {
+		err = m.LaunchDependent(name, grid, block, shared, s, args...)
+	}
+	if err != nil {
 		return fmt.Errorf("kernels: %s: %w", name, err)
 	}
 	return nil
@@ -575,7 +607,11 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 	if have >= shared {
 		return nil
 	}
-	f, err := k.M.Function(name)
+	m, err := k.module(name)
+	if err != nil {
+		return err
+	}
+	f, err := m.Function(name)
 	if err != nil {
 		return err
 	}
@@ -928,7 +964,11 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.SeqFresh),
 		m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits)}
 	if plan.Cluster {
-		if err := k.M.LaunchInClusters(name, plan.MaxSplits, k.PDL, grid, cu.D1(decodeThreads), shared, s, args...); err != nil {
+		m, err := k.module(name)
+		if err == nil {
+			err = m.LaunchInClusters(name, plan.MaxSplits, k.PDL, grid, cu.D1(decodeThreads), shared, s, args...)
+		}
+		if err != nil {
 			return fmt.Errorf("kernels: %s: %w", name, err)
 		}
 		return nil

@@ -107,7 +107,7 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 	if err := k.raiseShared(name, shared); err != nil {
 		return err
 	}
-	return launchOn(k.M, name, cu.D1(m.Tiles*a.Heads/cfg.heads()), cu.D1(128*cfg.wg), shared, s, args...)
+	return k.launch(name, cu.D1(m.Tiles*a.Heads/cfg.heads()), cu.D1(128*cfg.wg), shared, s, args...)
 }
 
 // mmaHeads is the number of query heads of one tensor-core prefill block

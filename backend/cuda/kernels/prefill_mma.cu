@@ -425,6 +425,8 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 	PF_KERNEL(prefill_mma_##HD, HD, 2, 2, 64, 2, (2 * HD <= 128))                                                   \
 	PF_KERNEL(prefill_mma2_##HD, HD, 2, 1, (2 * HD <= 128 ? 64 : 32), 2, (2 * HD <= 128))                          \
 	PF_KERNEL(prefill_mma1_##HD, HD, 1, 1, 64, 2, true)
+// Part 1 of the kernels module (KILN_PART_IS).
+#if KILN_PART_IS(1)
 #ifdef KILN_HD
 #if KILN_HD >= 16
 #define MMA_KERNELS_X(HD) MMA_KERNELS(HD)
@@ -438,5 +440,6 @@ MMA_KERNELS(80)
 MMA_KERNELS(96)
 MMA_KERNELS(128)
 #endif
+#endif // KILN_PART_IS(1)
 
 #endif // ACT_MMA

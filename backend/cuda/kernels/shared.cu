@@ -2,6 +2,18 @@
 // prepended to kernels.cu (SwiGLU, RoPE) and gemv.cu (its SwiGLU and RoPE
 // epilogues), whose outputs must agree to the bit. Plain float math only.
 
+// KILN_PART_IS(p): whether a module compiled in parts (kernels.build
+// compiles the kernels module as several NVRTC programs at once, each
+// with -DKILN_PART=p) holds part p's kernels: 0 the common kernels, 1 the
+// tensor-core prefill attention, 2 the CUDA-core attention (decode and
+// prefill), 3 the tensor-core decode attention. A source compiled whole
+// (no KILN_PART) holds them all.
+#ifdef KILN_PART
+#define KILN_PART_IS(p) (KILN_PART == (p))
+#else
+#define KILN_PART_IS(p) 1
+#endif
+
 // silu_f is SiLU(v) = v / (1 + e^−v).
 __device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
 

@@ -17,7 +17,7 @@ type metrics struct {
 	prefixQueries, prefixHits prometheus.Counter
 }
 
-func newMetrics(s *Scheduler) *metrics {
+func newMetrics(s *Scheduler, jitWork func() int64) *metrics {
 	reg := prometheus.NewRegistry()
 	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 	hist := func(name, help string) prometheus.Histogram {
@@ -64,6 +64,14 @@ func newMetrics(s *Scheduler) *metrics {
 		func(st Stats) float64 { return float64(st.KVSlotsUsed) })
 	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks (or of device memory for a one-token step).", func(st Stats) float64 { return float64(st.Preemptions) })
 	counter("kiln:num_oom_retries_total", "Steps that failed for lack of device memory and were retried smaller instead of failing their requests.", func(st Stats) float64 { return float64(st.OOMRetries) })
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kiln:jit_fallback_total",
+		Help: "Kernel modules compiled and first-use choices (product kernels, decode attention splits) timed at run time: with --artifact, what the artifact did not hold."},
+		func() float64 {
+			if jitWork == nil {
+				return 0
+			}
+			return float64(jitWork())
+		}))
 	return m
 }
 

@@ -38,6 +38,10 @@ type Options struct {
 	APIKey     string       // "": no authentication
 	MaxBody    int64        // request body limit in bytes (0: 1 MiB)
 	Log        *slog.Logger // nil: slog.Default()
+	// JITWork counts the kernel modules compiled and the first-use choices
+	// timed at run time (kiln:jit_fallback_total: what an ahead-of-time
+	// artifact did not hold); nil: none (the CPU).
+	JITWork func() int64
 }
 
 // Server is the HTTP API over a Scheduler.
@@ -59,7 +63,7 @@ func NewServer(s *Scheduler, o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{s: s, o: o, m: newMetrics(s), created: time.Now().Unix()}
+	return &Server{s: s, o: o, m: newMetrics(s, o.JITWork), created: time.Now().Unix()}
 }
 
 // SetReady marks the model loaded (or not) for /health.

@@ -139,6 +139,36 @@ func (t *Tensor) F32s() ([]float32, error) {
 	return out, nil
 }
 
+// EncodeF32 encodes vals as dtype d (F32, F16, BF16 or F8_E4M3, each
+// value rounded to nearest even) into len(vals) elements of bytes.
+func EncodeF32(d DType, vals []float32) ([]byte, error) {
+	var b []byte
+	switch d {
+	case F32:
+		b = make([]byte, 4*len(vals))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+	case F16, BF16:
+		put := F32ToF16
+		if d == BF16 {
+			put = F32ToBF16
+		}
+		b = make([]byte, 2*len(vals))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint16(b[2*i:], put(v))
+		}
+	case F8_E4M3:
+		b = make([]byte, len(vals))
+		for i, v := range vals {
+			b[i] = F32ToE4M3(v)
+		}
+	default:
+		return nil, fmt.Errorf("encode: unsupported dtype %v", d)
+	}
+	return b, nil
+}
+
 // FromF32 builds an F32 tensor holding a copy of vals.
 func FromF32(name string, shape Shape, vals []float32) *Tensor {
 	data := make([]byte, 4*len(vals))

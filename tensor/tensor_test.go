@@ -143,3 +143,34 @@ func TestQuantizeParallel(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodeF32: EncodeF32 then ToF32 gives back values the dtype holds
+// exactly, and the nearest one for others; block types are refused.
+func TestEncodeF32(t *testing.T) {
+	vals := []float32{1.5, -2, 0, 0.25, 1.0 / 3}
+	for _, tc := range []struct {
+		d    DType
+		last float32 // what 1/3 comes back as
+	}{{F32, 1.0 / 3}, {F16, F16ToF32(F32ToF16(1.0 / 3))}, {BF16, BF16ToF32(F32ToBF16(1.0 / 3))}, {F8_E4M3, E4M3ToF32(F32ToE4M3(1.0 / 3))}} {
+		b, err := EncodeF32(tc.d, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, len(vals))
+		if err := ToF32(tc.d, b, got); err != nil {
+			t.Fatal(err)
+		}
+		want := append(vals[:4:4], tc.last)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("%v: element %d is %v, want %v", tc.d, i, got[i], want[i])
+			}
+		}
+		if tc.d != F32 && tc.last == 1.0/3 {
+			t.Errorf("%v holds 1/3 exactly", tc.d)
+		}
+	}
+	if _, err := EncodeF32(Q4_0, vals); err == nil {
+		t.Error("Q4_0 encoded")
+	}
+}

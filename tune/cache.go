@@ -104,6 +104,7 @@ type Cache struct {
 
 	mu      sync.Mutex
 	entries map[Key]Entry
+	memOnly bool // KeepInMemory
 	// Warnings says what was skipped while reading (corrupt entries or
 	// files, entries filed under another device), for the caller to log.
 	Warnings []string
@@ -181,7 +182,19 @@ func (c *Cache) Put(e Entry) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.entries[e.Key] = e
+	if c.memOnly {
+		return nil
+	}
 	return c.save()
+}
+
+// KeepInMemory makes Put keep its entries in memory, never writing the
+// directory (a cache read from an ahead-of-time artifact, which is not
+// changed by the runs that start from it).
+func (c *Cache) KeepInMemory() {
+	c.mu.Lock()
+	c.memOnly = true
+	c.mu.Unlock()
 }
 
 // Export writes every entry, with the device they hold for, to w: the file

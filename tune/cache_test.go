@@ -233,3 +233,30 @@ func FuzzImport(f *testing.F) {
 		}
 	})
 }
+
+// TestKeepInMemory: a cache kept in memory (an artifact's) takes entries
+// and answers for them but never writes its directory.
+func TestKeepInMemory(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, dir, h200)
+	if err := c.Put(entry("T≤1 K=8 N=8", "gemv")); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(c.path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = mustOpen(t, dir, h200)
+	c.KeepInMemory()
+	e := entry("T≤64 K=8 N=8", "cublaslt")
+	if err := c.Put(e); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := c.Get(e.Key); !ok || got.Choice != "cublaslt" || c.Len() != 2 {
+		t.Errorf("in memory: %+v %v, %d entries", got, ok, c.Len())
+	}
+	after, _ := os.ReadFile(c.path())
+	if !bytes.Equal(before, after) {
+		t.Error("a cache kept in memory wrote its file")
+	}
+}

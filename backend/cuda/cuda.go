@@ -13,7 +13,9 @@ package cuda
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kiln/backend"
@@ -82,10 +84,12 @@ type Backend struct {
 	// TuneDir (default tune.DefaultDir()).
 	Tune, TuneDir string
 
-	stats     Stats
-	profIndex map[string]int // Stats.Profile's entry of each name
-	tuneOnce  sync.Once
-	tuned     *tune.Cache
+	stats        Stats
+	profIndex    map[string]int // Stats.Profile's entry of each name
+	tuneOnce     sync.Once
+	tuned        *tune.Cache
+	tuneInMemory bool         // the tune cache is an artifact's (StartFrom): never written
+	races        atomic.Int64 // first-use choices timed (JITWork)
 }
 
 // Stats counts how steps were launched.
@@ -110,6 +114,9 @@ type Stats struct {
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.
 	DeviceTime time.Duration
+	// Compiles lists the modules Load compiled (not found in the kernel
+	// cache or an artifact), each with NVRTC's time.
+	Compiles []string
 	// Choices lists the product shapes timed on both the skinny GEMV and
 	// cuBLASLt, and the decode attention splits timed, with the times and
 	// the one kept, in the order first met.
@@ -272,6 +279,15 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	k.PDL = !b.NoPDL
+	mods := k.Modules()
+	if gemvErr == nil {
+		mods = slices.Concat(mods, gemv.Modules())
+	}
+	for _, m := range mods {
+		if !m.Hit {
+			b.stats.Compiles = append(b.stats.Compiles, fmt.Sprintf("%s: %.1f s", m.Name(), m.BuildTime.Seconds()))
+		}
+	}
 	lt, err := b.Device.NewBlasLt(32 << 20)
 	if err != nil {
 		closeGEMV()

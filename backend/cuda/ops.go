@@ -366,7 +366,8 @@ type algoKey struct {
 // it), the candidates (cu.BlasLt.Algorithms: the heuristic's, and those
 // with K split) race on the step's operands (writing the product's own
 // output before the product runs) against the heuristic's first choice,
-// which is kept unless one beats it in every timing (race).
+// which is kept unless one beats it in every timing (race); each is
+// first checked against the first choice (verifyProduct).
 // Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for
 // timings) and a fixed Backend.Products take the first choice.
 func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
@@ -405,8 +406,9 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			if c, err := l.lt.Config(m, i); err == nil && c.SplitK > 1 {
 				name += fmt.Sprintf(" (K in %d)", c.SplitK)
 			}
-			cands[i] = candidate{name, func() error { return l.lt.Matmul(m) }}
+			cands[i] = candidate{name: name, run: func() error { return l.lt.Matmul(m) }}
 		}
+		l.verifyProduct(mm, cands)
 		r := l.race(cands)
 		if r.Best >= 0 {
 			best = r.Best
@@ -446,8 +448,9 @@ type decodeKey struct {
 // kernels.DecodePlans: the first time a shape and context bucket are seen
 // (and the tune cache has no choice for it) the candidates race on the
 // step's batch against the first (race; decodeWorkspace runs before the
-// step's kernels, so what the runs write is overwritten); a cluster plan
-// whose launch is refused is passed over.
+// step's kernels, so what the runs write is overwritten), each first
+// checked against it (verifyDecode); a cluster plan whose launch is
+// refused, or a plan whose result is wrong, is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
 	key := decodeKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, pow2(x.planMeta.T), x.planMeta.MaxPos + 1, x.kv.spec.FP8}
@@ -471,13 +474,15 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		}
 		cs := make([]candidate, len(cands))
 		for i, p := range cands {
-			cs[i] = candidate{p.String(), func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
+			cs[i] = candidate{name: p.String(), run: func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
 		}
+		l.verifyDecode(at, x.m.T, nd.in[0].dtype, cs)
 		r := l.race(cs)
 		for i, err := range r.Errs {
 			// A cluster the device cannot place (a launch error, not a
-			// fault) is no candidate; any other failure is the step's.
-			if err != nil && !cands[i].Cluster {
+			// fault) is no candidate, nor is a plan verify rejected; any
+			// other failure is the step's.
+			if err != nil && !cands[i].Cluster && !isRejection(err) {
 				return cands[i], err
 			}
 		}

@@ -27,28 +27,7 @@ func TestTuneCache(t *testing.T) {
 	run := func(mode, tuneDir string) ([][]float32, []string) {
 		b := backendOf(t, "bf16")
 		b.Tune, b.TuneDir = mode, tuneDir
-		e := openEngine(t, model, b, engine.Options{MaxSeqs: seqs})
-		var sq []*engine.Sequence
-		for i := range seqs {
-			q := e.NewSequence()
-			if _, err := e.Prefill(q, []int{1, 2 + i, 3}, false); err != nil {
-				t.Fatal(err)
-			}
-			sq = append(sq, q)
-		}
-		var out [][]float32
-		for step := range steps {
-			items := make([]engine.Item, seqs)
-			for i := range items {
-				items[i] = engine.Item{Seq: sq[i], Tokens: []int{7 + step + i}}
-			}
-			l, err := e.Step(items)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, slices.Clone(l))
-		}
-		return out, b.Stats().Choices
+		return decodeSteps(t, model, b, seqs, steps), b.Stats().Choices
 	}
 	cached := func(choices []string) (n int) {
 		for _, c := range choices {
@@ -86,4 +65,33 @@ func TestTuneCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d entries filed; second start's choices:\n%s", c.Len(), strings.Join(c2, "\n"))
+}
+
+// decodeSteps prefills seqs sequences of 3 tokens of the model at path on
+// b (an engine of 16 sequences at most) and returns the logits of steps
+// decode steps of them all.
+func decodeSteps(t *testing.T, path string, b *cuda.Backend, seqs, steps int) [][]float32 {
+	t.Helper()
+	e := openEngine(t, path, b, engine.Options{MaxSeqs: 16})
+	var sq []*engine.Sequence
+	for i := range seqs {
+		q := e.NewSequence()
+		if _, err := e.Prefill(q, []int{1, 2 + i, 3}, false); err != nil {
+			t.Fatal(err)
+		}
+		sq = append(sq, q)
+	}
+	var out [][]float32
+	for step := range steps {
+		items := make([]engine.Item, seqs)
+		for i := range items {
+			items[i] = engine.Item{Seq: sq[i], Tokens: []int{7 + step + i}}
+		}
+		l, err := e.Step(items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, slices.Clone(l))
+	}
+	return out
 }

@@ -39,6 +39,9 @@ func (b *Backend) tuneCache() *tune.Cache {
 	b.tuneOnce.Do(func() {
 		var notes []string
 		b.tuned, notes = tune.OpenMode(b.Tune, b.TuneDir, TuneDevice(b.Device))
+		if b.tuned != nil && b.tuneInMemory {
+			b.tuned.KeepInMemory()
+		}
 		b.stats.Choices = append(b.stats.Choices, notes...)
 	})
 	return b.tuned
@@ -80,6 +83,20 @@ func (l *loaded) keep(k tune.Key, choice, def string, r raceResult, cands []cand
 type candidate struct {
 	name string
 	run  func() error
+	// check computes the result verify compares, when run computes more
+	// (nil: run).
+	check func() error
+	// rejected is verify's verdict against the candidate (nil: none):
+	// the race does not time it and records this as its error.
+	rejected error
+}
+
+// checker is what verify runs of c.
+func (c candidate) checker() func() error {
+	if c.check != nil {
+		return c.check
+	}
+	return c.run
 }
 
 // raceResult is tune.Race's result over candidates timed by timeOn (ms of
@@ -87,9 +104,14 @@ type candidate struct {
 type raceResult struct{ tune.Result }
 
 // race races cands on the stream (tune.Race: cands[0] the default, kept
-// unless another beats it in every timing), each timing one timeOn.
+// unless another beats it in every timing), each timing one timeOn; a
+// candidate verify rejected fails without running.
 func (l *loaded) race(cands []candidate) raceResult {
+	l.b.races.Add(1)
 	return raceResult{tune.Race(len(cands), func(i int) (float64, error) {
+		if err := cands[i].rejected; err != nil {
+			return 0, err
+		}
 		ms, err := l.timeOn(cands[i].run)
 		return float64(ms), err
 	})}
@@ -123,7 +145,8 @@ func (r raceResult) line(cands []candidate) string {
 // the GEMV (in the tile kernels, each split of K; with ep in its
 // epilogue). Both ways write what the step writes. It sets the tile
 // kernels' split kept, notes the race in Stats.Choices and files it in the
-// tune cache under tk.
+// tune cache under tk. Before the race, each way's plain product is
+// checked against cuBLASLt's (verifyProduct).
 func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) bool {
 	f32 := mm.Out == cu.F32
 	lt := mm
@@ -137,36 +160,53 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 			fused = false
 		}
 	}
-	cands := []candidate{{"cuBLASLt", func() error { return l.lt.Matmul(lt) }}}
+	product := func() error { return l.lt.Matmul(lt) }
+	cands := []candidate{{name: "cuBLASLt", run: product}}
 	if fused {
-		cands[0] = candidate{"cuBLASLt + " + ep.kernel, func() error {
+		cands[0] = candidate{name: "cuBLASLt + " + ep.kernel, run: func() error {
 			if err := l.lt.Matmul(lt); err != nil {
 				return err
 			}
 			return ep.launch(x, ep)
-		}}
+		}, check: product}
 	}
 	splits := l.gemv.TileSplits(mm.T, mm.K, mm.N)
-	gemv := func(s int) func() error {
+	// plain is the GEMV's plain product with K split s ways (0: the
+	// vector kernels'), which verify checks for a fused candidate too:
+	// the kernels package's tests (TestGEMVSwiGLU, TestGEMVRoPEQKV) hold
+	// each fused epilogue to the plain product followed by its reader's
+	// kernel bit for bit, and a plain product sets no split, nor writes
+	// the KV cache as the RoPE epilogue does.
+	plain := func(s int) func() error {
 		return func() error {
-			switch {
-			case fused:
-				if s > 0 {
-					l.gemv.SetTileSplits(mm.T, mm.K, mm.N, s)
-				}
-				return l.gemvEpilogue(x, ep, mm)
-			case s > 0:
+			if s > 0 {
 				return l.gemv.RunTileSplits(l.stream, s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32)
 			}
 			return l.gemv.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, f32)
 		}
 	}
+	gemv := func(s int) candidate {
+		name := "gemv"
+		if s > 0 {
+			name = fmt.Sprintf("gemv K split %d", s)
+		}
+		if !fused {
+			return candidate{name: name, run: plain(s)}
+		}
+		return candidate{name: name, run: func() error {
+			if s > 0 {
+				l.gemv.SetTileSplits(mm.T, mm.K, mm.N, s)
+			}
+			return l.gemvEpilogue(x, ep, mm)
+		}, check: plain(s)}
+	}
 	if len(splits) == 0 {
-		cands = append(cands, candidate{"gemv", gemv(0)})
+		cands = append(cands, gemv(0))
 	}
 	for _, s := range splits {
-		cands = append(cands, candidate{fmt.Sprintf("gemv K split %d", s), gemv(s)})
+		cands = append(cands, gemv(s))
 	}
+	l.verifyProduct(mm, cands)
 	// The fused candidates set the split their launch takes; the race must
 	// leave the split it found (products of the same tile shape share it).
 	was, wasSet := l.gemv.TileSplit(mm.T, mm.K, mm.N)

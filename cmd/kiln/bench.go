@@ -55,14 +55,9 @@ func cmdBenchModel(args []string) error {
 	if err != nil {
 		return err
 	}
-	bs, err := parseIDs(*batches)
+	bs, err := parseBatches(*batches)
 	if err != nil {
-		return fmt.Errorf("--batch: %w", err)
-	}
-	for _, b := range bs {
-		if b < 1 {
-			return fmt.Errorf("--batch %d must be at least 1", b)
-		}
+		return err
 	}
 	if *pp < 0 || *tg < 0 || *depth < 0 || *reps < 1 {
 		return fmt.Errorf("--pp, --tg, --depth must be >= 0 and --reps >= 1")
@@ -125,6 +120,9 @@ func cmdBenchModel(args []string) error {
 		return err
 	}
 	defer m.Close()
+	if err := ef.startFrom(be, m); err != nil {
+		return err
+	}
 	maxBatch := 1
 	for _, b := range bs {
 		maxBatch = max(maxBatch, b)
@@ -239,6 +237,14 @@ func cmdBenchModel(args []string) error {
 		for _, p := range profiles {
 			p.print(rep)
 		}
+		if gpu != nil {
+			modules, choices := gpu.JITWork()
+			fmt.Printf("\ncompiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",
+				modules, gpu.Device.KernelCache().Stats().BuildTime.Seconds(), choices)
+			if c := gpu.Stats().Compiles; len(c) > 0 {
+				fmt.Printf("modules compiled at once: %s\n", strings.Join(c, ", "))
+			}
+		}
 		if gpu != nil && len(gpu.Stats().Choices) > 0 {
 			fmt.Printf("\nproducts, timed at first use (GEMV against cuBLASLt up to %d rows):\n", kernels.GEMVMaxT)
 			for _, c := range gpu.Stats().Choices {
@@ -336,4 +342,18 @@ func (p kernelProfile) print(rep *bench.ModelReport) {
 			fmt.Printf("\nthe timed steps (graphs replayed): %.1f µs a step\n", 1e6*float64(r.Batch)/r.TokensPerSec)
 		}
 	}
+}
+
+// parseBatches reads a --batch list of batch sizes, each at least 1.
+func parseBatches(s string) ([]int, error) {
+	bs, err := parseIDs(s)
+	if err != nil {
+		return nil, fmt.Errorf("--batch: %w", err)
+	}
+	for _, b := range bs {
+		if b < 1 {
+			return nil, fmt.Errorf("--batch %d must be at least 1", b)
+		}
+	}
+	return bs, nil
 }

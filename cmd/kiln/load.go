@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"kiln/artifact"
 	"kiln/backend"
 	"kiln/backend/cpu"
 	"kiln/backend/cuda"
@@ -198,6 +199,10 @@ func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engine
 	if err != nil {
 		return nil, err
 	}
+	if err := f.startFrom(b, m); err != nil {
+		closeBackend(b)
+		return nil, err
+	}
 	if o.Buckets == nil {
 		o.Buckets = bucketsFor(b)
 	}
@@ -206,7 +211,7 @@ func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engine
 		o.KVCacheFraction = kvFractionFor(b)
 	}
 	e, err := engine.New(m, b, o)
-	if _, gpu := b.(*cuda.Backend); err != nil && gpu && (f.device == "auto" || f.device == "") {
+	if _, gpu := b.(*cuda.Backend); err != nil && gpu && (f.device == "auto" || f.device == "") && f.artifact == "" {
 		// Under auto, a model the GPU backend cannot take runs on the CPU.
 		closeBackend(b)
 		fmt.Fprintf(os.Stderr, "kiln: running on the CPU (the GPU cannot run this model: %v)\n", err)
@@ -242,4 +247,29 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 func (f *engineFlags) configure(b *cuda.Backend) {
 	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues, b.NoFP8, b.WidenBlocks = progressWriter(), !f.graphs, !f.pdl, !f.epilogues, !f.fp8, !f.blocks
 	b.Tune = f.tune
+}
+
+// startFrom makes b start from the artifact --artifact names, after
+// checking that it was built for this device, kiln build and model.
+func (f *engineFlags) startFrom(b backend.Backend, m *model.Model) error {
+	if f.artifact == "" {
+		return nil
+	}
+	gpu, ok := b.(*cuda.Backend)
+	if !ok {
+		return fmt.Errorf("--artifact holds GPU kernels: it needs the GPU it was compiled for (--device cuda)")
+	}
+	if mode, _ := tune.ParseMode(f.tune); mode != tune.Cached {
+		return fmt.Errorf("--artifact takes the tuned choices it holds: it cannot be used with --tune %s", f.tune)
+	}
+	a, err := artifact.Read(f.artifact)
+	if err != nil {
+		return err
+	}
+	if err := a.Check(cuda.TuneDevice(gpu.Device), tune.KilnVersion(), artifact.Fingerprint(m)); err != nil {
+		return fmt.Errorf("--artifact %s: %w", f.artifact, err)
+	}
+	gpu.StartFrom(f.artifact)
+	fmt.Fprintf(os.Stderr, "kiln: starting from the artifact %s (built %s for %s)\n", f.artifact, a.Created.Format("2006-01-02 15:04 MST"), a.Device.Name)
+	return nil
 }

@@ -23,7 +23,8 @@ usage:
   kiln quantize MODEL OUT.gguf [--to q8_0|q4_0|f16|bf16|f32]
   kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
   kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] | kiln tune list | export FILE | import FILE [--device cpu|cuda]
-  kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
+  kiln compile MODEL --device cuda -o DIR [--prefill N] [--depth N] [--batch 1,2,4,...,256]
+  kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY] [--artifact DIR]
 
 MODEL is a Hugging Face directory, a .gguf file, or a llama2.c .bin (with
 --tokenizer for its tokenizer.bin); kiln run without one uses the built-in
@@ -41,6 +42,7 @@ var commands = map[string]func(args []string) error{
 	"bench":      cmdBench,
 	"serve":      cmdServe,
 	"tune":       cmdTune,
+	"compile":    cmdCompile,
 }
 
 func main() {

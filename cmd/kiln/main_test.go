@@ -111,6 +111,13 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"tune", bin, "--device", "cuda", "--prefill", "0"},
 		{"tune", "import", garbage, "--device", "cpu"},
 		{"tune", "list", "--device", "tpu"},
+		{"compile"},
+		{"compile", bin},
+		{"compile", bin, "-o", t.TempDir(), "--device", "cpu"},
+		{"compile", "/no/such/model", "-o", t.TempDir()},
+		{"compile", bin, "-o", filepath.Dir(garbage)}, // not empty, no artifact
+		{"compile", bin, "-o", t.TempDir(), "--batch", "0"},
+		{"run", bin, "--tokenizer", tok, "--artifact", t.TempDir(), "--device", "cpu"},
 	}
 	for _, args := range cases {
 		_, stderr, code := kiln(t, args...)

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"kiln/backend/cuda"
 	"kiln/chat"
 	"kiln/demo"
 	"kiln/engine"
@@ -73,11 +74,17 @@ func cmdServe(args []string) error {
 	if o.KVCacheFraction == 0 {
 		o.KVCacheFraction = autoKVFraction // set for the backend that opens
 	}
+	loadStart := time.Now()
 	e, err := newEngineOptions(m, &ef, o)
 	if err != nil {
 		return err
 	}
 	defer e.Close()
+	loaded := []any{"load_s", fmt.Sprintf("%.1f", time.Since(loadStart).Seconds())}
+	if gpu, ok := e.backend.(*cuda.Backend); ok {
+		st := gpu.Device.KernelCache().Stats()
+		loaded = append(loaded, "kernel_modules_compiled", st.Compiled, "nvrtc_s", fmt.Sprintf("%.1f", st.BuildTime.Seconds()))
+	}
 	budget := *maxTokens
 	if budget == 0 {
 		budget = e.MaxStepTokens()
@@ -91,7 +98,14 @@ func cmdServe(args []string) error {
 	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", ctxLen,
 		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "kv_cache_mib", e.KVBytes()>>20,
 		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
+	log.Info("startup", loaded...)
 	opts := serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log}
+	if gpu, ok := e.backend.(*cuda.Backend); ok {
+		opts.JITWork = func() int64 {
+			modules, choices := gpu.JITWork()
+			return modules + choices
+		}
+	}
 	if t, err := chatTemplate(m, len(pos) == 0); err != nil {
 		log.Warn("no chat template: /v1/chat/completions will answer 400", "reason", err)
 	} else {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // KeyInput is everything that determines a compiled kernel image.
@@ -112,17 +113,23 @@ type Stats struct {
 	Hits     int64 // entries served from memory or disk
 	Corrupt  int64 // entries on disk rejected
 	WriteErr int64 // entries that could not be written (the build still succeeded)
+	// BuildTime is the time the builds took, summed.
+	BuildTime time.Duration
 }
 
 // Cache is a kernel cache rooted at a directory. An empty Dir keeps entries
 // in memory only. Safe for concurrent use.
 type Cache struct {
 	Dir string
+	// Base, when set, is a directory of entries searched before Dir and
+	// never written (an ahead-of-time artifact's kernels): a corrupt entry
+	// there is counted and passed over, not removed.
+	Base string
 
 	mu  sync.Mutex
 	mem map[Key][]byte
 
-	compiled, hits, corrupt, writeErr atomic.Int64
+	compiled, hits, corrupt, writeErr, buildNs atomic.Int64
 }
 
 // New returns a cache rooted at dir ("" for memory only).
@@ -142,12 +149,15 @@ func DefaultDir() string {
 
 // Stats returns the counters.
 func (c *Cache) Stats() Stats {
-	return Stats{Compiled: c.compiled.Load(), Hits: c.hits.Load(), Corrupt: c.corrupt.Load(), WriteErr: c.writeErr.Load()}
+	return Stats{Compiled: c.compiled.Load(), Hits: c.hits.Load(), Corrupt: c.corrupt.Load(), WriteErr: c.writeErr.Load(),
+		BuildTime: time.Duration(c.buildNs.Load())}
 }
 
 // Path is the file an entry lives in.
-func (c *Cache) Path(k Key) string {
-	return filepath.Join(c.Dir, k.String()[:2], k.String()+".kc")
+func (c *Cache) Path(k Key) string { return entryPath(c.Dir, k) }
+
+func entryPath(dir string, k Key) string {
+	return filepath.Join(dir, k.String()[:2], k.String()+".kc")
 }
 
 // Get returns the payload for k if a valid entry exists (in memory, or on
@@ -158,6 +168,15 @@ func (c *Cache) Get(k Key) ([]byte, bool) {
 	c.mu.Unlock()
 	if ok {
 		return p, true
+	}
+	if c.Base != "" {
+		if b, err := os.ReadFile(entryPath(c.Base, k)); err == nil {
+			if p, err := Decode(k, b); err == nil {
+				c.remember(k, p)
+				return p, true
+			}
+			c.corrupt.Add(1)
+		}
 	}
 	if c.Dir == "" {
 		return nil, false
@@ -234,10 +253,12 @@ func (c *Cache) GetOrBuild(k Key, build func() ([]byte, error)) (p []byte, hit b
 		c.hits.Add(1)
 		return p, true, nil
 	}
+	began := time.Now()
 	p, err = build()
 	if err != nil {
 		return nil, false, err
 	}
+	c.buildNs.Add(int64(time.Since(began)))
 	c.compiled.Add(1)
 	if err := c.Put(k, p); err != nil {
 		c.writeErr.Add(1)

@@ -170,3 +170,49 @@ func TestDefaultDir(t *testing.T) {
 		t.Fatal(d)
 	}
 }
+
+// TestBase: entries in Base (an artifact's kernels) are served before Dir
+// and without a build; nothing is written there; a corrupt entry in Base is
+// counted, left in place, and passed over for Dir or a build.
+func TestBase(t *testing.T) {
+	base, dir := t.TempDir(), t.TempDir()
+	k1, k2 := KeyInput{Source: "in the artifact"}.Key(), KeyInput{Source: "not in it"}.Key()
+	if err := New(base).Put(k1, []byte("artifact image")); err != nil {
+		t.Fatal(err)
+	}
+	c := New(dir)
+	c.Base = base
+	builds := 0
+	build := func() ([]byte, error) { builds++; return []byte("built image"), nil }
+	if p, hit, err := c.GetOrBuild(k1, build); err != nil || !hit || string(p) != "artifact image" {
+		t.Fatalf("an entry of Base: %q %v %v", p, hit, err)
+	}
+	if p, hit, err := c.GetOrBuild(k2, build); err != nil || hit || string(p) != "built image" {
+		t.Fatalf("an entry missing from Base: %q %v %v", p, hit, err)
+	}
+	if s := c.Stats(); s.Compiled != 1 || s.BuildTime <= 0 {
+		t.Errorf("one build: stats %+v", s)
+	}
+	if _, err := os.Stat(entryPath(base, k2)); !os.IsNotExist(err) {
+		t.Error("the build was written into Base")
+	}
+	if _, err := os.Stat(c.Path(k2)); err != nil {
+		t.Errorf("the build was not written into Dir: %v", err)
+	}
+	if _, err := os.Stat(c.Path(k1)); !os.IsNotExist(err) {
+		t.Error("Base's entry was copied into Dir")
+	}
+	b, _ := os.ReadFile(entryPath(base, k1))
+	os.WriteFile(entryPath(base, k1), flip(b, len(b)-1), 0o644)
+	c2 := New(dir)
+	c2.Base = base
+	if p, hit, err := c2.GetOrBuild(k1, build); err != nil || hit || string(p) != "built image" {
+		t.Fatalf("a corrupt entry of Base: %q %v %v", p, hit, err)
+	}
+	if s := c2.Stats(); s.Corrupt != 1 || s.Compiled != 1 || builds != 2 {
+		t.Errorf("stats %+v, %d builds", s, builds)
+	}
+	if _, err := os.Stat(entryPath(base, k1)); err != nil {
+		t.Errorf("the corrupt entry of Base was removed: %v", err)
+	}
+}

@@ -19,14 +19,7 @@ import (
 // by the GPU tests); testdata/nvrtc_prelude.h declares the built-ins.
 // Skipped when clang is not installed (.ci/run installs it).
 func TestSourcesCompile(t *testing.T) {
-	clang, err := exec.LookPath("clang")
-	if err != nil {
-		t.Skip("clang is not installed")
-	}
-	prelude, err := os.ReadFile("testdata/nvrtc_prelude.h")
-	if err != nil {
-		t.Fatal(err)
-	}
+	clang, prelude := clangAndPrelude(t)
 	dir := t.TempDir()
 	for _, act := range []string{"bf16", "f16", "f32"} {
 		for _, arch := range []string{"sm_86", "sm_75"} {
@@ -69,14 +62,7 @@ func TestSourcesCompile(t *testing.T) {
 // once: each kernel of the preprocessed source is in exactly one part,
 // the parts define no other, and the parts build leaves out hold none.
 func TestKernelParts(t *testing.T) {
-	clang, err := exec.LookPath("clang")
-	if err != nil {
-		t.Skip("clang is not installed")
-	}
-	prelude, err := os.ReadFile("testdata/nvrtc_prelude.h")
-	if err != nil {
-		t.Fatal(err)
-	}
+	clang, prelude := clangAndPrelude(t)
 	// A kernel after the preprocessor (the prelude's __global__ and
 	// __launch_bounds__ are attributes).
 	kernel := regexp.MustCompile(`extern "C" __attribute__\(\(global\)\) void (?:__attribute__\(\(launch_bounds\([^)]*\)\)\) )?(\w+)\(`)
@@ -124,4 +110,19 @@ func TestKernelParts(t *testing.T) {
 			t.Errorf("%v: the parts hold %d kernels, the whole source %d (each once in the parts: %v)", tc.defs, len(parts), len(whole), slices.Equal(slices.Compact(slices.Clone(parts)), parts))
 		}
 	}
+}
+
+// clangAndPrelude is clang's path and testdata/nvrtc_prelude.h; the test
+// is skipped when clang is not installed (.ci/run installs it).
+func clangAndPrelude(t *testing.T) (string, []byte) {
+	t.Helper()
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		t.Skip("clang is not installed")
+	}
+	prelude, err := os.ReadFile("testdata/nvrtc_prelude.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clang, prelude
 }

@@ -79,6 +79,11 @@ type Backend struct {
 	// Stats.Profile; for `kiln bench model --profile`.
 	Profile bool
 
+	// OnRace, when set, is called after each first-use race with its line
+	// (the candidates' times, those rejected and why, the one kept) and
+	// the counts so far: kiln tune's progress.
+	OnRace func(line string, so RaceCounts)
+
 	// Tune is how the choices timed at first use are kept across starts
 	// (tune.Cached, the default when "", tune.Off or tune.Full; tuned.go), in
 	// TuneDir (default tune.DefaultDir()).
@@ -91,6 +96,11 @@ type Backend struct {
 	tuneInMemory bool         // the tune cache is an artifact's (StartFrom): never written
 	races        atomic.Int64 // first-use choices timed (JITWork)
 }
+
+// RaceCounts counts first-use races: the races run, the candidates they
+// tried (defaults included) and those rejected (wrong results, failed
+// launches), the rest timed.
+type RaceCounts struct{ Races, Candidates, Rejected int }
 
 // Stats counts how steps were launched.
 type Stats struct {
@@ -114,6 +124,8 @@ type Stats struct {
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.
 	DeviceTime time.Duration
+	// Raced counts the first-use races and their candidates.
+	Raced RaceCounts
 	// Compiles lists the modules Load compiled (not found in the kernel
 	// cache or an artifact), each with NVRTC's time.
 	Compiles []string

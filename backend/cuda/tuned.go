@@ -229,11 +229,27 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 	if use {
 		kept = cands[r.Best].name
 	}
-	l.b.stats.Choices = append(l.b.stats.Choices, fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
+	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept), r)
 	if r.Best >= 0 {
 		l.keep(tk, gemvChoiceName(use, split), gemvChoiceName(false, 0), r, cands)
 	}
 	return use
+}
+
+// raced records a race's line in Stats.Choices, counts its candidates
+// (Stats.Raced) and hands the line to Backend.OnRace.
+func (b *Backend) raced(line string, r raceResult) {
+	b.stats.Choices = append(b.stats.Choices, line)
+	b.stats.Raced.Races++
+	for _, err := range r.Errs {
+		b.stats.Raced.Candidates++
+		if err != nil {
+			b.stats.Raced.Rejected++
+		}
+	}
+	if b.OnRace != nil {
+		b.OnRace(line, b.stats.Raced)
+	}
 }
 
 // noteCached records in Stats.Choices a choice taken from the cache.

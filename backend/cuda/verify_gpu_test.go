@@ -53,8 +53,14 @@ func TestVerifyRejectsWrongCandidates(t *testing.T) {
 	defer undo()
 	dir := t.TempDir()
 	wrong := tuned(dir)
+	calls := 0
+	wrong.OnRace = func(string, cuda.RaceCounts) { calls++ }
 	got := run(wrong)
 	undo()
+	// Every race but its default rejected, each reported to OnRace.
+	if rc := wrong.Stats().Raced; rc.Races == 0 || calls != rc.Races || rc.Rejected != rc.Candidates-rc.Races {
+		t.Errorf("races %+v, %d reported to OnRace: want every candidate but each race's default rejected, each race reported", rc, calls)
+	}
 	choices = wrong.Stats().Choices
 	t.Logf("perturbed choices:\n%s", strings.Join(choices, "\n"))
 	families := map[string]int{}

@@ -247,7 +247,12 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 func (f *engineFlags) configure(b *cuda.Backend) {
 	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues, b.NoFP8, b.WidenBlocks = progressWriter(), !f.graphs, !f.pdl, !f.epilogues, !f.fp8, !f.blocks
 	b.Tune = f.tune
+	b.OnRace = gpuRaceProgress
 }
+
+// gpuRaceProgress, when set (kiln tune --device cuda), receives each
+// first-use race of the GPU backends the flags configure.
+var gpuRaceProgress func(line string, so cuda.RaceCounts)
 
 // startFrom makes b start from the artifact --artifact names, after
 // checking that it was built for this device, kiln build and model.

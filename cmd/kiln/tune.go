@@ -190,9 +190,17 @@ func tuneGPU(path, dir string, prefill, depth int, batches string) error {
 	args := []string{"model", path, "--device", "cuda", "--tune", tune.Full, "--pp", strconv.Itoa(prefill), "--tg", "8",
 		"--depth", strconv.Itoa(depth), "--batch", batches, "--reps", "1"}
 	fmt.Printf("kiln bench %s\n", strings.Join(args, " "))
+	var last cuda.RaceCounts
+	gpuRaceProgress = func(line string, so cuda.RaceCounts) {
+		last = so
+		fmt.Printf("[race %d: %d candidates tried, %d rejected so far] %s\n", so.Races, so.Candidates, so.Rejected, line)
+	}
+	defer func() { gpuRaceProgress = nil }()
 	if err := cmdBench(args); err != nil {
 		return err
 	}
+	fmt.Printf("\n%d races: %d candidates tried (the defaults included), %d rejected (a wrong result or a failed launch), %d timed\n",
+		last.Races, last.Candidates, last.Rejected, last.Candidates-last.Rejected)
 	dev, err := tuneDevice("cuda")
 	if err != nil {
 		return err

@@ -106,27 +106,28 @@ func Fingerprint(m *model.Model) string {
 }
 
 // Write lists the files under dir (all but the manifest) in m.Files with
-// their checksums and writes the manifest, atomically.
-func Write(dir string, m Manifest) error {
+// their checksums and writes the manifest, atomically; it returns the
+// manifest written.
+func Write(dir string, m Manifest) (Manifest, error) {
 	m.Format = Format
 	files, err := listFiles(dir)
 	if err != nil {
-		return err
+		return m, err
 	}
 	m.Files = files
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return err
+		return m, err
 	}
 	tmp := filepath.Join(dir, ".manifest.tmp")
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("artifact: %w", err)
+		return m, fmt.Errorf("artifact: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, ManifestFile)); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("artifact: %w", err)
+		return m, fmt.Errorf("artifact: %w", err)
 	}
-	return nil
+	return m, nil
 }
 
 // Read reads dir's manifest and checks every file it lists against its

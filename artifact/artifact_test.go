@@ -34,7 +34,8 @@ func newArtifact(t *testing.T) (string, Manifest) {
 	m := Manifest{Kiln: "v1", Device: tune.Device{Name: "GPU", Arch: "9.0", Driver: "13000", Runtime: "nvrtc 13.0", Kiln: "v1"},
 		Model: ModelID{Path: "/m", Fingerprint: "f00d"}, DType: "bf16", KVCache: "auto",
 		Plan: Plan{Buckets: []int{1, 2048}, Prefill: 2048, Depth: 512, Batches: []int{1, 64}}, Created: time.Now().UTC()}
-	if err := Write(dir, m); err != nil {
+	m, err := Write(dir, m)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return dir, m

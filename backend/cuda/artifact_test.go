@@ -36,7 +36,7 @@ func TestStartFromArtifact(t *testing.T) {
 	if modules, choices := b1.JITWork(); modules == 0 || choices == 0 {
 		t.Fatalf("the compiling start compiled %d modules and timed %d choices: want some of each", modules, choices)
 	}
-	err := artifact.Write(art, artifact.Manifest{Kiln: tune.KilnVersion(), Device: cuda.TuneDevice(dev),
+	_, err := artifact.Write(art, artifact.Manifest{Kiln: tune.KilnVersion(), Device: cuda.TuneDevice(dev),
 		Model: artifact.ModelID{Path: model, Fingerprint: "test"}, DType: "bf16", Created: time.Now().UTC()})
 	if err != nil {
 		t.Fatal(err)

@@ -94,7 +94,7 @@ type Backend struct {
 	tuneOnce     sync.Once
 	tuned        *tune.Cache
 	tuneInMemory bool         // the tune cache is an artifact's (StartFrom): never written
-	races        atomic.Int64 // first-use choices timed (JITWork)
+	races        atomic.Int64 // first-use races run (JITWork, Stats.Raced.Races)
 }
 
 // RaceCounts counts first-use races: the races run, the candidates they
@@ -142,6 +142,7 @@ type Stats struct {
 // Stats returns the launch counters of everything loaded on b.
 func (b *Backend) Stats() Stats {
 	s := b.stats
+	s.Raced = b.raceCounts()
 	s.Profile = append([]ProfileEntry(nil), s.Profile...)
 	return s
 }
@@ -269,9 +270,8 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	}
 	hd = max(hd, 0)
 	act := b.ComputeDType(c.Graph)
-	// The two modules compile at once (NVRTC runs on the host, one thread
-	// a program), so that on a cold kernel cache their compiles overlap
-	// (the gain is not yet timed: kernels/NOTES.md, session 17).
+	// The two modules (each in parts: kernels.compileParts) compile at
+	// once, so that on a cold kernel cache their compiles overlap.
 	var gemv *kernels.GEMV
 	var gemvErr error
 	gemvDone := make(chan struct{})

@@ -417,7 +417,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 		if c, err := l.lt.Config(mm, best); err == nil {
 			kept += fmt.Sprintf(" (%v)", c)
 		}
-		l.b.raced(fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms%s: %s kept", mm.T, key.rows, mm.K, mm.N, r.line(cands), kept), r)
+		l.b.raced(fmt.Sprintf("T=%d (rows ≤ %d) K=%d N=%d: cuBLASLt algorithms%s: %s kept", mm.T, key.rows, mm.K, mm.N, r.line(cands), kept))
 		if name := algoName(l.lt, mm, best); r.Best >= 0 && name != "" {
 			l.keep(tk, name, algoName(l.lt, mm, 0), r, cands)
 		}
@@ -491,7 +491,7 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		}
 		best = cands[r.Best]
 		line := fmt.Sprintf("decode attention T=%d ctx≤%d %d/%d heads ×%d%s:", key.t, key.ctx, a.Heads, a.KVHeads, a.HeadDim, map[bool]string{true: " (FP8 cache)"}[at.FP8])
-		l.b.raced(fmt.Sprintf("%s%s: %v kept", line, r.line(cs), best), r)
+		l.b.raced(fmt.Sprintf("%s%s: %v kept", line, r.line(cs), best))
 		l.keep(tk, planName(best), planName(cands[0]), r, cs)
 	}
 	l.decodeChoice[key] = best

@@ -107,14 +107,21 @@ type raceResult struct{ tune.Result }
 // unless another beats it in every timing), each timing one timeOn; a
 // candidate verify rejected fails without running.
 func (l *loaded) race(cands []candidate) raceResult {
-	l.b.races.Add(1)
-	return raceResult{tune.Race(len(cands), func(i int) (float64, error) {
+	r := raceResult{tune.Race(len(cands), func(i int) (float64, error) {
 		if err := cands[i].rejected; err != nil {
 			return 0, err
 		}
 		ms, err := l.timeOn(cands[i].run)
 		return float64(ms), err
 	})}
+	l.b.races.Add(1)
+	l.b.stats.Raced.Candidates += len(cands)
+	for _, err := range r.Errs {
+		if err != nil {
+			l.b.stats.Raced.Rejected++
+		}
+	}
+	return r
 }
 
 // us is candidate i's median time a run in µs (i = -1: the noise).
@@ -229,27 +236,28 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 	if use {
 		kept = cands[r.Best].name
 	}
-	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept), r)
+	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
 	if r.Best >= 0 {
 		l.keep(tk, gemvChoiceName(use, split), gemvChoiceName(false, 0), r, cands)
 	}
 	return use
 }
 
-// raced records a race's line in Stats.Choices, counts its candidates
-// (Stats.Raced) and hands the line to Backend.OnRace.
-func (b *Backend) raced(line string, r raceResult) {
+// raced records a race's line in Stats.Choices and hands it to
+// Backend.OnRace with the counts so far.
+func (b *Backend) raced(line string) {
 	b.stats.Choices = append(b.stats.Choices, line)
-	b.stats.Raced.Races++
-	for _, err := range r.Errs {
-		b.stats.Raced.Candidates++
-		if err != nil {
-			b.stats.Raced.Rejected++
-		}
-	}
 	if b.OnRace != nil {
-		b.OnRace(line, b.stats.Raced)
+		b.OnRace(line, b.raceCounts())
 	}
+}
+
+// raceCounts is Stats.Raced: the races run (counted for JITWork too) and
+// their candidates.
+func (b *Backend) raceCounts() RaceCounts {
+	rc := b.stats.Raced
+	rc.Races = int(b.races.Load())
+	return rc
 }
 
 // noteCached records in Stats.Choices a choice taken from the cache.

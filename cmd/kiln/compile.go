@@ -100,10 +100,7 @@ func cmdCompile(args []string) error {
 	man := artifact.Manifest{Kiln: tune.KilnVersion(), Device: dev, Model: artifact.ModelID{Path: path, Fingerprint: fingerprint},
 		DType: *dtype, KVCache: *kvDType, Plan: artifact.Plan{Buckets: bucketsFor(&cuda.Backend{}), Prefill: *prefill, Depth: *depth, Batches: bs},
 		Created: time.Now().UTC()}
-	if err := artifact.Write(*out, man); err != nil {
-		return err
-	}
-	a, err := artifact.Read(*out)
+	a, err := artifact.Write(*out, man)
 	if err != nil {
 		return err
 	}

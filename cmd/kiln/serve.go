@@ -81,7 +81,8 @@ func cmdServe(args []string) error {
 	}
 	defer e.Close()
 	loaded := []any{"load_s", fmt.Sprintf("%.1f", time.Since(loadStart).Seconds())}
-	if gpu, ok := e.backend.(*cuda.Backend); ok {
+	gpu, _ := e.backend.(*cuda.Backend)
+	if gpu != nil {
 		st := gpu.Device.KernelCache().Stats()
 		loaded = append(loaded, "kernel_modules_compiled", st.Compiled, "nvrtc_s", fmt.Sprintf("%.1f", st.BuildTime.Seconds()))
 	}
@@ -100,7 +101,7 @@ func cmdServe(args []string) error {
 		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
 	log.Info("startup", loaded...)
 	opts := serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log}
-	if gpu, ok := e.backend.(*cuda.Backend); ok {
+	if gpu != nil {
 		opts.JITWork = func() int64 {
 			modules, choices := gpu.JITWork()
 			return modules + choices

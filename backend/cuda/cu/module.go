@@ -92,9 +92,9 @@ func (d *Device) Compile(name, src string, opts ...string) (*Module, error) {
 	}
 	all := append([]string{archOpt}, opts...)
 	// NVRTC 12.1 and later run the optimizer's passes on all the host's
-	// threads with --split-compile=0: on a 16-core H200 host a cold start
-	// of the Llama-3-8B shape compiled in 10 s instead of 15 (PERF.md,
-	// "Cold start"). An NVRTC that refuses the option compiles without it.
+	// threads with --split-compile=0 (a cold start's compile a third
+	// shorter on an H200: docs/PERF.md, Tuning, session 18). An NVRTC that
+	// refuses the option compiles without it.
 	split := libs.NVRTCVersion[0] > 12 || libs.NVRTCVersion[0] == 12 && libs.NVRTCVersion[1] >= 1
 	if split {
 		all = append(all, splitCompile)

@@ -111,10 +111,8 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	// the CUDA-core attention, the tensor-core decode attention): NVRTC
 	// spends most of a cold start in the attention kernels, a program on
 	// few host threads even with --split-compile, so the parts take about
-	// as long as the longest of them instead of their sum (on an H100
-	// host, the Llama-3-8B shape's bf16 kernels in three parts: 3.2, 1.3
-	// and 5.7 s, the decode part both kinds of attention; docs/PERF.md,
-	// "Cold start").
+	// as long as the longest of them instead of their sum (each part's
+	// time: docs/PERF.md, Tuning, session 18).
 	parts := []int{0, 1, 2, 3}
 	switch {
 	case act == cu.F32:

@@ -11,6 +11,7 @@
 package cuda
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -126,6 +127,11 @@ type Stats struct {
 	DeviceTime time.Duration
 	// Raced counts the first-use races and their candidates.
 	Raced RaceCounts
+	// Uploaded is the bytes of weights Load copied to the device, in
+	// UploadTime; KernelTime is the time the kernels took to come from the
+	// kernel cache or NVRTC, alongside (both summed over Loads).
+	Uploaded               int64
+	UploadTime, KernelTime time.Duration
 	// Compiles lists the modules Load compiled (not found in the kernel
 	// cache or an artifact), each with NVRTC's time.
 	Compiles []string
@@ -270,60 +276,104 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	}
 	hd = max(hd, 0)
 	act := b.ComputeDType(c.Graph)
-	// The two modules (each in parts: kernels.compileParts) compile at
-	// once, so that on a cold kernel cache their compiles overlap.
-	var gemv *kernels.GEMV
-	var gemvErr error
-	gemvDone := make(chan struct{})
-	go func() {
-		defer close(gemvDone)
-		gemv, gemvErr = kernels.NewGEMV(b.Device, act)
-	}()
-	k, err := kernels.NewHeadDim(b.Device, act, hd)
-	<-gemvDone
-	closeGEMV := func() {
-		if gemvErr == nil {
-			gemv.Close()
-		}
-	}
-	if err != nil {
-		closeGEMV()
-		return nil, err
-	}
-	k.PDL = !b.NoPDL
-	mods := k.Modules()
-	if gemvErr == nil {
-		mods = slices.Concat(mods, gemv.Modules())
-	}
-	for _, m := range mods {
-		if !m.Hit {
-			b.stats.Compiles = append(b.stats.Compiles, fmt.Sprintf("%s: %.1f s", m.Name(), m.BuildTime.Seconds()))
-		}
-	}
 	lt, err := b.Device.NewBlasLt(32 << 20)
 	if err != nil {
-		closeGEMV()
-		k.Close()
 		return nil, err
 	}
 	stream, err := b.Device.NewStream()
 	if err != nil {
-		closeGEMV()
 		lt.Close()
-		k.Close()
 		return nil, err
 	}
-	l := &loaded{b: b, dev: b.Device, k: k, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}, algoChoice: map[algoKey]int{},
+	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}, algoChoice: map[algoKey]int{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, fp8: b.FP8(act)}
-	if gemvErr == nil {
-		gemv.PDL = !b.NoPDL
-		l.gemv = gemv
-	} // else: every product goes through cuBLASLt
-	if err := l.uploadWeights(b.Progress); err != nil {
+	// The kernels compile (or come from the kernel cache) while the weights
+	// upload: on a cold cache a start takes the longer of the two, not
+	// their sum.
+	mods := make(chan compiledModules, 1)
+	go func() {
+		start := time.Now()
+		m := compileModules(b.Device, act, hd)
+		m.took = time.Since(start)
+		mods <- m
+	}()
+	start := time.Now()
+	uploaded, upErr := l.uploadWeights(b.Progress)
+	b.stats.Uploaded += uploaded
+	b.stats.UploadTime += time.Since(start)
+	m := <-mods
+	b.stats.KernelTime += m.took
+	if upErr != nil || m.err != nil {
+		m.close()
 		l.Close()
-		return nil, err
+		return nil, cmp.Or(upErr, m.err)
+	}
+	l.k, l.gemv = m.k, m.gemv // gemv nil: every product goes through cuBLASLt
+	l.k.PDL = !b.NoPDL
+	if l.gemv != nil {
+		l.gemv.PDL = !b.NoPDL
+	}
+	if m.gemvErr != nil {
+		b.stats.Choices = append(b.stats.Choices, fmt.Sprintf("every product on cuBLASLt: %v", m.gemvErr))
+	}
+	for _, m := range m.modules() {
+		if !m.Hit {
+			b.stats.Compiles = append(b.stats.Compiles, fmt.Sprintf("%s: %.1f s", m.Name(), m.BuildTime.Seconds()))
+		}
 	}
 	return l, nil
+}
+
+// compiledModules are a model's kernels and GEMV modules (gemv nil when
+// they failed to build: gemvErr says why, and the products run on
+// cuBLASLt).
+type compiledModules struct {
+	k       *kernels.Kernels
+	gemv    *kernels.GEMV
+	gemvErr error
+	err     error // the kernels' error
+	took    time.Duration
+}
+
+// compileModules builds (or takes from the kernel cache) the kernels of
+// act and head dim hd (0: every one) and the GEMV. The two modules (each
+// in parts: kernels.compileParts) compile at once, so that on a cold
+// kernel cache their compiles overlap.
+func compileModules(d *cu.Device, act cu.DType, hd int) compiledModules {
+	var m compiledModules
+	gemvDone := make(chan struct{})
+	go func() {
+		defer close(gemvDone)
+		m.gemv, m.gemvErr = kernels.NewGEMV(d, act)
+	}()
+	m.k, m.err = kernels.NewHeadDim(d, act, hd)
+	<-gemvDone
+	if m.gemvErr != nil {
+		m.gemv = nil
+	}
+	return m
+}
+
+// modules lists the cu modules m loaded.
+func (m compiledModules) modules() []*cu.Module {
+	var mods []*cu.Module
+	if m.k != nil {
+		mods = m.k.Modules()
+	}
+	if m.gemv != nil {
+		mods = slices.Concat(mods, m.gemv.Modules())
+	}
+	return mods
+}
+
+// close releases what m loaded.
+func (m compiledModules) close() {
+	if m.k != nil {
+		m.k.Close()
+	}
+	if m.gemv != nil {
+		m.gemv.Close()
+	}
 }
 
 // loaded is a graph resident on the device.
@@ -447,8 +497,13 @@ func (l *loaded) Close() error {
 			ev.Close()
 		}
 	}
-	for _, c := range []interface{ Close() error }{l.stream, l.lt, l.k} {
+	for _, c := range []interface{ Close() error }{l.stream, l.lt} {
 		if err := c.Close(); err != nil {
+			keep(err)
+		}
+	}
+	if l.k != nil { // nil when Load failed before the kernels came
+		if err := l.k.Close(); err != nil {
 			keep(err)
 		}
 	}

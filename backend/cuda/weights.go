@@ -63,8 +63,9 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.D
 // uploadWeights copies every weight and constant the graph reads to the
 // device, converting on the host into two pinned buffers in turn so that
 // reading the file (page faults of the mapping) and converting the next
-// chunk overlap the transfer of the previous one.
-func (l *loaded) uploadWeights(progress io.Writer) error {
+// chunk overlap the transfer of the previous one. It returns the bytes
+// it copied.
+func (l *loaded) uploadWeights(progress io.Writer) (int64, error) {
 	want := weightDTypes(l.compiled.Graph, l.act, l.fp8, !l.b.WidenBlocks)
 	type key struct {
 		t  *tensor.Tensor
@@ -81,7 +82,7 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 	}
 	u, err := newUploader(l, total, progress)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer u.close()
 	l.weights = map[*ir.Node]deviceTensor{}
@@ -97,14 +98,14 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 		dev, ok := copies[k]
 		if !ok {
 			if dev, err = l.uploadWeight(u, t, dt); err != nil {
-				return fmt.Errorf("cuda: weight %s: %w", n.Attrs.Name, err)
+				return u.done, fmt.Errorf("cuda: weight %s: %w", n.Attrs.Name, err)
 			}
 			copies[k] = dev
 		}
 		l.weights[n] = dev
 	}
 	if err := u.finish(); err != nil {
-		return err
+		return u.done, err
 	}
 	// The device holds the weights now: the file's pages behind them go
 	// back to the system (read from the file again if anything touches
@@ -114,7 +115,7 @@ func (l *loaded) uploadWeights(progress io.Writer) error {
 			k.t.Release()
 		}
 	}
-	return nil
+	return u.done, nil
 }
 
 // uploadWeight copies tensor t to the device as dt (E4M3 matrices with
@@ -216,7 +217,7 @@ func (u *uploader) putRaw(dst cu.Ptr, t *tensor.Tensor) error {
 	}
 	for off := 0; off < n; off += uploadChunk {
 		m := min(uploadChunk, n-off)
-		if err := u.send(dst.Add(off), m, func(out []byte) error { copy(out, t.Data[off:off+m]); return nil }); err != nil {
+		if err := u.send(dst.Add(off), m, func(out []byte) error { copyParallel(out, t.Data[off:off+m]); return nil }); err != nil {
 			return err
 		}
 	}
@@ -280,7 +281,7 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 	}
 	src := t.Data[from : from+need]
 	if same(t.DType, dt) {
-		copy(out, src)
+		copyParallel(out, src)
 		return nil
 	}
 	if cap(u.f32) < m {
@@ -322,6 +323,30 @@ func (u *uploader) convert(t *tensor.Tensor, off, m int, dt cu.DType, out []byte
 	}
 	return nil
 }
+
+// copyParallel copies src into dst (as copy) on every CPU at once. src is
+// most often a slice of the model file's mapping, whose pages come in on
+// first touch: one thread faulting them in read about 1.2–1.4 GB/s on the
+// GPU machines (15 GB of weights in 10.6–13.6 s, H100 and H200), far
+// below what the host link takes.
+func copyParallel(dst, src []byte) {
+	n := min(len(dst), len(src))
+	parts := min(runtime.NumCPU(), n/copyPart)
+	if parts <= 1 {
+		copy(dst, src)
+		return
+	}
+	step := (n + parts - 1) / parts
+	var wg sync.WaitGroup
+	for lo := 0; lo < n; lo += step {
+		hi := min(lo+step, n)
+		wg.Go(func() { copy(dst[lo:hi], src[lo:hi]) })
+	}
+	wg.Wait()
+}
+
+// copyPart is the least copyParallel gives a thread.
+const copyPart = 1 << 20
 
 // devBlocks is the device dtype of a matrix kept in its GGUF blocks
 // (deviceTensor.blocks says which format).

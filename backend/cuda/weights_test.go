@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"bytes"
+	"math/rand/v2"
 	"testing"
 
 	"kiln/tensor"
@@ -40,5 +42,33 @@ func TestScaleRows(t *testing.T) {
 	scaleRows(plain, 0, f)
 	if f[3] != 4 {
 		t.Errorf("a float32 tensor was scaled: %v", f)
+	}
+}
+
+// TestCopyParallel: the upload's copy on every CPU copies what copy does,
+// for sizes below, at and across its parts' bounds, into a longer or a
+// shorter destination.
+func TestCopyParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, copyPart - 1, copyPart, 2*copyPart + 7, 5*copyPart + 3} {
+		src := make([]byte, n)
+		for i := range src {
+			src[i] = byte(rng.Uint32())
+		}
+		for _, extra := range []int{0, 5, -1} {
+			if n+extra < 0 {
+				continue
+			}
+			dst, want := make([]byte, n+extra), make([]byte, n+extra)
+			for i := range dst {
+				dst[i] = 0xA5
+				want[i] = 0xA5
+			}
+			copy(want, src)
+			copyParallel(dst, src)
+			if !bytes.Equal(dst, want) {
+				t.Fatalf("%d bytes into %d: the copies differ", n, n+extra)
+			}
+		}
 	}
 }

@@ -238,8 +238,11 @@ func cmdBenchModel(args []string) error {
 			p.print(rep)
 		}
 		if gpu != nil {
+			gs := gpu.Stats()
+			fmt.Printf("\nweights: %.2f GB uploaded in %.1f s (%.1f GB/s); kernels ready in %.1f s, alongside\n",
+				float64(gs.Uploaded)/1e9, gs.UploadTime.Seconds(), float64(gs.Uploaded)/1e9/max(gs.UploadTime.Seconds(), 1e-9), gs.KernelTime.Seconds())
 			modules, choices := gpu.JITWork()
-			fmt.Printf("\ncompiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",
+			fmt.Printf("compiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",
 				modules, gpu.Device.KernelCache().Stats().BuildTime.Seconds(), choices)
 			if c := gpu.Stats().Compiles; len(c) > 0 {
 				fmt.Printf("modules compiled at once: %s\n", strings.Join(c, ", "))

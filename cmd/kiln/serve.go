@@ -84,7 +84,9 @@ func cmdServe(args []string) error {
 	gpu, _ := e.backend.(*cuda.Backend)
 	if gpu != nil {
 		st := gpu.Device.KernelCache().Stats()
-		loaded = append(loaded, "kernel_modules_compiled", st.Compiled, "nvrtc_s", fmt.Sprintf("%.1f", st.BuildTime.Seconds()))
+		gs := gpu.Stats()
+		loaded = append(loaded, "weights_gb", fmt.Sprintf("%.2f", float64(gs.Uploaded)/1e9), "upload_s", fmt.Sprintf("%.1f", gs.UploadTime.Seconds()),
+			"kernels_s", fmt.Sprintf("%.1f", gs.KernelTime.Seconds()), "kernel_modules_compiled", st.Compiled, "nvrtc_s", fmt.Sprintf("%.1f", st.BuildTime.Seconds()))
 	}
 	budget := *maxTokens
 	if budget == 0 {

@@ -162,8 +162,11 @@ func (lt *BlasLt) Matmul(m Matmul) error {
 }
 
 // Algorithms is the number of candidate algorithms cuBLASLt's heuristic
-// offers for m (at most 8, best guess first): the values m.Algo may take.
-// On Hopper several of them split K for the few rows of batched decode
+// offers for m: the values m.Algo may take. The first (at most 8, best
+// guess first) are those it offers within lt's workspace, then (up to 16
+// in all) those it offers within 1 MiB and within none that are not
+// already listed: the workspace limit is part of what a race searches. On
+// Hopper several of them split K for the few rows of batched decode
 // (Config); adding split variants of the others gained nothing there
 // (backend/cuda/NOTES.md, session 10).
 func (lt *BlasLt) Algorithms(m Matmul) (int, error) {
@@ -258,14 +261,23 @@ type ltPlanArgs struct {
 // AlgoConfig is how a candidate algorithm computes a product, as cuBLASLt
 // describes it (-1 where it does not say).
 type AlgoConfig struct {
-	ID     int // cuBLASLt's algorithm id
-	Tile   int // cublasLtMatmulTile_t
-	Stages int // cublasLtMatmulStages_t
-	SplitK int // parts K is split in
+	ID        int // cuBLASLt's algorithm id
+	Tile      int // cublasLtMatmulTile_t
+	Stages    int // cublasLtMatmulStages_t
+	SplitK    int // parts K is split in
+	Reduction int // cublasLtReductionScheme_t of the split's sums
+	Swizzle   int // CTA swizzling
+	Custom    int // the algorithm's custom option
+	Inner     int // cublasLtMatmulInnerShape_t
+	Cluster   int // cublasLtClusterShape_t
+	// WorkspaceKiB is the workspace it needs (KiB, rounded up).
+	WorkspaceKiB int
 }
 
+// String names the configuration; the tune cache files a choice under it.
 func (c AlgoConfig) String() string {
-	return fmt.Sprintf("id %d tile %d stages %d split %d", c.ID, c.Tile, c.Stages, c.SplitK)
+	return fmt.Sprintf("id %d tile %d stages %d split %d reduction %d swizzle %d custom %d inner %d cluster %d workspace %d KiB",
+		c.ID, c.Tile, c.Stages, c.SplitK, c.Reduction, c.Swizzle, c.Custom, c.Inner, c.Cluster, c.WorkspaceKiB)
 }
 
 // Config describes candidate algo of m (see Algorithms).

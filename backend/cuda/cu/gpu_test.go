@@ -554,8 +554,9 @@ func TestBlasLtMatmul(t *testing.T) {
 // TestBlasLtAlgorithms runs every candidate algorithm cuBLASLt's heuristic
 // offers (what a timing may pick instead of its first choice) on fresh
 // random inputs, each into a NaN-poisoned output, against a float64
-// reference, with and without a workspace; and refuses an index past the
-// candidates. For a batched-decode product some candidates split K (on the
+// reference, with the workspace given and the default (the candidates of
+// smaller workspace limits included, each within lt's workspace); and refuses
+// an index past the candidates. For a batched-decode product some candidates split K (on the
 // H100 and H200; Config says how each computes).
 func TestBlasLtAlgorithms(t *testing.T) {
 	d := gpu(t)
@@ -591,7 +592,7 @@ func TestBlasLtAlgorithms(t *testing.T) {
 			mm := Matmul{T: c.T, K: c.K, N: c.N, In: c.in, Out: c.out, X: px, W: pw, Dst: po}
 			n, err := lt.Algorithms(mm)
 			must(t, err)
-			if n < 1 || n > 8 {
+			if n < 1 || n > 16 {
 				t.Fatalf("%d candidate algorithms", n)
 			}
 			splits := 0
@@ -600,6 +601,9 @@ func TestBlasLtAlgorithms(t *testing.T) {
 				must(t, err)
 				if cfg.SplitK > 1 {
 					splits++
+				}
+				if ws := lt.wsSize; cfg.WorkspaceKiB < 0 || cfg.WorkspaceKiB > (ws+1023)/1024 {
+					t.Fatalf("algorithm %d (%v) needs a workspace past the %d bytes the heuristic was given", i, cfg, ws)
 				}
 				must(t, d.Memset8(po, 0xff, len(ob), nil)) // NaN poison
 				mm.Algo = i

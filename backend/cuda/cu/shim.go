@@ -55,7 +55,12 @@ enum {
 	CUBLASLT_ALGO_CONFIG_ID = 0,
 	CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
 	CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
+	CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3,
+	CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING = 4,
+	CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION = 5,
 	CUBLASLT_ALGO_CONFIG_STAGES_ID = 6,
+	CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID = 7,
+	CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID = 8,
 	CUBLASLT_EPILOGUE_DEFAULT = 1,
 	CUBLASLT_EPILOGUE_BIAS = 4,
 	CUBLAS_OP_N = 0,
@@ -379,12 +384,16 @@ static size_t k_ltVersion(void) { return p_cublasLtGetVersion(); }
 static kp k_ltCreate(void) { cublasLtHandle_t h = 0; kp r; r.rc = p_cublasLtCreate(&h); r.p = h; return r; }
 static int k_ltDestroy(void* h) { return p_cublasLtDestroy(h); }
 
-#define LT_ALGOS 8
+#define LT_ALGOS 8 // asked of the heuristic at each workspace limit
+#define LT_CANDS 16 // kept, over the limits
 
 typedef struct {
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c;
-	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS]; // the heuristic's candidates, best first
+	// The heuristic's candidates: its best first at the full workspace,
+	// then those it offers within smaller workspaces that are not already
+	// listed.
+	cublasLtMatmulHeuristicResult_t heur[LT_CANDS];
 	int nheur;
 	int bias;
 	int scaled; // FP8: the scale pointers are set at each run
@@ -399,6 +408,27 @@ static void k_ltPlanFree(ltPlan* p) {
 	if (p->b) p_cublasLtMatrixLayoutDestroy(p->b);
 	if (p->c) p_cublasLtMatrixLayoutDestroy(p->c);
 	free(p);
+}
+
+// k_ltConfigOf reads heuristic result r's algorithm id, tile, stages,
+// split of K, reduction scheme, CTA swizzling, custom option, inner shape
+// and cluster shape into out[0..8] (-1 where cuBLASLt does not say), and
+// the workspace it needs into out[9] (KiB, rounded up).
+static void k_ltConfigOf(const cublasLtMatmulHeuristicResult_t* r, int32_t* out) {
+	static const int attrs[9] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+		CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+		CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+	for (int j = 0; j < 9; j++) {
+		size_t got = 0;
+		if (attrs[j] == CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID || attrs[j] == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) {
+			uint16_t v = 0; // these two are 16-bit
+			out[j] = p_cublasLtMatmulAlgoConfigGetAttribute(&r->algo, attrs[j], &v, sizeof v, &got) ? -1 : (int32_t)v;
+		} else {
+			uint32_t v = 0;
+			out[j] = p_cublasLtMatmulAlgoConfigGetAttribute(&r->algo, attrs[j], &v, sizeof v, &got) ? -1 : (int32_t)v;
+		}
+	}
+	out[9] = (int32_t)((r->workspaceSize + 1023) / 1024);
 }
 
 #define LT(name, expr) do { o.call = name; o.rc = (expr); if (o.rc) goto fail; } while (0)
@@ -427,12 +457,36 @@ static ltPlanOut k_ltPlan(void* h, int abType, int cdType, int transa, int trans
 	LT("cublasLtMatrixLayoutCreate(B)", p_cublasLtMatrixLayoutCreate(&p->b, abType, transb ? n : k, transb ? k : n, ldb));
 	LT("cublasLtMatrixLayoutCreate(C)", p_cublasLtMatrixLayoutCreate(&p->c, cdType, m, n, ldc));
 	LT("cublasLtMatmulPreferenceCreate", p_cublasLtMatmulPreferenceCreate(&pref));
-	LT("cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsSize, sizeof wsSize));
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alA, sizeof alA));
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alB, sizeof alB));
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alC, sizeof alC));
 	LT("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alC, sizeof alC));
-	LT("cublasLtMatmulAlgoGetHeuristic", p_cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->c, p->c, pref, LT_ALGOS, p->heur, &p->nheur));
+	// The workspace limits searched: the full workspace, then 1 MiB and
+	// none, under which the heuristic offers other splits of K and
+	// reductions.
+	uint64_t limits[3] = {wsSize, 1 << 20, 0};
+	for (int l = 0; l < 3 && p->nheur < LT_CANDS; l++) {
+		if (l > 0 && limits[l] >= wsSize) continue;
+		cublasLtMatmulHeuristicResult_t got[LT_ALGOS];
+		int n = 0;
+		LT("cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limits[l], sizeof limits[l]));
+		int rc = p_cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->c, p->c, pref, LT_ALGOS, got, &n);
+		if (rc) {
+			if (l == 0) { o.call = "cublasLtMatmulAlgoGetHeuristic"; o.rc = rc; goto fail; }
+			continue; // a smaller limit may have nothing to offer
+		}
+		for (int i = 0; i < n && p->nheur < LT_CANDS; i++) {
+			if (got[i].state != 0) continue;
+			// A candidate already listed has the same configuration.
+			int32_t ci[10], cj[10], dup = 0;
+			k_ltConfigOf(&got[i], ci);
+			for (int j = 0; j < p->nheur && !dup; j++) {
+				k_ltConfigOf(&p->heur[j], cj);
+				dup = !memcmp(ci, cj, 9 * sizeof ci[0]);
+			}
+			if (!dup) p->heur[p->nheur++] = got[i];
+		}
+	}
 	if (p->nheur < 1) { o.call = "cublasLtMatmulAlgoGetHeuristic (no algorithm found)"; o.rc = 15; goto fail; }
 	p_cublasLtMatmulPreferenceDestroy(pref);
 	o.plan = p;
@@ -447,15 +501,14 @@ typedef struct { int rc; const char* call; } ltOut;
 
 static int k_ltAlgos(ltPlan* p) { return p->nheur; }
 
-// k_ltAlgoConfig reads candidate i's algorithm id, tile, stages and split
-// of K into out[0..3] (-1 where cuBLASLt does not say).
+// k_ltAlgoConfig is k_ltConfigOf of candidate i (all -1 past the
+// candidates).
 static void k_ltAlgoConfig(ltPlan* p, int i, int32_t* out) {
-	static const int attrs[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM};
-	for (int j = 0; j < 4; j++) {
-		uint32_t v = 0;
-		size_t got = 0;
-		out[j] = (i >= 0 && i < p->nheur && !p_cublasLtMatmulAlgoConfigGetAttribute(&p->heur[i].algo, attrs[j], &v, sizeof v, &got)) ? (int32_t)v : -1;
+	if (i < 0 || i >= p->nheur) {
+		for (int j = 0; j < 10; j++) out[j] = -1;
+		return;
 	}
+	k_ltConfigOf(&p->heur[i], out);
 }
 
 // k_ltRun runs the plan with its algorithm algo (an index into the
@@ -806,9 +859,10 @@ func ltPlanCreate(h unsafe.Pointer, a ltPlanArgs) (unsafe.Pointer, error) {
 func ltPlanFree(p unsafe.Pointer)  { C.k_ltPlanFree((*C.ltPlan)(p)) }
 func ltAlgos(p unsafe.Pointer) int { return int(C.k_ltAlgos((*C.ltPlan)(p))) }
 func ltAlgoConfig(p unsafe.Pointer, i int) AlgoConfig {
-	var v [4]C.int32_t
+	var v [10]C.int32_t
 	C.k_ltAlgoConfig((*C.ltPlan)(p), C.int(i), &v[0])
-	return AlgoConfig{ID: int(v[0]), Tile: int(v[1]), Stages: int(v[2]), SplitK: int(v[3])}
+	return AlgoConfig{ID: int(v[0]), Tile: int(v[1]), Stages: int(v[2]), SplitK: int(v[3]), Reduction: int(v[4]), Swizzle: int(v[5]),
+		Custom: int(v[6]), Inner: int(v[7]), Cluster: int(v[8]), WorkspaceKiB: int(v[9])}
 }
 func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, bias, aScale, bScale Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
 	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.int(algo), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(bias),

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"kiln/arch"
 	"kiln/backend"
@@ -79,6 +80,28 @@ type Engine struct {
 	devIDs []int32                // ids from a device sampler
 	params []backend.SampleParams // per-row device sampling parameters
 	steps  uint64                 // steps started, to catch a sequence named twice in one
+
+	// Startup is the time New spent in each of its phases, in order.
+	Startup []Phase
+}
+
+// Phase is one part of a start and the time it took.
+type Phase struct {
+	Name string
+	Time time.Duration
+}
+
+// phases times the parts of a start.
+type phases struct {
+	list []Phase
+	last time.Time
+}
+
+// done ends the phase named name.
+func (p *phases) done(name string) {
+	now := time.Now()
+	p.list = append(p.list, Phase{name, now.Sub(p.last)})
+	p.last = now
 }
 
 // New builds, compiles and loads m for b.
@@ -103,6 +126,7 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	if err := opts.Buckets.Validate(); err != nil {
 		return nil, err
 	}
+	ph := phases{last: time.Now()}
 	g, err := arch.Build(m, arch.Options{ContextLen: ctx})
 	if err != nil {
 		return nil, err
@@ -111,10 +135,12 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	ph.done("graph")
 	loaded, err := b.Load(compiled)
 	if err != nil {
 		return nil, err
 	}
+	ph.done("load")
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
 	blocks := blocksPerSeq * opts.MaxSeqs
 	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim,
@@ -146,16 +172,18 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 				100*opts.KVCacheFraction, free>>20, fit*opts.BlockSize, ctx)
 		}
 		spec.Blocks = min(blocks, fit)
+		ph.done("step memory")
 	}
 	kv, err := loaded.NewKVCache(spec)
 	if err != nil {
 		loaded.Close()
 		return nil, err
 	}
+	ph.done("kv cache")
 	e := &Engine{
 		Config: c, Compiled: compiled, loaded: loaded, buckets: opts.Buckets,
 		execs: execs, kv: kv, spec: spec, ctxLen: ctx,
-		vocab: compiled.Graph.Outputs[0].Shape.Last(),
+		vocab: compiled.Graph.Outputs[0].Shape.Last(), Startup: ph.list,
 	}
 	e.pool = newBlockPool(spec.Blocks, opts.PrefixCaching)
 	maxT := opts.Buckets.Max()

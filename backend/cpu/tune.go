@@ -157,8 +157,10 @@ type TuneResult struct {
 // (‖Δ‖₂ ≤ 1e-5·‖ref‖₂: the tilings change only the order of sums), then
 // the candidates race (tune.Race: kept only if faster than the default in
 // every timing) on copies of the matrix rotated past the caches, as
-// a model's steps find their weights. progress receives a line a race.
-func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache, progress func(string)) ([]TuneResult, error) {
+// a model's steps find their weights. Each candidate's check and timings
+// run as trials of trials (nil: none), the journal of a tuner in a child
+// process (tune.Supervise). progress receives a line a race.
+func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache, trials *tune.Trials, progress func(string)) ([]TuneResult, error) {
 	seen := map[tune.Key]bool{}
 	var out []TuneResult
 	for _, w := range ws {
@@ -177,7 +179,7 @@ func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache
 			if copies == nil {
 				copies = coldCopies(w, 256<<20)
 			}
-			res, ok := raceTilings(p, copies, r.T, r.cands)
+			res, ok := raceTilings(p, copies, r.T, r.cands, trialsOf(trials, key))
 			if !ok {
 				return out, fmt.Errorf("cpu: tune %v: no tiling ran", key)
 			}
@@ -195,6 +197,22 @@ func TuneProducts(p *workers.Pool, ws []gemm.Weights, prefill int, c *tune.Cache
 		}
 	}
 	return out, nil
+}
+
+// trialsOf runs a candidate tiling of the choice under key as a trial of
+// trials (journaled, so that a tiling that crashes the tuner's process is
+// known to its supervisor), or refuses it when it crashed an earlier one.
+func trialsOf(trials *tune.Trials, key tune.Key) func(c gemm.Tiling, f func()) error {
+	return func(c gemm.Tiling, f func()) error {
+		id := tune.TrialID(key, tilingName(c))
+		if trials.Barred(id) {
+			return tune.ErrBarred
+		}
+		end := trials.Begin(id)
+		f()
+		end(nil)
+		return nil
+	}
 }
 
 // tilingRace is one family's race for a matrix: its candidates (the
@@ -239,7 +257,7 @@ func prefillCandidates() []gemm.Tiling {
 // raceTilings checks and races cands (cands[0] the default) for the
 // product of T tokens by the matrix of copies (coldCopies: copies[0] the
 // matrix itself); false when none ran.
-func raceTilings(p *workers.Pool, copies []gemm.Weights, T int, cands []gemm.Tiling) (TuneResult, bool) {
+func raceTilings(p *workers.Pool, copies []gemm.Weights, T int, cands []gemm.Tiling, trial func(c gemm.Tiling, f func()) error) (TuneResult, bool) {
 	w := copies[0]
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(w.N*w.K+T)))
 	x := make([]float32, T*w.K)
@@ -253,7 +271,10 @@ func raceTilings(p *workers.Pool, copies []gemm.Weights, T int, cands []gemm.Til
 	errs := make([]error, len(cands))
 	for i, c := range cands[1:] {
 		w.Tiling = c
-		gemm.MatMul(p, out, x, T, w)
+		if err := trial(c, func() { gemm.MatMul(p, out, x, T, w) }); err != nil {
+			errs[i+1] = err
+			continue
+		}
 		if d := relDiff(out, ref); !(d <= 1e-5) {
 			errs[i+1] = fmt.Errorf("‖Δ‖₂/‖ref‖₂ = %.3g against the default tiling's product", d)
 		}
@@ -275,11 +296,20 @@ func raceTilings(p *workers.Pool, copies []gemm.Weights, T int, cands []gemm.Til
 		if errs[i] != nil {
 			return 0, errs[i]
 		}
-		t0 := time.Now()
-		for range reps {
-			product(cands[i])
+		var took time.Duration
+		run := func() {
+			t0 := time.Now()
+			for range reps {
+				product(cands[i])
+			}
+			took = time.Since(t0)
 		}
-		return float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(reps), nil
+		if i == 0 {
+			run() // the default: no trial
+		} else if err := trial(cands[i], run); err != nil {
+			return 0, err
+		}
+		return float64(took.Nanoseconds()) / 1e3 / float64(reps), nil
 	})
 	if r.Best < 0 {
 		return TuneResult{}, false

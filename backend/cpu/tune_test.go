@@ -49,7 +49,7 @@ func TestTuneProducts(t *testing.T) {
 	p := workers.New(2)
 	defer p.Close()
 	var lines []string
-	res, err := TuneProducts(p, append(ws, ws[0]), 6, c, func(s string) { lines = append(lines, s) })
+	res, err := TuneProducts(p, append(ws, ws[0]), 6, c, nil, func(s string) { lines = append(lines, s) })
 	if err != nil {
 		t.Fatal(err)
 	}

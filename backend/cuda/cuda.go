@@ -30,6 +30,10 @@ import (
 
 // Backend is the CUDA target of one device.
 type Backend struct {
+	// Trials, when set (a tuner's child process: kiln tune), journals
+	// each candidate's check and timings in a first-use race, and bars
+	// those that killed an earlier child (tune.Supervise).
+	Trials *tune.Trials
 	Device *cu.Device
 	// DType is the compute dtype (ParseDType); under "auto" (or "") bf16, or
 	// f16 for an f16 checkpoint.

@@ -408,6 +408,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			}
 			cands[i] = candidate{name: name, run: func() error { return l.lt.Matmul(m) }}
 		}
+		l.forTrials(tk, cands)
 		l.verifyProduct(mm, cands)
 		r := l.race(cands)
 		if r.Best >= 0 {
@@ -476,6 +477,7 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		for i, p := range cands {
 			cs[i] = candidate{name: p.String(), run: func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
 		}
+		l.forTrials(tk, cs)
 		l.verifyDecode(at, x.m.T, nd.in[0].dtype, cs)
 		r := l.race(cs)
 		for i, err := range r.Errs {

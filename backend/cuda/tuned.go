@@ -89,6 +89,34 @@ type candidate struct {
 	// rejected is verify's verdict against the candidate (nil: none):
 	// the race does not time it and records this as its error.
 	rejected error
+	// trial is its id in the journal of a tuner's trials (Backend.Trials;
+	// "" for the default, which is not journaled: the step runs it anyway).
+	trial string
+}
+
+// forTrials names cands' trials under the choice tk for Backend.Trials's
+// journal (the default aside), and rejects those that killed an earlier
+// tuner.
+func (l *loaded) forTrials(tk tune.Key, cands []candidate) {
+	for i := 1; i < len(cands); i++ {
+		cands[i].trial = tune.TrialID(tk, cands[i].name)
+		if l.b.Trials.Barred(cands[i].trial) {
+			cands[i].rejected = rejection(tune.ErrBarred.Error())
+		}
+	}
+}
+
+// trial runs f, a candidate's check or timing, as trial id of
+// Backend.Trials: journaled, and when f's error says the device is lost,
+// the end of the process with the trial open.
+func (l *loaded) trial(id string, f func() error) error {
+	end := l.b.Trials.Begin(id)
+	err := f()
+	if cu.ContextLost(err) {
+		end(err)
+	}
+	end(nil)
+	return err
 }
 
 // checker is what verify runs of c.
@@ -111,7 +139,11 @@ func (l *loaded) race(cands []candidate) raceResult {
 		if err := cands[i].rejected; err != nil {
 			return 0, err
 		}
-		ms, err := l.timeOn(cands[i].run)
+		var ms float32
+		err := l.trial(cands[i].trial, func() (err error) {
+			ms, err = l.timeOn(cands[i].run)
+			return err
+		})
 		return float64(ms), err
 	})}
 	l.b.races.Add(1)
@@ -213,6 +245,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 	for _, s := range splits {
 		cands = append(cands, gemv(s))
 	}
+	l.forTrials(tk, cands)
 	l.verifyProduct(mm, cands)
 	// The fused candidates set the split their launch takes; the race must
 	// leave the split it found (products of the same tile shape share it).

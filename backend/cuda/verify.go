@@ -185,7 +185,14 @@ func (l *loaded) verify(cands []candidate, o output, tol float64) {
 		return
 	}
 	for i := 1; i < len(cands); i++ {
-		got, err := l.result(cands[i].checker(), o)
+		if cands[i].rejected != nil {
+			continue // barred (Backend.Trials)
+		}
+		var got []float32
+		err := l.trial(cands[i].trial, func() (err error) {
+			got, err = l.result(cands[i].checker(), o)
+			return err
+		})
 		if err != nil {
 			cands[i].rejected = err
 			continue

@@ -72,11 +72,18 @@ func cmdBenchModel(args []string) error {
 			return err
 		}
 	}
+	clock := time.Now()
+	var start []engine.Phase // the start's parts, for the report
+	lap := func(name string) {
+		start = append(start, engine.Phase{Name: name, Time: time.Since(clock)})
+		clock = time.Now()
+	}
 	be, err := ef.backend()
 	if err != nil {
 		return err
 	}
 	defer closeBackend(be)
+	lap("device")
 	gpu, _ := be.(*cuda.Backend)
 	if *profile && gpu == nil {
 		return fmt.Errorf("--profile needs the GPU (--device cuda)")
@@ -115,6 +122,7 @@ func cmdBenchModel(args []string) error {
 	default:
 		return fmt.Errorf("give one MODEL or --random SHAPE")
 	}
+	clock = time.Now() // a --random model's writing left out
 	m, err := openModel(path)
 	if err != nil {
 		return err
@@ -123,6 +131,7 @@ func cmdBenchModel(args []string) error {
 	if err := ef.startFrom(be, m); err != nil {
 		return err
 	}
+	lap("model file")
 	maxBatch := 1
 	for _, b := range bs {
 		maxBatch = max(maxBatch, b)
@@ -152,6 +161,7 @@ func cmdBenchModel(args []string) error {
 		return err
 	}
 	defer e.Close()
+	start = append(start, e.Startup...)
 	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth}
 	threads := ef.threads
 	var gemm *cuda.GEMM // the GPU's reference matrix rate
@@ -237,9 +247,10 @@ func cmdBenchModel(args []string) error {
 		for _, p := range profiles {
 			p.print(rep)
 		}
+		fmt.Printf("\nstart: %s\n", phaseList(start))
 		if gpu != nil {
 			gs := gpu.Stats()
-			fmt.Printf("\nweights: %.2f GB uploaded in %.1f s (%.1f GB/s); kernels ready in %.1f s, alongside\n",
+			fmt.Printf("weights: %.2f GB uploaded in %.1f s (%.1f GB/s); kernels ready in %.1f s, alongside\n",
 				float64(gs.Uploaded)/1e9, gs.UploadTime.Seconds(), float64(gs.Uploaded)/1e9/max(gs.UploadTime.Seconds(), 1e-9), gs.KernelTime.Seconds())
 			modules, choices := gpu.JITWork()
 			fmt.Printf("compiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",
@@ -359,4 +370,16 @@ func parseBatches(s string) ([]int, error) {
 		}
 	}
 	return bs, nil
+}
+
+// phaseList prints the parts of a start ("device 0.4 s, model file 0.0 s,
+// …, in all 2.3 s").
+func phaseList(ps []engine.Phase) string {
+	var b strings.Builder
+	var all time.Duration
+	for _, p := range ps {
+		fmt.Fprintf(&b, "%s %.1f s, ", p.Name, p.Time.Seconds())
+		all += p.Time
+	}
+	return fmt.Sprintf("%sin all %.1f s", b.String(), all.Seconds())
 }

@@ -248,11 +248,16 @@ func (f *engineFlags) configure(b *cuda.Backend) {
 	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues, b.NoFP8, b.WidenBlocks = progressWriter(), !f.graphs, !f.pdl, !f.epilogues, !f.fp8, !f.blocks
 	b.Tune = f.tune
 	b.OnRace = gpuRaceProgress
+	b.Trials = gpuTrials
 }
 
 // gpuRaceProgress, when set (kiln tune --device cuda), receives each
 // first-use race of the GPU backends the flags configure.
 var gpuRaceProgress func(line string, so cuda.RaceCounts)
+
+// gpuTrials, when set (kiln tune's child process), journals the races'
+// trials of the GPU backends the flags configure (cuda.Backend.Trials).
+var gpuTrials *tune.Trials
 
 // startFrom makes b start from the artifact --artifact names, after
 // checking that it was built for this device, kiln build and model.

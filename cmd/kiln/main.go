@@ -62,7 +62,16 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
+		if code, ok := err.(exitCode); ok {
+			os.Exit(int(code))
+		}
 		fmt.Fprintf(os.Stderr, "kiln %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}
 }
+
+// exitCode is the error of a command whose failure was already reported
+// (a child process's): kiln exits with it and prints nothing more.
+type exitCode int
+
+func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -461,6 +462,60 @@ func TestTuneCPU(t *testing.T) {
 	}
 	if tuned, plain := run(other), run(t.TempDir()); tuned != plain {
 		t.Errorf("with the tuned tilings:\n%s\nwithout:\n%s", tuned, plain)
+	}
+}
+
+// TestTuneFaultyCandidate: kiln tune runs its trials in a child process;
+// a candidate that kills it (the test hook tune.EnvFault: the grain of 16
+// KiB, one candidate of each matrix's grain race) is barred, the child
+// starts again, the tuning ends, and each grain race's entry lists the
+// candidate as rejected. The same candidate under --in-process takes kiln
+// tune down.
+func TestTuneFaultyCandidate(t *testing.T) {
+	bin, _ := stories(t)
+	dir := t.TempDir()
+	env := []string{"KILN_DEVICE=cpu", "KILN_TUNE_DIR=" + dir, "KILN_TUNE_FAULT=grain 16384"}
+	out, stderr, code := kilnEnv(t, env, "tune", bin, "--threads", "1", "--prefill", "6")
+	if code != 0 || !strings.Contains(out, "once each") || !strings.Contains(out, "barred after they killed the tuner") {
+		t.Fatalf("kiln tune: exit %d\n%s\n%s", code, out, stderr)
+	}
+	file := filepath.Join(t.TempDir(), "tuned.json")
+	if out, stderr, code := kilnEnv(t, env, "tune", "export", file, "--device", "cpu"); code != 0 {
+		t.Fatalf("kiln tune export: exit %d\n%s%s", code, out, stderr)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exp struct {
+		Entries []struct {
+			Entry struct {
+				Family   string   `json:"family"`
+				Rejected []string `json:"rejected"`
+			} `json:"entry"`
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal(data, &exp); err != nil {
+		t.Fatal(err)
+	}
+	grains := 0
+	for _, sealed := range exp.Entries {
+		e := sealed.Entry
+		if e.Family != "cpu product grain" {
+			continue
+		}
+		grains++
+		if !slices.ContainsFunc(e.Rejected, func(r string) bool {
+			return strings.Contains(r, "grain 16384") && strings.Contains(r, "killed the tuner")
+		}) {
+			t.Errorf("a grain race's rejected: %q", e.Rejected)
+		}
+	}
+	if grains == 0 || strings.Count(out, "barred, starting again") != grains {
+		t.Errorf("%d grain races, %d restarts:\n%s", grains, strings.Count(out, "barred, starting again"), out)
+	}
+	if _, _, code := kilnEnv(t, env, "tune", bin, "--threads", "1", "--prefill", "6", "--in-process"); code == 0 {
+		t.Error("kiln tune --in-process survived a candidate that kills it")
 	}
 }
 

@@ -80,7 +80,7 @@ func cmdServe(args []string) error {
 		return err
 	}
 	defer e.Close()
-	loaded := []any{"load_s", fmt.Sprintf("%.1f", time.Since(loadStart).Seconds())}
+	loaded := []any{"load_s", fmt.Sprintf("%.1f", time.Since(loadStart).Seconds()), "start", phaseList(e.Startup)}
 	gpu, _ := e.backend.(*cuda.Backend)
 	if gpu != nil {
 		st := gpu.Device.KernelCache().Stats()

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,7 +18,7 @@ import (
 	"kiln/tune"
 )
 
-const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
+const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] [--trial-timeout 2m] [--in-process] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
 
 // cmdTune tunes this machine for a model (kiln tune MODEL: the CPU's
 // products' tilings, or with --device cuda every first-use choice of the
@@ -33,6 +34,8 @@ func cmdTune(args []string) error {
 	prefill := fs.Int("prefill", 128, "tokens of the prefill products whose tiling is tuned (the CPU's float formats), or of the prompt prefilled (a GPU)")
 	batches := fs.String("batch", "1,16,64,256", "a GPU: the decode batch sizes whose choices are tuned")
 	depth := fs.Int("depth", 512, "a GPU: the context each decoding sequence holds first (decode attention's choices are made per context)")
+	trialTimeout := fs.Duration("trial-timeout", 2*time.Minute, "a candidate's check or timing that runs longer is taken for a hang: the tuner's process is killed and the candidate barred")
+	inProcess := fs.Bool("in-process", false, "run the trials in this process, not a child (a candidate that faults then takes kiln tune down)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -52,17 +55,28 @@ func cmdTune(args []string) error {
 		if *prefill < 1 {
 			return fmt.Errorf("--prefill %d: want at least 1", *prefill)
 		}
+		if *trialTimeout <= 0 {
+			return fmt.Errorf("--trial-timeout %v: want more than 0", *trialTimeout)
+		}
+		if !*inProcess {
+			return superviseTune(args, *trialTimeout)
+		}
+		trials, err := tune.OpenTrials()
+		if err != nil {
+			return err
+		}
+		defer trials.Close()
 		switch *device {
 		case "cuda", "gpu":
 			if *depth < 0 {
 				return fmt.Errorf("--depth %d: want 0 or more", *depth)
 			}
-			return tuneGPU(pos[0], *dir, *prefill, *depth, *batches)
+			return tuneGPU(pos[0], *dir, *prefill, *depth, *batches, trials)
 		case "auto", "", "cpu":
 		default:
 			return fmt.Errorf("--device %q: want auto, cpu or cuda", *device)
 		}
-		return tuneCPU(pos[0], *dir, *threads, *prefill)
+		return tuneCPU(pos[0], *dir, *threads, *prefill, trials)
 	}
 	dev, err := tuneDevice(*device)
 	if err != nil {
@@ -115,6 +129,38 @@ func cmdTune(args []string) error {
 	return nil
 }
 
+// superviseTune runs kiln tune with args in a child process (--in-process)
+// under tune.Supervise: when a candidate's trial kills it (a fault, a
+// crash, a lost device, a hang past timeout), the candidate is barred and
+// the child starts again.
+func superviseTune(args []string, timeout time.Duration) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "kiln-tune-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	mk := func() *exec.Cmd {
+		cmd := exec.Command(self, append([]string{"tune", "--in-process"}, args...)...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+		return cmd
+	}
+	s, err := tune.Supervise(mk, dir, timeout, func(note string) { fmt.Printf("kiln tune: %s\n", note) })
+	if len(s.Barred) > 0 {
+		fmt.Printf("%d candidates barred after they killed the tuner (filed under the entries' rejected):\n", len(s.Barred))
+		for _, id := range s.Barred {
+			fmt.Printf("  %s\n", id)
+		}
+	}
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && ee.ExitCode() > 0 {
+		return exitCode(ee.ExitCode()) // the child said why, outside any trial
+	}
+	return err
+}
+
 // tuneDevice identifies the device whose cache --device names.
 func tuneDevice(device string) (tune.Device, error) {
 	switch device {
@@ -139,7 +185,7 @@ func tuneDevice(device string) (tune.Device, error) {
 // tuneCPU races the tilings of the products of the model at path on
 // threads workers and keeps the winners in dir's cache of this CPU,
 // printing each race and a table of the gains.
-func tuneCPU(path, dir string, threads, prefill int) error {
+func tuneCPU(path, dir string, threads, prefill int, trials *tune.Trials) error {
 	m, err := openModel(path)
 	if err != nil {
 		return err
@@ -164,7 +210,7 @@ func tuneCPU(path, dir string, threads, prefill int) error {
 	defer p.Close()
 	fmt.Printf("tuning the products of %d matrices of %s on %d threads for %v\n", len(ws), path, p.Size(), c.Device())
 	races := 0
-	res, err := cpu.TuneProducts(p, ws, prefill, c, func(line string) {
+	res, err := cpu.TuneProducts(p, ws, prefill, c, trials, func(line string) {
 		races++
 		fmt.Printf("[%d] %s\n", races, line)
 	})
@@ -182,7 +228,7 @@ func tuneCPU(path, dir string, threads, prefill int) error {
 // with every first-use choice raced again and kept (--tune full), a
 // prompt of prefill tokens and a few decode steps at each of batches after
 // depth tokens of context; then the gains of the choices it filed.
-func tuneGPU(path, dir string, prefill, depth int, batches string) error {
+func tuneGPU(path, dir string, prefill, depth int, batches string, trials *tune.Trials) error {
 	start := time.Now()
 	if err := os.Setenv("KILN_TUNE_DIR", dir); err != nil {
 		return err
@@ -195,7 +241,8 @@ func tuneGPU(path, dir string, prefill, depth int, batches string) error {
 		last = so
 		fmt.Printf("[race %d: %d candidates tried, %d rejected so far] %s\n", so.Races, so.Candidates, so.Rejected, line)
 	}
-	defer func() { gpuRaceProgress = nil }()
+	gpuTrials = trials
+	defer func() { gpuRaceProgress, gpuTrials = nil, nil }()
 	if err := cmdBench(args); err != nil {
 		return err
 	}

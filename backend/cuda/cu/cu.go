@@ -53,6 +53,29 @@ func (e *Error) Error() string {
 	return s
 }
 
+// ContextLost reports whether err is one of the driver's sticky errors: a
+// kernel faulted (an illegal address or instruction, a misaligned access,
+// a failed launch, a trap or assertion) and the context is unusable, so
+// that every later call fails too; only a new process recovers.
+func ContextLost(err error) bool {
+	var e *Error
+	if !errors.As(err, &e) || e.Lib != "cuda" {
+		return false
+	}
+	switch e.Code {
+	case 700, // CUDA_ERROR_ILLEGAL_ADDRESS
+		710, // CUDA_ERROR_ASSERT
+		714, // CUDA_ERROR_HARDWARE_STACK_ERROR
+		715, // CUDA_ERROR_ILLEGAL_INSTRUCTION
+		716, // CUDA_ERROR_MISALIGNED_ADDRESS
+		717, // CUDA_ERROR_INVALID_ADDRESS_SPACE
+		718, // CUDA_ERROR_INVALID_PC
+		719: // CUDA_ERROR_LAUNCH_FAILED
+		return true
+	}
+	return false
+}
+
 // Libs records which shared libraries were loaded, and from where.
 type Libs struct {
 	Driver, NVRTC, BlasLt string

@@ -1,6 +1,8 @@
 package cu
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -137,5 +139,28 @@ func TestReceive(t *testing.T) {
 	}
 	if _, ok := receive(ch, time.Millisecond); ok {
 		t.Fatal("closed channel: ok")
+	}
+}
+
+// TestContextLost: the driver's sticky errors (a kernel's fault) are told
+// from the others, wrapped or not; another library's codes are not the
+// driver's.
+func TestContextLost(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		lost bool
+	}{
+		{&Error{Lib: "cuda", Code: 700, Name: "CUDA_ERROR_ILLEGAL_ADDRESS"}, true},
+		{fmt.Errorf("step: %w", &Error{Lib: "cuda", Code: 719}), true},
+		{&Error{Lib: "cuda", Code: 716}, true},
+		{&Error{Lib: "cuda", Code: 2, Name: "CUDA_ERROR_OUT_OF_MEMORY"}, false},
+		{&Error{Lib: "cuda", Code: 1}, false},
+		{&Error{Lib: "cublasLt", Code: 700}, false},
+		{errors.New("cuda: 700"), false},
+		{nil, false},
+	} {
+		if got := ContextLost(c.err); got != c.lost {
+			t.Errorf("ContextLost(%v) = %v", c.err, got)
+		}
 	}
 }

@@ -28,6 +28,13 @@ type Target interface {
 	Supports(op ir.Op) bool
 }
 
+// LazyStacker is a Target that takes stacked matrices (ConcatRows of
+// constants, folded) as tensors of Parts (tensor.Tensor.Parts) and copies
+// each part where it goes: the fold then copies no weights on the host.
+type LazyStacker interface {
+	StacksLazily() bool
+}
+
 type pass struct {
 	name     string
 	fn       func(g *ir.Graph, t Target) error

@@ -26,7 +26,11 @@ import (
 	"kiln/tensor"
 )
 
-func foldConstants(g *ir.Graph, _ Target) error {
+func foldConstants(g *ir.Graph, tg Target) error {
+	lazy := false
+	if l, ok := tg.(LazyStacker); ok {
+		lazy = l.StacksLazily()
+	}
 	for i, n := range g.Nodes {
 		var t *tensor.Tensor
 		var err error
@@ -34,7 +38,7 @@ func foldConstants(g *ir.Graph, _ Target) error {
 		case ir.RopeTable:
 			t, err = ropeTable(n.Attrs.Rope)
 		case ir.ConcatRows:
-			t, err = concatRows(n)
+			t, err = concatRows(n, lazy)
 		default:
 			continue
 		}
@@ -105,8 +109,8 @@ func ropeTable(r ir.RopeParams) (*tensor.Tensor, error) {
 
 // concatRows stacks its inputs' rows; FP8 matrices' scales follow their
 // rows (one a row once stacked).
-func concatRows(n *ir.Node) (*tensor.Tensor, error) {
-	var data []byte
+func concatRows(n *ir.Node, lazy bool) (*tensor.Tensor, error) {
+	var parts []*tensor.Tensor
 	var names []string
 	var scales []float32
 	rows := 0
@@ -115,7 +119,7 @@ func concatRows(n *ir.Node) (*tensor.Tensor, error) {
 		if (in.Def.Op != ir.Weight && in.Def.Op != ir.Const) || t == nil {
 			return nil, fmt.Errorf("input %v is not a constant", in)
 		}
-		data = append(data, t.Data...)
+		parts = append(parts, t)
 		names = append(names, shortName(t.Name))
 		if t.DType == tensor.F8_E4M3 {
 			for r := 0; r < t.Shape[0]; r++ {
@@ -126,8 +130,14 @@ func concatRows(n *ir.Node) (*tensor.Tensor, error) {
 	}
 	first := n.Inputs[0].Def.Attrs.Tensor
 	shape := append(tensor.Shape{rows}, first.Shape[1:]...)
-	t := &tensor.Tensor{Name: "concat(" + strings.Join(names, ",") + ")", DType: first.DType, Shape: shape, Data: data, Scales: scales}
-	return t, t.Validate()
+	t := &tensor.Tensor{Name: "concat(" + strings.Join(names, ",") + ")", DType: first.DType, Shape: shape, Parts: parts, Scales: scales}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	if !lazy {
+		t.Join()
+	}
+	return t, nil
 }
 
 // shortName trims the common prefix of canonical names for readable dumps.

@@ -282,6 +282,46 @@ func TestConcatRowsOfNonConstant(t *testing.T) {
 	t1 := b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 1e4, MaxPositions: 4, HeadDim: 8}})
 	w := b.weight("w", 0, 2, 8)
 	cat := b.Node(ir.ConcatRows, ir.Attrs{}, w, t1)
-	_, err := concatRows(cat)
+	_, err := concatRows(cat, false)
 	wantErr(t, err, "not a constant")
+}
+
+// lazyTarget is everything, stacking lazily (a LazyStacker).
+type lazyTarget struct{ Target }
+
+func (lazyTarget) StacksLazily() bool { return true }
+
+// TestFoldStacksLazily: for a LazyStacker, a folded stack of weights is a
+// tensor of Parts (the weights themselves, no host copy) that decodes,
+// and joins, to the stack the eager fold makes.
+func TestFoldStacksLazily(t *testing.T) {
+	stacked := func(tg Target) *tensor.Tensor {
+		b := newBuilder(t)
+		w1 := b.weight("w1", 0, 2, 8)
+		w2 := b.weight("w2", 100, 3, 8)
+		cat := b.Op(ir.ConcatRows, ir.Attrs{}, w1, w2)
+		y := b.Op(ir.MatMul, ir.Attrs{}, b.act(8), cat)
+		g := b.outputs(y)
+		run(t, g, "fold-constants", foldConstants, tg)
+		return y.Def.Inputs[1].Def.Attrs.Tensor
+	}
+	eager, lazy := stacked(everything), stacked(lazyTarget{everything})
+	if len(eager.Parts) != 0 || len(lazy.Parts) != 2 || lazy.Data != nil || !lazy.Shape.Equal(tensor.Shape{5, 8}) {
+		t.Fatalf("eager %d parts, lazy %d parts, %d bytes, shape %v", len(eager.Parts), len(lazy.Parts), len(lazy.Data), lazy.Shape)
+	}
+	if err := lazy.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want, err := eager.F32s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := lazy.F32s()
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("lazy stack decodes to %v (%v), want %v", got, err, want)
+	}
+	lazy.Join()
+	if len(lazy.Parts) != 0 || !bytes.Equal(lazy.Data, eager.Data) {
+		t.Fatal("the joined stack differs from the eager one")
+	}
 }

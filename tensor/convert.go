@@ -124,6 +124,17 @@ func ToF32(d DType, data []byte, dst []float32) error {
 // F32s decodes a whole tensor to float32.
 func (t *Tensor) F32s() ([]float32, error) {
 	out := make([]float32, t.Shape.Elements())
+	if len(t.Parts) > 0 {
+		off := 0
+		for _, p := range t.Parts {
+			f, err := p.F32s()
+			if err != nil || off+len(f) > len(out) {
+				return nil, fmt.Errorf("tensor %s: part %s: %v", t.Name, p.Name, err)
+			}
+			off += copy(out[off:], f)
+		}
+		return out, nil
+	}
 	if err := ToF32(t.DType, t.Data, out); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
 	}

@@ -141,6 +141,31 @@ type Tensor struct {
 	// mapping, whose pages are read from the file again if touched. A
 	// backend that keeps its own copy of a tensor calls it.
 	Release func()
+	// Parts, when set, make the tensor the concatenation of their rows
+	// (each of its dtype and row shape, their rows summing to Shape[0]),
+	// with no Data of its own: the graph compiler stacks matrices so for a
+	// backend that copies each part where it goes (compile.LazyStacker:
+	// the GPU's upload) instead of into one host buffer first. F32s and
+	// Validate take them; a reader of Data calls Join first.
+	Parts []*Tensor
+}
+
+// Join gives a tensor of Parts its Data: the parts' bytes one after
+// another (nothing for any other tensor).
+func (t *Tensor) Join() {
+	if len(t.Parts) == 0 {
+		return
+	}
+	n := 0
+	for _, p := range t.Parts {
+		p.Join()
+		n += len(p.Data)
+	}
+	data := make([]byte, 0, n)
+	for _, p := range t.Parts {
+		data = append(data, p.Data...)
+	}
+	t.Data, t.Parts = data, nil
 }
 
 // Validate checks that Data has the size Shape and DType require.
@@ -154,8 +179,36 @@ func (t *Tensor) Validate() error {
 	if err != nil {
 		return fmt.Errorf("tensor %s: %w", t.Name, err)
 	}
+	if len(t.Parts) > 0 {
+		return t.validateParts()
+	}
 	if int64(len(t.Data)) != want {
 		return fmt.Errorf("tensor %s: %v %v needs %d bytes, has %d", t.Name, t.DType, t.Shape, want, len(t.Data))
+	}
+	if len(t.Scales) > 0 && (t.DType != F8_E4M3 || len(t.Shape) != 2 || len(t.Scales) != 1 && len(t.Scales) != t.Shape[0]) {
+		return fmt.Errorf("tensor %s: %d scales for %v %v (F8_E4M3 matrices only, one or one a row)", t.Name, len(t.Scales), t.DType, t.Shape)
+	}
+	return nil
+}
+
+// validateParts checks a tensor of Parts: no Data, and parts of its dtype
+// and row shape, each valid, whose rows sum to its own.
+func (t *Tensor) validateParts() error {
+	if len(t.Data) != 0 || len(t.Shape) == 0 {
+		return fmt.Errorf("tensor %s: parts with data of its own, or of no rows", t.Name)
+	}
+	rows := 0
+	for _, p := range t.Parts {
+		if p.DType != t.DType || len(p.Shape) != len(t.Shape) || !p.Shape[1:].Equal(t.Shape[1:]) {
+			return fmt.Errorf("tensor %s: part %s is %v %v, not rows of %v %v", t.Name, p.Name, p.DType, p.Shape, t.DType, t.Shape)
+		}
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("tensor %s: %w", t.Name, err)
+		}
+		rows += p.Shape[0]
+	}
+	if rows != t.Shape[0] {
+		return fmt.Errorf("tensor %s: parts of %d rows for %v", t.Name, rows, t.Shape)
 	}
 	if len(t.Scales) > 0 && (t.DType != F8_E4M3 || len(t.Shape) != 2 || len(t.Scales) != 1 && len(t.Scales) != t.Shape[0]) {
 		return fmt.Errorf("tensor %s: %d scales for %v %v (F8_E4M3 matrices only, one or one a row)", t.Name, len(t.Scales), t.DType, t.Shape)

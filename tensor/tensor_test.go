@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -172,5 +173,36 @@ func TestEncodeF32(t *testing.T) {
 	}
 	if _, err := EncodeF32(Q4_0, vals); err == nil {
 		t.Error("Q4_0 encoded")
+	}
+}
+
+// TestParts: a tensor of Parts validates when its parts are rows of its
+// dtype and row shape summing to its rows, and not otherwise; Join gives
+// it the parts' bytes.
+func TestParts(t *testing.T) {
+	a := FromF32("a", Shape{2, 3}, []float32{1, 2, 3, 4, 5, 6})
+	b := FromF32("b", Shape{1, 3}, []float32{7, 8, 9})
+	ok := &Tensor{Name: "ab", DType: F32, Shape: Shape{3, 3}, Parts: []*Tensor{a, b}}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := ok.F32s()
+	if err != nil || !slices.Equal(f, []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+		t.Fatalf("F32s = %v, %v", f, err)
+	}
+	for _, bad := range []*Tensor{
+		{Name: "rows", DType: F32, Shape: Shape{4, 3}, Parts: []*Tensor{a, b}},
+		{Name: "cols", DType: F32, Shape: Shape{3, 4}, Parts: []*Tensor{a, b}},
+		{Name: "dtype", DType: F16, Shape: Shape{3, 3}, Parts: []*Tensor{a, b}},
+		{Name: "data", DType: F32, Shape: Shape{3, 3}, Parts: []*Tensor{a, b}, Data: make([]byte, 36)},
+		{Name: "part", DType: F32, Shape: Shape{3, 3}, Parts: []*Tensor{a, {Name: "short", DType: F32, Shape: Shape{1, 3}, Data: make([]byte, 4)}}},
+	} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%s: validated", bad.Name)
+		}
+	}
+	ok.Join()
+	if len(ok.Parts) != 0 || ok.Validate() != nil || len(ok.Data) != 36 {
+		t.Fatalf("joined: %d parts, %d bytes", len(ok.Parts), len(ok.Data))
 	}
 }

@@ -47,13 +47,20 @@ type Backend struct {
 	// dependent launches (Hopper: a kernel is scheduled while the previous
 	// one finishes), for comparisons.
 	NoPDL bool
+	// ExternalDir, when set, holds external kernels
+	// (kernels.ReadExternal; docs/EXTERNAL_KERNELS.md): each compiled for
+	// the device at Load and offered to the first-use races of the
+	// products it takes, verified against the default before it is timed.
+	ExternalDir string
 	// Products chooses the kernel of products: "" measures, per shape,
 	// GEMV against cuBLASLt for at most kernels.GEMVMaxT rows (beyond
 	// kernels.GEMVVectorMaxT rows per power-of-two bucket), and cuBLASLt's
 	// candidate algorithms from kernels.GEMVVectorMaxT+1 rows (per
 	// power-of-two bucket of rows), keeping the fastest; "gemv" takes GEMV wherever it applies,
 	// "cublaslt" never takes it, and both take cuBLASLt's first algorithm
-	// (for tests and comparisons that need the same kernels every run).
+	// (for tests and comparisons that need the same kernels every run);
+	// "external" takes the first external kernel that takes a product and
+	// passes its check against cuBLASLt (for tests of external kernels).
 	Products string
 	// NoEpilogues runs the ops that take a GEMV's product apart (SwiGLU;
 	// RoPE with the cache writes) as kernels of their own instead of in the
@@ -234,6 +241,13 @@ func (b *Backend) FP8(act cu.DType) bool {
 	return !b.NoFP8 && b.Device.FP8() && act != cu.F32
 }
 
+// StacksLazily implements compile.LazyStacker: the upload copies each
+// matrix of a stack (Q/K/V, gate/up) to its rows of the device's copy, so
+// the graph compiler makes no host copy of the stack (for the Llama-3-8B
+// shape 9 GB, which took the start 10 s: docs/PERF.md, Tuning, session
+// 19).
+func (b *Backend) StacksLazily() bool { return true }
+
 // ComputeDType is the compute dtype for a graph: the requested one, or
 // under "auto" f16 when the weight matrices are f16 and bf16 otherwise.
 func (b *Backend) ComputeDType(g *ir.Graph) cu.DType {
@@ -289,7 +303,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		lt.Close()
 		return nil, err
 	}
-	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]bool{}, algoChoice: map[algoKey]int{},
+	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]int{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
@@ -325,7 +339,36 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 			b.stats.Compiles = append(b.stats.Compiles, fmt.Sprintf("%s: %.1f s", m.Name(), m.BuildTime.Seconds()))
 		}
 	}
+	if err := l.loadExternals(); err != nil {
+		l.Close()
+		return nil, err
+	}
 	return l, nil
+}
+
+// loadExternals compiles the external kernels of Backend.ExternalDir for
+// the device of the activation dtype (those of other dtypes are left).
+// Any that cannot be read or compiled fails the load, naming it: a user
+// who offers kernels hears why one is not taken.
+func (l *loaded) loadExternals() error {
+	if l.b.ExternalDir == "" {
+		return nil
+	}
+	specs, err := kernels.ReadExternal(l.b.ExternalDir)
+	if err != nil {
+		return err
+	}
+	for _, s := range specs {
+		if s.DType != l.act.String() {
+			continue
+		}
+		e, err := kernels.NewExternal(l.dev, s)
+		if err != nil {
+			return err
+		}
+		l.externals = append(l.externals, e)
+	}
+	return nil
 }
 
 // compiledModules are a model's kernels and GEMV modules (gemv nil when
@@ -400,8 +443,12 @@ type loaded struct {
 	gemv    *kernels.GEMV    // the skinny product kernel (nil: cuBLASLt only)
 	// profEvents time the kernels of profiled steps (Backend.Profile).
 	profEvents []*cu.Event
-	// gemvChoice records, per product shape, whether GEMV was measured faster.
-	gemvChoice map[mmKey]bool
+	// gemvChoice records, per product shape, the way measured fastest
+	// (GEMV, an external kernel or cuBLASLt).
+	gemvChoice map[mmKey]productWay
+	// externals are the external kernels (Backend.ExternalDir) compiled
+	// for the device.
+	externals []*kernels.External
 	// algoChoice records, per product shape and row bucket, the cuBLASLt
 	// candidate algorithm measured fastest.
 	algoChoice map[algoKey]int
@@ -493,6 +540,11 @@ func (l *loaded) Close() error {
 	}
 	if l.gemv != nil {
 		if err := l.gemv.Close(); err != nil {
+			keep(err)
+		}
+	}
+	for _, e := range l.externals {
+		if err := e.Close(); err != nil {
 			keep(err)
 		}
 	}

@@ -215,36 +215,7 @@ func TestBatchedMatchesCPU(t *testing.T) {
 				b := backendOf(t, "f32")
 				b.Products = products
 				dir := randomModel(t, s, tensor.F32, 7)
-				run := func(bk backend.Backend) [][]float32 {
-					e := openEngine(t, dir, bk, engine.Options{MaxSeqs: 3})
-					seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
-					var out [][]float32
-					// Prompts of 70, 3 and 130 tokens in one step, then 20 decode steps.
-					var items []engine.Item
-					for i, n := range []int{70, 3, 130} {
-						toks := make([]int, n)
-						for j := range toks {
-							toks[j] = (j*7 + i*13) % s.Vocab
-						}
-						items = append(items, engine.Item{Seq: seqs[i], Tokens: toks})
-					}
-					l, err := e.Step(items)
-					if err != nil {
-						t.Fatal(err)
-					}
-					out = append(out, slices.Clone(l))
-					for step := 0; step < 20; step++ {
-						for i := range items {
-							items[i].Tokens = []int{(step*31 + i*5) % s.Vocab}
-						}
-						l, err := e.Step(items)
-						if err != nil {
-							t.Fatal(err)
-						}
-						out = append(out, slices.Clone(l))
-					}
-					return out
-				}
+				run := func(bk backend.Backend) [][]float32 { return batchedSteps(t, dir, bk, s.Vocab) }
 				gpu, ref := run(b), run(&cpu.Backend{})
 				for i := range ref {
 					if e := relL2(gpu[i], ref[i]); e > 1e-4 || math.IsNaN(e) {
@@ -254,6 +225,39 @@ func TestBatchedMatchesCPU(t *testing.T) {
 			})
 		}
 	}
+}
+
+// batchedSteps runs the model at dir on bk: prompts of 70, 3 and 130
+// tokens in one step, then 20 decode steps of the three sequences; it
+// returns every step's logits.
+func batchedSteps(t *testing.T, dir string, bk backend.Backend, vocab int) [][]float32 {
+	e := openEngine(t, dir, bk, engine.Options{MaxSeqs: 3})
+	seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
+	var out [][]float32
+	var items []engine.Item
+	for i, n := range []int{70, 3, 130} {
+		toks := make([]int, n)
+		for j := range toks {
+			toks[j] = (j*7 + i*13) % vocab
+		}
+		items = append(items, engine.Item{Seq: seqs[i], Tokens: toks})
+	}
+	l, err := e.Step(items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, slices.Clone(l))
+	for step := 0; step < 20; step++ {
+		for i := range items {
+			items[i].Tokens = []int{(step*31 + i*5) % vocab}
+		}
+		l, err := e.Step(items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, slices.Clone(l))
+	}
+	return out
 }
 
 // TestGraphsMatchDirect decodes the same steps with captured CUDA graphs and

@@ -90,7 +90,8 @@ func (l *loaded) choose(nd *node) error {
 			if nd.epilogue != nil && bias == nil && mm.Out == l.act && !(x.kv.spec.FP8 && nd.epilogue.n.Op == ir.RoPEQKVWrite) {
 				ep = nd.epilogue
 			}
-			gemv := l.useGEMV(x, mm, ep)
+			way := l.productWay(x, mm, ep)
+			gemv := way.gemv
 			if gemv && ep != nil {
 				err := l.gemvEpilogue(x, nd.epilogue, mm)
 				if err == nil {
@@ -107,6 +108,9 @@ func (l *loaded) choose(nd *node) error {
 			}
 			var err error
 			switch {
+			case way.ext != nil:
+				x.noteProduct(mm, "external "+way.ext.Spec.Name)
+				err = way.ext.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N)
 			case gemv:
 				x.noteProduct(mm, "gemv")
 				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
@@ -283,29 +287,36 @@ type mmKey struct {
 	epilogue bool
 }
 
-// useGEMV reports whether product mm runs on the skinny GEMV kernel rather
-// than cuBLASLt: for at most kernels.GEMVMaxT rows, the first time a shape
-// (its exact rows up to kernels.GEMVVectorMaxT, beyond a power-of-two
-// bucket of rows, as the tile kernels are built for) is seen, the tune
-// cache's choice for it, else the choice of a race on the stream
-// (raceGEMV: cuBLASLt the default, the GEMV kept only if it beats it in
-// every timing). With ep, the product's reader that the GEMV runs
-// in its epilogue (gemvEpilogue), the GEMV's time is that of the fused
-// kernel and cuBLASLt's that of the product followed by ep's own kernel:
-// what each way costs the step. Inside a graph capture an unmeasured shape
+// productWay is how a product runs: on the GEMV, on an external kernel
+// (kernels.External), or (neither) on cuBLASLt.
+type productWay struct {
+	gemv bool
+	ext  *kernels.External
+}
+
+// productWay decides how product mm runs: for at most kernels.GEMVMaxT
+// rows, the first time a shape (its exact rows up to
+// kernels.GEMVVectorMaxT, beyond a power-of-two bucket of rows, as the
+// tile kernels are built for) is seen, the tune cache's choice for it,
+// else the choice of a race on the stream (raceGEMV: cuBLASLt the
+// default, the GEMV or an external kernel kept only if it beats it in
+// every timing). With ep, the product's reader that the GEMV runs in its
+// epilogue (gemvEpilogue), the GEMV's time is that of the fused kernel
+// and the others' that of the product followed by ep's own kernel: what
+// each way costs the step. Inside a graph capture an unmeasured shape
 // takes cuBLASLt (a capture cannot wait for timings; the warm-up step
 // before it measures).
-func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
+func (l *loaded) productWay(x *stepState, mm cu.Matmul, ep *node) productWay {
 	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
-		return false
+		return productWay{}
 	}
 	rows := mm.T
 	if rows > kernels.GEMVVectorMaxT {
 		rows = pow2(rows)
 	}
 	key := mmKey{rows, mm.K, mm.N, mm.Out == cu.F32, ep != nil}
-	if use, ok := l.gemvChoice[key]; ok {
-		return use
+	if way, ok := l.gemvChoice[key]; ok {
+		return way
 	}
 	epi := ""
 	if ep != nil {
@@ -314,29 +325,58 @@ func (l *loaded) useGEMV(x *stepState, mm cu.Matmul, ep *node) bool {
 	tk := gemvKey(l.act, key, epi)
 	if l.b.Products == "" {
 		if name, ok := l.cachedChoice(tk); ok {
-			if use, splits, valid := parseGEMVChoice(name); valid && l.gemvTakes(mm, use, splits) {
-				if splits > 0 {
-					l.gemv.SetTileSplits(mm.T, mm.K, mm.N, splits)
-				}
+			if way, valid := l.cachedWay(mm, rows, name); valid {
 				l.noteCached(tk, name)
-				l.gemvChoice[key] = use
-				return use
+				l.gemvChoice[key] = way
+				return way
 			}
 		}
 	}
 	if x.capturing || l.b.Products == "cublaslt" {
-		return false
+		return productWay{}
 	}
-	use := false
+	var way productWay
 	fits := l.gemv.Check(mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) == nil
 	switch {
 	case fits && l.b.Products == "gemv":
-		use = true
-	case fits:
-		use = l.raceGEMV(x, mm, ep, tk)
+		way.gemv = true
+	case fits || len(l.externalsFor(mm, rows)) > 0:
+		way = l.raceGEMV(x, mm, rows, fits, ep, tk)
 	}
-	l.gemvChoice[key] = use
-	return use
+	l.gemvChoice[key] = way
+	return way
+}
+
+// externalsFor lists the external kernels that take product mm for up to
+// rows rows.
+func (l *loaded) externalsFor(mm cu.Matmul, rows int) []*kernels.External {
+	var es []*kernels.External
+	for _, e := range l.externals {
+		if e.Spec.Takes(rows, mm.K, mm.N, mm.In, mm.Out) {
+			es = append(es, e)
+		}
+	}
+	return es
+}
+
+// cachedWay reads a cached choice for product mm (rows its bucket of
+// rows) back, if it still holds: the GEMV takes the product (and the
+// split of K is one the tile kernels offer for it), or the external
+// kernel it names, unchanged, is loaded and takes it.
+func (l *loaded) cachedWay(mm cu.Matmul, rows int, name string) (productWay, bool) {
+	for _, e := range l.externalsFor(mm, rows) {
+		if e.Spec.ChoiceName() == name {
+			return productWay{ext: e}, true
+		}
+	}
+	use, splits, valid := parseGEMVChoice(name)
+	if !valid || !l.gemvTakes(mm, use, splits) {
+		return productWay{}, false
+	}
+	if splits > 0 {
+		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, splits)
+	}
+	return productWay{gemv: use}, true
 }
 
 // gemvTakes reports whether a cached GEMV-or-cuBLASLt choice still holds

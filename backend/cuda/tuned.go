@@ -178,19 +178,20 @@ func (r raceResult) line(cands []candidate) string {
 	return fmt.Sprintf("%s (medians of %d interleaved rounds, noise %.1f µs)", strings.TrimSuffix(b.String(), ","), tune.Rounds, r.us(-1))
 }
 
-// raceGEMV decides whether product mm (with ep, the reader the GEMV can
-// run in its epilogue) runs on the GEMV: cuBLASLt with the algorithm it
-// would run (followed by ep's own kernel) is the default, raced against
-// the GEMV (in the tile kernels, each split of K; with ep in its
-// epilogue). Both ways write what the step writes. It sets the tile
-// kernels' split kept, notes the race in Stats.Choices and files it in the
-// tune cache under tk. Before the race, each way's plain product is
-// checked against cuBLASLt's (verifyProduct).
-func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) bool {
+// raceGEMV decides how product mm (with ep, the reader the GEMV can run
+// in its epilogue) runs, for up to rows rows: cuBLASLt with the algorithm
+// it would run (followed by ep's own kernel) is the default, raced against
+// the GEMV where it fits (in the tile kernels, each split of K; with ep
+// in its epilogue) and the external kernels that take the product
+// (followed by ep's own kernel). All ways write what the step writes. It
+// sets the tile kernels' split kept, notes the race in Stats.Choices and
+// files it in the tune cache under tk. Before the race, each way's plain
+// product is checked against cuBLASLt's (verifyProduct).
+func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *node, tk tune.Key) productWay {
 	f32 := mm.Out == cu.F32
 	lt := mm
 	lt.Algo = l.algorithm(x, mm)
-	fused := ep != nil
+	fused := ep != nil && fits
 	if fused {
 		// The GEMV takes the epilogue for this shape, or the race is between
 		// the plain products.
@@ -199,17 +200,28 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 			fused = false
 		}
 	}
-	product := func() error { return l.lt.Matmul(lt) }
-	cands := []candidate{{name: "cuBLASLt", run: product}}
-	if fused {
-		cands[0] = candidate{name: "cuBLASLt + " + ep.kernel, run: func() error {
-			if err := l.lt.Matmul(lt); err != nil {
+	// then runs product, and ep's own kernel after it when the GEMV
+	// would take ep.
+	then := func(product func() error) func() error {
+		if ep == nil {
+			return product
+		}
+		return func() error {
+			if err := product(); err != nil {
 				return err
 			}
 			return ep.launch(x, ep)
-		}, check: product}
+		}
 	}
-	splits := l.gemv.TileSplits(mm.T, mm.K, mm.N)
+	product := func() error { return l.lt.Matmul(lt) }
+	cands := []candidate{{name: "cuBLASLt", run: product}}
+	if ep != nil {
+		cands[0] = candidate{name: "cuBLASLt + " + ep.kernel, run: then(product), check: product}
+	}
+	var splits []int
+	if fits {
+		splits = l.gemv.TileSplits(mm.T, mm.K, mm.N)
+	}
 	// plain is the GEMV's plain product with K split s ways (0: the
 	// vector kernels'), which verify checks for a fused candidate too:
 	// the kernels package's tests (TestGEMVSwiGLU, TestGEMVRoPEQKV) hold
@@ -229,21 +241,30 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 		if s > 0 {
 			name = fmt.Sprintf("gemv K split %d", s)
 		}
-		if !fused {
-			return candidate{name: name, run: plain(s)}
+		switch {
+		case fused:
+			return candidate{name: name, run: func() error {
+				if s > 0 {
+					l.gemv.SetTileSplits(mm.T, mm.K, mm.N, s)
+				}
+				return l.gemvEpilogue(x, ep, mm)
+			}, check: plain(s)}
+		case ep != nil:
+			return candidate{name: name, run: then(plain(s)), check: plain(s)}
 		}
-		return candidate{name: name, run: func() error {
-			if s > 0 {
-				l.gemv.SetTileSplits(mm.T, mm.K, mm.N, s)
-			}
-			return l.gemvEpilogue(x, ep, mm)
-		}, check: plain(s)}
+		return candidate{name: name, run: plain(s)}
 	}
-	if len(splits) == 0 {
+	if fits && len(splits) == 0 {
 		cands = append(cands, gemv(0))
 	}
 	for _, s := range splits {
 		cands = append(cands, gemv(s))
+	}
+	gemvs := len(cands) // cands[1:gemvs] the GEMV's, then the external kernels
+	exts := l.externalsFor(mm, rows)
+	for _, e := range exts {
+		run := func() error { return e.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N) }
+		cands = append(cands, candidate{name: e.Spec.ChoiceName(), run: then(run), check: run})
 	}
 	l.forTrials(tk, cands)
 	l.verifyProduct(mm, cands)
@@ -251,10 +272,28 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 	// leave the split it found (products of the same tile shape share it).
 	was, wasSet := l.gemv.TileSplit(mm.T, mm.K, mm.N)
 	r := l.race(cands)
-	use, split := r.Best > 0, 0
+	if l.b.Products == "external" {
+		// Forced: the first external kernel that passed its check.
+		for i := gemvs; i < len(cands); i++ {
+			if cands[i].rejected == nil && r.Errs[i] == nil {
+				r.Best = i
+				break
+			}
+		}
+	}
+	var way productWay
+	split := 0
 	switch {
-	case use && len(splits) > 0:
-		split = splits[r.Best-1]
+	case r.Best >= gemvs:
+		way.ext = exts[r.Best-gemvs]
+	case r.Best > 0:
+		way.gemv = true
+		if len(splits) > 0 {
+			split = splits[r.Best-1]
+		}
+	}
+	switch {
+	case split > 0:
 		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, split)
 	case wasSet:
 		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, was)
@@ -262,18 +301,22 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, ep *node, tk tune.Key) boo
 		l.gemv.ForgetTileSplits(mm.T, mm.K, mm.N)
 	}
 	what := ""
-	if fused {
+	if ep != nil {
 		what = " with " + ep.kernel
 	}
 	kept := "cuBLASLt"
-	if use {
+	if r.Best > 0 {
 		kept = cands[r.Best].name
 	}
 	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
-	if r.Best >= 0 {
-		l.keep(tk, gemvChoiceName(use, split), gemvChoiceName(false, 0), r, cands)
+	if r.Best >= 0 && l.b.Products == "" {
+		choice := gemvChoiceName(way.gemv, split)
+		if way.ext != nil {
+			choice = way.ext.Spec.ChoiceName()
+		}
+		l.keep(tk, choice, gemvChoiceName(false, 0), r, cands)
 	}
-	return use
+	return way
 }
 
 // raced records a race's line in Stats.Choices and hands it to

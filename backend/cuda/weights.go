@@ -111,11 +111,19 @@ func (l *loaded) uploadWeights(progress io.Writer) (int64, error) {
 	// back to the system (read from the file again if anything touches
 	// them).
 	for k := range copies {
-		if k.t.Release != nil {
-			k.t.Release()
-		}
+		release(k.t)
 	}
 	return u.done, nil
+}
+
+// release gives back the file pages behind t (and its parts).
+func release(t *tensor.Tensor) {
+	if t.Release != nil {
+		t.Release()
+	}
+	for _, p := range t.Parts {
+		release(p)
+	}
 }
 
 // uploadWeight copies tensor t to the device as dt (E4M3 matrices with
@@ -132,9 +140,9 @@ func (l *loaded) uploadWeight(u *uploader, t *tensor.Tensor, dt cu.DType) (devic
 	if dt == devBlocks {
 		dev.blocks = t.DType
 		l.b.stats.BlockMatrices++
-		return dev, u.putRaw(dev.p, t)
+		return dev, u.putParts(dev.p, t, dt, u.putRaw)
 	}
-	if err := u.put(dev.p, t, dt); err != nil {
+	if err := u.putParts(dev.p, t, dt, func(dst cu.Ptr, t *tensor.Tensor) error { return u.put(dst, t, dt) }); err != nil {
 		return dev, err
 	}
 	if dt == cu.F8E4M3 {
@@ -190,6 +198,22 @@ func (u *uploader) close() {
 			u.events[i].Close()
 		}
 	}
+}
+
+// putParts uploads t with put, or a tensor of Parts (a stacked matrix the
+// graph compiler left unjoined: Backend.StacksLazily) part after part,
+// each to its rows' place: no host copy of the stack is made.
+func (u *uploader) putParts(dst cu.Ptr, t *tensor.Tensor, dt cu.DType, put func(cu.Ptr, *tensor.Tensor) error) error {
+	if len(t.Parts) == 0 {
+		return put(dst, t)
+	}
+	for _, p := range t.Parts {
+		if err := u.putParts(dst, p, dt, put); err != nil {
+			return err
+		}
+		dst = dst.Add(int(deviceBytes(p, dt)))
+	}
+	return nil
 }
 
 // put uploads tensor t to dst, converted to dt.

@@ -102,6 +102,9 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		return nil, fmt.Errorf("--tune: %w", err)
 	}
 	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack, Tune: f.tune}
+	if f.kernels != "" && (f.device == "cpu" || f.reference || (f.device == "auto" || f.device == "") && cuda.Available() != nil) {
+		return nil, fmt.Errorf("--kernels offers CUDA kernels: it needs a GPU (--device cuda)")
+	}
 	switch f.device {
 	case "cpu":
 		return cpuBackend, nil
@@ -247,6 +250,7 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 func (f *engineFlags) configure(b *cuda.Backend) {
 	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues, b.NoFP8, b.WidenBlocks = progressWriter(), !f.graphs, !f.pdl, !f.epilogues, !f.fp8, !f.blocks
 	b.Tune = f.tune
+	b.ExternalDir = f.kernels
 	b.OnRace = gpuRaceProgress
 	b.Trials = gpuTrials
 }

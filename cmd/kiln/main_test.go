@@ -105,6 +105,8 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"serve", bin, "--tokenizer", tok, "--block-size", "0"},
 		{"run", bin, "--tokenizer", tok, "--kv-cache-dtype", "fp16"},
 		{"run", bin, "--tokenizer", tok, "--tune", "sometimes"},
+		{"run", bin, "--tokenizer", tok, "--kernels", t.TempDir()}, // CUDA kernels on the CPU
+		{"tune", bin, "--trial-timeout", "0s"},
 		{"tune"},
 		{"tune", "list", "extra"},
 		{"tune", "/no/such/model"},

@@ -18,7 +18,7 @@ import (
 	"kiln/tune"
 )
 
-const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] [--trial-timeout 2m] [--in-process] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
+const tuneUsage = "usage: kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] [--kernels DIR] [--trial-timeout 2m] [--in-process] | kiln tune list | export FILE | import FILE [--device auto|cpu|cuda] [--dir DIR]"
 
 // cmdTune tunes this machine for a model (kiln tune MODEL: the CPU's
 // products' tilings, or with --device cuda every first-use choice of the
@@ -35,6 +35,7 @@ func cmdTune(args []string) error {
 	batches := fs.String("batch", "1,16,64,256", "a GPU: the decode batch sizes whose choices are tuned")
 	depth := fs.Int("depth", 512, "a GPU: the context each decoding sequence holds first (decode attention's choices are made per context)")
 	trialTimeout := fs.Duration("trial-timeout", 2*time.Minute, "a candidate's check or timing that runs longer is taken for a hang: the tuner's process is killed and the candidate barred")
+	kernelsDir := fs.String("kernels", envString("KILN_KERNELS_DIR", ""), "a GPU: a directory of external kernels offered to the races (docs/EXTERNAL_KERNELS.md) [KILN_KERNELS_DIR]")
 	inProcess := fs.Bool("in-process", false, "run the trials in this process, not a child (a candidate that faults then takes kiln tune down)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -71,7 +72,7 @@ func cmdTune(args []string) error {
 			if *depth < 0 {
 				return fmt.Errorf("--depth %d: want 0 or more", *depth)
 			}
-			return tuneGPU(pos[0], *dir, *prefill, *depth, *batches, trials)
+			return tuneGPU(pos[0], *dir, *prefill, *depth, *batches, *kernelsDir, trials)
 		case "auto", "", "cpu":
 		default:
 			return fmt.Errorf("--device %q: want auto, cpu or cuda", *device)
@@ -228,13 +229,13 @@ func tuneCPU(path, dir string, threads, prefill int, trials *tune.Trials) error 
 // with every first-use choice raced again and kept (--tune full), a
 // prompt of prefill tokens and a few decode steps at each of batches after
 // depth tokens of context; then the gains of the choices it filed.
-func tuneGPU(path, dir string, prefill, depth int, batches string, trials *tune.Trials) error {
+func tuneGPU(path, dir string, prefill, depth int, batches, kernelsDir string, trials *tune.Trials) error {
 	start := time.Now()
 	if err := os.Setenv("KILN_TUNE_DIR", dir); err != nil {
 		return err
 	}
 	args := []string{"model", path, "--device", "cuda", "--tune", tune.Full, "--pp", strconv.Itoa(prefill), "--tg", "8",
-		"--depth", strconv.Itoa(depth), "--batch", batches, "--reps", "1"}
+		"--depth", strconv.Itoa(depth), "--batch", batches, "--reps", "1", "--kernels", kernelsDir}
 	fmt.Printf("kiln bench %s\n", strings.Join(args, " "))
 	var last cuda.RaceCounts
 	gpuRaceProgress = func(line string, so cuda.RaceCounts) {

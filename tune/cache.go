@@ -408,6 +408,9 @@ const (
 	Off = "off"
 	// Full tunes every choice again and keeps what it finds.
 	Full = "full"
+	// Defaults takes the built-in defaults: nothing is timed, read or
+	// kept (the untuned baseline a tuned run is measured against).
+	Defaults = "defaults"
 )
 
 // ParseMode checks a --tune value ("" is Cached).
@@ -415,19 +418,20 @@ func ParseMode(s string) (string, error) {
 	switch s {
 	case "", Cached:
 		return Cached, nil
-	case Off, Full:
+	case Off, Full, Defaults:
 		return s, nil
 	}
-	return "", fmt.Errorf("tune mode %q: want %s, %s or %s", s, Off, Cached, Full)
+	return "", fmt.Errorf("tune mode %q: want %s, %s, %s or %s", s, Off, Cached, Full, Defaults)
 }
 
 // OpenMode opens the cache of device in dir (DefaultDir when "") for a run
-// in mode (ParseMode's values): nil under Off or a mode ParseMode refuses,
+// in mode (ParseMode's values): nil under Off, Defaults or a mode
+// ParseMode refuses,
 // or when the cache cannot be opened (the runs then tune as without one).
 // The notes say why it was not opened and what Open skipped, for the
 // caller to log.
 func OpenMode(mode, dir string, device Device) (*Cache, []string) {
-	if m, err := ParseMode(mode); err != nil || m == Off {
+	if m, err := ParseMode(mode); err != nil || m == Off || m == Defaults {
 		return nil, nil
 	}
 	if dir == "" {

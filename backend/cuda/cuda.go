@@ -98,7 +98,9 @@ type Backend struct {
 
 	// Tune is how the choices timed at first use are kept across starts
 	// (tune.Cached, the default when "", tune.Off or tune.Full; tuned.go), in
-	// TuneDir (default tune.DefaultDir()).
+	// TuneDir (default tune.DefaultDir()); tune.Defaults times nothing and
+	// takes every race's default (cuBLASLt's first algorithm for the
+	// products, the first decode plan and prefill build).
 	Tune, TuneDir string
 
 	stats        Stats
@@ -304,7 +306,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]int{},
-		decodeChoice: map[decodeKey]kernels.DecodePlan{}, fp8: b.FP8(act)}
+		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
 	// their sum.
@@ -456,6 +458,9 @@ type loaded struct {
 	// the split kept (measured fastest, or PlanDecode's under
 	// Backend.FixedDecodePlan).
 	decodeChoice map[decodeKey]kernels.DecodePlan
+	// prefillChoice records, per prefill attention shape and bucket of
+	// tokens, the build kept (kernels.PrefillVariants).
+	prefillChoice map[prefillKey]string
 
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split

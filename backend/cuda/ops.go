@@ -9,6 +9,7 @@ import (
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
 	"kiln/ir"
+	"kiln/tune"
 )
 
 // choose binds a node to its kernel: sets nd.kernel (the name Kernels
@@ -212,7 +213,7 @@ func (l *loaded) choose(nd *node) error {
 			if x.decode {
 				return x.kv.kern.DecodeAttention(s, at, x.m, nd.plan, x.ws, x.counters) // planned by decodeWorkspace
 			}
-			return x.kv.kern.PrefillAttention(s, at, x.m)
+			return x.kv.kern.PrefillAttentionWith(s, at, x.m, l.prefillVariant(x, nd, at))
 		}
 	case ir.SelectRows:
 		nd.kernel = "select_rows"
@@ -340,6 +341,8 @@ func (l *loaded) productWay(x *stepState, mm cu.Matmul, ep *node) productWay {
 	switch {
 	case fits && l.b.Products == "gemv":
 		way.gemv = true
+	case l.b.Tune == tune.Defaults && l.b.Products == "":
+		// cuBLASLt: the race's default
 	case fits || len(l.externalsFor(mm, rows)) > 0:
 		way = l.raceGEMV(x, mm, rows, fits, ep, tk)
 	}
@@ -411,7 +414,7 @@ type algoKey struct {
 // Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for
 // timings) and a fixed Backend.Products take the first choice.
 func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
-	if mm.T <= kernels.GEMVVectorMaxT || l.b.Products != "" {
+	if mm.T <= kernels.GEMVVectorMaxT || l.b.Products != "" || l.b.Tune == tune.Defaults {
 		return 0
 	}
 	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.In, mm.Out, mm.Bias != 0, mm.LDD}
@@ -478,6 +481,56 @@ func algoName(lt *cu.BlasLt, mm cu.Matmul, a int) string {
 	return fmt.Sprint(c)
 }
 
+// prefillKey identifies a prefill attention call for the choice of its
+// build: the shape and the step's tokens (rounded up to a power of two).
+type prefillKey struct {
+	heads, kvHeads, headDim, window int
+	t                               int
+	fp8                             bool
+}
+
+// prefillVariant picks the build of prefill attention at for step x
+// among kernels.PrefillVariants: the first time a shape and bucket of
+// tokens are seen (and the tune cache has no choice for it) the builds
+// race on the step's operands against the first (race), each first
+// checked against it on random queries (verifyAttention); inside a capture,
+// or with one build, the first.
+func (l *loaded) prefillVariant(x *stepState, nd *node, at kernels.Attn) string {
+	a := nd.n.Attrs
+	key := prefillKey{a.Heads, a.KVHeads, a.HeadDim, a.Window, pow2(x.m.T), at.FP8}
+	if v, ok := l.prefillChoice[key]; ok {
+		return v
+	}
+	vs := x.kv.kern.PrefillVariants(at)
+	if len(vs) == 1 || x.capturing || l.b.Products != "" || l.b.Tune == tune.Defaults {
+		return vs[0]
+	}
+	tk := tune.Key{Family: "prefill attention", DType: l.act.String(),
+		Shape: fmt.Sprintf("T≤%d heads %d/%d ×%d window %d fp8 cache %v", key.t, key.heads, key.kvHeads, key.headDim, key.window, key.fp8)}
+	if name, ok := l.cachedChoice(tk); ok && slices.Contains(vs, name) {
+		l.noteCached(tk, name)
+		l.prefillChoice[key] = name
+		return name
+	}
+	cands := make([]candidate, len(vs))
+	for i, v := range vs {
+		cands[i] = candidate{name: v, run: func() error { return x.kv.kern.PrefillAttentionWith(l.stream, at, x.m, v) }}
+	}
+	l.forTrials(tk, cands)
+	l.verifyAttention(at, x.m.T, nd.in[0].dtype, cands)
+	r := l.race(cands)
+	best := 0
+	if r.Best > 0 {
+		best = r.Best
+	}
+	l.b.raced(fmt.Sprintf("prefill attention T=%d (≤ %d) %d/%d heads ×%d:%s: %s kept", x.m.T, key.t, a.Heads, a.KVHeads, a.HeadDim, r.line(cands), vs[best]))
+	if r.Best >= 0 {
+		l.keep(tk, vs[best], vs[0], r, cands)
+	}
+	l.prefillChoice[key] = vs[best]
+	return vs[best]
+}
+
 // decodeKey identifies a decode attention call for the choice of its split.
 type decodeKey struct {
 	heads, kvHeads, headDim, window int
@@ -490,7 +543,7 @@ type decodeKey struct {
 // (and the tune cache has no choice for it) the candidates race on the
 // step's batch against the first (race; decodeWorkspace runs before the
 // step's kernels, so what the runs write is overwritten), each first
-// checked against it (verifyDecode); a cluster plan whose launch is
+// checked against it (verifyAttention); a cluster plan whose launch is
 // refused, or a plan whose result is wrong, is passed over.
 func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) {
 	a := nd.n.Attrs
@@ -505,7 +558,7 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 	}
 	best := cands[0]
 	tk := decodeTuneKey(l.k.Act, key)
-	if !l.b.FixedDecodePlan && len(cands) > 1 {
+	if !l.b.FixedDecodePlan && l.b.Tune != tune.Defaults && len(cands) > 1 {
 		if name, ok := l.cachedChoice(tk); ok {
 			if p, ok := cachedPlan(cands, name); ok {
 				l.noteCached(tk, name)
@@ -518,7 +571,7 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 			cs[i] = candidate{name: p.String(), run: func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
 		}
 		l.forTrials(tk, cs)
-		l.verifyDecode(at, x.m.T, nd.in[0].dtype, cs)
+		l.verifyAttention(at, x.m.T, nd.in[0].dtype, cs)
 		r := l.race(cs)
 		for i, err := range r.Errs {
 			// A cluster the device cannot place (a launch error, not a

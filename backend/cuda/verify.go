@@ -36,10 +36,10 @@ const (
 	// (cu's TestBlasLtFP8 holds each algorithm within 1e-2 of the exact
 	// product), and two algorithms may err on opposite sides.
 	tolProductFP8 = 3e-2
-	// tolDecode holds decode attention (into the compute dtype): the
+	// tolAttention holds attention (into the compute dtype): decode's
 	// splits' partial softmaxes merged in another order, the tensor-core
-	// plans' 16-bit probabilities, then rounding to 16 bits.
-	tolDecode = 2e-2
+	// kernels' 16-bit probabilities, then rounding to 16 bits.
+	tolAttention = 2e-2
 )
 
 // rejection is verify's error for a candidate it rejected (its result
@@ -281,17 +281,18 @@ func (l *loaded) verifyProduct(mm cu.Matmul, cands []candidate) {
 	}
 }
 
-// verifyDecode checks cands before a race: decode attention plans, each
-// computing attention at for the step's t tokens (Q of dtype q). The KV
-// cache is live state (the sequences' keys and values), read as it is.
-// Q is not the step's yet (decodeWorkspace plans before the step's
-// kernels, which write it, run), so it holds whatever an earlier step
-// left there, possibly not numbers at all: the check gives it fresh
-// random values, and puts the old ones back after, as a product's X.
-func (l *loaded) verifyDecode(at kernels.Attn, t int, q cu.DType, cands []candidate) {
+// verifyAttention checks cands before a race: attention kernels (decode
+// attention's plans, prefill attention's builds), each computing
+// attention at for the step's t tokens (Q of dtype q). The KV cache is
+// live state (the sequences' keys and values), read as it is. Q is not the
+// step's yet when a decode plan is chosen (decodeWorkspace plans before
+// the step's kernels, which write it, run), so it may hold whatever an
+// earlier step left there, possibly not numbers at all: the check gives it
+// fresh random values, and puts the old ones back after, as a product's X.
+func (l *loaded) verifyAttention(at kernels.Attn, t int, q cu.DType, cands []candidate) {
 	row := at.Heads * at.HeadDim
 	o := output{p: at.Out, rows: t, cols: row, ld: row, dt: l.k.Act}
-	if err := l.withRandom(at.Q, t*row, q, func() { l.verify(cands, o, tolDecode) }); err != nil {
+	if err := l.withRandom(at.Q, t*row, q, func() { l.verify(cands, o, tolAttention) }); err != nil {
 		rejectAll(cands, err)
 	}
 }

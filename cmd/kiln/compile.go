@@ -45,7 +45,7 @@ func cmdCompile(args []string) error {
 	if *device != "cuda" && *device != "gpu" {
 		return fmt.Errorf("--device %q: kiln compile builds GPU artifacts (--device cuda)", *device)
 	}
-	if m, err := tune.ParseMode(*mode); err != nil || m == tune.Off {
+	if m, err := tune.ParseMode(*mode); err != nil || m == tune.Off || m == tune.Defaults {
 		return fmt.Errorf("--tune %q: want cached or full", *mode)
 	}
 	if *prefill < 1 || *depth < 0 {

@@ -19,6 +19,30 @@ func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
 	return k.prefill(s, a, m, v)
 }
 
+// PrefillVariants lists the builds of the prefill kernel that take a, the
+// one PrefillAttention runs first; then, on the tensor cores, the builds
+// of fewer query heads a block (two, one), which a race may find faster
+// for some shapes (each is checked as the first by the kernels' tests).
+func (k *Kernels) PrefillVariants(a Attn) []string {
+	if !a.FP8 && (k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a)) {
+		return []string{"attn"}
+	}
+	vs := []string{"mma"}
+	switch hb := mmaHeads(a.Heads / max(a.KVHeads, 1)); {
+	case hb == 4:
+		vs = append(vs, "mma2", "mma1")
+	case hb == 2:
+		vs = append(vs, "mma1")
+	}
+	return vs
+}
+
+// PrefillAttentionWith is PrefillAttention on build variant of
+// PrefillVariants.
+func (k *Kernels) PrefillAttentionWith(s *cu.Stream, a Attn, m DevMeta, variant string) error {
+	return k.prefill(s, a, m, variant)
+}
+
 // mmaOK reports whether the tensor-core kernel takes a: 16-byte aligned
 // queries and output (16-byte cp.async of Q rows, 32-bit stores), and a
 // positive scale (the online softmax takes maxima of the unscaled scores).

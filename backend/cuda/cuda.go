@@ -305,7 +305,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		lt.Close()
 		return nil, err
 	}
-	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]int{},
+	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]string{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
@@ -452,8 +452,10 @@ type loaded struct {
 	// for the device.
 	externals []*kernels.External
 	// algoChoice records, per product shape and row bucket, the cuBLASLt
-	// candidate algorithm measured fastest.
-	algoChoice map[algoKey]int
+	// candidate algorithm measured fastest, by its configuration
+	// (cu.BlasLt.Find finds it among the candidates of each product of the
+	// bucket: their lists differ with the rows and alignments).
+	algoChoice map[algoKey]string
 	// decodeChoice records, per decode attention shape and context bucket,
 	// the split kept (measured fastest, or PlanDecode's under
 	// Backend.FixedDecodePlan).

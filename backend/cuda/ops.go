@@ -406,34 +406,33 @@ type algoKey struct {
 
 // algorithm picks cuBLASLt's algorithm for product mm: the first time a
 // shape and bucket of rows are seen (and the tune cache has no choice for
-// it), the candidates (cu.BlasLt.Algorithms: the heuristic's, and those
-// with K split) race on the step's operands (writing the product's own
-// output before the product runs) against the heuristic's first choice,
-// which is kept unless one beats it in every timing (race); each is
-// first checked against the first choice (verifyProduct).
+// it), the candidates (cu.BlasLt.Algorithms: the heuristic's within the
+// whole workspace, and under kiln tune those within smaller workspaces)
+// race on the step's operands (writing the product's own output before
+// the product runs) against the heuristic's first choice, which is kept
+// unless one beats it in every timing (race); each is first checked
+// against the first choice (verifyProduct). The choice is kept by its
+// configuration, found again among each product's candidates (algoIndex).
 // Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for
-// timings) and a fixed Backend.Products take the first choice.
+// timings), a fixed Backend.Products and tune.Defaults take the first
+// choice.
 func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	if mm.T <= kernels.GEMVVectorMaxT || l.b.Products != "" || l.b.Tune == tune.Defaults {
 		return 0
 	}
 	key := algoKey{pow2(mm.T), mm.K, mm.N, mm.In, mm.Out, mm.Bias != 0, mm.LDD}
-	if a, ok := l.algoChoice[key]; ok {
-		return a
+	if name, ok := l.algoChoice[key]; ok {
+		return l.algoIndex(mm, name)
 	}
 	tk := algoTuneKey(key)
 	if name, ok := l.cachedChoice(tk); ok {
 		// The choice names the algorithm by its configuration: its place
 		// in the heuristic's list moves with the rows and the operands'
 		// alignment.
-		if n, err := l.lt.Algorithms(mm); err == nil {
-			for a := range n {
-				if algoName(l.lt, mm, a) == name {
-					l.noteCached(tk, name)
-					l.algoChoice[key] = a
-					return a
-				}
-			}
+		if a, err := l.lt.Find(mm, name); err == nil && a >= 0 {
+			l.noteCached(tk, name)
+			l.algoChoice[key] = name
+			return a
 		}
 	}
 	if x.capturing {
@@ -441,6 +440,12 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 	}
 	best := 0
 	if n, err := l.lt.Algorithms(mm); err == nil && n > 1 {
+		if l.b.Tune != tune.Full {
+			// At first use the heuristic's own candidates (its first 8,
+			// within the whole workspace); kiln tune (tune.Full) searches
+			// the smaller workspaces' too, which doubles a race's time.
+			n = min(n, firstUseAlgorithms)
+		}
 		cands := make([]candidate, n)
 		for i := range n {
 			m := mm
@@ -466,8 +471,26 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			l.keep(tk, name, algoName(l.lt, mm, 0), r, cands)
 		}
 	}
-	l.algoChoice[key] = best
+	l.algoChoice[key] = algoName(l.lt, mm, best)
 	return best
+}
+
+// firstUseAlgorithms bounds the cuBLASLt candidates a race at first use
+// times (cu.BlasLt.Algorithms lists the heuristic's first 8 first).
+const firstUseAlgorithms = 8
+
+// algoIndex is the index among product mm's candidates of the algorithm
+// configured as name (the choice made for its shape and bucket of rows,
+// maybe at other rows or alignments, where the heuristic lists other
+// candidates), or the heuristic's first when mm's list lacks it.
+func (l *loaded) algoIndex(mm cu.Matmul, name string) int {
+	if name == "" {
+		return 0
+	}
+	if a, err := l.lt.Find(mm, name); err == nil && a >= 0 {
+		return a
+	}
+	return 0
 }
 
 // algoName names candidate a of product mm for the tune cache: its

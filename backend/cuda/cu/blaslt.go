@@ -2,6 +2,7 @@ package cu
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 )
 
@@ -40,6 +41,14 @@ type BlasLt struct {
 	ws     Ptr
 	wsSize int
 	plans  map[planKey]unsafe.Pointer
+	mu     sync.Mutex       // guards found
+	found  map[foundKey]int // Find's answers
+}
+
+// foundKey is a configuration looked up in a plan's candidates.
+type foundKey struct {
+	plan planKey
+	cfg  string
 }
 
 // NewBlasLt creates a cuBLASLt handle and a workspace of wsBytes (32 MiB if
@@ -51,7 +60,7 @@ func (d *Device) NewBlasLt(wsBytes int) (*BlasLt, error) {
 	if wsBytes <= 0 {
 		wsBytes = 32 << 20
 	}
-	lt := &BlasLt{d: d, wsSize: wsBytes, plans: map[planKey]unsafe.Pointer{}}
+	lt := &BlasLt{d: d, wsSize: wsBytes, plans: map[planKey]unsafe.Pointer{}, found: map[foundKey]int{}}
 	err := d.Do(func() error {
 		var err error
 		if lt.h, err = ltCreate(); err != nil {
@@ -229,9 +238,54 @@ func (m Matmul) check() error {
 	return nil
 }
 
+// Find is the index among m's candidates (the values m.Algo may take) of
+// the one whose configuration (AlgoConfig.String) is cfg, or -1: the
+// heuristic's list, and a configuration's place in it, moves with the
+// rows and the operands' alignment, so a choice made for one product of
+// a shape is found again by its configuration for another. Answers are
+// remembered per plan.
+func (lt *BlasLt) Find(m Matmul, cfg string) (int, error) {
+	if err := m.check(); err != nil {
+		return -1, err
+	}
+	fk := foundKey{m.planKey(), cfg}
+	lt.mu.Lock()
+	i, ok := lt.found[fk]
+	lt.mu.Unlock()
+	if ok {
+		return i, nil
+	}
+	i = -1
+	err := lt.d.Do(func() error {
+		plan, err := lt.plan(m)
+		if err != nil {
+			return err
+		}
+		for a := range ltAlgos(plan) {
+			if ltAlgoConfig(plan, a).String() == cfg {
+				i = a
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return -1, err
+	}
+	lt.mu.Lock()
+	lt.found[fk] = i
+	lt.mu.Unlock()
+	return i, nil
+}
+
+// planKey identifies m's plan.
+func (m Matmul) planKey() planKey {
+	return planKey{m.In, m.Out, m.T, m.K, m.N, m.ldd(), m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
+}
+
 // plan returns m's plan, made on first use; on the device's thread.
 func (lt *BlasLt) plan(m Matmul) (unsafe.Pointer, error) {
-	key := planKey{m.In, m.Out, m.T, m.K, m.N, m.ldd(), m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
+	key := m.planKey()
 	if plan := lt.plans[key]; plan != nil {
 		return plan, nil
 	}

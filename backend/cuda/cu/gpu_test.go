@@ -630,6 +630,68 @@ func TestBlasLtAlgorithms(t *testing.T) {
 	}
 }
 
+// TestBlasLtFind: an algorithm chosen among one product's candidates is
+// found among another's of the same shape (other rows of its bucket,
+// another output alignment: other lists) by its configuration, at an
+// index whose Config is that configuration, or not at all (-1), never at
+// an index past the list; found, it runs. (A choice kept by its index
+// once ran past a shorter list: "no such algorithm", H100, session 19.)
+func TestBlasLtFind(t *testing.T) {
+	d := gpu(t)
+	lt, err := d.NewBlasLt(0)
+	must(t, err)
+	defer lt.Close()
+	const K, N = 4096, 4096
+	randv := normals(9)
+	xb, _ := encode(BF16, randv(64*K))
+	wb, _ := encode(BF16, randv(N*K))
+	px, pw := upload(t, d, bytesU16(xb)), upload(t, d, bytesU16(wb))
+	po, err := d.Alloc(64*N*2 + 256)
+	must(t, err)
+	defer d.Free(po)
+	chosen := Matmul{T: 64, K: K, N: N, In: BF16, Out: BF16, X: px, W: pw, Dst: po}
+	n, err := lt.Algorithms(chosen)
+	must(t, err)
+	found, lists := 0, map[int]bool{}
+	for _, T := range []int{33, 48, 64} {
+		for _, off := range []int{0, 2} {
+			m := chosen
+			m.T, m.Dst = T, po.Add(off)
+			mn, err := lt.Algorithms(m)
+			must(t, err)
+			lists[mn] = true
+			for a := range n {
+				cfg, err := lt.Config(chosen, a)
+				must(t, err)
+				i, err := lt.Find(m, cfg.String())
+				must(t, err)
+				if i >= mn {
+					t.Fatalf("T=%d, +%d bytes: %v found at %d of %d", T, off, cfg, i, mn)
+				}
+				if i < 0 {
+					continue
+				}
+				got, err := lt.Config(m, i)
+				must(t, err)
+				if got != cfg {
+					t.Fatalf("T=%d, +%d bytes: looked for %v, found %v", T, off, cfg, got)
+				}
+				m.Algo = i
+				must(t, lt.Matmul(m))
+				found++
+			}
+		}
+	}
+	must(t, d.Sync())
+	if i, err := lt.Find(chosen, "no such configuration"); err != nil || i != -1 {
+		t.Fatalf("an unknown configuration: %d, %v", i, err)
+	}
+	t.Logf("%d of %d configurations found again; lists of %v candidates", found, 6*n, lists)
+	if found == 0 {
+		t.Errorf("no configuration was found again in any list")
+	}
+}
+
 // normals returns a source of fresh N(0,1) vectors (a new seed each run,
 // stream names the test's stream).
 func normals(stream uint64) func(n int) []float64 {

@@ -328,7 +328,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		l.Close()
 		return nil, cmp.Or(upErr, m.err)
 	}
-	l.k, l.gemv = m.k, m.gemv // gemv nil: every product goes through cuBLASLt
+	l.k, l.gemv, l.smp = m.k, m.gemv, m.smp // gemv nil: every product goes through cuBLASLt
 	l.k.PDL = !b.NoPDL
 	if l.gemv != nil {
 		l.gemv.PDL = !b.NoPDL
@@ -381,22 +381,32 @@ type compiledModules struct {
 	gemv    *kernels.GEMV
 	gemvErr error
 	err     error // the kernels' error
-	took    time.Duration
+	// smp is the device sampler (nil when it failed to build: the first
+	// step that samples on the device builds it again, and fails then).
+	smp  *kernels.Sampler
+	took time.Duration
 }
 
 // compileModules builds (or takes from the kernel cache) the kernels of
-// act and head dim hd (0: every one) and the GEMV. The two modules (each
-// in parts: kernels.compileParts) compile at once, so that on a cold
-// kernel cache their compiles overlap.
+// act and head dim hd (0: every one), the GEMV and the device sampler.
+// They (the first two in parts: kernels.compileParts) compile at once, so
+// that on a cold kernel cache their compiles overlap.
 func compileModules(d *cu.Device, act cu.DType, hd int) compiledModules {
 	var m compiledModules
-	gemvDone := make(chan struct{})
+	gemvDone, smpDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(gemvDone)
 		m.gemv, m.gemvErr = kernels.NewGEMV(d, act)
 	}()
+	go func() {
+		defer close(smpDone)
+		if s, err := kernels.NewSampler(d); err == nil {
+			m.smp = s
+		}
+	}()
 	m.k, m.err = kernels.NewHeadDim(d, act, hd)
 	<-gemvDone
+	<-smpDone
 	if m.gemvErr != nil {
 		m.gemv = nil
 	}
@@ -412,6 +422,9 @@ func (m compiledModules) modules() []*cu.Module {
 	if m.gemv != nil {
 		mods = slices.Concat(mods, m.gemv.Modules())
 	}
+	if m.smp != nil {
+		mods = append(mods, m.smp.M)
+	}
 	return mods
 }
 
@@ -422,6 +435,9 @@ func (m compiledModules) close() {
 	}
 	if m.gemv != nil {
 		m.gemv.Close()
+	}
+	if m.smp != nil {
+		m.smp.Close()
 	}
 }
 

@@ -522,31 +522,35 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 #define DECODE_ATTN(NAME, HD, CL)                                                                                    \
 	extern "C" __global__ void __launch_bounds__(DC_THREADS) NAME(DC_PARAMS) { decode_impl<HD, CL>(DC_ARGS); }
 
-#define ATTN_KERNELS(HD)                                                                                             \
+#define ATTN_PREFILL(HD)                                                                                             \
 	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
 	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
 	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
 	    float scale) {                                                                                                 \
 		prefill_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, \
 		                 window, scale);                                                                               \
-	}                                                                                                                  \
-	DECODE_ATTN(decode_attn_##HD, HD, false)                                                                         \
-	DECODE_ATTN(decode_attn_cl_##HD, HD, true)
+	}
+#define ATTN_DECODE(HD) DECODE_ATTN(decode_attn_##HD, HD, false)
+#define ATTN_DECODE_CL(HD) DECODE_ATTN(decode_attn_cl_##HD, HD, true)
 
 // KILN_HD builds one head dim's kernels (kernels.NewHeadDim), else all;
-// they are part 2 of the kernels module (KILN_PART_IS).
-#if KILN_PART_IS(2)
+// the CUDA-core attention kernels are three parts of the kernels module
+// (KILN_PART_IS), compiled at once: the prefill (part 2), the decode's
+// split plans (part 4) and its cluster plans (part 5).
 #ifdef KILN_HD
-#define ATTN_KERNELS_X(HD) ATTN_KERNELS(HD)
-ATTN_KERNELS_X(KILN_HD)
+// (ATTN_APPLY expands KILN_HD before the kernel's macro pastes it.)
+#define ATTN_APPLY(K, HD) K(HD)
+#define ATTN_EACH_HD(K) ATTN_APPLY(K, KILN_HD)
 #else
-ATTN_KERNELS(8)
-ATTN_KERNELS(16)
-ATTN_KERNELS(32)
-ATTN_KERNELS(64)
-ATTN_KERNELS(80)
-ATTN_KERNELS(96)
-ATTN_KERNELS(128)
+#define ATTN_EACH_HD(K) K(8) K(16) K(32) K(64) K(80) K(96) K(128)
 #endif
-#endif // KILN_PART_IS(2)
+#if KILN_PART_IS(2)
+ATTN_EACH_HD(ATTN_PREFILL)
+#endif
+#if KILN_PART_IS(4)
+ATTN_EACH_HD(ATTN_DECODE)
+#endif
+#if KILN_PART_IS(5)
+ATTN_EACH_HD(ATTN_DECODE_CL)
+#endif
 #endif // KV_F8

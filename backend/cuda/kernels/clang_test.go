@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -87,18 +88,28 @@ func TestKernelParts(t *testing.T) {
 	for _, tc := range []struct {
 		src   string
 		defs  []string
-		parts []int // the parts build compiles (of 0 to 3)
+		parts []int // the parts build compiles (of 0 to 7)
 	}{
-		{Source(), []string{"-DACT=bf16", "-DACT_MMA=1", "-DKILN_HD=128"}, []int{0, 1, 2, 3}},
+		{Source(), []string{"-DACT=bf16", "-DACT_MMA=1", "-DKILN_HD=128"}, []int{0, 1, 2, 3, 4, 5}},
 		{Source(), []string{"-DACT=bf16", "-DACT_MMA=1", "-DKILN_HD=128", "-DKV_F8=1"}, []int{0, 1, 3}},
-		{Source(), []string{"-DACT=f32", "-DKILN_HD=8"}, []int{0, 2}},
-		{Source(), []string{"-DACT=f16", "-DACT_MMA=1"}, []int{0, 1, 2, 3}},
+		{Source(), []string{"-DACT=f32", "-DKILN_HD=8"}, []int{0, 2, 4, 5}},
+		{Source(), []string{"-DACT=f16", "-DACT_MMA=1"}, []int{0, 1, 2, 3, 4, 5}},
 		{gemvSource, []string{"-DACT=bf16", "-DGEMV_MMA=1", "-DGEMV_SWEEP=1"}, []int{0, 1, 2}},
 		{gemvSource, []string{"-DACT=f32"}, []int{0, 1}},
 	} {
 		whole := names(tc.src, tc.defs...)
+		for _, d := range tc.defs {
+			// One head dim's build names its attention kernels by it.
+			if hd, ok := strings.CutPrefix(d, "-DKILN_HD="); ok && !slices.Contains(tc.defs, "-DKV_F8=1") {
+				for _, k := range []string{"prefill_attn_", "decode_attn_", "decode_attn_cl_"} {
+					if !slices.Contains(whole, k+hd) {
+						t.Errorf("%v: no kernel %s%s in %v", tc.defs, k, hd, whole)
+					}
+				}
+			}
+		}
 		var parts []string
-		for p := range 4 {
+		for p := range 8 {
 			ns := names(tc.src, append(slices.Clone(tc.defs), fmt.Sprintf("-DKILN_PART=%d", p))...)
 			if built := slices.Contains(tc.parts, p); (len(ns) > 0) != built {
 				t.Errorf("%v: part %d holds %d kernels (built: %v)", tc.defs, p, len(ns), built)

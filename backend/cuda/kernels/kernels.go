@@ -106,17 +106,18 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	if hd != 0 {
 		name, opts = fmt.Sprintf("%s_hd%d", name, hd), append(opts, fmt.Sprintf("-DKILN_HD=%d", hd))
 	}
-	// The source compiles as up to four NVRTC programs at once (KILN_PART
-	// in shared.cu: the common kernels, the tensor-core prefill attention,
-	// the CUDA-core attention, the tensor-core decode attention): NVRTC
-	// spends most of a cold start in the attention kernels, a program on
-	// few host threads even with --split-compile, so the parts take about
-	// as long as the longest of them instead of their sum (each part's
-	// time: docs/PERF.md, Tuning, session 18).
-	parts := []int{0, 1, 2, 3}
+	// The source compiles as up to six NVRTC programs at once (KILN_PART
+	// in shared.cu: 0 the common kernels, 1 the tensor-core prefill
+	// attention, 2 the CUDA-core prefill attention, 3 the tensor-core
+	// decode attention, 4 and 5 the CUDA-core decode attention's split and
+	// cluster plans): NVRTC spends most of a cold start in the attention
+	// kernels, a program on few host threads even with --split-compile, so
+	// the parts take about as long as the longest of them instead of their
+	// sum (each part's time: docs/PERF.md, Tuning, sessions 18 and 19).
+	parts := []int{0, 1, 2, 3, 4, 5}
 	switch {
 	case act == cu.F32:
-		parts = []int{0, 2} // no tensor-core kernels (ACT_MMA) in f32
+		parts = []int{0, 2, 4, 5} // no tensor-core kernels (ACT_MMA) in f32
 	case kvF8:
 		parts = []int{0, 1, 3} // an FP8 cache has no CUDA-core attention
 	}

@@ -8,6 +8,14 @@ import (
 // Rounds is how many times Race times each candidate.
 const Rounds = 5
 
+// MinGain is the least a candidate's median must gain on the default's
+// for Race to keep it, beyond the separation of every timing: a race times
+// a product alone, on operands it runs over again, and on the H100
+// choices of 0.5–1.1% faster so (the cuBLASLt algorithms of 2048-token
+// prefill products) made the prefill 2–4% slower end to end (docs/PERF.md,
+// Tuning, session 19).
+const MinGain = 0.02
+
 // Result is what Race measured: each candidate's median time (+Inf for
 // one that failed), the default's spread over the rounds, the failures,
 // and the candidate kept (-1: none ran).
@@ -26,8 +34,8 @@ type Result struct {
 // may replace the default only if every one of its timings beats every one
 // of the default's (their ranges do not overlap: by chance alone, with
 // equal speeds, 1 time in 252 for 5 rounds, so with n−1 candidates as fast
-// as the default at most (n−1)/252), and of those the fastest by
-// median is kept, so a tuned choice is never slower than the default
+// as the default at most (n−1)/252) and its median beats the default's by
+// MinGain, and of those the fastest by median is kept, so a tuned choice is never slower than the default
 // beyond what the timings can tell; a candidate whose timing fails drops
 // out (its error in Errs), and when the default fails the fastest of the
 // others is kept.
@@ -60,7 +68,7 @@ func Race(n int, time func(i int) (float64, error)) Result {
 		r.Noise = slices.Max(times[0]) - slices.Min(times[0])
 		r.Best = 0
 		for i := 1; i < n; i++ {
-			if ran(i) && slices.Max(times[i]) < slices.Min(times[0]) && r.Median[i] < r.Median[r.Best] {
+			if ran(i) && slices.Max(times[i]) < slices.Min(times[0]) && r.Median[i] < (1-MinGain)*r.Median[0] && r.Median[i] < r.Median[r.Best] {
 				r.Best = i
 			}
 		}

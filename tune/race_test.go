@@ -9,7 +9,8 @@ import (
 // every timing of the default, and then the fastest such by median (not
 // the fastest candidate when its timings overlap the default's); one slow
 // round of a candidate keeps the default; failing candidates drop out, and
-// a failing default leaves the fastest other.
+// a failing default leaves the fastest other; a candidate whose every
+// timing beats the default's by less than MinGain is not kept.
 func TestRace(t *testing.T) {
 	seq := func(ts map[int][]float64) func(int) (float64, error) {
 		calls := map[int]int{}
@@ -39,6 +40,8 @@ func TestRace(t *testing.T) {
 		{"a candidate fails", map[int][]float64{0: {10, 10, 10, 10, 10}, 2: {7, 7, 7, 7, 7}}, 2, 0},
 		{"the default fails", map[int][]float64{1: {9, 9, 9, 9, 9}, 2: {7, 7.5, 7, 7, 7}}, 2, 0},
 		{"all fail", map[int][]float64{}, -1, 0},
+		{"separate but under MinGain", map[int][]float64{0: {10, 10, 10, 10, 10}, 1: {9.9, 9.9, 9.9, 9.9, 9.9}}, 0, 0},
+		{"just past MinGain", map[int][]float64{0: {10, 10, 10, 10, 10}, 1: {9.79, 9.79, 9.79, 9.79, 9.79}}, 1, 0},
 	} {
 		n := 3
 		for i := range c.times {
@@ -53,7 +56,7 @@ func TestRace(t *testing.T) {
 
 // TestParseMode: the --tune values, "" the default.
 func TestParseMode(t *testing.T) {
-	for in, want := range map[string]string{"": Cached, "cached": Cached, "off": Off, "full": Full} {
+	for in, want := range map[string]string{"": Cached, "cached": Cached, "off": Off, "full": Full, "defaults": Defaults} {
 		if got, err := ParseMode(in); err != nil || got != want {
 			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
 		}

@@ -306,7 +306,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]string{},
-		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, fp8: b.FP8(act)}
+		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, normChoice: map[normKey]bool{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
 	// their sum.
@@ -479,6 +479,9 @@ type loaded struct {
 	// prefillChoice records, per prefill attention shape and bucket of
 	// tokens, the build kept (kernels.PrefillVariants).
 	prefillChoice map[prefillKey]string
+	// normChoice records the buckets of norms whose prefetch is decided
+	// (normPath; the choice itself is the kernels' SetNormPrefetch).
+	normChoice map[normKey]bool
 
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split

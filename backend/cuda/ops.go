@@ -36,7 +36,12 @@ func (l *loaded) choose(nd *node) error {
 			if ok {
 				return k.RMSNormE4M3(s, q, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps)
 			}
-			return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps)
+			run := func() error { return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps) }
+			if k.NormRegisterPath(in[0].cols, out[0].p, in[0].p) {
+				o := output{p: out[0].p, rows: t, cols: in[0].cols, ld: in[0].cols, dt: out[0].dtype}
+				l.normPath(x, normKey{pow2(t), in[0].cols, in[1].dtype}, t, out[0].p, t*in[0].cols*out[0].dtype.Size(), o, run)
+			}
+			return run()
 		}
 	case ir.AddRMSNorm:
 		nd.kernel = "add_rmsnorm" + ws(in[2])
@@ -55,7 +60,14 @@ func (l *loaded) choose(nd *node) error {
 			if ok {
 				return k.AddRMSNormE4M3(s, out[0].p, out[1].p, q, a0, a1, sc, in[2].p, in[2].dtype, t, in[0].cols, a.Eps)
 			}
-			return k.AddRMSNorm(s, out[0].p, out[1].p, a0, a1, sc, in[2].p, in[2].dtype, t, in[0].cols, a.Eps)
+			run := func() error {
+				return k.AddRMSNorm(s, out[0].p, out[1].p, a0, a1, sc, in[2].p, in[2].dtype, t, in[0].cols, a.Eps)
+			}
+			if k.NormRegisterPath(in[0].cols, out[0].p, out[1].p, a0, a1, sc.Cols) {
+				o := output{p: out[1].p, rows: t, cols: in[0].cols, ld: in[0].cols, dt: out[1].dtype}
+				l.normPath(x, normKey{pow2(t), in[0].cols, in[2].dtype}, t, out[0].p, t*in[0].cols*out[0].dtype.Size(), o, run)
+			}
+			return run()
 		}
 	case ir.MatMul, ir.MatMulBias:
 		w := in[1]

@@ -406,3 +406,82 @@ func cachedPlan(cands []kernels.DecodePlan, name string) (kernels.DecodePlan, bo
 	}
 	return kernels.DecodePlan{}, false
 }
+
+// normKey identifies the norms of a bucket of rows for the choice of their
+// register path's weight prefetch (kernels.SetNormPrefetch).
+type normKey struct {
+	rows, dim int // rows: a power-of-two bucket
+	wt        cu.DType
+}
+
+// normPath decides, the first time norms of t rows of dim (weights of
+// dtype wt) are met in their power-of-two bucket, whether the norms'
+// register path loads its weights before the PDL wait for that bucket:
+// the default (kernels.NormPrefetch: up to 256 rows) raced against the
+// other (race), each first checked against it (verify), the choice kept
+// in the tune cache. run launches the norm as the step would, writing o
+// (its normed rows) and dst (dstBytes): dst may alias an input (the sum of
+// AddRMSNorm is written over the residual), so its bytes are saved to host
+// memory first and put back before each candidate's check and after the
+// race, and the step's own launch reads what it would have. Captures, a
+// fixed Backend.Products and tune.Defaults keep the default, as a norm
+// the register path does not take.
+func (l *loaded) normPath(x *stepState, key normKey, t int, dst cu.Ptr, dstBytes int, o output, run func() error) {
+	if l.normChoice[key] || x.capturing || l.b.Products != "" || l.b.Tune == tune.Defaults {
+		return
+	}
+	l.normChoice[key] = true
+	tk := tune.Key{Family: "norm", DType: l.act.String(), Shape: fmt.Sprintf("T≤%d dim %d weight %v", key.rows, key.dim, key.wt)}
+	name := func(on bool) string { return map[bool]string{true: "prefetch", false: "plain"}[on] }
+	if c, ok := l.cachedChoice(tk); ok && (c == name(true) || c == name(false)) {
+		l.noteCached(tk, c)
+		l.k.SetNormPrefetch(t, c == name(true))
+		return
+	}
+	saved, err := l.dev.AllocHost(dstBytes)
+	if err != nil {
+		return // the default, untimed
+	}
+	defer func() {
+		l.stream.Sync()
+		saved.Free()
+	}()
+	if l.dev.CopyDtoHAsync(saved, 0, dst, dstBytes, l.stream) != nil || l.stream.Sync() != nil {
+		return
+	}
+	restore := func() error { return l.dev.CopyHtoDAsync(dst, saved, 0, dstBytes, l.stream) }
+	def := l.k.NormPrefetch(t)
+	ways := []bool{def, !def}
+	cands := make([]candidate, len(ways))
+	for i, on := range ways {
+		cands[i] = candidate{name: name(on), run: func() error {
+			l.k.SetNormPrefetch(t, on)
+			return run()
+		}, check: func() error {
+			if err := restore(); err != nil {
+				return err
+			}
+			l.k.SetNormPrefetch(t, on)
+			return run()
+		}}
+	}
+	l.forTrials(tk, cands)
+	tol := tolProduct16
+	if o.dt == cu.F32 {
+		tol = tolProductF32
+	}
+	l.verify(cands, o, tol)
+	r := l.race(cands)
+	best := 0
+	if r.Best > 0 {
+		best = r.Best
+	}
+	l.k.SetNormPrefetch(t, ways[best])
+	if err := restore(); err != nil {
+		return // the step's launch meets the device's failure
+	}
+	l.b.raced(fmt.Sprintf("norms T=%d (≤ %d) dim %d:%s: %s kept", t, key.rows, key.dim, r.line(cands), cands[best].name))
+	if r.Best >= 0 {
+		l.keep(tk, cands[best].name, cands[0].name, r, cands)
+	}
+}

@@ -70,6 +70,10 @@ type Kernels struct {
 	parts     *moduleParts // the parts, each holding some of the kernels
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
+	// normPrefetch overrides, per power-of-two bucket of rows, whether the
+	// norms' register path loads its weights before the PDL wait
+	// (SetNormPrefetch: a measured choice).
+	normPrefetch map[int]bool
 }
 
 func cname(t cu.DType) string { return [...]string{"f32", "f16", "bf16"}[t] }
@@ -263,9 +267,9 @@ const normPrefetchRows = 256
 // it, else the plain loop. It reports whether it took the register path.
 func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, fp8 bool, ptrs ...cu.Ptr) (string, cu.Dim3, bool) {
 	nv := dim / k.vec()
-	if dim%k.vec() == 0 && nv <= normMaxVectors*256 && aligned16(ptrs...) {
+	if k.NormRegisterPath(dim, ptrs...) {
 		v := "_v"
-		if rows <= normPrefetchRows {
+		if k.NormPrefetch(rows) {
 			v = "_vp"
 		}
 		if fp8 {
@@ -274,6 +278,45 @@ func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, fp8 bool, 
 		return name + v + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32)), true
 	}
 	return name + wsuffix(wt), normBlock(dim), false
+}
+
+// NormRegisterPath reports whether the norms of rows of dim over the
+// operands at ptrs take the register path ("_v"), where NormPrefetch
+// applies.
+func (k *Kernels) NormRegisterPath(dim int, ptrs ...cu.Ptr) bool {
+	return dim%k.vec() == 0 && dim/k.vec() <= normMaxVectors*256 && aligned16(ptrs...)
+}
+
+// NormPrefetch reports whether the norms' register path of rows rows
+// loads its weights before the PDL wait ("_vp"): the choice
+// SetNormPrefetch set for their power-of-two bucket, else rows ≤
+// normPrefetchRows.
+func (k *Kernels) NormPrefetch(rows int) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if on, ok := k.normPrefetch[bucketOf(rows)]; ok {
+		return on
+	}
+	return rows <= normPrefetchRows
+}
+
+// SetNormPrefetch sets NormPrefetch for the bucket of rows.
+func (k *Kernels) SetNormPrefetch(rows int, on bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.normPrefetch == nil {
+		k.normPrefetch = map[int]bool{}
+	}
+	k.normPrefetch[bucketOf(rows)] = on
+}
+
+// bucketOf is the power-of-two bucket of n rows (n rounded up).
+func bucketOf(n int) int {
+	b := 1
+	for b < n {
+		b *= 2
+	}
+	return b
 }
 
 // RMSNorm: out[r,:] = x[r,:] / sqrt(mean(x[r,:]²)+eps) · w (w of dtype wt).

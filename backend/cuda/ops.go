@@ -384,27 +384,33 @@ func (l *loaded) cachedWay(mm cu.Matmul, rows int, name string) (productWay, boo
 			return productWay{ext: e}, true
 		}
 	}
-	use, splits, valid := parseGEMVChoice(name)
-	if !valid || !l.gemvTakes(mm, use, splits) {
+	c, valid := parseGEMVChoice(name)
+	if !valid || !l.gemvTakes(mm, c) {
 		return productWay{}, false
 	}
-	if splits > 0 {
-		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, splits)
+	if c.split > 0 {
+		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, c.split)
 	}
-	return productWay{gemv: use}, true
+	if c.way != "" {
+		l.gemv.SetVectorWay(mm.T, mm.K, mm.N, c.way)
+	}
+	return productWay{gemv: c.use}, true
 }
 
 // gemvTakes reports whether a cached GEMV-or-cuBLASLt choice still holds
-// for product mm: the GEMV takes the product, and a split of K is one the
-// tile kernels offer for it.
-func (l *loaded) gemvTakes(mm cu.Matmul, use bool, splits int) bool {
-	if !use {
+// for product mm: the GEMV takes the product, a split of K is one the
+// tile kernels offer for it, and a way one the vector products take.
+func (l *loaded) gemvTakes(mm cu.Matmul, c gemvChoice) bool {
+	if !c.use {
 		return true
 	}
 	if l.gemv.Check(mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) != nil {
 		return false
 	}
-	return splits == 0 || slices.Contains(l.gemv.TileSplits(mm.T, mm.K, mm.N), splits)
+	if c.way != "" && !slices.Contains(l.gemv.VectorWays(mm.T), c.way) {
+		return false
+	}
+	return c.split == 0 || slices.Contains(l.gemv.TileSplits(mm.T, mm.K, mm.N), c.split)
 }
 
 // algoKey identifies a cuBLASLt product for the choice of its algorithm:

@@ -254,8 +254,20 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		}
 		return candidate{name: name, run: plain(s)}
 	}
+	// A vector product (no tile splits) races its ways, the default way
+	// first (kernels.VectorWays); each candidate sets its way before it
+	// runs, as the tile candidates their split.
+	var ways []string
 	if fits && len(splits) == 0 {
-		cands = append(cands, gemv(0))
+		ways = l.gemv.VectorWays(mm.T)
+		for i, w := range ways {
+			c := gemv(0)
+			if i > 0 {
+				c.name = "gemv on " + w
+			}
+			c.run, c.check = withWay(l.gemv, mm, w, c.run), withWay(l.gemv, mm, w, c.checker())
+			cands = append(cands, c)
+		}
 	}
 	for _, s := range splits {
 		cands = append(cands, gemv(s))
@@ -282,16 +294,26 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		}
 	}
 	var way productWay
-	split := 0
+	var choice gemvChoice
 	switch {
 	case r.Best >= gemvs:
 		way.ext = exts[r.Best-gemvs]
 	case r.Best > 0:
-		way.gemv = true
+		way.gemv, choice.use = true, true
 		if len(splits) > 0 {
-			split = splits[r.Best-1]
+			choice.split = splits[r.Best-1]
+		} else if r.Best > 1 {
+			choice.way = ways[r.Best-1] // not the default way
 		}
 	}
+	if len(ways) > 0 {
+		if choice.way != "" {
+			l.gemv.SetVectorWay(mm.T, mm.K, mm.N, choice.way)
+		} else {
+			l.gemv.ForgetVectorWay(mm.T, mm.K, mm.N)
+		}
+	}
+	split := choice.split
 	switch {
 	case split > 0:
 		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, split)
@@ -310,13 +332,23 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	}
 	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
 	if r.Best >= 0 && l.b.Products == "" {
-		choice := gemvChoiceName(way.gemv, split)
+		name := choice.name()
 		if way.ext != nil {
-			choice = way.ext.Spec.ChoiceName()
+			name = way.ext.Spec.ChoiceName()
 		}
-		l.keep(tk, choice, gemvChoiceName(false, 0), r, cands)
+		l.keep(tk, name, gemvChoice{}.name(), r, cands)
 	}
 	return way
+}
+
+// withWay runs f with the vector products of mm's shape set to way.
+func withWay(g *kernels.GEMV, mm cu.Matmul, way string, f func() error) func() error {
+	return func() error {
+		if err := g.SetVectorWay(mm.T, mm.K, mm.N, way); err != nil {
+			return err
+		}
+		return f()
+	}
 }
 
 // raced records a race's line in Stats.Choices and hands it to
@@ -355,30 +387,43 @@ func gemvKey(act cu.DType, key mmKey, epi string) tune.Key {
 	return tune.Key{Family: "decode product", DType: act.String(), Shape: shape}
 }
 
-// gemvChoiceName names a GEMV-or-cuBLASLt choice: "cublaslt", "gemv", or
-// "gemv, K split S" for the tile kernels.
-func gemvChoiceName(use bool, splits int) string {
+// gemvChoice is a GEMV-or-cuBLASLt choice: use the GEMV, with K split
+// split ways (the tile kernels; 0: their default) or on way (a vector
+// product's, kernels.VectorWays; "": its default).
+type gemvChoice struct {
+	use   bool
+	split int
+	way   string
+}
+
+// name names c for the cache: "cublaslt", "gemv", "gemv, K split S" or
+// "gemv, on WAY".
+func (c gemvChoice) name() string {
 	switch {
-	case !use:
+	case !c.use:
 		return "cublaslt"
-	case splits > 0:
-		return fmt.Sprintf("gemv, K split %d", splits)
+	case c.split > 0:
+		return fmt.Sprintf("gemv, K split %d", c.split)
+	case c.way != "":
+		return "gemv, on " + c.way
 	}
 	return "gemv"
 }
 
-// parseGEMVChoice reads gemvChoiceName's form back.
-func parseGEMVChoice(s string) (use bool, splits int, ok bool) {
+// parseGEMVChoice reads gemvChoice.name's form back.
+func parseGEMVChoice(s string) (gemvChoice, bool) {
 	switch {
 	case s == "cublaslt":
-		return false, 0, true
+		return gemvChoice{}, true
 	case s == "gemv":
-		return true, 0, true
+		return gemvChoice{use: true}, true
 	case strings.HasPrefix(s, "gemv, K split "):
 		n, err := strconv.Atoi(strings.TrimPrefix(s, "gemv, K split "))
-		return true, n, err == nil && n > 0
+		return gemvChoice{use: true, split: n}, err == nil && n > 0
+	case strings.HasPrefix(s, "gemv, on ") && len(s) > len("gemv, on "):
+		return gemvChoice{use: true, way: strings.TrimPrefix(s, "gemv, on ")}, true
 	}
-	return false, 0, false
+	return gemvChoice{}, false
 }
 
 func algoTuneKey(key algoKey) tune.Key {

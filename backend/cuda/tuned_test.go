@@ -10,18 +10,16 @@ import (
 // back to the same choice, malformed ones are refused; decode plans that
 // differ get different names.
 func TestTuneChoiceNames(t *testing.T) {
-	for _, c := range []struct {
-		use    bool
-		splits int
-	}{{false, 0}, {true, 0}, {true, 1}, {true, 8}} {
-		name := gemvChoiceName(c.use, c.splits)
-		use, splits, ok := parseGEMVChoice(name)
-		if !ok || use != c.use || splits != c.splits {
-			t.Errorf("%q read back as %v, %d, %v (want %v, %d)", name, use, splits, ok, c.use, c.splits)
+	for _, c := range []gemvChoice{{}, {use: true}, {use: true, split: 1}, {use: true, split: 8},
+		{use: true, way: kernels.WayCUDACores}, {use: true, way: kernels.WayTensorCores}} {
+		name := c.name()
+		got, ok := parseGEMVChoice(name)
+		if !ok || got != c {
+			t.Errorf("%q read back as %+v, %v (want %+v)", name, got, ok, c)
 		}
 	}
-	for _, bad := range []string{"", "GEMV", "gemv, K split 0", "gemv, K split -2", "gemv, K split x", "cublaslt "} {
-		if _, _, ok := parseGEMVChoice(bad); ok {
+	for _, bad := range []string{"", "GEMV", "gemv, K split 0", "gemv, K split -2", "gemv, K split x", "cublaslt ", "gemv, on "} {
+		if _, ok := parseGEMVChoice(bad); ok {
 			t.Errorf("%q accepted", bad)
 		}
 	}

@@ -87,11 +87,79 @@ type GEMV struct {
 
 	mu     sync.Mutex
 	fns    map[gemvCfg]*cu.Function
-	splits map[tileKey]int // measured choices (SetTileSplits)
-	kqOcc  map[gemvCfg]int // resident blocks of a K-quant kernel and shared memory (kqBlocks)
+	splits map[tileKey]int   // measured choices (SetTileSplits)
+	ways   map[vecKey]string // measured choices (SetVectorWay)
+	kqOcc  map[gemvCfg]int   // resident blocks of a K-quant kernel and shared memory (kqBlocks)
 	// kqSharedLimit, when set, is the shared memory a K-quant launch may
 	// take in place of the device's (tests: several launches of rows).
 	kqSharedLimit int
+}
+
+// vecKey identifies a vector product (at most GEMVVectorMaxT rows) for the
+// choice of its way (SetVectorWay): its rows, K and N (the product's, for
+// a paired epilogue too).
+type vecKey struct{ t, k, n int }
+
+// The ways a product of at most GEMVVectorMaxT rows runs (VectorWays).
+const (
+	WayCUDACores   = "cuda cores"   // gemv_<t>_<r>_<u>_<lm>: r weight rows a warp
+	WayTensorCores = "tensor cores" // gemv_mma_…: 16 weight rows a block of warps splitting K
+)
+
+// VectorWays lists the ways a product of t rows (at most GEMVVectorMaxT)
+// runs, the default first (the CUDA cores at one row or in f32, else the
+// tensor cores); each is built into the module, with the epilogues.
+func (g *GEMV) VectorWays(t int) []string {
+	if t < 1 || t > GEMVVectorMaxT {
+		return nil
+	}
+	if g.Act == cu.F32 {
+		return []string{WayCUDACores}
+	}
+	if gemvDefault(g.Act, t).mma {
+		return []string{WayTensorCores, WayCUDACores}
+	}
+	return []string{WayCUDACores, WayTensorCores}
+}
+
+// SetVectorWay makes the products of t rows (at most GEMVVectorMaxT), k
+// columns and n outputs, and their epilogues, run way (one of
+// VectorWays) instead of the default.
+func (g *GEMV) SetVectorWay(t, k, n int, way string) error {
+	if !slices.Contains(g.VectorWays(t), way) {
+		return fmt.Errorf("%w: no way %q for %d rows", ErrGEMVShape, way, t)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ways == nil {
+		g.ways = map[vecKey]string{}
+	}
+	g.ways[vecKey{t, k, n}] = way
+	return nil
+}
+
+// ForgetVectorWay undoes SetVectorWay: the default way again.
+func (g *GEMV) ForgetVectorWay(t, k, n int) {
+	g.mu.Lock()
+	delete(g.ways, vecKey{t, k, n})
+	g.mu.Unlock()
+}
+
+// cfgFor is the configuration of a product of t rows, k columns and n
+// outputs: the way SetVectorWay set, else gemvDefault's.
+func (g *GEMV) cfgFor(t, k, n int) gemvCfg {
+	if t <= GEMVVectorMaxT {
+		g.mu.Lock()
+		way, ok := g.ways[vecKey{t, k, n}]
+		g.mu.Unlock()
+		switch {
+		case ok && way == WayCUDACores:
+			return gemvCC(t)
+		case ok && way == WayTensorCores:
+			return mmaCfg(t, 4, 8)
+		}
+	}
+	return gemvDefault(g.Act, t)
 }
 
 // tileKey identifies a tile product for the choice of its splits: the
@@ -374,7 +442,7 @@ func (g *GEMV) Run(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) err
 	if err := g.Check(out, x, w, t, k, n, outF32); err != nil {
 		return err
 	}
-	return g.run(s, gemvDefault(g.Act, t), out, x, w, t, k, n, outF32)
+	return g.run(s, g.cfgFor(t, k, n), out, x, w, t, k, n, outF32)
 }
 
 // run launches configuration c on a checked product of t rows (c.t for
@@ -729,7 +797,7 @@ func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int) error {
 	if err := g.Check(out, x, w, t, k, 2*f, false); err != nil {
 		return err
 	}
-	c := gemvDefault(g.Act, t)
+	c := g.cfgFor(t, k, 2*f)
 	c.epi = epiSwiGLU
 	if c.tile {
 		c = g.split(c, f, k)
@@ -770,7 +838,7 @@ func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error 
 	if err := g.Check(r.Q, x, w, t, k, n, false); err != nil {
 		return err
 	}
-	c := gemvDefault(g.Act, t)
+	c := g.cfgFor(t, k, n)
 	c.epi = epiRoPE
 	args := []any{r.Q, r.KCache, r.VCache, r.Pos, r.Slots, r.Table, int32(r.Heads), int32(r.KVHeads), int32(r.HeadDim), b2i(r.Interleaved)}
 	if c.tile {

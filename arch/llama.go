@@ -26,7 +26,7 @@ func Build(m *model.Model, opts Options) (*ir.Graph, error) {
 	case "llama", "mistral", "qwen2":
 		return buildLlama(m, opts)
 	}
-	return nil, fmt.Errorf("unsupported architecture %q", m.Config.Arch)
+	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2)", m.Config.Arch)
 }
 
 // builder accumulates nodes and stops at the first error.

@@ -586,7 +586,7 @@ func ggufModel(data []byte) (*Model, error) {
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)

@@ -69,6 +69,17 @@ var hfArchitectures = map[string]string{
 	"qwen2":              "qwen2",
 }
 
+// supportedHF lists the Hugging Face architectures and model types kiln
+// reads, for the error about any other.
+func supportedHF() string {
+	var names []string
+	for n := range hfArchitectures {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
 // parseHFConfig turns config.json into a Config. It does not know the tensors,
 // so TiedEmbeddings reflects only the file (see hfTied) and DType is unset.
 func parseHFConfig(data []byte) (Config, *bool, error) {
@@ -88,7 +99,7 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 	}
 	arch, ok := hfArchitectures[archName]
 	if !ok {
-		return c, nil, fmt.Errorf("unsupported architecture %q", archName)
+		return c, nil, fmt.Errorf("unsupported architecture %q (supported: %s)", archName, supportedHF())
 	}
 	c.Arch = arch
 	c.HiddenSize = hc.HiddenSize

@@ -23,10 +23,10 @@ type Options struct {
 // Build returns the graph for m's architecture.
 func Build(m *model.Model, opts Options) (*ir.Graph, error) {
 	switch m.Config.Arch {
-	case "llama", "mistral", "qwen2":
+	case "llama", "mistral", "qwen2", "qwen3":
 		return buildLlama(m, opts)
 	}
-	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2)", m.Config.Arch)
+	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3)", m.Config.Arch)
 }
 
 // builder accumulates nodes and stops at the first error.
@@ -88,9 +88,10 @@ func (b *builder) linear(x *ir.Value, prefix string, bias bool) *ir.Value {
 	return y
 }
 
-// buildLlama covers Llama 1/2/3, Mistral (sliding window) and Qwen2 (q/k/v
-// bias): pre-norm decoder blocks of RMSNorm, rotary attention with grouped
-// KV heads, and a SwiGLU MLP.
+// buildLlama covers Llama 1/2/3, Mistral (sliding window), Qwen2 (q/k/v
+// bias) and Qwen3 (q and k RMS-normalized per head before RoPE): pre-norm
+// decoder blocks of RMSNorm, rotary attention with grouped KV heads, and a
+// SwiGLU MLP.
 func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
 	c := m.Config
 	if err := c.Validate(); err != nil {
@@ -119,6 +120,10 @@ func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
 		q := b.linear(h, p("self_attn.q_proj"), c.QKVBias)
 		k := b.linear(h, p("self_attn.k_proj"), c.QKVBias)
 		v := b.linear(h, p("self_attn.v_proj"), c.QKVBias)
+		if c.QKNorm {
+			q = b.op(ir.RMSNorm, ir.Attrs{Eps: eps, HeadDim: c.HeadDim}, q, b.weight(p("self_attn.q_norm.weight")))
+			k = b.op(ir.RMSNorm, ir.Attrs{Eps: eps, HeadDim: c.HeadDim}, k, b.weight(p("self_attn.k_norm.weight")))
+		}
 		q = b.op(ir.RoPE, ir.Attrs{Heads: c.NumHeads, HeadDim: c.HeadDim, Interleaved: interleaved}, q, pos, table)
 		k = b.op(ir.RoPE, ir.Attrs{Heads: c.NumKVHeads, HeadDim: c.HeadDim, Interleaved: interleaved}, k, pos, table)
 		state := b.op(ir.KVWrite, ir.Attrs{Layer: l, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim}, k, v)

@@ -8,8 +8,8 @@ import "kiln/ir"
 
 func fuseAddRMSNorm(g *ir.Graph, t Target) error {
 	return applyRule(g, t, ir.AddRMSNorm, func(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node) (bool, error) {
-		if n.Op != ir.RMSNorm {
-			return false, nil
+		if n.Op != ir.RMSNorm || n.Attrs.HeadDim > 0 {
+			return false, nil // a norm of heads is no residual's
 		}
 		add := producer(n.Inputs[0], ir.Add)
 		if add == nil {

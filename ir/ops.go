@@ -22,7 +22,7 @@ const (
 	RopeTable // () -> f32[MaxPositions, HeadDim]: row p holds cos(p·f_i) then sin(p·f_i); always folded to a Const
 
 	Embed      // (table[V,D], ids i32[T]) -> f32[T,D]
-	RMSNorm    // (x[X,D], w[D]) -> f32[X,D]: x / sqrt(mean(x²)+Eps) · w
+	RMSNorm    // (x[X,D], w[D]) -> f32[X,D]: x / sqrt(mean(x²)+Eps) · w; with HeadDim, w[HeadDim] and each head's HeadDim elements normalized (Qwen3's q/k norms)
 	MatMul     // (x[X,K], w[N,K]) -> f32[X,N]: x·wᵀ
 	Add        // (a, b) -> a+b, same shapes
 	AddBias    // (x[X,N], b[N]) -> x+b broadcast over rows
@@ -221,6 +221,13 @@ func checkRowVector(x *Value, w *Value, what string) error {
 func inferRMSNorm(n *Node) ([]Shape, []tensor.DType, error) {
 	if err := arity(n, 2); err != nil {
 		return nil, nil, err
+	}
+	if hd := n.Attrs.HeadDim; hd != 0 {
+		x, w := n.Inputs[0], n.Inputs[1]
+		if hd < 0 || len(x.Shape) != 2 || x.Shape[1] < 0 || x.Shape[1]%Dim(hd) != 0 || len(w.Shape) != 1 || w.Shape[0] != Dim(hd) || !isFloat(w.DType) {
+			return nil, nil, fmt.Errorf("rmsnorm of heads of %d: input %v, vector %v %v", hd, x.Shape, w.DType, w.Shape)
+		}
+		return []Shape{x.Shape}, []tensor.DType{tensor.F32}, nil
 	}
 	if err := checkRowVector(n.Inputs[0], n.Inputs[1], "rmsnorm"); err != nil {
 		return nil, nil, err

@@ -58,6 +58,9 @@ func (n *Node) attrString() string {
 		add("%s", a.Name)
 	case RMSNorm, AddRMSNorm:
 		add("eps=%g", a.Eps)
+		if a.HeadDim > 0 {
+			add("head_dim=%d", a.HeadDim)
+		}
 	case RoPE:
 		add("heads=%d head_dim=%d interleaved=%v", a.Heads, a.HeadDim, a.Interleaved)
 	case KVWrite:

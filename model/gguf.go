@@ -524,6 +524,8 @@ var (
 		"attn_k.bias":        "self_attn.k_proj.bias",
 		"attn_v.bias":        "self_attn.v_proj.bias",
 		"attn_output.bias":   "self_attn.o_proj.bias",
+		"attn_q_norm.weight": "self_attn.q_norm.weight",
+		"attn_k_norm.weight": "self_attn.k_norm.weight",
 		"ffn_norm.weight":    "post_attention_layernorm.weight",
 		"ffn_gate.weight":    "mlp.gate_proj.weight",
 		"ffn_up.weight":      "mlp.up_proj.weight",
@@ -564,7 +566,7 @@ func ggufName(c string) string {
 	return c
 }
 
-// LoadGGUF loads a GGUF file (architectures llama and qwen2).
+// LoadGGUF loads a GGUF file (architectures llama, qwen2 and qwen3).
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }
@@ -581,12 +583,12 @@ func ggufModel(data []byte) (*Model, error) {
 	switch arch {
 	case "llama":
 		c.Arch, c.RopeStyle = "llama", RopeInterleaved
-	case "qwen2":
-		c.Arch, c.RopeStyle = "qwen2", RopeHalf
+	case "qwen2", "qwen3":
+		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2)", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)
@@ -735,6 +737,7 @@ func ggufModel(data []byte) (*Model, error) {
 	c.TiedEmbeddings = !hasHead
 	_, hasBias := m.Tensors[LayerName(0, "self_attn.q_proj.bias")]
 	c.QKVBias = arch == "qwen2" || hasBias
+	c.QKNorm = arch == "qwen3"
 	if c.RopeFreqFactors != nil && len(c.RopeFreqFactors) != c.HeadDim/2 {
 		return nil, fmt.Errorf("gguf: rope_freqs.weight has %d factors, want head dim / 2 = %d", len(c.RopeFreqFactors), c.HeadDim/2)
 	}

@@ -64,9 +64,11 @@ var hfArchitectures = map[string]string{
 	"LlamaForCausalLM":   "llama",
 	"MistralForCausalLM": "mistral",
 	"Qwen2ForCausalLM":   "qwen2",
+	"Qwen3ForCausalLM":   "qwen3",
 	"llama":              "llama",
 	"mistral":            "mistral",
 	"qwen2":              "qwen2",
+	"qwen3":              "qwen3",
 }
 
 // supportedHF lists the Hugging Face architectures and model types kiln
@@ -164,6 +166,7 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		return c, nil, err
 	}
 	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
+	c.QKNorm = arch == "qwen3"
 	var err error
 	if c.BOS, err = tokenIDs(hc.BOSTokenID); err != nil {
 		return c, nil, fmt.Errorf("config.json: bos_token_id: %w", err)

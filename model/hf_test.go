@@ -157,7 +157,7 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, llama, mistral, qwen2)`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, llama, mistral, qwen2, qwen3)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "phi3"}, good, `unsupported architecture "phi3"`},
 		{"yarn", map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 4.0}}, good, `unsupported rope scaling type "yarn"`},
 		{"dynamic", map[string]any{"rope_parameters": map[string]any{"type": "dynamic", "factor": 4.0}}, good, `unsupported rope scaling type "dynamic"`},
@@ -383,6 +383,9 @@ func TestHFFixtures(t *testing.T) {
 			return c.Arch == "qwen2" && c.QKVBias && c.SlidingWindow == 0 && c.RMSNormEps == 1e-6
 		},
 		"llama-sharded": func(c Config) bool { return c.RopeTheta == 10000 },
+		"qwen3-qknorm": func(c Config) bool {
+			return c.Arch == "qwen3" && c.QKNorm && !c.QKVBias && c.HeadDim == 32 && c.NumHeads*c.HeadDim != c.HiddenSize
+		},
 		"llama-odd": func(c Config) bool {
 			return c.HiddenSize == 96 && c.NumHeads == 6 && c.VocabSize == 301 && c.NumLayers == 3
 		},

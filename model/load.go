@@ -133,6 +133,12 @@ func ExpectedTensors(c *Config) []TensorSpec {
 				TensorSpec{LayerName(l, "self_attn.v_proj.bias"), tensor.Shape{kv}},
 			)
 		}
+		if c.QKNorm {
+			out = append(out,
+				TensorSpec{LayerName(l, "self_attn.q_norm.weight"), tensor.Shape{c.HeadDim}},
+				TensorSpec{LayerName(l, "self_attn.k_norm.weight"), tensor.Shape{c.HeadDim}},
+			)
+		}
 		out = append(out,
 			TensorSpec{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
 			TensorSpec{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},

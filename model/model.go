@@ -60,6 +60,7 @@ type Config struct {
 	SlidingWindow    int  // 0: full attention
 	TiedEmbeddings   bool // lm_head shares model.embed_tokens.weight
 	QKVBias          bool // q/k/v projections carry a bias (Qwen2)
+	QKNorm           bool // q and k are RMS-normalized per head before RoPE (Qwen3: q_norm, k_norm)
 	// RopeFreqFactors, when set, divides each RoPE frequency (one factor per
 	// pair of dimensions); GGUF stores llama3 scaling this way (rope_freqs).
 	RopeFreqFactors []float32

@@ -25,7 +25,11 @@ func init() {
 	ref(ir.Embed, "ref.embed", refEmbed)
 	ref(ir.RMSNorm, "ref.rmsnorm", func(x *execState, s *step) {
 		in, out := &s.in[0], &s.out[0]
-		refRMSNorm(out.f, in.f, s.in[1].f, in.rows(x), in.cols, s.node.Attrs.Eps)
+		rows, dim := in.rows(x), in.cols
+		if hd := s.node.Attrs.HeadDim; hd > 0 {
+			rows, dim = rows*(dim/hd), hd // each head's elements: rows of the same data
+		}
+		refRMSNorm(out.f, in.f, s.in[1].f, rows, dim, s.node.Attrs.Eps)
 	})
 	ref(ir.MatMul, "ref.matmul", func(x *execState, s *step) {
 		gemm.MatMulRef(s.out[0].f, s.in[0].f, s.in[0].rows(x), s.in[1].w)

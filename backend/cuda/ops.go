@@ -28,18 +28,24 @@ func (l *loaded) choose(nd *node) error {
 	case ir.RMSNorm:
 		nd.kernel = "rmsnorm" + ws(in[1])
 		nd.launch = func(x *stepState, nd *node) error {
-			t := in[0].rows(x)
+			t, dim := in[0].rows(x), in[0].cols
+			if a.HeadDim > 0 {
+				// A norm of heads (Qwen3's q/k norms): each head's
+				// elements are a row of the same data.
+				t, dim = t*(dim/a.HeadDim), a.HeadDim
+				return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, dim, a.Eps)
+			}
 			q, ok, err := l.fp8Output(x, nd, out[0], t)
 			if err != nil {
 				return err
 			}
 			if ok {
-				return k.RMSNormE4M3(s, q, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps)
+				return k.RMSNormE4M3(s, q, out[0].p, in[0].p, in[1].p, in[1].dtype, t, dim, a.Eps)
 			}
-			run := func() error { return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, in[0].cols, a.Eps) }
-			if k.NormRegisterPath(in[0].cols, out[0].p, in[0].p) {
-				o := output{p: out[0].p, rows: t, cols: in[0].cols, ld: in[0].cols, dt: out[0].dtype}
-				l.normPath(x, normKey{pow2(t), in[0].cols, in[1].dtype}, t, out[0].p, t*in[0].cols*out[0].dtype.Size(), o, run)
+			run := func() error { return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, dim, a.Eps) }
+			if k.NormRegisterPath(dim, out[0].p, in[0].p) {
+				o := output{p: out[0].p, rows: t, cols: dim, ld: dim, dt: out[0].dtype}
+				l.normPath(x, normKey{pow2(t), dim, in[1].dtype}, t, out[0].p, t*dim*out[0].dtype.Size(), o, run)
 			}
 			return run()
 		}

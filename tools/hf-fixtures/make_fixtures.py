@@ -114,9 +114,15 @@ VARIANTS = [
          cfg=base(rms_norm_eps=1e-6), rope=rope(500000.0)),
     dict(name="llama-headdim", arch="llama", seed=112, T=27, legacy=False,
          cfg=base(head_dim=32, rms_norm_eps=1e-5), rope=rope(1000000.0)),
+    # Qwen3: q and k RMS-normalized per head (q_norm, k_norm over head_dim)
+    # before RoPE, no q/k/v bias, a head_dim of its own (4 heads of 32 from a
+    # hidden size of 64), untied embeddings as Qwen3-8B's.
+    dict(name="qwen3-qknorm", arch="qwen3", seed=113, T=29, legacy=False,
+         cfg=base(head_dim=32, rms_norm_eps=1e-6, attention_bias=False),
+         rope=rope(1000000.0)),
 ]
 
-ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}
+ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "qwen3": "Qwen3Config"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -256,7 +262,7 @@ def expected_inv_freq(cfg):
 
 
 def manual_forward(m, ids, window=None, window_inclusive=False):
-    """Plain-torch Llama/Qwen2/Mistral forward (fp32) from the loaded weights."""
+    """Plain-torch Llama/Qwen2/Qwen3/Mistral forward (fp32) from the loaded weights."""
     cfg = m.config
     sd = {k: v.detach().float() for k, v in m.state_dict().items()}
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -294,8 +300,12 @@ def manual_forward(m, ids, window=None, window_inclusive=False):
     for l in range(cfg.num_hidden_layers):
         p = "model.layers.%d." % l
         h = rms(x, sd[p + "input_layernorm.weight"])
-        q = lin(h, p + "self_attn.q_proj").view(T, nh, hd).transpose(0, 1)
-        k = lin(h, p + "self_attn.k_proj").view(T, nkv, hd).transpose(0, 1)
+        q = lin(h, p + "self_attn.q_proj").view(T, nh, hd)
+        k = lin(h, p + "self_attn.k_proj").view(T, nkv, hd)
+        if p + "self_attn.q_norm.weight" in sd:  # Qwen3: per head, over head_dim
+            q = rms(q, sd[p + "self_attn.q_norm.weight"])
+            k = rms(k, sd[p + "self_attn.k_norm.weight"])
+        q, k = q.transpose(0, 1), k.transpose(0, 1)
         v = lin(h, p + "self_attn.v_proj").view(T, nkv, hd).transpose(0, 1)
         q = q * cos + rot(q) * sin
         k = k * cos + rot(k) * sin
@@ -572,6 +582,7 @@ def run_variant(spec, out_root):
         "sliding_window": window,
         "tie_word_embeddings": bool(getattr(rcfg, "tie_word_embeddings", False)),
         "attention_bias_qkv": spec["arch"] == "qwen2" or bool(getattr(rcfg, "attention_bias", False)),
+        "qk_norm": spec["arch"] == "qwen3",
         "weights_dtype": save_dtype,
     }
     if save_dtype != "float32":

@@ -23,10 +23,10 @@ type Options struct {
 // Build returns the graph for m's architecture.
 func Build(m *model.Model, opts Options) (*ir.Graph, error) {
 	switch m.Config.Arch {
-	case "llama", "mistral", "qwen2", "qwen3":
+	case "llama", "mistral", "qwen2", "qwen3", "phi3":
 		return buildLlama(m, opts)
 	}
-	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3)", m.Config.Arch)
+	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3)", m.Config.Arch)
 }
 
 // builder accumulates nodes and stops at the first error.
@@ -89,7 +89,8 @@ func (b *builder) linear(x *ir.Value, prefix string, bias bool) *ir.Value {
 }
 
 // buildLlama covers Llama 1/2/3, Mistral (sliding window), Qwen2 (q/k/v
-// bias) and Qwen3 (q and k RMS-normalized per head before RoPE): pre-norm
+// bias), Qwen3 (q and k RMS-normalized per head before RoPE) and Phi-3
+// (its fused projections split at load): pre-norm
 // decoder blocks of RMSNorm, rotary attention with grouped KV heads, and a
 // SwiGLU MLP.
 func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {

@@ -117,7 +117,61 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 	if f := ropeFreqs(c); f != nil {
 		ts = append(ts, f)
 	}
+	if c.Arch == "phi3" {
+		var err error
+		if ts, err = fusePhi3(ts, c.NumLayers); err != nil {
+			return rep, err
+		}
+	}
 	return rep, model.WriteGGUF(w, md, ts)
+}
+
+// fusePhi3 stacks each layer's q, k and v projections into llama.cpp's
+// attn_qkv and its gate and up projections into ffn_up (gate rows first),
+// as a Phi-3 GGUF holds them; kiln's loader takes them apart again.
+func fusePhi3(ts []*tensor.Tensor, layers int) ([]*tensor.Tensor, error) {
+	byName := map[string]*tensor.Tensor{}
+	for _, t := range ts {
+		byName[t.Name] = t
+	}
+	fused := map[string]bool{}
+	var out []*tensor.Tensor
+	for l := 0; l < layers; l++ {
+		for _, f := range []struct {
+			gguf  string
+			parts []string
+		}{
+			{"attn_qkv.weight", []string{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+			{"ffn_up.weight", []string{"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
+		} {
+			var parts []*tensor.Tensor
+			for _, p := range f.parts {
+				t, ok := byName[model.LayerName(l, p)]
+				if !ok || len(t.Scales) > 0 {
+					return nil, fmt.Errorf("phi3: tensor %s missing or scaled", model.LayerName(l, p))
+				}
+				parts = append(parts, t)
+				fused[t.Name] = true
+			}
+			st := &tensor.Tensor{Name: fmt.Sprintf("blk.%d.%s", l, f.gguf), DType: parts[0].DType, Parts: parts}
+			rows := 0
+			for _, p := range parts {
+				rows += p.Shape[0]
+			}
+			st.Shape = tensor.Shape{rows, parts[0].Shape[1]}
+			if err := st.Validate(); err != nil {
+				return nil, fmt.Errorf("phi3: %w", err)
+			}
+			st.Join()
+			out = append(out, st)
+		}
+	}
+	for _, t := range ts {
+		if !fused[t.Name] {
+			out = append(out, t)
+		}
+	}
+	return out, nil
 }
 
 // Interleave reorders the rows of a Q or K projection (or bias) from the

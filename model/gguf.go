@@ -524,6 +524,7 @@ var (
 		"attn_k.bias":        "self_attn.k_proj.bias",
 		"attn_v.bias":        "self_attn.v_proj.bias",
 		"attn_output.bias":   "self_attn.o_proj.bias",
+		"attn_qkv.weight":    "self_attn.qkv_proj.weight",
 		"attn_q_norm.weight": "self_attn.q_norm.weight",
 		"attn_k_norm.weight": "self_attn.k_norm.weight",
 		"ffn_norm.weight":    "post_attention_layernorm.weight",
@@ -566,7 +567,7 @@ func ggufName(c string) string {
 	return c
 }
 
-// LoadGGUF loads a GGUF file (architectures llama, qwen2 and qwen3).
+// LoadGGUF loads a GGUF file (architectures llama, qwen2, qwen3 and phi3).
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }
@@ -583,12 +584,12 @@ func ggufModel(data []byte) (*Model, error) {
 	switch arch {
 	case "llama":
 		c.Arch, c.RopeStyle = "llama", RopeInterleaved
-	case "qwen2", "qwen3":
+	case "qwen2", "qwen3", "phi3":
 		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3)", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, phi3)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)
@@ -738,6 +739,20 @@ func ggufModel(data []byte) (*Model, error) {
 	_, hasBias := m.Tensors[LayerName(0, "self_attn.q_proj.bias")]
 	c.QKVBias = arch == "qwen2" || hasBias
 	c.QKNorm = arch == "qwen3"
+	if arch == "phi3" {
+		// llama.cpp's phi3 stores the gate and up projections stacked as
+		// ffn_up, and q, k, v as attn_qkv.
+		for l := 0; l < c.NumLayers; l++ {
+			up := LayerName(l, "mlp.up_proj.weight")
+			if t, ok := m.Tensors[up]; ok {
+				delete(m.Tensors, up)
+				m.Tensors[LayerName(l, "mlp.gate_up_proj.weight")] = t
+			}
+		}
+		if err := splitPhi3(&c, m.Tensors); err != nil {
+			return nil, fmt.Errorf("gguf: %w", err)
+		}
+	}
 	if c.RopeFreqFactors != nil && len(c.RopeFreqFactors) != c.HeadDim/2 {
 		return nil, fmt.Errorf("gguf: rope_freqs.weight has %d factors, want head dim / 2 = %d", len(c.RopeFreqFactors), c.HeadDim/2)
 	}

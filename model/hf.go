@@ -47,6 +47,7 @@ type hfConfig struct {
 	EOSTokenID            json.RawMessage `json:"eos_token_id"`
 	TorchDType            string          `json:"torch_dtype"`
 	DType                 string          `json:"dtype"`
+	PartialRotaryFactor   *float64        `json:"partial_rotary_factor"`
 }
 
 // hfRope is rope_scaling or (transformers 5) rope_parameters.
@@ -65,10 +66,12 @@ var hfArchitectures = map[string]string{
 	"MistralForCausalLM": "mistral",
 	"Qwen2ForCausalLM":   "qwen2",
 	"Qwen3ForCausalLM":   "qwen3",
+	"Phi3ForCausalLM":    "phi3",
 	"llama":              "llama",
 	"mistral":            "mistral",
 	"qwen2":              "qwen2",
 	"qwen3":              "qwen3",
+	"phi3":               "phi3",
 }
 
 // supportedHF lists the Hugging Face architectures and model types kiln
@@ -167,6 +170,9 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 	}
 	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
 	c.QKNorm = arch == "qwen3"
+	if f := hc.PartialRotaryFactor; f != nil && *f != 1 {
+		return c, nil, fmt.Errorf("config.json: partial_rotary_factor %g: rotary embeddings of part of a head are not supported", *f)
+	}
 	var err error
 	if c.BOS, err = tokenIDs(hc.BOSTokenID); err != nil {
 		return c, nil, fmt.Errorf("config.json: bos_token_id: %w", err)
@@ -187,9 +193,9 @@ func hfSlidingWindow(c *Config, hc *hfConfig) error {
 		return nil
 	}
 	switch c.Arch {
-	case "mistral":
+	case "mistral", "phi3":
 		c.SlidingWindow = *hc.SlidingWindow
-	case "qwen2":
+	case "qwen2", "qwen3":
 		if hc.UseSlidingWindow == nil || !*hc.UseSlidingWindow {
 			return nil
 		}
@@ -374,12 +380,71 @@ func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
 	if err := scaleFP8(m.Tensors); err != nil {
 		return m, err
 	}
+	if cfg.Arch == "phi3" {
+		if err := splitPhi3(&cfg, m.Tensors); err != nil {
+			return m, err
+		}
+	}
 	if err := finishHFConfig(&cfg, tie, m.Tensors); err != nil {
 		return m, err
 	}
 	m.Config = cfg
 	m.ChatTemplate = readChatTemplate(src)
 	return m, nil
+}
+
+// splitPhi3 takes Phi-3's fused projections apart into the canonical
+// tensors, each a view of its rows (no copy): qkv_proj into the q, k and v
+// projections, gate_up_proj into the gate and up projections (the gate
+// first, as Phi3MLP chunks it).
+func splitPhi3(c *Config, ts map[string]*tensor.Tensor) error {
+	q, kv := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	for l := 0; l < c.NumLayers; l++ {
+		p := func(s string) string { return LayerName(l, s) }
+		if err := splitRows(ts, p("self_attn.qkv_proj.weight"),
+			[]string{p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"), p("self_attn.v_proj.weight")}, []int{q, kv, kv}); err != nil {
+			return err
+		}
+		if err := splitRows(ts, p("mlp.gate_up_proj.weight"),
+			[]string{p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")}, []int{c.IntermediateSize, c.IntermediateSize}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// splitRows replaces matrix name of ts by its consecutive blocks of rows,
+// named names, views of its bytes.
+func splitRows(ts map[string]*tensor.Tensor, name string, names []string, rows []int) error {
+	t, ok := ts[name]
+	if !ok {
+		return fmt.Errorf("missing tensor %s", name)
+	}
+	total := 0
+	for _, r := range rows {
+		total += r
+	}
+	if len(t.Shape) != 2 || t.Shape[0] != total || len(t.Scales) > 0 {
+		return fmt.Errorf("tensor %s has shape %v, want [%d,...] (unscaled)", name, t.Shape, total)
+	}
+	row, err := t.DType.Bytes(int64(t.Shape[1]))
+	if err != nil {
+		return fmt.Errorf("tensor %s: %w", name, err)
+	}
+	if int64(len(t.Data)) != row*int64(total) {
+		return fmt.Errorf("tensor %s: %d bytes for %v", name, len(t.Data), t.Shape)
+	}
+	off := int64(0)
+	for i, n := range names {
+		if _, dup := ts[n]; dup {
+			return fmt.Errorf("tensor %s is both fused into %s and stored apart", n, name)
+		}
+		b := row * int64(rows[i])
+		ts[n] = &tensor.Tensor{Name: n, DType: t.DType, Shape: tensor.Shape{rows[i], t.Shape[1]}, Data: t.Data[off : off+b]}
+		off += b
+	}
+	delete(ts, name)
+	return nil
 }
 
 // finishHFConfig settles what needs the tensors (tying, DType, vocab size)

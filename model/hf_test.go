@@ -157,8 +157,10 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, llama, mistral, qwen2, qwen3)`},
-		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "phi3"}, good, `unsupported architecture "phi3"`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, llama, mistral, phi3, qwen2, qwen3)`},
+		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
+		{"longrope", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, `unsupported rope scaling type "longrope"`},
+		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},
 		{"yarn", map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 4.0}}, good, `unsupported rope scaling type "yarn"`},
 		{"dynamic", map[string]any{"rope_parameters": map[string]any{"type": "dynamic", "factor": 4.0}}, good, `unsupported rope scaling type "dynamic"`},
 		{"bad llama3", map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8.0}}, good, "llama3 rope scaling"},

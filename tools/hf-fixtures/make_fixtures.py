@@ -120,9 +120,14 @@ VARIANTS = [
     dict(name="qwen3-qknorm", arch="qwen3", seed=113, T=29, legacy=False,
          cfg=base(head_dim=32, rms_norm_eps=1e-6, attention_bias=False),
          rope=rope(1000000.0)),
+    # Phi-3 (the 4k models' layout): fused qkv_proj and gate_up_proj, GQA,
+    # no sliding window within the prompt.
+    dict(name="phi3-fused", arch="phi3", seed=114, T=31, legacy=False,
+         cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None), rope=rope(10000.0)),
 ]
 
-ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "qwen3": "Qwen3Config"}
+ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "qwen3": "Qwen3Config",
+                "phi3": "Phi3Config"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -262,7 +267,7 @@ def expected_inv_freq(cfg):
 
 
 def manual_forward(m, ids, window=None, window_inclusive=False):
-    """Plain-torch Llama/Qwen2/Qwen3/Mistral forward (fp32) from the loaded weights."""
+    """Plain-torch Llama/Qwen2/Qwen3/Mistral/Phi-3 forward (fp32) from the loaded weights."""
     cfg = m.config
     sd = {k: v.detach().float() for k, v in m.state_dict().items()}
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -280,6 +285,17 @@ def manual_forward(m, ids, window=None, window_inclusive=False):
 
     def rms(x, w):
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    # Phi-3 stores q/k/v and gate/up fused: take them apart by rows.
+    for key in list(sd):
+        if key.endswith("self_attn.qkv_proj.weight"):
+            pre = key[: -len("qkv_proj.weight")]
+            q_, k_, v_ = sd.pop(key).split([nh * hd, nkv * hd, nkv * hd], dim=0)
+            sd[pre + "q_proj.weight"], sd[pre + "k_proj.weight"], sd[pre + "v_proj.weight"] = q_, k_, v_
+        if key.endswith("mlp.gate_up_proj.weight"):
+            pre = key[: -len("gate_up_proj.weight")]
+            g_, u_ = sd.pop(key).chunk(2, dim=0)
+            sd[pre + "gate_proj.weight"], sd[pre + "up_proj.weight"] = g_, u_
 
     def lin(x, p):
         y = x @ sd[p + ".weight"].T

@@ -449,3 +449,49 @@ func TestLoadHFFS(t *testing.T) {
 		t.Error("an empty FS loaded")
 	}
 }
+
+// TestSplitRows: a fused matrix is replaced by views of its blocks of
+// rows (the same bytes, no copy); a missing tensor, a wrong row count and
+// a part also stored apart are errors that name the tensor.
+func TestSplitRows(t *testing.T) {
+	vals := make([]float32, 6*2)
+	for i := range vals {
+		vals[i] = float32(i)
+	}
+	fused := func() map[string]*tensor.Tensor {
+		return map[string]*tensor.Tensor{"f": tensor.FromF32("f", tensor.Shape{6, 2}, vals)}
+	}
+	ts := fused()
+	data := ts["f"].Data
+	if err := splitRows(ts, "f", []string{"a", "b"}, []int{4, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ts["f"]; ok || !ts["a"].Shape.Equal(tensor.Shape{4, 2}) || !ts["b"].Shape.Equal(tensor.Shape{2, 2}) {
+		t.Fatalf("after the split: %v", ts)
+	}
+	if &ts["b"].Data[0] != &data[4*2*4] {
+		t.Error("the second part is not a view of the fused bytes")
+	}
+	b, err := ts["b"].F32s()
+	if err != nil || b[0] != 8 || b[3] != 11 {
+		t.Errorf("the second part holds %v, %v", b, err)
+	}
+	for _, c := range []struct {
+		name  string
+		names []string
+		rows  []int
+		extra string
+	}{
+		{"missing", []string{"a", "b"}, []int{4, 2}, ""},
+		{"f", []string{"a", "b"}, []int{4, 3}, ""},
+		{"f", []string{"a", "b"}, []int{4, 2}, "a"},
+	} {
+		ts := fused()
+		if c.extra != "" {
+			ts[c.extra] = tensor.FromF32(c.extra, tensor.Shape{4, 2}, vals[:8])
+		}
+		if err := splitRows(ts, c.name, c.names, c.rows); err == nil || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("%s %v %v (extra %q): error %v", c.name, c.names, c.rows, c.extra, err)
+		}
+	}
+}

@@ -2,8 +2,8 @@
 # Runs on the GPU machine after tools/gpu/build.sh here (BASE=<rev> also
 # builds .devbin/kiln-base): how long a start takes on the Llama-3-8B-shaped
 # random bf16 model, the whole process, with every cache empty ("cold":
-# kiln's kernel and tune caches and the driver's compute cache) and with
-# the kernels cached ("warm"); then kiln serve's time to /health, cold. Each
+# kiln's kernel and tune caches and the driver's compute cache) and again
+# with the caches that start filled ("warm"), each binary in turn; then kiln serve's time to /health, cold. Each
 # start prints its parts (kiln bench model's "start:" and "weights:" lines,
 # the serve log's startup line). Logs under $OUT (or ./gpu-logs).
 #   ROUNDS (default 2) cold starts of each binary.
@@ -25,10 +25,8 @@ for r in $(seq "${ROUNDS:-2}"); do
 	for b in "${bins[@]}"; do
 		fresh
 		start "$b-cold-$r" ".devbin/$b"
+		start "$b-warm-$r" ".devbin/$b" # the caches its cold start filled
 	done
-done
-for b in "${bins[@]}"; do
-	start "$b-warm" ".devbin/$b" # the last cold start's caches
 done
 fresh
 t=$(date +%s.%N)

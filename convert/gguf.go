@@ -76,7 +76,7 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 		if permute && (strings.Contains(name, "self_attn.q_proj.") || strings.Contains(name, "self_attn.k_proj.")) {
 			x = Interleave(x, c.HeadDim)
 		}
-		to := s.dtype(name, c.NumLayers, m.Tensors["lm_head.weight"] == nil)
+		to := s.dtype(dtypeName(c.Arch, name), c.NumLayers, m.Tensors["lm_head.weight"] == nil)
 		if len(x.Shape) == 2 && x.DType != to && x.Shape[1]%to.BlockSize() == 0 {
 			vals, err := x.F32s()
 			if err != nil {
@@ -124,6 +124,22 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 		}
 	}
 	return rep, model.WriteGGUF(w, md, ts)
+}
+
+// dtypeName is the name whose type a tensor takes: a Phi-3 layer's q and k
+// projections take their v projection's, as llama-quantize types the
+// attn_qkv they are stacked into (fusePhi3) by the attn_v rule, so that
+// the stack is one type.
+func dtypeName(arch, name string) string {
+	if arch != "phi3" {
+		return name
+	}
+	for _, p := range []string{".self_attn.q_proj.weight", ".self_attn.k_proj.weight"} {
+		if layer, ok := strings.CutSuffix(name, p); ok {
+			return layer + ".self_attn.v_proj.weight"
+		}
+	}
+	return name
 }
 
 // fusePhi3 stacks each layer's q, k and v projections into llama.cpp's

@@ -148,3 +148,34 @@ func TestInterleaveFP8(t *testing.T) {
 		}
 	}
 }
+
+// TestPhi3StackOneType: under the medium K-quant schemes a Phi-3 layer's
+// q, k and v projections take one type (the v projection's, which gets
+// more bits in some layers), so that their attn_qkv stack is one type;
+// other architectures keep the rule as it is.
+func TestPhi3StackOneType(t *testing.T) {
+	s, err := ParseScheme("q4_k_m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const layers = 32
+	bumped := 0
+	for l := range layers {
+		name := func(p string) string { return fmt.Sprintf("model.layers.%d.self_attn.%s_proj.weight", l, p) }
+		v := s.dtype(dtypeName("phi3", name("v")), layers, false)
+		for _, p := range []string{"q", "k"} {
+			if got := s.dtype(dtypeName("phi3", name(p)), layers, false); got != v {
+				t.Fatalf("layer %d: %s_proj %v, v_proj %v", l, p, got, v)
+			}
+		}
+		if v != s.Base {
+			bumped++
+			if got := s.dtype(dtypeName("llama", name("q")), layers, false); got != s.Base {
+				t.Fatalf("llama layer %d: q_proj %v", l, got)
+			}
+		}
+	}
+	if bumped == 0 {
+		t.Fatal("no layer's v projection got more bits: the test checks nothing")
+	}
+}

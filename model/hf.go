@@ -417,6 +417,9 @@ func splitPhi3(c *Config, ts map[string]*tensor.Tensor) error {
 // named names, views of its bytes.
 func splitRows(ts map[string]*tensor.Tensor, name string, names []string, rows []int) error {
 	t, ok := ts[name]
+	if _, apart := ts[names[0]]; !ok && apart {
+		return nil // stored apart already (checkTensors checks the parts)
+	}
 	if !ok {
 		return fmt.Errorf("missing tensor %s", name)
 	}
@@ -440,7 +443,9 @@ func splitRows(ts map[string]*tensor.Tensor, name string, names []string, rows [
 			return fmt.Errorf("tensor %s is both fused into %s and stored apart", n, name)
 		}
 		b := row * int64(rows[i])
-		ts[n] = &tensor.Tensor{Name: n, DType: t.DType, Shape: tensor.Shape{rows[i], t.Shape[1]}, Data: t.Data[off : off+b]}
+		// Each view gives back the fused tensor's pages (read from the
+		// file again if another view touches them).
+		ts[n] = &tensor.Tensor{Name: n, DType: t.DType, Shape: tensor.Shape{rows[i], t.Shape[1]}, Data: t.Data[off : off+b], Release: t.Release}
 		off += b
 	}
 	delete(ts, name)

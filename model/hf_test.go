@@ -476,6 +476,12 @@ func TestSplitRows(t *testing.T) {
 	if err != nil || b[0] != 8 || b[3] != 11 {
 		t.Errorf("the second part holds %v, %v", b, err)
 	}
+	apart := fused()
+	apart["a"] = tensor.FromF32("a", tensor.Shape{4, 2}, vals[:8])
+	delete(apart, "f")
+	if err := splitRows(apart, "f", []string{"a", "b"}, []int{4, 2}); err != nil || len(apart) != 1 {
+		t.Errorf("parts stored apart: %v, %d tensors", err, len(apart))
+	}
 	for _, c := range []struct {
 		name  string
 		names []string

@@ -128,8 +128,11 @@ func (t *Tensor) F32s() ([]float32, error) {
 		off := 0
 		for _, p := range t.Parts {
 			f, err := p.F32s()
-			if err != nil || off+len(f) > len(out) {
-				return nil, fmt.Errorf("tensor %s: part %s: %v", t.Name, p.Name, err)
+			if err != nil {
+				return nil, fmt.Errorf("tensor %s: part %s: %w", t.Name, p.Name, err)
+			}
+			if off+len(f) > len(out) {
+				return nil, fmt.Errorf("tensor %s: its parts hold more than %v", t.Name, t.Shape)
 			}
 			off += copy(out[off:], f)
 		}

@@ -148,6 +148,9 @@ const MaxRestarts = 16
 // that fails outside any trial ends it with that failure.
 func Supervise(mk func() *exec.Cmd, dir string, hang time.Duration, note func(string)) (Supervision, error) {
 	var s Supervision
+	if hang <= 0 {
+		return s, fmt.Errorf("tune: a trial's time limit of %v", hang)
+	}
 	journal := filepath.Join(dir, "trials.journal")
 	barred := filepath.Join(dir, "trials.barred")
 	for {

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -397,8 +398,9 @@ func (l *loaded) cachedWay(mm cu.Matmul, rows int, name string) (productWay, boo
 	if c.split > 0 {
 		l.gemv.SetTileSplits(mm.T, mm.K, mm.N, c.split)
 	}
-	if c.way != "" {
-		l.gemv.SetVectorWay(mm.T, mm.K, mm.N, c.way)
+	if ways := l.gemv.VectorWays(mm.T); c.use && len(ways) > 0 {
+		// The default way too: another choice of the shape may have set one.
+		l.gemv.SetVectorWay(mm.T, mm.K, mm.N, cmp.Or(c.way, ways[0]))
 	}
 	return productWay{gemv: c.use}, true
 }
@@ -478,7 +480,7 @@ func (l *loaded) algorithm(x *stepState, mm cu.Matmul) int {
 			if c, err := l.lt.Config(m, i); err == nil && c.SplitK > 1 {
 				name += fmt.Sprintf(" (K in %d)", c.SplitK)
 			}
-			cands[i] = candidate{name: name, run: func() error { return l.lt.Matmul(m) }}
+			cands[i] = candidate{name: name, id: algoName(l.lt, mm, i), run: func() error { return l.lt.Matmul(m) }}
 		}
 		l.forTrials(tk, cands)
 		l.verifyProduct(mm, cands)
@@ -518,14 +520,13 @@ func (l *loaded) algoIndex(mm cu.Matmul, name string) int {
 }
 
 // algoName names candidate a of product mm for the tune cache: its
-// configuration (algorithm id, tile, stages, split of K), "" when cuBLASLt
-// cannot say.
+// configuration (cu.AlgoConfig.Key), "" when cuBLASLt cannot say.
 func algoName(lt *cu.BlasLt, mm cu.Matmul, a int) string {
 	c, err := lt.Config(mm, a)
 	if err != nil {
 		return ""
 	}
-	return fmt.Sprint(c)
+	return c.Key()
 }
 
 // prefillKey identifies a prefill attention call for the choice of its

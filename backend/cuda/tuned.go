@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -92,6 +93,9 @@ type candidate struct {
 	// trial is its id in the journal of a tuner's trials (Backend.Trials;
 	// "" for the default, which is not journaled: the step runs it anyway).
 	trial string
+	// id, when set, names it for the journal instead of name (a stable
+	// identity where name is a place in a list).
+	id string
 }
 
 // forTrials names cands' trials under the choice tk for Backend.Trials's
@@ -99,7 +103,7 @@ type candidate struct {
 // tuner.
 func (l *loaded) forTrials(tk tune.Key, cands []candidate) {
 	for i := 1; i < len(cands); i++ {
-		cands[i].trial = tune.TrialID(tk, cands[i].name)
+		cands[i].trial = tune.TrialID(tk, cmp.Or(cands[i].id, cands[i].name))
 		if l.b.Trials.Barred(cands[i].trial) {
 			cands[i].rejected = rejection(tune.ErrBarred.Error())
 		}
@@ -113,9 +117,10 @@ func (l *loaded) trial(id string, f func() error) error {
 	end := l.b.Trials.Begin(id)
 	err := f()
 	if cu.ContextLost(err) {
-		end(err)
+		end(err) // ends the process, the trial left open
+	} else {
+		end(nil)
 	}
-	end(nil)
 	return err
 }
 
@@ -280,9 +285,11 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	}
 	l.forTrials(tk, cands)
 	l.verifyProduct(mm, cands)
-	// The fused candidates set the split their launch takes; the race must
-	// leave the split it found (products of the same tile shape share it).
+	// The fused candidates set the split their launch takes, and the
+	// vector candidates their way; the race must leave the split or way it
+	// found (products of the same shape share them), or the one set before.
 	was, wasSet := l.gemv.TileSplit(mm.T, mm.K, mm.N)
+	wasWay, wasWaySet := l.gemv.VectorWay(mm.T, mm.K, mm.N)
 	r := l.race(cands)
 	if l.b.Products == "external" {
 		// Forced: the first external kernel that passed its check.
@@ -307,9 +314,12 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		}
 	}
 	if len(ways) > 0 {
-		if choice.way != "" {
-			l.gemv.SetVectorWay(mm.T, mm.K, mm.N, choice.way)
-		} else {
+		switch {
+		case choice.use:
+			l.gemv.SetVectorWay(mm.T, mm.K, mm.N, cmp.Or(choice.way, ways[0]))
+		case wasWaySet:
+			l.gemv.SetVectorWay(mm.T, mm.K, mm.N, wasWay)
+		default:
 			l.gemv.ForgetVectorWay(mm.T, mm.K, mm.N)
 		}
 	}
@@ -480,7 +490,7 @@ func (l *loaded) normPath(x *stepState, key normKey, t int, dst cu.Ptr, dstBytes
 	name := func(on bool) string { return map[bool]string{true: "prefetch", false: "plain"}[on] }
 	if c, ok := l.cachedChoice(tk); ok && (c == name(true) || c == name(false)) {
 		l.noteCached(tk, c)
-		l.k.SetNormPrefetch(t, c == name(true))
+		l.k.SetNormPrefetch(t, key.dim, c == name(true))
 		return
 	}
 	saved, err := l.dev.AllocHost(dstBytes)
@@ -495,18 +505,18 @@ func (l *loaded) normPath(x *stepState, key normKey, t int, dst cu.Ptr, dstBytes
 		return
 	}
 	restore := func() error { return l.dev.CopyHtoDAsync(dst, saved, 0, dstBytes, l.stream) }
-	def := l.k.NormPrefetch(t)
+	def := l.k.NormPrefetch(t, key.dim)
 	ways := []bool{def, !def}
 	cands := make([]candidate, len(ways))
 	for i, on := range ways {
 		cands[i] = candidate{name: name(on), run: func() error {
-			l.k.SetNormPrefetch(t, on)
+			l.k.SetNormPrefetch(t, key.dim, on)
 			return run()
 		}, check: func() error {
 			if err := restore(); err != nil {
 				return err
 			}
-			l.k.SetNormPrefetch(t, on)
+			l.k.SetNormPrefetch(t, key.dim, on)
 			return run()
 		}}
 	}
@@ -521,7 +531,7 @@ func (l *loaded) normPath(x *stepState, key normKey, t int, dst cu.Ptr, dstBytes
 	if r.Best > 0 {
 		best = r.Best
 	}
-	l.k.SetNormPrefetch(t, ways[best])
+	l.k.SetNormPrefetch(t, key.dim, ways[best])
 	if err := restore(); err != nil {
 		return // the step's launch meets the device's failure
 	}

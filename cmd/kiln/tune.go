@@ -145,7 +145,9 @@ func superviseTune(args []string, timeout time.Duration) error {
 	}
 	defer os.RemoveAll(dir)
 	mk := func() *exec.Cmd {
-		cmd := exec.Command(self, append([]string{"tune", "--in-process"}, args...)...)
+		// --in-process last, so that no --in-process=false in args starts
+		// children of children.
+		cmd := exec.Command(self, append(append([]string{"tune"}, args...), "--in-process")...)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 		return cmd
 	}

@@ -239,7 +239,7 @@ func (m Matmul) check() error {
 }
 
 // Find is the index among m's candidates (the values m.Algo may take) of
-// the one whose configuration (AlgoConfig.String) is cfg, or -1: the
+// the one whose configuration (AlgoConfig.Key) is cfg, or -1: the
 // heuristic's list, and a configuration's place in it, moves with the
 // rows and the operands' alignment, so a choice made for one product of
 // a shape is found again by its configuration for another. Answers are
@@ -262,7 +262,7 @@ func (lt *BlasLt) Find(m Matmul, cfg string) (int, error) {
 			return err
 		}
 		for a := range ltAlgos(plan) {
-			if ltAlgoConfig(plan, a).String() == cfg {
+			if ltAlgoConfig(plan, a).Key() == cfg {
 				i = a
 				break
 			}
@@ -328,10 +328,17 @@ type AlgoConfig struct {
 	WorkspaceKiB int
 }
 
-// String names the configuration; the tune cache files a choice under it.
+// Key names the configuration (the workspace aside, which grows with the
+// product's size for the same algorithm): the tune cache files a choice
+// under it, and Find looks it up.
+func (c AlgoConfig) Key() string {
+	return fmt.Sprintf("id %d tile %d stages %d split %d reduction %d swizzle %d custom %d inner %d cluster %d",
+		c.ID, c.Tile, c.Stages, c.SplitK, c.Reduction, c.Swizzle, c.Custom, c.Inner, c.Cluster)
+}
+
+// String is Key with the workspace the candidate needs.
 func (c AlgoConfig) String() string {
-	return fmt.Sprintf("id %d tile %d stages %d split %d reduction %d swizzle %d custom %d inner %d cluster %d workspace %d KiB",
-		c.ID, c.Tile, c.Stages, c.SplitK, c.Reduction, c.Swizzle, c.Custom, c.Inner, c.Cluster, c.WorkspaceKiB)
+	return fmt.Sprintf("%s workspace %d KiB", c.Key(), c.WorkspaceKiB)
 }
 
 // Config describes candidate algo of m (see Algorithms).

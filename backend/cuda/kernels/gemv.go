@@ -138,6 +138,15 @@ func (g *GEMV) SetVectorWay(t, k, n int, way string) error {
 	return nil
 }
 
+// VectorWay reports the way SetVectorWay set for the products of t rows,
+// k columns and n outputs, if it set one.
+func (g *GEMV) VectorWay(t, k, n int) (string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	way, ok := g.ways[vecKey{t, k, n}]
+	return way, ok
+}
+
 // ForgetVectorWay undoes SetVectorWay: the default way again.
 func (g *GEMV) ForgetVectorWay(t, k, n int) {
 	g.mu.Lock()

@@ -70,10 +70,10 @@ type Kernels struct {
 	parts     *moduleParts // the parts, each holding some of the kernels
 	mu        sync.Mutex
 	sharedSet map[string]int // dynamic shared memory limits raised per function
-	// normPrefetch overrides, per power-of-two bucket of rows, whether the
-	// norms' register path loads its weights before the PDL wait
-	// (SetNormPrefetch: a measured choice).
-	normPrefetch map[int]bool
+	// normPrefetch overrides, per power-of-two bucket of rows and row
+	// length, whether the norms' register path loads its weights before
+	// the PDL wait (SetNormPrefetch: a measured choice).
+	normPrefetch map[[2]int]bool
 }
 
 func cname(t cu.DType) string { return [...]string{"f32", "f16", "bf16"}[t] }
@@ -269,7 +269,7 @@ func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, fp8 bool, 
 	nv := dim / k.vec()
 	if k.NormRegisterPath(dim, ptrs...) {
 		v := "_v"
-		if k.NormPrefetch(rows) {
+		if k.NormPrefetch(rows, dim) {
 			v = "_vp"
 		}
 		if fp8 {
@@ -287,27 +287,27 @@ func (k *Kernels) NormRegisterPath(dim int, ptrs ...cu.Ptr) bool {
 	return dim%k.vec() == 0 && dim/k.vec() <= normMaxVectors*256 && aligned16(ptrs...)
 }
 
-// NormPrefetch reports whether the norms' register path of rows rows
-// loads its weights before the PDL wait ("_vp"): the choice
-// SetNormPrefetch set for their power-of-two bucket, else rows ≤
+// NormPrefetch reports whether the norms' register path of rows rows of
+// dim loads its weights before the PDL wait ("_vp"): the choice
+// SetNormPrefetch set for their power-of-two bucket and dim, else rows ≤
 // normPrefetchRows.
-func (k *Kernels) NormPrefetch(rows int) bool {
+func (k *Kernels) NormPrefetch(rows, dim int) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if on, ok := k.normPrefetch[bucketOf(rows)]; ok {
+	if on, ok := k.normPrefetch[[2]int{bucketOf(rows), dim}]; ok {
 		return on
 	}
 	return rows <= normPrefetchRows
 }
 
-// SetNormPrefetch sets NormPrefetch for the bucket of rows.
-func (k *Kernels) SetNormPrefetch(rows int, on bool) {
+// SetNormPrefetch sets NormPrefetch for the bucket of rows and dim.
+func (k *Kernels) SetNormPrefetch(rows, dim int, on bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.normPrefetch == nil {
-		k.normPrefetch = map[int]bool{}
+		k.normPrefetch = map[[2]int]bool{}
 	}
-	k.normPrefetch[bucketOf(rows)] = on
+	k.normPrefetch[[2]int{bucketOf(rows), dim}] = on
 }
 
 // bucketOf is the power-of-two bucket of n rows (n rounded up).

@@ -12,11 +12,7 @@ import (
 // tensor cores (mma.sync, prefill_fa in prefill_mma.cu), f32 on the CUDA
 // cores.
 func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
-	v := "mma"
-	if !a.FP8 && (k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a)) {
-		v = "attn"
-	}
-	return k.prefill(s, a, m, v)
+	return k.prefill(s, a, m, k.PrefillVariants(a)[0])
 }
 
 // PrefillVariants lists the builds of the prefill kernel that take a, the

@@ -475,10 +475,12 @@ type normKey struct {
 // the default (kernels.NormPrefetch: up to 256 rows) raced against the
 // other (race), each first checked against it (verify), the choice kept
 // in the tune cache. run launches the norm as the step would, writing o
-// (its normed rows) and dst (dstBytes): dst may alias an input (the sum of
-// AddRMSNorm is written over the residual), so its bytes are saved to host
-// memory first and put back before each candidate's check and after the
-// race, and the step's own launch reads what it would have. Captures, a
+// (its normed rows) and dst (dstBytes). The memory plan never puts a
+// node's output over its inputs (compile/plan.go), but the norm kernels
+// allow it (AddRMSNorm's sum over its residual), so dst's bytes are saved
+// to host memory first and put back before each candidate's check and
+// after the race: the step's own launch reads what it would have either
+// way. Captures, a
 // fixed Backend.Products and tune.Defaults keep the default, as a norm
 // the register path does not take.
 func (l *loaded) normPath(x *stepState, key normKey, t int, dst cu.Ptr, dstBytes int, o output, run func() error) {

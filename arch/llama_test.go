@@ -48,6 +48,27 @@ func TestBuildVariants(t *testing.T) {
 				}
 			}
 		}, 1 + 9*2 + 1 + 1},
+		{"qwen3 q/k norms", func(c *model.Config) { c.Arch, c.QKNorm = "qwen3", true }, func(t *testing.T, g *ir.Graph) {
+			heads := 0
+			for _, n := range g.Nodes {
+				if n.Op == ir.RMSNorm && n.Attrs.HeadDim > 0 {
+					heads++
+				}
+			}
+			if heads != 4 {
+				t.Errorf("%d norms of heads, want 4", heads)
+			}
+		}, 1 + 11*2 + 1 + 1},
+		{"mixtral experts", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken = "mixtral", 3, 2 }, func(t *testing.T, g *ir.Graph) {
+			for _, n := range g.Nodes {
+				if n.Op == ir.MoE && (n.Attrs.Experts != 3 || n.Attrs.TopK != 2 || len(n.Inputs) != 2+3*3) {
+					t.Errorf("moe %+v with %d inputs", n.Attrs, len(n.Inputs))
+				}
+			}
+			if n := count(g, ir.MoE); n != 2 {
+				t.Errorf("%d moe nodes, want 2", n)
+			}
+		}, 1 + (6+1+3*3)*2 + 1 + 1},
 		{"interleaved rope", func(c *model.Config) { c.RopeStyle = model.RopeInterleaved }, func(t *testing.T, g *ir.Graph) {
 			for _, n := range g.Nodes {
 				if n.Op == ir.RoPE && !n.Attrs.Interleaved {

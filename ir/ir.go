@@ -136,6 +136,7 @@ type Attrs struct {
 	Interleaved             bool    // RoPE: rotate pairs (2i,2i+1) instead of (i,i+d/2)
 	Rope                    RopeParams
 	Sizes                   []int // Split: column counts of each output
+	Experts, TopK           int   // MoE: experts, and those each row is routed to
 }
 
 // RopeParams define a RoPE frequency table.

@@ -32,6 +32,11 @@ const (
 	KVWrite    // (k[T,KVHeads·HeadDim], v[T,KVHeads·HeadDim]) -> state: store into layer Attrs.Layer's cache
 	Attention  // (q[T,Heads·HeadDim], state) -> f32[T,Heads·HeadDim]: causal (optionally windowed) attention over the sequence's cache
 	SelectRows // (x[T,D]) -> f32[R,D]: the rows the batch wants logits for
+	// MoE (x[X,D], router[E,D], then per expert gate[I,D], up[I,D],
+	// down[D,I]) -> f32[X,D]: a mixture of SwiGLU experts, each row routed
+	// to the TopK experts of largest router logit, weighted by their
+	// softmax over those TopK (Mixtral's routing).
+	MoE
 
 	// Fused operations, produced only by compiler passes.
 	AddRMSNorm  // (x[T,D], r[T,D], w[D]) -> (x+r, RMSNorm(x+r, w))
@@ -92,6 +97,7 @@ func init() {
 			}
 			return []Shape{{RowDim, x.Shape[1]}}, []tensor.DType{x.DType}, nil
 		}},
+		MoE:          {name: "moe", infer: inferMoE},
 		AddRMSNorm:   {name: "add_rmsnorm", fused: true, infer: inferAddRMSNorm},
 		SwiGLU:       {name: "swiglu", fused: true, infer: inferSame(2)},
 		RoPEKVWrite:  {name: "rope_kv_write", fused: true, infer: inferRoPEKVWrite},
@@ -233,6 +239,35 @@ func inferRMSNorm(n *Node) ([]Shape, []tensor.DType, error) {
 		return nil, nil, err
 	}
 	return []Shape{n.Inputs[0].Shape}, []tensor.DType{tensor.F32}, nil
+}
+
+func inferMoE(n *Node) ([]Shape, []tensor.DType, error) {
+	e, k := n.Attrs.Experts, n.Attrs.TopK
+	if e < 1 || k < 1 || k > e {
+		return nil, nil, fmt.Errorf("moe of %d experts, %d a row", e, k)
+	}
+	if err := arity(n, 2+3*e); err != nil {
+		return nil, nil, err
+	}
+	x, r := n.Inputs[0], n.Inputs[1]
+	if len(x.Shape) != 2 || x.Shape[1] < 1 {
+		return nil, nil, fmt.Errorf("moe input %v must be [X,D]", x.Shape)
+	}
+	d := x.Shape[1]
+	if !r.Shape.Equal(Shape{Dim(e), d}) {
+		return nil, nil, fmt.Errorf("moe router %v, want [%d,%d]", r.Shape, e, d)
+	}
+	inter := Dim(0)
+	for i := 0; i < e; i++ {
+		g, u, dn := n.Inputs[2+3*i], n.Inputs[3+3*i], n.Inputs[4+3*i]
+		if i == 0 {
+			inter = g.Shape[0]
+		}
+		if !g.Shape.Equal(Shape{inter, d}) || !u.Shape.Equal(Shape{inter, d}) || !dn.Shape.Equal(Shape{d, inter}) {
+			return nil, nil, fmt.Errorf("moe expert %d: gate %v, up %v, down %v for rows of %d", i, g.Shape, u.Shape, dn.Shape, d)
+		}
+	}
+	return []Shape{x.Shape}, []tensor.DType{tensor.F32}, nil
 }
 
 func inferAddRMSNorm(n *Node) ([]Shape, []tensor.DType, error) {

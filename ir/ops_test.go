@@ -22,6 +22,7 @@ type vals struct {
 	v3                 *ir.Value // f32[2,3,4]
 	table4, table8     *ir.Value // rope tables [32,4], [32,8]
 	state              *ir.Value
+	r1x8, m8x12        *ir.Value // f32 [1,8] (a router of one expert), [8,12]
 }
 
 func newVals(t *testing.T) (*builder, *vals) {
@@ -48,6 +49,7 @@ func newVals(t *testing.T) (*builder, *vals) {
 	v.table4 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 4}})
 	v.table8 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 8}})
 	v.state = b.Op(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, v.x4, v.x4)
+	v.r1x8, v.m8x12 = b.weight("r1x8", 1, 8), b.weight("m8x12", 8, 12)
 	return b, v
 }
 
@@ -155,6 +157,18 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"attention negative layer", ir.Attention, ir.Attrs{Layer: -1, Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: layer -1"},
 		{"attention of state", ir.Attention, attn, in(func(v *vals) []*ir.Value { return []*ir.Value{v.state, v.state} }), "error: want f32[T,8]"},
 
+		{"moe", ir.MoE, ir.Attrs{Experts: 1, TopK: 1}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12}
+		}), "f32[T,8]"},
+		{"moe routing more than it has", ir.MoE, ir.Attrs{Experts: 1, TopK: 2}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12}
+		}), "error: moe of 1 experts, 2 a row"},
+		{"moe down of the wrong shape", ir.MoE, ir.Attrs{Experts: 1, TopK: 1}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m12x8}
+		}), "error: moe expert 0"},
+		{"moe missing an expert's matrix", ir.MoE, ir.Attrs{Experts: 1, TopK: 1}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8}
+		}), "error: takes 5 inputs"},
 		{"select rows", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "f32[R,12]"},
 		{"select rows of rows", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "error: must be [T,D]"},
 		{"select rows of vector", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: must be [T,D]"},

@@ -48,6 +48,8 @@ type hfConfig struct {
 	TorchDType            string          `json:"torch_dtype"`
 	DType                 string          `json:"dtype"`
 	PartialRotaryFactor   *float64        `json:"partial_rotary_factor"`
+	NumLocalExperts       int             `json:"num_local_experts"`
+	NumExpertsPerTok      int             `json:"num_experts_per_tok"`
 }
 
 // hfRope is rope_scaling or (transformers 5) rope_parameters.
@@ -67,6 +69,8 @@ var hfArchitectures = map[string]string{
 	"Qwen2ForCausalLM":   "qwen2",
 	"Qwen3ForCausalLM":   "qwen3",
 	"Phi3ForCausalLM":    "phi3",
+	"MixtralForCausalLM": "mixtral",
+	"mixtral":            "mixtral",
 	"llama":              "llama",
 	"mistral":            "mistral",
 	"qwen2":              "qwen2",
@@ -170,6 +174,12 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 	}
 	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
 	c.QKNorm = arch == "qwen3"
+	if arch == "mixtral" {
+		c.NumExperts, c.ExpertsPerToken = hc.NumLocalExperts, hc.NumExpertsPerTok
+		if c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts {
+			return c, nil, fmt.Errorf("config.json: %d experts, %d a token", c.NumExperts, c.ExpertsPerToken)
+		}
+	}
 	if f := hc.PartialRotaryFactor; f != nil && *f != 1 {
 		return c, nil, fmt.Errorf("config.json: partial_rotary_factor %g: rotary embeddings of part of a head are not supported", *f)
 	}
@@ -193,7 +203,7 @@ func hfSlidingWindow(c *Config, hc *hfConfig) error {
 		return nil
 	}
 	switch c.Arch {
-	case "mistral", "phi3":
+	case "mistral", "phi3", "mixtral":
 		c.SlidingWindow = *hc.SlidingWindow
 	case "qwen2", "qwen3":
 		if hc.UseSlidingWindow == nil || !*hc.UseSlidingWindow {

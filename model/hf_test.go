@@ -157,7 +157,7 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, llama, mistral, phi3, qwen2, qwen3)`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, llama, mistral, mixtral, phi3, qwen2, qwen3)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
 		{"longrope", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, `unsupported rope scaling type "longrope"`},
 		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},

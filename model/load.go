@@ -107,6 +107,16 @@ func markMapped(ts map[string]*tensor.Tensor, mapping []byte, unmap func() error
 	}
 }
 
+// MoERouterName is a mixture-of-experts layer's router (after
+// model.layers.N.), Mixtral's naming.
+const MoERouterName = "block_sparse_moe.gate.weight"
+
+// ExpertName is expert e's matrix w (w1 the gate, w3 the up, w2 the down
+// projection) of layer l, Mixtral's naming.
+func ExpertName(l, e int, w string) string {
+	return LayerName(l, fmt.Sprintf("block_sparse_moe.experts.%d.%s.weight", e, w))
+}
+
 // TensorSpec names a tensor a config implies, with its shape.
 type TensorSpec struct {
 	Name  string
@@ -142,6 +152,19 @@ func ExpectedTensors(c *Config) []TensorSpec {
 		out = append(out,
 			TensorSpec{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
 			TensorSpec{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},
+		)
+		if c.NumExperts > 0 {
+			out = append(out, TensorSpec{LayerName(l, MoERouterName), tensor.Shape{c.NumExperts, h}})
+			for e := 0; e < c.NumExperts; e++ {
+				out = append(out,
+					TensorSpec{ExpertName(l, e, "w1"), tensor.Shape{inter, h}},
+					TensorSpec{ExpertName(l, e, "w3"), tensor.Shape{inter, h}},
+					TensorSpec{ExpertName(l, e, "w2"), tensor.Shape{h, inter}},
+				)
+			}
+			continue
+		}
+		out = append(out,
 			TensorSpec{LayerName(l, "mlp.gate_proj.weight"), tensor.Shape{inter, h}},
 			TensorSpec{LayerName(l, "mlp.up_proj.weight"), tensor.Shape{inter, h}},
 			TensorSpec{LayerName(l, "mlp.down_proj.weight"), tensor.Shape{h, inter}},

@@ -61,6 +61,10 @@ type Config struct {
 	TiedEmbeddings   bool // lm_head shares model.embed_tokens.weight
 	QKVBias          bool // q/k/v projections carry a bias (Qwen2)
 	QKNorm           bool // q and k are RMS-normalized per head before RoPE (Qwen3: q_norm, k_norm)
+	// NumExperts, when set, makes each layer's MLP a mixture of that many
+	// SwiGLU experts of IntermediateSize, ExpertsPerToken of them a token
+	// (Mixtral's block_sparse_moe).
+	NumExperts, ExpertsPerToken int
 	// RopeFreqFactors, when set, divides each RoPE frequency (one factor per
 	// pair of dimensions); GGUF stores llama3 scaling this way (rope_freqs).
 	RopeFreqFactors []float32

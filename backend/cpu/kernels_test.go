@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"kiln/backend"
+	"kiln/backend/cpu/gemm"
 	"kiln/backend/cpu/workers"
 	"kiln/ir"
 	"kiln/tensor"
@@ -358,6 +359,83 @@ func TestEveryFastKernelIsTested(t *testing.T) {
 		}
 		if _, ok := referenceKernel(op); !ok {
 			t.Errorf("%v has no reference kernel", op)
+		}
+	}
+}
+
+// TestMoEReference: the mixture-of-experts kernel (ir.MoE, Mixtral's
+// routing) against a float64 computation written apart: each row's router
+// logits, its TopK experts by logit, their softmax, and the weighted sum of
+// their SwiGLU MLPs; for one of one expert, two of four and three of five.
+func TestMoEReference(t *testing.T) {
+	r := newRand(t)
+	const d, inter = 24, 40
+	x := &execState{tokens: 5}
+	for _, c := range []struct{ experts, topK int }{{1, 1}, {4, 2}, {5, 3}} {
+		mat := func(n, k int) ([]float32, gemm.Weights) {
+			v := randSlice(r, n*k)
+			return v, gemm.Weights{DType: tensor.F32, Data: tensor.FromF32("m", tensor.Shape{n, k}, v).Data, N: n, K: k}
+		}
+		xs := randSlice(r, x.tokens*d)
+		rv, rw := mat(c.experts, d)
+		in := []operand{operandOf(xs, d), {w: rw}}
+		type expert struct{ g, u, dn []float32 }
+		var es []expert
+		for range c.experts {
+			g, gw := mat(inter, d)
+			u, uw := mat(inter, d)
+			dn, dw := mat(d, inter)
+			es = append(es, expert{g, u, dn})
+			in = append(in, operand{w: gw}, operand{w: uw}, operand{w: dw})
+		}
+		got := poisoned(x.tokens * d)
+		nd := node(ir.MoE, ir.Attrs{Experts: c.experts, TopK: c.topK}, ir.Shape{ir.TokenDim, d})
+		ref, _ := referenceKernel(ir.MoE)
+		runKernel(ref, x, &step{node: nd, in: in, out: []operand{operandOf(got, d)}})
+		dot := func(a []float32, b []float32) float64 {
+			s := 0.0
+			for i := range a {
+				s += float64(a[i]) * float64(b[i])
+			}
+			return s
+		}
+		want := make([]float32, x.tokens*d)
+		for tk := range x.tokens {
+			xr := xs[tk*d : (tk+1)*d]
+			logits := make([]float64, c.experts)
+			for e := range logits {
+				logits[e] = dot(xr, rv[e*d:(e+1)*d])
+			}
+			chosen := map[int]bool{}
+			var top []int
+			for range c.topK {
+				best := -1
+				for e := range logits {
+					if !chosen[e] && (best < 0 || logits[e] > logits[best]) {
+						best = e
+					}
+				}
+				chosen[best] = true
+				top = append(top, best)
+			}
+			sum := 0.0
+			for _, e := range top {
+				sum += math.Exp(logits[e])
+			}
+			for _, e := range top {
+				p := math.Exp(logits[e]) / sum
+				h := make([]float32, inter)
+				for i := range h {
+					g := dot(xr, es[e].g[i*d:(i+1)*d])
+					h[i] = float32(g / (1 + math.Exp(-g)) * dot(xr, es[e].u[i*d:(i+1)*d]))
+				}
+				for j := range d {
+					want[tk*d+j] += float32(p * dot(h, es[e].dn[j*inter:(j+1)*inter]))
+				}
+			}
+		}
+		if e := maxRelErr(got, want); !(e <= 1e-5) {
+			t.Errorf("%d of %d experts: max relative error %.3g", c.topK, c.experts, e)
 		}
 	}
 }

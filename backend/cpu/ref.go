@@ -6,6 +6,7 @@ package cpu
 
 import (
 	"math"
+	"sort"
 
 	"kiln/backend/cpu/gemm"
 	"kiln/ir"
@@ -52,6 +53,7 @@ func init() {
 			out[i] = a[i] * b[i]
 		}
 	})
+	ref(ir.MoE, "ref.moe", refMoE)
 	ref(ir.SiLU, "ref.silu", func(x *execState, s *step) {
 		n := s.out[0].rows(x) * s.out[0].cols
 		a, out := s.in[0].f[:n], s.out[0].f[:n]
@@ -139,6 +141,55 @@ func init() {
 }
 
 func silu(v float32) float32 { return v / (1 + float32(math.Exp(float64(-v)))) }
+
+// refMoE runs a mixture of SwiGLU experts (ir.MoE) row by row: the
+// router's logits, the TopK experts of largest logit (the lower index
+// first among equals), their softmax, and the sum of their MLPs' outputs
+// so weighted.
+func refMoE(x *execState, s *step) {
+	a := s.node.Attrs
+	in := &s.in[0]
+	rows, d := in.rows(x), in.cols
+	out := s.out[0].f[:rows*d]
+	logits := make([]float32, a.Experts)
+	inter := s.in[2].w.N
+	g, u, y := make([]float32, inter), make([]float32, inter), make([]float32, d)
+	weights := make([]float64, a.TopK)
+	for r := range rows {
+		xr, o := in.f[r*d:(r+1)*d], out[r*d:(r+1)*d]
+		gemm.MatMulRef(logits, xr, 1, s.in[1].w)
+		top := topExperts(logits, a.TopK)
+		sum := 0.0
+		for j, e := range top {
+			weights[j] = math.Exp(float64(logits[e] - logits[top[0]]))
+			sum += weights[j]
+		}
+		clear(o)
+		for j, e := range top {
+			gemm.MatMulRef(g, xr, 1, s.in[2+3*e].w)
+			gemm.MatMulRef(u, xr, 1, s.in[3+3*e].w)
+			for i := range g {
+				g[i] = silu(g[i]) * u[i]
+			}
+			gemm.MatMulRef(y, g, 1, s.in[4+3*e].w)
+			w := float32(weights[j] / sum)
+			for i := range o {
+				o[i] += w * y[i]
+			}
+		}
+	}
+}
+
+// topExperts is the k indices of the largest logits, largest first (the
+// lower index first among equals).
+func topExperts(logits []float32, k int) []int {
+	idx := make([]int, len(logits))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
+	return idx[:k]
+}
 
 func refEmbed(x *execState, s *step) {
 	table, out := s.in[0].t, s.out[0]

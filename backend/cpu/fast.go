@@ -31,6 +31,7 @@ func init() {
 			x.l.pool.Run(x.tokens*s.node.Attrs.Heads, 1, t)
 			t.x, t.s = nil, nil
 		}})
+	register(ir.MoE, kernel{name: "cpu.moe_grouped", priority: fastPriority, run: moeGrouped})
 	register(ir.SwiGLU, kernel{name: "cpu.swiglu_expf", priority: fastPriority, run: func(x *execState, s *step) {
 		n := s.out[0].rows(x) * s.out[0].cols
 		gemm.SwiGLU(s.out[0].f[:n], s.in[0].f[:n], s.in[1].f[:n])
@@ -130,6 +131,53 @@ func (t *attnTask) Do(lo, hi int) {
 		inv := 1 / sum
 		for d := range acc {
 			acc[d] *= inv
+		}
+	}
+}
+
+// moeGrouped runs ir.MoE as refMoE defines it, expert by expert: the rows
+// routed to an expert (routeRow) gathered, their products on the workers
+// (gemm.MatMul, gemm.SwiGLU), and the results added back to their rows so
+// weighted.
+func moeGrouped(x *execState, s *step) {
+	a := s.node.Attrs
+	in := &s.in[0]
+	rows, d := in.rows(x), in.cols
+	out := s.out[0].f[:rows*d]
+	clear(out)
+	logits := make([]float32, rows*a.Experts)
+	gemm.MatMul(x.l.pool, logits, in.f[:rows*d], rows, s.in[1].w)
+	type routed struct {
+		row int
+		w   float32
+	}
+	byExpert := make([][]routed, a.Experts)
+	for r := range rows {
+		top, weights := routeRow(logits[r*a.Experts:(r+1)*a.Experts], a.TopK)
+		for j, e := range top {
+			byExpert[e] = append(byExpert[e], routed{r, weights[j]})
+		}
+	}
+	inter := s.in[2].w.N
+	for e, rs := range byExpert {
+		if len(rs) == 0 {
+			continue
+		}
+		n := len(rs)
+		xs := make([]float32, n*d)
+		for i, rt := range rs {
+			copy(xs[i*d:(i+1)*d], in.f[rt.row*d:(rt.row+1)*d])
+		}
+		g, u, y := make([]float32, n*inter), make([]float32, n*inter), make([]float32, n*d)
+		gemm.MatMul(x.l.pool, g, xs, n, s.in[2+3*e].w)
+		gemm.MatMul(x.l.pool, u, xs, n, s.in[3+3*e].w)
+		gemm.SwiGLU(g, g, u)
+		gemm.MatMul(x.l.pool, y, g, n, s.in[4+3*e].w)
+		for i, rt := range rs {
+			o := out[rt.row*d : (rt.row+1)*d]
+			for j := range o {
+				o[j] += rt.w * y[i*d+j]
+			}
 		}
 	}
 }

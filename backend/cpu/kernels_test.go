@@ -342,7 +342,8 @@ func testRopeTable(maxPos, headDim int) (*tensor.Tensor, error) {
 func TestEveryFastKernelIsTested(t *testing.T) {
 	// MatMul: package gemm's tests; MatMulBias: the same product and the
 	// reference's bias loop, and the HF fixtures (qwen2-bias) run both.
-	tested := map[ir.Op]bool{ir.Attention: true, ir.RoPEKVWrite: true, ir.SwiGLU: true, ir.SwiGLUPacked: true, ir.MatMul: true, ir.MatMulBias: true}
+	tested := map[ir.Op]bool{ir.Attention: true, ir.RoPEKVWrite: true, ir.SwiGLU: true, ir.SwiGLUPacked: true, ir.MatMul: true, ir.MatMulBias: true,
+		ir.MoE: true}
 	for op, ks := range registry {
 		for _, k := range ks {
 			if k.priority > 0 && !tested[op] {
@@ -363,14 +364,15 @@ func TestEveryFastKernelIsTested(t *testing.T) {
 	}
 }
 
-// TestMoEReference: the mixture-of-experts kernel (ir.MoE, Mixtral's
-// routing) against a float64 computation written apart: each row's router
-// logits, its TopK experts by logit, their softmax, and the weighted sum of
-// their SwiGLU MLPs; for one of one expert, two of four and three of five.
+// TestMoEReference: the mixture-of-experts kernels (ir.MoE, Mixtral's
+// routing), the reference and the grouped fast one, against a float64
+// computation written apart: each row's router logits, its TopK experts by
+// logit, their softmax, and the weighted sum of their SwiGLU MLPs; for one
+// of one expert, two of four and three of five.
 func TestMoEReference(t *testing.T) {
 	r := newRand(t)
 	const d, inter = 24, 40
-	x := &execState{tokens: 5}
+	x := &execState{tokens: 5, l: &loaded{pool: workers.New(0)}}
 	for _, c := range []struct{ experts, topK int }{{1, 1}, {4, 2}, {5, 3}} {
 		mat := func(n, k int) ([]float32, gemm.Weights) {
 			v := randSlice(r, n*k)
@@ -388,10 +390,11 @@ func TestMoEReference(t *testing.T) {
 			es = append(es, expert{g, u, dn})
 			in = append(in, operand{w: gw}, operand{w: uw}, operand{w: dw})
 		}
-		got := poisoned(x.tokens * d)
+		got, fast := poisoned(x.tokens*d), poisoned(x.tokens*d)
 		nd := node(ir.MoE, ir.Attrs{Experts: c.experts, TopK: c.topK}, ir.Shape{ir.TokenDim, d})
 		ref, _ := referenceKernel(ir.MoE)
 		runKernel(ref, x, &step{node: nd, in: in, out: []operand{operandOf(got, d)}})
+		runKernel(fastKernel(t, ir.MoE), x, &step{node: nd, in: in, out: []operand{operandOf(fast, d)}})
 		dot := func(a []float32, b []float32) float64 {
 			s := 0.0
 			for i := range a {
@@ -435,7 +438,10 @@ func TestMoEReference(t *testing.T) {
 			}
 		}
 		if e := maxRelErr(got, want); !(e <= 1e-5) {
-			t.Errorf("%d of %d experts: max relative error %.3g", c.topK, c.experts, e)
+			t.Errorf("%d of %d experts: the reference's max relative error %.3g", c.topK, c.experts, e)
+		}
+		if e := maxRelErr(fast, want); !(e <= 1e-5) {
+			t.Errorf("%d of %d experts: the grouped kernel's max relative error %.3g", c.topK, c.experts, e)
 		}
 	}
 }

@@ -143,9 +143,8 @@ func init() {
 func silu(v float32) float32 { return v / (1 + float32(math.Exp(float64(-v)))) }
 
 // refMoE runs a mixture of SwiGLU experts (ir.MoE) row by row: the
-// router's logits, the TopK experts of largest logit (the lower index
-// first among equals), their softmax, and the sum of their MLPs' outputs
-// so weighted.
+// router's logits, the routing (routeRow), and the sum of the chosen
+// experts' MLPs so weighted.
 func refMoE(x *execState, s *step) {
 	a := s.node.Attrs
 	in := &s.in[0]
@@ -154,16 +153,10 @@ func refMoE(x *execState, s *step) {
 	logits := make([]float32, a.Experts)
 	inter := s.in[2].w.N
 	g, u, y := make([]float32, inter), make([]float32, inter), make([]float32, d)
-	weights := make([]float64, a.TopK)
 	for r := range rows {
 		xr, o := in.f[r*d:(r+1)*d], out[r*d:(r+1)*d]
 		gemm.MatMulRef(logits, xr, 1, s.in[1].w)
-		top := topExperts(logits, a.TopK)
-		sum := 0.0
-		for j, e := range top {
-			weights[j] = math.Exp(float64(logits[e] - logits[top[0]]))
-			sum += weights[j]
-		}
+		top, weights := routeRow(logits, a.TopK)
 		clear(o)
 		for j, e := range top {
 			gemm.MatMulRef(g, xr, 1, s.in[2+3*e].w)
@@ -172,12 +165,28 @@ func refMoE(x *execState, s *step) {
 				g[i] = silu(g[i]) * u[i]
 			}
 			gemm.MatMulRef(y, g, 1, s.in[4+3*e].w)
-			w := float32(weights[j] / sum)
 			for i := range o {
-				o[i] += w * y[i]
+				o[i] += weights[j] * y[i]
 			}
 		}
 	}
+}
+
+// routeRow is one row's routing: the TopK experts of largest logit
+// (topExperts) and their softmax, Mixtral's.
+func routeRow(logits []float32, k int) ([]int, []float32) {
+	top := topExperts(logits, k)
+	ws := make([]float64, k)
+	sum := 0.0
+	for j, e := range top {
+		ws[j] = math.Exp(float64(logits[e] - logits[top[0]]))
+		sum += ws[j]
+	}
+	weights := make([]float32, k)
+	for j := range ws {
+		weights[j] = float32(ws[j] / sum)
+	}
+	return top, weights
 }
 
 // topExperts is the k indices of the largest logits, largest first (the

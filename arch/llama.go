@@ -23,10 +23,10 @@ type Options struct {
 // Build returns the graph for m's architecture.
 func Build(m *model.Model, opts Options) (*ir.Graph, error) {
 	switch m.Config.Arch {
-	case "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral":
+	case "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe":
 		return buildLlama(m, opts)
 	}
-	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3, mixtral)", m.Config.Arch)
+	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe)", m.Config.Arch)
 }
 
 // builder accumulates nodes and stops at the first error.
@@ -90,8 +90,8 @@ func (b *builder) linear(x *ir.Value, prefix string, bias bool) *ir.Value {
 
 // buildLlama covers Llama 1/2/3, Mistral (sliding window), Qwen2 (q/k/v
 // bias), Qwen3 (q and k RMS-normalized per head before RoPE), Phi-3 (its
-// fused projections split at load) and Mixtral (a mixture of experts for
-// the MLP): pre-norm
+// fused projections split at load), Mixtral and Qwen3-MoE (a mixture of
+// experts for the MLP): pre-norm
 // decoder blocks of RMSNorm, rotary attention with grouped KV heads, and a
 // SwiGLU MLP.
 func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
@@ -136,11 +136,13 @@ func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
 		x = b.op(ir.Add, ir.Attrs{}, x, b.linear(att, p("self_attn.o_proj"), false))
 		h = b.op(ir.RMSNorm, ir.Attrs{Eps: eps}, x, b.weight(p("post_attention_layernorm.weight")))
 		if c.NumExperts > 0 {
-			in := []*ir.Value{h, b.weight(p(model.MoERouterName))}
+			in := []*ir.Value{h, b.weight(c.MoERouter(l))}
 			for e := 0; e < c.NumExperts; e++ {
-				in = append(in, b.weight(model.ExpertName(l, e, "w1")), b.weight(model.ExpertName(l, e, "w3")), b.weight(model.ExpertName(l, e, "w2")))
+				gate, up, down := c.MoEExpert(l, e)
+				in = append(in, b.weight(gate), b.weight(up), b.weight(down))
 			}
-			x = b.op(ir.Add, ir.Attrs{}, x, b.op(ir.MoE, ir.Attrs{Experts: c.NumExperts, TopK: c.ExpertsPerToken}, in...))
+			moe := ir.Attrs{Experts: c.NumExperts, TopK: c.ExpertsPerToken, NormTopK: c.NormTopK}
+			x = b.op(ir.Add, ir.Attrs{}, x, b.op(ir.MoE, moe, in...))
 			continue
 		}
 		gate := b.linear(h, p("mlp.gate_proj"), false)

@@ -59,9 +59,9 @@ func TestBuildVariants(t *testing.T) {
 				t.Errorf("%d norms of heads, want 4", heads)
 			}
 		}, 1 + 11*2 + 1 + 1},
-		{"mixtral experts", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken = "mixtral", 3, 2 }, func(t *testing.T, g *ir.Graph) {
+		{"mixtral experts", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken, c.NormTopK = "mixtral", 3, 2, true }, func(t *testing.T, g *ir.Graph) {
 			for _, n := range g.Nodes {
-				if n.Op == ir.MoE && (n.Attrs.Experts != 3 || n.Attrs.TopK != 2 || len(n.Inputs) != 2+3*3) {
+				if n.Op == ir.MoE && (n.Attrs.Experts != 3 || n.Attrs.TopK != 2 || !n.Attrs.NormTopK || len(n.Inputs) != 2+3*3) {
 					t.Errorf("moe %+v with %d inputs", n.Attrs, len(n.Inputs))
 				}
 			}
@@ -69,6 +69,13 @@ func TestBuildVariants(t *testing.T) {
 				t.Errorf("%d moe nodes, want 2", n)
 			}
 		}, 1 + (6+1+3*3)*2 + 1 + 1},
+		{"qwen3-moe experts", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken, c.QKNorm = "qwen3_moe", 4, 1, true }, func(t *testing.T, g *ir.Graph) {
+			for _, n := range g.Nodes {
+				if n.Op == ir.MoE && (n.Attrs.Experts != 4 || n.Attrs.TopK != 1 || n.Attrs.NormTopK) {
+					t.Errorf("moe %+v", n.Attrs)
+				}
+			}
+		}, 1 + (6+2+1+3*4)*2 + 1 + 1},
 		{"interleaved rope", func(c *model.Config) { c.RopeStyle = model.RopeInterleaved }, func(t *testing.T, g *ir.Graph) {
 			for _, n := range g.Nodes {
 				if n.Op == ir.RoPE && !n.Attrs.Interleaved {

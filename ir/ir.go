@@ -137,6 +137,10 @@ type Attrs struct {
 	Rope                    RopeParams
 	Sizes                   []int // Split: column counts of each output
 	Experts, TopK           int   // MoE: experts, and those each row is routed to
+	// NormTopK (MoE): weight the chosen experts by the softmax of their
+	// logits (Mixtral), else by their probabilities under the softmax over
+	// every expert (Qwen3-MoE without norm_topk_prob, OLMoE).
+	NormTopK bool
 }
 
 // RopeParams define a RoPE frequency table.

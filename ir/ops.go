@@ -35,7 +35,8 @@ const (
 	// MoE (x[X,D], router[E,D], then per expert gate[I,D], up[I,D],
 	// down[D,I]) -> f32[X,D]: a mixture of SwiGLU experts, each row routed
 	// to the TopK experts of largest router logit, weighted by their
-	// softmax over those TopK (Mixtral's routing).
+	// softmax over those TopK (NormTopK: Mixtral's routing) or over every
+	// expert.
 	MoE
 
 	// Fused operations, produced only by compiler passes.

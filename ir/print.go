@@ -64,7 +64,7 @@ func (n *Node) attrString() string {
 	case RoPE:
 		add("heads=%d head_dim=%d interleaved=%v", a.Heads, a.HeadDim, a.Interleaved)
 	case MoE:
-		add("experts=%d top_k=%d", a.Experts, a.TopK)
+		add("experts=%d top_k=%d norm_top_k=%v", a.Experts, a.TopK, a.NormTopK)
 	case KVWrite:
 		add("layer=%d kv_heads=%d head_dim=%d", a.Layer, a.KVHeads, a.HeadDim)
 	case RoPEKVWrite:

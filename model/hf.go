@@ -49,7 +49,12 @@ type hfConfig struct {
 	DType                 string          `json:"dtype"`
 	PartialRotaryFactor   *float64        `json:"partial_rotary_factor"`
 	NumLocalExperts       int             `json:"num_local_experts"`
+	NumExperts            int             `json:"num_experts"`
 	NumExpertsPerTok      int             `json:"num_experts_per_tok"`
+	MoEIntermediateSize   int             `json:"moe_intermediate_size"`
+	NormTopKProb          *bool           `json:"norm_topk_prob"`
+	DecoderSparseStep     *int            `json:"decoder_sparse_step"`
+	MLPOnlyLayers         []int           `json:"mlp_only_layers"`
 }
 
 // hfRope is rope_scaling or (transformers 5) rope_parameters.
@@ -64,18 +69,20 @@ type hfRope struct {
 }
 
 var hfArchitectures = map[string]string{
-	"LlamaForCausalLM":   "llama",
-	"MistralForCausalLM": "mistral",
-	"Qwen2ForCausalLM":   "qwen2",
-	"Qwen3ForCausalLM":   "qwen3",
-	"Phi3ForCausalLM":    "phi3",
-	"MixtralForCausalLM": "mixtral",
-	"mixtral":            "mixtral",
-	"llama":              "llama",
-	"mistral":            "mistral",
-	"qwen2":              "qwen2",
-	"qwen3":              "qwen3",
-	"phi3":               "phi3",
+	"LlamaForCausalLM":    "llama",
+	"MistralForCausalLM":  "mistral",
+	"Qwen2ForCausalLM":    "qwen2",
+	"Qwen3ForCausalLM":    "qwen3",
+	"Phi3ForCausalLM":     "phi3",
+	"MixtralForCausalLM":  "mixtral",
+	"mixtral":             "mixtral",
+	"Qwen3MoeForCausalLM": "qwen3_moe",
+	"qwen3_moe":           "qwen3_moe",
+	"llama":               "llama",
+	"mistral":             "mistral",
+	"qwen2":               "qwen2",
+	"qwen3":               "qwen3",
+	"phi3":                "phi3",
 }
 
 // supportedHF lists the Hugging Face architectures and model types kiln
@@ -173,12 +180,22 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		return c, nil, err
 	}
 	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
-	c.QKNorm = arch == "qwen3"
-	if arch == "mixtral" {
-		c.NumExperts, c.ExpertsPerToken = hc.NumLocalExperts, hc.NumExpertsPerTok
-		if c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts {
-			return c, nil, fmt.Errorf("config.json: %d experts, %d a token", c.NumExperts, c.ExpertsPerToken)
+	c.QKNorm = arch == "qwen3" || arch == "qwen3_moe"
+	switch arch {
+	case "mixtral":
+		c.NumExperts, c.ExpertsPerToken, c.NormTopK = hc.NumLocalExperts, hc.NumExpertsPerTok, true
+	case "qwen3_moe":
+		// Every layer a mixture of experts of moe_intermediate_size; dense
+		// layers among them (mlp_only_layers, decoder_sparse_step) are not
+		// supported yet.
+		if len(hc.MLPOnlyLayers) > 0 || (hc.DecoderSparseStep != nil && *hc.DecoderSparseStep != 1) {
+			return c, nil, errors.New("config.json: dense layers among the experts' (mlp_only_layers, decoder_sparse_step) are not supported")
 		}
+		c.NumExperts, c.ExpertsPerToken, c.IntermediateSize = hc.NumExperts, hc.NumExpertsPerTok, hc.MoEIntermediateSize
+		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
+	}
+	if (arch == "mixtral" || arch == "qwen3_moe") && (c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts) {
+		return c, nil, fmt.Errorf("config.json: %d experts, %d a token", c.NumExperts, c.ExpertsPerToken)
 	}
 	if f := hc.PartialRotaryFactor; f != nil && *f != 1 {
 		return c, nil, fmt.Errorf("config.json: partial_rotary_factor %g: rotary embeddings of part of a head are not supported", *f)
@@ -205,7 +222,7 @@ func hfSlidingWindow(c *Config, hc *hfConfig) error {
 	switch c.Arch {
 	case "mistral", "phi3", "mixtral":
 		c.SlidingWindow = *hc.SlidingWindow
-	case "qwen2", "qwen3":
+	case "qwen2", "qwen3", "qwen3_moe":
 		if hc.UseSlidingWindow == nil || !*hc.UseSlidingWindow {
 			return nil
 		}

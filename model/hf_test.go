@@ -157,7 +157,7 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, llama, mistral, mixtral, phi3, qwen2, qwen3)`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
 		{"longrope", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, `unsupported rope scaling type "longrope"`},
 		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},
@@ -498,6 +498,43 @@ func TestSplitRows(t *testing.T) {
 		}
 		if err := splitRows(ts, c.name, c.names, c.rows); err == nil || !strings.Contains(err.Error(), c.name) {
 			t.Errorf("%s %v %v (extra %q): error %v", c.name, c.names, c.rows, c.extra, err)
+		}
+	}
+}
+
+// TestParseMoEConfigs: Mixtral's and Qwen3-MoE's configs give the experts,
+// the experts a token, their width and routing; Qwen3-MoE's q/k norms;
+// dense layers among the experts and impossible counts are refused.
+func TestParseMoEConfigs(t *testing.T) {
+	base := `"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 128`
+	for _, c := range []struct {
+		json    string
+		want    func(c Config) bool
+		wantErr string
+	}{
+		{`{"architectures": ["MixtralForCausalLM"], ` + base + `, "num_local_experts": 8, "num_experts_per_tok": 2}`,
+			func(c Config) bool {
+				return c.Arch == "mixtral" && c.NumExperts == 8 && c.ExpertsPerToken == 2 && c.NormTopK && c.IntermediateSize == 160 && !c.QKNorm
+			}, ""},
+		{`{"architectures": ["Qwen3MoeForCausalLM"], ` + base + `, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 48, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": []}`,
+			func(c Config) bool {
+				return c.Arch == "qwen3_moe" && c.NumExperts == 16 && c.ExpertsPerToken == 4 && c.NormTopK && c.IntermediateSize == 48 && c.QKNorm
+			}, ""},
+		{`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 48}`,
+			func(c Config) bool { return !c.NormTopK }, ""},
+		{`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 48, "mlp_only_layers": [0]}`,
+			nil, "mlp_only_layers"},
+		{`{"model_type": "mixtral", ` + base + `, "num_local_experts": 2, "num_experts_per_tok": 3}`, nil, "2 experts, 3 a token"},
+	} {
+		cfg, _, err := parseHFConfig([]byte(c.json))
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%s: error %v, want %q", c.json, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil || !c.want(cfg) {
+			t.Errorf("%s: %+v, %v", c.json, cfg, err)
 		}
 	}
 }

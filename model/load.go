@@ -107,14 +107,25 @@ func markMapped(ts map[string]*tensor.Tensor, mapping []byte, unmap func() error
 	}
 }
 
-// MoERouterName is a mixture-of-experts layer's router (after
-// model.layers.N.), Mixtral's naming.
-const MoERouterName = "block_sparse_moe.gate.weight"
+// MoERouter is the router of layer l's mixture of experts; MoEExpert
+// expert e's gate, up and down projections: Mixtral's names
+// (block_sparse_moe, w1, w3, w2), or Qwen3-MoE's (mlp.gate,
+// mlp.experts.E.gate_proj, up_proj, down_proj).
+func (c *Config) MoERouter(l int) string {
+	if c.Arch == "mixtral" {
+		return LayerName(l, "block_sparse_moe.gate.weight")
+	}
+	return LayerName(l, "mlp.gate.weight")
+}
 
-// ExpertName is expert e's matrix w (w1 the gate, w3 the up, w2 the down
-// projection) of layer l, Mixtral's naming.
-func ExpertName(l, e int, w string) string {
-	return LayerName(l, fmt.Sprintf("block_sparse_moe.experts.%d.%s.weight", e, w))
+// MoEExpert: see MoERouter.
+func (c *Config) MoEExpert(l, e int) (gate, up, down string) {
+	if c.Arch == "mixtral" {
+		p := func(w string) string { return LayerName(l, fmt.Sprintf("block_sparse_moe.experts.%d.%s.weight", e, w)) }
+		return p("w1"), p("w3"), p("w2")
+	}
+	p := func(w string) string { return LayerName(l, fmt.Sprintf("mlp.experts.%d.%s.weight", e, w)) }
+	return p("gate_proj"), p("up_proj"), p("down_proj")
 }
 
 // TensorSpec names a tensor a config implies, with its shape.
@@ -154,12 +165,13 @@ func ExpectedTensors(c *Config) []TensorSpec {
 			TensorSpec{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},
 		)
 		if c.NumExperts > 0 {
-			out = append(out, TensorSpec{LayerName(l, MoERouterName), tensor.Shape{c.NumExperts, h}})
+			out = append(out, TensorSpec{c.MoERouter(l), tensor.Shape{c.NumExperts, h}})
 			for e := 0; e < c.NumExperts; e++ {
+				gate, up, down := c.MoEExpert(l, e)
 				out = append(out,
-					TensorSpec{ExpertName(l, e, "w1"), tensor.Shape{inter, h}},
-					TensorSpec{ExpertName(l, e, "w3"), tensor.Shape{inter, h}},
-					TensorSpec{ExpertName(l, e, "w2"), tensor.Shape{h, inter}},
+					TensorSpec{gate, tensor.Shape{inter, h}},
+					TensorSpec{up, tensor.Shape{inter, h}},
+					TensorSpec{down, tensor.Shape{h, inter}},
 				)
 			}
 			continue

@@ -63,8 +63,12 @@ type Config struct {
 	QKNorm           bool // q and k are RMS-normalized per head before RoPE (Qwen3: q_norm, k_norm)
 	// NumExperts, when set, makes each layer's MLP a mixture of that many
 	// SwiGLU experts of IntermediateSize, ExpertsPerToken of them a token
-	// (Mixtral's block_sparse_moe).
+	// (Mixtral's block_sparse_moe, Qwen3-MoE's mlp.experts), weighted by
+	// the softmax of the chosen experts' router logits when NormTopK
+	// (Mixtral; Qwen3-MoE's norm_topk_prob), else by the probabilities of
+	// the softmax over every expert.
 	NumExperts, ExpertsPerToken int
+	NormTopK                    bool
 	// RopeFreqFactors, when set, divides each RoPE frequency (one factor per
 	// pair of dimensions); GGUF stores llama3 scaling this way (rope_freqs).
 	RopeFreqFactors []float32

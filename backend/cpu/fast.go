@@ -153,7 +153,7 @@ func moeGrouped(x *execState, s *step) {
 	}
 	byExpert := make([][]routed, a.Experts)
 	for r := range rows {
-		top, weights := routeRow(logits[r*a.Experts:(r+1)*a.Experts], a.TopK)
+		top, weights := routeRow(logits[r*a.Experts:(r+1)*a.Experts], a.TopK, a.NormTopK)
 		for j, e := range top {
 			byExpert[e] = append(byExpert[e], routed{r, weights[j]})
 		}

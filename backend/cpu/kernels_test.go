@@ -364,16 +364,20 @@ func TestEveryFastKernelIsTested(t *testing.T) {
 	}
 }
 
-// TestMoEReference: the mixture-of-experts kernels (ir.MoE, Mixtral's
-// routing), the reference and the grouped fast one, against a float64
-// computation written apart: each row's router logits, its TopK experts by
-// logit, their softmax, and the weighted sum of their SwiGLU MLPs; for one
-// of one expert, two of four and three of five.
+// TestMoEReference: the mixture-of-experts kernels (ir.MoE), the reference
+// and the grouped fast one, against a float64 computation written apart:
+// each row's router logits, its TopK experts by logit, their weights (the
+// softmax over the chosen, Mixtral's, or over every expert), and the
+// weighted sum of their SwiGLU MLPs; for one of one expert, two of four
+// and three of five.
 func TestMoEReference(t *testing.T) {
 	r := newRand(t)
 	const d, inter = 24, 40
 	x := &execState{tokens: 5, l: &loaded{pool: workers.New(0)}}
-	for _, c := range []struct{ experts, topK int }{{1, 1}, {4, 2}, {5, 3}} {
+	for _, c := range []struct {
+		experts, topK int
+		norm          bool
+	}{{1, 1, true}, {4, 2, true}, {5, 3, true}, {4, 2, false}, {6, 1, false}} {
 		mat := func(n, k int) ([]float32, gemm.Weights) {
 			v := randSlice(r, n*k)
 			return v, gemm.Weights{DType: tensor.F32, Data: tensor.FromF32("m", tensor.Shape{n, k}, v).Data, N: n, K: k}
@@ -391,7 +395,7 @@ func TestMoEReference(t *testing.T) {
 			in = append(in, operand{w: gw}, operand{w: uw}, operand{w: dw})
 		}
 		got, fast := poisoned(x.tokens*d), poisoned(x.tokens*d)
-		nd := node(ir.MoE, ir.Attrs{Experts: c.experts, TopK: c.topK}, ir.Shape{ir.TokenDim, d})
+		nd := node(ir.MoE, ir.Attrs{Experts: c.experts, TopK: c.topK, NormTopK: c.norm}, ir.Shape{ir.TokenDim, d})
 		ref, _ := referenceKernel(ir.MoE)
 		runKernel(ref, x, &step{node: nd, in: in, out: []operand{operandOf(got, d)}})
 		runKernel(fastKernel(t, ir.MoE), x, &step{node: nd, in: in, out: []operand{operandOf(fast, d)}})
@@ -422,8 +426,10 @@ func TestMoEReference(t *testing.T) {
 				top = append(top, best)
 			}
 			sum := 0.0
-			for _, e := range top {
-				sum += math.Exp(logits[e])
+			for e := range logits {
+				if chosen[e] || !c.norm {
+					sum += math.Exp(logits[e])
+				}
 			}
 			for _, e := range top {
 				p := math.Exp(logits[e]) / sum
@@ -438,10 +444,10 @@ func TestMoEReference(t *testing.T) {
 			}
 		}
 		if e := maxRelErr(got, want); !(e <= 1e-5) {
-			t.Errorf("%d of %d experts: the reference's max relative error %.3g", c.topK, c.experts, e)
+			t.Errorf("%d of %d experts (norm %v): the reference's max relative error %.3g", c.topK, c.experts, c.norm, e)
 		}
 		if e := maxRelErr(fast, want); !(e <= 1e-5) {
-			t.Errorf("%d of %d experts: the grouped kernel's max relative error %.3g", c.topK, c.experts, e)
+			t.Errorf("%d of %d experts (norm %v): the grouped kernel's max relative error %.3g", c.topK, c.experts, c.norm, e)
 		}
 	}
 }

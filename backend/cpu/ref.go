@@ -156,7 +156,7 @@ func refMoE(x *execState, s *step) {
 	for r := range rows {
 		xr, o := in.f[r*d:(r+1)*d], out[r*d:(r+1)*d]
 		gemm.MatMulRef(logits, xr, 1, s.in[1].w)
-		top, weights := routeRow(logits, a.TopK)
+		top, weights := routeRow(logits, a.TopK, a.NormTopK)
 		clear(o)
 		for j, e := range top {
 			gemm.MatMulRef(g, xr, 1, s.in[2+3*e].w)
@@ -172,15 +172,23 @@ func refMoE(x *execState, s *step) {
 	}
 }
 
-// routeRow is one row's routing: the TopK experts of largest logit
-// (topExperts) and their softmax, Mixtral's.
-func routeRow(logits []float32, k int) ([]int, []float32) {
+// routeRow is one row's routing: the k experts of largest logit
+// (topExperts) and their weights, the softmax of their logits when norm
+// (Mixtral's), else their probabilities under the softmax over every
+// expert (ir.Attrs.NormTopK).
+func routeRow(logits []float32, k int, norm bool) ([]int, []float32) {
 	top := topExperts(logits, k)
 	ws := make([]float64, k)
 	sum := 0.0
 	for j, e := range top {
 		ws[j] = math.Exp(float64(logits[e] - logits[top[0]]))
 		sum += ws[j]
+	}
+	if !norm {
+		sum = 0
+		for _, l := range logits {
+			sum += math.Exp(float64(l - logits[top[0]]))
+		}
 	}
 	weights := make([]float32, k)
 	for j := range ws {

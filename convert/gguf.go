@@ -123,7 +123,60 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 			return rep, err
 		}
 	}
+	if c.NumExperts > 0 {
+		var err error
+		if ts, err = stackExperts(ts, &c); err != nil {
+			return rep, err
+		}
+	}
 	return rep, model.WriteGGUF(w, md, ts)
+}
+
+// stackExperts stacks each layer's experts' matrices into llama.cpp's
+// ffn_gate_exps, ffn_up_exps and ffn_down_exps ([experts, rows, cols]) and
+// names the router ffn_gate_inp, as a GGUF file of experts holds them.
+func stackExperts(ts []*tensor.Tensor, c *model.Config) ([]*tensor.Tensor, error) {
+	byName := map[string]*tensor.Tensor{}
+	for _, t := range ts {
+		byName[t.Name] = t
+	}
+	done := map[string]bool{}
+	var out []*tensor.Tensor
+	for l := 0; l < c.NumLayers; l++ {
+		r, ok := byName[c.MoERouter(l)]
+		if !ok {
+			return nil, fmt.Errorf("experts: missing tensor %s", c.MoERouter(l))
+		}
+		done[r.Name] = true
+		out = append(out, &tensor.Tensor{Name: fmt.Sprintf("blk.%d.ffn_gate_inp.weight", l), DType: r.DType, Shape: r.Shape, Data: r.Data})
+		for i, stack := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
+			var data []byte
+			var first *tensor.Tensor
+			for e := 0; e < c.NumExperts; e++ {
+				gate, up, down := c.MoEExpert(l, e)
+				t, ok := byName[[]string{gate, up, down}[i]]
+				if !ok || len(t.Scales) > 0 {
+					return nil, fmt.Errorf("experts: tensor %s missing or scaled", []string{gate, up, down}[i])
+				}
+				if first == nil {
+					first = t
+				}
+				if t.DType != first.DType || !t.Shape.Equal(first.Shape) {
+					return nil, fmt.Errorf("experts: %s is %v %v, expert 0's %v %v", t.Name, t.DType, t.Shape, first.DType, first.Shape)
+				}
+				done[t.Name] = true
+				data = append(data, t.Data...)
+			}
+			out = append(out, &tensor.Tensor{Name: fmt.Sprintf("blk.%d.%s.weight", l, stack), DType: first.DType,
+				Shape: tensor.Shape{c.NumExperts, first.Shape[0], first.Shape[1]}, Data: data})
+		}
+	}
+	for _, t := range ts {
+		if !done[t.Name] {
+			out = append(out, t)
+		}
+	}
+	return out, nil
 }
 
 // dtypeName is the name whose type a tensor takes: a Phi-3 layer's q and k

@@ -567,7 +567,8 @@ func ggufName(c string) string {
 	return c
 }
 
-// LoadGGUF loads a GGUF file (architectures llama, qwen2, qwen3 and phi3).
+// LoadGGUF loads a GGUF file (architectures llama, with or without experts,
+// qwen2, qwen3, qwen3moe and phi3).
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }
@@ -586,10 +587,12 @@ func ggufModel(data []byte) (*Model, error) {
 		c.Arch, c.RopeStyle = "llama", RopeInterleaved
 	case "qwen2", "qwen3", "phi3":
 		c.Arch, c.RopeStyle = arch, RopeHalf
+	case "qwen3moe":
+		c.Arch, c.RopeStyle = "qwen3_moe", RopeHalf
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, phi3)", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, phi3)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)
@@ -681,6 +684,9 @@ func ggufModel(data []byte) (*Model, error) {
 	} else if ok {
 		c.SlidingWindow = v
 	}
+	if err := ggufExperts(md, arch, &c); err != nil {
+		return nil, err
+	}
 	for _, k := range []struct {
 		key string
 		dst *[]int
@@ -738,7 +744,12 @@ func ggufModel(data []byte) (*Model, error) {
 	c.TiedEmbeddings = !hasHead
 	_, hasBias := m.Tensors[LayerName(0, "self_attn.q_proj.bias")]
 	c.QKVBias = arch == "qwen2" || hasBias
-	c.QKNorm = arch == "qwen3"
+	c.QKNorm = arch == "qwen3" || arch == "qwen3moe"
+	if c.NumExperts > 0 {
+		if err := splitGGUFExperts(&c, m.Tensors); err != nil {
+			return nil, fmt.Errorf("gguf: %w", err)
+		}
+	}
 	if arch == "phi3" {
 		// llama.cpp's phi3 stores the gate and up projections stacked as
 		// ffn_up, and q, k, v as attn_qkv.
@@ -761,6 +772,78 @@ func ggufModel(data []byte) (*Model, error) {
 	}
 	m.Config = c
 	return m, nil
+}
+
+// ggufExperts reads a mixture of experts' metadata, as llama.cpp writes
+// it: ARCH.expert_count and expert_used_count (llama's are Mixtral's, its
+// routing the softmax over the chosen experts), qwen3moe's experts' width
+// (expert_feed_forward_length) and routing (expert_weights_norm).
+func ggufExperts(md map[string]any, arch string, c *Config) error {
+	n, ok, err := mdInt(md, arch+".expert_count")
+	if err != nil || !ok || n == 0 {
+		return err
+	}
+	used, _, err := mdInt(md, arch+".expert_used_count")
+	if err != nil {
+		return err
+	}
+	if used < 1 || used > n {
+		return fmt.Errorf("gguf: %d experts, %d a token", n, used)
+	}
+	c.NumExperts, c.ExpertsPerToken = n, used
+	switch arch {
+	case "llama":
+		c.Arch, c.NormTopK = "mixtral", true
+	case "qwen3moe":
+		if v, ok, err := mdInt(md, arch+".expert_feed_forward_length"); err != nil {
+			return err
+		} else if ok {
+			c.IntermediateSize = v
+		}
+		norm, _ := md[arch+".expert_weights_norm"].(bool)
+		c.NormTopK = norm
+	default:
+		return fmt.Errorf("gguf: experts in a %s model are not supported", arch)
+	}
+	return nil
+}
+
+// splitGGUFExperts takes each layer's stacked experts (blk.N.ffn_gate_exps,
+// ffn_up_exps, ffn_down_exps: [experts, rows, cols]) apart into the
+// experts' matrices, views of their bytes, and names the router
+// (ffn_gate_inp).
+func splitGGUFExperts(c *Config, ts map[string]*tensor.Tensor) error {
+	for l := 0; l < c.NumLayers; l++ {
+		blk := func(s string) string { return fmt.Sprintf("blk.%d.%s.weight", l, s) }
+		r, ok := ts[blk("ffn_gate_inp")]
+		if !ok {
+			return fmt.Errorf("missing tensor %s", blk("ffn_gate_inp"))
+		}
+		delete(ts, blk("ffn_gate_inp"))
+		r.Name = c.MoERouter(l)
+		ts[r.Name] = r
+		for i, stack := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
+			t, ok := ts[blk(stack)]
+			if !ok {
+				return fmt.Errorf("missing tensor %s (experts stored one by one are not supported)", blk(stack))
+			}
+			if len(t.Shape) != 3 || t.Shape[0] != c.NumExperts {
+				return fmt.Errorf("tensor %s has shape %v, want [%d,...]", blk(stack), t.Shape, c.NumExperts)
+			}
+			per, err := t.DType.Bytes(int64(t.Shape[1]) * int64(t.Shape[2]))
+			if err != nil || int64(len(t.Data)) != per*int64(c.NumExperts) {
+				return fmt.Errorf("tensor %s: %d bytes for %v", blk(stack), len(t.Data), t.Shape)
+			}
+			delete(ts, blk(stack))
+			for e := 0; e < c.NumExperts; e++ {
+				gate, up, down := c.MoEExpert(l, e)
+				name := []string{gate, up, down}[i]
+				ts[name] = &tensor.Tensor{Name: name, DType: t.DType, Shape: tensor.Shape{t.Shape[1], t.Shape[2]},
+					Data: t.Data[int64(e)*per : int64(e+1)*per], Release: t.Release}
+			}
+		}
+	}
+	return nil
 }
 
 // mdInt reads an integer metadata value of any integer type.

@@ -35,10 +35,7 @@ var dtypeToGGML = func() map[tensor.DType]uint32 {
 // (general.architecture and the {arch}.* hyperparameters, BOS/EOS). Arch
 // "mistral" is written as "llama", as llama.cpp does.
 func GGUFMetadata(c *Config) []KV {
-	arch := c.Arch
-	if arch == "mistral" {
-		arch = "llama"
-	}
+	arch := GGUFArch(c.Arch)
 	md := []KV{
 		{"general.architecture", arch},
 		{arch + ".context_length", uint32(c.MaxPositions)},
@@ -57,6 +54,12 @@ func GGUFMetadata(c *Config) []KV {
 	}
 	if c.SlidingWindow > 0 {
 		md = append(md, KV{arch + ".attention.sliding_window", uint32(c.SlidingWindow)})
+	}
+	if c.NumExperts > 0 {
+		md = append(md, KV{arch + ".expert_count", uint32(c.NumExperts)}, KV{arch + ".expert_used_count", uint32(c.ExpertsPerToken)})
+		if arch == "qwen3moe" {
+			md = append(md, KV{arch + ".expert_feed_forward_length", uint32(c.IntermediateSize)}, KV{arch + ".expert_weights_norm", c.NormTopK})
+		}
 	}
 	if c.RopeScaling.Type == "linear" {
 		md = append(md, KV{arch + ".rope.scaling.type", "linear"}, KV{arch + ".rope.scaling.factor", float32(c.RopeScaling.Factor)})
@@ -246,4 +249,16 @@ func float32To64(f float32) float64 {
 		return float64(f)
 	}
 	return v
+}
+
+// GGUFArch is llama.cpp's name of architecture arch: Mistral and Mixtral
+// are llama (Mixtral with experts), Qwen3-MoE qwen3moe.
+func GGUFArch(arch string) string {
+	switch arch {
+	case "mistral", "mixtral":
+		return "llama"
+	case "qwen3_moe":
+		return "qwen3moe"
+	}
+	return arch
 }

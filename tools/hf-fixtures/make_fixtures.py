@@ -124,10 +124,23 @@ VARIANTS = [
     # no sliding window within the prompt.
     dict(name="phi3-fused", arch="phi3", seed=114, T=31, legacy=False,
          cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None), rope=rope(10000.0)),
+    # Mixtures of experts (added in session 19, not yet run: see which
+    # layout transformers 5 saves the experts in, per expert as the Hub's
+    # checkpoints or fused gate_up_proj / down_proj, which manual_forward
+    # reads either way). Mixtral: the softmax over the chosen two of four.
+    dict(name="mixtral-moe", arch="mixtral", seed=115, T=23, legacy=False,
+         cfg=base(num_local_experts=4, num_experts_per_tok=2, sliding_window=None, rms_norm_eps=1e-5),
+         rope=rope(1000000.0)),
+    # Qwen3-MoE: q/k norms per head, experts of moe_intermediate_size, the
+    # softmax over every expert (norm_topk_prob false).
+    dict(name="qwen3-moe", arch="qwen3_moe", seed=116, T=25, legacy=False,
+         cfg=base(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
+                  decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6),
+         rope=rope(1000000.0)),
 ]
 
 ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "qwen3": "Qwen3Config",
-                "phi3": "Phi3Config"}
+                "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -267,7 +280,7 @@ def expected_inv_freq(cfg):
 
 
 def manual_forward(m, ids, window=None, window_inclusive=False):
-    """Plain-torch Llama/Qwen2/Qwen3/Mistral/Phi-3 forward (fp32) from the loaded weights."""
+    """Plain-torch Llama/Qwen2/Qwen3/Mistral/Phi-3/Mixtral/Qwen3-MoE forward (fp32) from the loaded weights."""
     cfg = m.config
     sd = {k: v.detach().float() for k, v in m.state_dict().items()}
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -306,6 +319,36 @@ def manual_forward(m, ids, window=None, window_inclusive=False):
         h = x.shape[-1] // 2
         return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
+    def expert(p, e):
+        """Expert e's gate, up and down matrices: stored one by one (the
+        Hub's w1/w3/w2 or gate_proj/up_proj/down_proj) or fused
+        (transformers 5: gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
+        for pre, names in ((p + "block_sparse_moe.experts.%d." % e, ("w1", "w3", "w2")),
+                           (p + "mlp.experts.%d." % e, ("gate_proj", "up_proj", "down_proj"))):
+            if pre + names[0] + ".weight" in sd:
+                return tuple(sd[pre + n + ".weight"] for n in names)
+        for pre in (p + "block_sparse_moe.experts.", p + "mlp.experts."):
+            if pre + "gate_up_proj" in sd:
+                g, u = sd[pre + "gate_up_proj"][e].chunk(2, dim=0)
+                return g, u, sd[pre + "down_proj"][e]
+        raise KeyError("no weights of expert %d under %s" % (e, p))
+
+    def moe(h, p, router):
+        """Each row to its top-k experts by router logit, weighted by the
+        softmax over every expert, renormalized over the chosen ones when
+        the model does (Mixtral always; Qwen3-MoE with norm_topk_prob)."""
+        k = cfg.num_experts_per_tok
+        probs = torch.softmax(h @ router.T, dim=-1)
+        w, idx = probs.topk(k, dim=-1)
+        if getattr(cfg, "norm_topk_prob", True):
+            w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e in range(router.shape[0]):
+            g, u, d = expert(p, e)
+            y = (torch.nn.functional.silu(h @ g.T) * (h @ u.T)) @ d.T
+            out = out + (w * (idx == e)).sum(-1, keepdim=True) * y
+        return out
+
     qi = torch.arange(T)[:, None]
     ki = torch.arange(T)[None, :]
     allowed = ki <= qi
@@ -332,6 +375,10 @@ def manual_forward(m, ids, window=None, window_inclusive=False):
         a = torch.softmax(s, dim=-1) @ v
         x = x + lin(a.transpose(0, 1).reshape(T, nh * hd), p + "self_attn.o_proj")
         h = rms(x, sd[p + "post_attention_layernorm.weight"])
+        router = sd.get(p + "block_sparse_moe.gate.weight", sd.get(p + "mlp.gate.weight"))
+        if router is not None:
+            x = x + moe(h, p, router)
+            continue
         g = lin(h, p + "mlp.gate_proj")
         u = lin(h, p + "mlp.up_proj")
         x = x + lin(torch.nn.functional.silu(g) * u, p + "mlp.down_proj")

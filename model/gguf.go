@@ -830,16 +830,16 @@ func splitGGUFExperts(c *Config, ts map[string]*tensor.Tensor) error {
 			if len(t.Shape) != 3 || t.Shape[0] != c.NumExperts {
 				return fmt.Errorf("tensor %s has shape %v, want [%d,...]", blk(stack), t.Shape, c.NumExperts)
 			}
-			per, err := t.DType.Bytes(int64(t.Shape[1]) * int64(t.Shape[2]))
-			if err != nil || int64(len(t.Data)) != per*int64(c.NumExperts) {
-				return fmt.Errorf("tensor %s: %d bytes for %v", blk(stack), len(t.Data), t.Shape)
-			}
-			delete(ts, blk(stack))
-			for e := 0; e < c.NumExperts; e++ {
+			// The stack's bytes are those of its experts' rows one after
+			// another: a matrix of experts·rows rows, split as Phi-3's.
+			names, rows := make([]string, c.NumExperts), make([]int, c.NumExperts)
+			for e := range names {
 				gate, up, down := c.MoEExpert(l, e)
-				name := []string{gate, up, down}[i]
-				ts[name] = &tensor.Tensor{Name: name, DType: t.DType, Shape: tensor.Shape{t.Shape[1], t.Shape[2]},
-					Data: t.Data[int64(e)*per : int64(e+1)*per], Release: t.Release}
+				names[e], rows[e] = []string{gate, up, down}[i], t.Shape[1]
+			}
+			t.Shape = tensor.Shape{c.NumExperts * t.Shape[1], t.Shape[2]}
+			if err := splitRows(ts, blk(stack), names, rows); err != nil {
+				return err
 			}
 		}
 	}

@@ -34,7 +34,9 @@ type Loaded interface {
 type Executable interface {
 	// Kernels names the kernel chosen for each node of the plan, in order.
 	Kernels() []string
-	// Run executes one step. logits receives len(b.Rows)×vocab float32.
+	// Run executes one step. logits receives len(b.Rows)×vocab float32
+	// (nil: the logits are not wanted, as on a tensor-parallel group's
+	// ranks after the first).
 	Run(b *Batch, kv KVCache, logits []float32) error
 }
 

@@ -114,6 +114,9 @@ type Options struct {
 	// After, when set, is called with the graph after each pass (for
 	// `kiln inspect --after`); "input" names the graph before any pass.
 	After func(pass string, g *ir.Graph)
+	// Shard, when Ranks > 1, makes the graph rank Rank's part of a
+	// tensor-parallel group (shard.go), before any other pass.
+	Shard Shard
 }
 
 // Compiled is a graph compiled for a target, ready to be planned per bucket.
@@ -130,6 +133,17 @@ func Compile(g *ir.Graph, t Target, opts Options) (*Compiled, error) {
 	}
 	if opts.After != nil {
 		opts.After("input", g)
+	}
+	if opts.Shard.Ranks > 1 {
+		if err := shard(g, opts.Shard); err != nil {
+			return nil, fmt.Errorf("compile: %w", err)
+		}
+		if err := g.Verify(); err != nil {
+			return nil, fmt.Errorf("compile: after sharding: %w", err)
+		}
+		if opts.After != nil {
+			opts.After("shard", g)
+		}
 	}
 	disabled := map[string]bool{}
 	for _, d := range opts.Disable {

@@ -7,13 +7,12 @@ package compile
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"testing"
 
 	"kiln/arch"
+	"kiln/internal/testmodel"
 	"kiln/ir"
 	"kiln/model"
-	"kiln/tensor"
 )
 
 type interp struct {
@@ -296,19 +295,7 @@ func rope(x, pos, table []float64, heads, hd int, interleaved bool) []float64 {
 }
 
 // randomModel is tinyModel(c) with weights drawn from a seeded generator.
-func randomModel(c model.Config, seed uint64) *model.Model {
-	m := tinyModel(c)
-	r := rand.New(rand.NewPCG(seed, 1))
-	for _, name := range m.Names() {
-		t := m.Tensors[name]
-		vals := make([]float32, t.Shape.Elements())
-		for i := range vals {
-			vals[i] = float32(r.NormFloat64() * 0.5)
-		}
-		m.Tensors[name] = tensor.FromF32(name, t.Shape, vals)
-	}
-	return m
-}
+func randomModel(c model.Config, seed uint64) *model.Model { return testmodel.Random(c, seed) }
 
 // Compiling must not change what the graph computes: the tiny Llama with
 // random weights, run by the interpreter before and after compilation, over a

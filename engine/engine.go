@@ -127,23 +127,17 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	ph := phases{last: time.Now()}
-	g, err := arch.Build(m, arch.Options{ContextLen: ctx})
+	compiled, loaded, err := compileLoad(m, b, ctx, opts.Compile, &ph)
 	if err != nil {
 		return nil, err
 	}
-	compiled, err := compile.Compile(g, b, opts.Compile)
-	if err != nil {
-		return nil, err
+	kvHeads := c.NumKVHeads
+	if g, ok := b.(*backend.Group); ok {
+		kvHeads /= len(g.Ranks) // each rank caches its own heads
 	}
-	ph.done("graph")
-	loaded, err := b.Load(compiled)
-	if err != nil {
-		return nil, err
-	}
-	ph.done("load")
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
 	blocks := blocksPerSeq * opts.MaxSeqs
-	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim,
+	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: kvHeads, HeadDim: c.HeadDim,
 		FP8: opts.KVCacheFP8}
 	execs := map[compile.Bucket]backend.Executable{}
 	mem, reports := loaded.(backend.MemoryReporter)
@@ -193,6 +187,46 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		Seqs: make([]backend.Seq, 0, opts.MaxSeqs), Rows: make([]int32, 0, maxT),
 	}
 	return e, nil
+}
+
+// compileLoad builds m's graph for a context of ctx, compiles it for b and
+// loads it; for a tensor-parallel group (backend.Group), one shard a rank,
+// rank 0's compiled graph returned.
+func compileLoad(m *model.Model, b backend.Backend, ctx int, opts compile.Options, ph *phases) (*compile.Compiled, backend.Loaded, error) {
+	group, _ := b.(*backend.Group)
+	targets := []backend.Backend{b}
+	if group != nil {
+		targets = group.Ranks
+	}
+	var cs []*compile.Compiled
+	for r, t := range targets {
+		g, err := arch.Build(m, arch.Options{ContextLen: ctx})
+		if err != nil {
+			return nil, nil, err
+		}
+		o := opts
+		if group != nil {
+			o.Shard = compile.Shard{Rank: r, Ranks: len(targets)}
+		}
+		c, err := compile.Compile(g, t, o)
+		if err != nil {
+			return nil, nil, err
+		}
+		cs = append(cs, c)
+	}
+	ph.done("graph")
+	var loaded backend.Loaded
+	var err error
+	if group != nil {
+		loaded, err = group.LoadShards(cs)
+	} else {
+		loaded, err = b.Load(cs[0])
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	ph.done("load")
+	return cs[0], loaded, nil
 }
 
 // reserveSteps sets aside the backend memory of every step the buckets

@@ -141,6 +141,9 @@ type Attrs struct {
 	// logits (Mixtral), else by their probabilities under the softmax over
 	// every expert (Qwen3-MoE without norm_topk_prob, OLMoE).
 	NormTopK bool
+	// Ranks is the size of a tensor-parallel group (AllReduce, AllGather;
+	// Embed of a vocabulary shard starting at row VocabStart).
+	Ranks, VocabStart int
 }
 
 // RopeParams define a RoPE frequency table.
@@ -222,6 +225,24 @@ func (g *Graph) ReplaceUses(old, new *Value) {
 			g.Outputs[i] = new
 		}
 	}
+}
+
+// Reinfer recomputes every node's output shapes and dtypes in order, for
+// passes that change weights or attributes (compile's shard pass).
+func (g *Graph) Reinfer() error {
+	for _, n := range g.Nodes {
+		shapes, dtypes, err := infer(n)
+		if err != nil {
+			return fmt.Errorf("n%d: %v: %w", n.ID, n.Op, err)
+		}
+		if len(shapes) != len(n.Outputs) {
+			return fmt.Errorf("n%d (%v) has %d outputs, want %d", n.ID, n.Op, len(n.Outputs), len(shapes))
+		}
+		for i, o := range n.Outputs {
+			o.Shape, o.DType = shapes[i], dtypes[i]
+		}
+	}
+	return nil
 }
 
 // InsertBefore places n immediately before the node at.

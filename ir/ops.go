@@ -21,7 +21,7 @@ const (
 	Const     // () -> the compile-time constant Attrs.Tensor
 	RopeTable // () -> f32[MaxPositions, HeadDim]: row p holds cos(p·f_i) then sin(p·f_i); always folded to a Const
 
-	Embed      // (table[V,D], ids i32[T]) -> f32[T,D]
+	Embed      // (table[V,D], ids i32[T]) -> f32[T,D]; with Ranks > 1 the table is rows [VocabStart, VocabStart+V) of a vocabulary of Ranks·V, and any other id gives a row of zeros (a vocabulary-parallel shard)
 	RMSNorm    // (x[X,D], w[D]) -> f32[X,D]: x / sqrt(mean(x²)+Eps) · w; with HeadDim, w[HeadDim] and each head's HeadDim elements normalized (Qwen3's q/k norms)
 	MatMul     // (x[X,K], w[N,K]) -> f32[X,N]: x·wᵀ
 	Add        // (a, b) -> a+b, same shapes
@@ -38,6 +38,12 @@ const (
 	// softmax over those TopK (NormTopK: Mixtral's routing) or over every
 	// expert.
 	MoE
+	// AllReduce (x) -> the sum of x over the Ranks ranks of a
+	// tensor-parallel group (each rank holding a partial sum).
+	AllReduce
+	// AllGather (x[X,N]) -> [X, Ranks·N]: each rank's columns side by side,
+	// rank 0's first.
+	AllGather
 
 	// Fused operations, produced only by compiler passes.
 	AddRMSNorm  // (x[T,D], r[T,D], w[D]) -> (x+r, RMSNorm(x+r, w))
@@ -99,6 +105,8 @@ func init() {
 			return []Shape{{RowDim, x.Shape[1]}}, []tensor.DType{x.DType}, nil
 		}},
 		MoE:          {name: "moe", infer: inferMoE},
+		AllReduce:    {name: "all_reduce", infer: inferAllReduce},
+		AllGather:    {name: "all_gather", infer: inferAllGather},
 		AddRMSNorm:   {name: "add_rmsnorm", fused: true, infer: inferAddRMSNorm},
 		SwiGLU:       {name: "swiglu", fused: true, infer: inferSame(2)},
 		RoPEKVWrite:  {name: "rope_kv_write", fused: true, infer: inferRoPEKVWrite},
@@ -212,7 +220,31 @@ func inferEmbed(n *Node) ([]Shape, []tensor.DType, error) {
 	if !ids.Shape.Equal(Shape{TokenDim}) || ids.DType != tensor.I32 {
 		return nil, nil, fmt.Errorf("ids must be i32[T]")
 	}
+	if r := n.Attrs.Ranks; r > 1 && (n.Attrs.VocabStart < 0 || n.Attrs.VocabStart+int(tab.Shape[0]) > r*int(tab.Shape[0])) {
+		return nil, nil, fmt.Errorf("shard at %d of %d rows outside a vocabulary of %d", n.Attrs.VocabStart, tab.Shape[0], r*int(tab.Shape[0]))
+	}
 	return []Shape{{TokenDim, tab.Shape[1]}}, []tensor.DType{tensor.F32}, nil
+}
+
+func inferAllReduce(n *Node) ([]Shape, []tensor.DType, error) {
+	if n.Attrs.Ranks < 2 {
+		return nil, nil, fmt.Errorf("%d ranks, want at least 2", n.Attrs.Ranks)
+	}
+	return inferSame(1)(n)
+}
+
+func inferAllGather(n *Node) ([]Shape, []tensor.DType, error) {
+	if err := arity(n, 1); err != nil {
+		return nil, nil, err
+	}
+	if n.Attrs.Ranks < 2 {
+		return nil, nil, fmt.Errorf("%d ranks, want at least 2", n.Attrs.Ranks)
+	}
+	x := n.Inputs[0]
+	if len(x.Shape) != 2 || x.Shape[1] <= 0 || x.DType != tensor.F32 {
+		return nil, nil, fmt.Errorf("input %v %v must be f32 [X,N]", x.DType, x.Shape)
+	}
+	return []Shape{{x.Shape[0], x.Shape[1] * Dim(n.Attrs.Ranks)}}, []tensor.DType{tensor.F32}, nil
 }
 
 func checkRowVector(x *Value, w *Value, what string) error {

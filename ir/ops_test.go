@@ -97,6 +97,8 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"embed q4_0 table", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.q12x32, v.tokens} }), "f32[T,32]"},
 		{"embed q4_0 rows of 8", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.q12x8, v.tokens} }), "error: must be a float (or block-quantized) [V,D] matrix"},
 		{"embed f32 ids", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb, v.w8} }), "error: ids must be i32[T]"},
+		{"embed vocabulary shard", ir.Embed, ir.Attrs{Ranks: 2, VocabStart: 16}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb, v.tokens} }), "f32[T,8]"},
+		{"embed shard past the vocabulary", ir.Embed, ir.Attrs{Ranks: 2, VocabStart: 17}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb, v.tokens} }), "error: shard at 17 of 16 rows outside a vocabulary of 32"},
 		{"embed one input", ir.Embed, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.emb} }), "error: takes 2 inputs, got 1"},
 
 		{"rmsnorm", ir.RMSNorm, ir.Attrs{Eps: 1e-5}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.w8} }), "f32[T,8]"},
@@ -169,6 +171,12 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"moe missing an expert's matrix", ir.MoE, ir.Attrs{Experts: 1, TopK: 1}, in(func(v *vals) []*ir.Value {
 			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8}
 		}), "error: takes 5 inputs"},
+		{"all reduce", ir.AllReduce, ir.Attrs{Ranks: 2}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8} }), "f32[T,8]"},
+		{"all reduce of one rank", ir.AllReduce, ir.Attrs{Ranks: 1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8} }), "error: 1 ranks, want at least 2"},
+		{"all reduce i32", ir.AllReduce, ir.Attrs{Ranks: 2}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: want f32"},
+		{"all gather", ir.AllGather, ir.Attrs{Ranks: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "f32[R,32]"},
+		{"all gather of one rank", ir.AllGather, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "error: 0 ranks, want at least 2"},
+		{"all gather of a vector", ir.AllGather, ir.Attrs{Ranks: 2}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.w8} }), "error: must be f32 [X,N]"},
 		{"select rows", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x12} }), "f32[R,12]"},
 		{"select rows of rows", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "error: must be [T,D]"},
 		{"select rows of vector", ir.SelectRows, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: must be [T,D]"},

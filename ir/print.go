@@ -63,6 +63,12 @@ func (n *Node) attrString() string {
 		}
 	case RoPE:
 		add("heads=%d head_dim=%d interleaved=%v", a.Heads, a.HeadDim, a.Interleaved)
+	case Embed:
+		if a.Ranks > 1 {
+			add("vocab_start=%d ranks=%d", a.VocabStart, a.Ranks)
+		}
+	case AllReduce, AllGather:
+		add("ranks=%d", a.Ranks)
 	case MoE:
 		add("experts=%d top_k=%d norm_top_k=%v", a.Experts, a.TopK, a.NormTopK)
 	case KVWrite:

@@ -38,6 +38,9 @@ type Backend struct {
 	// tune.Full: yes; tune.Off: the default tiling), kept in TuneDir
 	// (default tune.DefaultDir()).
 	Tune, TuneDir string
+	// Comm is the backend's side of a tensor-parallel group (LocalGroup),
+	// for graphs sharded with compile.Options.Shard; nil: none.
+	Comm Comm
 }
 
 // Name implements compile.Target.
@@ -53,6 +56,9 @@ func (b *Backend) Name() string {
 func (b *Backend) Supports(op ir.Op) bool {
 	if op == ir.Split {
 		return b.StackProjections
+	}
+	if op == ir.AllReduce || op == ir.AllGather {
+		return b.Comm != nil
 	}
 	return op == ir.Weight || op == ir.Const || len(registry[op]) > 0
 }

@@ -45,6 +45,17 @@ type execState struct {
 	kv     *kvCache
 	tokens int
 	l      *loaded
+	err    error // the step's first failed collective
+}
+
+// comm is the rank's side of its tensor-parallel group.
+func (x *execState) comm() Comm { return x.l.backend.Comm }
+
+// fail keeps a kernel's error (a collective's) for Run to return.
+func (x *execState) fail(err error) {
+	if err != nil && x.err == nil {
+		x.err = err
+	}
 }
 
 type executable struct {
@@ -150,7 +161,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 	e.vocab = math.MaxInt32
 	for _, s := range e.steps {
 		if s.node.Op == ir.Embed {
-			e.vocab = s.in[0].t.Shape[0]
+			e.vocab = s.in[0].t.Shape[0] * max(1, s.node.Attrs.Ranks)
 		}
 	}
 	return e, nil
@@ -177,7 +188,7 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 		return err
 	}
 	vocab := e.output.cols
-	if len(logits) < r*vocab {
+	if logits != nil && len(logits) < r*vocab {
 		return fmt.Errorf("cpu: logits buffer of %d for %d rows of %d", len(logits), r, vocab)
 	}
 	for _, id := range b.Tokens {
@@ -189,7 +200,10 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 	for i := range e.steps {
 		s := &e.steps[i]
 		s.kernel.run(&e.state, s)
+		if e.state.err != nil {
+			return e.state.err
+		}
 	}
-	copy(logits[:r*vocab], e.output.f[:r*vocab])
+	copy(logits, e.output.f[:r*vocab])
 	return nil
 }

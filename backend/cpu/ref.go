@@ -54,6 +54,15 @@ func init() {
 		}
 	})
 	ref(ir.MoE, "ref.moe", refMoE)
+	ref(ir.AllReduce, "ref.all_reduce", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		copy(s.out[0].f[:n], s.in[0].f[:n])
+		x.fail(x.comm().AllReduce(s.out[0].f[:n]))
+	})
+	ref(ir.AllGather, "ref.all_gather", func(x *execState, s *step) {
+		rows, cols := s.in[0].rows(x), s.in[0].cols
+		x.fail(x.comm().AllGather(s.out[0].f, s.in[0].f, rows, cols))
+	})
 	ref(ir.SiLU, "ref.silu", func(x *execState, s *step) {
 		n := s.out[0].rows(x) * s.out[0].cols
 		a, out := s.in[0].f[:n], s.out[0].f[:n]
@@ -213,6 +222,14 @@ func refEmbed(x *execState, s *step) {
 	cols := out.cols
 	rowBytes := len(table.Data) / table.Shape[0]
 	for t, id := range s.in[1].i[:x.tokens] {
+		if a := s.node.Attrs; a.Ranks > 1 {
+			// A vocabulary shard: another rank's ids give zeros.
+			id -= int32(a.VocabStart)
+			if id < 0 || int(id) >= table.Shape[0] {
+				clear(out.f[t*cols : (t+1)*cols])
+				continue
+			}
+		}
 		row := table.Data[int(id)*rowBytes : (int(id)+1)*rowBytes]
 		if err := tensor.ToF32(table.DType, row, out.f[t*cols:(t+1)*cols]); err != nil {
 			panic(err) // the verifier admits only float tables

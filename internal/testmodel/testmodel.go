@@ -3,6 +3,7 @@
 package testmodel
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"kiln/ir"
@@ -21,6 +22,22 @@ func Zeros(c model.Config) *model.Model {
 	m := &model.Model{Path: "tiny", Format: "test", Config: c, Tensors: map[string]*tensor.Tensor{}}
 	for _, e := range model.ExpectedTensors(&c) {
 		m.Tensors[e.Name] = ZeroTensor(e.Name, e.Shape...)
+	}
+	return m
+}
+
+// Random returns a model with config c whose every tensor is F32, drawn
+// from N(0, 0.5²) by a generator seeded with seed.
+func Random(c model.Config, seed uint64) *model.Model {
+	m := Zeros(c)
+	r := rand.New(rand.NewPCG(seed, 1))
+	for _, name := range m.Names() {
+		t := m.Tensors[name]
+		vals := make([]float32, t.Shape.Elements())
+		for i := range vals {
+			vals[i] = float32(r.NormFloat64() * 0.5)
+		}
+		m.Tensors[name] = tensor.FromF32(name, t.Shape, vals)
 	}
 	return m
 }

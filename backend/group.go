@@ -1,0 +1,267 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// Group is a tensor-parallel group: one backend per rank, rank 0 first. The
+// engine compiles rank r's shard of the graph (compile.Options.Shard) for
+// Ranks[r] and loads the shards together with LoadShards; every step then
+// runs on every rank at once, each rank's collectives meeting the others',
+// and rank 0 returns the logits or ids.
+type Group struct {
+	Ranks []Backend
+	// Abort, when set, fails every rank's collectives now and to come: the
+	// group calls it when a rank's step fails, so that the other ranks
+	// return instead of waiting for it. The group is unusable after.
+	Abort func(error)
+}
+
+// Name implements compile.Target: rank 0's, times the ranks.
+func (g *Group) Name() string { return fmt.Sprintf("%s×%d", g.Ranks[0].Name(), len(g.Ranks)) }
+
+// Supports implements compile.Target: the ops every rank implements.
+func (g *Group) Supports(op ir.Op) bool {
+	for _, b := range g.Ranks {
+		if !b.Supports(op) {
+			return false
+		}
+	}
+	return true
+}
+
+// Load implements Backend; a group loads shards (LoadShards) instead.
+func (g *Group) Load(*compile.Compiled) (Loaded, error) {
+	return nil, errors.New("backend: a tensor-parallel group loads one shard a rank (LoadShards)")
+}
+
+// LoadShards loads cs[r] on rank r, each rank at once.
+func (g *Group) LoadShards(cs []*compile.Compiled) (Loaded, error) {
+	if len(cs) != len(g.Ranks) {
+		return nil, fmt.Errorf("backend: %d shards for %d ranks", len(cs), len(g.Ranks))
+	}
+	l := &groupLoaded{g: g, cs: cs, ranks: make([]Loaded, len(cs))}
+	err := l.each(func(r int) error {
+		var err error
+		l.ranks[r], err = g.Ranks[r].Load(cs[r])
+		return err
+	})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+type groupLoaded struct {
+	g     *Group
+	cs    []*compile.Compiled
+	ranks []Loaded
+}
+
+// each runs f for every rank at once and returns the first failure,
+// aborting the group's collectives on it.
+func (l *groupLoaded) each(f func(r int) error) error {
+	errs := make([]error, len(l.g.Ranks))
+	var wg sync.WaitGroup
+	var once sync.Once
+	for r := range errs {
+		wg.Go(func() {
+			errs[r] = f(r)
+			if errs[r] != nil && l.g.Abort != nil {
+				once.Do(func() { l.g.Abort(errs[r]) })
+			}
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return nil
+}
+
+func (l *groupLoaded) Close() error {
+	var errs []error
+	for _, x := range l.ranks {
+		if x != nil {
+			errs = append(errs, x.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (l *groupLoaded) NewKVCache(spec KVSpec) (KVCache, error) {
+	kv := &groupKV{ranks: make([]KVCache, len(l.ranks))}
+	for r, x := range l.ranks {
+		var err error
+		if kv.ranks[r], err = x.NewKVCache(spec); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return kv, nil
+}
+
+// Executable builds the bucket of p on every rank (each from its own
+// shard's plan of that bucket).
+func (l *groupLoaded) Executable(p *compile.Plan) (Executable, error) {
+	x := &groupExec{l: l, ranks: make([]Executable, len(l.ranks))}
+	sampling := true
+	for r, lr := range l.ranks {
+		pr, err := l.cs[r].Plan(p.Bucket)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+		if x.ranks[r], err = lr.Executable(pr); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+		_, ok := x.ranks[r].(SamplingExecutable)
+		sampling = sampling && ok
+	}
+	if sampling {
+		return &samplingGroupExec{x}, nil
+	}
+	return x, nil
+}
+
+// ReserveSteps implements StepReserver for ranks that reserve (the others,
+// such as the CPU, allocate nothing a step).
+func (l *groupLoaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error {
+	return l.each(func(r int) error {
+		sr, ok := l.ranks[r].(StepReserver)
+		if !ok {
+			return nil
+		}
+		var ps []*compile.Plan
+		for _, p := range plans {
+			pr, err := l.cs[r].Plan(p.Bucket)
+			if err != nil {
+				return err
+			}
+			ps = append(ps, pr)
+		}
+		return sr.ReserveSteps(ps, maxSeqs, context)
+	})
+}
+
+// FreeMemory implements MemoryReporter: the least any rank has (every
+// rank's cache is the same size).
+func (l *groupLoaded) FreeMemory() (int64, error) {
+	var least int64 = -1
+	for r, x := range l.ranks {
+		m, ok := x.(MemoryReporter)
+		if !ok {
+			return 0, fmt.Errorf("rank %d reports no memory", r)
+		}
+		f, err := m.FreeMemory()
+		if err != nil {
+			return 0, fmt.Errorf("rank %d: %w", r, err)
+		}
+		if least < 0 || f < least {
+			least = f
+		}
+	}
+	return least, nil
+}
+
+// KVBytes implements MemoryReporter: one rank's cache.
+func (l *groupLoaded) KVBytes(spec KVSpec) int64 {
+	if m, ok := l.ranks[0].(MemoryReporter); ok {
+		return m.KVBytes(spec)
+	}
+	return spec.Bytes()
+}
+
+// Shards returns the loaded shard of each rank, rank 0 first.
+func (l *groupLoaded) Shards() []Loaded { return slices.Clone(l.ranks) }
+
+type groupKV struct{ ranks []KVCache }
+
+// Spec is one rank's cache (each holds its KVHeads).
+func (kv *groupKV) Spec() KVSpec { return kv.ranks[0].Spec() }
+
+func (kv *groupKV) CopyBlocks(pairs [][2]int32) error {
+	for r, c := range kv.ranks {
+		if err := c.CopyBlocks(pairs); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return nil
+}
+
+type groupExec struct {
+	l     *groupLoaded
+	ranks []Executable
+	ids   [][]int32 // the other ranks' ids, never read
+}
+
+func (x *groupExec) Kernels() []string { return x.ranks[0].Kernels() }
+
+func (x *groupExec) cache(kv KVCache) (*groupKV, error) {
+	g, ok := kv.(*groupKV)
+	if !ok || len(g.ranks) != len(x.ranks) {
+		return nil, fmt.Errorf("backend: kv cache %T is not this group's", kv)
+	}
+	return g, nil
+}
+
+// Run runs the step on every rank; rank 0 copies the logits (the others,
+// when they can, choose greedy ids on their device instead of copying the
+// logits to the host).
+func (x *groupExec) Run(b *Batch, kv KVCache, logits []float32) error {
+	g, err := x.cache(kv)
+	if err != nil {
+		return err
+	}
+	greedy := make([]SampleParams, len(b.Rows))
+	scratch := x.scratch(len(b.Rows))
+	return x.l.each(func(r int) error {
+		if r == 0 {
+			return x.ranks[0].Run(b, g.ranks[0], logits)
+		}
+		if s, ok := x.ranks[r].(SamplingExecutable); ok {
+			return s.RunSample(b, g.ranks[r], greedy, scratch[r])
+		}
+		return x.ranks[r].Run(b, g.ranks[r], nil)
+	})
+}
+
+// scratch is each rank's ids buffer of n (made before the ranks run).
+func (x *groupExec) scratch(n int) [][]int32 {
+	if x.ids == nil {
+		x.ids = make([][]int32, len(x.ranks))
+	}
+	for r := range x.ids {
+		if cap(x.ids[r]) < n {
+			x.ids[r] = make([]int32, n)
+		}
+		x.ids[r] = x.ids[r][:n]
+	}
+	return x.ids
+}
+
+type samplingGroupExec struct{ *groupExec }
+
+// RunSample runs the step on every rank, each choosing the same ids from
+// the same logits and draws; rank 0's are returned.
+func (x *samplingGroupExec) RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error {
+	g, err := x.cache(kv)
+	if err != nil {
+		return err
+	}
+	scratch := x.scratch(len(ids))
+	return x.l.each(func(r int) error {
+		out := ids
+		if r > 0 {
+			out = scratch[r]
+		}
+		return x.ranks[r].(SamplingExecutable).RunSample(b, g.ranks[r], params, out)
+	})
+}

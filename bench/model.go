@@ -61,7 +61,14 @@ type ModelOptions struct {
 	// Blocks are the GGUF block formats the backend holds as stored (the
 	// others at WeightElemBytes).
 	Blocks []tensor.DType
+	// Devices is the number of devices of a tensor-parallel group (0 or 1:
+	// one), each like the one Memory and PeakFLOPS measure: the rooflines
+	// are their sum (each device reads its share of the bytes).
+	Devices int
 }
+
+// devices is o.Devices, at least 1.
+func (o ModelOptions) devices() float64 { return float64(max(1, o.Devices)) }
 
 // Memory measures the memory bandwidth of the device a backend runs on.
 type Memory interface {
@@ -176,7 +183,7 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			res.Samples = append(res.Samples, rate)
 			if peak > 0 {
 				peaks = append(peaks, peak)
-				fractions = append(fractions, rate*flopsPerToken/peak)
+				fractions = append(fractions, rate*flopsPerToken/(peak*o.devices()))
 			}
 		}
 		if o.Profile != nil {
@@ -232,7 +239,8 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	case kvElem == 0:
 		kvElem = 4
 	}
-	kvPerToken := float64(2 * spec.Layers * spec.KVHeads * spec.HeadDim * kvElem)
+	// Every rank of a group caches its share of the KV heads.
+	kvPerToken := float64(2*spec.Layers*spec.KVHeads*spec.HeadDim*kvElem) * o.devices()
 	items := make([]engine.Item, batch)
 	toks := make([]int, batch)
 	// Greedy choice, on the device when the backend samples there.
@@ -242,7 +250,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	}
 	var roof, read, busy, outside []float64
 	for i := 0; i <= o.Reps; i++ {
-		copyRate, readRate := mem.CopyRate(3), mem.ReadRate(3)
+		copyRate, readRate := mem.CopyRate(3)*o.devices(), mem.ReadRate(3)*o.devices()
 		seqs := make([]*engine.Sequence, batch)
 		for s := range seqs {
 			seqs[s] = e.NewSequence()

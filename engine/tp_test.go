@@ -16,12 +16,7 @@ import (
 
 // cpuGroup is a tensor-parallel group of n CPU backends in this process.
 func cpuGroup(n int, reference bool) *backend.Group {
-	comms := cpu.LocalGroup(n)
-	g := &backend.Group{Abort: func(err error) { comms[0].Abort(err) }}
-	for _, c := range comms {
-		g.Ranks = append(g.Ranks, &cpu.Backend{Comm: c, Threads: 1, Reference: reference})
-	}
-	return g
+	return cpu.NewGroup(n, cpu.Backend{Threads: n, Reference: reference})
 }
 
 // TestTensorParallelFixtures: the transformers fixtures sharded over 2 and 4

@@ -3,7 +3,10 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+
+	"kiln/backend"
 )
 
 // Comm is one rank's side of a tensor-parallel group's collectives, as the
@@ -129,4 +132,21 @@ func (c *localComm) AllGather(dst, src []float32, rows, cols int) error {
 			}
 		}
 	})
+}
+
+// NewGroup is a tensor-parallel group of n CPU backends configured as like
+// is, in this process (LocalGroup), the cores shared among them.
+func NewGroup(n int, like Backend) *backend.Group {
+	comms := LocalGroup(n)
+	threads := like.Threads
+	if threads <= 0 {
+		threads = runtime.NumCPU()
+	}
+	g := &backend.Group{Abort: func(err error) { comms[0].Abort(err) }}
+	for _, c := range comms {
+		b := like
+		b.Comm, b.Threads = c, max(1, threads/n)
+		g.Ranks = append(g.Ranks, &b)
+	}
+	return g
 }

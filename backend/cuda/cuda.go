@@ -103,6 +103,12 @@ type Backend struct {
 	// products, the first decode plan and prefill build).
 	Tune, TuneDir string
 
+	// Comm is the device's rank in a tensor-parallel group (cu.NewComms),
+	// for graphs sharded with compile.Options.Shard: their collectives run
+	// through it on the step's stream (and in its captured graphs). Nil:
+	// none.
+	Comm *cu.Comm
+
 	stats        Stats
 	profIndex    map[string]int // Stats.Profile's entry of each name
 	tuneOnce     sync.Once
@@ -232,6 +238,8 @@ func (b *Backend) Supports(op ir.Op) bool {
 		ir.SiLU, ir.Mul, ir.RoPE, ir.KVWrite, ir.Attention, ir.SelectRows, ir.AddRMSNorm, ir.SwiGLU,
 		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite, ir.MatMulBias:
 		return true
+	case ir.AllReduce, ir.AllGather:
+		return b.Comm != nil
 	}
 	return false
 }

@@ -75,6 +75,9 @@ type stepState struct {
 	// ran on.
 	prof []string
 	ran  string
+	// gather is the arena's scratch of a tensor-parallel all-gather of
+	// several rows (gatherBytes).
+	gather cu.Ptr
 }
 
 // unlessFused marks the kernel of a node a GEMV may compute in its
@@ -160,10 +163,15 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, fmt.Errorf("cuda: graph has %d outputs, want the logits", len(p.Graph.Outputs))
 	}
 	logits := p.Graph.Outputs[0]
-	if logits.Def.Op != ir.MatMul && logits.Def.Op != ir.MatMulBias {
-		return nil, fmt.Errorf("cuda: the logits come from %v, want a matmul", logits.Def.Op)
+	// A tensor-parallel rank's logits are gathered from its product's.
+	product := logits
+	if logits.Def.Op == ir.AllGather {
+		product = logits.Def.Inputs[0]
 	}
-	if err := l.growArena(p.ArenaBytes); err != nil {
+	if product.Def.Op != ir.MatMul && product.Def.Op != ir.MatMulBias {
+		return nil, fmt.Errorf("cuda: the logits come from %v, want a matmul", product.Def.Op)
+	}
+	if err := l.growArena(arenaBytes(p)); err != nil {
 		return nil, err
 	}
 	if err := l.growQuant(l.quantNeeds(p)); err != nil {
@@ -196,7 +204,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			return o, fmt.Errorf("cuda: %v has no buffer in the plan", v)
 		}
 		o.p = arena.Add(buf.Offset)
-		if v == logits {
+		if v == logits || v == product {
 			o.dtype = cu.F32
 		}
 		return o, nil
@@ -225,7 +233,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			return nil, err
 		}
 		if n.Op == ir.Embed {
-			e.vocab = nd.in[0].vocab
+			e.vocab = nd.in[0].vocab * max(1, n.Attrs.Ranks)
 		}
 		if n.Op == ir.Attention {
 			e.attention = append(e.attention, len(e.nodes))
@@ -340,7 +348,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 	}
 	d := e.l.dev
 	err = d.Do(func() error {
-		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs)}
+		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs), gather: e.arena.Add(gatherOffset(e.plan))}
 		if e.l.b.Profile {
 			x.prof = []string{}
 		}

@@ -23,8 +23,30 @@ func (l *loaded) choose(nd *node) error {
 	switch nd.n.Op {
 	case ir.Embed:
 		nd.kernel = "embed" + ws(in[0])
+		start, total := 0, in[0].vocab
+		if a.Ranks > 1 {
+			nd.kernel += " (vocabulary shard)"
+			start, total = a.VocabStart, in[0].vocab*a.Ranks
+		}
 		nd.launch = func(x *stepState, nd *node) error {
-			return k.Embed(s, out[0].p, in[0].p, in[0].dtype, in[0].vocab, in[1].ptr(x), x.m.T, out[0].cols)
+			return k.EmbedShard(s, out[0].p, in[0].p, in[0].dtype, in[0].vocab, in[1].ptr(x), x.m.T, out[0].cols, start, total)
+		}
+	case ir.AllReduce:
+		nd.kernel = "nccl all-reduce"
+		nd.launch = func(x *stepState, nd *node) error {
+			return l.b.Comm.AllReduce(out[0].p, in[0].p, in[0].rows(x)*in[0].cols, in[0].dtype, s)
+		}
+	case ir.AllGather:
+		nd.kernel = "nccl all-gather"
+		nd.launch = func(x *stepState, nd *node) error {
+			rows, n := in[0].rows(x), in[0].cols
+			if rows == 1 { // rank-major is row-major
+				return l.b.Comm.AllGather(out[0].p, in[0].p, n, in[0].dtype, s)
+			}
+			if err := l.b.Comm.AllGather(x.gather, in[0].p, rows*n, in[0].dtype, s); err != nil {
+				return err
+			}
+			return k.InterleaveRanks(s, out[0].p, x.gather, rows, n, a.Ranks)
 		}
 	case ir.RMSNorm:
 		nd.kernel = "rmsnorm" + ws(in[1])

@@ -33,7 +33,7 @@ func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 	}
 	arena, maxT := 0, 0
 	for _, p := range plans {
-		arena = max(arena, p.ArenaBytes)
+		arena = max(arena, arenaBytes(p))
 		maxT = max(maxT, p.Bucket.Tokens)
 	}
 	if err := l.growArena(arena); err != nil {
@@ -118,6 +118,30 @@ func contextBucket(maxPos int) int { return max(64, pow2(maxPos+1)) }
 
 // growArena makes the shared activation arena at least n bytes. Executables
 // built earlier keep the arena they were bound to (it stays allocated).
+// gatherOffset is where a plan's all-gather scratch starts in the arena:
+// after its activations, 256-byte aligned.
+func gatherOffset(p *compile.Plan) int { return (p.ArenaBytes + 255) &^ 255 }
+
+// gatherBytes is the scratch a tensor-parallel plan's all-gather of its
+// logits needs (the ranks' rows one rank after another, before they are
+// laid out by rows); 0 for any other plan.
+func gatherBytes(p *compile.Plan) int {
+	out := p.Graph.Outputs[0]
+	if out.Def.Op != ir.AllGather {
+		return 0
+	}
+	return 4 * p.Bucket.Rows * out.Shape.Last()
+}
+
+// arenaBytes is the arena a plan needs: its activations and its gather
+// scratch.
+func arenaBytes(p *compile.Plan) int {
+	if g := gatherBytes(p); g > 0 {
+		return gatherOffset(p) + g
+	}
+	return p.ArenaBytes
+}
+
 func (l *loaded) growArena(n int) error {
 	if n <= l.arenaCap {
 		return nil

@@ -29,6 +29,9 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.D
 	output := map[*ir.Value]bool{}
 	for _, o := range g.Outputs {
 		output[o] = true // the logits, in f32
+		if o.Def.Op == ir.AllGather {
+			output[o.Def.Inputs[0]] = true // a tensor-parallel rank's, gathered
+		}
 	}
 	for _, n := range g.Nodes {
 		for i, in := range n.Inputs {

@@ -84,7 +84,7 @@ func cmdBenchModel(args []string) error {
 	}
 	defer closeBackend(be)
 	lap("device")
-	gpu, _ := be.(*cuda.Backend)
+	gpu := gpuOf(be)
 	if *profile && gpu == nil {
 		return fmt.Errorf("--profile needs the GPU (--device cuda)")
 	}
@@ -172,6 +172,7 @@ func cmdBenchModel(args []string) error {
 		}
 		defer mem.Close()
 		opts.Memory = mem
+		opts.Devices = ef.tp
 		opts.WeightElemBytes = gpu.ComputeDType(e.Compiled.Graph).Size()
 		opts.FP8Weights = gpu.FP8(gpu.ComputeDType(e.Compiled.Graph))
 		if !gpu.WidenBlocks {

@@ -63,6 +63,7 @@ type engineFlags struct {
 	tune      string
 	artifact  string
 	kernels   string
+	tp        int
 }
 
 func (e *engineFlags) register(fs *flag.FlagSet) {
@@ -81,6 +82,7 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.tune, "tune", envString("KILN_TUNE", tune.Cached), "tuned choices: cached (on a GPU take the first-use choices (GEMV, cuBLASLt or an external kernel, cuBLASLt's algorithm, decode attention's split, prefill attention's build) the tune cache holds for this device, and time and keep the rest; on the CPU take the tilings kiln tune MODEL found), full (a GPU times all again and keeps them), off (a GPU times all and keeps none; the CPU runs its default tilings) or defaults (nothing timed: every choice's built-in default, the untuned baseline); the cache is $KILN_TUNE_DIR or the user cache directory's kiln/tune [KILN_TUNE]")
 	fs.StringVar(&e.artifact, "artifact", envString("KILN_ARTIFACT", ""), "GPU: start from this ahead-of-time artifact (kiln compile MODEL --device cuda -o DIR): its compiled kernels and tuned choices, for this model on this kind of GPU; what it lacks is compiled or timed at run time (kiln:jit_fallback_total) [KILN_ARTIFACT]")
 	fs.StringVar(&e.kernels, "kernels", envString("KILN_KERNELS_DIR", ""), "GPU: a directory of external kernels (NAME.cu and NAME.json, docs/EXTERNAL_KERNELS.md), each compiled for the device and offered to the first-use races of the decode products it takes: checked against cuBLASLt's result on random inputs, then kept only where it beats the default in every timing [KILN_KERNELS_DIR]")
+	fs.IntVar(&e.tp, "tensor-parallel-size", envInt("KILN_TENSOR_PARALLEL_SIZE", 1), "shard the model over this many devices (tensor parallelism: GPUs 0…N-1 through NCCL, or on the CPU N ranks in one process); heads, KV heads and the MLP width must divide by it [KILN_TENSOR_PARALLEL_SIZE]")
 	fs.StringVar(&e.kvDType, "kv-cache-dtype", envString("KILN_KV_CACHE_DTYPE", "auto"), "KV cache element type: auto (the backend's: float32 on the CPU, the compute dtype on a GPU) or fp8 (E4M3, scale 1: half the bytes of bf16 and a quarter of float32; on a GPU compute capability 8.9+ with f16/bf16 activations) [KILN_KV_CACHE_DTYPE]")
 }
 

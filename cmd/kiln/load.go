@@ -102,6 +102,12 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 		return nil, fmt.Errorf("--tune: %w", err)
 	}
 	cpuBackend := &cpu.Backend{Reference: f.reference, Threads: f.threads, StackProjections: f.stack, Tune: f.tune}
+	if f.tp < 0 || f.tp == 0 {
+		return nil, fmt.Errorf("--tensor-parallel-size %d: want 1 or more", f.tp)
+	}
+	if f.tp > 1 {
+		return f.group(cpuBackend)
+	}
 	if f.kernels != "" && (f.device == "cpu" || f.reference || (f.device == "auto" || f.device == "") && cuda.Available() != nil) {
 		return nil, fmt.Errorf("--kernels offers CUDA kernels: it needs a GPU (--device cuda)")
 	}
@@ -136,6 +142,54 @@ func (f *engineFlags) backend() (backend.Backend, error) {
 	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)
 }
 
+// group opens the tensor-parallel group --tensor-parallel-size asks for:
+// GPUs 0…N-1 under cuda (or auto with a usable GPU), else N CPU ranks
+// configured as like.
+func (f *engineFlags) group(like *cpu.Backend) (backend.Backend, error) {
+	if f.artifact != "" {
+		return nil, fmt.Errorf("--artifact starts one GPU: it cannot be used with --tensor-parallel-size %d", f.tp)
+	}
+	gpu := f.device == "cuda" || f.device == "gpu"
+	switch f.device {
+	case "cpu":
+	case "cuda", "gpu", "auto", "":
+		if f.reference && gpu {
+			return nil, fmt.Errorf("--reference selects the CPU's reference kernels: use it with --device cpu")
+		}
+		if !gpu && (f.reference || cuda.Available() != nil) {
+			if !f.reference {
+				fmt.Fprintf(os.Stderr, "kiln: running on the CPU (no usable GPU: %v)\n", cuda.Available())
+			}
+			break
+		}
+		g, err := cuda.OpenGroup(f.tp, f.dtype)
+		if err != nil {
+			return nil, fmt.Errorf("--tensor-parallel-size %d: %w", f.tp, err)
+		}
+		for _, b := range cuda.GroupRanks(g) {
+			f.configure(b)
+		}
+		return g, nil
+	default:
+		return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", f.device)
+	}
+	return cpu.NewGroup(f.tp, *like), nil
+}
+
+// gpuOf is the CUDA backend of b: b itself, or rank 0 of a CUDA group; nil
+// for the CPU.
+func gpuOf(b backend.Backend) *cuda.Backend {
+	switch b := b.(type) {
+	case *cuda.Backend:
+		return b
+	case *backend.Group:
+		if rs := cuda.GroupRanks(b); rs != nil {
+			return rs[0]
+		}
+	}
+	return nil
+}
+
 // progressWriter is stderr when it is a terminal (the weight-upload progress
 // line redraws itself), else nil.
 func progressWriter() io.Writer {
@@ -149,7 +203,7 @@ func progressWriter() io.Writer {
 // GPU prefill chunks up to 2048 tokens (larger products use the matrix units
 // better; the arena of a 2048-token plan is a few hundred MB).
 func bucketsFor(b backend.Backend) compile.Buckets {
-	if _, ok := b.(*cuda.Backend); ok {
+	if gpuOf(b) != nil {
 		return append(slices.Clone(compile.DefaultBuckets), 1024, 2048)
 	}
 	return compile.DefaultBuckets
@@ -163,7 +217,7 @@ const autoKVFraction = -1
 // activations that the KV cache takes by default: most of a GPU's, half of
 // the host's (which the rest of the machine shares).
 func kvFractionFor(b backend.Backend) float64 {
-	if _, ok := b.(*cuda.Backend); ok {
+	if gpuOf(b) != nil {
 		return 0.9
 	}
 	return 0.5
@@ -171,8 +225,13 @@ func kvFractionFor(b backend.Backend) float64 {
 
 // closeBackend releases what backend opened (the GPU device).
 func closeBackend(b backend.Backend) {
-	if c, ok := b.(*cuda.Backend); ok {
-		c.Close()
+	switch b := b.(type) {
+	case *cuda.Backend:
+		b.Close()
+	case *backend.Group:
+		if cuda.GroupRanks(b) != nil {
+			cuda.CloseGroup(b)
+		}
 	}
 }
 

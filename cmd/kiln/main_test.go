@@ -81,6 +81,8 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"run", bin}, // llama2.c needs --tokenizer
 		{"run", bin, "--tokenizer", tok, "--temperature", "-1"},
 		{"run", bin, "--tokenizer", tok, "--max-tokens", "0"},
+		{"run", bin, "--tokenizer", tok, "--tensor-parallel-size", "0"},
+		{"run", bin, "--tokenizer", tok, "--tensor-parallel-size", "3", "--device", "cpu"},
 		{"run", bin, "--tokenizer", tok, "--ids", "1,x"},
 		{"run", bin, "--tokenizer", tok, "--prompt", "a", "--ids", "1"},
 		{"run", garbage, "--tokenizer", tok},
@@ -162,6 +164,20 @@ func TestRunGreedyJSON(t *testing.T) {
 	want, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "expected_greedy_200steps.txt"))
 	if len(res.IDs) != 20 || !strings.HasPrefix(string(want), res.Text) || len(res.Text) < 40 {
 		t.Errorf("greedy run gave %d ids and %q, want 20 ids starting llama2.c's output %q", len(res.IDs), res.Text, want[:60])
+	}
+}
+
+// TestRunTensorParallelCPU: kiln run sharded over 2 and 4 CPU ranks
+// (--tensor-parallel-size, one process) gives llama2.c's greedy text on
+// stories260K, as one rank does.
+func TestRunTensorParallelCPU(t *testing.T) {
+	bin, tok := stories(t)
+	want, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "expected_greedy_200steps.txt"))
+	for _, n := range []string{"2", "4"} {
+		res := runJSON(t, bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "20", "--device", "cpu", "--tensor-parallel-size", n)
+		if len(res.IDs) != 20 || !strings.HasPrefix(string(want), res.Text) || len(res.Text) < 40 {
+			t.Errorf("tp %s: greedy run gave %d ids and %q, want 20 ids starting llama2.c's output %q", n, len(res.IDs), res.Text, want[:60])
+		}
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"kiln/backend/cuda"
 	"kiln/chat"
 	"kiln/demo"
 	"kiln/engine"
@@ -81,7 +80,7 @@ func cmdServe(args []string) error {
 	}
 	defer e.Close()
 	loaded := []any{"load_s", fmt.Sprintf("%.1f", time.Since(loadStart).Seconds()), "start", phaseList(e.Startup)}
-	gpu, _ := e.backend.(*cuda.Backend)
+	gpu := gpuOf(e.backend)
 	if gpu != nil {
 		st := gpu.Device.KernelCache().Stats()
 		gs := gpu.Stats()

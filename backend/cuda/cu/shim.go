@@ -163,6 +163,18 @@ FN(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic, (cublasLtHandle_t, cublasLtMa
 FN(cublasStatus_t, cublasLtMatmulAlgoConfigGetAttribute, (const cublasLtMatmulAlgo_t*, int, void*, size_t, size_t*))
 FN(cublasStatus_t, cublasLtMatmul, (cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*, cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t, const void*, const void*, cublasLtMatrixLayout_t, void*, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t, CUstream))
 
+// NCCL (nccl.h): communicators are opaque, results and data types ints.
+typedef void* ncclComm_t;
+typedef int ncclResult_t;
+FN(ncclResult_t, ncclGetVersion, (int*))
+FN(const char*, ncclGetErrorString, (ncclResult_t))
+FN(ncclResult_t, ncclCommInitAll, (ncclComm_t*, int, const int*))
+FN(ncclResult_t, ncclCommDestroy, (ncclComm_t))
+FN(ncclResult_t, ncclCommAbort, (ncclComm_t))
+FN(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t, ncclResult_t*))
+FN(ncclResult_t, ncclAllReduce, (const void*, void*, size_t, int, int, ncclComm_t, CUstream))
+FN(ncclResult_t, ncclAllGather, (const void*, void*, size_t, int, ncclComm_t, CUstream))
+
 typedef struct { const char* name; void** slot; } sym;
 #define S(name) { #name, (void**)&p_##name }
 #define S2(name, alt) { alt, (void**)&p_##name }
@@ -199,6 +211,12 @@ static sym ltSyms[] = {
 	{0, 0},
 };
 
+static sym ncclSyms[] = {
+	S(ncclGetVersion), S(ncclGetErrorString), S(ncclCommInitAll), S(ncclCommDestroy), S(ncclCommAbort),
+	S(ncclCommGetAsyncError), S(ncclAllReduce), S(ncclAllGather),
+	{0, 0},
+};
+
 static void* k_dlopen(const char* path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 static const char* k_dlerror(void) { const char* e = dlerror(); return e ? e : "unknown dlopen error"; }
 static void k_dlclose(void* h) { dlclose(h); }
@@ -222,6 +240,7 @@ static const char* k_bindCUDA(void* h) {
 }
 static const char* k_bindNVRTC(void* h) { return k_bind(h, nvrtcSyms); }
 static const char* k_bindLt(void* h) { return k_bind(h, ltSyms); }
+static const char* k_bindNCCL(void* h) { return k_bind(h, ncclSyms); }
 
 // ---- driver wrappers: values come back in structs, so no Go pointer is
 // handed to C ----
@@ -318,6 +337,21 @@ static kp k_cuGraphInstantiate(void* g) { CUgraphExec e = 0; kp r; r.rc = p_cuGr
 static int k_cuGraphLaunch(void* e, void* s) { return p_cuGraphLaunch(e, s); }
 static int k_cuGraphExecDestroy(void* e) { return p_cuGraphExecDestroy(e); }
 static int k_cuGraphDestroy(void* g) { return p_cuGraphDestroy(g); }
+
+// ---- NCCL ----
+static const char* k_ncclErr(int rc) { const char* s = p_ncclGetErrorString ? p_ncclGetErrorString(rc) : 0; return s ? s : "unknown NCCL result"; }
+static kr k_ncclVersion(void) { int v = 0; kr r; r.rc = p_ncclGetVersion(&v); r.v = v; return r; }
+// k_ncclInitAll fills comms (C memory, n slots) with one communicator a device.
+static int k_ncclInitAll(void** comms, int n, const int* devs) { return p_ncclCommInitAll((ncclComm_t*)comms, n, devs); }
+static int k_ncclDestroy(void* c) { return p_ncclCommDestroy(c); }
+static int k_ncclAbort(void* c) { return p_ncclCommAbort(c); }
+static kr k_ncclAsyncError(void* c) { ncclResult_t e = 0; kr r; r.rc = p_ncclCommGetAsyncError(c, &e); r.v = e; return r; }
+static int k_ncclAllReduce(CUdeviceptr src, CUdeviceptr dst, size_t n, int dt, void* c, void* st) {
+	return p_ncclAllReduce((const void*)src, (void*)dst, n, dt, 0, c, st); // ncclSum
+}
+static int k_ncclAllGather(CUdeviceptr src, CUdeviceptr dst, size_t n, int dt, void* c, void* st) {
+	return p_ncclAllGather((const void*)src, (void*)dst, n, dt, c, st);
+}
 
 // ---- NVRTC ----
 static kr2 k_nvrtcVersion(void) { int a = 0, b = 0; kr2 r; r.rc = p_nvrtcVersion(&a, &b); r.a = a; r.b = b; return r; }
@@ -546,10 +580,10 @@ import (
 const cgoEnabled = true
 
 // Libraries are bound once; handles stay open for the process's life.
-var libHandles [3]unsafe.Pointer
+var libHandles [4]unsafe.Pointer
 
 // loadLib dlopens the first candidate that loads and binds every symbol of
-// library which (0 driver, 1 NVRTC, 2 cuBLASLt). It returns the path loaded.
+// library which (0 driver, 1 NVRTC, 2 cuBLASLt, 3 NCCL). It returns the path loaded.
 func loadLib(which int, lib Library) (string, error) {
 	cands := candidates(lib)
 	var firstErr string
@@ -571,6 +605,8 @@ func loadLib(which int, lib Library) (string, error) {
 			miss = C.k_bindNVRTC(h)
 		case 2:
 			miss = C.k_bindLt(h)
+		case 3:
+			miss = C.k_bindNCCL(h)
 		}
 		if miss != nil {
 			if firstErr == "" || strings.Contains(firstErr, "No such file") {
@@ -604,6 +640,49 @@ func ltErr(call string, rc C.int) error {
 		return nil
 	}
 	return &Error{Lib: "cublasLt", Call: call, Code: int(rc), Name: C.GoString(C.k_ltErr(rc))}
+}
+
+func ncclErr(call string, rc C.int) error {
+	if rc == 0 {
+		return nil
+	}
+	return &Error{Lib: "nccl", Call: call, Code: int(rc), Name: C.GoString(C.k_ncclErr(rc))}
+}
+
+func ncclVersion() (int, error) {
+	r := C.k_ncclVersion()
+	return int(r.v), ncclErr("ncclGetVersion", C.int(r.rc))
+}
+
+func ncclInitAll(devs []int) ([]unsafe.Pointer, error) {
+	n := len(devs)
+	comms := C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(uintptr(0))))
+	ords := (*C.int)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.int(0)))))
+	defer C.free(comms)
+	defer C.free(unsafe.Pointer(ords))
+	for i, d := range devs {
+		unsafe.Slice(ords, n)[i] = C.int(d)
+	}
+	if err := ncclErr("ncclCommInitAll", C.k_ncclInitAll((*unsafe.Pointer)(comms), C.int(n), ords)); err != nil {
+		return nil, err
+	}
+	return append([]unsafe.Pointer(nil), unsafe.Slice((*unsafe.Pointer)(comms), n)...), nil
+}
+
+func ncclDestroy(c unsafe.Pointer) error { return ncclErr("ncclCommDestroy", C.k_ncclDestroy(c)) }
+func ncclAbort(c unsafe.Pointer) error   { return ncclErr("ncclCommAbort", C.k_ncclAbort(c)) }
+func ncclAsyncError(c unsafe.Pointer) error {
+	r := C.k_ncclAsyncError(c)
+	if err := ncclErr("ncclCommGetAsyncError", C.int(r.rc)); err != nil {
+		return err
+	}
+	return ncclErr("nccl (asynchronous)", C.int(r.v))
+}
+func ncclAllReduce(src, dst Ptr, n int, dt int, c, s unsafe.Pointer) error {
+	return ncclErr("ncclAllReduce", C.k_ncclAllReduce(C.CUdeviceptr(src), C.CUdeviceptr(dst), C.size_t(n), C.int(dt), c, s))
+}
+func ncclAllGather(src, dst Ptr, n int, dt int, c, s unsafe.Pointer) error {
+	return ncclErr("ncclAllGather", C.k_ncclAllGather(C.CUdeviceptr(src), C.CUdeviceptr(dst), C.size_t(n), C.int(dt), c, s))
 }
 
 func cMalloc(n int) unsafe.Pointer { return C.calloc(C.size_t(n), 1) }

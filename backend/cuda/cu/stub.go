@@ -88,3 +88,11 @@ func ltRun(unsafe.Pointer, unsafe.Pointer, int, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, fl
 func gettid() int { return 0 }
 
 func tryOpen(string) error { return errNoCgo }
+
+func ncclVersion() (int, error)                                              { return 0, errNoCgo }
+func ncclInitAll([]int) ([]unsafe.Pointer, error)                            { return nil, errNoCgo }
+func ncclDestroy(unsafe.Pointer) error                                       { return errNoCgo }
+func ncclAbort(unsafe.Pointer) error                                         { return errNoCgo }
+func ncclAsyncError(unsafe.Pointer) error                                    { return errNoCgo }
+func ncclAllReduce(Ptr, Ptr, int, int, unsafe.Pointer, unsafe.Pointer) error { return errNoCgo }
+func ncclAllGather(Ptr, Ptr, int, int, unsafe.Pointer, unsafe.Pointer) error { return errNoCgo }

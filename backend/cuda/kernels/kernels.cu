@@ -212,16 +212,24 @@ __device__ __forceinline__ int window_start(int p, int window) {
 
 // ---------------------------------------------------------------- embed
 
-// grid (rows), block 256: out[r,:] = table[ids[r],:]; an id out of range gives NaN.
+// grid (rows), block 256: out[r,:] = table[ids[r]-start,:]; the table holds
+// rows [start, start+vocab) of a vocabulary of total (a tensor-parallel
+// shard when start > 0 or vocab < total): an id of another shard gives
+// zeros, one out of [0, total) NaN.
 template <typename W>
-__device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int vocab, int dim) {
+__device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int vocab, int dim, int start, int total) {
 	pdl_enter();
 	int r = blockIdx.x;
 	if (r >= rows) return;
 	int id = ids[r];
 	T* dst = out + (long long)r * dim;
-	if (id < 0 || id >= vocab) {
+	if (id < 0 || id >= total) {
 		for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = fromf<T>(__int_as_float(0x7fc00000));
+		return;
+	}
+	id -= start;
+	if (id < 0 || id >= vocab) {
+		for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = fromf<T>(0.f);
 		return;
 	}
 	const W* src = table + (long long)id * dim;
@@ -391,8 +399,9 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 	}
 
 #define WEIGHT_KERNELS(W)                                                                                        \
-	extern "C" __global__ void embed_w##W(const W* table, const int* ids, T* out, int rows, int vocab, int dim) { \
-		embed_impl<W>(table, ids, out, rows, vocab, dim);                                                          \
+	extern "C" __global__ void embed_w##W(const W* table, const int* ids, T* out, int rows, int vocab, int dim,   \
+	                                      int start, int total) {                                                  \
+		embed_impl<W>(table, ids, out, rows, vocab, dim, start, total);                                            \
 	}                                                                                                              \
 	extern "C" __global__ void rmsnorm_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {       \
 		rmsnorm_impl<W>(x, w, out, rows, dim, eps);                                                                \
@@ -431,6 +440,16 @@ extern "C" __global__ void spin_ns(unsigned long long ns) {
 	do {
 		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
 	} while (t - t0 < ns);
+}
+
+// grid (rows, ranks), block 256: out[r, k·n + c] = in[k, r, c] (f32): a
+// tensor-parallel all-gather's rank-major logits laid out by rows.
+extern "C" __global__ void interleave_ranks(const float* in, float* out, int rows, int n, int ranks) {
+	pdl_enter();
+	int r = blockIdx.x, k = blockIdx.y;
+	const float* src = in + ((long long)k * rows + r) * n;
+	float* dst = out + (long long)r * ranks * n + (long long)k * n;
+	for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = src[c];
 }
 
 extern "C" __global__ void add(const T* a, const T* b, T* out, long long n) {

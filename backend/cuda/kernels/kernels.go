@@ -232,10 +232,31 @@ func checkRows(what string, rows, cols int) error {
 // Embed gathers rows of table[vocab, dim] (dtype w) by ids (int32[rows]) into
 // out[rows, dim]. An id out of range yields NaN.
 func (k *Kernels) Embed(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, ids cu.Ptr, rows, dim int) error {
+	return k.EmbedShard(s, out, table, w, vocab, ids, rows, dim, 0, vocab)
+}
+
+// EmbedShard is Embed of a vocabulary shard: table holds rows [start,
+// start+vocab) of a vocabulary of total; an id of another shard gives a row
+// of zeros, one out of [0, total) NaN.
+func (k *Kernels) EmbedShard(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, ids cu.Ptr, rows, dim, start, total int) error {
 	if err := checkRows("embed", rows, dim); err != nil {
 		return err
 	}
-	return k.launchDep("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim))
+	if start < 0 || start+vocab > total {
+		return fmt.Errorf("kernels: embedding shard [%d,%d) of %d", start, start+vocab, total)
+	}
+	return k.launchDep("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim),
+		int32(start), int32(total))
+}
+
+// InterleaveRanks lays out a tensor-parallel all-gather's rank-major
+// in[ranks, rows, n] (f32) by rows: out[rows, ranks·n].
+func (k *Kernels) InterleaveRanks(s *cu.Stream, out, in cu.Ptr, rows, n, ranks int) error {
+	if err := checkRows("interleave", rows*ranks, n); err != nil {
+		return err
+	}
+	return k.launchDep("interleave_ranks", cu.Dim3{X: rows, Y: ranks, Z: 1}, cu.D1(256), 0, s, in, out,
+		int32(rows), int32(n), int32(ranks))
 }
 
 // vec is the number of activations in 16 bytes (VEC in kernels.cu).

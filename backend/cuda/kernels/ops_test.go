@@ -40,6 +40,49 @@ func TestEmbed(t *testing.T) {
 	}
 }
 
+// TestEmbedShard: a vocabulary shard's rows by the ids it holds, zeros for
+// the other shards' ids; and the all-gather's interleave of rank-major
+// logits by rows.
+func TestEmbedShard(t *testing.T) {
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		rng := newRNG(t)
+		const total, vocab, start, dim, rows = 1000, 250, 500, 96, 300
+		tab := roundTo(cu.BF16, randn(rng, vocab*dim, 1))
+		ids := make([]int32, rows)
+		for i := range ids {
+			ids[i] = int32(rng.IntN(total))
+		}
+		out := outBuf(t, act, rows*dim)
+		must(t, k.EmbedShard(nil, out, up(t, cu.BF16, tab), cu.BF16, vocab, upI32(t, ids), rows, dim, start, total))
+		ref := make([]float64, rows*dim)
+		for r, id := range ids {
+			if id >= start && id < start+vocab {
+				for c := 0; c < dim; c++ {
+					ref[r*dim+c] = float64(tab[int(id-start)*dim+c])
+				}
+			}
+		}
+		compare(t, "embed shard", down(t, act, out, rows*dim), ref, tol(act))
+	}
+	k := kern(t, cu.BF16)
+	const ranks, n = 4, 77
+	for _, rows := range testRows {
+		in := randn(newRNG(t), ranks*rows*n, 1)
+		out := outBuf(t, cu.F32, rows*ranks*n)
+		must(t, k.InterleaveRanks(nil, out, up(t, cu.F32, in), rows, n, ranks))
+		ref := make([]float64, rows*ranks*n)
+		for kk := 0; kk < ranks; kk++ {
+			for r := 0; r < rows; r++ {
+				for c := 0; c < n; c++ {
+					ref[r*ranks*n+kk*n+c] = float64(in[(kk*rows+r)*n+c])
+				}
+			}
+		}
+		compare(t, "interleave", down(t, cu.F32, out, rows*ranks*n), ref, 0)
+	}
+}
+
 func refRMSNorm(x []float64, w []float32, rows, dim int, eps float32) []float64 {
 	out := make([]float64, len(x))
 	for r := 0; r < rows; r++ {

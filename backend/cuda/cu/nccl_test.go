@@ -107,7 +107,7 @@ func TestNCCLCollectives(t *testing.T) {
 		for r := range ranks {
 			rb, gb := red(r), gath(r)
 			for i := 0; i < n; i++ {
-				want := float32(ranks*(ranks+1)/2*(i%7)) // Σ (r+1)·(i%7)
+				want := float32(ranks * (ranks + 1) / 2 * (i % 7)) // Σ (r+1)·(i%7)
 				if got := math.Float32frombits(binary.LittleEndian.Uint32(rb[4*i:])); got != want {
 					t.Fatalf("%s: rank %d all-reduce element %d is %g, want %g", what, r, i, got, want)
 				}

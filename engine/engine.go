@@ -208,6 +208,9 @@ func compileLoad(m *model.Model, b backend.Backend, ctx int, opts compile.Option
 		if group != nil {
 			o.Shard = compile.Shard{Rank: r, Ranks: len(targets)}
 		}
+		if r > 0 {
+			o.After = nil // rank 0's graph stands for the others'
+		}
 		c, err := compile.Compile(g, t, o)
 		if err != nil {
 			return nil, nil, err

@@ -555,6 +555,12 @@ func (l *loaded) Close() error {
 	if err := l.dev.Sync(); err != nil {
 		keep(err)
 	}
+	// Captured graphs first: they hold the memory freed below, and a
+	// tensor-parallel rank's hold its NCCL communicator (whose destroy
+	// waits for them).
+	for _, e := range l.execs {
+		e.dropGraphs()
+	}
 	for _, p := range l.allocs {
 		if err := l.dev.Free(p); err != nil {
 			keep(err)

@@ -74,10 +74,17 @@ func GroupRanks(g *backend.Group) []*Backend {
 func CloseGroup(g *backend.Group) error {
 	var errs []error
 	bs := GroupRanks(g)
+	var comms []*cu.Comm
 	for _, b := range bs {
 		if b.Comm != nil {
-			errs = append(errs, b.Comm.Close())
+			comms = append(comms, b.Comm)
 		}
+	}
+	if err := cu.CloseComms(comms); err != nil {
+		if errors.Is(err, cu.ErrCommStuck) {
+			return err // the workers may be inside NCCL: closing the devices would wait on them
+		}
+		errs = append(errs, err)
 	}
 	for _, b := range bs {
 		errs = append(errs, b.Close())

@@ -251,8 +251,12 @@ func cmdBenchModel(args []string) error {
 		fmt.Printf("\nstart: %s\n", phaseList(start))
 		if gpu != nil {
 			gs := gpu.Stats()
-			fmt.Printf("weights: %.2f GB uploaded in %.1f s (%.1f GB/s); kernels ready in %.1f s, alongside\n",
-				float64(gs.Uploaded)/1e9, gs.UploadTime.Seconds(), float64(gs.Uploaded)/1e9/max(gs.UploadTime.Seconds(), 1e-9), gs.KernelTime.Seconds())
+			ranks := ""
+			if ef.tp > 1 {
+				ranks = fmt.Sprintf(" (rank 0 of %d; each rank uploads its own shard at once)", ef.tp)
+			}
+			fmt.Printf("weights: %.2f GB uploaded in %.1f s (%.1f GB/s)%s; kernels ready in %.1f s, alongside\n",
+				float64(gs.Uploaded)/1e9, gs.UploadTime.Seconds(), float64(gs.Uploaded)/1e9/max(gs.UploadTime.Seconds(), 1e-9), ranks, gs.KernelTime.Seconds())
 			modules, choices := gpu.JITWork()
 			fmt.Printf("compiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",
 				modules, gpu.Device.KernelCache().Stats().BuildTime.Seconds(), choices)

@@ -18,7 +18,7 @@ func cmdInspect(args []string) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var ef engineFlags
 	ef.register(fs)
-	after := fs.String("after", "", `print the graph after this pass ("input" for the built graph, "all" for every pass); passes: `+strings.Join(compile.PassNames(), ", "))
+	after := fs.String("after", "", `print the graph after this pass ("input" for the built graph, "all" for every pass, "shard" for rank 0's part under --tensor-parallel-size); passes: `+strings.Join(compile.PassNames(), ", "))
 	tokens := fs.Int("tokens", 1, "tokens per step of the shape bucket whose plan is shown")
 	rows := fs.Int("rows", 1, "logit rows of the shape bucket whose plan is shown")
 	buffers := fs.Bool("buffers", false, "list every activation buffer of the plan")
@@ -29,7 +29,7 @@ func cmdInspect(args []string) error {
 	if len(pos) != 1 {
 		return fmt.Errorf("want one MODEL argument, got %d", len(pos))
 	}
-	if *after != "" && *after != "all" && *after != "input" && !slices.Contains(compile.PassNames(), *after) {
+	if *after != "" && *after != "all" && *after != "input" && *after != "shard" && !slices.Contains(compile.PassNames(), *after) {
 		return fmt.Errorf("--after: unknown pass %q (passes: input, %s)", *after, strings.Join(compile.PassNames(), ", "))
 	}
 	m, err := openModel(pos[0])

@@ -230,7 +230,9 @@ func closeBackend(b backend.Backend) {
 		b.Close()
 	case *backend.Group:
 		if cuda.GroupRanks(b) != nil {
-			cuda.CloseGroup(b)
+			if err := cuda.CloseGroup(b); err != nil {
+				fmt.Fprintln(os.Stderr, "kiln:", err)
+			}
 		}
 	}
 }

@@ -80,6 +80,9 @@ func cmdServe(args []string) error {
 	}
 	defer e.Close()
 	loaded := []any{"load_s", fmt.Sprintf("%.1f", time.Since(loadStart).Seconds()), "start", phaseList(e.Startup)}
+	if ef.tp > 1 {
+		loaded = append(loaded, "tensor_parallel_size", ef.tp) // the GPU figures below are rank 0's
+	}
 	gpu := gpuOf(e.backend)
 	if gpu != nil {
 		st := gpu.Device.KernelCache().Stats()

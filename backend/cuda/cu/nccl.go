@@ -1,9 +1,11 @@
 package cu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -138,9 +140,40 @@ func (c *Comm) Abort() error {
 	return ncclAbort(c.h)
 }
 
-// Close destroys the communicator (every rank's together: it may wait for
-// the others).
-func (c *Comm) Close() error {
+// CloseComms destroys a group's communicators, every rank's at once: NCCL's
+// destroy waits for the group's other ranks (one at a time never returns).
+// A destroy that has not returned after CommCloseTimeout is left to the
+// process's exit (ErrCommStuck): a server or a benchmark must not hang as
+// it ends.
+func CloseComms(cs []*Comm) error {
+	errs := make([]error, len(cs))
+	done := make(chan struct{})
+	go func() {
+		var wg sync.WaitGroup
+		for i, c := range cs {
+			wg.Go(func() { errs[i] = c.close() })
+		}
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return errors.Join(errs...)
+	case <-time.After(CommCloseTimeout):
+		return ErrCommStuck
+	}
+}
+
+// CommCloseTimeout bounds CloseComms.
+var CommCloseTimeout = 10 * time.Second
+
+// ErrCommStuck: CloseComms gave up waiting for NCCL; the devices' workers
+// may still be inside it, so the devices are not closed either.
+var ErrCommStuck = errors.New("nccl: ncclCommDestroy did not return; left to the process's exit")
+
+// close destroys the communicator; CloseComms calls it on every rank at
+// once.
+func (c *Comm) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.h == nil || c.aborted {

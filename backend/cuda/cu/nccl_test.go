@@ -53,8 +53,8 @@ func TestNCCLCollectives(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() {
-		for _, c := range comms {
-			c.Close()
+		if err := CloseComms(comms); err != nil {
+			t.Error(err)
 		}
 	}()
 	const n = 1000

@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"math"
-	"slices"
 	"testing"
 
 	"kiln/backend/cpu"
@@ -53,27 +52,11 @@ func TestHFTransformersFixtures(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer e.Close()
-					seq := e.NewSequence()
-					logits, err := e.Prefill(seq, f.InputIDs, true)
-					if err != nil {
-						t.Fatal(err)
-					}
-					e.Free(seq)
-					got := relErrInf(logits, f.Logits)
-					if got > 1e-4 {
+					logits := f.Prefill(t, e)
+					if got := relErrInf(logits, f.Logits); got > 1e-4 {
 						t.Errorf("logits: ‖out−ref‖∞/‖ref‖∞ = %.3g > 1e-4", got)
 					}
-					var ids []int
-					_, err = e.Generate(f.InputIDs, engine.SamplingParams{MaxTokens: len(f.GreedyIDs)}, func(id int) bool {
-						ids = append(ids, id)
-						return true
-					})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !slices.Equal(ids, f.GreedyIDs) {
-						t.Errorf("greedy ids\n got %v\nwant %v", ids, f.GreedyIDs)
-					}
+					f.CheckGreedy(t, e)
 				})
 			}
 		}

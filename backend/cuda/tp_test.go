@@ -2,7 +2,6 @@ package cuda_test
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 
@@ -85,12 +84,7 @@ func TestTensorParallelFixtures(t *testing.T) {
 						t.Skipf("%d heads, %d KV heads, MLP %d over %d ranks", m.NumHeads, m.NumKVHeads, m.IntermediateSize, n)
 					}
 					e := openEngine(t, dir, g, engine.Options{})
-					seq := e.NewSequence()
-					logits, err := e.Prefill(seq, f.InputIDs, true)
-					if err != nil {
-						t.Fatal(err)
-					}
-					e.Free(seq)
+					logits := f.Prefill(t, e)
 					limit := 1e-3
 					if dtype == "bf16" {
 						limit = 2e-2
@@ -102,12 +96,7 @@ func TestTensorParallelFixtures(t *testing.T) {
 					}
 					checkArgmax(t, logits, f.Logits, f.LogitsShape[1], dtype == "f32")
 					if dtype == "bf16" {
-						one := openEngine(t, dir, backendOf(t, dtype), engine.Options{})
-						s1 := one.NewSequence()
-						l1, err := one.Prefill(s1, f.InputIDs, true)
-						if err != nil {
-							t.Fatal(err)
-						}
+						l1 := f.Prefill(t, openEngine(t, dir, backendOf(t, dtype), engine.Options{}))
 						d := relL2(logits, l1)
 						t.Logf("‖tp%d−tp1‖₂/‖tp1‖₂ = %.3g", n, d)
 						if d > 2e-2 {
@@ -115,16 +104,7 @@ func TestTensorParallelFixtures(t *testing.T) {
 						}
 						return
 					}
-					var ids []int
-					if _, err := e.Generate(f.InputIDs, engine.SamplingParams{MaxTokens: len(f.GreedyIDs)}, func(id int) bool {
-						ids = append(ids, id)
-						return true
-					}); err != nil {
-						t.Fatal(err)
-					}
-					if !slices.Equal(ids, f.GreedyIDs) {
-						t.Errorf("greedy ids\n got %v\nwant %v", ids, f.GreedyIDs)
-					}
+					f.CheckGreedy(t, e)
 				})
 			}
 		}

@@ -10,7 +10,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+
+	"kiln/engine"
 )
 
 // Fixture is one recorded model.
@@ -57,4 +60,33 @@ func Load(t testing.TB, root string) map[string]*Fixture {
 		out[filepath.Dir(p)] = f
 	}
 	return out
+}
+
+// Prefill runs the fixture's prompt through e as one new sequence and
+// returns the logits of every position (freeing the sequence).
+func (f *Fixture) Prefill(t testing.TB, e *engine.Engine) []float32 {
+	t.Helper()
+	seq := e.NewSequence()
+	defer e.Free(seq)
+	logits, err := e.Prefill(seq, f.InputIDs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return logits
+}
+
+// CheckGreedy generates the fixture's greedy continuation on e and requires
+// transformers' ids.
+func (f *Fixture) CheckGreedy(t testing.TB, e *engine.Engine) {
+	t.Helper()
+	var ids []int
+	if _, err := e.Generate(f.InputIDs, engine.SamplingParams{MaxTokens: len(f.GreedyIDs)}, func(id int) bool {
+		ids = append(ids, id)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, f.GreedyIDs) {
+		t.Errorf("greedy ids\n got %v\nwant %v", ids, f.GreedyIDs)
+	}
 }

@@ -23,8 +23,9 @@ import (
 
 // Options configure an engine.
 type Options struct {
-	// ContextLen is the longest sequence served (0: the model's, capped at
-	// DefaultContextLen).
+	// ContextLen is the longest sequence served (0: the model's own, or
+	// less when KVCacheFraction's share of the memory holds less: then one
+	// sequence of what it holds).
 	ContextLen int
 	// MaxSeqs is how many sequences may hold KV blocks at once (default 1).
 	MaxSeqs int
@@ -54,9 +55,9 @@ type Options struct {
 	Compile compile.Options
 }
 
-// DefaultContextLen caps the context when the model's is larger, so that the
-// KV cache of a long-context model fits in memory by default.
-const DefaultContextLen = 4096
+// MinAutoContextLen is the least context a default (ContextLen 0) may be
+// bounded to by memory: below it, New fails as for an explicit context.
+const MinAutoContextLen = 256
 
 // Engine runs one model on one backend.
 type Engine struct {
@@ -108,8 +109,9 @@ func (p *phases) done(name string) {
 func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	c := m.Config
 	ctx := opts.ContextLen
-	if ctx <= 0 {
-		ctx = min(c.MaxPositions, DefaultContextLen)
+	auto := ctx <= 0
+	if auto {
+		ctx = c.MaxPositions
 	}
 	if ctx > c.MaxPositions {
 		return nil, fmt.Errorf("context length %d exceeds the model's %d", ctx, c.MaxPositions)
@@ -160,6 +162,11 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		one := spec
 		one.Blocks = 1
 		fit := int(opts.KVCacheFraction * float64(free) / float64(mem.KVBytes(one)))
+		if auto && fit < blocksPerSeq && fit*opts.BlockSize >= MinAutoContextLen {
+			// The model's own context does not fit: the default is what
+			// does, for one sequence.
+			ctx, blocksPerSeq = fit*opts.BlockSize, fit
+		}
 		if fit < blocksPerSeq {
 			loaded.Close()
 			return nil, fmt.Errorf("kv cache: %.0f%% of the %d MiB left holds %d tokens, less than one context of %d",

@@ -9,6 +9,7 @@ import (
 	"kiln/backend/cpu"
 	"kiln/bench"
 	"kiln/engine"
+	"kiln/internal/testmodel"
 	"kiln/model"
 	"kiln/tensor"
 )
@@ -200,6 +201,43 @@ func TestKVCacheFraction(t *testing.T) {
 	e.Close()
 	if _, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 64, KVCacheFraction: 1e-15}); err == nil || !strings.Contains(err.Error(), "less than one context") {
 		t.Errorf("a fraction too small: %v", err)
+	}
+}
+
+// TestDefaultContext: without a context length an engine serves the
+// model's own when the memory holds it, and when it does not, what the
+// KV cache's share of the memory holds for one sequence (a model of 2M
+// positions against a thousandth of the free memory); an explicit context
+// that does not fit stays an error.
+func TestDefaultContext(t *testing.T) {
+	c := model.Config{Arch: "llama", HiddenSize: 16, IntermediateSize: 24, NumLayers: 2, NumHeads: 2, NumKVHeads: 2, HeadDim: 8,
+		VocabSize: 32, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.F32}
+	e, err := engine.New(testmodel.Random(c, 1), &cpu.Backend{}, engine.Options{KVCacheFraction: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ContextLen() != 512 {
+		t.Errorf("context %d, want the model's 512", e.ContextLen())
+	}
+	e.Close()
+	c.MaxPositions = 1 << 21
+	m := testmodel.Random(c, 1)
+	e, err = engine.New(m, &cpu.Backend{}, engine.Options{KVCacheFraction: 1e-3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx, spec := e.ContextLen(), e.KVSpec()
+	t.Logf("context %d of %d, %d blocks", ctx, c.MaxPositions, spec.Blocks)
+	if ctx >= c.MaxPositions || ctx < engine.MinAutoContextLen || ctx != spec.Blocks*spec.BlockSize {
+		t.Errorf("context %d (model %d) in a cache of %d blocks of %d", ctx, c.MaxPositions, spec.Blocks, spec.BlockSize)
+	}
+	s := e.NewSequence()
+	if _, err := e.Prefill(s, []int{1, 2, 3}, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: c.MaxPositions, KVCacheFraction: 1e-3}); err == nil || !strings.Contains(err.Error(), "less than one context") {
+		t.Errorf("an explicit context that does not fit: %v", err)
 	}
 }
 

@@ -69,7 +69,7 @@ type engineFlags struct {
 func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.tokenizer, "tokenizer", envString("KILN_TOKENIZER", ""), "tokenizer file (tokenizer.json, llama2.c tokenizer.bin, or a model) [KILN_TOKENIZER]")
 	fs.IntVar(&e.threads, "threads", envInt("KILN_THREADS", 0), "CPU worker threads, 0 for all cores [KILN_THREADS]")
-	fs.IntVar(&e.ctx, "ctx", envInt("KILN_CONTEXT", 0), "context length, 0 for the model's (capped at 4096) [KILN_CONTEXT]")
+	fs.IntVar(&e.ctx, "ctx", envInt("KILN_CONTEXT", 0), "context length, 0 for the model's own (less when the KV cache's share of the memory holds less: then what it holds, for one sequence) [KILN_CONTEXT]")
 	fs.BoolVar(&e.reference, "reference", envBool("KILN_CPU_REFERENCE"), "use the plain reference kernels [KILN_CPU_REFERENCE]")
 	fs.StringVar(&e.device, "device", envString("KILN_DEVICE", "auto"), "where to run: auto (the GPU when one is usable, else the CPU), cpu, or cuda [KILN_DEVICE]")
 	fs.StringVar(&e.dtype, "dtype", envString("KILN_DTYPE", "auto"), "GPU compute dtype: auto (bf16, or f16 for an f16 checkpoint), bf16, f16 or f32 [KILN_DTYPE]")

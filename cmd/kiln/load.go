@@ -250,7 +250,7 @@ func (e *engineOn) Close() error {
 }
 
 func newEngineWithCompile(m *model.Model, f *engineFlags, co compile.Options) (*engineOn, error) {
-	return newEngineOptions(m, f, engine.Options{ContextLen: f.ctx, Compile: co})
+	return newEngineOptions(m, f, engine.Options{ContextLen: f.ctx, Compile: co, KVCacheFraction: autoKVFraction})
 }
 
 func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engineOn, error) {

@@ -59,10 +59,7 @@ func cmdServe(args []string) error {
 		*name = modelName(m.Path, len(pos) == 0)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	ctxLen := ef.ctx
-	if ctxLen <= 0 {
-		ctxLen = min(m.Config.MaxPositions, engine.DefaultContextLen)
-	}
+	ctxLen := ef.ctx // 0: the model's own, bounded by memory
 	if *blockSize < 1 || *blockSize > 256 {
 		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
 	}
@@ -100,7 +97,7 @@ func cmdServe(args []string) error {
 		return err
 	}
 	spec := e.KVSpec()
-	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", ctxLen,
+	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", e.ContextLen(),
 		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "kv_cache_mib", e.KVBytes()>>20,
 		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
 	log.Info("startup", loaded...)

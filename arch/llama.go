@@ -113,6 +113,8 @@ func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
 		LowFreqFactor: c.RopeScaling.LowFreqFactor, HighFreqFactor: c.RopeScaling.HighFreqFactor,
 		OriginalMaxPositions: c.RopeScaling.OriginalMaxPositions,
 		FreqFactors:          c.RopeFreqFactors,
+		ShortFactor:          c.RopeScaling.ShortFactor, LongFactor: c.RopeScaling.LongFactor,
+		AttentionFactor: c.RopeScaling.AttentionFactor,
 	}})
 	x := b.op(ir.Embed, ir.Attrs{}, b.weight(model.EmbedName), tokens)
 	interleaved := c.RopeStyle == model.RopeInterleaved

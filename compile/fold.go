@@ -82,6 +82,19 @@ func RopeFrequencies(r ir.RopeParams) []float64 {
 		}
 		freqs[i] = f
 	}
+	if r.Scaling == "longrope" {
+		return longRopeFrequencies(r, r.ShortFactor)
+	}
+	return freqs
+}
+
+// longRopeFrequencies are the base frequencies each divided by its factor
+// (longrope's short factors below the original context, long from it on).
+func longRopeFrequencies(r ir.RopeParams, factors []float32) []float64 {
+	freqs := make([]float64, r.HeadDim/2)
+	for i := range freqs {
+		freqs[i] = 1 / (float64(factors[i]) * math.Pow(r.Theta, float64(2*i)/float64(r.HeadDim)))
+	}
 	return freqs
 }
 
@@ -89,15 +102,23 @@ func ropeTable(r ir.RopeParams) (*tensor.Tensor, error) {
 	if r.MaxPositions <= 0 || r.HeadDim <= 0 || r.HeadDim%2 != 0 {
 		return nil, fmt.Errorf("bad rope params %+v", r)
 	}
-	freqs := RopeFrequencies(r)
+	freqs, long := RopeFrequencies(r), []float64(nil)
+	scale := 1.0
+	if r.Scaling == "longrope" {
+		long = longRopeFrequencies(r, r.LongFactor)
+		scale = r.AttentionFactor
+	}
 	half := len(freqs)
 	vals := make([]float32, r.MaxPositions*r.HeadDim)
 	for p := 0; p < r.MaxPositions; p++ {
-		row := vals[p*r.HeadDim:]
-		for i, f := range freqs {
+		row, fs := vals[p*r.HeadDim:], freqs
+		if long != nil && p >= r.OriginalMaxPositions {
+			fs = long
+		}
+		for i, f := range fs {
 			angle := float64(p) * f
-			row[i] = float32(math.Cos(angle))
-			row[half+i] = float32(math.Sin(angle))
+			row[i] = float32(scale * math.Cos(angle))
+			row[half+i] = float32(scale * math.Sin(angle))
 		}
 	}
 	name := fmt.Sprintf("rope_table(theta=%g,head_dim=%d,max_pos=%d", r.Theta, r.HeadDim, r.MaxPositions)

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -25,38 +26,8 @@ func TestGGUFExperts(t *testing.T) {
 			c := model.Config{Arch: arch, HiddenSize: 64, IntermediateSize: 32, NumLayers: 2, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
 				VocabSize: 96, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, RopeStyle: model.RopeHalf,
 				NumExperts: 4, ExpertsPerToken: 2, NormTopK: arch == "mixtral", QKNorm: arch == "qwen3_moe", BOS: []int{1}, EOS: []int{2}}
-			m := testmodel.Zeros(c)
-			rng := rand.New(rand.NewPCG(7, uint64(len(arch))))
-			for name, tt := range m.Tensors {
-				v := make([]float32, tt.Shape.Elements())
-				for i := range v {
-					v[i] = float32(rng.NormFloat64() * 0.2)
-					if len(tt.Shape) == 1 {
-						v[i] += 1 // norm weights around 1
-					}
-				}
-				m.Tensors[name] = tensor.FromF32(name, tt.Shape, v)
-			}
-			path := filepath.Join(t.TempDir(), "moe.gguf")
-			f, err := os.Create(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, err := ParseScheme("f32")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := GGUF(f, m, s, nil); err != nil {
-				t.Fatal(err)
-			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-			g, err := model.Load(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
+			m := randomModel(c, uint64(len(arch)))
+			g := ggufRoundTrip(t, m)
 			gc := g.Config
 			if gc.Arch != arch || gc.NumExperts != 4 || gc.ExpertsPerToken != 2 || gc.NormTopK != c.NormTopK || gc.QKNorm != c.QKNorm || gc.IntermediateSize != 32 {
 				t.Fatalf("config read back %+v", gc)
@@ -69,24 +40,92 @@ func TestGGUFExperts(t *testing.T) {
 					t.Fatalf("%s read back: %v", name, err)
 				}
 			}
-			run := func(m *model.Model) []float32 {
-				e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				l, err := e.Step([]engine.Item{{Seq: e.NewSequence(), Tokens: []int{1, 5, 9, 33, 60, 7}}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return slices.Clone(l)
-			}
-			want, got := run(m), run(g)
-			for i := range want {
-				if d := got[i] - want[i]; d > 1e-4 || d < -1e-4 {
-					t.Fatalf("logit %d: %g from the GGUF file, %g from the model", i, got[i], want[i])
-				}
-			}
+			sameLogits(t, m, g)
 		})
+	}
+}
+
+// TestGGUFLongRope: a Phi-3 of longrope scaling written as GGUF (llama.cpp's
+// rope_factors_short/long tensors, the original context and attention
+// factor) loads back with the same scaling and gives the same logits on the
+// CPU, over a prompt that runs past the original context (both factors).
+func TestGGUFLongRope(t *testing.T) {
+	c := model.Config{Arch: "phi3", HiddenSize: 64, IntermediateSize: 32, NumLayers: 2, NumHeads: 4, NumKVHeads: 4, HeadDim: 16,
+		VocabSize: 96, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, RopeStyle: model.RopeHalf, BOS: []int{1}, EOS: []int{2},
+		RopeScaling: model.RopeScaling{Type: "longrope", OriginalMaxPositions: 8, AttentionFactor: 1.19,
+			ShortFactor: []float32{1, 1.1, 1.2, 1.3, 1.5, 2, 3, 4}, LongFactor: []float32{2, 3, 4, 5, 6, 7, 8, 9}}}
+	m := randomModel(c, 3)
+	g := ggufRoundTrip(t, m)
+	if !reflect.DeepEqual(g.Config.RopeScaling, c.RopeScaling) {
+		t.Fatalf("rope scaling read back %+v, want %+v", g.Config.RopeScaling, c.RopeScaling)
+	}
+	sameLogits(t, m, g)
+}
+
+// randomModel is a model of c with weights from seed (norm weights around 1).
+func randomModel(c model.Config, seed uint64) *model.Model {
+	m := testmodel.Zeros(c)
+	rng := rand.New(rand.NewPCG(7, seed))
+	for name, tt := range m.Tensors {
+		v := make([]float32, tt.Shape.Elements())
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * 0.2)
+			if len(tt.Shape) == 1 {
+				v[i] += 1
+			}
+		}
+		m.Tensors[name] = tensor.FromF32(name, tt.Shape, v)
+	}
+	return m
+}
+
+// ggufRoundTrip writes m as an f32 GGUF file and loads it back (closed when
+// the test ends).
+func ggufRoundTrip(t *testing.T, m *model.Model) *model.Model {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ParseScheme("f32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := GGUF(f, m, s, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g, err := model.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// sameLogits requires a and b to give the same logits (within 1e-4) at every
+// position of a 12-token prompt on the CPU.
+func sameLogits(t *testing.T, a, b *model.Model) {
+	t.Helper()
+	run := func(m *model.Model) []float32 {
+		e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		l, err := e.Step([]engine.Item{{Seq: e.NewSequence(), Tokens: []int{1, 5, 9, 33, 60, 7, 11, 13, 17, 19, 23, 29}, AllRows: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(l)
+	}
+	want, got := run(a), run(b)
+	for i := range want {
+		if d := got[i] - want[i]; d > 1e-4 || d < -1e-4 {
+			t.Fatalf("logit %d: %g from the GGUF file, %g from the model", i, got[i], want[i])
+		}
 	}
 }

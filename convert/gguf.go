@@ -117,6 +117,7 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 	if f := ropeFreqs(c); f != nil {
 		ts = append(ts, f)
 	}
+	ts = append(ts, model.LongRopeFactors(&c)...)
 	if c.Arch == "phi3" {
 		var err error
 		if ts, err = fusePhi3(ts, c.NumLayers); err != nil {

@@ -159,6 +159,12 @@ type RopeParams struct {
 	OriginalMaxPositions          int
 	// FreqFactors, when set, divide each pair's frequency (GGUF rope_freqs).
 	FreqFactors []float32
+	// Scaling "longrope": ShortFactor divides each pair's frequency at
+	// positions below OriginalMaxPositions, LongFactor from it on (as vLLM
+	// tables them: a sequence's earlier keys keep their rotation as it
+	// grows), and cos and sin are scaled by AttentionFactor.
+	ShortFactor, LongFactor []float32
+	AttentionFactor         float64
 }
 
 // Graph is one model step.

@@ -198,6 +198,9 @@ func inferRopeTable(n *Node) ([]Shape, []tensor.DType, error) {
 	if r.FreqFactors != nil && len(r.FreqFactors) != r.HeadDim/2 {
 		return nil, nil, fmt.Errorf("%d rope frequency factors for head dim %d", len(r.FreqFactors), r.HeadDim)
 	}
+	if r.Scaling == "longrope" && (len(r.ShortFactor) != r.HeadDim/2 || len(r.LongFactor) != r.HeadDim/2 || r.AttentionFactor <= 0) {
+		return nil, nil, fmt.Errorf("longrope: %d short and %d long factors for head dim %d, attention factor %g", len(r.ShortFactor), len(r.LongFactor), r.HeadDim, r.AttentionFactor)
+	}
 	return []Shape{{Dim(r.MaxPositions), Dim(r.HeadDim)}}, []tensor.DType{tensor.F32}, nil
 }
 

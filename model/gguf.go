@@ -569,6 +569,12 @@ func ggufName(c string) string {
 
 // LoadGGUF loads a GGUF file (architectures llama, with or without experts,
 // qwen2, qwen3, qwen3moe and phi3).
+
+// The tensors llama.cpp keeps longrope's factors in (phi3).
+const (
+	ropeFactorsShort = "rope_factors_short.weight"
+	ropeFactorsLong  = "rope_factors_long.weight"
+)
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }
@@ -679,6 +685,17 @@ func ggufModel(data []byte) (*Model, error) {
 	} else if ok && factor != 1 {
 		c.RopeScaling = RopeScaling{Type: "linear", Factor: factor}
 	}
+	if v, ok, err := mdInt(md, arch+".rope.scaling.original_context_length"); err != nil {
+		return nil, err
+	} else if ok {
+		// longrope (phi3): its factors come as tensors, below.
+		c.RopeScaling = RopeScaling{Type: "longrope", OriginalMaxPositions: v, AttentionFactor: LongRopeAttentionFactor(c.MaxPositions, v)}
+		if f, ok, err := mdFloat(md, arch+".rope.scaling.attn_factor"); err != nil {
+			return nil, err
+		} else if ok {
+			c.RopeScaling.AttentionFactor = f
+		}
+	}
 	if v, ok, err := mdInt(md, arch+".attention.sliding_window"); err != nil {
 		return nil, err
 	} else if ok {
@@ -706,12 +723,19 @@ func ggufModel(data []byte) (*Model, error) {
 	for _, in := range f.infos {
 		t := f.tensors[in.name]
 		stored[t.DType] += t.Shape.Elements()
-		if in.name == "rope_freqs.weight" {
+		if in.name == "rope_freqs.weight" || in.name == ropeFactorsShort || in.name == ropeFactorsLong {
 			vals, err := t.F32s()
 			if err != nil {
 				return nil, err
 			}
-			c.RopeFreqFactors = vals
+			switch in.name {
+			case ropeFactorsShort:
+				c.RopeScaling.ShortFactor = vals
+			case ropeFactorsLong:
+				c.RopeScaling.LongFactor = vals
+			default:
+				c.RopeFreqFactors = vals
+			}
 			continue
 		}
 		name := canonicalName(in.name)

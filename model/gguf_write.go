@@ -64,6 +64,12 @@ func GGUFMetadata(c *Config) []KV {
 	if c.RopeScaling.Type == "linear" {
 		md = append(md, KV{arch + ".rope.scaling.type", "linear"}, KV{arch + ".rope.scaling.factor", float32(c.RopeScaling.Factor)})
 	}
+	if r := c.RopeScaling; r.Type == "longrope" {
+		// As llama.cpp's phi3: the factors as rope_factors_short/long
+		// tensors (LongRopeFactors), the rest here.
+		md = append(md, KV{arch + ".rope.scaling.original_context_length", uint32(r.OriginalMaxPositions)},
+			KV{arch + ".rope.scaling.attn_factor", float32(r.AttentionFactor)})
+	}
 	if len(c.BOS) > 0 {
 		md = append(md, KV{"tokenizer.ggml.bos_token_id", uint32(c.BOS[0])})
 	}
@@ -71,6 +77,20 @@ func GGUFMetadata(c *Config) []KV {
 		md = append(md, KV{"tokenizer.ggml.eos_token_id", uint32(c.EOS[0])})
 	}
 	return md
+}
+
+// LongRopeFactors are the rope_factors_short.weight and
+// rope_factors_long.weight tensors llama.cpp keeps longrope's factors in,
+// or nil.
+func LongRopeFactors(c *Config) []*tensor.Tensor {
+	r := c.RopeScaling
+	if r.Type != "longrope" {
+		return nil
+	}
+	return []*tensor.Tensor{
+		tensor.FromF32(ropeFactorsShort, tensor.Shape{len(r.ShortFactor)}, r.ShortFactor),
+		tensor.FromF32(ropeFactorsLong, tensor.Shape{len(r.LongFactor)}, r.LongFactor),
+	}
 }
 
 // WriteGGUF writes a GGUF v3 file holding md and tensors (F32, F16, BF16 or

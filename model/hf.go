@@ -7,6 +7,7 @@
 package model
 
 import (
+	"math"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,7 @@ type hfConfig struct {
 	HeadDim               *int            `json:"head_dim"`
 	VocabSize             int             `json:"vocab_size"`
 	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	OriginalMaxPositions  *int            `json:"original_max_position_embeddings"`
 	RMSNormEps            *float64        `json:"rms_norm_eps"`
 	RopeTheta             *float64        `json:"rope_theta"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
@@ -66,6 +68,9 @@ type hfRope struct {
 	LowFreqFactor        *float64 `json:"low_freq_factor"`
 	HighFreqFactor       *float64 `json:"high_freq_factor"`
 	OriginalMaxPositions *int     `json:"original_max_position_embeddings"`
+	ShortFactor          []float32 `json:"short_factor"`
+	LongFactor           []float32 `json:"long_factor"`
+	AttentionFactor      *float64  `json:"attention_factor"`
 }
 
 var hfArchitectures = map[string]string{
@@ -172,6 +177,26 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 				HighFreqFactor:       deref(r.HighFreqFactor),
 				OriginalMaxPositions: derefInt(r.OriginalMaxPositions),
 			}
+		case "longrope", "su":
+			// As transformers: the extension is max_position_embeddings over
+			// the top-level original_max_position_embeddings (Phi-3), else
+			// rope_scaling's factor over max_position_embeddings.
+			orig := derefInt(r.OriginalMaxPositions)
+			if hc.OriginalMaxPositions != nil {
+				orig = *hc.OriginalMaxPositions
+			}
+			if orig <= 0 {
+				orig = c.MaxPositions
+			}
+			af := LongRopeAttentionFactor(c.MaxPositions, orig)
+			if hc.OriginalMaxPositions == nil && r.Factor != nil {
+				af = LongRopeAttentionFactor(int(math.Round(*r.Factor*float64(c.MaxPositions))), c.MaxPositions)
+			}
+			if r.AttentionFactor != nil {
+				af = *r.AttentionFactor
+			}
+			c.RopeScaling = RopeScaling{Type: "longrope", ShortFactor: r.ShortFactor, LongFactor: r.LongFactor,
+				OriginalMaxPositions: orig, AttentionFactor: af}
 		default:
 			return c, nil, fmt.Errorf("unsupported rope scaling type %q", typ)
 		}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -159,7 +161,7 @@ func TestHFErrors(t *testing.T) {
 	}{
 		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
-		{"longrope", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, `unsupported rope scaling type "longrope"`},
+		{"longrope of the wrong length", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, "longrope scaling of 1 short and 0 long factors (head dim 16)"},
 		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},
 		{"yarn", map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 4.0}}, good, `unsupported rope scaling type "yarn"`},
 		{"dynamic", map[string]any{"rope_parameters": map[string]any{"type": "dynamic", "factor": 4.0}}, good, `unsupported rope scaling type "dynamic"`},
@@ -378,7 +380,7 @@ func TestHFFixtures(t *testing.T) {
 		"llama-mqa":         func(c Config) bool { return c.NumKVHeads == 1 },
 		"llama-linear-rope": func(c Config) bool { return c.RopeScaling.Type == "linear" && c.RopeScaling.Factor > 1 },
 		"llama3-rope": func(c Config) bool {
-			return c.RopeScaling == RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64} && c.RopeTheta == 500000
+			return reflect.DeepEqual(c.RopeScaling, RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64}) && c.RopeTheta == 500000
 		},
 		"mistral-swa": func(c Config) bool { return c.Arch == "mistral" && c.SlidingWindow == 8 },
 		"qwen2-bias": func(c Config) bool {
@@ -535,6 +537,39 @@ func TestParseMoEConfigs(t *testing.T) {
 		}
 		if err != nil || !c.want(cfg) {
 			t.Errorf("%s: %+v, %v", c.json, cfg, err)
+		}
+	}
+}
+
+// TestParseLongRope: Phi-3's long-context configs give longrope's short and
+// long factors, the original context (top-level, as Phi-3 keeps it, or in
+// rope_scaling) and the attention factor transformers derives from the
+// extension (or the one given).
+func TestParseLongRope(t *testing.T) {
+	base := `"architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 320`
+	factors := `"short_factor": [1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5], "long_factor": [2, 3, 4, 5, 6, 7, 8, 9]`
+	for _, c := range []struct {
+		json       string
+		orig       int
+		attnFactor float64
+	}{
+		{`{` + base + `, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope", ` + factors + `}}`,
+			4096, math.Sqrt(1 + math.Log(32)/math.Log(4096))},
+		{`{` + base + `, "max_position_embeddings": 128, "rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 32, ` + factors + `, "attention_factor": 1.25}}`,
+			32, 1.25},
+		{`{` + base + `, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rope_scaling": {"type": "su", ` + factors + `}}`,
+			4096, 1},
+	} {
+		cfg, _, err := parseHFConfig([]byte(c.json))
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.json, err)
+		}
+		r := cfg.RopeScaling
+		if r.Type != "longrope" || r.OriginalMaxPositions != c.orig || math.Abs(r.AttentionFactor-c.attnFactor) > 1e-12 || r.ShortFactor[1] != 1.5 || r.LongFactor[7] != 9 {
+			t.Errorf("%s: %+v, want original %d, attention factor %g", c.json, r, c.orig, c.attnFactor)
 		}
 	}
 }

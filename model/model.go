@@ -10,6 +10,7 @@
 package model
 
 import (
+	"math"
 	"fmt"
 	"sort"
 
@@ -39,7 +40,12 @@ type RopeScaling struct {
 	Type                          string
 	Factor                        float64
 	LowFreqFactor, HighFreqFactor float64 // llama3
-	OriginalMaxPositions          int     // llama3
+	OriginalMaxPositions          int     // llama3, longrope
+	// ShortFactor and LongFactor (longrope: Phi-3's long-context models)
+	// divide each pair's frequency, at positions below OriginalMaxPositions
+	// and from it on; AttentionFactor scales cos and sin.
+	ShortFactor, LongFactor []float32
+	AttentionFactor         float64
 }
 
 // Config is everything the architecture builder needs about a model.
@@ -106,10 +112,28 @@ func (c *Config) Validate() error {
 		if s.Factor <= 0 || s.LowFreqFactor <= 0 || s.HighFreqFactor <= s.LowFreqFactor || s.OriginalMaxPositions <= 0 {
 			return fmt.Errorf("config: llama3 rope scaling %+v is inconsistent", s)
 		}
+	case "longrope":
+		s := c.RopeScaling
+		if len(s.ShortFactor) != c.HeadDim/2 || len(s.LongFactor) != c.HeadDim/2 || s.OriginalMaxPositions <= 0 || s.AttentionFactor <= 0 {
+			return fmt.Errorf("config: longrope scaling of %d short and %d long factors (head dim %d), original context %d, attention factor %g",
+				len(s.ShortFactor), len(s.LongFactor), c.HeadDim, s.OriginalMaxPositions, s.AttentionFactor)
+		}
 	default:
 		return fmt.Errorf("unsupported rope scaling type %q", c.RopeScaling.Type)
 	}
 	return nil
+}
+
+// LongRopeAttentionFactor is longrope's default scale of cos and sin for a
+// model of maxPos positions trained on original:
+// √(1 + ln(maxPos/original)/ln(original)), or 1 when not extended
+// (transformers' _compute_longrope_parameters).
+func LongRopeAttentionFactor(maxPos, original int) float64 {
+	factor := float64(maxPos) / float64(original)
+	if factor <= 1 {
+		return 1
+	}
+	return math.Sqrt(1 + math.Log(factor)/math.Log(float64(original)))
 }
 
 // Model is a loaded model: its config, its tensors, and where its tokenizer

@@ -124,6 +124,18 @@ VARIANTS = [
     # no sliding window within the prompt.
     dict(name="phi3-fused", arch="phi3", seed=114, T=31, legacy=False,
          cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None), rope=rope(10000.0)),
+    # Phi-3's long-context scaling (longrope, as Phi-3-mini-128k): 128
+    # positions over an original 32, short and long factors of each pair,
+    # the attention factor derived from the extension (sqrt(1 + ln 4 / ln
+    # 32)). The prompt (30 tokens) stays below the original context, where
+    # transformers uses the short factors: beyond it transformers switches
+    # every position of a forward to the long ones, kiln (as vLLM) only the
+    # positions from the original context on.
+    dict(name="phi3-longrope", arch="phi3", seed=117, T=30, legacy=False,
+         cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None, max_position_embeddings=128,
+                  original_max_position_embeddings=32),
+         rope=rope(10000.0, "longrope", short_factor=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.6, 3.2],
+                   long_factor=[1.0, 1.2, 1.8, 2.7, 4.0, 6.0, 9.0, 12.0])),
     # Mixtures of experts (added in session 19, not yet run: see which
     # layout transformers 5 saves the experts in, per expert as the Hub's
     # checkpoints or fused gate_up_proj / down_proj, which manual_forward
@@ -274,6 +286,10 @@ def expected_inv_freq(cfg):
                 out.append((1 - s) * x / f + s * x)
                 bands.append("smoothed")
         inv = out
+    elif t == "longrope":
+        # Below original_max_position_embeddings: the short factors (the
+        # fixture's prompt stays there, where transformers and kiln agree).
+        inv = [x / f for x, f in zip(inv, rp["short_factor"])]
     elif t != "default":
         raise ValueError("no independent formula for rope_type %r" % t)
     return inv, bands

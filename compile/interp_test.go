@@ -68,6 +68,11 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 			for _, id := range x(1) {
 				o = append(o, x(0)[int(id)*d:int(id+1)*d]...)
 			}
+			if sc := n.Attrs.Scale; sc != 0 {
+				for i := range o {
+					o[i] *= float64(sc)
+				}
+			}
 			outs = [][]float64{o}
 		case ir.RMSNorm:
 			outs = [][]float64{rmsnorm(x(0), x(1), float64(n.Attrs.Eps))}
@@ -87,6 +92,18 @@ func (in *interp) step(g *ir.Graph, tokens, positions []int, rows []int) ([][]fl
 			outs = [][]float64{o}
 		case ir.SiLU:
 			outs = [][]float64{silu(x(0))}
+		case ir.GELUTanh:
+			o := make([]float64, len(x(0)))
+			for i, v := range x(0) {
+				o[i] = 0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v)))
+			}
+			outs = [][]float64{o}
+		case ir.SoftCap:
+			o := make([]float64, len(x(0)))
+			for i, v := range x(0) {
+				o[i] = float64(n.Attrs.Cap) * math.Tanh(v/float64(n.Attrs.Cap))
+			}
+			outs = [][]float64{o}
 		case ir.Mul:
 			outs = [][]float64{mul(x(0), x(1))}
 		case ir.SwiGLU:
@@ -186,6 +203,9 @@ func (in *interp) attention(q []float64, positions []int, a ir.Attrs) []float64 
 					s += qh[c] * k[c]
 				}
 				s *= float64(a.Scale)
+				if a.Cap > 0 {
+					s = float64(a.Cap) * math.Tanh(s/float64(a.Cap))
+				}
 				scores = append(scores, s)
 				maxS = math.Max(maxS, s)
 			}
@@ -318,6 +338,17 @@ func TestCompilePreservesResults(t *testing.T) {
 			c.NumLayers, c.NumHeads, c.NumKVHeads, c.HiddenSize = 3, 4, 2, 16
 		}},
 		{"no fused ops", targetWithout(ir.AddRMSNorm, ir.SwiGLU, ir.RoPEKVWrite, ir.Split, ir.ConcatRows), nil},
+		{"gemma 2", everything, func(c *model.Config) {
+			c.Arch, c.NumLayers, c.NumHeads, c.NumKVHeads, c.HiddenSize = "gemma2", 3, 4, 2, 16
+			c.EmbedScale, c.NormOffset, c.PostNorms, c.GELU, c.QueryScale = 4, 1, true, true, 0.3
+			c.AttnSoftCap, c.FinalSoftCap, c.LayerWindows = 5, 3, []int{3, 0, 3}
+		}},
+		{"gemma 3", everything, func(c *model.Config) {
+			c.Arch, c.NumLayers, c.NumHeads, c.NumKVHeads, c.HiddenSize, c.TiedEmbeddings = "gemma3", 3, 4, 2, 16, true
+			c.EmbedScale, c.NormOffset, c.PostNorms, c.GELU, c.QKNorm = 4, 1, true, true, true
+			c.LayerWindows, c.RopeLocalTheta = []int{2, 2, 0}, 500
+			c.RopeScaling = model.RopeScaling{Type: "linear", Factor: 4}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tinyConfig()

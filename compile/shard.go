@@ -201,14 +201,14 @@ func (sh *sharder) attention(att *ir.Node) error {
 	return sh.rowParallel(out, lo*a.HeadDim, hi*a.HeadDim)
 }
 
-// mlp shards a SwiGLU MLP, Mul(SiLU(x·gateᵀ), x·upᵀ)·downᵀ; any other Mul
-// stays whole.
+// mlp shards a gated MLP, Mul(SiLU(x·gateᵀ), x·upᵀ)·downᵀ (or GELU's, Gemma's
+// GeGLU); any other Mul stays whole.
 func (sh *sharder) mlp(mul *ir.Node) error {
-	silu, up := mul.Inputs[0].Def, mul.Inputs[1].Def
-	if silu.Op != ir.SiLU || up.Op != ir.MatMul || silu.Inputs[0].Def.Op != ir.MatMul {
+	act, up := mul.Inputs[0].Def, mul.Inputs[1].Def
+	if (act.Op != ir.SiLU && act.Op != ir.GELUTanh) || up.Op != ir.MatMul || act.Inputs[0].Def.Op != ir.MatMul {
 		return nil
 	}
-	gate := silu.Inputs[0].Def
+	gate := act.Inputs[0].Def
 	width := gate.Inputs[1].Shape[0]
 	lo, hi, err := sh.part(int(width), "MLP rows")
 	if err != nil {
@@ -268,12 +268,19 @@ func (sh *sharder) embed(n *ir.Node) error {
 	return sh.after(n, ir.AllReduce)
 }
 
-// head shards the LM head: the graph's output, a product by [V,D].
+// head shards the LM head: the graph's output, a product by [V,D] (soft-capped
+// after the gather, when the model caps its logits).
 func (sh *sharder) head() error {
-	if len(sh.g.Outputs) != 1 || sh.g.Outputs[0].Def.Op != ir.MatMul {
-		return fmt.Errorf("tensor parallel: the graph's output is not one product")
+	if len(sh.g.Outputs) != 1 {
+		return fmt.Errorf("tensor parallel: the graph has %d outputs, want the logits", len(sh.g.Outputs))
 	}
 	mm := sh.g.Outputs[0].Def
+	if mm.Op == ir.SoftCap {
+		mm = mm.Inputs[0].Def
+	}
+	if mm.Op != ir.MatMul {
+		return fmt.Errorf("tensor parallel: the logits come from %v, not a product", mm.Op)
+	}
 	lo, hi, ok := sh.vocabulary(int(mm.Inputs[1].Shape[0]))
 	if !ok {
 		return nil

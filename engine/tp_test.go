@@ -73,6 +73,8 @@ func TestTensorParallelShapes(t *testing.T) {
 		{"qwen3 norms and bias", func(c *model.Config) { c.Arch, c.QKNorm, c.QKVBias = "qwen3", true, true }},
 		{"mixtral", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken, c.NormTopK = "mixtral", 4, 2, true }},
 		{"qwen3 moe", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken, c.QKNorm = "qwen3_moe", 4, 2, true }},
+		{"gemma 2", func(c *model.Config) { gemma2(c) }},
+		{"gemma 3", func(c *model.Config) { gemma3(c) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
@@ -138,3 +140,51 @@ var errTest = errString("injected failure")
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// gemma2 makes c a Gemma 2 of windowed and global layers with soft-capping.
+func gemma2(c *model.Config) {
+	c.Arch, c.EmbedScale, c.NormOffset, c.PostNorms, c.GELU, c.QueryScale = "gemma2", 4, 1, true, true, 0.4
+	c.AttnSoftCap, c.FinalSoftCap, c.LayerWindows = 4, 2, []int{3, 0}
+	c.TiedEmbeddings = true
+}
+
+// gemma3 makes c a Gemma 3: q/k norms, a windowed layer of its own RoPE
+// base, a global one of linear scaling.
+func gemma3(c *model.Config) {
+	c.Arch, c.EmbedScale, c.NormOffset, c.PostNorms, c.GELU, c.QKNorm = "gemma3", 4, 1, true, true, true
+	c.LayerWindows, c.RopeLocalTheta, c.RopeScaling = []int{3, 0}, 500, model.RopeScaling{Type: "linear", Factor: 4}
+}
+
+// TestGemmaKernels: Gemma 2 and 3 (random weights) give the reference
+// kernels' logits on the fast kernels within 1e-4, prompt whole and in
+// chunks of 1 to 4 tokens past the windows.
+func TestGemmaKernels(t *testing.T) {
+	for name, edit := range map[string]func(*model.Config){"gemma2": gemma2, "gemma3": gemma3} {
+		t.Run(name, func(t *testing.T) {
+			c := model.Config{Arch: "llama", HiddenSize: 16, IntermediateSize: 24, NumLayers: 2, NumHeads: 4, NumKVHeads: 2, HeadDim: 4,
+				VocabSize: 32, MaxPositions: 64, RMSNormEps: 1e-6, RopeTheta: 10000, DType: tensor.F32}
+			edit(&c)
+			m := testmodel.Random(c, 5)
+			prompt := []int{1, 5, 9, 2, 30, 7, 11, 3, 8, 14, 21}
+			run := func(ref bool, buckets []int) []float32 {
+				e, err := engine.New(m, &cpu.Backend{Reference: ref}, engine.Options{Buckets: buckets, Compile: compileVerify})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				s := e.NewSequence()
+				l, err := e.Prefill(s, prompt, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return slices.Clone(l)
+			}
+			want := run(true, nil)
+			for _, buckets := range [][]int{nil, {1, 2, 4}} {
+				if d := relErrInf(run(false, buckets), want); d > 1e-4 {
+					t.Errorf("buckets %v: ‖fast−ref‖∞/‖ref‖∞ = %.3g > 1e-4", buckets, d)
+				}
+			}
+		})
+	}
+}

@@ -132,7 +132,8 @@ type Attrs struct {
 	// Heads, KVHeads, HeadDim shape attention and RoPE.
 	Heads, KVHeads, HeadDim int
 	Window                  int     // Attention: sliding window (0: none)
-	Scale                   float32 // Attention: score scale
+	Scale                   float32 // Attention: score scale; Embed: rows scaled by it when set
+	Cap                     float32 // SoftCap; Attention: scores soft-capped when set
 	Interleaved             bool    // RoPE: rotate pairs (2i,2i+1) instead of (i,i+d/2)
 	Rope                    RopeParams
 	Sizes                   []int // Split: column counts of each output

@@ -21,16 +21,18 @@ const (
 	Const     // () -> the compile-time constant Attrs.Tensor
 	RopeTable // () -> f32[MaxPositions, HeadDim]: row p holds cos(p·f_i) then sin(p·f_i); always folded to a Const
 
-	Embed      // (table[V,D], ids i32[T]) -> f32[T,D]; with Ranks > 1 the table is rows [VocabStart, VocabStart+V) of a vocabulary of Ranks·V, and any other id gives a row of zeros (a vocabulary-parallel shard)
+	Embed      // (table[V,D], ids i32[T]) -> f32[T,D], times Attrs.Scale when set (Gemma's √D); with Ranks > 1 the table is rows [VocabStart, VocabStart+V) of a vocabulary of Ranks·V, and any other id gives a row of zeros (a vocabulary-parallel shard)
 	RMSNorm    // (x[X,D], w[D]) -> f32[X,D]: x / sqrt(mean(x²)+Eps) · w; with HeadDim, w[HeadDim] and each head's HeadDim elements normalized (Qwen3's q/k norms)
 	MatMul     // (x[X,K], w[N,K]) -> f32[X,N]: x·wᵀ
 	Add        // (a, b) -> a+b, same shapes
 	AddBias    // (x[X,N], b[N]) -> x+b broadcast over rows
 	SiLU       // (x) -> x·sigmoid(x)
+	GELUTanh   // (x) -> x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))): GELU's tanh approximation (Gemma's GeGLU)
+	SoftCap    // (x) -> Cap·tanh(x/Cap) (Gemma 2's logit soft-capping)
 	Mul        // (a, b) -> a·b elementwise
 	RoPE       // (x[T,Heads·HeadDim], pos i32[T], table) -> rotated x
 	KVWrite    // (k[T,KVHeads·HeadDim], v[T,KVHeads·HeadDim]) -> state: store into layer Attrs.Layer's cache
-	Attention  // (q[T,Heads·HeadDim], state) -> f32[T,Heads·HeadDim]: causal (optionally windowed) attention over the sequence's cache
+	Attention  // (q[T,Heads·HeadDim], state) -> f32[T,Heads·HeadDim]: causal (optionally windowed) attention over the sequence's cache; with Cap, scores soft-capped to Cap·tanh(s/Cap) (Gemma 2)
 	SelectRows // (x[T,D]) -> f32[R,D]: the rows the batch wants logits for
 	// MoE (x[X,D], router[E,D], then per expert gate[I,D], up[I,D],
 	// down[D,I]) -> f32[X,D]: a mixture of SwiGLU experts, each row routed
@@ -90,6 +92,13 @@ func init() {
 		Add:       {name: "add", infer: inferSame(2)},
 		AddBias:   {name: "add_bias", infer: inferAddBias},
 		SiLU:      {name: "silu", infer: inferSame(1)},
+		GELUTanh:  {name: "gelu_tanh", infer: inferSame(1)},
+		SoftCap: {name: "softcap", infer: func(n *Node) ([]Shape, []tensor.DType, error) {
+			if n.Attrs.Cap <= 0 {
+				return nil, nil, fmt.Errorf("cap %g", n.Attrs.Cap)
+			}
+			return inferSame(1)(n)
+		}},
 		Mul:       {name: "mul", infer: inferSame(2)},
 		RoPE:      {name: "rope", infer: inferRoPE},
 		KVWrite:   {name: "kv_write", infer: inferKVWrite},
@@ -498,8 +507,8 @@ func inferAttention(n *Node) ([]Shape, []tensor.DType, error) {
 	if a.Layer < 0 {
 		return nil, nil, fmt.Errorf("layer %d", a.Layer)
 	}
-	if a.Window < 0 || a.Scale <= 0 {
-		return nil, nil, fmt.Errorf("window %d, scale %g", a.Window, a.Scale)
+	if a.Window < 0 || a.Scale <= 0 || a.Cap < 0 {
+		return nil, nil, fmt.Errorf("window %d, scale %g, cap %g", a.Window, a.Scale, a.Cap)
 	}
 	return []Shape{n.Inputs[0].Shape}, []tensor.DType{tensor.F32}, nil
 }

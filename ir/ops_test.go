@@ -132,6 +132,10 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"silu two inputs", ir.SiLU, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.x8} }), "error: takes 1 inputs"},
 		{"silu of state", ir.SiLU, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.state} }), "error: want f32"},
 
+		{"gelu tanh", ir.GELUTanh, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8} }), "f32[T,8]"},
+		{"gelu tanh of i32", ir.GELUTanh, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: want f32"},
+		{"softcap", ir.SoftCap, ir.Attrs{Cap: 30}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "f32[R,8]"},
+		{"softcap without a cap", ir.SoftCap, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.r8} }), "error: cap 0"},
 		{"mul", ir.Mul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.y8} }), "f32[T,8]"},
 		{"mul shapes differ", ir.Mul, ir.Attrs{}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.x4} }), "error: differ"},
 
@@ -156,6 +160,8 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"attention data instead of state", ir.Attention, attn, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.x8} }), "error: must be a kv state"},
 		{"attention zero scale", ir.Attention, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: scale 0"},
 		{"attention negative window", ir.Attention, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1, Window: -1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: window -1"},
+		{"attention soft-capped", ir.Attention, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1, Cap: 50}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "f32[T,8]"},
+		{"attention negative cap", ir.Attention, ir.Attrs{Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1, Cap: -1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: window 0, scale 1, cap -1"},
 		{"attention negative layer", ir.Attention, ir.Attrs{Layer: -1, Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8, v.state} }), "error: layer -1"},
 		{"attention of state", ir.Attention, attn, in(func(v *vals) []*ir.Value { return []*ir.Value{v.state, v.state} }), "error: want f32[T,8]"},
 

@@ -63,7 +63,12 @@ func (n *Node) attrString() string {
 		}
 	case RoPE:
 		add("heads=%d head_dim=%d interleaved=%v", a.Heads, a.HeadDim, a.Interleaved)
+	case SoftCap:
+		add("cap=%g", a.Cap)
 	case Embed:
+		if a.Scale != 0 {
+			add("scale=%g", a.Scale)
+		}
 		if a.Ranks > 1 {
 			add("vocab_start=%d ranks=%d", a.VocabStart, a.Ranks)
 		}
@@ -81,6 +86,9 @@ func (n *Node) attrString() string {
 		add("layer=%d heads=%d kv_heads=%d head_dim=%d scale=%g", a.Layer, a.Heads, a.KVHeads, a.HeadDim, a.Scale)
 		if a.Window > 0 {
 			add("window=%d", a.Window)
+		}
+		if a.Cap > 0 {
+			add("cap=%g", a.Cap)
 		}
 	case RopeTable:
 		r := a.Rope

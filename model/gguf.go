@@ -567,14 +567,14 @@ func ggufName(c string) string {
 	return c
 }
 
-// LoadGGUF loads a GGUF file (architectures llama, with or without experts,
-// qwen2, qwen3, qwen3moe and phi3).
-
 // The tensors llama.cpp keeps longrope's factors in (phi3).
 const (
 	ropeFactorsShort = "rope_factors_short.weight"
 	ropeFactorsLong  = "rope_factors_long.weight"
 )
+
+// LoadGGUF loads a GGUF file (architectures llama, with or without experts,
+// qwen2, qwen3, qwen3moe and phi3).
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }

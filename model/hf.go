@@ -7,12 +7,12 @@
 package model
 
 import (
-	"math"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -57,17 +57,24 @@ type hfConfig struct {
 	NormTopKProb          *bool           `json:"norm_topk_prob"`
 	DecoderSparseStep     *int            `json:"decoder_sparse_step"`
 	MLPOnlyLayers         []int           `json:"mlp_only_layers"`
+	HiddenActivation      string          `json:"hidden_activation"`
+	HiddenAct             string          `json:"hidden_act"`
+	QueryPreAttnScalar    *float64        `json:"query_pre_attn_scalar"`
+	AttnLogitSoftcapping  *float64        `json:"attn_logit_softcapping"`
+	FinalLogitSoftcapping *float64        `json:"final_logit_softcapping"`
+	RopeLocalBaseFreq     *float64        `json:"rope_local_base_freq"`
+	SlidingWindowPattern  *int            `json:"sliding_window_pattern"`
 }
 
 // hfRope is rope_scaling or (transformers 5) rope_parameters.
 type hfRope struct {
-	RopeType             string   `json:"rope_type"`
-	Type                 string   `json:"type"`
-	RopeTheta            *float64 `json:"rope_theta"`
-	Factor               *float64 `json:"factor"`
-	LowFreqFactor        *float64 `json:"low_freq_factor"`
-	HighFreqFactor       *float64 `json:"high_freq_factor"`
-	OriginalMaxPositions *int     `json:"original_max_position_embeddings"`
+	RopeType             string    `json:"rope_type"`
+	Type                 string    `json:"type"`
+	RopeTheta            *float64  `json:"rope_theta"`
+	Factor               *float64  `json:"factor"`
+	LowFreqFactor        *float64  `json:"low_freq_factor"`
+	HighFreqFactor       *float64  `json:"high_freq_factor"`
+	OriginalMaxPositions *int      `json:"original_max_position_embeddings"`
 	ShortFactor          []float32 `json:"short_factor"`
 	LongFactor           []float32 `json:"long_factor"`
 	AttentionFactor      *float64  `json:"attention_factor"`
@@ -88,6 +95,12 @@ var hfArchitectures = map[string]string{
 	"qwen2":               "qwen2",
 	"qwen3":               "qwen3",
 	"phi3":                "phi3",
+	"GemmaForCausalLM":    "gemma",
+	"gemma":               "gemma",
+	"Gemma2ForCausalLM":   "gemma2",
+	"gemma2":              "gemma2",
+	"Gemma3ForCausalLM":   "gemma3",
+	"gemma3_text":         "gemma3",
 }
 
 // supportedHF lists the Hugging Face architectures and model types kiln
@@ -150,7 +163,27 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 	if hc.RopeTheta != nil {
 		c.RopeTheta = *hc.RopeTheta
 	}
-	for _, raw := range []json.RawMessage{hc.RopeScaling, hc.RopeParameters} {
+	ropes := []json.RawMessage{hc.RopeScaling, hc.RopeParameters}
+	// Gemma 3 under transformers 5: rope_parameters per layer type, the
+	// global layers' (full_attention) and the windowed layers'
+	// (sliding_attention, unscaled).
+	var byType map[string]json.RawMessage
+	if json.Unmarshal(hc.RopeParameters, &byType) == nil && byType["full_attention"] != nil {
+		ropes = []json.RawMessage{hc.RopeScaling, byType["full_attention"]}
+		if local := byType["sliding_attention"]; local != nil {
+			var r hfRope
+			if err := json.Unmarshal(local, &r); err != nil {
+				return c, nil, fmt.Errorf("config.json: sliding_attention rope: %w", err)
+			}
+			if t := r.RopeType + r.Type; t != "" && t != "default" {
+				return c, nil, fmt.Errorf("config.json: sliding_attention rope of type %q: only unscaled is supported", t)
+			}
+			if r.RopeTheta != nil {
+				hc.RopeLocalBaseFreq = r.RopeTheta
+			}
+		}
+	}
+	for _, raw := range ropes {
 		if len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 			continue
 		}
@@ -222,6 +255,11 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 	if (arch == "mixtral" || arch == "qwen3_moe") && (c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts) {
 		return c, nil, fmt.Errorf("config.json: %d experts, %d a token", c.NumExperts, c.ExpertsPerToken)
 	}
+	if arch == "gemma" || arch == "gemma2" || arch == "gemma3" {
+		if err := hfGemma(&c, &hc); err != nil {
+			return c, nil, err
+		}
+	}
 	if f := hc.PartialRotaryFactor; f != nil && *f != 1 {
 		return c, nil, fmt.Errorf("config.json: partial_rotary_factor %g: rotary embeddings of part of a head are not supported", *f)
 	}
@@ -233,6 +271,74 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		return c, nil, fmt.Errorf("config.json: eos_token_id: %w", err)
 	}
 	return c, hc.TieWordEmbeddings, nil
+}
+
+// hfGemma sets what Gemma adds to a Llama: the embeddings scaled by √hidden,
+// norms of 1+w and GeGLU; Gemma 2 and 3 norms after attention and the MLP
+// too,
+// the query scale, soft-capping, windowed layers among global ones (Gemma
+// 2 every other layer from the first, Gemma 3 all but every
+// sliding_window_pattern-th; or as layer_types says) and, in Gemma 3, q/k
+// norms and the windowed layers' own RoPE base.
+func hfGemma(c *Config, hc *hfConfig) error {
+	act := hc.HiddenActivation
+	if act == "" {
+		act = hc.HiddenAct
+	}
+	// Gemma 1's configs say "gelu", which transformers runs as
+	// gelu_pytorch_tanh (the activation it was trained with).
+	if act != "gelu_pytorch_tanh" && act != "gelu_tanh" && act != "" && !(c.Arch == "gemma" && act == "gelu") {
+		return fmt.Errorf("config.json: hidden activation %q: only gelu_pytorch_tanh is supported", act)
+	}
+	c.GELU, c.NormOffset = true, 1
+	c.EmbedScale = math.Sqrt(float64(c.HiddenSize))
+	if c.Arch == "gemma" {
+		return nil // no sandwich norms, soft-capping or windows
+	}
+	c.PostNorms = true
+	if q := hc.QueryPreAttnScalar; q != nil {
+		if *q <= 0 {
+			return fmt.Errorf("config.json: query_pre_attn_scalar %g", *q)
+		}
+		c.QueryScale = 1 / math.Sqrt(*q)
+	}
+	if v := hc.AttnLogitSoftcapping; v != nil {
+		c.AttnSoftCap = *v
+	}
+	if v := hc.FinalLogitSoftcapping; v != nil {
+		c.FinalSoftCap = *v
+	}
+	window := 0
+	if hc.SlidingWindow != nil {
+		window = *hc.SlidingWindow
+	}
+	c.SlidingWindow = 0
+	c.LayerWindows = make([]int, c.NumLayers)
+	pattern := 2 // Gemma 2: windowed, global, windowed, ...
+	if c.Arch == "gemma3" {
+		pattern = 6
+		if hc.SlidingWindowPattern != nil {
+			pattern = *hc.SlidingWindowPattern
+		}
+		c.QKNorm = true
+		c.RopeLocalTheta = 10000
+		if hc.RopeLocalBaseFreq != nil {
+			c.RopeLocalTheta = *hc.RopeLocalBaseFreq
+		}
+	}
+	if hc.LayerTypes != nil && len(hc.LayerTypes) != c.NumLayers {
+		return fmt.Errorf("config.json: %d layer_types for %d layers", len(hc.LayerTypes), c.NumLayers)
+	}
+	for l := range c.LayerWindows {
+		sliding := pattern > 0 && (l+1)%pattern != 0
+		if hc.LayerTypes != nil {
+			sliding = hc.LayerTypes[l] == "sliding_attention"
+		}
+		if sliding {
+			c.LayerWindows[l] = window
+		}
+	}
+	return nil
 }
 
 // hfSlidingWindow sets c.SlidingWindow. Mistral applies sliding_window (an

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,7 +160,7 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GemmaForCausalLM"}}, good, `unsupported architecture "GemmaForCausalLM" (supported: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe)`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GPTNeoXForCausalLM"}}, good, `unsupported architecture "GPTNeoXForCausalLM" (supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, gemma, gemma2, gemma3_text, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
 		{"longrope of the wrong length", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, "longrope scaling of 1 short and 0 long factors (head dim 16)"},
 		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},
@@ -571,5 +572,47 @@ func TestParseLongRope(t *testing.T) {
 		if r.Type != "longrope" || r.OriginalMaxPositions != c.orig || math.Abs(r.AttentionFactor-c.attnFactor) > 1e-12 || r.ShortFactor[1] != 1.5 || r.LongFactor[7] != 9 {
 			t.Errorf("%s: %+v, want original %d, attention factor %g", c.json, r, c.orig, c.attnFactor)
 		}
+	}
+}
+
+// TestParseGemmaConfigs: Gemma 2's and 3's configs (transformers 4's and
+// 5's spellings) give the embedding scale, norms of 1+w, sandwich norms,
+// GeGLU, the query scale, soft-capping, each layer's window and Gemma 3's
+// q/k norms and local RoPE base; Gemma 1's only what it has.
+func TestParseGemmaConfigs(t *testing.T) {
+	base := `"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 320, "max_position_embeddings": 512`
+	for _, c := range []struct {
+		json string
+		want func(c Config) bool
+	}{
+		{`{"architectures": ["Gemma2ForCausalLM"], ` + base + `, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 144, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 16, "rope_theta": 10000}`,
+			func(c Config) bool {
+				return c.Arch == "gemma2" && c.EmbedScale == 8 && c.NormOffset == 1 && c.PostNorms && c.GELU && math.Abs(c.QueryScale-1.0/12) < 1e-15 &&
+					c.AttnSoftCap == 50 && c.FinalSoftCap == 30 && slices.Equal(c.LayerWindows, []int{16, 0, 16, 0, 16, 0}) && !c.QKNorm && c.SlidingWindow == 0
+			}},
+		{`{"model_type": "gemma3_text", ` + base + `, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 32, "sliding_window_pattern": 3, "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}`,
+			func(c Config) bool {
+				return c.Arch == "gemma3" && c.QKNorm && c.RopeLocalTheta == 10000 && c.RopeTheta == 1e6 && c.RopeScaling.Type == "linear" && c.RopeScaling.Factor == 8 &&
+					slices.Equal(c.LayerWindows, []int{32, 32, 0, 32, 32, 0}) && c.QueryScale == 1.0/16 && c.AttnSoftCap == 0 && c.FinalSoftCap == 0
+			}},
+		{`{"architectures": ["Gemma3ForCausalLM"], ` + base + `, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"], "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0}, "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}}}`,
+			func(c Config) bool {
+				return c.RopeLocalTheta == 5000 && c.RopeTheta == 1e6 && c.RopeScaling.Type == "" && slices.Equal(c.LayerWindows, []int{8, 0, 8, 8, 8, 0})
+			}},
+		{`{"architectures": ["GemmaForCausalLM"], ` + base + `, "hidden_act": "gelu"}`,
+			func(c Config) bool {
+				return c.Arch == "gemma" && c.GELU && c.NormOffset == 1 && c.EmbedScale == 8 && !c.PostNorms && c.LayerWindows == nil
+			}},
+	} {
+		cfg, _, err := parseHFConfig([]byte(c.json))
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err != nil || !c.want(cfg) {
+			t.Errorf("%s: %+v, %v", c.json, cfg, err)
+		}
+	}
+	if _, _, err := parseHFConfig([]byte(`{"architectures": ["Gemma2ForCausalLM"], ` + base + `, "hidden_activation": "relu"}`)); err == nil || !strings.Contains(err.Error(), `hidden activation "relu"`) {
+		t.Errorf("a relu Gemma: %v", err)
 	}
 }

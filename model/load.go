@@ -164,6 +164,12 @@ func ExpectedTensors(c *Config) []TensorSpec {
 			TensorSpec{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
 			TensorSpec{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},
 		)
+		if c.PostNorms {
+			out = append(out,
+				TensorSpec{LayerName(l, "pre_feedforward_layernorm.weight"), tensor.Shape{h}},
+				TensorSpec{LayerName(l, "post_feedforward_layernorm.weight"), tensor.Shape{h}},
+			)
+		}
 		if c.NumExperts > 0 {
 			out = append(out, TensorSpec{c.MoERouter(l), tensor.Shape{c.NumExperts, h}})
 			for e := 0; e < c.NumExperts; e++ {

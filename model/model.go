@@ -10,8 +10,8 @@
 package model
 
 import (
-	"math"
 	"fmt"
+	"math"
 	"sort"
 
 	"kiln/tensor"
@@ -75,6 +75,27 @@ type Config struct {
 	// the softmax over every expert.
 	NumExperts, ExpertsPerToken int
 	NormTopK                    bool
+	// Gemma 2 and 3. EmbedScale, when set, multiplies the embeddings
+	// (√HiddenSize). NormOffset is added to every RMSNorm weight (1 for
+	// Gemma's checkpoints, which keep w of its (1+w)·x̂; 0 for GGUF files,
+	// which store 1+w). PostNorms: sandwich norms, the attention's and the
+	// MLP's outputs normalized (post_attention_layernorm,
+	// post_feedforward_layernorm) and the MLP's input by
+	// pre_feedforward_layernorm. GELU: the MLP's gate goes through GELU's
+	// tanh form instead of SiLU (GeGLU). QueryScale, when set, is the
+	// attention's score scale (query_pre_attn_scalar^-½; else 1/√HeadDim).
+	// AttnSoftCap and FinalSoftCap, when set, soft-cap attention scores and
+	// logits (cap·tanh(x/cap)). LayerWindows, when set, is each layer's
+	// sliding window (0: global), in place of SlidingWindow; the windowed
+	// layers rotate by base RopeLocalTheta, unscaled, when it is set
+	// (Gemma 3).
+	EmbedScale                float64
+	NormOffset                float32
+	PostNorms, GELU           bool
+	QueryScale                float64
+	AttnSoftCap, FinalSoftCap float64
+	LayerWindows              []int
+	RopeLocalTheta            float64
 	// RopeFreqFactors, when set, divides each RoPE frequency (one factor per
 	// pair of dimensions); GGUF stores llama3 scaling this way (rope_freqs).
 	RopeFreqFactors []float32
@@ -100,6 +121,15 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: rope theta %g must be positive", c.RopeTheta)
 	case c.SlidingWindow < 0:
 		return fmt.Errorf("config: sliding window %d is negative", c.SlidingWindow)
+	case c.LayerWindows != nil && len(c.LayerWindows) != c.NumLayers:
+		return fmt.Errorf("config: %d layer windows for %d layers", len(c.LayerWindows), c.NumLayers)
+	case c.EmbedScale < 0 || c.QueryScale < 0 || c.AttnSoftCap < 0 || c.FinalSoftCap < 0 || c.RopeLocalTheta < 0:
+		return fmt.Errorf("config: negative embedding scale, query scale, soft cap or local rope base")
+	}
+	for _, w := range c.LayerWindows {
+		if w < 0 {
+			return fmt.Errorf("config: layer window %d is negative", w)
+		}
 	}
 	switch c.RopeScaling.Type {
 	case "":

@@ -103,6 +103,9 @@ func (t *attnTask) Do(lo, hi int) {
 			blockMax := maxScore
 			for i := range scores[:n] {
 				scores[i] *= a.Scale
+				if a.Cap != 0 {
+					scores[i] = a.Cap * float32(math.Tanh(float64(scores[i]/a.Cap)))
+				}
 				blockMax = max(blockMax, scores[i])
 			}
 			if blockMax > maxScore {

@@ -70,6 +70,20 @@ func init() {
 			out[i] = silu(a[i])
 		}
 	})
+	ref(ir.GELUTanh, "ref.gelu_tanh", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		a, out := s.in[0].f[:n], s.out[0].f[:n]
+		for i := range out {
+			out[i] = geluTanh(a[i])
+		}
+	})
+	ref(ir.SoftCap, "ref.softcap", func(x *execState, s *step) {
+		n := s.out[0].rows(x) * s.out[0].cols
+		a, out := s.in[0].f[:n], s.out[0].f[:n]
+		for i := range out {
+			out[i] = float32(softCap(float64(a[i]), s.node.Attrs.Cap))
+		}
+	})
 	ref(ir.AddBias, "ref.add_bias", func(x *execState, s *step) {
 		rows, cols := s.in[0].rows(x), s.in[0].cols
 		copy(s.out[0].f[:rows*cols], s.in[0].f[:rows*cols])
@@ -147,6 +161,20 @@ func init() {
 			}
 		}
 	})
+}
+
+// geluTanh is GELU's tanh approximation (PyTorch's gelu(approximate="tanh")).
+func geluTanh(v float32) float32 {
+	x := float64(v)
+	return float32(0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x))))
+}
+
+// softCap is cap·tanh(x/cap), or x when cap is 0.
+func softCap(x float64, c float32) float64 {
+	if c == 0 {
+		return x
+	}
+	return float64(c) * math.Tanh(x/float64(c))
 }
 
 func silu(v float32) float32 { return v / (1 + float32(math.Exp(float64(-v)))) }
@@ -231,8 +259,14 @@ func refEmbed(x *execState, s *step) {
 			}
 		}
 		row := table.Data[int(id)*rowBytes : (int(id)+1)*rowBytes]
-		if err := tensor.ToF32(table.DType, row, out.f[t*cols:(t+1)*cols]); err != nil {
+		dst := out.f[t*cols : (t+1)*cols]
+		if err := tensor.ToF32(table.DType, row, dst); err != nil {
 			panic(err) // the verifier admits only float tables
+		}
+		if sc := s.node.Attrs.Scale; sc != 0 {
+			for i := range dst {
+				dst[i] *= sc
+			}
 		}
 	}
 }
@@ -339,7 +373,7 @@ func refAttention(x *execState, s *step) {
 				for d := range qh {
 					dot += float64(qh[d]) * refKV(kv, kv.k, kv.kq, a.Layer, at+d)
 				}
-				scores[j-lo] = dot * float64(a.Scale)
+				scores[j-lo] = softCap(dot*float64(a.Scale), a.Cap)
 				maxScore = math.Max(maxScore, scores[j-lo])
 			}
 			var sum float64

@@ -291,6 +291,11 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	// module then holds that head dim's attention kernels alone.
 	hd := -1
 	for _, n := range c.Graph.Nodes {
+		// Gemma's scaled embeddings and soft-capped attention have no GPU
+		// kernels yet (a model that needs them runs on the CPU).
+		if (n.Op == ir.Embed && n.Attrs.Scale != 0) || (n.Op == ir.Attention && n.Attrs.Cap != 0) {
+			return nil, fmt.Errorf("cuda: %v with %s is not implemented on the GPU", n.Op, map[bool]string{true: "a scale", false: "soft-capped scores"}[n.Op == ir.Embed])
+		}
 		if n.Op == ir.Attention {
 			if err := checkHeadDim(n.Attrs.HeadDim); err != nil {
 				return nil, err

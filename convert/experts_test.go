@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -127,5 +128,39 @@ func sameLogits(t *testing.T, a, b *model.Model) {
 		if d := got[i] - want[i]; d > 1e-4 || d < -1e-4 {
 			t.Fatalf("logit %d: %g from the GGUF file, %g from the model", i, got[i], want[i])
 		}
+	}
+}
+
+// TestGGUFGemma: Gemma 2 and 3 written as GGUF (llama.cpp's gemma2/gemma3
+// names, the sandwich norms' names, norms stored as 1+w, the soft caps, the
+// window and pattern, kiln's query scale and local RoPE base) load back as
+// the same model: the same logits on the CPU over a prompt past the
+// windows.
+func TestGGUFGemma(t *testing.T) {
+	for _, arch := range []string{"gemma2", "gemma3"} {
+		t.Run(arch, func(t *testing.T) {
+			c := model.Config{Arch: arch, HiddenSize: 64, IntermediateSize: 32, NumLayers: 4, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
+				VocabSize: 96, MaxPositions: 64, RMSNormEps: 1e-6, RopeTheta: 10000, RopeStyle: model.RopeHalf, BOS: []int{1}, EOS: []int{2},
+				TiedEmbeddings: true, EmbedScale: 8, NormOffset: 1, PostNorms: true, GELU: true, QueryScale: 0.2}
+			if arch == "gemma2" {
+				c.AttnSoftCap, c.FinalSoftCap, c.LayerWindows = 3, 5, []int{5, 0, 5, 0}
+			} else {
+				c.QKNorm, c.LayerWindows, c.RopeLocalTheta, c.RopeTheta = true, []int{5, 5, 0, 5}, 777, 1e6
+				c.RopeScaling = model.RopeScaling{Type: "linear", Factor: 2}
+			}
+			m := randomModel(c, 9)
+			g := ggufRoundTrip(t, m)
+			gc := g.Config
+			if gc.NormOffset != 0 || !gc.PostNorms || !gc.GELU || gc.EmbedScale != 8 || !slices.Equal(gc.LayerWindows, c.LayerWindows) ||
+				gc.AttnSoftCap != c.AttnSoftCap || gc.FinalSoftCap != c.FinalSoftCap || gc.QKNorm != c.QKNorm || gc.RopeLocalTheta != c.RopeLocalTheta ||
+				math.Abs(gc.QueryScale-0.2) > 1e-6 {
+				t.Fatalf("config read back %+v", gc)
+			}
+			sameLogits(t, m, g)
+		})
+	}
+	c := model.Config{Arch: "gemma2", NumLayers: 3, LayerWindows: []int{0, 4, 4}}
+	if err := model.GemmaLayout(&c); err == nil {
+		t.Errorf("windows %v accepted for GGUF", c.LayerWindows)
 	}
 }

@@ -38,6 +38,9 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 		return rep, fmt.Errorf("convert: no scheme given (want one of %s)", strings.Join(SchemeNames(), ", "))
 	}
 	c := m.Config
+	if err := model.GemmaLayout(&c); err != nil {
+		return rep, fmt.Errorf("convert: %w", err)
+	}
 	md := model.GGUFMetadata(&c)
 	if s.fileType != 0 {
 		md = append(md, model.KV{Key: "general.file_type", Value: s.fileType})
@@ -101,8 +104,18 @@ func GGUF(w io.Writer, m *model.Model, s Scheme, vocab map[string]any) (Report, 
 			rep.Kept++
 		} else {
 			// Norms and biases in F32, as llama.cpp's converter writes
-			// them (its kernels take no other type there).
-			if x.DType != tensor.F32 {
+			// them (its kernels take no other type there); Gemma's norms
+			// as 1+w, as llama.cpp's converter stores them.
+			if off := c.NormOffset; off != 0 && strings.HasSuffix(name, "norm.weight") {
+				vals, err := x.F32s()
+				if err != nil {
+					return rep, err
+				}
+				for i := range vals {
+					vals[i] += off
+				}
+				x = tensor.FromF32(x.Name, x.Shape, vals)
+			} else if x.DType != tensor.F32 {
 				vals, err := x.F32s()
 				if err != nil {
 					return rep, err

@@ -532,18 +532,43 @@ var (
 		"ffn_up.weight":      "mlp.up_proj.weight",
 		"ffn_down.weight":    "mlp.down_proj.weight",
 	}
+	// Gemma 2 and 3 norm around attention and the MLP (sandwichNorms):
+	// llama.cpp's ffn_norm is then pre_feedforward_layernorm, and HF's
+	// post_attention_layernorm follows attention.
+	ggufSandwichNames = map[string]string{
+		"post_attention_norm.weight": "post_attention_layernorm.weight",
+		"ffn_norm.weight":            "pre_feedforward_layernorm.weight",
+		"post_ffw_norm.weight":       "post_feedforward_layernorm.weight",
+	}
 	ggufLayerRe      = regexp.MustCompile(`^blk\.(\d{1,6})\.(.+)$`)
 	canonicalLayerRe = regexp.MustCompile(`^model\.layers\.(\d{1,6})\.(.+)$`)
 )
 
-// canonicalName maps a GGUF tensor name to the canonical name; unknown names
-// are returned unchanged.
-func canonicalName(g string) string {
+// sandwichNorms reports whether GGUF architecture arch norms after
+// attention and the MLP too (Gemma 2 and 3).
+func sandwichNorms(arch string) bool { return arch == "gemma2" || arch == "gemma3" }
+
+// layerNames is the layer tensor names of GGUF architecture arch.
+func layerNames(arch string) func(g string) (string, bool) {
+	return func(g string) (string, bool) {
+		if sandwichNorms(arch) {
+			if s, ok := ggufSandwichNames[g]; ok {
+				return s, true
+			}
+		}
+		s, ok := ggufLayerNames[g]
+		return s, ok
+	}
+}
+
+// canonicalName maps a GGUF tensor name of architecture arch to the
+// canonical name; unknown names are returned unchanged.
+func canonicalName(g, arch string) string {
 	if c, ok := ggufGlobalNames[g]; ok {
 		return c
 	}
 	if m := ggufLayerRe.FindStringSubmatch(g); m != nil {
-		if s, ok := ggufLayerNames[m[2]]; ok {
+		if s, ok := layerNames(arch)(m[2]); ok {
 			return "model.layers." + m[1] + "." + s
 		}
 	}
@@ -551,20 +576,85 @@ func canonicalName(g string) string {
 }
 
 // ggufName maps a canonical name back to GGUF (the inverse of canonicalName).
-func ggufName(c string) string {
+func ggufName(c, arch string) string {
 	for g, cn := range ggufGlobalNames {
 		if cn == c {
 			return g
 		}
 	}
 	if m := canonicalLayerRe.FindStringSubmatch(c); m != nil {
-		for g, s := range ggufLayerNames {
-			if s == m[2] {
-				return "blk." + m[1] + "." + g
+		names := layerNames(arch)
+		for _, table := range []map[string]string{ggufSandwichNames, ggufLayerNames} {
+			for g := range table {
+				if s, ok := names(g); ok && s == m[2] {
+					return "blk." + m[1] + "." + g
+				}
 			}
 		}
 	}
 	return c
+}
+
+// ggufGemma sets what Gemma adds to a Llama, from llama.cpp's gemma, gemma2
+// and gemma3 metadata. The norm weights are stored as 1+w (llama.cpp's
+// converter adds the 1), so NormOffset stays 0. The windowed layers
+// alternate as llama.cpp has them (Gemma 2: every other from the first;
+// Gemma 3: all but every sliding_window_pattern-th, 6 unless the file
+// says), Gemma 3's windowed layers rotating by rope.freq_base_swa (10000
+// unless the file says). The query scale is
+// attention.query_pre_attn_scalar^-½ when kiln wrote the file, else
+// llama.cpp's rule: 1/√(embedding/heads) for the 27B models (46 layers of
+// Gemma 2, 62 of Gemma 3), 1/√head_dim for the others.
+func ggufGemma(md map[string]any, arch string, c *Config) error {
+	if arch != "gemma" && arch != "gemma2" && arch != "gemma3" {
+		return nil
+	}
+	c.GELU = true
+	c.EmbedScale = math.Sqrt(float64(c.HiddenSize))
+	if arch == "gemma" {
+		return nil
+	}
+	c.PostNorms = true
+	for _, k := range []struct {
+		key string
+		dst *float64
+	}{{".attn_logit_softcapping", &c.AttnSoftCap}, {".final_logit_softcapping", &c.FinalSoftCap}} {
+		if v, ok, err := mdFloat(md, arch+k.key); err != nil {
+			return err
+		} else if ok {
+			*k.dst = v
+		}
+	}
+	if v, ok, err := mdFloat(md, arch+".attention.query_pre_attn_scalar"); err != nil {
+		return err
+	} else if ok && v > 0 {
+		c.QueryScale = 1 / math.Sqrt(v)
+	} else if (arch == "gemma2" && c.NumLayers == 46) || (arch == "gemma3" && c.NumLayers == 62) {
+		c.QueryScale = 1 / math.Sqrt(float64(c.HiddenSize/c.NumHeads))
+	}
+	window := c.SlidingWindow
+	c.SlidingWindow = 0
+	pattern := 2
+	if arch == "gemma3" { // (its q/k norms: QKNorm, set with the tensors)
+		pattern, c.RopeLocalTheta = 6, 10000
+		if v, ok, err := mdInt(md, arch+".attention.sliding_window_pattern"); err != nil {
+			return err
+		} else if ok {
+			pattern = v
+		}
+		if v, ok, err := mdFloat(md, arch+".rope.freq_base_swa"); err != nil {
+			return err
+		} else if ok {
+			c.RopeLocalTheta = v
+		}
+	}
+	c.LayerWindows = make([]int, c.NumLayers)
+	for l := range c.LayerWindows {
+		if pattern > 0 && (l+1)%pattern != 0 {
+			c.LayerWindows[l] = window
+		}
+	}
+	return nil
 }
 
 // The tensors llama.cpp keeps longrope's factors in (phi3).
@@ -595,10 +685,12 @@ func ggufModel(data []byte) (*Model, error) {
 		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "qwen3moe":
 		c.Arch, c.RopeStyle = "qwen3_moe", RopeHalf
+	case "gemma", "gemma2", "gemma3":
+		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, phi3)", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)
@@ -704,6 +796,9 @@ func ggufModel(data []byte) (*Model, error) {
 	if err := ggufExperts(md, arch, &c); err != nil {
 		return nil, err
 	}
+	if err := ggufGemma(md, arch, &c); err != nil {
+		return nil, err
+	}
 	for _, k := range []struct {
 		key string
 		dst *[]int
@@ -738,7 +833,7 @@ func ggufModel(data []byte) (*Model, error) {
 			}
 			continue
 		}
-		name := canonicalName(in.name)
+		name := canonicalName(in.name, arch)
 		t = &tensor.Tensor{Name: name, DType: t.DType, Shape: t.Shape, Data: t.Data}
 		if _, dup := m.Tensors[name]; dup {
 			return nil, fmt.Errorf("gguf: two tensors map to %s", name)
@@ -768,7 +863,7 @@ func ggufModel(data []byte) (*Model, error) {
 	c.TiedEmbeddings = !hasHead
 	_, hasBias := m.Tensors[LayerName(0, "self_attn.q_proj.bias")]
 	c.QKVBias = arch == "qwen2" || hasBias
-	c.QKNorm = arch == "qwen3" || arch == "qwen3moe"
+	c.QKNorm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3"
 	if c.NumExperts > 0 {
 		if err := splitGGUFExperts(&c, m.Tensors); err != nil {
 			return nil, fmt.Errorf("gguf: %w", err)

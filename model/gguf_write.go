@@ -61,6 +61,7 @@ func GGUFMetadata(c *Config) []KV {
 			md = append(md, KV{arch + ".expert_feed_forward_length", uint32(c.IntermediateSize)}, KV{arch + ".expert_weights_norm", c.NormTopK})
 		}
 	}
+	md = append(md, gemmaMetadata(c, arch)...)
 	if c.RopeScaling.Type == "linear" {
 		md = append(md, KV{arch + ".rope.scaling.type", "linear"}, KV{arch + ".rope.scaling.factor", float32(c.RopeScaling.Factor)})
 	}
@@ -77,6 +78,73 @@ func GGUFMetadata(c *Config) []KV {
 		md = append(md, KV{"tokenizer.ggml.eos_token_id", uint32(c.EOS[0])})
 	}
 	return md
+}
+
+// gemmaMetadata is what Gemma 2 and 3 add (llama.cpp's keys, and kiln's
+// attention.query_pre_attn_scalar, sliding_window_pattern and
+// rope.freq_base_swa, which llama.cpp does without); the window is the
+// windowed layers' (GemmaLayout checks they follow a pattern GGUF can
+// say).
+func gemmaMetadata(c *Config, arch string) []KV {
+	if arch != "gemma2" && arch != "gemma3" {
+		return nil
+	}
+	var md []KV
+	if c.AttnSoftCap > 0 {
+		md = append(md, KV{arch + ".attn_logit_softcapping", float32(c.AttnSoftCap)})
+	}
+	if c.FinalSoftCap > 0 {
+		md = append(md, KV{arch + ".final_logit_softcapping", float32(c.FinalSoftCap)})
+	}
+	if c.QueryScale > 0 {
+		md = append(md, KV{arch + ".attention.query_pre_attn_scalar", float32(1 / (c.QueryScale * c.QueryScale))})
+	}
+	window, pattern := 0, 0
+	for l, w := range c.LayerWindows {
+		window = max(window, w)
+		if w == 0 && pattern == 0 {
+			pattern = l + 1
+		}
+	}
+	if window > 0 {
+		md = append(md, KV{arch + ".attention.sliding_window", uint32(window)})
+	}
+	if arch == "gemma3" {
+		md = append(md, KV{arch + ".attention.sliding_window_pattern", uint32(pattern)},
+			KV{arch + ".rope.freq_base_swa", float32(c.RopeLocalTheta)})
+	}
+	return md
+}
+
+// GemmaLayout reports whether c's windowed layers follow the pattern a
+// Gemma GGUF file can say (one window; Gemma 2 every other layer from the
+// first, Gemma 3 all but every n-th), so that a file written from it reads
+// back the same.
+func GemmaLayout(c *Config) error {
+	if c.Arch != "gemma2" && c.Arch != "gemma3" {
+		return nil
+	}
+	pattern, window := 0, 0
+	for l, w := range c.LayerWindows {
+		window = max(window, w)
+		if w == 0 && pattern == 0 {
+			pattern = l + 1
+		}
+	}
+	if c.Arch == "gemma2" && pattern != 2 && len(c.LayerWindows) > 1 {
+		return fmt.Errorf("gemma2: windowed layers %v do not alternate from the first as GGUF has them", c.LayerWindows)
+	}
+	for l, w := range c.LayerWindows {
+		if want := window; pattern > 0 && (l+1)%pattern == 0 {
+			want = 0
+			if w != want {
+				return fmt.Errorf("%s: layer windows %v do not follow one pattern of %d", c.Arch, c.LayerWindows, pattern)
+			}
+		} else if w != window {
+			return fmt.Errorf("%s: layer windows %v do not follow one pattern of %d", c.Arch, c.LayerWindows, pattern)
+		}
+	}
+	return nil
 }
 
 // LongRopeFactors are the rope_factors_short.weight and
@@ -99,7 +167,11 @@ func LongRopeFactors(c *Config) []*tensor.Tensor {
 // alignment is md's general.alignment (a uint32) when present, else 32.
 func WriteGGUF(w io.Writer, md []KV, tensors []*tensor.Tensor) error {
 	align := uint64(32)
+	arch := "" // names the layers' norms (sandwichNorms)
 	for _, kv := range md {
+		if kv.Key == "general.architecture" {
+			arch, _ = kv.Value.(string)
+		}
 		if kv.Key == "general.alignment" {
 			a, ok := kv.Value.(uint32)
 			if !ok || a == 0 || a&(a-1) != 0 {
@@ -132,7 +204,7 @@ func WriteGGUF(w io.Writer, md []KV, tensors []*tensor.Tensor) error {
 		if len(t.Shape) > ggufMaxDims {
 			return fmt.Errorf("write gguf: tensor %s has %d dimensions", t.Name, len(t.Shape))
 		}
-		cw.str(ggufName(t.Name))
+		cw.str(ggufName(t.Name, arch))
 		cw.u32(uint32(len(t.Shape)))
 		for j := len(t.Shape) - 1; j >= 0; j-- {
 			cw.u64(uint64(t.Shape[j]))

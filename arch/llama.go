@@ -24,10 +24,10 @@ type Options struct {
 // Build returns the graph for m's architecture.
 func Build(m *model.Model, opts Options) (*ir.Graph, error) {
 	switch m.Config.Arch {
-	case "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe", "gemma", "gemma2", "gemma3":
+	case "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe", "olmoe", "gemma", "gemma2", "gemma3":
 		return buildLlama(m, opts)
 	}
-	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma, gemma2, gemma3)", m.Config.Arch)
+	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, olmoe, gemma, gemma2, gemma3)", m.Config.Arch)
 }
 
 // builder accumulates nodes and stops at the first error.
@@ -123,7 +123,8 @@ func (b *builder) linear(x *ir.Value, prefix string, bias bool) *ir.Value {
 // buildLlama covers Llama 1/2/3, Mistral (sliding window), Qwen2 (q/k/v
 // bias), Qwen3 (q and k RMS-normalized per head before RoPE), Phi-3 (its
 // fused projections split at load), Mixtral and Qwen3-MoE (a mixture of
-// experts for the MLP), Gemma 2 and 3 (scaled embeddings, norms of 1+w
+// experts for the MLP; OLMoE's too, its q and k normalized over all heads),
+// Gemma 2 and 3 (scaled embeddings, norms of 1+w
 // around attention and the MLP, GeGLU, soft-capping, windowed layers among
 // global ones, Gemma 3's q/k norms and local RoPE base): pre-norm decoder
 // blocks of RMSNorm, rotary attention with grouped KV heads, and a gated
@@ -173,9 +174,13 @@ func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
 		q := b.linear(h, p("self_attn.q_proj"), c.QKVBias)
 		k := b.linear(h, p("self_attn.k_proj"), c.QKVBias)
 		v := b.linear(h, p("self_attn.v_proj"), c.QKVBias)
-		if c.QKNorm {
-			q = b.norm(q, p("self_attn.q_norm.weight"), c.HeadDim)
-			k = b.norm(k, p("self_attn.k_norm.weight"), c.HeadDim)
+		if c.QKNorm || c.QKNormWhole {
+			hd := c.HeadDim
+			if c.QKNormWhole {
+				hd = 0 // over every head at once (OLMoE)
+			}
+			q = b.norm(q, p("self_attn.q_norm.weight"), hd)
+			k = b.norm(k, p("self_attn.k_norm.weight"), hd)
 		}
 		q = b.op(ir.RoPE, ir.Attrs{Heads: c.NumHeads, HeadDim: c.HeadDim, Interleaved: interleaved}, q, pos, tab)
 		k = b.op(ir.RoPE, ir.Attrs{Heads: c.NumKVHeads, HeadDim: c.HeadDim, Interleaved: interleaved}, k, pos, tab)

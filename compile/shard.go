@@ -113,6 +113,8 @@ func (sh *sharder) columnParallel(v *ir.Value, heads, headDim int) error {
 		case n.Op == ir.RoPE:
 			n.Attrs.Heads = hi - lo
 		case n.Op == ir.RMSNorm && n.Attrs.HeadDim > 0:
+		case n.Op == ir.RMSNorm:
+			return fmt.Errorf("tensor parallel: q or k normalized over all heads at once (OLMoE) cannot be split by heads")
 		case n.Op == ir.AddBias:
 			if err := sh.cut(n.Inputs[1], true, lo*headDim, hi*headDim); err != nil {
 				return err

@@ -188,3 +188,32 @@ func TestGemmaKernels(t *testing.T) {
 		})
 	}
 }
+
+// TestOLMoE: OLMoE's q and k normalized over all heads at once, and its
+// experts (here 4, 2 a token) weighted over every expert: the fast
+// kernels give the reference's logits within 1e-4, and tensor parallelism
+// refuses to split the whole-width norms by heads.
+func TestOLMoE(t *testing.T) {
+	c := model.Config{Arch: "olmoe", HiddenSize: 16, IntermediateSize: 8, NumLayers: 2, NumHeads: 4, NumKVHeads: 4, HeadDim: 4,
+		VocabSize: 32, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.F32,
+		NumExperts: 4, ExpertsPerToken: 2, QKNormWhole: true}
+	m := testmodel.Random(c, 3)
+	run := func(b backend.Backend) []float32 {
+		e, err := engine.New(m, b, engine.Options{Compile: compileVerify})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		l, err := e.Prefill(e.NewSequence(), []int{1, 5, 9, 2, 30, 7, 11}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(l)
+	}
+	if d := relErrInf(run(&cpu.Backend{}), run(&cpu.Backend{Reference: true})); d > 1e-4 {
+		t.Errorf("‖fast−ref‖∞/‖ref‖∞ = %.3g > 1e-4", d)
+	}
+	if _, err := engine.New(m, cpuGroup(2, false), engine.Options{}); err == nil || !strings.Contains(err.Error(), "normalized over all heads at once") {
+		t.Errorf("olmoe over 2 ranks: %v", err)
+	}
+}

@@ -57,6 +57,7 @@ type hfConfig struct {
 	NormTopKProb          *bool           `json:"norm_topk_prob"`
 	DecoderSparseStep     *int            `json:"decoder_sparse_step"`
 	MLPOnlyLayers         []int           `json:"mlp_only_layers"`
+	ClipQKV               *float64        `json:"clip_qkv"`
 	HiddenActivation      string          `json:"hidden_activation"`
 	HiddenAct             string          `json:"hidden_act"`
 	QueryPreAttnScalar    *float64        `json:"query_pre_attn_scalar"`
@@ -95,6 +96,8 @@ var hfArchitectures = map[string]string{
 	"qwen2":               "qwen2",
 	"qwen3":               "qwen3",
 	"phi3":                "phi3",
+	"OlmoeForCausalLM":    "olmoe",
+	"olmoe":               "olmoe",
 	"GemmaForCausalLM":    "gemma",
 	"gemma":               "gemma",
 	"Gemma2ForCausalLM":   "gemma2",
@@ -251,8 +254,18 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		}
 		c.NumExperts, c.ExpertsPerToken, c.IntermediateSize = hc.NumExperts, hc.NumExpertsPerTok, hc.MoEIntermediateSize
 		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
+	case "olmoe":
+		// OLMoE: every layer 64 experts of intermediate_size, 8 a token,
+		// weighted by their probabilities over every expert; q and k
+		// RMS-normalized over all heads at once.
+		if hc.ClipQKV != nil {
+			return c, nil, fmt.Errorf("config.json: clip_qkv %g is not supported", *hc.ClipQKV)
+		}
+		c.NumExperts, c.ExpertsPerToken = hc.NumExperts, hc.NumExpertsPerTok
+		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
+		c.QKNormWhole = true
 	}
-	if (arch == "mixtral" || arch == "qwen3_moe") && (c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts) {
+	if (arch == "mixtral" || arch == "qwen3_moe" || arch == "olmoe") && (c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts) {
 		return c, nil, fmt.Errorf("config.json: %d experts, %d a token", c.NumExperts, c.ExpertsPerToken)
 	}
 	if arch == "gemma" || arch == "gemma2" || arch == "gemma3" {

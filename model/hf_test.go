@@ -160,7 +160,7 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GPTNeoXForCausalLM"}}, good, `unsupported architecture "GPTNeoXForCausalLM" (supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, gemma, gemma2, gemma3_text, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe)`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GPTNeoXForCausalLM"}}, good, `unsupported architecture "GPTNeoXForCausalLM" (supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, gemma, gemma2, gemma3_text, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen3, qwen3_moe)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
 		{"longrope of the wrong length", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, "longrope scaling of 1 short and 0 long factors (head dim 16)"},
 		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},
@@ -528,6 +528,11 @@ func TestParseMoEConfigs(t *testing.T) {
 		{`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 48, "mlp_only_layers": [0]}`,
 			nil, "mlp_only_layers"},
 		{`{"model_type": "mixtral", ` + base + `, "num_local_experts": 2, "num_experts_per_tok": 3}`, nil, "2 experts, 3 a token"},
+		{`{"architectures": ["OlmoeForCausalLM"], ` + base + `, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": false, "clip_qkv": null}`,
+			func(c Config) bool {
+				return c.Arch == "olmoe" && c.NumExperts == 64 && c.ExpertsPerToken == 8 && !c.NormTopK && c.QKNormWhole && !c.QKNorm && c.IntermediateSize == 160
+			}, ""},
+		{`{"model_type": "olmoe", ` + base + `, "num_experts": 8, "num_experts_per_tok": 2, "clip_qkv": 8.0}`, nil, "clip_qkv 8"},
 	} {
 		cfg, _, err := parseHFConfig([]byte(c.json))
 		if c.wantErr != "" {

@@ -160,6 +160,12 @@ func ExpectedTensors(c *Config) []TensorSpec {
 				TensorSpec{LayerName(l, "self_attn.k_norm.weight"), tensor.Shape{c.HeadDim}},
 			)
 		}
+		if c.QKNormWhole {
+			out = append(out,
+				TensorSpec{LayerName(l, "self_attn.q_norm.weight"), tensor.Shape{q}},
+				TensorSpec{LayerName(l, "self_attn.k_norm.weight"), tensor.Shape{kv}},
+			)
+		}
 		out = append(out,
 			TensorSpec{LayerName(l, "self_attn.o_proj.weight"), tensor.Shape{h, q}},
 			TensorSpec{LayerName(l, "post_attention_layernorm.weight"), tensor.Shape{h}},

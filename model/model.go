@@ -67,6 +67,7 @@ type Config struct {
 	TiedEmbeddings   bool // lm_head shares model.embed_tokens.weight
 	QKVBias          bool // q/k/v projections carry a bias (Qwen2)
 	QKNorm           bool // q and k are RMS-normalized per head before RoPE (Qwen3: q_norm, k_norm)
+	QKNormWhole      bool // q and k are RMS-normalized over all their heads at once before RoPE (OLMoE)
 	// NumExperts, when set, makes each layer's MLP a mixture of that many
 	// SwiGLU experts of IntermediateSize, ExpertsPerToken of them a token
 	// (Mixtral's block_sparse_moe, Qwen3-MoE's mlp.experts), weighted by

@@ -149,6 +149,12 @@ VARIANTS = [
          cfg=base(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
                   decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6),
          rope=rope(1000000.0)),
+    # OLMoE (session 20, not yet run): q and k RMS-normalized over all heads
+    # at once, experts weighted by their probabilities over every expert.
+    dict(name="olmoe-moe", arch="olmoe", seed=121, T=26, legacy=False,
+         cfg=base(num_key_value_heads=4, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=None,
+                  rms_norm_eps=1e-5),
+         rope=rope(10000.0)),
     # Gemma (session 20, not yet run): the embeddings scaled by sqrt(64) = 8,
     # norms of 1+w, GeGLU (gelu_pytorch_tanh), MQA-like GQA, tied.
     dict(name="gemma-geglu", arch="gemma", seed=118, T=24, legacy=False,
@@ -177,7 +183,8 @@ VARIANTS = [
 
 ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "qwen3": "Qwen3Config",
                 "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
-                "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}
+                "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
+                "olmoe": "OlmoeConfig"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -611,9 +618,10 @@ def run_variant(spec, out_root):
     window = getattr(rcfg, "sliding_window", None) if spec["arch"] == "mistral" else None
     if spec["arch"] == "qwen2" and getattr(rcfg, "use_sliding_window", False):
         window = rcfg.sliding_window
-    if spec["arch"].startswith("gemma"):
-        notes.append("no manual forward for Gemma (its norms, soft-capping and local RoPE are not in it): "
-                     "the fixture rests on transformers' own forward and generate()")
+    if spec["arch"].startswith("gemma") or spec["arch"] == "olmoe":
+        notes.append("no manual forward for %s (Gemma's norms, soft-capping and local RoPE, OLMoE's whole-width "
+                     "q/k norms are not in it): the fixture rests on transformers' own forward and generate()"
+                     % spec["arch"])
     else:
         man = manual_forward(ref, ids_t, window=window, window_inclusive=False)
         checks["manual_max_abs_diff"] = float((man - logits).abs().max())

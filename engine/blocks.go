@@ -144,3 +144,13 @@ func (p *blockPool) lookup(parent uint64, tokens []int) (int32, uint64, bool) {
 	p.refs[b]++
 	return b, h, true
 }
+
+// unindex forgets that block b holds the contents of hash h (its tokens are
+// about to be replaced: a speculative step's rejected drafts).
+func (p *blockPool) unindex(b int32, h uint64) {
+	if !p.prefix || p.keys[b].hash != h || p.byKey[h] != b {
+		return
+	}
+	delete(p.byKey, h)
+	p.keys[b] = blockKey{}
+}

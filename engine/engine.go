@@ -82,6 +82,8 @@ type Engine struct {
 	params []backend.SampleParams // per-row device sampling parameters
 	steps  uint64                 // steps started, to catch a sequence named twice in one
 
+	specStats SpecStats // speculative decoding's counters
+
 	// Startup is the time New spent in each of its phases, in order.
 	Startup []Phase
 }
@@ -624,6 +626,32 @@ func (e *Engine) advance(items []Item) {
 			s.hashes = append(s.hashes, e.pool.index(s.blocks[full], parent, s.tokens[full*bs:(full+1)*bs]))
 		}
 	}
+}
+
+// Truncate drops s's tokens from n on (a speculative step's rejected
+// drafts): their keys and values stay in the cache to be written over, the
+// blocks past n are released, and a block indexed as full with the dropped
+// tokens is indexed no more.
+func (e *Engine) Truncate(s *Sequence, n int) error {
+	if s.freed || n < 0 || n > s.len {
+		return fmt.Errorf("truncate a sequence of %d tokens to %d", s.len, n)
+	}
+	bs := e.spec.BlockSize
+	if e.pool.prefix {
+		full := n / bs
+		for i := full; i < len(s.hashes); i++ {
+			e.pool.unindex(s.blocks[i], s.hashes[i])
+		}
+		s.hashes = s.hashes[:min(full, len(s.hashes))]
+		s.tokens = s.tokens[:n]
+	}
+	keep := (n + bs - 1) / bs
+	for _, b := range s.blocks[keep:] {
+		e.pool.release(b)
+	}
+	s.blocks = s.blocks[:keep]
+	s.len = n
+	return nil
 }
 
 // Prefill appends tokens to s in chunks of at most MaxStepTokens and returns

@@ -196,6 +196,44 @@ func (s *Sampler) deviceParams() backend.SampleParams {
 
 // Sample picks a token from one row of logits (which it does not modify).
 func (s *Sampler) Sample(row []float32) int {
+	l := s.prepared(row)
+	if s.p.Temperature == 0 {
+		return Argmax(l)
+	}
+	c, total := s.survivors(l)
+	return s.draw(c, total, -1)
+}
+
+// Verify decides a drafted token by speculative sampling's rule (Leviathan
+// et al., 2023, for a drafter that proposes one token for certain) against
+// this row: the draft is kept with its probability p(draft) under the
+// sampler's distribution; else a token is drawn from that distribution
+// without the draft, renormalized. So the token returned is distributed as
+// Sample's: draft with p(draft), any other x with (1−p(draft))·p(x)/(1−p(draft)).
+// Greedy keeps the draft when it is the argmax, else returns the argmax.
+// It does not Accept.
+func (s *Sampler) Verify(row []float32, draft int) (id int, kept bool) {
+	l := s.prepared(row)
+	if s.p.Temperature == 0 {
+		a := Argmax(l)
+		return a, a == draft
+	}
+	c, total := s.survivors(l)
+	var pd float64
+	for _, x := range c {
+		if int(x.id) == draft {
+			pd = float64(x.p)
+		}
+	}
+	if s.rng.Float64()*total < pd {
+		return draft, true
+	}
+	return s.draw(c, total-pd, draft), false
+}
+
+// prepared is row with the penalties and the stop tokens' ban applied, in
+// the sampler's buffer.
+func (s *Sampler) prepared(row []float32) []float32 {
 	if len(s.logits) < len(row) {
 		s.logits = make([]float32, len(row))
 		s.cands = make([]candidate, 0, len(row))
@@ -204,9 +242,13 @@ func (s *Sampler) Sample(row []float32) int {
 	copy(l, row)
 	s.penalize(l)
 	s.ban(l)
-	if s.p.Temperature == 0 {
-		return Argmax(l)
-	}
+	return l
+}
+
+// survivors is the distribution the filters leave: temperature, top-k,
+// softmax, top-p, min-p; the probabilities sum to total (not renormalized
+// after the filters: draws scale by it).
+func (s *Sampler) survivors(l []float32) ([]candidate, float64) {
 	inv := float32(1 / s.p.Temperature)
 	c := s.cands[:0]
 	for i, v := range l {
@@ -261,14 +303,25 @@ func (s *Sampler) Sample(row []float32) int {
 	for _, x := range c {
 		total += float64(x.p)
 	}
+	return c, total
+}
+
+// draw picks from c at U·total along the probabilities, skipping the id
+// exclude (-1: none; total then leaves its mass out).
+func (s *Sampler) draw(c []candidate, total float64, exclude int) int {
 	r := s.rng.Float64() * total
+	last := -1
 	for _, x := range c {
+		if int(x.id) == exclude {
+			continue
+		}
+		last = int(x.id)
 		r -= float64(x.p)
 		if r < 0 {
-			return int(x.id)
+			return last
 		}
 	}
-	return int(c[len(c)-1].id)
+	return last
 }
 
 func byLogitDesc(a, b candidate) int {

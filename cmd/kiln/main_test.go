@@ -181,6 +181,34 @@ func TestRunTensorParallelCPU(t *testing.T) {
 	}
 }
 
+// TestRunSpeculative: kiln run --speculative ngram gives the same greedy
+// text as plain decoding on stories260K, and says how many drafts it kept;
+// a bad method is refused.
+func TestRunSpeculative(t *testing.T) {
+	bin, tok := stories(t)
+	plain := runJSON(t, bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "80")
+	for _, k := range []string{"1", "5"} {
+		out, stderr, code := kiln(t, "run", bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "80", "--json",
+			"--speculative", "ngram", "--num-speculative-tokens", k)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		var res runResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.IDs, plain.IDs) {
+			t.Errorf("k %s: speculative greedy ids %v, plain %v", k, res.IDs, plain.IDs)
+		}
+		if !strings.Contains(stderr, "speculative decoding:") || !strings.Contains(stderr, "kept") {
+			t.Errorf("k %s: stderr %q says nothing of the drafts", k, stderr)
+		}
+	}
+	if _, stderr, code := kiln(t, "run", bin, "--tokenizer", tok, "--speculative", "eagle"); code == 0 || !strings.Contains(stderr, `--speculative "eagle": want ngram`) {
+		t.Errorf("--speculative eagle: exit %d, %q", code, stderr)
+	}
+}
+
 // TestRunFP8KVCache: kiln run --kv-cache-dtype fp8 on a real trained model
 // (stories260K): its greedy text starts as llama2.c's (the float32 cache's)
 // for 20 tokens (engine.TestFP8KVCache measured 107 the same).

@@ -32,6 +32,10 @@ func cmdRun(args []string) error {
 	var stops stringList
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	asJSON := fs.Bool("json", false, `print one JSON object {"ids": [...], "text": "..."}`)
+	specMethod := fs.String("speculative", "", `speculative decoding: "ngram" drafts by prompt lookup (the tokens that followed the sequence's last n tokens earlier in it), verified in one step; greedy output is unchanged, sampled output keeps its distribution ("": off)`)
+	specTokens := fs.Int("num-speculative-tokens", 4, "--speculative: tokens drafted a step")
+	lookupMin := fs.Int("prompt-lookup-min", 1, "--speculative ngram: the shortest n-gram matched")
+	lookupMax := fs.Int("prompt-lookup-max", 4, "--speculative ngram: the longest n-gram matched")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -44,6 +48,17 @@ func cmdRun(args []string) error {
 	}
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
+	}
+	var spec *engine.Speculation
+	switch *specMethod {
+	case "":
+	case "ngram":
+		if *specTokens < 1 || *lookupMin < 1 || *lookupMax < *lookupMin {
+			return fmt.Errorf("--num-speculative-tokens %d must be positive, and --prompt-lookup-min %d ≤ --prompt-lookup-max %d", *specTokens, *lookupMin, *lookupMax)
+		}
+		spec = &engine.Speculation{Drafter: engine.NGram{MinN: *lookupMin, MaxN: *lookupMax}, K: *specTokens}
+	default:
+		return fmt.Errorf("--speculative %q: want ngram", *specMethod)
 	}
 	var ids []int
 	if *idsFlag != "" {
@@ -97,10 +112,16 @@ func cmdRun(args []string) error {
 			out.Flush()
 		}
 	}
+	generate := func(prompt []int, p engine.SamplingParams, emit func(int) bool) (engine.Result, error) {
+		if spec != nil {
+			return e.GenerateSpeculative(prompt, p, *spec, emit)
+		}
+		return e.Generate(prompt, p, emit)
+	}
 	if tok == nil {
 		// No tokenizer: the ids are the output (space-separated on the
 		// terminal, the JSON's text empty).
-		_, err = e.Generate(ids, params, func(id int) bool {
+		_, err = generate(ids, params, func(id int) bool {
 			if !*asJSON {
 				if len(gen) > 0 {
 					out.WriteString(" ")
@@ -117,7 +138,7 @@ func cmdRun(args []string) error {
 			dec.Add(id) // prime the decoder with the prompt so spacing continues
 		}
 		stop := engine.NewStopStrings(stops)
-		_, err = e.Generate(ids, params, func(id int) bool {
+		_, err = generate(ids, params, func(id int) bool {
 			gen = append(gen, id)
 			piece, stopped := stop.Add(dec.Add(id))
 			show(piece)
@@ -135,13 +156,20 @@ func cmdRun(args []string) error {
 		if gen == nil {
 			gen = []int{}
 		}
-		return json.NewEncoder(out).Encode(struct {
+		err = json.NewEncoder(out).Encode(struct {
 			IDs  []int  `json:"ids"`
 			Text string `json:"text"`
 		}{gen, string(text)})
+	} else {
+		out.WriteString("\n")
 	}
-	out.WriteString("\n")
-	return nil
+	out.Flush()
+	if spec != nil {
+		st := e.SpecStats()
+		fmt.Fprintf(os.Stderr, "kiln: speculative decoding: %d steps verified %d drafted tokens, %d kept (%.0f%%)\n",
+			st.Drafts, st.DraftTokens, st.AcceptedTokens, 100*float64(st.AcceptedTokens)/float64(max(1, st.DraftTokens)))
+	}
+	return err
 }
 
 // openRunModel opens run's model and its tokenizer. With prompt ids given

@@ -1,0 +1,158 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Speculative decoding: a drafter proposes the next few tokens, one target
+// step over the last token and the drafts (k+1 positions, as a prefill
+// runs them) scores them all, and each draft is kept or not by the
+// sampler's rule (Sampler.Verify), so that greedy output is the plain
+// greedy output and sampled output keeps its distribution. Every step
+// yields at least one token: the first rejected draft's replacement, or
+// after k kept drafts one more from the last row. The rejected drafts'
+// cache entries are dropped (Truncate).
+
+// Drafter proposes tokens to follow a sequence.
+type Drafter interface {
+	// Draft returns up to k tokens to follow tokens (nil: none).
+	Draft(tokens []int, k int) []int
+}
+
+// NGram drafts by prompt lookup (vLLM's ngram method, no draft model): it
+// finds the sequence's last n tokens earlier in it, n from MaxN down to
+// MinN, the most recent occurrence first, and proposes the tokens that
+// followed them there.
+type NGram struct{ MinN, MaxN int }
+
+// Draft implements Drafter.
+func (g NGram) Draft(tokens []int, k int) []int {
+	if k <= 0 {
+		return nil
+	}
+	for n := min(g.MaxN, len(tokens)-1); n >= max(1, g.MinN); n-- {
+		suffix := tokens[len(tokens)-n:]
+		for i := len(tokens) - n - 1; i >= 0; i-- {
+			if slices.Equal(tokens[i:i+n], suffix) {
+				return tokens[i+n : min(i+n+k, len(tokens))]
+			}
+		}
+	}
+	return nil
+}
+
+// Speculation configures speculative decoding: Drafter proposes up to K
+// tokens a step.
+type Speculation struct {
+	Drafter Drafter
+	K       int
+}
+
+// SpecStats count speculative steps (vLLM's spec_decode counters): the
+// steps that verified drafts, the tokens drafted, and those kept.
+type SpecStats struct{ Drafts, DraftTokens, AcceptedTokens int }
+
+// SpecStats returns the engine's speculative decoding counters.
+func (e *Engine) SpecStats() SpecStats { return e.specStats }
+
+// GenerateSpeculative is Generate with speculative decoding: when sp's
+// drafter proposes tokens, one step verifies them all. The tokens are those
+// Generate would give for greedy sampling, and follow the same
+// distribution otherwise (their random draws differ). A step without
+// drafts is Generate's.
+func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculation, emit func(id int) bool) (Result, error) {
+	res := Result{PromptTokens: len(prompt)}
+	if err := p.Validate(); err != nil {
+		return res, err
+	}
+	if sp.Drafter == nil || sp.K < 1 {
+		return res, fmt.Errorf("speculation: no drafter, or %d tokens a step", sp.K)
+	}
+	if len(prompt) == 0 {
+		return res, fmt.Errorf("generate: empty prompt")
+	}
+	if len(prompt) >= e.ctxLen {
+		return res, fmt.Errorf("generate: prompt of %d tokens leaves no room in the context of %d", len(prompt), e.ctxLen)
+	}
+	seq := e.NewSequence()
+	defer e.Free(seq)
+	last := len(prompt) - 1
+	if last > 0 {
+		if _, err := e.Prefill(seq, prompt[:last], false); err != nil {
+			return res, err
+		}
+	}
+	sampler := NewSampler(p, e.vocab, prompt)
+	history := slices.Clone(prompt)
+	// take records a chosen token; done says generation ended (the token
+	// was a stop, emit declined, or a length was reached).
+	take := func(id int) (done bool) {
+		if !p.IgnoreStop && res.GeneratedTokens >= p.MinTokens && slices.Contains(p.StopTokens, id) {
+			res.FinishReason = FinishStop
+			return true
+		}
+		sampler.Accept(id)
+		res.GeneratedTokens++
+		history = append(history, id)
+		if !emit(id) {
+			res.FinishReason = FinishStop
+			return true
+		}
+		return false
+	}
+	next := prompt[last]
+	for {
+		// Room: the cache holds next and the drafts, and a token after
+		// them must fit the context; no more drafts than tokens wanted.
+		k := min(sp.K, e.ctxLen-seq.len-2, e.buckets.Max()-1)
+		if p.MaxTokens > 0 {
+			k = min(k, p.MaxTokens-res.GeneratedTokens-1)
+		}
+		draft := sp.Drafter.Draft(history, k)
+		var id int
+		if len(draft) == 0 {
+			ids, err := e.StepSample([]Item{{Seq: seq, Tokens: []int{next}}}, []*Sampler{sampler})
+			if err != nil {
+				return res, err
+			}
+			id = ids[0]
+		} else {
+			base := seq.len
+			logits, err := e.Step([]Item{{Seq: seq, Tokens: append([]int{next}, draft...), AllRows: true}})
+			if err != nil {
+				return res, err
+			}
+			e.specStats.Drafts++
+			e.specStats.DraftTokens += len(draft)
+			kept := 0
+			id = -1
+			for i, d := range draft {
+				got, ok := sampler.Verify(logits[i*e.vocab:(i+1)*e.vocab], d)
+				if !ok {
+					id = got
+					break
+				}
+				kept++
+				e.specStats.AcceptedTokens++
+				if take(d) {
+					return res, nil
+				}
+			}
+			if id < 0 { // every draft kept: one more from the last row
+				id = sampler.Sample(logits[len(draft)*e.vocab:])
+			}
+			if err := e.Truncate(seq, base+1+kept); err != nil {
+				return res, err
+			}
+		}
+		if take(id) {
+			return res, nil
+		}
+		if (p.MaxTokens > 0 && res.GeneratedTokens >= p.MaxTokens) || seq.len+1 >= e.ctxLen {
+			res.FinishReason = FinishLength
+			return res, nil
+		}
+		next = id
+	}
+}

@@ -63,6 +63,9 @@ func newMetrics(s *Scheduler, jitWork func() int64) *metrics {
 	counter("kiln:kv_cache_slots_used_total", "Tokens held in the running sequences' allocated KV slots, summed over steps (1 - used/allocated is the share left empty).",
 		func(st Stats) float64 { return float64(st.KVSlotsUsed) })
 	counter("kiln:num_preemptions_total", "Sequences preempted for lack of KV blocks (or of device memory for a one-token step).", func(st Stats) float64 { return float64(st.Preemptions) })
+	counter("kiln:spec_decode_num_drafts_total", "Sequence steps that verified drafted tokens (speculative decoding).", func(st Stats) float64 { return float64(st.SpecDrafts) })
+	counter("kiln:spec_decode_num_draft_tokens_total", "Tokens drafted for speculative decoding.", func(st Stats) float64 { return float64(st.SpecDraftTokens) })
+	counter("kiln:spec_decode_num_accepted_tokens_total", "Drafted tokens kept by verification.", func(st Stats) float64 { return float64(st.SpecAcceptedTokens) })
 	counter("kiln:num_oom_retries_total", "Steps that failed for lack of device memory and were retried smaller instead of failing their requests.", func(st Stats) float64 { return float64(st.OOMRetries) })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kiln:jit_fallback_total",
 		Help: "Kernel modules compiled and first-use choices (product kernels, decode attention splits) timed at run time: with --artifact, what the artifact did not hold."},

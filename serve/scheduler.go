@@ -31,6 +31,12 @@ type Config struct {
 	// MaxQueuedRequests and MaxQueuedTokens bound the waiting queue (in
 	// requests, and in prompt tokens); over them Submit refuses.
 	MaxQueuedRequests, MaxQueuedTokens int
+	// Speculation, when set, drafts tokens for decoding sequences and
+	// verifies them in the step (engine.Speculation), while a step holds
+	// at most SpeculateMaxSeqs decoding sequences (larger batches are
+	// compute-bound: drafts would cost more than they save).
+	Speculation      *engine.Speculation
+	SpeculateMaxSeqs int
 }
 
 // Event is one step of a request's output: a generated token, or the end.
@@ -94,6 +100,9 @@ type Request struct {
 	followers []*Request
 	sampler   *engine.Sampler
 	admitted  uint64 // admission order, for preemption
+	// draft is the tokens drafted for this step (speculation), after its
+	// last token in the step's item.
+	draft []int
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -170,6 +179,9 @@ type Stats struct {
 	// OOMRetries counts steps that failed for lack of device memory and
 	// were retried smaller (or whose request was preempted), not failed.
 	OOMRetries uint64
+	// Speculative decoding (vLLM's spec_decode counters): the sequences'
+	// steps that verified drafts, the tokens drafted, and those kept.
+	SpecDrafts, SpecDraftTokens, SpecAcceptedTokens uint64
 }
 
 // NewScheduler makes a scheduler for e; Run starts it.
@@ -368,9 +380,14 @@ func (s *Scheduler) step() {
 	var ids []int
 	var logits []float32
 	var err error
-	if slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return r.Logprobs }) {
+	speculating := slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return len(r.draft) > 0 })
+	switch {
+	case speculating:
+		// Drafts are verified on the host: every row comes back.
+		logits, err = s.e.Step(s.items)
+	case slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return r.Logprobs }):
 		ids, logits, err = s.e.StepSampleLogits(s.items, s.samplers)
-	} else {
+	default:
 		ids, err = s.e.StepSample(s.items, s.samplers)
 	}
 	stepTime := time.Since(t0)
@@ -400,6 +417,11 @@ func (s *Scheduler) step() {
 	s.stats.KVSlotsAllocated += alloc
 	s.stats.KVSlotsUsed += used
 	s.statsMu.Unlock()
+	if speculating {
+		s.verify(logits)
+		s.publish()
+		return
+	}
 	for i, r := range slices.Clone(s.itemOwner) {
 		n := len(s.items[i].Tokens)
 		if decode := r.generated > 0 && n == 1 && r.cached == len(r.tokens)-1; !decode {
@@ -416,6 +438,85 @@ func (s *Scheduler) step() {
 		}
 	}
 	s.publish()
+}
+
+// verify finishes a step that verified drafts, its logits all on the host
+// (a row for each token of a drafted item, one for each other item's last
+// token): each drafted request keeps its drafts up to the first its sampler
+// rejects (engine.Sampler.Verify) and its cache drops the rest; every
+// request that completed its tokens takes its next token from its last row
+// as a plain step would.
+func (s *Scheduler) verify(logits []float32) {
+	v := s.e.Vocab()
+	at := 0 // the next row
+	for i, r := range slices.Clone(s.itemOwner) {
+		it := s.items[i]
+		n := len(it.Tokens)
+		rows := 1
+		if it.AllRows {
+			rows = n
+		}
+		own := logits[at*v : (at+rows)*v]
+		at += rows
+		draft := r.draft
+		r.draft = nil
+		if len(draft) == 0 {
+			if decode := r.generated > 0 && n == 1 && r.cached == len(r.tokens)-1; !decode {
+				s.count(n, 0)
+			}
+			r.cached += n
+			if r.cached == len(r.tokens) {
+				s.emit(r, r.sampler.Sample(own), s.logprobRow(r, own))
+			}
+			continue
+		}
+		// The item was the request's last token and its drafts: each draft
+		// is verified after the ones before it are taken (the sampler's
+		// penalties and min_tokens see them); a stop or a limit ends r.
+		base := r.seq.Len() - n
+		r.cached = base + 1
+		kept, final := 0, -1
+		for j, d := range draft {
+			row := own[j*v : (j+1)*v]
+			got, ok := r.sampler.Verify(row, d)
+			if !ok {
+				final = got
+				break
+			}
+			kept++
+			r.cached++ // the draft's entry stays in the cache
+			s.emit(r, d, s.logprobRow(r, row))
+			if r.seq == nil {
+				break
+			}
+		}
+		s.statsMu.Lock()
+		s.stats.SpecDrafts++
+		s.stats.SpecDraftTokens += uint64(len(draft))
+		s.stats.SpecAcceptedTokens += uint64(kept)
+		s.statsMu.Unlock()
+		if r.seq == nil {
+			continue // finished on a kept draft
+		}
+		if err := s.e.Truncate(r.seq, base+1+kept); err != nil {
+			s.remove(r)
+			s.finish(r, "", fmt.Errorf("serve: speculative step: %w", err))
+			continue
+		}
+		row := own[kept*v : (kept+1)*v]
+		if final < 0 { // every draft kept: one more from the last row
+			final = r.sampler.Sample(row)
+		}
+		s.emit(r, final, s.logprobRow(r, row))
+	}
+}
+
+// logprobRow is row when r wants log-probabilities, else nil.
+func (s *Scheduler) logprobRow(r *Request, row []float32) []float32 {
+	if r.Logprobs {
+		return row
+	}
+	return nil
 }
 
 func (s *Scheduler) count(prompt, gen int) {
@@ -613,10 +714,22 @@ func (s *Scheduler) gather() {
 			budget -= n
 			need += s.e.BlocksToGrow(r.seq, n)
 		}
+		decoding := 0
+		for _, r := range s.running {
+			if len(r.tokens)-r.cached == 1 {
+				decoding++
+			}
+		}
+		spec := s.cfg.Speculation
+		speculate := spec != nil && decoding <= s.cfg.SpeculateMaxSeqs && s.limit.tokens == 0
 		for k := range s.running {
 			r := s.running[(first+k)%len(s.running)]
+			r.draft = nil
 			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
+				if speculate {
+					s.addDraft(r, spec, &budget, &need)
+				}
 			}
 		}
 		for _, r := range s.running {
@@ -636,6 +749,26 @@ func (s *Scheduler) gather() {
 		}
 		s.preempt()
 	}
+}
+
+// addDraft drafts tokens after decoding request r, the last item, within
+// the step's token budget, the tokens r may still generate and the context,
+// and makes its item carry them (every row's logits wanted).
+func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need *int) {
+	k := min(spec.K, *budget, s.e.ContextLen()-len(r.tokens)-1)
+	if p := r.Params; p.MaxTokens > 0 {
+		k = min(k, p.MaxTokens-r.generated-1)
+	}
+	draft := spec.Drafter.Draft(r.tokens, k)
+	if len(draft) == 0 {
+		return
+	}
+	i := len(s.items) - 1
+	*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - s.e.BlocksToGrow(r.seq, 1)
+	s.items[i].Tokens = append(slices.Clip(s.items[i].Tokens), draft...)
+	s.items[i].AllRows = true
+	*budget -= len(draft)
+	r.draft = draft
 }
 
 // shrink answers a step that failed for lack of device memory: the next

@@ -453,3 +453,81 @@ func TestOutOfMemoryRetries(t *testing.T) {
 		})
 	}
 }
+
+// TestSpeculativeServing: with prompt-lookup speculation, the scheduler's
+// greedy outputs are each prompt's alone, requests with log-probabilities
+// get the plain step's, whether every step speculates or only small ones,
+// with room for all and with a cache short enough to preempt; drafts are
+// kept, and every block is free at the end.
+func TestSpeculativeServing(t *testing.T) {
+	ps := prompts(6)
+	for i := range ps { // make the prompts repeat themselves: lookups find them
+		ps[i] = append(ps[i], ps[i][1:]...)
+	}
+	want := alone(t, stories(t, 1, 0), ps, 60)
+	plainLogprobs := map[int][]float32{}
+	for _, tc := range []struct {
+		name               string
+		kvBlocks, maxSpecs int
+	}{
+		{"plain", 0, -1}, // the log-probabilities the others must give
+		{"every step", 0, 8},
+		{"small batches", 0, 2},
+		{"short cache", 16, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := stories(t, 6, tc.kvBlocks)
+			cfg := Config{MaxNumSeqs: 6, MaxNumBatchedTokens: 64}
+			if tc.maxSpecs >= 0 {
+				cfg.SpeculateMaxSeqs, cfg.Speculation = tc.maxSpecs, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: 4}
+			}
+			s := runScheduler(t, e, cfg)
+			var reqs []*Request
+			for i, p := range ps {
+				r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 60, IgnoreStop: true}, Logprobs: i%2 == 0}
+				if err := s.Submit(r); err != nil {
+					t.Fatal(err)
+				}
+				reqs = append(reqs, r)
+			}
+			for i, r := range reqs {
+				var got []int
+				var lps []float32
+				for ev := range r.Events {
+					if ev.Done {
+						if ev.Err != nil || ev.GeneratedTokens != 60 {
+							t.Errorf("request %d ended %+v", i, ev)
+						}
+						break
+					}
+					got = append(got, ev.Token)
+					lps = append(lps, ev.Logprob)
+				}
+				if !slices.Equal(got, want[i]) {
+					t.Errorf("request %d:\n got %v\nwant %v", i, got, want[i])
+				}
+				if r.Logprobs {
+					if prev, ok := plainLogprobs[i]; ok {
+						for j := range prev {
+							if d := prev[j] - lps[j]; d > 1e-4 || d < -1e-4 {
+								t.Errorf("request %d token %d: log-probability %g, %g in the first run", i, j, lps[j], prev[j])
+								break
+							}
+						}
+					} else {
+						plainLogprobs[i] = lps
+					}
+				}
+			}
+			waitIdle(t, s)
+			st := s.Stats()
+			t.Logf("%d drafts, %d drafted, %d kept, %d preemptions", st.SpecDrafts, st.SpecDraftTokens, st.SpecAcceptedTokens, st.Preemptions)
+			if st.SpecAcceptedTokens == 0 && tc.maxSpecs >= 0 {
+				t.Error("no draft kept")
+			}
+			if st.FreeBlocks != st.TotalBlocks {
+				t.Errorf("%d of %d blocks free after all requests finished", st.FreeBlocks, st.TotalBlocks)
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"kiln/engine"
 	"os"
 	"strconv"
 	"strings"
@@ -128,4 +129,36 @@ func parseIDs(s string) ([]int, error) {
 		ids = append(ids, n)
 	}
 	return ids, nil
+}
+
+// specFlags choose speculative decoding (kiln run, kiln serve).
+type specFlags struct {
+	method          string
+	tokens          int
+	lookupMin       int
+	lookupMax       int
+	disableAboveSeq int
+}
+
+func (f *specFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.method, "speculative", envString("KILN_SPECULATIVE", ""), `speculative decoding: "ngram" drafts by prompt lookup (the tokens that followed the sequence's last n tokens earlier in it), verified in one step; greedy output is unchanged, sampled output keeps its distribution ("": off) [KILN_SPECULATIVE]`)
+	fs.IntVar(&f.tokens, "num-speculative-tokens", 4, "--speculative: tokens drafted a step")
+	fs.IntVar(&f.lookupMin, "prompt-lookup-min", 1, "--speculative ngram: the shortest n-gram matched")
+	fs.IntVar(&f.lookupMax, "prompt-lookup-max", 4, "--speculative ngram: the longest n-gram matched")
+	fs.IntVar(&f.disableAboveSeq, "speculative-max-seqs", 4, "kiln serve --speculative: draft only while a step decodes at most this many sequences (larger batches are compute-bound)")
+}
+
+// speculation is what the flags ask for (nil: none).
+func (f *specFlags) speculation() (*engine.Speculation, error) {
+	switch f.method {
+	case "":
+		return nil, nil
+	case "ngram":
+		if f.tokens < 1 || f.lookupMin < 1 || f.lookupMax < f.lookupMin || f.disableAboveSeq < 0 {
+			return nil, fmt.Errorf("--num-speculative-tokens %d must be positive, --prompt-lookup-min %d ≤ --prompt-lookup-max %d, --speculative-max-seqs %d ≥ 0",
+				f.tokens, f.lookupMin, f.lookupMax, f.disableAboveSeq)
+		}
+		return &engine.Speculation{Drafter: engine.NGram{MinN: f.lookupMin, MaxN: f.lookupMax}, K: f.tokens}, nil
+	}
+	return nil, fmt.Errorf("--speculative %q: want ngram", f.method)
 }

@@ -82,6 +82,8 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"run", bin, "--tokenizer", tok, "--temperature", "-1"},
 		{"run", bin, "--tokenizer", tok, "--max-tokens", "0"},
 		{"run", bin, "--tokenizer", tok, "--tensor-parallel-size", "0"},
+		{"serve", "--speculative", "eagle"},
+		{"serve", "--speculative", "ngram", "--num-speculative-tokens", "0"},
 		{"run", bin, "--tokenizer", tok, "--tensor-parallel-size", "3", "--device", "cpu"},
 		{"run", bin, "--tokenizer", tok, "--ids", "1,x"},
 		{"run", bin, "--tokenizer", tok, "--prompt", "a", "--ids", "1"},

@@ -32,10 +32,8 @@ func cmdRun(args []string) error {
 	var stops stringList
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	asJSON := fs.Bool("json", false, `print one JSON object {"ids": [...], "text": "..."}`)
-	specMethod := fs.String("speculative", "", `speculative decoding: "ngram" drafts by prompt lookup (the tokens that followed the sequence's last n tokens earlier in it), verified in one step; greedy output is unchanged, sampled output keeps its distribution ("": off)`)
-	specTokens := fs.Int("num-speculative-tokens", 4, "--speculative: tokens drafted a step")
-	lookupMin := fs.Int("prompt-lookup-min", 1, "--speculative ngram: the shortest n-gram matched")
-	lookupMax := fs.Int("prompt-lookup-max", 4, "--speculative ngram: the longest n-gram matched")
+	var sf specFlags
+	sf.register(fs)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -49,16 +47,9 @@ func cmdRun(args []string) error {
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
 	}
-	var spec *engine.Speculation
-	switch *specMethod {
-	case "":
-	case "ngram":
-		if *specTokens < 1 || *lookupMin < 1 || *lookupMax < *lookupMin {
-			return fmt.Errorf("--num-speculative-tokens %d must be positive, and --prompt-lookup-min %d ≤ --prompt-lookup-max %d", *specTokens, *lookupMin, *lookupMax)
-		}
-		spec = &engine.Speculation{Drafter: engine.NGram{MinN: *lookupMin, MaxN: *lookupMax}, K: *specTokens}
-	default:
-		return fmt.Errorf("--speculative %q: want ngram", *specMethod)
+	spec, err := sf.speculation()
+	if err != nil {
+		return err
 	}
 	var ids []int
 	if *idsFlag != "" {

@@ -27,6 +27,8 @@ func cmdServe(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var ef engineFlags
 	ef.register(fs)
+	var sf specFlags
+	sf.register(fs)
 	host := fs.String("host", envString("KILN_HOST", "127.0.0.1"), "address to listen on [KILN_HOST]")
 	port := fs.Int("port", envInt("KILN_PORT", 8000), "port to listen on [KILN_PORT]")
 	name := fs.String("served-model-name", envString("KILN_SERVED_MODEL_NAME", ""), "the model's name in the API (default: the model's directory or file name) [KILN_SERVED_MODEL_NAME]")
@@ -41,6 +43,10 @@ func cmdServe(args []string) error {
 	prefix := fs.Bool("enable-prefix-caching", envString("KILN_PREFIX_CACHING", "1") != "0", "share the KV blocks of common prompt prefixes between requests (KILN_PREFIX_CACHING=0 turns it off) [KILN_PREFIX_CACHING]")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may take to finish")
 	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	speculation, err := sf.speculation() // before the model loads
 	if err != nil {
 		return err
 	}
@@ -91,7 +97,7 @@ func cmdServe(args []string) error {
 	if budget == 0 {
 		budget = e.MaxStepTokens()
 	}
-	sched, err := serve.NewScheduler(e.Engine, serve.Config{MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
+	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
 		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens})
 	if err != nil {
 		return err

@@ -20,6 +20,108 @@ type Drafter interface {
 	Draft(tokens []int, k int) []int
 }
 
+// SessionDrafter is a Drafter that keeps state for each sequence (a draft
+// model's cache): each sequence drafts through a Session of its own, and
+// releases it when done.
+type SessionDrafter interface {
+	Drafter
+	Session() DraftSession
+}
+
+// DraftSession drafts for one sequence.
+type DraftSession interface {
+	Drafter
+	Release()
+}
+
+// Session is sp's drafter for one sequence and the function that releases
+// it.
+func (sp Speculation) Session() (Drafter, func()) {
+	if sd, ok := sp.Drafter.(SessionDrafter); ok {
+		s := sd.Session()
+		return s, s.Release
+	}
+	return sp.Drafter, func() {}
+}
+
+// ModelDrafter drafts with a smaller model of the same vocabulary (its own
+// engine and cache): greedily, k steps of it a draft, each sequence's
+// tokens kept in a sequence of the draft engine and cut back to what the
+// target kept before the next draft.
+type ModelDrafter struct{ E *Engine }
+
+// Draft implements Drafter for a one-off draft (a session of its own).
+func (m ModelDrafter) Draft(tokens []int, k int) []int {
+	s := m.Session()
+	defer s.Release()
+	return s.Draft(tokens, k)
+}
+
+// Session implements SessionDrafter.
+func (m ModelDrafter) Session() DraftSession { return &modelSession{e: m.E} }
+
+type modelSession struct {
+	e    *Engine
+	seq  *Sequence
+	toks []int // the tokens in seq
+}
+
+func (s *modelSession) Release() {
+	if s.seq != nil {
+		s.e.Free(s.seq)
+		s.seq = nil
+	}
+}
+
+// Draft runs the draft model over what tokens has beyond what it holds,
+// then k greedy steps. A failed step (the draft cache full) drafts less.
+func (s *modelSession) Draft(tokens []int, k int) []int {
+	if k <= 0 || len(tokens) < 1 {
+		return nil
+	}
+	k = min(k, s.e.ctxLen-len(tokens))
+	if k <= 0 {
+		return nil
+	}
+	if s.seq == nil {
+		s.seq = s.e.NewSequence()
+	}
+	held := len(tokens) - 1 // the cache holds all but the last token
+	c := 0
+	for c < min(len(s.toks), held) && s.toks[c] == tokens[c] {
+		c++
+	}
+	if err := s.e.Truncate(s.seq, c); err != nil {
+		return nil
+	}
+	s.toks = append(s.toks[:c], tokens[c:held]...)
+	if c < held {
+		if _, err := s.e.Prefill(s.seq, tokens[c:held], false); err != nil {
+			s.reset()
+			return nil
+		}
+	}
+	var out []int
+	next := tokens[held]
+	greedy := []*Sampler{NewSampler(SamplingParams{}, s.e.vocab, nil)} // chosen on the device where it samples
+	for range k {
+		ids, err := s.e.StepSample([]Item{{Seq: s.seq, Tokens: []int{next}}}, greedy)
+		if err != nil {
+			break
+		}
+		s.toks = append(s.toks, next)
+		next = ids[0]
+		out = append(out, next)
+	}
+	return out
+}
+
+// reset drops the session's cache after a failure.
+func (s *modelSession) reset() {
+	s.Release()
+	s.toks = s.toks[:0]
+}
+
 // NGram drafts by prompt lookup (vLLM's ngram method, no draft model): it
 // finds the sequence's last n tokens earlier in it, n from MaxN down to
 // MinN, the most recent occurrence first, and proposes the tokens that
@@ -85,6 +187,8 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 	}
 	sampler := NewSampler(p, e.vocab, prompt)
 	history := slices.Clone(prompt)
+	drafter, release := sp.Session()
+	defer release()
 	// take records a chosen token; done says generation ended (the token
 	// was a stop, emit declined, or a length was reached).
 	take := func(id int) (done bool) {
@@ -109,7 +213,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 		if p.MaxTokens > 0 {
 			k = min(k, p.MaxTokens-res.GeneratedTokens-1)
 		}
-		draft := sp.Drafter.Draft(history, k)
+		draft := drafter.Draft(history, k)
 		var id int
 		if len(draft) == 0 {
 			ids, err := e.StepSample([]Item{{Seq: seq, Tokens: []int{next}}}, []*Sampler{sampler})

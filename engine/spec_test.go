@@ -8,6 +8,7 @@ import (
 	"kiln/backend/cpu"
 	"kiln/demo"
 	"kiln/engine"
+	"kiln/internal/testmodel"
 )
 
 func TestNGramDraft(t *testing.T) {
@@ -281,4 +282,40 @@ func homogeneity(a, b map[int]int) (float64, int) {
 		chi2 += (float64(c.a)-ea)*(float64(c.a)-ea)/ea + (float64(c.b)-eb)*(float64(c.b)-eb)/eb
 	}
 	return chi2, len(cells) - 1
+}
+
+// TestDraftModel: drafting with a model (its own engine and cache): the
+// model itself as its draft keeps every greedy draft, a random model of the
+// same vocabulary keeps few; either way greedy output is plain greedy
+// output, over a long generation (the draft session cut back and fed again
+// at every step).
+func TestDraftModel(t *testing.T) {
+	target, enc := demoEngine(t, false)
+	prompt := enc(repetitive)
+	p := engine.SamplingParams{MaxTokens: 50}
+	want := generate(t, target, prompt, p, nil)
+	self, _ := demoEngine(t, true)
+	c := target.Config
+	c.NumLayers, c.HiddenSize, c.IntermediateSize, c.NumHeads, c.NumKVHeads, c.HeadDim = 1, 32, 64, 2, 2, 16
+	rnd, err := engine.New(testmodel.Random(c, 5), &cpu.Backend{}, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rnd.Close()
+	for name, d := range map[string]*engine.Engine{"itself": self, "random": rnd} {
+		before := target.SpecStats()
+		got := generate(t, target, prompt, p, &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: 4})
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s as the draft: greedy\n got %v\nwant %v", name, got, want)
+		}
+		s := target.SpecStats()
+		drafted, kept := s.DraftTokens-before.DraftTokens, s.AcceptedTokens-before.AcceptedTokens
+		t.Logf("%s: %d drafted, %d kept", name, drafted, kept)
+		if name == "itself" && kept != drafted {
+			t.Errorf("the model drafting for itself: %d of %d drafts kept", kept, drafted)
+		}
+		if d.FreeBlocks() != d.KVSpec().Blocks {
+			t.Errorf("%s: %d of %d draft blocks free after", name, d.FreeBlocks(), d.KVSpec().Blocks)
+		}
+	}
 }

@@ -101,8 +101,11 @@ type Request struct {
 	sampler   *engine.Sampler
 	admitted  uint64 // admission order, for preemption
 	// draft is the tokens drafted for this step (speculation), after its
-	// last token in the step's item.
-	draft []int
+	// last token in the step's item; drafter drafts them (made at the
+	// first draft, released when r finishes).
+	draft        []int
+	drafter      engine.Drafter
+	releaseDraft func()
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -557,6 +560,10 @@ func (s *Scheduler) finish(r *Request, reason string, err error) {
 		s.e.Free(r.seq)
 		r.seq = nil
 	}
+	if r.releaseDraft != nil {
+		r.releaseDraft()
+		r.drafter, r.releaseDraft = nil, nil
+	}
 	if errors.Is(err, ErrStopped) {
 		for _, f := range r.followers {
 			s.finish(f, "", err)
@@ -759,7 +766,10 @@ func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need 
 	if p := r.Params; p.MaxTokens > 0 {
 		k = min(k, p.MaxTokens-r.generated-1)
 	}
-	draft := spec.Drafter.Draft(r.tokens, k)
+	if r.drafter == nil {
+		r.drafter, r.releaseDraft = spec.Session()
+	}
+	draft := r.drafter.Draft(r.tokens, k)
 	if len(draft) == 0 {
 		return
 	}

@@ -469,17 +469,25 @@ func TestSpeculativeServing(t *testing.T) {
 	for _, tc := range []struct {
 		name               string
 		kvBlocks, maxSpecs int
+		model              bool // the model drafts for itself instead of prompt lookup
 	}{
-		{"plain", 0, -1}, // the log-probabilities the others must give
-		{"every step", 0, 8},
-		{"small batches", 0, 2},
-		{"short cache", 16, 8},
+		{"plain", 0, -1, false}, // the log-probabilities the others must give
+		{"every step", 0, 8, false},
+		{"small batches", 0, 2, false},
+		{"short cache", 16, 8, false},
+		{"draft model", 0, 8, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := stories(t, 6, tc.kvBlocks)
 			cfg := Config{MaxNumSeqs: 6, MaxNumBatchedTokens: 64}
+			var draftEngine *engine.Engine
 			if tc.maxSpecs >= 0 {
-				cfg.SpeculateMaxSeqs, cfg.Speculation = tc.maxSpecs, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: 4}
+				var d engine.Drafter = engine.NGram{MinN: 1, MaxN: 3}
+				if tc.model {
+					draftEngine = stories(t, 6, 0)
+					d = engine.ModelDrafter{E: draftEngine}
+				}
+				cfg.SpeculateMaxSeqs, cfg.Speculation = tc.maxSpecs, &engine.Speculation{Drafter: d, K: 4}
 			}
 			s := runScheduler(t, e, cfg)
 			var reqs []*Request
@@ -527,6 +535,9 @@ func TestSpeculativeServing(t *testing.T) {
 			}
 			if st.FreeBlocks != st.TotalBlocks {
 				t.Errorf("%d of %d blocks free after all requests finished", st.FreeBlocks, st.TotalBlocks)
+			}
+			if draftEngine != nil && draftEngine.FreeBlocks() != draftEngine.KVSpec().Blocks {
+				t.Errorf("%d of %d draft blocks free after all requests finished", draftEngine.FreeBlocks(), draftEngine.KVSpec().Blocks)
 			}
 		})
 	}

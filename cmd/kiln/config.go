@@ -138,27 +138,63 @@ type specFlags struct {
 	lookupMin       int
 	lookupMax       int
 	disableAboveSeq int
+	draftModel      string
 }
 
 func (f *specFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.method, "speculative", envString("KILN_SPECULATIVE", ""), `speculative decoding: "ngram" drafts by prompt lookup (the tokens that followed the sequence's last n tokens earlier in it), verified in one step; greedy output is unchanged, sampled output keeps its distribution ("": off) [KILN_SPECULATIVE]`)
+	fs.StringVar(&f.method, "speculative", envString("KILN_SPECULATIVE", ""), `speculative decoding: "ngram" drafts by prompt lookup (the tokens that followed the sequence's last n tokens earlier in it), "draft" with --draft-model; the drafts are verified in one step: greedy output is unchanged, sampled output keeps its distribution ("": off, or draft when --draft-model is given) [KILN_SPECULATIVE]`)
 	fs.IntVar(&f.tokens, "num-speculative-tokens", 4, "--speculative: tokens drafted a step")
 	fs.IntVar(&f.lookupMin, "prompt-lookup-min", 1, "--speculative ngram: the shortest n-gram matched")
 	fs.IntVar(&f.lookupMax, "prompt-lookup-max", 4, "--speculative ngram: the longest n-gram matched")
 	fs.IntVar(&f.disableAboveSeq, "speculative-max-seqs", 4, "kiln serve --speculative: draft only while a step decodes at most this many sequences (larger batches are compute-bound)")
+	fs.StringVar(&f.draftModel, "draft-model", envString("KILN_DRAFT_MODEL", ""), "--speculative draft: a smaller model of the same vocabulary that drafts greedily, on the same device, with a cache of its own [KILN_DRAFT_MODEL]")
 }
 
-// speculation is what the flags ask for (nil: none).
-func (f *specFlags) speculation() (*engine.Speculation, error) {
+// check validates the flags (before any model loads).
+func (f *specFlags) check() error {
+	if f.method == "" && f.draftModel != "" {
+		f.method = "draft"
+	}
 	switch f.method {
 	case "":
-		return nil, nil
-	case "ngram":
-		if f.tokens < 1 || f.lookupMin < 1 || f.lookupMax < f.lookupMin || f.disableAboveSeq < 0 {
-			return nil, fmt.Errorf("--num-speculative-tokens %d must be positive, --prompt-lookup-min %d ≤ --prompt-lookup-max %d, --speculative-max-seqs %d ≥ 0",
-				f.tokens, f.lookupMin, f.lookupMax, f.disableAboveSeq)
-		}
-		return &engine.Speculation{Drafter: engine.NGram{MinN: f.lookupMin, MaxN: f.lookupMax}, K: f.tokens}, nil
+		return nil
+	case "ngram", "draft":
+	default:
+		return fmt.Errorf("--speculative %q: want ngram or draft", f.method)
 	}
-	return nil, fmt.Errorf("--speculative %q: want ngram", f.method)
+	if (f.method == "draft") != (f.draftModel != "") {
+		return fmt.Errorf("--speculative draft goes with --draft-model (and only it)")
+	}
+	if f.tokens < 1 || f.lookupMin < 1 || f.lookupMax < f.lookupMin || f.disableAboveSeq < 0 {
+		return fmt.Errorf("--num-speculative-tokens %d must be positive, --prompt-lookup-min %d ≤ --prompt-lookup-max %d, --speculative-max-seqs %d ≥ 0",
+			f.tokens, f.lookupMin, f.lookupMax, f.disableAboveSeq)
+	}
+	return nil
+}
+
+// speculation is what the flags ask for (nil: none) for the engine target:
+// a draft model runs on target's backend, its vocabulary checked against
+// target's; close releases it.
+func (f *specFlags) speculation(target *engineOn) (*engine.Speculation, func(), error) {
+	if err := f.check(); err != nil || f.method == "" {
+		return nil, func() {}, err
+	}
+	if f.method == "ngram" {
+		return &engine.Speculation{Drafter: engine.NGram{MinN: f.lookupMin, MaxN: f.lookupMax}, K: f.tokens}, func() {}, nil
+	}
+	m, err := openModel(f.draftModel)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--draft-model: %w", err)
+	}
+	if m.Config.VocabSize != target.Vocab() {
+		m.Close()
+		return nil, nil, fmt.Errorf("--draft-model: its vocabulary has %d tokens, the model's %d", m.Config.VocabSize, target.Vocab())
+	}
+	d, err := engine.New(m, target.backend, engine.Options{ContextLen: target.ContextLen(), MaxSeqs: target.MaxSeqs(),
+		KVCacheFraction: kvFractionFor(target.backend), Buckets: bucketsFor(target.backend)})
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("--draft-model: %w", err)
+	}
+	return &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: f.tokens}, func() { d.Close(); m.Close() }, nil
 }

@@ -183,9 +183,10 @@ func TestRunTensorParallelCPU(t *testing.T) {
 	}
 }
 
-// TestRunSpeculative: kiln run --speculative ngram gives the same greedy
-// text as plain decoding on stories260K, and says how many drafts it kept;
-// a bad method is refused.
+// TestRunSpeculative: kiln run --speculative ngram, and --draft-model with
+// the model drafting for itself (every draft kept), give the same greedy
+// text as plain decoding on stories260K and say how many drafts they kept;
+// bad speculation flags get one line.
 func TestRunSpeculative(t *testing.T) {
 	bin, tok := stories(t)
 	plain := runJSON(t, bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "80")
@@ -206,8 +207,22 @@ func TestRunSpeculative(t *testing.T) {
 			t.Errorf("k %s: stderr %q says nothing of the drafts", k, stderr)
 		}
 	}
-	if _, stderr, code := kiln(t, "run", bin, "--tokenizer", tok, "--speculative", "eagle"); code == 0 || !strings.Contains(stderr, `--speculative "eagle": want ngram`) {
-		t.Errorf("--speculative eagle: exit %d, %q", code, stderr)
+	// The model drafting for itself keeps every greedy draft.
+	out, stderr, code := kiln(t, "run", bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "80", "--json", "--draft-model", bin)
+	if code != 0 {
+		t.Fatalf("--draft-model: exit %d: %s", code, stderr)
+	}
+	var res runResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.IDs, plain.IDs) || !strings.Contains(stderr, "(100%)") {
+		t.Errorf("--draft-model itself: ids %v (plain %v), %q", res.IDs, plain.IDs, stderr)
+	}
+	for _, c := range [][]string{{"--speculative", "eagle"}, {"--speculative", "draft"}, {"--draft-model", "/no/such/model"}} {
+		if _, stderr, code := kiln(t, append([]string{"run", bin, "--tokenizer", tok}, c...)...); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q", c, code, stderr)
+		}
 	}
 }
 

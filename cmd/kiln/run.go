@@ -47,8 +47,7 @@ func cmdRun(args []string) error {
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
 	}
-	spec, err := sf.speculation()
-	if err != nil {
+	if err := sf.check(); err != nil {
 		return err
 	}
 	var ids []int
@@ -91,6 +90,11 @@ func cmdRun(args []string) error {
 		return err
 	}
 	defer e.Close()
+	spec, closeDraft, err := sf.speculation(e)
+	if err != nil {
+		return err
+	}
+	defer closeDraft()
 
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()

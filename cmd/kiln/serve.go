@@ -46,8 +46,7 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	speculation, err := sf.speculation() // before the model loads
-	if err != nil {
+	if err := sf.check(); err != nil { // before the model loads
 		return err
 	}
 	if len(pos) > 1 {
@@ -97,6 +96,11 @@ func cmdServe(args []string) error {
 	if budget == 0 {
 		budget = e.MaxStepTokens()
 	}
+	speculation, closeDraft, err := sf.speculation(e)
+	if err != nil {
+		return err
+	}
+	defer closeDraft()
 	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
 		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens})
 	if err != nil {

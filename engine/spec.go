@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Speculative decoding: a drafter proposes the next few tokens, one target
@@ -145,10 +146,12 @@ func (g NGram) Draft(tokens []int, k int) []int {
 }
 
 // Speculation configures speculative decoding: Drafter proposes up to K
-// tokens a step.
+// tokens a step. Drafting pauses while it does not pay (governor), unless
+// Always (tests and comparisons: the same drafts whatever the timings).
 type Speculation struct {
 	Drafter Drafter
 	K       int
+	Always  bool
 }
 
 // SpecStats count speculative steps (vLLM's spec_decode counters): the
@@ -157,6 +160,61 @@ type SpecStats struct{ Drafts, DraftTokens, AcceptedTokens int }
 
 // SpecStats returns the engine's speculative decoding counters.
 func (e *Engine) SpecStats() SpecStats { return e.specStats }
+
+// governor decides whether drafting pays for one sequence: a verifying
+// step yields the kept drafts and one token, and costs more than a plain
+// step (on a compute-bound device, as much more as it has tokens). It keeps
+// moving means of a plain step's time, a verifying step's and the tokens a
+// verifying step yields, and while verifying yields fewer tokens a second
+// than plain steps it drafts nothing for a while: 8 steps, doubling each
+// time verifying is found not to pay again, up to 256 (then a verifying
+// step measures again).
+type governor struct {
+	plain, verify, yield float64 // moving means: seconds, seconds, tokens
+	pause, backoff       int
+}
+
+const (
+	governorWeight   = 0.25 // of the newest measurement in the means
+	governorMinPause = 8
+	governorMaxPause = 256
+)
+
+func ewma(old, x float64) float64 {
+	if old == 0 {
+		return x
+	}
+	return old + governorWeight*(x-old)
+}
+
+// drafting reports whether the next step should draft.
+func (g *governor) drafting() bool {
+	if g.pause > 0 {
+		g.pause--
+		return false
+	}
+	return true
+}
+
+// plainStep records a plain step's time.
+func (g *governor) plainStep(d time.Duration) { g.plain = ewma(g.plain, d.Seconds()) }
+
+// verified records a verifying step's time and the tokens it yielded, and
+// pauses drafting when verifying yields fewer tokens a second than plain
+// steps would (a plain step is taken first when none was measured yet).
+func (g *governor) verified(d time.Duration, tokens int) {
+	g.verify, g.yield = ewma(g.verify, d.Seconds()), ewma(g.yield, float64(tokens))
+	if g.plain == 0 {
+		g.pause = 1 // a plain step next, to compare with
+		return
+	}
+	if g.yield*g.plain >= g.verify {
+		g.backoff = 0
+		return
+	}
+	g.backoff = min(max(governorMinPause, 2*g.backoff), governorMaxPause)
+	g.pause = g.backoff
+}
 
 // GenerateSpeculative is Generate with speculative decoding: when sp's
 // drafter proposes tokens, one step verifies them all. The tokens are those
@@ -189,6 +247,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 	history := slices.Clone(prompt)
 	drafter, release := sp.Session()
 	defer release()
+	var gov governor
 	// take records a chosen token; done says generation ended (the token
 	// was a stop, emit declined, or a length was reached).
 	take := func(id int) (done bool) {
@@ -213,7 +272,11 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 		if p.MaxTokens > 0 {
 			k = min(k, p.MaxTokens-res.GeneratedTokens-1)
 		}
-		draft := drafter.Draft(history, k)
+		var draft []int
+		t0 := time.Now() // a step's time counts its drafting (a draft model's steps)
+		if sp.Always || gov.drafting() {
+			draft = drafter.Draft(history, k)
+		}
 		var id int
 		if len(draft) == 0 {
 			ids, err := e.StepSample([]Item{{Seq: seq, Tokens: []int{next}}}, []*Sampler{sampler})
@@ -221,6 +284,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 				return res, err
 			}
 			id = ids[0]
+			gov.plainStep(time.Since(t0))
 		} else {
 			base := seq.len
 			logits, err := e.Step([]Item{{Seq: seq, Tokens: append([]int{next}, draft...), AllRows: true}})
@@ -249,6 +313,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 			if err := e.Truncate(seq, base+1+kept); err != nil {
 				return res, err
 			}
+			gov.verified(time.Since(t0), kept+1)
 		}
 		if take(id) {
 			return res, nil

@@ -82,7 +82,7 @@ func TestSpeculativeGreedy(t *testing.T) {
 		want := generate(t, e, prompt, p, nil)
 		for _, k := range []int{1, 4, 8} {
 			before := e.SpecStats()
-			got := generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: k})
+			got := generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: k, Always: true})
 			if !slices.Equal(got, want) {
 				t.Fatalf("prefix %v, k %d: speculative greedy\n got %v\nwant %v", prefix, k, got, want)
 			}
@@ -222,7 +222,7 @@ func TestSpeculativeSampling(t *testing.T) {
 		p := engine.SamplingParams{Temperature: 0.5, MaxTokens: 32, Seed: uint64(i + 1)}
 		note(plain, generate(t, e, prompt, p, nil))
 		p.Seed += 1 << 20
-		note(spec, generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: 4}))
+		note(spec, generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: 4, Always: true}))
 	}
 	s := e.SpecStats()
 	kept, drafted := s.AcceptedTokens-before.AcceptedTokens, s.DraftTokens-before.DraftTokens
@@ -304,7 +304,7 @@ func TestDraftModel(t *testing.T) {
 	defer rnd.Close()
 	for name, d := range map[string]*engine.Engine{"itself": self, "random": rnd} {
 		before := target.SpecStats()
-		got := generate(t, target, prompt, p, &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: 4})
+		got := generate(t, target, prompt, p, &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: 4, Always: true})
 		if !slices.Equal(got, want) {
 			t.Fatalf("%s as the draft: greedy\n got %v\nwant %v", name, got, want)
 		}

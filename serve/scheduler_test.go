@@ -487,7 +487,7 @@ func TestSpeculativeServing(t *testing.T) {
 					draftEngine = stories(t, 6, 0)
 					d = engine.ModelDrafter{E: draftEngine}
 				}
-				cfg.SpeculateMaxSeqs, cfg.Speculation = tc.maxSpecs, &engine.Speculation{Drafter: d, K: 4}
+				cfg.SpeculateMaxSeqs, cfg.Speculation = tc.maxSpecs, &engine.Speculation{Drafter: d, K: 4, Always: true}
 			}
 			s := runScheduler(t, e, cfg)
 			var reqs []*Request

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"time"
 
 	"kiln/engine"
 	"kiln/model"
@@ -34,6 +35,7 @@ func cmdRun(args []string) error {
 	asJSON := fs.Bool("json", false, `print one JSON object {"ids": [...], "text": "..."}`)
 	var sf specFlags
 	sf.register(fs)
+	verbose := fs.Bool("verbose", false, "after the output, print timings to stderr as ollama run --verbose does: the prompt's tokens and rate (to the first generated token), the generated tokens and rate after it")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -107,11 +109,22 @@ func cmdRun(args []string) error {
 			out.Flush()
 		}
 	}
+	var start, first, end time.Time
+	generated := 0
 	generate := func(prompt []int, p engine.SamplingParams, emit func(int) bool) (engine.Result, error) {
-		if spec != nil {
-			return e.GenerateSpeculative(prompt, p, *spec, emit)
+		timed := func(id int) bool {
+			if generated == 0 {
+				first = time.Now()
+			}
+			generated++
+			return emit(id)
 		}
-		return e.Generate(prompt, p, emit)
+		start = time.Now()
+		defer func() { end = time.Now() }()
+		if spec != nil {
+			return e.GenerateSpeculative(prompt, p, *spec, timed)
+		}
+		return e.Generate(prompt, p, timed)
 	}
 	if tok == nil {
 		// No tokenizer: the ids are the output (space-separated on the
@@ -159,6 +172,13 @@ func cmdRun(args []string) error {
 		out.WriteString("\n")
 	}
 	out.Flush()
+	if *verbose && generated > 0 {
+		pe, ev := first.Sub(start), end.Sub(first)
+		fmt.Fprintf(os.Stderr, "prompt eval count:    %d token(s)\nprompt eval duration: %v\nprompt eval rate:     %.2f tokens/s\n",
+			len(ids), pe.Round(time.Microsecond), float64(len(ids))/pe.Seconds())
+		fmt.Fprintf(os.Stderr, "eval count:           %d token(s)\neval duration:        %v\neval rate:            %.2f tokens/s\n",
+			generated-1, ev.Round(time.Microsecond), float64(generated-1)/max(ev.Seconds(), 1e-9))
+	}
 	if spec != nil {
 		st := e.SpecStats()
 		fmt.Fprintf(os.Stderr, "kiln: speculative decoding: %d steps verified %d drafted tokens, %d kept (%.0f%%)\n",

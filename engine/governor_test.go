@@ -1,0 +1,44 @@
+package engine
+
+import (
+	"testing"
+	"time"
+)
+
+// TestGovernor: a verifying step before any plain one is followed by a
+// plain step to compare with; drafting goes on while verifying yields more
+// tokens a second than plain steps; when it yields fewer, drafting pauses 8
+// steps, then twice as long each time it still does not pay, up to 256; a
+// step that pays again ends the backoff.
+func TestGovernor(t *testing.T) {
+	ms := time.Millisecond
+	var g governor
+	g.verified(3*ms, 2)
+	if g.drafting() || !g.drafting() {
+		t.Fatal("not one plain step after the first verifying step")
+	}
+	g.plainStep(1 * ms)
+	g.verify, g.yield = 0, 0
+	g.verified(3*ms, 4) // 4 tokens in 3 ms against 1 in 1 ms: it pays
+	if !g.drafting() {
+		t.Fatal("paused while drafting pays")
+	}
+	var h governor
+	h.plainStep(1 * ms)
+	for _, want := range []int{8, 16, 32, 64, 128, 256, 256} {
+		h.verify, h.yield = 0, 0 // each probe alone decides
+		h.verified(5*ms, 1)      // 1 token in 5 ms: a loss
+		paused := 0
+		for !h.drafting() {
+			paused++
+		}
+		if paused != want {
+			t.Fatalf("paused %d steps, want %d", paused, want)
+		}
+	}
+	h.verify, h.yield = 0, 0
+	h.verified(2*ms, 3) // pays again
+	if h.backoff != 0 || !h.drafting() {
+		t.Errorf("backoff %d after a step that paid", h.backoff)
+	}
+}

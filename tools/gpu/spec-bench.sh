@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after tools/gpu/build.sh here (or on this machine
+# with DEVICE=cpu): speculative decoding at batch 1 (issue 19). kiln run
+# --verbose, greedy, 256 tokens, plain and with prompt-lookup drafts of 2, 4
+# and 8 tokens, interleaved, on (1) the random Llama-3-8B-shaped bf16 model
+# with a repetitive prompt (64 random ids three times: its greedy output
+# repeats too) and (2) the demo model with passages of the corpus as
+# prompts; then kiln serve with and without speculation under kiln bench
+# serve at 1, 4, 16 and 64 streams (where it stops paying). Writes logs
+# under $OUT and prints a table of eval rates and acceptance last.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/spec-bench.sh", carry [".devpack"]
+source "$(dirname "$0")/env.sh"
+device=${DEVICE:-cuda}
+work=$out
+corpus=${CORPUS:-.devbin/shared/corpora/war-and-peace.txt}
+[ -f "$corpus" ] || corpus=../shared/corpora/war-and-peace.txt
+runs() { # label model-args...
+	local label=$1
+	shift
+	for rep in 1 2; do
+		for k in 0 2 4 8; do
+			local spec=()
+			[ "$k" -gt 0 ] && spec=(--speculative ngram --num-speculative-tokens "$k")
+			timeout 300 $k_bin run "$@" --device "$device" --temperature 0 --max-tokens 256 --verbose "${spec[@]}" \
+				>"$work/$label-k$k-r$rep.out" 2>"$work/$label-k$k-r$rep.err"
+		done
+	done
+}
+k_bin=$k
+if [ "$device" = cuda ]; then
+	random_bf16
+	ids=$(python3 -c "import random; r=random.Random(5); s=[r.randrange(1000, 100000) for _ in range(64)]; print(','.join(map(str, s*3)))")
+	runs llama3-8b "$bf16" --ids "$ids"
+fi
+for i in 1 2 3; do
+	prompt=$(python3 -c "import sys; t=open(sys.argv[1], encoding='utf-8').read(); n=len(t); s=int(sys.argv[2])*n//4; print(t[s:s+600])" "$corpus" "$i")
+	runs demo-p$i --prompt "$prompt"
+done
+python3 - "$work" <<'PY'
+import glob, os, re, sys, collections
+w = sys.argv[1]
+rows = collections.defaultdict(list)
+acc = collections.defaultdict(list)
+for f in glob.glob(os.path.join(w, "*.err")):
+    m = re.match(r"(.*)-k(\d+)-r\d+\.err", os.path.basename(f))
+    t = open(f).read()
+    rate = re.search(r"eval rate:\s+([\d.]+)", t.split("prompt eval rate")[-1])
+    if rate:
+        rows[(m.group(1), int(m.group(2)))].append(float(rate.group(1)))
+    a = re.search(r"(\d+) drafted tokens, (\d+) kept", t)
+    if a:
+        acc[(m.group(1), int(m.group(2)))].append((int(a.group(1)), int(a.group(2))))
+print("| workload | drafts a step | eval tok/s (median) | vs plain | drafted | kept |")
+print("|---|---|---|---|---|---|")
+for (label, k) in sorted(rows):
+    v = sorted(rows[(label, k)])[len(rows[(label, k)]) // 2]
+    base = sorted(rows[(label, 0)])[len(rows[(label, 0)]) // 2] if rows.get((label, 0)) else 0
+    d = sum(x for x, _ in acc[(label, k)]); kept = sum(y for _, y in acc[(label, k)])
+    print(f"| {label} | {k} | {v:.1f} | {v / base:.2f}× | {d} | {kept} ({100 * kept / max(d, 1):.0f}%) |")
+PY

@@ -46,6 +46,11 @@ if [ -d ../shared/models/stories260K ]; then
 	cp -r ../shared/models/stories260K .devbin/shared/models/
 	echo "copied ../shared/models/stories260K to .devbin/shared"
 fi
+# The corpus tools/gpu/spec-bench.sh takes its prompts from.
+if [ -f ../shared/corpora/war-and-peace.txt ]; then
+	mkdir -p .devbin/shared/corpora
+	cp ../shared/corpora/war-and-peace.txt .devbin/shared/corpora/
+fi
 # The binaries must need nothing from CUDA at link time.
 for b in .devbin/*.test .devbin/kiln*; do
 	if ldd "$b" 2>/dev/null | grep -Ev 'linux-vdso|libc\.so|libdl\.so|libpthread\.so|ld-linux|libm\.so|libresolv\.so' | grep -q .; then

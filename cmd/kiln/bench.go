@@ -17,6 +17,7 @@ import (
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
 	"kiln/bench"
+	"kiln/demo"
 	"kiln/engine"
 	"kiln/tensor"
 )
@@ -32,7 +33,11 @@ func cmdBench(args []string) error {
 			return cmdBenchCompare(args[1:])
 		}
 	}
-	return fmt.Errorf("usage: kiln bench model MODEL [flags] | kiln bench serve --url URL [flags] | kiln bench compare BASE.json NEW.json (-h for the flags)")
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Print(benchUsage)
+		return flag.ErrHelp
+	}
+	return fmt.Errorf("want a subcommand: kiln bench model, serve or compare (kiln help bench)")
 }
 
 func cmdBenchModel(args []string) error {
@@ -109,6 +114,7 @@ func cmdBenchModel(args []string) error {
 				return err
 			}
 			defer os.RemoveAll(dir)
+			defer removeOnSignal(dir)()
 		}
 		path = filepath.Join(dir, shape.Name+"-"+d.String())
 		if _, err := os.Stat(filepath.Join(path, "config.json")); err != nil || *keep == "" {
@@ -119,6 +125,9 @@ func cmdBenchModel(args []string) error {
 		}
 	case *random == "" && len(pos) == 1:
 		path = pos[0]
+	case *random == "" && len(pos) == 0:
+		path = "demo"
+		fmt.Fprintf(os.Stderr, "kiln: no model given, using the built-in %s\n", demo.Name)
 	default:
 		return fmt.Errorf("give one MODEL or --random SHAPE")
 	}
@@ -140,12 +149,29 @@ func cmdBenchModel(args []string) error {
 	if *profile && gen > 0 {
 		gen += bench.ProfileSteps
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if room := m.Config.MaxPositions - 1; ef.ctx == 0 && max(*pp, *depth+gen) > room {
+		// The defaults (those not given) fit the model: a shorter prompt
+		// or generation.
+		if !set["pp"] {
+			*pp = min(*pp, room)
+		}
+		if !set["tg"] {
+			*tg = max(1, min(*tg, room-*depth))
+			gen = *tg
+			if *profile {
+				gen += bench.ProfileSteps
+			}
+		}
+		fmt.Fprintf(os.Stderr, "kiln: the model's context is %d: --pp %d, --tg %d\n", m.Config.MaxPositions, *pp, *tg)
+	}
 	ctx := max(*pp, *depth+gen) + 1
 	if ef.ctx > 0 {
 		ctx = ef.ctx
 	}
 	if ctx > m.Config.MaxPositions {
-		return fmt.Errorf("the test needs a context of %d, the model has %d", ctx, m.Config.MaxPositions)
+		return fmt.Errorf("the test needs a context of %d (--pp %d; --depth %d + --tg %d), the model has %d: lower --pp, --tg or --depth", ctx, *pp, *depth, *tg, m.Config.MaxPositions)
 	}
 	// The cache holds what the tests need at once: the prompt of pp, or
 	// every generation sequence at its depth plus tg.

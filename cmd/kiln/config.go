@@ -4,8 +4,10 @@ package main
 // the only file that reads the environment.
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"kiln/engine"
 	"os"
 	"strconv"
@@ -100,11 +102,25 @@ func (e *engineFlags) kvFP8() (bool, error) {
 
 // parseFlags parses args, allowing the positional MODEL argument before or
 // after the flags, and returns the positional arguments.
+//
+// -h prints the command's help (printHelp) to standard output; a bad flag
+// is one line naming it, not the whole list.
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	if len(args) == 1 && args[0] == flagNamesArg {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, "--"+f.Name) })
+		fmt.Println(strings.Join(names, " "))
+		return nil, flag.ErrHelp
+	}
+	fs.SetOutput(io.Discard)
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			if errors.Is(err, flag.ErrHelp) {
+				printHelp(os.Stdout, fs)
+				return nil, err
+			}
+			return nil, fmt.Errorf("%v (kiln help %s)", err, fs.Name())
 		}
 		args = fs.Args()
 		if len(args) == 0 {

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"kiln/artifact"
 	"kiln/backend"
@@ -20,22 +22,66 @@ import (
 	"kiln/tune"
 )
 
-// openModel loads the model at path.
+// openModel loads the model at path; "demo" is the built-in demo model (a
+// directory of that name is ./demo).
 func openModel(path string) (*model.Model, error) {
-	if path == "" {
+	switch path {
+	case "":
 		return nil, fmt.Errorf("no MODEL given")
+	case "demo":
+		m, _, err := demo.Load()
+		return m, err
 	}
 	return model.Load(path)
+}
+
+// removeOnSignal removes dir when the process is interrupted or terminated,
+// or its output's reader goes away (SIGPIPE), then exits; the returned
+// function stops watching.
+func removeOnSignal(dir string) func() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			os.RemoveAll(dir)
+			if sig == syscall.SIGPIPE {
+				os.Exit(141)
+			}
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
+	}
+}
+
+// modelPath is the MODEL of args: the first, or the demo model's name when
+// there is none (saying so on stderr).
+func modelPath(args []string) string {
+	if len(args) == 0 {
+		fmt.Fprintf(os.Stderr, "kiln: no model given, using the built-in %s\n", demo.Name)
+		return "demo"
+	}
+	return args[0]
 }
 
 // openModelOrDemo opens the model named by args (and its tokenizer), or the
 // built-in demo model when args is empty, saying so on stderr.
 func openModelOrDemo(args []string, tokenizerFlag string) (*model.Model, *tokenizer.Tokenizer, error) {
-	if len(args) == 0 {
-		fmt.Fprintf(os.Stderr, "kiln: no model given, using the built-in %s\n", demo.Name)
+	if len(args) == 0 || args[0] == "demo" {
+		if len(args) == 0 {
+			fmt.Fprintf(os.Stderr, "kiln: no model given, using the built-in %s\n", demo.Name)
+		}
 		m, tok, err := demo.Load()
 		if err == nil && tokenizerFlag != "" {
 			tok, err = loadTokenizerFile(tokenizerFlag)
+			if err == nil {
+				err = checkVocab(tok, m)
+			}
 		}
 		return m, tok, err
 	}
@@ -44,11 +90,26 @@ func openModelOrDemo(args []string, tokenizerFlag string) (*model.Model, *tokeni
 		return nil, nil, err
 	}
 	tok, err := openTokenizer(tokenizerFlag, m)
+	if err == nil {
+		err = checkVocab(tok, m)
+	}
 	if err != nil {
 		m.Close()
 		return nil, nil, err
 	}
 	return m, tok, nil
+}
+
+// checkVocab refuses a tokenizer that does not fit the model: more tokens
+// than the model has rows (ids out of range), or far fewer (another
+// model's vocabulary: checkpoints pad theirs by a few hundred rows at most,
+// under 5%).
+func checkVocab(tok *tokenizer.Tokenizer, m *model.Model) error {
+	n, v := tok.VocabSize(), m.Config.VocabSize
+	if n > v || float64(n) < 0.95*float64(v) {
+		return fmt.Errorf("the tokenizer has %d tokens, the model %d: not this model's tokenizer (--tokenizer)", n, v)
+	}
+	return nil
 }
 
 // openTokenizer finds the tokenizer: the --tokenizer file when given, else the
@@ -61,6 +122,8 @@ func openTokenizer(flagPath string, m *model.Model) (*tokenizer.Tokenizer, error
 	switch {
 	case m == nil:
 		return nil, fmt.Errorf("no --tokenizer given")
+	case m.Path == "demo" && m.Format != "gguf" && m.Format != "llama2c":
+		return tokenizer.LoadFS(demo.FS(), "demo")
 	case m.Metadata != nil:
 		return tokenizer.FromGGUF(m.Metadata)
 	case m.Format == "llama2c":

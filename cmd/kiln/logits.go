@@ -17,14 +17,14 @@ func cmdLogits(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("want one MODEL argument, got %d", len(pos))
+	if len(pos) > 1 {
+		return fmt.Errorf("want at most one MODEL argument, got %d", len(pos))
 	}
 	ids, err := parseIDs(*idsFlag)
 	if err != nil {
 		return err
 	}
-	m, err := openModel(pos[0])
+	m, err := openModel(modelPath(pos))
 	if err != nil {
 		return err
 	}

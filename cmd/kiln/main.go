@@ -14,21 +14,35 @@ import (
 const usage = `kiln: run language models
 
 usage:
-  kiln run [MODEL] [--prompt TEXT | --ids 1,2,3] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--json]
-  kiln logits MODEL --ids 1,2,3
+  kiln run [MODEL] [--prompt TEXT | --ids 1,2,3] [--max-tokens N] [--temperature T] [--json] [--verbose]
+  kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-num-seqs N] [--api-key KEY]
+  kiln logits [MODEL] --ids 1,2,3
+  kiln perplexity [MODEL] --file TEXT [--window N] [--stride N]
   kiln tokenize --tokenizer FILE --text TEXT
   kiln detokenize --tokenizer FILE --ids 1,2,3
   kiln inspect MODEL [--after PASS] [--tokens N]
-  kiln perplexity MODEL --file TEXT [--window N] [--stride N]
-  kiln quantize MODEL OUT.gguf [--to q8_0|q4_0|f16|bf16|f32]
-  kiln bench model MODEL [--pp 512] [--tg 128] [--batch 1,4]
-  kiln tune MODEL [--device cpu|cuda] [--threads N] [--prefill N] [--batch 1,16,64,256] [--depth 512] | kiln tune list | export FILE | import FILE [--device cpu|cuda]
-  kiln compile MODEL --device cuda -o DIR [--prefill N] [--depth N] [--batch 1,2,4,...,256]
-  kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY] [--artifact DIR]
+  kiln quantize MODEL OUT [--to q8_0|q4_k_m|fp8|...]
+  kiln bench model [MODEL | --random SHAPE] [--pp 512] [--tg 128] [--batch 1,4]
+  kiln bench serve [--url URL] [--concurrency N] [--num-requests N] [--html FILE]
+  kiln bench compare BASE.json NEW.json
+  kiln tune MODEL [--device cpu|cuda] | kiln tune list | export FILE | import FILE
+  kiln compile MODEL --device cuda -o DIR
+  kiln completion bash|zsh|fish
+  kiln version
+  kiln help [COMMAND]
 
 MODEL is a Hugging Face directory, a .gguf file, or a llama2.c .bin (with
---tokenizer for its tokenizer.bin); kiln run without one uses the built-in
-demo model, and so does kiln serve. Run "kiln COMMAND -h" for a command's flags.
+--tokenizer for its tokenizer.bin); "demo" or no MODEL is the built-in demo
+model. Run "kiln help COMMAND" (or "kiln COMMAND -h") for a command's
+description, examples and flags.
+`
+
+// benchUsage is kiln bench's.
+const benchUsage = `usage:
+  kiln bench model [MODEL | --random SHAPE] [flags]   speed of a model against the hardware's limits
+  kiln bench serve [--url URL] [flags]                load on an OpenAI-compatible server
+  kiln bench compare BASE.json NEW.json               regressions between two bench serve runs
+Run "kiln help bench model" (serve, compare) for the flags.
 `
 
 var commands = map[string]func(args []string) error{
@@ -43,14 +57,30 @@ var commands = map[string]func(args []string) error{
 	"serve":      cmdServe,
 	"tune":       cmdTune,
 	"compile":    cmdCompile,
+	"version": func([]string) error {
+		fmt.Println(versionString())
+		return nil
+	},
+}
+
+// The commands about the commands (registered here: they read the map).
+func init() {
+	commands["help"] = helpCommand
+	commands["completion"] = completion
+	commands["__flags"] = flagNames
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
-		if len(os.Args) < 2 {
-			os.Exit(2)
-		}
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "-h", "--help":
+		fmt.Print(usage)
+		return
+	case "-v", "--version":
+		fmt.Println(versionString())
 		return
 	}
 	cmd, ok := commands[os.Args[1]]

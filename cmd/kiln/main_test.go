@@ -82,6 +82,11 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"run", bin, "--tokenizer", tok, "--temperature", "-1"},
 		{"run", bin, "--tokenizer", tok, "--max-tokens", "0"},
 		{"run", bin, "--tokenizer", tok, "--tensor-parallel-size", "0"},
+		{"run", "demo", "--tokenizer", tok, "--prompt", "x"}, // the demo model with stories260K's tokenizer
+		{"run", bin, "--tokenizer", tok, "--bogus-flag"},
+		{"run", bin, "--tokenizer", tok, "--temperature", "2.5"},
+		{"bench"},
+		{"help", "nosuch"},
 		{"serve", "--speculative", "eagle"},
 		{"serve", "--speculative", "ngram", "--num-speculative-tokens", "0"},
 		{"run", bin, "--tokenizer", tok, "--tensor-parallel-size", "3", "--device", "cpu"},
@@ -614,5 +619,79 @@ func forceTiling(t *testing.T, file, choice string) {
 	}
 	if err := os.WriteFile(file, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHelp: every command has help with a description, examples and its
+// flags (kiln help CMD, CMD -h, exit 0), kiln bench --help and kiln version
+// answer, a bad flag is one line naming the help, and the shell completion
+// scripts know the commands and, through kiln __flags, their flags.
+func TestHelp(t *testing.T) {
+	for _, c := range []string{"run", "serve", "logits", "perplexity", "tokenize", "detokenize", "inspect", "quantize", "tune", "compile"} {
+		out, stderr, code := kiln(t, "help", c)
+		if code != 0 || !strings.HasPrefix(out, "usage: kiln "+c) || !strings.Contains(out, "examples:") || !strings.Contains(out, "flags:") {
+			t.Errorf("kiln help %s: exit %d, %q, %q", c, code, out, stderr)
+		}
+	}
+	for _, c := range [][]string{{"help", "bench", "model"}, {"bench", "serve", "-h"}, {"bench", "compare", "--help"}} {
+		if out, _, code := kiln(t, c...); code != 0 || !strings.Contains(out, "usage: kiln bench") {
+			t.Errorf("%v: exit %d, %q", c, code, out)
+		}
+	}
+	if out, _, code := kiln(t, "bench", "--help"); code != 0 || !strings.Contains(out, "kiln bench compare") {
+		t.Errorf("kiln bench --help: exit %d, %q", code, out)
+	}
+	for _, c := range [][]string{{"version"}, {"--version"}} {
+		if out, _, code := kiln(t, c...); code != 0 || !strings.HasPrefix(out, "kiln ") {
+			t.Errorf("%v: exit %d, %q", c, code, out)
+		}
+	}
+	if out, _, code := kiln(t, "--help"); code != 0 || !strings.Contains(out, "kiln bench serve") || !strings.Contains(out, "kiln completion") {
+		t.Errorf("kiln --help: exit %d, %q", code, out)
+	}
+	_, stderr, code := kiln(t, "run", "--max-tokenz", "3")
+	if code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "max-tokenz") || !strings.Contains(stderr, "kiln help run") {
+		t.Errorf("a bad flag: exit %d, %q", code, stderr)
+	}
+	if out, _, code := kiln(t, "__flags", "run"); code != 0 || !strings.Contains(out, "--max-tokens") || !strings.Contains(out, "--speculative") {
+		t.Errorf("kiln __flags run: exit %d, %q", code, out)
+	}
+	for sh, want := range map[string]string{"bash": "complete -F _kiln kiln", "zsh": "compdef _kiln kiln", "fish": "complete -c kiln"} {
+		if out, _, code := kiln(t, "completion", sh); code != 0 || !strings.Contains(out, want) || !strings.Contains(out, "serve") {
+			t.Errorf("kiln completion %s: exit %d, %q", sh, code, out)
+		}
+	}
+}
+
+// TestRunFromStdin: with no prompt given, kiln run reads it from standard
+// input; a generation cut by the context says so; another model's tokenizer
+// is refused by its size; demo names the built-in model for logits and
+// bench model, whose defaults fit its context.
+func TestRunFromStdin(t *testing.T) {
+	cmd := exec.Command(kilnBin, "run", "--temperature", "0", "--max-tokens", "4", "--json")
+	cmd.Stdin = strings.NewReader("In the beginning\n")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	withFlag := runJSON(t, "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "4")
+	var res runResult
+	if err := json.Unmarshal(out, &res); err != nil || !slices.Equal(res.IDs, withFlag.IDs) {
+		t.Errorf("stdin prompt gave %s (%v), --prompt %v", out, err, withFlag.IDs)
+	}
+	_, stderr, code := kiln(t, "run", "demo", "--prompt", "And", "--temperature", "0", "--max-tokens", "600")
+	if code != 0 || !strings.Contains(stderr, "stopped at the context length of 512") {
+		t.Errorf("past the context: exit %d, %q", code, stderr)
+	}
+	_, tok := stories(t)
+	if _, stderr, code := kiln(t, "run", "demo", "--tokenizer", tok, "--prompt", "x"); code == 0 || !strings.Contains(stderr, "the tokenizer has 512 tokens, the model 4096") {
+		t.Errorf("another model's tokenizer: exit %d, %q", code, stderr)
+	}
+	if out, stderr, code := kiln(t, "logits", "demo", "--ids", "1,2"); code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "{") {
+		t.Errorf("kiln logits demo: exit %d, %q, %q", code, out[:min(len(out), 80)], stderr)
+	}
+	out2, stderr, code := kiln(t, "bench", "model", "--batch", "1", "--reps", "1", "--tg", "4", "--device", "cpu")
+	if code != 0 || !strings.Contains(stderr, "the model's context is 512: --pp 511, --tg 4") || !strings.Contains(out2, "pp511") {
+		t.Errorf("kiln bench model with its defaults: exit %d, %q, %q", code, out2, stderr)
 	}
 }

@@ -21,8 +21,8 @@ func cmdPerplexity(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("want one MODEL argument, got %d", len(pos))
+	if len(pos) > 1 {
+		return fmt.Errorf("want at most one MODEL argument, got %d", len(pos))
 	}
 	if *file == "" {
 		return fmt.Errorf("--file is required")
@@ -31,12 +31,15 @@ func cmdPerplexity(args []string) error {
 	if err != nil {
 		return err
 	}
-	m, err := openModel(pos[0])
+	m, err := openModel(modelPath(pos))
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	tok, err := openTokenizer(ef.tokenizer, m)
+	if err == nil {
+		err = checkVocab(tok, m)
+	}
 	if err != nil {
 		return err
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"kiln/engine"
@@ -48,6 +50,20 @@ func cmdRun(args []string) error {
 	}
 	if *maxTokens <= 0 {
 		return fmt.Errorf("--max-tokens %d must be positive", *maxTokens)
+	}
+	// The server's limits, checked before the model loads.
+	if *temp < 0 || *temp > 2 || *topP < 0 || *topP > 1 || *minP < 0 || *minP > 1 || *topK < 0 || ef.threads < 0 {
+		return fmt.Errorf("--temperature %g (0 to 2), --top-p %g and --min-p %g (0 to 1), --top-k %d and --threads %d (0 or more)", *temp, *topP, *minP, *topK, ef.threads)
+	}
+	if *prompt == "" && *idsFlag == "" {
+		// No prompt given: standard input's, when it is not a terminal.
+		if st, err := os.Stdin.Stat(); err == nil && st.Mode()&os.ModeCharDevice == 0 {
+			b, err := io.ReadAll(os.Stdin)
+			if err != nil {
+				return fmt.Errorf("reading the prompt from standard input: %w", err)
+			}
+			*prompt = strings.TrimSuffix(string(b), "\n")
+		}
 	}
 	if err := sf.check(); err != nil {
 		return err
@@ -110,6 +126,7 @@ func cmdRun(args []string) error {
 		}
 	}
 	var start, first, end time.Time
+	var res engine.Result
 	generated := 0
 	generate := func(prompt []int, p engine.SamplingParams, emit func(int) bool) (engine.Result, error) {
 		timed := func(id int) bool {
@@ -129,7 +146,7 @@ func cmdRun(args []string) error {
 	if tok == nil {
 		// No tokenizer: the ids are the output (space-separated on the
 		// terminal, the JSON's text empty).
-		_, err = generate(ids, params, func(id int) bool {
+		res, err = generate(ids, params, func(id int) bool {
 			if !*asJSON {
 				if len(gen) > 0 {
 					out.WriteString(" ")
@@ -146,7 +163,7 @@ func cmdRun(args []string) error {
 			dec.Add(id) // prime the decoder with the prompt so spacing continues
 		}
 		stop := engine.NewStopStrings(stops)
-		_, err = generate(ids, params, func(id int) bool {
+		res, err = generate(ids, params, func(id int) bool {
 			gen = append(gen, id)
 			piece, stopped := stop.Add(dec.Add(id))
 			show(piece)
@@ -172,6 +189,10 @@ func cmdRun(args []string) error {
 		out.WriteString("\n")
 	}
 	out.Flush()
+	if res.FinishReason == engine.FinishLength && res.GeneratedTokens < *maxTokens {
+		fmt.Fprintf(os.Stderr, "kiln: stopped at the context length of %d tokens (a prompt of %d, %d generated); --max-tokens %d asked for more (--ctx sets the context)\n",
+			e.ContextLen(), res.PromptTokens, res.GeneratedTokens, *maxTokens)
+	}
 	if *verbose && generated > 0 {
 		pe, ev := first.Sub(start), end.Sub(first)
 		fmt.Fprintf(os.Stderr, "prompt eval count:    %d token(s)\nprompt eval duration: %v\nprompt eval rate:     %.2f tokens/s\n",

@@ -695,3 +695,18 @@ func TestRunFromStdin(t *testing.T) {
 		t.Errorf("kiln bench model with its defaults: exit %d, %q, %q", code, out2, stderr)
 	}
 }
+
+// TestServeBindsFirst: kiln serve takes its port before it loads the model:
+// a port in use fails at once, before the model's path is even looked at.
+func TestServeBindsFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	_, stderr, code := kiln(t, "serve", "/no/such/model", "--port", port)
+	if code == 0 || !strings.Contains(stderr, "address already in use") {
+		t.Errorf("a port in use: exit %d, %q", code, stderr)
+	}
+}

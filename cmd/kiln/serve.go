@@ -55,6 +55,15 @@ func cmdServe(args []string) error {
 	if *maxSeqs < 1 || *maxTokens < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 || *kvFraction < 0 || *kvFraction > 1 {
 		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --max-queued-*, --kv-cache-tokens >= 0; --kv-cache-fraction in [0, 1]; --port in 0..65535")
 	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// The port first: a clash fails now, not after the model loads
+	// (connections wait in the listen queue meanwhile).
+	ln, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	log.Info("starting", "version", versionString(), "address", ln.Addr().String())
 	m, tok, err := openModelOrDemo(pos, ef.tokenizer)
 	if err != nil {
 		return err
@@ -63,7 +72,6 @@ func cmdServe(args []string) error {
 	if *name == "" {
 		*name = modelName(m.Path, len(pos) == 0)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctxLen := ef.ctx // 0: the model's own, bounded by memory
 	if *blockSize < 1 || *blockSize > 256 {
 		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
@@ -130,11 +138,6 @@ func cmdServe(args []string) error {
 	schedCtx, stopSched := context.WithCancel(context.Background())
 	schedDone := make(chan struct{})
 	go func() { sched.Run(schedCtx); close(schedDone) }()
-	ln, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
-	if err != nil {
-		stopSched()
-		return err
-	}
 	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
 	api.SetReady(true)
 	log.Info("listening", "address", "http://"+ln.Addr().String()+"/v1")

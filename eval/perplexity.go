@@ -17,6 +17,9 @@ type Perplexity struct {
 	PPL       float64 `json:"perplexity"`
 	Window    int     `json:"window"`
 	Stride    int     `json:"stride"`
+	// Partial: the run stopped early (Progress said so); the figures are
+	// those of the windows scored.
+	Partial bool `json:"partial,omitempty"`
 }
 
 // SlidingPerplexity scores ids the way Hugging Face's perplexity guide does:
@@ -25,6 +28,14 @@ type Perplexity struct {
 // everything before it in the window; the first token is never predicted.
 // Perplexity is exp of the mean negative log-likelihood.
 func SlidingPerplexity(e *engine.Engine, ids []int, window, stride int) (Perplexity, error) {
+	return SlidingPerplexityProgress(e, ids, window, stride, nil)
+}
+
+// SlidingPerplexityProgress is SlidingPerplexity calling progress, when
+// set, after each window with the result so far (its PPL that of the tokens
+// scored); progress returning false stops the run, whose result is then
+// Partial.
+func SlidingPerplexityProgress(e *engine.Engine, ids []int, window, stride int, progress func(sofar Perplexity) bool) (Perplexity, error) {
 	res := Perplexity{Tokens: len(ids), Window: window, Stride: stride}
 	switch {
 	case len(ids) < 2:
@@ -54,6 +65,14 @@ func SlidingPerplexity(e *engine.Engine, ids []int, window, stride int) (Perplex
 		prevEnd = end
 		if end == len(ids) {
 			break
+		}
+		if progress != nil {
+			sofar := res
+			sofar.PPL = math.Exp(res.NLL / float64(res.Predicted))
+			if !progress(sofar) {
+				res.Partial = true
+				break
+			}
 		}
 	}
 	res.PPL = math.Exp(res.NLL / float64(res.Predicted))

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -708,5 +710,67 @@ func TestServeBindsFirst(t *testing.T) {
 	_, stderr, code := kiln(t, "serve", "/no/such/model", "--port", port)
 	if code == 0 || !strings.Contains(stderr, "address already in use") {
 		t.Errorf("a port in use: exit %d, %q", code, stderr)
+	}
+}
+
+// TestPerplexityInterrupted: kiln perplexity shows its progress (plain
+// lines when stderr is not a terminal) and, interrupted, prints the result
+// of what it scored and exits 0.
+func TestPerplexityInterrupted(t *testing.T) {
+	text := testshared.Path(t, "corpora", "war-and-peace.txt")
+	cmd := exec.Command(kilnBin, "perplexity", "--file", text, "--window", "128", "--device", "cpu")
+	var out strings.Builder
+	cmd.Stdout = &out
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if strings.HasPrefix(sc.Text(), "perplexity ") && strings.Contains(sc.Text(), " after ") {
+			cmd.Process.Signal(os.Interrupt)
+			break
+		}
+	}
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %q", err, lines)
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "interrupted: the result of the") || !strings.HasPrefix(out.String(), "perplexity ") {
+		t.Errorf("stdout %q, stderr %q", out.String(), lines)
+	}
+}
+
+// TestRunInterrupted: Ctrl-C ends kiln run's generation with a newline, a
+// line saying so, and exit 0.
+func TestRunInterrupted(t *testing.T) {
+	cmd := exec.Command(kilnBin, "run", "demo", "--prompt", "And", "--max-tokens", "500", "--ctx", "512", "--reference", "--device", "cpu")
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1)
+	if _, err := stdout.Read(buf); err != nil { // the first piece of text
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	rest, _ := io.ReadAll(stdout)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %s", err, errOut.String())
+	}
+	if !strings.HasSuffix(string(rest), "\n") || !strings.Contains(errOut.String(), "kiln: interrupted after") {
+		t.Errorf("stdout %q, stderr %q", string(buf)+string(rest), errOut.String())
 	}
 }

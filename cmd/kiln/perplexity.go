@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 
 	"kiln/eval"
 )
@@ -56,9 +58,33 @@ func cmdPerplexity(args []string) error {
 	if s == 0 {
 		s = max(w/2, 1)
 	}
-	res, err := eval.SlidingPerplexity(e.Engine, tok.Encode(string(text), false), w, s)
+	ids := tok.Encode(string(text), false)
+	// Progress: a line redrawn on a terminal, else a line every tenth of
+	// the text; an interrupt (Ctrl-C) ends the run with what it has.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	tty := progressWriter() != nil
+	nextLine := 0
+	progress := func(p eval.Perplexity) bool {
+		done := min(p.Predicted+1, len(ids))
+		switch {
+		case tty:
+			fmt.Fprintf(os.Stderr, "\rperplexity %.4f after %d of %d tokens (%.0f%%)", p.PPL, done, len(ids), 100*float64(done)/float64(len(ids)))
+		case done >= nextLine:
+			fmt.Fprintf(os.Stderr, "perplexity %.4f after %d of %d tokens\n", p.PPL, done, len(ids))
+			nextLine = done + len(ids)/10
+		}
+		return ctx.Err() == nil
+	}
+	res, err := eval.SlidingPerplexityProgress(e.Engine, ids, w, s, progress)
+	if tty {
+		fmt.Fprintln(os.Stderr)
+	}
 	if err != nil {
 		return err
+	}
+	if res.Partial {
+		fmt.Fprintf(os.Stderr, "kiln: interrupted: the result of the %d tokens scored so far\n", res.Predicted+1)
 	}
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"time"
@@ -128,13 +130,17 @@ func cmdRun(args []string) error {
 	var start, first, end time.Time
 	var res engine.Result
 	generated := 0
+	// Ctrl-C ends the generation: what came so far is printed (and the
+	// JSON written) as at any other end.
+	interrupt, stopInterrupt := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stopInterrupt()
 	generate := func(prompt []int, p engine.SamplingParams, emit func(int) bool) (engine.Result, error) {
 		timed := func(id int) bool {
 			if generated == 0 {
 				first = time.Now()
 			}
 			generated++
-			return emit(id)
+			return emit(id) && interrupt.Err() == nil
 		}
 		start = time.Now()
 		defer func() { end = time.Now() }()
@@ -189,6 +195,9 @@ func cmdRun(args []string) error {
 		out.WriteString("\n")
 	}
 	out.Flush()
+	if interrupt.Err() != nil {
+		fmt.Fprintf(os.Stderr, "kiln: interrupted after %d tokens\n", generated)
+	}
 	if res.FinishReason == engine.FinishLength && res.GeneratedTokens < *maxTokens {
 		fmt.Fprintf(os.Stderr, "kiln: stopped at the context length of %d tokens (a prompt of %d, %d generated); --max-tokens %d asked for more (--ctx sets the context)\n",
 			e.ContextLen(), res.PromptTokens, res.GeneratedTokens, *maxTokens)

@@ -55,6 +55,9 @@ func cmdServe(args []string) error {
 	if *maxSeqs < 1 || *maxTokens < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 || *kvFraction < 0 || *kvFraction > 1 {
 		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --max-queued-*, --kv-cache-tokens >= 0; --kv-cache-fraction in [0, 1]; --port in 0..65535")
 	}
+	if *blockSize < 1 || *blockSize > 256 {
+		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// The port first: a clash fails now, not after the model loads
 	// (connections wait in the listen queue meanwhile).
@@ -73,9 +76,6 @@ func cmdServe(args []string) error {
 		*name = modelName(m.Path, len(pos) == 0)
 	}
 	ctxLen := ef.ctx // 0: the model's own, bounded by memory
-	if *blockSize < 1 || *blockSize > 256 {
-		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
-	}
 	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: *blockSize, KVCacheFraction: *kvFraction, PrefixCaching: *prefix}
 	if *kvTokens > 0 {
 		o.KVBlocks = (*kvTokens + *blockSize - 1) / *blockSize

@@ -18,6 +18,13 @@ type Change struct {
 	High       float64 `json:"ci95_high"`
 	HigherIsOK bool    `json:"higher_is_better"`
 	Regression bool    `json:"regression"`
+	// Runs counts the runs of each side compared (CompareRuns); Gated says
+	// a regression could be called (two or more runs a side: the interval
+	// is then that of the runs' means, BetweenRunSD their pooled standard
+	// deviation relative to the base).
+	Runs         [2]int  `json:"runs,omitempty"`
+	Gated        bool    `json:"gated"`
+	BetweenRunSD float64 `json:"between_run_sd,omitempty"`
 }
 
 // CompareRequests compares two load tests' requests figure by figure. Each
@@ -27,16 +34,31 @@ type Change struct {
 // (e.g. 0.05 for 5%).
 func CompareRequests(base, next []Result, tolerance float64) []Change {
 	base, next = measured(base), measured(next)
+	rng := rand.New(rand.NewPCG(7, 7))
+	var out []Change
+	for _, fg := range requestFigures() {
+		out = append(out, compareStat(fg.name, fg.higher, base, next, fg.f, rng, tolerance))
+	}
+	return out
+}
+
+// requestFigure is a figure of a run's requests, and whether higher is
+// better.
+type requestFigure struct {
+	name   string
+	higher bool
+	f      func([]Result) float64
+}
+
+// requestFigures are the figures compared: TTFT, ITL and end-to-end
+// latency's median and 99th percentile, and output throughput.
+func requestFigures() []requestFigure {
 	ttft := func(r Result) []time.Duration { return []time.Duration{r.TTFT} }
 	itl := func(r Result) []time.Duration { return r.ITL }
 	e2e := func(r Result) []time.Duration { return []time.Duration{r.E2E} }
 	p50 := func(s Stats) float64 { return s.P50 }
 	p99 := func(s Stats) float64 { return s.P99 }
-	figures := []struct {
-		name   string
-		higher bool
-		f      func([]Result) float64
-	}{
+	return []requestFigure{
 		{"p50_ttft_ms", false, latency(ttft, p50)},
 		{"p99_ttft_ms", false, latency(ttft, p99)},
 		{"p50_itl_ms", false, latency(itl, p50)},
@@ -45,12 +67,6 @@ func CompareRequests(base, next []Result, tolerance float64) []Change {
 		{"p99_e2e_ms", false, latency(e2e, p99)},
 		{"output_tokens_per_s", true, func(rs []Result) float64 { return Summarize(rs, SLO{}, Cost{}).OutputTokensPerS }},
 	}
-	rng := rand.New(rand.NewPCG(7, 7))
-	var out []Change
-	for _, fg := range figures {
-		out = append(out, compareStat(fg.name, fg.higher, base, next, fg.f, rng, tolerance))
-	}
-	return out
 }
 
 // measured drops warm-up and failed requests.
@@ -110,4 +126,95 @@ func CompareSamples(name string, higher bool, base, next []float64, tolerance fl
 		return s / float64(len(xs))
 	}
 	return compareStat(name, higher, base, next, mean, rand.New(rand.NewPCG(7, 7)), tolerance)
+}
+
+// CompareRuns compares repeated runs of one workload (base and next hold
+// each run's requests) figure by figure, so that run-to-run noise — which
+// the requests of one run do not show — does not read as a regression.
+// Each run gives one value of each figure; the change is that of the means
+// over the runs, and a regression needs it beyond tolerance plus t·s·√(1/kb +
+// 1/kn) in the bad direction, s the pooled standard deviation of the runs'
+// values (relative to the base mean) and t Student's 97.5% quantile for the
+// pooled degrees of freedom. With one run a side the between-run noise is
+// unknown: the changes are reported (the bootstrap intervals within the
+// runs), and none is a regression (Gated false).
+func CompareRuns(base, next [][]Result, tolerance float64) []Change {
+	if len(base) < 2 || len(next) < 2 {
+		var b, n []Result
+		for _, r := range base {
+			b = append(b, r...)
+		}
+		for _, r := range next {
+			n = append(n, r...)
+		}
+		out := CompareRequests(b, n, tolerance)
+		for i := range out {
+			out[i].Regression = false
+		}
+		return out
+	}
+	var out []Change
+	for _, fg := range requestFigures() {
+		var bv, nv []float64
+		for _, r := range base {
+			bv = append(bv, fg.f(measured(r)))
+		}
+		for _, r := range next {
+			nv = append(nv, fg.f(measured(r)))
+		}
+		out = append(out, compareRunValues(fg.name, fg.higher, bv, nv, tolerance))
+	}
+	return out
+}
+
+// CompareRunSamples is CompareRuns for one figure given as each run's
+// value (e.g. the mean tokens/s of each kiln bench model run).
+func CompareRunSamples(name string, higher bool, base, next []float64, tolerance float64) Change {
+	return compareRunValues(name, higher, base, next, tolerance)
+}
+
+func compareRunValues(name string, higher bool, b, n []float64, tol float64) Change {
+	mean := func(xs []float64) float64 {
+		var s float64
+		for _, x := range xs {
+			s += x
+		}
+		return s / float64(len(xs))
+	}
+	ss := func(xs []float64, m float64) float64 {
+		var s float64
+		for _, x := range xs {
+			s += (x - m) * (x - m)
+		}
+		return s
+	}
+	mb, mn := mean(b), mean(n)
+	c := Change{Name: name, Base: mb, New: mn, HigherIsOK: higher, Runs: [2]int{len(b), len(n)}, Gated: true}
+	c.Delta = (mn - mb) / mb
+	dof := len(b) + len(n) - 2
+	s := math.Sqrt((ss(b, mb)+ss(n, mn))/float64(dof)) / math.Abs(mb)
+	c.BetweenRunSD = s
+	half := studentT975(dof) * s * math.Sqrt(1/float64(len(b))+1/float64(len(n)))
+	c.Low, c.High = c.Delta-half, c.Delta+half
+	if higher {
+		c.Regression = c.High < -tol
+	} else {
+		c.Regression = c.Low > tol
+	}
+	return c
+}
+
+// studentT975 is Student's t distribution's 97.5% quantile for dof degrees
+// of freedom (a table to 30, then the normal's 1.96).
+func studentT975(dof int) float64 {
+	t := [...]float64{0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+		2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+	if dof < 1 {
+		return math.Inf(1)
+	}
+	if dof < len(t) {
+		return t[dof]
+	}
+	return 1.96
 }

@@ -5,7 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
+	"kiln/loadgen"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -772,5 +775,73 @@ func TestRunInterrupted(t *testing.T) {
 	}
 	if !strings.HasSuffix(string(rest), "\n") || !strings.Contains(errOut.String(), "kiln: interrupted after") {
 		t.Errorf("stdout %q, stderr %q", string(buf)+string(rest), errOut.String())
+	}
+}
+
+// writeServeRun writes a kiln bench serve result file of 40 requests whose
+// latencies are scale times nominal (with a little noise of seed), for
+// workload prompt tokens.
+func writeServeRun(t *testing.T, path string, scale float64, seed uint64, prompt int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	start := time.Unix(0, 0)
+	var rs []loadgen.Result
+	for range 40 {
+		d := func(ms float64) time.Duration {
+			return time.Duration(scale * ms * (1 + 0.05*rng.NormFloat64()) * float64(time.Millisecond))
+		}
+		r := loadgen.Result{Start: start, TTFT: d(40), InputTokens: prompt, OutputTokens: 32}
+		for range 31 {
+			r.ITL = append(r.ITL, d(10))
+		}
+		r.E2E = r.TTFT
+		for _, x := range r.ITL {
+			r.E2E += x
+		}
+		rs = append(rs, r)
+		start = start.Add(r.E2E / 4)
+	}
+	doc := map[string]any{"schema": "kiln.bench.serve/v1", "date": time.Now().Format(time.RFC3339),
+		"config": map[string]any{"url": "http://x", "prompt_tokens": prompt, "output_tokens": 32, "num_requests": 40}, "requests": rs}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBenchCompareRuns: kiln bench compare gates on repeated runs: three
+// runs of the same workload against three more pass, three 20% slower fail;
+// one run a side is reported, never failed; files of different workloads
+// are refused.
+func TestBenchCompareRuns(t *testing.T) {
+	dir := t.TempDir()
+	files := func(prefix string, scale float64, seeds ...uint64) string {
+		var ps []string
+		for _, s := range seeds {
+			p := filepath.Join(dir, fmt.Sprintf("%s-%d.json", prefix, s))
+			writeServeRun(t, p, scale*(1+0.01*float64(s%3)), s, 128)
+			ps = append(ps, p)
+		}
+		return strings.Join(ps, ",")
+	}
+	base, same, slow := files("base", 1, 1, 2, 3), files("same", 1, 4, 5, 6), files("slow", 1.2, 7, 8, 9)
+	if out, stderr, code := kiln(t, "bench", "compare", base, same); code != 0 || strings.Contains(out, "REGRESSION") || !strings.Contains(out, "3 and 3 runs") {
+		t.Errorf("same workload: exit %d\n%s%s", code, out, stderr)
+	}
+	if out, _, code := kiln(t, "bench", "compare", base, slow); code == 0 || !strings.Contains(out, "REGRESSION") {
+		t.Errorf("20%% slower: exit %d\n%s", code, out)
+	}
+	one := strings.Split(base, ",")[0]
+	slowOne := strings.Split(slow, ",")[0]
+	if out, _, code := kiln(t, "bench", "compare", one, slowOne); code != 0 || strings.Contains(out, "REGRESSION") || !strings.Contains(out, "one run a side") {
+		t.Errorf("one run a side: exit %d\n%s", code, out)
+	}
+	other := filepath.Join(dir, "other.json")
+	writeServeRun(t, other, 1, 10, 512)
+	if _, stderr, code := kiln(t, "bench", "compare", one, other); code == 0 || !strings.Contains(stderr, "ran different workloads (prompt_tokens 128, 512)") {
+		t.Errorf("different workloads: exit %d, %q", code, stderr)
 	}
 }

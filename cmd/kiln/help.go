@@ -31,6 +31,9 @@ var docs = map[string]commandDoc{
 		"Generates text from a prompt (or from standard input when neither --prompt nor --ids is given) and prints it as it comes.",
 		[]string{`kiln run --prompt "In the beginning"`, `kiln run ./Llama-3.2-1B-Instruct --prompt "Hello" --temperature 0 --max-tokens 64 --verbose`,
 			`echo "Once upon a time" | kiln run model.gguf --speculative ngram`}},
+	"chat": {"chat [MODEL] [--system TEXT] [flags]",
+		"An interactive conversation rendered with the model's chat template: each line of standard input is your turn (/clear starts over, /bye or the end of input ends), the model's reply streams as it comes; Ctrl-C ends a reply.",
+		[]string{`kiln chat`, `kiln chat ./Qwen2.5-0.5B-Instruct --system "You answer in one sentence."`}},
 	"logits": {"logits [MODEL] --ids 1,2,3 [--rows all]", "Prints the logits of a prompt's last token (or of every token) as JSON.",
 		[]string{`kiln logits --ids 1,2,3`}},
 	"tokenize":   {"tokenize --tokenizer FILE --text TEXT", "Prints the token ids of a text.", []string{`kiln tokenize --tokenizer ./model --text "Hello, world"`}},
@@ -65,7 +68,7 @@ var docs = map[string]commandDoc{
 }
 
 // takesModel lists the commands whose help explains MODEL.
-var takesModel = map[string]bool{"run": true, "logits": true, "inspect": true, "perplexity": true, "quantize": true,
+var takesModel = map[string]bool{"run": true, "chat": true, "logits": true, "inspect": true, "perplexity": true, "quantize": true,
 	"bench model": true, "tune": true, "compile": true, "serve": true}
 
 // printHelp writes fs's command help: synopsis, description, MODEL,

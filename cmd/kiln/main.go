@@ -15,6 +15,7 @@ const usage = `kiln: run language models
 
 usage:
   kiln run [MODEL] [--prompt TEXT | --ids 1,2,3] [--max-tokens N] [--temperature T] [--json] [--verbose]
+  kiln chat [MODEL] [--system TEXT]
   kiln serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-num-seqs N] [--api-key KEY]
   kiln logits [MODEL] --ids 1,2,3
   kiln perplexity [MODEL] --file TEXT [--window N] [--stride N]
@@ -47,6 +48,7 @@ Run "kiln help bench model" (serve, compare) for the flags.
 
 var commands = map[string]func(args []string) error{
 	"run":        cmdRun,
+	"chat":       cmdChat,
 	"logits":     cmdLogits,
 	"tokenize":   cmdTokenize,
 	"detokenize": cmdDetokenize,

@@ -845,3 +845,28 @@ func TestBenchCompareRuns(t *testing.T) {
 		t.Errorf("different workloads: exit %d, %q", code, stderr)
 	}
 }
+
+// TestChat: kiln chat takes each line of standard input as a user turn of
+// the demo model's chat template and streams each reply on its own line;
+// /clear starts over (the same first turn gives the same greedy reply); a
+// model without a chat template is refused.
+func TestChat(t *testing.T) {
+	chatOut := func(input string) string {
+		cmd := exec.Command(kilnBin, "chat", "--temperature", "0", "--max-tokens", "12", "--device", "cpu")
+		cmd.Stdin = strings.NewReader(input)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return string(out)
+	}
+	first := chatOut("Who made the heaven?\n")
+	all := chatOut("Who made the heaven?\nAnd the earth?\n/clear\nWho made the heaven?\n")
+	if first == "" || !strings.HasPrefix(all, first) || !strings.HasSuffix(all, first) || len(all) <= 2*len(first) || strings.Contains(all, ">>>") {
+		t.Errorf("one turn gave %q; the conversation %q", first, all)
+	}
+	bin, tok := stories(t)
+	if _, stderr, code := kiln(t, "chat", bin, "--tokenizer", tok); code == 0 || !strings.Contains(stderr, "no chat template") {
+		t.Errorf("a model without a chat template: exit %d, %q", code, stderr)
+	}
+}

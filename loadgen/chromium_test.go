@@ -31,7 +31,7 @@ func TestHTMLReportInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteHTML(f, "chromium check", []Level{{Label: "rate 1", Level: 1, Summary: s, Requests: rs}, {Label: "rate 2", Level: 2, Summary: s, Requests: rs}}); err != nil {
+	if err := WriteHTML(f, "chromium check", [][2]string{{"workload", "test"}}, []Level{{Label: "rate 1", Level: 1, Summary: s, Requests: rs}, {Label: "rate 2", Level: 2, Summary: s, Requests: rs}}); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

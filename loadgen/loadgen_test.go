@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -349,7 +350,8 @@ func TestHTMLReport(t *testing.T) {
 	}
 	s := Summarize(rs, SLO{}, Cost{})
 	var b strings.Builder
-	if err := WriteHTML(&b, "test <run>", []Level{{Label: "concurrency 1", Level: 1, Summary: s, Requests: rs}, {Label: "concurrency 4", Level: 4, Summary: s, Requests: rs}}); err != nil {
+	info := [][2]string{{"workload", "128 prompt / 64 output tokens"}, {"model", "m <x>"}, {"server", "http://h:1"}, {"date", "2026-11-26"}}
+	if err := WriteHTML(&b, "test <run>", info, []Level{{Label: "concurrency 1", Level: 1, Summary: s, Requests: rs}, {Label: "concurrency 4", Level: 4, Summary: s, Requests: rs}}); err != nil {
 		t.Fatal(err)
 	}
 	page := b.String()
@@ -366,6 +368,33 @@ func TestHTMLReport(t *testing.T) {
 	}
 	if strings.Count(page, `points=""`) > 0 {
 		t.Error("a chart line has no points")
+	}
+	for _, want := range []string{"128 prompt / 64 output tokens", "m &lt;x&gt;", "http://h:1", "2026-11-26", "ms (log scale)", "load (log scale)", "<circle"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+}
+
+// TestChartAxes: ticks are round values (1, 2 or 5 times a power of ten
+// apart, between round ends), and a log axis ticks at powers of ten.
+func TestChartAxes(t *testing.T) {
+	a := newAxis(0, 873, false)
+	if a.lo != 0 || a.hi != 1000 {
+		t.Errorf("axis of 0..873: %g..%g", a.lo, a.hi)
+	}
+	if got := a.ticks(); !slices.Equal(got, []float64{0, 200, 400, 600, 800, 1000}) {
+		t.Errorf("ticks %v", got)
+	}
+	l := newAxis(3.2, 4100, true)
+	if l.lo != 1 || l.hi != 10000 {
+		t.Errorf("log axis of 3.2..4100: %g..%g", l.lo, l.hi)
+	}
+	if got := l.ticks(); !slices.Equal(got, []float64{1, 10, 100, 1000, 10000}) {
+		t.Errorf("log ticks %v", got)
+	}
+	if f := l.frac(100); math.Abs(f-0.5) > 1e-12 {
+		t.Errorf("100 at %g of 1..10000, want 0.5", f)
 	}
 }
 

@@ -22,7 +22,10 @@ type Level struct {
 // script, nothing fetched): for each run the latency distributions (CDF)
 // and throughput and latency over time, and across a sweep latency and
 // throughput against load.
-func WriteHTML(w io.Writer, title string, runs []Level) error {
+//
+// info lists what the report is of (workload, model, server, date...), as
+// label and value rows under the title.
+func WriteHTML(w io.Writer, title string, info [][2]string, runs []Level) error {
 	var b strings.Builder
 	b.WriteString(`<!doctype html><html><head><meta charset="utf-8"><title>` + html.EscapeString(title) + `</title><style>
 body{font-family:sans-serif;margin:24px;color:#222} h1{font-size:20px} h2{font-size:16px;margin-top:28px}
@@ -30,6 +33,13 @@ table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ccc;paddi
 .charts{display:flex;flex-wrap:wrap;gap:12px} svg{background:#fafafa;border:1px solid #ddd}
 </style></head><body>`)
 	fmt.Fprintf(&b, "<h1>%s</h1>\n", html.EscapeString(title))
+	if len(info) > 0 {
+		b.WriteString("<table>")
+		for _, kv := range info {
+			fmt.Fprintf(&b, `<tr><th style="text-align:left">%s</th><td style="text-align:left">%s</td></tr>`, html.EscapeString(kv[0]), html.EscapeString(kv[1]))
+		}
+		b.WriteString("</table>\n")
+	}
 	if len(runs) > 1 {
 		b.WriteString("<h2>Against load</h2><div class=charts>")
 		var ttft50, ttft99, itl50, itl99, tput [][2]float64
@@ -41,9 +51,11 @@ table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ccc;paddi
 			itl99 = append(itl99, [2]float64{r.Level, s.ITL.P99})
 			tput = append(tput, [2]float64{r.Level, s.OutputTokensPerS})
 		}
-		b.WriteString(chart("TTFT against load", "load", "ms", []series{{"p50", ttft50}, {"p99", ttft99}}))
-		b.WriteString(chart("ITL against load", "load", "ms", []series{{"p50", itl50}, {"p99", itl99}}))
-		b.WriteString(chart("Throughput against load", "load", "output tokens/s", []series{{"output tokens/s", tput}}))
+		// Loads usually double: a log axis when they span 4× or more.
+		o := chartOptions{markers: true, logX: runs[0].Level > 0 && runs[len(runs)-1].Level >= 4*runs[0].Level}
+		b.WriteString(chart("TTFT against load", "load", "ms", []series{{"p50", ttft50}, {"p99", ttft99}}, o))
+		b.WriteString(chart("ITL against load", "load", "ms", []series{{"p50", itl50}, {"p99", itl99}}, o))
+		b.WriteString(chart("Throughput against load", "load", "output tokens/s", []series{{"output tokens/s", tput}}, o))
 		b.WriteString("</div>")
 	}
 	for _, r := range runs {
@@ -65,11 +77,12 @@ table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ccc;paddi
 			ttft, e2e = append(ttft, q.TTFT), append(e2e, q.E2E)
 			itl = append(itl, q.ITL...)
 		}
+		// A log axis: TTFT and ITL are not squashed against zero by E2E.
 		b.WriteString(chart("Latency distribution (CDF)", "ms", "fraction of requests (ITL: of gaps)",
-			[]series{{"TTFT", cdf(ttft)}, {"ITL", cdf(itl)}, {"E2E", cdf(e2e)}}))
+			[]series{{"TTFT", cdf(ttft)}, {"ITL", cdf(itl)}, {"E2E", cdf(e2e)}}, chartOptions{logX: true}))
 		tokens, latency := overTime(ok)
-		b.WriteString(chart("Output tokens per second over time", "s", "tokens/s", []series{{"output tokens/s", tokens}}))
-		b.WriteString(chart("TTFT over time", "s (request start)", "ms", []series{{"TTFT", latency}}))
+		b.WriteString(chart("Output tokens per second over time", "s", "tokens/s", []series{{"output tokens/s", tokens}}, chartOptions{}))
+		b.WriteString(chart("TTFT over time", "s (request start)", "ms", []series{{"TTFT", latency}}, chartOptions{}))
 		b.WriteString("</div>")
 	}
 	b.WriteString("</body></html>\n")
@@ -142,40 +155,124 @@ func overTime(rs []Result) (tokens, ttft [][2]float64) {
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"}
 
-// chart draws line series in a 460×300 SVG with axes, ticks and a legend.
-func chart(title, xlabel, ylabel string, ss []series) string {
-	const W, H, L, R, T, B = 460.0, 300.0, 60.0, 15.0, 30.0, 45.0
+// axis maps values to one axis of a chart: linear between round ends, or
+// logarithmic (log) between powers of ten; ticks are round values.
+type axis struct {
+	lo, hi float64
+	log    bool
+}
+
+// newAxis fits an axis to [lo, hi] (log: positive values only).
+func newAxis(lo, hi float64, log bool) axis {
+	if log {
+		lo, hi = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi)))
+		if hi <= lo {
+			hi = lo * 10
+		}
+		return axis{lo, hi, true}
+	}
+	if hi <= lo {
+		hi = lo + 1
+	}
+	step := niceStep((hi - lo) / 4)
+	return axis{math.Floor(lo/step) * step, math.Ceil(hi/step) * step, false}
+}
+
+// niceStep is the round step (1, 2 or 5 times a power of ten) nearest raw
+// (in ratio).
+func niceStep(raw float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(raw)))
+	best := p
+	for _, m := range []float64{2, 5, 10} {
+		if math.Abs(math.Log(m*p/raw)) < math.Abs(math.Log(best/raw)) {
+			best = m * p
+		}
+	}
+	return best
+}
+
+// frac is v's position along the axis, 0 to 1.
+func (a axis) frac(v float64) float64 {
+	if a.log {
+		return (math.Log10(v) - math.Log10(a.lo)) / (math.Log10(a.hi) - math.Log10(a.lo))
+	}
+	return (v - a.lo) / (a.hi - a.lo)
+}
+
+// ticks are the axis's round values: every step between the ends, or each
+// power of ten (with 2 and 5 times it when the axis spans two decades or
+// less).
+func (a axis) ticks() []float64 {
+	var ts []float64
+	if a.log {
+		decades := math.Log10(a.hi) - math.Log10(a.lo)
+		for p := a.lo; p <= a.hi*1.0001; p *= 10 {
+			ts = append(ts, p)
+			if decades <= 2 && p*2 < a.hi {
+				ts = append(ts, p*2, p*5)
+			}
+		}
+		return ts
+	}
+	step := niceStep((a.hi - a.lo) / 4)
+	for v := a.lo; v <= a.hi+step/1e6; v += step {
+		ts = append(ts, v)
+	}
+	return ts
+}
+
+// chartOptions: a logarithmic x axis, and markers on the points (few
+// points: a sweep's levels).
+type chartOptions struct{ logX, markers bool }
+
+// chart draws line series in a 460×320 SVG: axes with round ticks, the
+// legend above the plot (off the lines).
+func chart(title, xlabel, ylabel string, ss []series, o chartOptions) string {
+	const W, H, L, R, T, B = 460.0, 320.0, 60.0, 15.0, 52.0, 45.0
 	minX, maxX, maxY := math.Inf(1), math.Inf(-1), 0.0
 	for _, s := range ss {
 		for _, p := range s.points {
-			if math.IsNaN(p[0]) || math.IsNaN(p[1]) {
+			if math.IsNaN(p[0]) || math.IsNaN(p[1]) || (o.logX && p[0] <= 0) {
 				continue
 			}
 			minX, maxX, maxY = math.Min(minX, p[0]), math.Max(maxX, p[0]), math.Max(maxY, p[1])
 		}
 	}
 	if math.IsInf(minX, 0) {
-		minX, maxX = 0, 1
+		minX, maxX = 1, 10
 	}
-	if maxX == minX {
-		maxX = minX + 1
+	if !o.logX {
+		minX = math.Min(minX, 0)
 	}
 	if maxY == 0 {
 		maxY = 1
 	}
-	minX = math.Min(minX, 0)
-	x := func(v float64) float64 { return L + (v-minX)/(maxX-minX)*(W-L-R) }
-	y := func(v float64) float64 { return H - B - v/maxY*(H-T-B) }
+	xa, ya := newAxis(minX, maxX, o.logX), newAxis(0, maxY, false)
+	x := func(v float64) float64 { return L + xa.frac(v)*(W-L-R) }
+	y := func(v float64) float64 { return H - B - ya.frac(v)*(H-T-B) }
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="%s">`, W, H, W, H, html.EscapeString(title))
 	fmt.Fprintf(&b, `<text x="%g" y="18" font-size="13" font-weight="bold">%s</text>`, L, html.EscapeString(title))
+	// The legend: a row between the title and the plot.
+	lx := L
+	for i, s := range ss {
+		color := palette[i%len(palette)]
+		fmt.Fprintf(&b, `<rect x="%g" y="28" width="10" height="10" fill="%s"/><text x="%g" y="37" font-size="11">%s</text>`,
+			lx, color, lx+14, html.EscapeString(s.name))
+		lx += 24 + 6.5*float64(len(s.name))
+	}
 	fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/>`,
 		L, H-B, W-R, H-B, L, T, L, H-B)
-	for i := 0; i <= 4; i++ {
-		xv, yv := minX+(maxX-minX)*float64(i)/4, maxY*float64(i)/4
+	for _, xv := range xa.ticks() {
 		fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" text-anchor="middle">%s</text>`, x(xv), H-B+14, num(xv))
+		fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/>`, x(xv), H-B, x(xv), H-B+4)
+	}
+	for _, yv := range ya.ticks() {
 		fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" text-anchor="end">%s</text>`, L-4, y(yv)+3, num(yv))
 		fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#e4e4e4"/>`, L, y(yv), W-R, y(yv))
+	}
+	if o.logX {
+		xlabel += " (log scale)"
 	}
 	fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="11" text-anchor="middle">%s</text>`, (L+W-R)/2, H-8, html.EscapeString(xlabel))
 	fmt.Fprintf(&b, `<text x="12" y="%g" font-size="11" text-anchor="middle" transform="rotate(-90 12 %g)">%s</text>`, (T+H-B)/2, (T+H-B)/2, html.EscapeString(ylabel))
@@ -183,13 +280,14 @@ func chart(title, xlabel, ylabel string, ss []series) string {
 		color := palette[i%len(palette)]
 		var pts []string
 		for _, p := range s.points {
-			if !math.IsNaN(p[0]) && !math.IsNaN(p[1]) {
+			if !math.IsNaN(p[0]) && !math.IsNaN(p[1]) && (!o.logX || p[0] > 0) {
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(p[0]), y(p[1])))
+				if o.markers {
+					fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`, x(p[0]), y(p[1]), color)
+				}
 			}
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.Join(pts, " "))
-		fmt.Fprintf(&b, `<rect x="%g" y="%g" width="10" height="10" fill="%s"/><text x="%g" y="%g" font-size="11">%s</text>`,
-			W-R-110, T+4+float64(i)*14, color, W-R-96, T+13+float64(i)*14, html.EscapeString(s.name))
 	}
 	b.WriteString("</svg>")
 	return b.String()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -200,7 +201,15 @@ func cmdBenchServe(args []string) error {
 		if err != nil {
 			return err
 		}
-		err = loadgen.WriteHTML(f, "kiln bench serve: "+*url, levels)
+		var loads []string
+		for _, r := range runs {
+			loads = append(loads, fmt.Sprintf("%g", r.Level))
+		}
+		info := [][2]string{
+			{"workload", fmt.Sprintf("%v requests (%v warm-up), prompt tokens %s, output tokens %s, %s %s%s", *num, *warmup, *prompt, *output, name, strings.Join(loads, ", "), profileNote(*profile, *dataset))},
+			{"model", cmp.Or(*model, "the server's")}, {"server", *url}, {"date", time.Now().UTC().Format("2006-01-02 15:04 MST")},
+		}
+		err = loadgen.WriteHTML(f, "kiln bench serve: "+*url, info, levels)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -355,4 +364,16 @@ func printServeSummary(s loadgen.Summary) {
 	}{{"TTFT", s.TTFT}, {"ITL", s.ITL}, {"TPOT", s.TPOT}, {"E2E", s.E2E}, {"generator send delay", s.SendDelay}} {
 		fmt.Printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.name, r.st.Mean, r.st.P50, r.st.P90, r.st.P95, r.st.P99, r.st.Max)
 	}
+}
+
+// profileNote names the workload's profile and dataset, when given.
+func profileNote(profile, dataset string) string {
+	var s string
+	if profile != "" {
+		s += ", profile " + profile
+	}
+	if dataset != "" {
+		s += ", dataset " + dataset
+	}
+	return s
 }

@@ -17,8 +17,10 @@ import (
 
 type chart struct {
 	File, Title, Source, Unit string
+	Kind                      string // "" (bars) or "line"
 	Log                       bool
 	Categories                []string
+	X                         []float64 // a line chart's x values
 	Series                    []struct {
 		Name   string
 		Values []float64
@@ -39,7 +41,11 @@ func main() {
 		fail(err)
 	}
 	for _, c := range doc.Charts {
-		if err := os.WriteFile(filepath.Join(os.Args[2], c.File), []byte(draw(c)), 0o644); err != nil {
+		svg := draw(c)
+		if c.Kind == "line" {
+			svg = drawLines(c)
+		}
+		if err := os.WriteFile(filepath.Join(os.Args[2], c.File), []byte(svg), 0o644); err != nil {
 			fail(err)
 		}
 	}
@@ -112,4 +118,50 @@ func label(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	}
 	return fmt.Sprintf("%.1f", v)
+}
+
+// drawLines is a line chart of the series over c.X, the y axis from the
+// lowest value's floor to the highest's ceiling.
+func drawLines(c chart) string {
+	const W, H, L, R, T, B = 720.0, 360.0, 60.0, 20.0, 56.0, 60.0
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, s := range c.Series {
+		for _, v := range s.Values {
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+	}
+	lo, hi = math.Floor(lo), math.Ceil(hi)
+	x0, x1 := c.X[0], c.X[len(c.X)-1]
+	x := func(v float64) float64 { return L + (v-x0)/(x1-x0)*(W-L-R) }
+	y := func(v float64) float64 { return H - B - (v-lo)/(hi-lo)*(H-T-B) }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif">`, W, H, W, H)
+	fmt.Fprintf(&b, `<rect width="%g" height="%g" fill="#fff"/><text x="%g" y="20" font-size="14" font-weight="bold">%s</text>`, W, H, L, html.EscapeString(c.Title))
+	lx := L
+	for i, s := range c.Series {
+		fmt.Fprintf(&b, `<rect x="%g" y="30" width="10" height="10" fill="%s"/><text x="%g" y="39" font-size="11">%s</text>`, lx, palette[i%len(palette)], lx+14, html.EscapeString(s.Name))
+		lx += 30 + 6.5*float64(len(s.Name))
+	}
+	fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/>`, L, H-B, W-R, H-B, L, T, L, H-B)
+	for v := lo; v <= hi; v++ {
+		fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" text-anchor="end">%g</text><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#e4e4e4"/>`, L-4, y(v)+3, v, L, y(v), W-R, y(v))
+	}
+	step := math.Pow(10, math.Floor(math.Log10(x1-x0)))
+	if (x1-x0)/step < 4 {
+		step /= 5
+	}
+	for v := math.Ceil(x0/step) * step; v <= x1; v += step {
+		fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" text-anchor="middle">%g</text>`, x(v), H-B+14, v)
+	}
+	fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="11" text-anchor="middle">step</text>`, (L+W-R)/2, H-B+30)
+	for i, s := range c.Series {
+		var pts []string
+		for j, v := range s.Values {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(c.X[j]), y(v)))
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, palette[i%len(palette)], strings.Join(pts, " "))
+	}
+	fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" fill="#555">%s</text>`, L, H-12, html.EscapeString("Source: "+c.Source))
+	b.WriteString("</svg>\n")
+	return b.String()
 }

@@ -61,10 +61,26 @@ type ModelOptions struct {
 	// Blocks are the GGUF block formats the backend holds as stored (the
 	// others at WeightElemBytes).
 	Blocks []tensor.DType
+	// Progress, when set, is told each repetition as it starts ("pp512
+	// batch 1: warm-up", "tg128 batch 4: 2 of 3").
+	Progress func(test string)
 	// Devices is the number of devices of a tensor-parallel group (0 or 1:
 	// one), each like the one Memory and PeakFLOPS measure: the rooflines
 	// are their sum (each device reads its share of the bytes).
 	Devices int
+}
+
+// progress tells o.Progress that repetition i (0: the warm-up) of res's
+// test starts.
+func (o ModelOptions) progress(res ModelResult, i int) {
+	if o.Progress == nil {
+		return
+	}
+	rep := "warm-up"
+	if i > 0 {
+		rep = fmt.Sprintf("%d of %d", i, o.Reps)
+	}
+	o.Progress(fmt.Sprintf("%s batch %d: %s", res.Test, res.Batch, rep))
 }
 
 // devices is o.Devices, at least 1.
@@ -162,6 +178,7 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 		flopsPerToken := prefillFLOPsPerToken(m, o.PromptTokens)
 		var peaks, fractions []float64
 		for i := 0; i <= o.Reps; i++ { // the first run warms up and is discarded
+			o.progress(res, i)
 			peak := 0.0
 			if o.PeakFLOPS != nil && i > 0 {
 				var err error
@@ -250,6 +267,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	}
 	var roof, read, busy, outside []float64
 	for i := 0; i <= o.Reps; i++ {
+		o.progress(res, i)
 		copyRate, readRate := mem.CopyRate(3)*o.devices(), mem.ReadRate(3)*o.devices()
 		seqs := make([]*engine.Sequence, batch)
 		for s := range seqs {

@@ -168,3 +168,19 @@ func TestProfileHook(t *testing.T) {
 		t.Errorf("a failing profile gave %v", err)
 	}
 }
+
+// TestModelProgress: ModelOptions.Progress hears of every repetition of
+// every test, the warm-ups included, in order.
+func TestModelProgress(t *testing.T) {
+	m, e := tinyEngine(t)
+	var got []string
+	if _, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 8, GenTokens: 2, Batches: []int{1, 2}, Reps: 2, Progress: func(s string) { got = append(got, s) }}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"pp8 batch 1: warm-up", "pp8 batch 1: 1 of 2", "pp8 batch 1: 2 of 2",
+		"tg2 batch 1: warm-up", "tg2 batch 1: 1 of 2", "tg2 batch 1: 2 of 2",
+		"tg2 batch 2: warm-up", "tg2 batch 2: 1 of 2", "tg2 batch 2: 2 of 2"}
+	if !slices.Equal(got, want) {
+		t.Errorf("progress\n got %q\nwant %q", got, want)
+	}
+}

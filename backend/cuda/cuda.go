@@ -334,7 +334,18 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	uploaded, upErr := l.uploadWeights(b.Progress)
 	b.stats.Uploaded += uploaded
 	b.stats.UploadTime += time.Since(start)
-	m := <-mods
+	var m compiledModules
+	select {
+	case m = <-mods:
+	default: // the weights are up, the kernels still compiling: say so
+		if b.Progress != nil {
+			fmt.Fprintf(b.Progress, "\r\033[Kcompiling the kernels for %s (NVRTC, once: they are cached for the next start)...", b.Device.Name)
+		}
+		m = <-mods
+		if b.Progress != nil {
+			fmt.Fprint(b.Progress, "\r\033[K")
+		}
+	}
 	b.stats.KernelTime += m.took
 	if upErr != nil || m.err != nil {
 		m.close()

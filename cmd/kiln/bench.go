@@ -189,6 +189,11 @@ func cmdBenchModel(args []string) error {
 	defer e.Close()
 	start = append(start, e.Startup...)
 	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth}
+	// Progress on a terminal: one line redrawn as each repetition starts.
+	if w := progressWriter(); w != nil {
+		opts.Progress = func(test string) { fmt.Fprintf(w, "\r\033[K%s", test) }
+		defer fmt.Fprint(w, "\r\033[K")
+	}
 	threads := ef.threads
 	var gemm *cuda.GEMM // the GPU's reference matrix rate
 	if gpu != nil {

@@ -870,3 +870,33 @@ func TestChat(t *testing.T) {
 		t.Errorf("a model without a chat template: exit %d, %q", code, stderr)
 	}
 }
+
+// TestBenchRandomCleanup: kiln bench model --random interrupted leaves no
+// temporary model behind.
+func TestBenchRandomCleanup(t *testing.T) {
+	tmp := t.TempDir()
+	cmd := exec.Command(kilnBin, "bench", "model", "--random", "tiny", "--device", "cpu", "--pp", "64", "--tg", "64", "--batch", "1,2,4", "--reps", "200")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "writing a random") {
+			break
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // into the benchmark
+	cmd.Process.Signal(os.Interrupt)
+	for sc.Scan() {
+	}
+	cmd.Wait()
+	left, _ := filepath.Glob(filepath.Join(tmp, "kiln-bench-*"))
+	if len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}

@@ -17,31 +17,40 @@ type Result struct {
 	FinishReason                  string
 }
 
+// startGeneration checks p and prompt and returns a sequence holding the
+// prompt but its last token: the last token's step also chooses the first
+// generated token (on the device when the backend samples there).
+func (e *Engine) startGeneration(prompt []int, p SamplingParams) (*Sequence, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("generate: empty prompt")
+	}
+	if len(prompt) >= e.ctxLen {
+		return nil, fmt.Errorf("generate: prompt of %d tokens leaves no room in the context of %d", len(prompt), e.ctxLen)
+	}
+	seq := e.NewSequence()
+	if last := len(prompt) - 1; last > 0 {
+		if _, err := e.Prefill(seq, prompt[:last], false); err != nil {
+			e.Free(seq)
+			return nil, err
+		}
+	}
+	return seq, nil
+}
+
 // Generate runs prompt through a fresh sequence and samples tokens until a
 // stop condition, calling emit with each generated token (a stop token is not
 // emitted). emit returns false to stop (e.g. on a stop string).
 func (e *Engine) Generate(prompt []int, p SamplingParams, emit func(id int) bool) (Result, error) {
 	res := Result{PromptTokens: len(prompt)}
-	if err := p.Validate(); err != nil {
+	seq, err := e.startGeneration(prompt, p)
+	if err != nil {
 		return res, err
 	}
-	if len(prompt) == 0 {
-		return res, fmt.Errorf("generate: empty prompt")
-	}
-	if len(prompt) >= e.ctxLen {
-		return res, fmt.Errorf("generate: prompt of %d tokens leaves no room in the context of %d", len(prompt), e.ctxLen)
-	}
-	seq := e.NewSequence()
 	defer e.Free(seq)
-	// The prompt but its last token fills the cache; the last token's step
-	// also chooses the first generated token (on the device when the
-	// backend samples there).
 	last := len(prompt) - 1
-	if last > 0 {
-		if _, err := e.Prefill(seq, prompt[:last], false); err != nil {
-			return res, err
-		}
-	}
 	sampler := NewSampler(p, e.vocab, prompt)
 	samplers := [1]*Sampler{sampler}
 	var tok [1]int

@@ -223,26 +223,15 @@ func (g *governor) verified(d time.Duration, tokens int) {
 // drafts is Generate's.
 func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculation, emit func(id int) bool) (Result, error) {
 	res := Result{PromptTokens: len(prompt)}
-	if err := p.Validate(); err != nil {
-		return res, err
-	}
 	if sp.Drafter == nil || sp.K < 1 {
 		return res, fmt.Errorf("speculation: no drafter, or %d tokens a step", sp.K)
 	}
-	if len(prompt) == 0 {
-		return res, fmt.Errorf("generate: empty prompt")
+	seq, err := e.startGeneration(prompt, p)
+	if err != nil {
+		return res, err
 	}
-	if len(prompt) >= e.ctxLen {
-		return res, fmt.Errorf("generate: prompt of %d tokens leaves no room in the context of %d", len(prompt), e.ctxLen)
-	}
-	seq := e.NewSequence()
 	defer e.Free(seq)
 	last := len(prompt) - 1
-	if last > 0 {
-		if _, err := e.Prefill(seq, prompt[:last], false); err != nil {
-			return res, err
-		}
-	}
 	sampler := NewSampler(p, e.vocab, prompt)
 	history := slices.Clone(prompt)
 	drafter, release := sp.Session()

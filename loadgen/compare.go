@@ -118,14 +118,15 @@ func compareStat[T any](name string, higher bool, base, next []T, f func([]T) fl
 // CompareSamples compares two sets of repeated measurements of one figure
 // (e.g. tokens/s of each repetition of `kiln bench model`) the same way.
 func CompareSamples(name string, higher bool, base, next []float64, tolerance float64) Change {
-	mean := func(xs []float64) float64 {
-		var s float64
-		for _, x := range xs {
-			s += x
-		}
-		return s / float64(len(xs))
-	}
 	return compareStat(name, higher, base, next, mean, rand.New(rand.NewPCG(7, 7)), tolerance)
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
 }
 
 // CompareRuns compares repeated runs of one workload (base and next hold
@@ -174,13 +175,6 @@ func CompareRunSamples(name string, higher bool, base, next []float64, tolerance
 }
 
 func compareRunValues(name string, higher bool, b, n []float64, tol float64) Change {
-	mean := func(xs []float64) float64 {
-		var s float64
-		for _, x := range xs {
-			s += x
-		}
-		return s / float64(len(xs))
-	}
 	ss := func(xs []float64, m float64) float64 {
 		var s float64
 		for _, x := range xs {

@@ -77,13 +77,7 @@ func draw(c chart) string {
 		top = math.Ceil(top/10) * 10
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif">`, W, H, W, H)
-	fmt.Fprintf(&b, `<rect width="%g" height="%g" fill="#fff"/><text x="%g" y="20" font-size="14" font-weight="bold">%s</text>`, W, H, L, html.EscapeString(c.Title))
-	lx := L
-	for i, s := range c.Series {
-		fmt.Fprintf(&b, `<rect x="%g" y="30" width="10" height="10" fill="%s"/><text x="%g" y="39" font-size="11">%s</text>`, lx, palette[i%len(palette)], lx+14, html.EscapeString(s.Name))
-		lx += 30 + 6.5*float64(len(s.Name))
-	}
+	header(&b, c, W, H, L)
 	fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/>`, L, H-B, W-R, H-B)
 	group := (W - L - R) / float64(len(c.Categories))
 	bar := group * 0.8 / float64(len(c.Series))
@@ -135,13 +129,7 @@ func drawLines(c chart) string {
 	x := func(v float64) float64 { return L + (v-x0)/(x1-x0)*(W-L-R) }
 	y := func(v float64) float64 { return H - B - (v-lo)/(hi-lo)*(H-T-B) }
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif">`, W, H, W, H)
-	fmt.Fprintf(&b, `<rect width="%g" height="%g" fill="#fff"/><text x="%g" y="20" font-size="14" font-weight="bold">%s</text>`, W, H, L, html.EscapeString(c.Title))
-	lx := L
-	for i, s := range c.Series {
-		fmt.Fprintf(&b, `<rect x="%g" y="30" width="10" height="10" fill="%s"/><text x="%g" y="39" font-size="11">%s</text>`, lx, palette[i%len(palette)], lx+14, html.EscapeString(s.Name))
-		lx += 30 + 6.5*float64(len(s.Name))
-	}
+	header(&b, c, W, H, L)
 	fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#444"/>`, L, H-B, W-R, H-B, L, T, L, H-B)
 	for v := lo; v <= hi; v++ {
 		fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" text-anchor="end">%g</text><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#e4e4e4"/>`, L-4, y(v)+3, v, L, y(v), W-R, y(v))
@@ -164,4 +152,15 @@ func drawLines(c chart) string {
 	fmt.Fprintf(&b, `<text x="%g" y="%g" font-size="10" fill="#555">%s</text>`, L, H-12, html.EscapeString("Source: "+c.Source))
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// header starts a chart's SVG: the canvas, the title and the legend row.
+func header(b *strings.Builder, c chart, W, H, L float64) {
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif">`, W, H, W, H)
+	fmt.Fprintf(b, `<rect width="%g" height="%g" fill="#fff"/><text x="%g" y="20" font-size="14" font-weight="bold">%s</text>`, W, H, L, html.EscapeString(c.Title))
+	lx := L
+	for i, s := range c.Series {
+		fmt.Fprintf(b, `<rect x="%g" y="30" width="10" height="10" fill="%s"/><text x="%g" y="39" font-size="11">%s</text>`, lx, palette[i%len(palette)], lx+14, html.EscapeString(s.Name))
+		lx += 30 + 6.5*float64(len(s.Name))
+	}
 }

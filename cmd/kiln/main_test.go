@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -898,5 +899,69 @@ func TestBenchRandomCleanup(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(tmp, "kiln-bench-*"))
 	if len(left) > 0 {
 		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestServeTensorParallelSpeculative: kiln serve over 2 CPU ranks with
+// prompt-lookup speculation answers a greedy completion with kiln run's
+// text, counts its drafts in /metrics, and exits 0 on SIGTERM.
+func TestServeTensorParallelSpeculative(t *testing.T) {
+	prompt := "In the beginning God created the heaven and the earth. In the beginning God"
+	want := runJSON(t, "--prompt", prompt, "--temperature", "0", "--max-tokens", "24", "--device", "cpu")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	cmd := exec.Command(kilnBin, "serve", "--port", port, "--device", "cpu", "--tensor-parallel-size", "2", "--speculative", "ngram")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	base := "http://127.0.0.1:" + port
+	for i := 0; ; i++ {
+		resp, err := http.Get(base + "/health")
+		if err == nil && resp.StatusCode == 200 {
+			resp.Body.Close()
+			break
+		}
+		if i == 300 {
+			t.Fatalf("no /health after 30 s: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 24, "temperature": 0})
+	resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct{ Choices []struct{ Text string } }
+	json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if len(out.Choices) != 1 || out.Choices[0].Text != want.Text {
+		t.Errorf("served %+v, kiln run %q", out, want.Text)
+	}
+	resp, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), "kiln:spec_decode_num_draft_tokens_total") {
+		t.Error("no speculative decoding counters in /metrics")
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("exit: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("kiln serve did not exit after SIGTERM\n%s", stderr.String())
 	}
 }

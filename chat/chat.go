@@ -114,7 +114,7 @@ func Parse(source string) (t *Template, err error) {
 			t, err = nil, fmt.Errorf("parse chat template: %v", r)
 		}
 	}()
-	tpl, err := exec.NewTemplate(templateName, jinjaConfig(), sourceLoader{source}, environment)
+	tpl, err := exec.NewTemplate(templateName, jinjaConfig(), sourceLoader{rewriteConditionals(source)}, environment)
 	if err != nil {
 		// gonja quotes the whole source in its message; keep the cause only.
 		if inner := errors.Unwrap(err); inner != nil {
@@ -130,7 +130,7 @@ func (t *Template) Source() string { return t.source }
 
 // reserved are the variables transformers passes itself; Extra may not
 // name them (Python would reject the duplicate keyword argument).
-var reserved = []string{"messages", "tools", "documents", "add_generation_prompt", "raise_exception", "strftime_now"}
+var reserved = []string{"messages", "tools", "documents", "add_generation_prompt", "raise_exception", "strftime_now", ifElseName}
 
 // Render renders messages into the prompt text.
 func (t *Template) Render(messages []Message, o Options) (string, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,26 @@ func loadExpected(t testing.TB) *expected {
 // folder is read.
 func loadTemplate(t *testing.T, rel string) *Template {
 	t.Helper()
+	if file, entry, ok := strings.Cut(rel, "#"); ok {
+		// Entry N of a JSON list of {"template", "name"} (ollama's index).
+		b, err := os.ReadFile(testshared.Path(t, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list []struct{ Template string }
+		n, err := strconv.Atoi(entry)
+		if err == nil {
+			err = json.Unmarshal(b, &list)
+		}
+		if err != nil || n < 0 || n >= len(list) {
+			t.Fatalf("%s: entry %s of %d: %v", rel, entry, len(list), err)
+		}
+		tpl, err := Parse(list[n].Template)
+		if err != nil {
+			t.Fatalf("%s: %v", rel, err)
+		}
+		return tpl
+	}
 	p := testshared.Path(t, rel)
 	if strings.HasSuffix(rel, ".jinja") && filepath.Base(rel) != "chat_template.jinja" {
 		b, err := os.ReadFile(p)

@@ -66,6 +66,7 @@ func newEnvironment() *exec.Environment {
 
 	ctx := exec.EmptyContext().Update(builtins.GlobalFunctions)
 	ctx.Set("range", rangeFunction)
+	ctx.Set(ifElseName, ifElse) // rewriteConditionals' calls
 
 	return &exec.Environment{
 		Context:           ctx,

@@ -54,6 +54,9 @@ TEMPLATES = {
     "phi-3-b": ("chat-templates/phi-3-b.jinja", "<s>", "<|endoftext|>"),
     "phi-3-c": ("chat-templates/phi-3-c.jinja", "<s>", "<|endoftext|>"),
     "zephyr": ("chat-templates/zephyr.jinja", "<s>", "</s>"),
+    # Gemma 2 renders with gemma-instruct; Gemma 3's own (system turns
+    # folded into the first user turn), entry 22 of ollama's index.
+    "gemma3-instruct": ("chat-templates/ollama-template-index.json#22", "<bos>", "<eos>"),
     "phi-3-mini": ("phi-3-mini/tokenizer_config.json", None, None),
     "qwen2.5-instruct": ("qwen2.5-instruct/tokenizer_config.json", None, None),
     "qwen3": ("qwen3/tokenizer_config.json", None, None),
@@ -166,6 +169,12 @@ SNIPPET_VARS = {
 }
 
 SNIPPETS = [
+    # conditional expressions inside parentheses and call arguments (gonja
+    # parses them only as a whole output: kiln/chat rewrites them)
+    "{{ 'x' + (s if n else 'none') + '|' + (s if empty else 'no') }}",
+    "{% for m in messages %}{{ (m.role if loop.first else '-') ~ ',' }}{% endfor %}",
+    "{{ [1, (2 if n else 3), ('a, b' if empty else '(c)')] | join('/') }}",
+    "{% set v = ((s if empty else 'z') ~ '!') %}{{ v }}{{ ('a' if not n else ('b' if n else 'c')) }}",
     # whitespace control under trim_blocks + lstrip_blocks
     "  {% if true %}\n  yes\n  {% endif %}\nafter\n",
     "{% for m in messages %}\n{{ m.role }}\n{% endfor %}\n",
@@ -324,6 +333,10 @@ def token_text(tok):
 
 def load(shared, rel, bos, eos):
     path = os.path.join(shared, "tokenizers", rel)
+    if "#" in rel:  # entry N of a JSON list of {"template", "name"}
+        file, entry = rel.split("#")
+        with open(os.path.join(shared, "tokenizers", file), encoding="utf-8") as f:
+            return json.load(f)[int(entry)]["template"], bos, eos
     if rel.endswith("tokenizer_config.json"):
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)

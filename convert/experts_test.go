@@ -164,3 +164,40 @@ func TestGGUFGemma(t *testing.T) {
 		t.Errorf("windows %v accepted for GGUF", c.LayerWindows)
 	}
 }
+
+// TestGGUFPhi3OriginalContext: llama.cpp writes phi3's original context for
+// every file and longrope's factors only for long-context models: a file
+// with the one and not the others loads without longrope (the same logits
+// as its source).
+func TestGGUFPhi3OriginalContext(t *testing.T) {
+	c := model.Config{Arch: "phi3", HiddenSize: 64, IntermediateSize: 32, NumLayers: 2, NumHeads: 4, NumKVHeads: 4, HeadDim: 16,
+		VocabSize: 96, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, RopeStyle: model.RopeHalf, BOS: []int{1}, EOS: []int{2}}
+	m := randomModel(c, 4)
+	md := append(model.GGUFMetadata(&m.Config), model.KV{Key: "phi3.rope.scaling.original_context_length", Value: uint32(32)})
+	var ts []*tensor.Tensor
+	for _, name := range m.Names() {
+		ts = append(ts, m.Tensors[name])
+	}
+	ts, err := fusePhi3(ts, c.NumLayers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "phi3.gguf")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := model.WriteGGUF(f, md, ts); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	g, err := model.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if g.Config.RopeScaling.Type != "" {
+		t.Fatalf("rope scaling %+v from the original context alone", g.Config.RopeScaling)
+	}
+	sameLogits(t, m, g)
+}

@@ -161,9 +161,13 @@ type RopeParams struct {
 	// FreqFactors, when set, divide each pair's frequency (GGUF rope_freqs).
 	FreqFactors []float32
 	// Scaling "longrope": ShortFactor divides each pair's frequency at
-	// positions below OriginalMaxPositions, LongFactor from it on (as vLLM
-	// tables them: a sequence's earlier keys keep their rotation as it
-	// grows), and cos and sin are scaled by AttentionFactor.
+	// positions below OriginalMaxPositions, LongFactor from it on, and cos
+	// and sin are scaled by AttentionFactor. Per position, so that a
+	// sequence's cached keys keep their rotation as it grows: transformers
+	// for a sequence within the original context; beyond it transformers
+	// rotates every position of a forward by the long factors, and vLLM
+	// every position of a step that holds one past it, so long sequences
+	// differ from both.
 	ShortFactor, LongFactor []float32
 	AttentionFactor         float64
 }

@@ -777,17 +777,19 @@ func ggufModel(data []byte) (*Model, error) {
 	} else if ok && factor != 1 {
 		c.RopeScaling = RopeScaling{Type: "linear", Factor: factor}
 	}
-	if v, ok, err := mdInt(md, arch+".rope.scaling.original_context_length"); err != nil {
+	// longrope (phi3): the original context and attention factor here, the
+	// factors as tensors below. llama.cpp writes the original context for
+	// every phi3 file, the factors only for long-context models: longrope
+	// is on only with them.
+	longOrig, _, err := mdInt(md, arch+".rope.scaling.original_context_length")
+	if err != nil {
 		return nil, err
-	} else if ok {
-		// longrope (phi3): its factors come as tensors, below.
-		c.RopeScaling = RopeScaling{Type: "longrope", OriginalMaxPositions: v, AttentionFactor: LongRopeAttentionFactor(c.MaxPositions, v)}
-		if f, ok, err := mdFloat(md, arch+".rope.scaling.attn_factor"); err != nil {
-			return nil, err
-		} else if ok {
-			c.RopeScaling.AttentionFactor = f
-		}
 	}
+	longAttn, haveAttn, err := mdFloat(md, arch+".rope.scaling.attn_factor")
+	if err != nil {
+		return nil, err
+	}
+	var shortFactors, longFactors []float32
 	if v, ok, err := mdInt(md, arch+".attention.sliding_window"); err != nil {
 		return nil, err
 	} else if ok {
@@ -825,9 +827,9 @@ func ggufModel(data []byte) (*Model, error) {
 			}
 			switch in.name {
 			case ropeFactorsShort:
-				c.RopeScaling.ShortFactor = vals
+				shortFactors = vals
 			case ropeFactorsLong:
-				c.RopeScaling.LongFactor = vals
+				longFactors = vals
 			default:
 				c.RopeFreqFactors = vals
 			}
@@ -839,6 +841,16 @@ func ggufModel(data []byte) (*Model, error) {
 			return nil, fmt.Errorf("gguf: two tensors map to %s", name)
 		}
 		m.Tensors[name] = t
+	}
+	if shortFactors != nil || longFactors != nil {
+		if longOrig <= 0 {
+			return nil, fmt.Errorf("gguf: longrope factors without %s.rope.scaling.original_context_length", arch)
+		}
+		if !haveAttn {
+			longAttn = LongRopeAttentionFactor(c.MaxPositions, longOrig)
+		}
+		c.RopeScaling = RopeScaling{Type: "longrope", OriginalMaxPositions: longOrig, AttentionFactor: longAttn,
+			ShortFactor: shortFactors, LongFactor: longFactors}
 	}
 	for dt, n := range stored {
 		if c.DType == tensor.Invalid || n > stored[c.DType] || (n == stored[c.DType] && dt < c.DType) {

@@ -129,7 +129,7 @@ VARIANTS = [
     # the attention factor derived from the extension (sqrt(1 + ln 4 / ln
     # 32)). The prompt (30 tokens) stays below the original context, where
     # transformers uses the short factors: beyond it transformers switches
-    # every position of a forward to the long ones, kiln (as vLLM) only the
+    # every position of a forward to the long ones, kiln only the
     # positions from the original context on.
     dict(name="phi3-longrope", arch="phi3", seed=117, T=30, legacy=False,
          cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None, max_position_embeddings=128,

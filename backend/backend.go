@@ -172,6 +172,13 @@ type StepReserver interface {
 	ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 }
 
+// SharedMemory is a Loaded whose memory is the host's, shared with the
+// other ranks of a tensor-parallel group (the CPU's): the group divides the
+// free memory it reports among its ranks.
+type SharedMemory interface {
+	SharesHostMemory() bool
+}
+
 // MemoryReporter is a Loaded that can size its KV cache from the memory it
 // has left.
 type MemoryReporter interface {

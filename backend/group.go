@@ -47,7 +47,7 @@ func (g *Group) LoadShards(cs []*compile.Compiled) (Loaded, error) {
 		return nil, fmt.Errorf("backend: %d shards for %d ranks", len(cs), len(g.Ranks))
 	}
 	l := &groupLoaded{g: g, cs: cs, ranks: make([]Loaded, len(cs))}
-	err := l.each(func(r int) error {
+	err := l.each(false, func(r int) error {
 		var err error
 		l.ranks[r], err = g.Ranks[r].Load(cs[r])
 		return err
@@ -63,18 +63,32 @@ type groupLoaded struct {
 	g     *Group
 	cs    []*compile.Compiled
 	ranks []Loaded
+	// failed is why the group's collectives were aborted (a rank's step
+	// failed while the others could wait in a collective): every step
+	// after fails with it (ErrGroupAborted).
+	failed error
 }
 
-// each runs f for every rank at once and returns the first failure,
-// aborting the group's collectives on it.
-func (l *groupLoaded) each(f func(r int) error) error {
+// ErrGroupAborted marks the error of a step on a tensor-parallel group
+// whose collectives were aborted after a rank's step failed: the group
+// cannot run steps any more (the process must start again).
+var ErrGroupAborted = errors.New("tensor-parallel group aborted")
+
+// each runs f for every rank at once and returns the first failure; when
+// steps is set, a failure aborts the group's collectives (the other ranks
+// may be waiting in one for the rank that failed) and the group fails every
+// step after.
+func (l *groupLoaded) each(steps bool, f func(r int) error) error {
+	if steps && l.failed != nil {
+		return l.failed
+	}
 	errs := make([]error, len(l.g.Ranks))
 	var wg sync.WaitGroup
 	var once sync.Once
 	for r := range errs {
 		wg.Go(func() {
 			errs[r] = f(r)
-			if errs[r] != nil && l.g.Abort != nil {
+			if errs[r] != nil && steps && l.g.Abort != nil {
 				once.Do(func() { l.g.Abort(errs[r]) })
 			}
 		})
@@ -82,7 +96,12 @@ func (l *groupLoaded) each(f func(r int) error) error {
 	wg.Wait()
 	for r, err := range errs {
 		if err != nil {
-			return fmt.Errorf("rank %d: %w", r, err)
+			err = fmt.Errorf("rank %d: %w", r, err)
+			if steps && l.g.Abort != nil {
+				l.failed = fmt.Errorf("%w: %w", ErrGroupAborted, err)
+				return l.failed
+			}
+			return err
 		}
 	}
 	return nil
@@ -134,7 +153,7 @@ func (l *groupLoaded) Executable(p *compile.Plan) (Executable, error) {
 // ReserveSteps implements StepReserver for ranks that reserve (the others,
 // such as the CPU, allocate nothing a step).
 func (l *groupLoaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error {
-	return l.each(func(r int) error {
+	return l.each(false, func(r int) error {
 		sr, ok := l.ranks[r].(StepReserver)
 		if !ok {
 			return nil
@@ -152,10 +171,14 @@ func (l *groupLoaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) 
 }
 
 // FreeMemory implements MemoryReporter: the least any rank has (every
-// rank's cache is the same size).
+// rank's cache is the same size), divided among the ranks when they share
+// one memory (SharedMemory: CPU ranks).
 func (l *groupLoaded) FreeMemory() (int64, error) {
 	var least int64 = -1
+	shared := true
 	for r, x := range l.ranks {
+		sm, ok := x.(SharedMemory)
+		shared = shared && ok && sm.SharesHostMemory()
 		m, ok := x.(MemoryReporter)
 		if !ok {
 			return 0, fmt.Errorf("rank %d reports no memory", r)
@@ -167,6 +190,9 @@ func (l *groupLoaded) FreeMemory() (int64, error) {
 		if least < 0 || f < least {
 			least = f
 		}
+	}
+	if shared {
+		least /= int64(len(l.ranks))
 	}
 	return least, nil
 }
@@ -222,7 +248,7 @@ func (x *groupExec) Run(b *Batch, kv KVCache, logits []float32) error {
 	}
 	greedy := make([]SampleParams, len(b.Rows))
 	scratch := x.scratch(len(b.Rows))
-	return x.l.each(func(r int) error {
+	return x.l.each(true, func(r int) error {
 		if r == 0 {
 			return x.ranks[0].Run(b, g.ranks[0], logits)
 		}
@@ -257,7 +283,7 @@ func (x *samplingGroupExec) RunSample(b *Batch, kv KVCache, params []SampleParam
 		return err
 	}
 	scratch := x.scratch(len(ids))
-	return x.l.each(func(r int) error {
+	return x.l.each(true, func(r int) error {
 		out := ids
 		if r > 0 {
 			out = scratch[r]

@@ -217,3 +217,26 @@ func TestOLMoE(t *testing.T) {
 		t.Errorf("olmoe over 2 ranks: %v", err)
 	}
 }
+
+// TestTensorParallelSharedMemory: CPU ranks share the host's memory, so a
+// group sized by KVCacheFraction takes about what one rank would (each rank
+// holding its half of the heads), not a fraction of the memory each.
+func TestTensorParallelSharedMemory(t *testing.T) {
+	c := model.Config{Arch: "llama", HiddenSize: 16, IntermediateSize: 24, NumLayers: 2, NumHeads: 4, NumKVHeads: 2, HeadDim: 4,
+		VocabSize: 32, MaxPositions: 1 << 20, RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.F32}
+	m := testmodel.Random(c, 2)
+	blocks := func(b backend.Backend) (int, int64) {
+		e, err := engine.New(m, b, engine.Options{KVCacheFraction: 1e-3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		return e.KVSpec().Blocks, e.KVSpec().Bytes()
+	}
+	one, oneBytes := blocks(&cpu.Backend{})
+	two, rankBytes := blocks(cpuGroup(2, false))
+	t.Logf("one rank: %d blocks (%d bytes); two ranks: %d blocks of %d bytes each", one, oneBytes, two, rankBytes)
+	if r := float64(2*rankBytes) / float64(oneBytes); r > 1.2 || r < 0.8 {
+		t.Errorf("two ranks hold %.2f× one rank's cache bytes, want about 1", r)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kiln/backend"
@@ -140,6 +141,18 @@ type Scheduler struct {
 	itemOwner []*Request
 	// limit bounds the steps after one failed for lack of device memory.
 	limit stepLimit
+	// broken is the error that left the engine unable to run steps (a
+	// tensor-parallel group aborted), or nil.
+	broken atomic.Pointer[error]
+}
+
+// Broken is the error that left the engine unable to run steps, or nil:
+// requests then fail at once.
+func (s *Scheduler) Broken() error {
+	if e := s.broken.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // stepLimit bounds a step's tokens and sequences (0: unbounded) after a
@@ -214,6 +227,9 @@ func (s *Scheduler) Submit(r *Request) error { return s.SubmitGroup([]*Request{r
 func (s *Scheduler) SubmitGroup(rs []*Request) error {
 	if len(rs) == 0 {
 		return fmt.Errorf("serve: empty group")
+	}
+	if err := s.Broken(); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	for _, r := range rs {
 		if !slices.Equal(r.Prompt, rs[0].Prompt) {
@@ -399,6 +415,24 @@ func (s *Scheduler) step() {
 		return
 	}
 	if err != nil {
+		if errors.Is(err, backend.ErrGroupAborted) {
+			// The engine cannot run steps any more: every request ends
+			// and Broken says why (the server's /health answers 503).
+			s.broken.Store(&err)
+			for _, r := range slices.Clone(s.running) {
+				s.remove(r)
+				s.finish(r, "", fmt.Errorf("serve: step failed: %w", err))
+			}
+			s.mu.Lock()
+			waiting := s.waiting
+			s.waiting, s.queuedTokens = nil, 0
+			s.mu.Unlock()
+			for _, r := range waiting {
+				s.finish(r, "", fmt.Errorf("serve: %w", err))
+			}
+			s.publish()
+			return
+		}
 		// A step error is not any one request's fault that we can tell:
 		// fail the step's requests, keep serving.
 		for _, r := range slices.Clone(s.itemOwner) {

@@ -542,3 +542,36 @@ func TestSpeculativeServing(t *testing.T) {
 		})
 	}
 }
+
+// TestBrokenGroup: when a tensor-parallel group's collectives are aborted
+// (a rank's step failed), the step's requests fail, Broken says why and
+// every later request is refused at once, instead of steps running on a
+// group that cannot.
+func TestBrokenGroup(t *testing.T) {
+	m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	g := cpu.NewGroup(2, cpu.Backend{})
+	e, err := engine.New(m, g, engine.Options{MaxSeqs: 2, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s := runScheduler(t, e, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64})
+	g.Ranks[1].(*cpu.Backend).Comm.Abort(errors.New("injected"))
+	r := &Request{Prompt: []int{1, 20, 30}, Params: engine.SamplingParams{MaxTokens: 4}}
+	if err := s.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	if _, end := collect(t, r); end.Err == nil || !errors.Is(end.Err, backend.ErrGroupAborted) {
+		t.Fatalf("request on an aborted group ended %+v", end)
+	}
+	if s.Broken() == nil {
+		t.Fatal("Broken is nil after the group aborted")
+	}
+	if err := s.Submit(&Request{Prompt: []int{1, 2}, Params: engine.SamplingParams{MaxTokens: 2}}); !errors.Is(err, backend.ErrGroupAborted) {
+		t.Errorf("a request after: %v", err)
+	}
+}

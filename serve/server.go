@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"kiln/backend"
 	"kiln/engine"
 	"kiln/tokenizer"
 )
@@ -75,6 +76,10 @@ func (v *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		if !v.ready.Load() {
 			http.Error(w, "loading", http.StatusServiceUnavailable)
+			return
+		}
+		if err := v.s.Broken(); err != nil {
+			http.Error(w, "broken: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ok\n")
@@ -329,6 +334,10 @@ func (v *Server) generate(w http.ResponseWriter, r *http.Request, f *samplingFie
 	// The n choices go as one group: the prompt is computed once.
 	if err := v.s.SubmitGroup(group); err != nil {
 		stopAll()
+		if errors.Is(err, backend.ErrGroupAborted) {
+			writeError(w, &apiError{status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error"})
+			return
+		}
 		if errors.Is(err, ErrOverloaded) || errors.Is(err, ErrStopped) || errors.Is(err, ErrDeadline) {
 			reason := "overloaded"
 			if errors.Is(err, ErrDeadline) {

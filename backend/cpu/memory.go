@@ -34,3 +34,6 @@ func (l *loaded) FreeMemory() (int64, error) {
 
 // KVBytes implements backend.MemoryReporter: keys and values in float32.
 func (l *loaded) KVBytes(spec backend.KVSpec) int64 { return spec.Bytes() }
+
+// SharesHostMemory implements backend.SharedMemory: the CPU's is the host's.
+func (l *loaded) SharesHostMemory() bool { return true }

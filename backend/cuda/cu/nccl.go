@@ -100,7 +100,12 @@ func (c *Comm) AllReduce(dst, src Ptr, n int, dt DType, s *Stream) error {
 	if err != nil {
 		return err
 	}
-	return c.d.Do(func() error { return c.check(ncclAllReduce(src, dst, n, t, c.h, s.handle())) })
+	return c.d.Do(func() error {
+		if err := c.usable(); err != nil {
+			return err
+		}
+		return c.check(ncclAllReduce(src, dst, n, t, c.h, s.handle()))
+	})
 }
 
 // AllGather queues on s the gathering of every rank's n elements of src
@@ -110,7 +115,23 @@ func (c *Comm) AllGather(dst, src Ptr, n int, dt DType, s *Stream) error {
 	if err != nil {
 		return err
 	}
-	return c.d.Do(func() error { return c.check(ncclAllGather(src, dst, n, t, c.h, s.handle())) })
+	return c.d.Do(func() error {
+		if err := c.usable(); err != nil {
+			return err
+		}
+		return c.check(ncclAllGather(src, dst, n, t, c.h, s.handle()))
+	})
+}
+
+// usable refuses a collective on an aborted or closed communicator (whose
+// handle NCCL has freed).
+func (c *Comm) usable() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted || c.h == nil {
+		return fmt.Errorf("nccl: rank %d's communicator was aborted or closed", c.Rank)
+	}
+	return nil
 }
 
 // check adds the communicator's asynchronous error (a peer lost) to a

@@ -732,6 +732,7 @@ func (s *Scheduler) gather() {
 			s.fork(r)
 		}
 	}
+	noDrafts := false // set when the drafts' blocks would preempt a request
 	for {
 		s.items, s.samplers, s.itemOwner = s.items[:0], s.samplers[:0], s.itemOwner[:0]
 		budget, seqs := s.cfg.MaxNumBatchedTokens, len(s.running)
@@ -762,14 +763,15 @@ func (s *Scheduler) gather() {
 			}
 		}
 		spec := s.cfg.Speculation
-		speculate := spec != nil && decoding <= s.cfg.SpeculateMaxSeqs && s.limit.tokens == 0
+		speculate := spec != nil && decoding <= s.cfg.SpeculateMaxSeqs && s.limit.tokens == 0 && !noDrafts
+		drafted := false
 		for k := range s.running {
 			r := s.running[(first+k)%len(s.running)]
 			r.draft = nil
 			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
 				if speculate {
-					s.addDraft(r, spec, &budget, &need)
+					drafted = s.addDraft(r, spec, &budget, &need) || drafted
 				}
 			}
 		}
@@ -788,14 +790,21 @@ func (s *Scheduler) gather() {
 		if need <= s.e.FreeBlocks() || len(s.running) <= 1 {
 			return
 		}
+		if drafted {
+			// Drafts are optional: the step goes without them before
+			// any request is preempted for room.
+			noDrafts = true
+			continue
+		}
 		s.preempt()
 	}
 }
 
 // addDraft drafts tokens after decoding request r, the last item, within
 // the step's token budget, the tokens r may still generate and the context,
-// and makes its item carry them (every row's logits wanted).
-func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need *int) {
+// and makes its item carry them (every row's logits wanted). It reports
+// whether it drafted any.
+func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need *int) bool {
 	k := min(spec.K, *budget, s.e.ContextLen()-len(r.tokens)-1)
 	if p := r.Params; p.MaxTokens > 0 {
 		k = min(k, p.MaxTokens-r.generated-1)
@@ -805,7 +814,7 @@ func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need 
 	}
 	draft := r.drafter.Draft(r.tokens, k)
 	if len(draft) == 0 {
-		return
+		return false
 	}
 	i := len(s.items) - 1
 	*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - s.e.BlocksToGrow(r.seq, 1)
@@ -813,6 +822,7 @@ func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need 
 	s.items[i].AllRows = true
 	*budget -= len(draft)
 	r.draft = draft
+	return true
 }
 
 // shrink answers a step that failed for lack of device memory: the next
@@ -886,6 +896,10 @@ func (s *Scheduler) requeue(r *Request) {
 	s.remove(r)
 	s.e.Free(r.seq)
 	r.seq, r.cached = nil, 0
+	if r.releaseDraft != nil { // a new draft session when readmitted
+		r.releaseDraft()
+		r.drafter, r.releaseDraft = nil, nil
+	}
 	s.mu.Lock()
 	s.enqueue(r)
 	s.mu.Unlock()

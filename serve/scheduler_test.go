@@ -575,3 +575,48 @@ func TestBrokenGroup(t *testing.T) {
 		t.Errorf("a request after: %v", err)
 	}
 }
+
+// TestDraftsNeverPreempt: when the cache holds every decoding sequence's
+// next token but not its drafts, the step goes without drafts and no
+// request is preempted; with room, the same step carries them.
+func TestDraftsNeverPreempt(t *testing.T) {
+	for _, tc := range []struct {
+		kvBlocks   int
+		wantTokens int // an item's tokens: its next one and its drafts
+	}{
+		{2, 1}, // one block a sequence, full: no room for drafts
+		{4, 4}, // three tokens follow the last match
+	} {
+		e := stories(t, 2, tc.kvBlocks)
+		spec := &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: 4, Always: true}
+		s, err := NewScheduler(e, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64, SpeculateMaxSeqs: 2, Speculation: spec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			toks := make([]int, 16) // repeats itself: prompt lookup drafts
+			for i := range toks {
+				toks[i] = 10 + i%3
+			}
+			r := &Request{Prompt: toks, Params: engine.SamplingParams{MaxTokens: 60}}
+			r.tokens, r.seq, r.cached = toks, e.NewSequence(), 15
+			if _, err := e.Prefill(r.seq, toks[:15], false); err != nil {
+				t.Fatal(err)
+			}
+			r.sampler = engine.NewSampler(r.Params, e.Vocab(), r.Prompt)
+			s.running = append(s.running, r)
+		}
+		s.gather()
+		if st := s.Stats(); st.Preemptions != 0 || len(s.items) != 2 {
+			t.Fatalf("%d blocks: %d preemptions, %d items; want none and 2", tc.kvBlocks, st.Preemptions, len(s.items))
+		}
+		for i, it := range s.items {
+			if len(it.Tokens) != tc.wantTokens {
+				t.Errorf("%d blocks: item %d has %d tokens, want %d", tc.kvBlocks, i, len(it.Tokens), tc.wantTokens)
+			}
+		}
+		for _, r := range s.running {
+			e.Free(r.seq)
+		}
+	}
+}

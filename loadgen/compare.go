@@ -88,7 +88,7 @@ func latency(get func(Result) []time.Duration, pick func(Stats) float64) func([]
 
 func compareStat[T any](name string, higher bool, base, next []T, f func([]T) float64, rng *rand.Rand, tol float64) Change {
 	c := Change{Name: name, Base: f(base), New: f(next), HigherIsOK: higher}
-	c.Delta = (c.New - c.Base) / c.Base
+	c.Delta = relChange(c.Base, c.New)
 	if len(base) < 2 || len(next) < 2 {
 		c.Low, c.High = math.NaN(), math.NaN()
 		return c
@@ -103,7 +103,7 @@ func compareStat[T any](name string, higher bool, base, next []T, f func([]T) fl
 	var deltas []float64
 	for range 1000 {
 		b, n := f(resample(base)), f(resample(next))
-		deltas = append(deltas, (n-b)/b)
+		deltas = append(deltas, relChange(b, n))
 	}
 	slices.Sort(deltas)
 	c.Low, c.High = percentile(deltas, 2.5), percentile(deltas, 97.5)
@@ -119,6 +119,18 @@ func compareStat[T any](name string, higher bool, base, next []T, f func([]T) fl
 // (e.g. tokens/s of each repetition of `kiln bench model`) the same way.
 func CompareSamples(name string, higher bool, base, next []float64, tolerance float64) Change {
 	return compareStat(name, higher, base, next, mean, rand.New(rand.NewPCG(7, 7)), tolerance)
+}
+
+// relChange is next's change relative to base; from a base of 0, ±Inf
+// (or 0 when next is 0 too), never NaN, so that a gate sees it.
+func relChange(base, next float64) float64 {
+	if base == 0 {
+		if next == 0 {
+			return 0
+		}
+		return math.Copysign(math.Inf(1), next)
+	}
+	return (next - base) / base
 }
 
 func mean(xs []float64) float64 {
@@ -184,7 +196,12 @@ func compareRunValues(name string, higher bool, b, n []float64, tol float64) Cha
 	}
 	mb, mn := mean(b), mean(n)
 	c := Change{Name: name, Base: mb, New: mn, HigherIsOK: higher, Runs: [2]int{len(b), len(n)}, Gated: true}
-	c.Delta = (mn - mb) / mb
+	c.Delta = relChange(mb, mn)
+	if mb == 0 { // no relative spread: a change from nothing is all there is
+		c.Low, c.High = c.Delta, c.Delta
+		c.Regression = higher && c.Delta < 0 || !higher && c.Delta > 0
+		return c
+	}
 	dof := len(b) + len(n) - 2
 	s := math.Sqrt((ss(b, mb)+ss(n, mn))/float64(dof)) / math.Abs(mb)
 	c.BetweenRunSD = s

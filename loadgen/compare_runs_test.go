@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -75,6 +76,31 @@ func TestCompareRunsNoise(t *testing.T) {
 	for _, c := range CompareRuns(runs(1, 1), runs(1, 2), 0.05) {
 		if c.Regression || c.Gated {
 			t.Errorf("one run a side: %s called a regression (gated %v)", c.Name, c.Gated)
+		}
+	}
+}
+
+// TestCompareFromZero: a figure whose base mean is 0 (every base request
+// failed, or one-token outputs with no inter-token gap) gives no NaN: a
+// latency that grows from nothing is a regression, one that stays at
+// nothing is not.
+func TestCompareFromZero(t *testing.T) {
+	for _, tc := range []struct {
+		higher     bool
+		next       []float64
+		regression bool
+	}{
+		{false, []float64{3, 4}, true},
+		{false, []float64{0, 0}, false},
+		{true, []float64{5, 6}, false},
+	} {
+		c := CompareRunSamples("x", tc.higher, []float64{0, 0}, tc.next, 0.05)
+		if math.IsNaN(c.Delta) || math.IsNaN(c.Low) || math.IsNaN(c.High) || c.Regression != tc.regression {
+			t.Errorf("higher %v, 0 → %v: %+v; want regression %v and no NaN", tc.higher, tc.next, c, tc.regression)
+		}
+		s := CompareSamples("x", tc.higher, []float64{0, 0, 0}, tc.next, 0.05)
+		if math.IsNaN(s.Low) || math.IsNaN(s.High) || s.Regression != tc.regression {
+			t.Errorf("samples: higher %v, 0 → %v: %+v; want regression %v and no NaN", tc.higher, tc.next, s, tc.regression)
 		}
 	}
 }

@@ -364,5 +364,8 @@ func percentile(sorted []float64, p float64) float64 {
 	pos := p / 100 * float64(len(sorted)-1)
 	lo := int(math.Floor(pos))
 	hi := min(lo+1, len(sorted)-1)
+	if sorted[lo] == sorted[hi] { // infinite ones too
+		return sorted[lo]
+	}
 	return sorted[lo] + (sorted[hi]-sorted[lo])*(pos-float64(lo))
 }

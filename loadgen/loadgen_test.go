@@ -396,6 +396,20 @@ func TestChartAxes(t *testing.T) {
 	if f := l.frac(100); math.Abs(f-0.5) > 1e-12 {
 		t.Errorf("100 at %g of 1..10000, want 0.5", f)
 	}
+	// A sweep up to an unbounded rate (--rate 1,8,inf) on a log axis: the
+	// infinite level is left out, and the chart is drawn.
+	done := make(chan string)
+	go func() {
+		done <- chart("t", "x", "y", []series{{"s", [][2]float64{{1, 3}, {8, 4}, {math.Inf(1), 5}}}}, chartOptions{logX: true, markers: true})
+	}()
+	select {
+	case svg := <-done:
+		if n := strings.Count(svg, "<circle"); n != 2 {
+			t.Errorf("%d markers, want 2 (the finite levels)", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a chart with an infinite level never returned")
+	}
 }
 
 func TestHistogram(t *testing.T) {

@@ -203,10 +203,11 @@ func (a axis) frac(v float64) float64 {
 // power of ten (with 2 and 5 times it when the axis spans two decades or
 // less).
 func (a axis) ticks() []float64 {
+	const most = 64 // ticks, whatever the ends
 	var ts []float64
 	if a.log {
 		decades := math.Log10(a.hi) - math.Log10(a.lo)
-		for p := a.lo; p <= a.hi*1.0001; p *= 10 {
+		for p := a.lo; p <= a.hi*1.0001 && len(ts) < most; p *= 10 {
 			ts = append(ts, p)
 			if decades <= 2 && p*2 < a.hi {
 				ts = append(ts, p*2, p*5)
@@ -215,7 +216,7 @@ func (a axis) ticks() []float64 {
 		return ts
 	}
 	step := niceStep((a.hi - a.lo) / 4)
-	for v := a.lo; v <= a.hi+step/1e6; v += step {
+	for v := a.lo; v <= a.hi+step/1e6 && len(ts) < most; v += step {
 		ts = append(ts, v)
 	}
 	return ts
@@ -229,10 +230,15 @@ type chartOptions struct{ logX, markers bool }
 // legend above the plot (off the lines).
 func chart(title, xlabel, ylabel string, ss []series, o chartOptions) string {
 	const W, H, L, R, T, B = 460.0, 320.0, 60.0, 15.0, 52.0, 45.0
+	// A point is drawn when it is finite (a sweep's unbounded rate is
+	// not) and, on a log axis, positive.
+	drawn := func(p [2]float64) bool {
+		return !math.IsNaN(p[0]) && !math.IsNaN(p[1]) && !math.IsInf(p[0], 0) && !math.IsInf(p[1], 0) && (!o.logX || p[0] > 0)
+	}
 	minX, maxX, maxY := math.Inf(1), math.Inf(-1), 0.0
 	for _, s := range ss {
 		for _, p := range s.points {
-			if math.IsNaN(p[0]) || math.IsNaN(p[1]) || (o.logX && p[0] <= 0) {
+			if !drawn(p) {
 				continue
 			}
 			minX, maxX, maxY = math.Min(minX, p[0]), math.Max(maxX, p[0]), math.Max(maxY, p[1])
@@ -280,7 +286,7 @@ func chart(title, xlabel, ylabel string, ss []series, o chartOptions) string {
 		color := palette[i%len(palette)]
 		var pts []string
 		for _, p := range s.points {
-			if !math.IsNaN(p[0]) && !math.IsNaN(p[1]) && (!o.logX || p[0] > 0) {
+			if drawn(p) {
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(p[0]), y(p[1])))
 				if o.markers {
 					fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`, x(p[0]), y(p[1]), color)

@@ -33,7 +33,10 @@ type Options struct {
 	BlockSize int
 	// KVBlocks is the size of the KV cache in blocks, shared by all
 	// sequences (0: room for MaxSeqs sequences of ContextLen tokens, or
-	// what KVCacheFraction allows).
+	// what KVCacheFraction allows). With neither KVBlocks nor
+	// KVCacheFraction, and ContextLen 0, that is MaxSeqs of the model's
+	// whole context, whatever the memory: set one of the three for a
+	// model of long context.
 	KVBlocks int
 	// PrefixCaching lets sequences share the KV blocks of a common prefix
 	// (NewSequenceFor): full blocks are indexed by the hash of their tokens

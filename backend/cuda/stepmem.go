@@ -116,8 +116,6 @@ func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
 // power of two, at least 64.
 func contextBucket(maxPos int) int { return max(64, pow2(maxPos+1)) }
 
-// growArena makes the shared activation arena at least n bytes. Executables
-// built earlier keep the arena they were bound to (it stays allocated).
 // gatherOffset is where a plan's all-gather scratch starts in the arena:
 // after its activations, 256-byte aligned.
 func gatherOffset(p *compile.Plan) int { return (p.ArenaBytes + 255) &^ 255 }
@@ -142,6 +140,8 @@ func arenaBytes(p *compile.Plan) int {
 	return p.ArenaBytes
 }
 
+// growArena makes the shared activation arena at least n bytes. Executables
+// built earlier keep the arena they were bound to (it stays allocated).
 func (l *loaded) growArena(n int) error {
 	if n <= l.arenaCap {
 		return nil

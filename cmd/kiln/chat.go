@@ -45,7 +45,7 @@ func cmdChat(args []string) error {
 		return err
 	}
 	defer m.Close()
-	tpl, err := chatTemplate(m, len(pos) == 0 || pos[0] == "demo")
+	tpl, err := chatTemplate(m, isDemo(pos))
 	if err != nil {
 		return fmt.Errorf("no chat template: %w", err)
 	}
@@ -94,7 +94,10 @@ func cmdChat(args []string) error {
 		}
 		ids := tok.Encode(text, false)
 		if len(ids) >= e.ContextLen() {
-			return fmt.Errorf("the conversation has %d tokens, the context %d: /clear starts over", len(ids), e.ContextLen())
+			// The turn is dropped; the conversation so far stays.
+			fmt.Fprintf(os.Stderr, "kiln: the conversation would have %d tokens, the context %d: say less, or /clear to start over\n", len(ids), e.ContextLen())
+			msgs = msgs[:len(msgs)-1]
+			continue
 		}
 		s++
 		params := engine.SamplingParams{Temperature: *temp, TopK: *topK, TopP: *topP, MinP: *minP, Seed: s,

@@ -69,10 +69,14 @@ func modelPath(args []string) string {
 	return args[0]
 }
 
+// isDemo reports whether a command's arguments name the built-in demo
+// model: none, or "demo".
+func isDemo(args []string) bool { return len(args) == 0 || args[0] == "demo" }
+
 // openModelOrDemo opens the model named by args (and its tokenizer), or the
 // built-in demo model when args is empty, saying so on stderr.
 func openModelOrDemo(args []string, tokenizerFlag string) (*model.Model, *tokenizer.Tokenizer, error) {
-	if len(args) == 0 || args[0] == "demo" {
+	if isDemo(args) {
 		if len(args) == 0 {
 			fmt.Fprintf(os.Stderr, "kiln: no model given, using the built-in %s\n", demo.Name)
 		}

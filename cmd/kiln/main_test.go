@@ -368,35 +368,68 @@ func TestRunDemo(t *testing.T) {
 	}
 }
 
-// TestServeDemo starts kiln serve with no model (the demo), asks it for a
-// completion over HTTP, and stops it with SIGTERM: it exits 0.
-func TestServeDemo(t *testing.T) {
+// startServe starts kiln serve on a free port with args (on the CPU, unless
+// args say otherwise), waits for /health, and gives its address; the
+// process is killed when the test ends.
+func startServe(t *testing.T, args ...string) (base string, cmd *exec.Cmd, stderr *strings.Builder) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	ln.Close()
-	cmd := exec.Command(kilnBin, "serve", "--port", port, "--max-num-seqs", "4")
+	cmd = exec.Command(kilnBin, append([]string{"serve", "--port", port}, args...)...)
 	cmd.Env = append(os.Environ(), "KILN_DEVICE=cpu")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	stderr = &strings.Builder{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
-	base := "http://127.0.0.1:" + port
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	base = "http://127.0.0.1:" + port
 	for i := 0; ; i++ {
 		resp, err := http.Get(base + "/health")
 		if err == nil && resp.StatusCode == 200 {
 			resp.Body.Close()
-			break
+			return base, cmd, stderr
 		}
 		if i == 300 {
 			t.Fatalf("no /health after 30 s: %v\n%s", err, stderr.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestServeDemoByName: `kiln serve demo` is `kiln serve`: the same model
+// name and the demo's chat template.
+func TestServeDemoByName(t *testing.T) {
+	base, _, stderr := startServe(t, "demo", "--max-num-seqs", "2")
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	models, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(models), `"kiln-demo"`) {
+		t.Errorf("/v1/models: %s", models)
+	}
+	resp, err = http.Post(base+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages": [{"role": "user", "content": "Who made the heaven?"}], "max_tokens": 4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("chat: status %d: %s\n%s", resp.StatusCode, body, stderr.String())
+	}
+}
+
+// TestServeDemo starts kiln serve with no model (the demo), asks it for a
+// completion over HTTP, and stops it with SIGTERM: it exits 0.
+func TestServeDemo(t *testing.T) {
+	base, cmd, stderr := startServe(t, "--max-num-seqs", "4")
 	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "In the beginning", "max_tokens": 8, "temperature": 0}`))
 	if err != nil {
 		t.Fatal(err)
@@ -866,6 +899,13 @@ func TestChat(t *testing.T) {
 	if first == "" || !strings.HasPrefix(all, first) || !strings.HasSuffix(all, first) || len(all) <= 2*len(first) || strings.Contains(all, ">>>") {
 		t.Errorf("one turn gave %q; the conversation %q", first, all)
 	}
+	// A turn past the context is dropped, and the conversation goes on as
+	// if it had not been said.
+	long := strings.Repeat("And God said, let there be light. ", 200)
+	two := chatOut("Who made the heaven?\nAnd the earth?\n")
+	if got := chatOut("Who made the heaven?\n" + long + "\nAnd the earth?\n"); got != two {
+		t.Errorf("with a turn past the context %q, without it %q", got, two)
+	}
 	bin, tok := stories(t)
 	if _, stderr, code := kiln(t, "chat", bin, "--tokenizer", tok); code == 0 || !strings.Contains(stderr, "no chat template") {
 		t.Errorf("a model without a chat template: exit %d, %q", code, stderr)
@@ -908,31 +948,7 @@ func TestBenchRandomCleanup(t *testing.T) {
 func TestServeTensorParallelSpeculative(t *testing.T) {
 	prompt := "In the beginning God created the heaven and the earth. In the beginning God"
 	want := runJSON(t, "--prompt", prompt, "--temperature", "0", "--max-tokens", "24", "--device", "cpu")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	cmd := exec.Command(kilnBin, "serve", "--port", port, "--device", "cpu", "--tensor-parallel-size", "2", "--speculative", "ngram")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	base := "http://127.0.0.1:" + port
-	for i := 0; ; i++ {
-		resp, err := http.Get(base + "/health")
-		if err == nil && resp.StatusCode == 200 {
-			resp.Body.Close()
-			break
-		}
-		if i == 300 {
-			t.Fatalf("no /health after 30 s: %v\n%s", err, stderr.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	base, cmd, stderr := startServe(t, "--device", "cpu", "--tensor-parallel-size", "2", "--speculative", "ngram")
 	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 24, "temperature": 0})
 	resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
 	if err != nil {

@@ -73,7 +73,7 @@ func cmdServe(args []string) error {
 	}
 	defer m.Close()
 	if *name == "" {
-		*name = modelName(m.Path, len(pos) == 0)
+		*name = modelName(m.Path, isDemo(pos))
 	}
 	ctxLen := ef.ctx // 0: the model's own, bounded by memory
 	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: *blockSize, KVCacheFraction: *kvFraction, PrefixCaching: *prefix}
@@ -126,7 +126,7 @@ func cmdServe(args []string) error {
 			return modules + choices
 		}
 	}
-	if t, err := chatTemplate(m, len(pos) == 0); err != nil {
+	if t, err := chatTemplate(m, isDemo(pos)); err != nil {
 		log.Warn("no chat template: /v1/chat/completions will answer 400", "reason", err)
 	} else {
 		opts.Chat = chatAdapter{t}

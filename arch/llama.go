@@ -24,10 +24,10 @@ type Options struct {
 // Build returns the graph for m's architecture.
 func Build(m *model.Model, opts Options) (*ir.Graph, error) {
 	switch m.Config.Arch {
-	case "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe", "olmoe", "gemma", "gemma2", "gemma3":
+	case "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gemma", "gemma2", "gemma3":
 		return buildLlama(m, opts)
 	}
-	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, olmoe, gemma, gemma2, gemma3)", m.Config.Arch)
+	return nil, fmt.Errorf("unsupported architecture %q (supported: llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, qwen2_moe, olmoe, gemma, gemma2, gemma3)", m.Config.Arch)
 }
 
 // builder accumulates nodes and stops at the first error.
@@ -123,7 +123,8 @@ func (b *builder) linear(x *ir.Value, prefix string, bias bool) *ir.Value {
 // buildLlama covers Llama 1/2/3, Mistral (sliding window), Qwen2 (q/k/v
 // bias), Qwen3 (q and k RMS-normalized per head before RoPE), Phi-3 (its
 // fused projections split at load), Mixtral and Qwen3-MoE (a mixture of
-// experts for the MLP; OLMoE's too, its q and k normalized over all heads),
+// experts for the MLP; OLMoE's too, its q and k normalized over all heads;
+// Qwen2-MoE's with a gated shared expert),
 // Gemma 2 and 3 (scaled embeddings, norms of 1+w
 // around attention and the MLP, GeGLU, soft-capping, windowed layers among
 // global ones, Gemma 3's q/k norms and local RoPE base): pre-norm decoder
@@ -205,6 +206,15 @@ func buildLlama(m *model.Model, opts Options) (*ir.Graph, error) {
 				in = append(in, b.weight(gate), b.weight(up), b.weight(down))
 			}
 			moe := ir.Attrs{Experts: c.NumExperts, TopK: c.ExpertsPerToken, NormTopK: c.NormTopK}
+			if c.SharedExpertSize > 0 {
+				gate, up, down := c.MoEShared(l)
+				in = append(in, b.weight(gate), b.weight(up), b.weight(down))
+				moe.Shared = true
+				if c.SharedExpertGate {
+					in = append(in, b.weight(c.MoESharedGate(l)))
+					moe.SharedGate = true
+				}
+			}
 			mlp = b.op(ir.MoE, moe, in...)
 		} else {
 			gate := b.linear(h, p("mlp.gate_proj"), false)

@@ -76,6 +76,16 @@ func TestBuildVariants(t *testing.T) {
 				}
 			}
 		}, 1 + (6+2+1+3*4)*2 + 1 + 1},
+		{"qwen2-moe shared expert", func(c *model.Config) {
+			c.Arch, c.NumExperts, c.ExpertsPerToken, c.SharedExpertSize, c.SharedExpertGate = "qwen2_moe", 4, 2, 24, true
+		}, func(t *testing.T, g *ir.Graph) {
+			for _, n := range g.Nodes {
+				if n.Op == ir.MoE && (!n.Attrs.Shared || !n.Attrs.SharedGate || len(n.Inputs) != 2+3*4+3+1 ||
+					!n.Inputs[2+3*4].Shape.Equal(ir.Shape{24, 8}) || !n.Inputs[2+3*4+3].Shape.Equal(ir.Shape{1, 8})) {
+					t.Errorf("moe %+v with %d inputs", n.Attrs, len(n.Inputs))
+				}
+			}
+		}, 1 + (6+1+3*4+4)*2 + 1 + 1},
 		{"interleaved rope", func(c *model.Config) { c.RopeStyle = model.RopeInterleaved }, func(t *testing.T, g *ir.Graph) {
 			for _, n := range g.Nodes {
 				if n.Op == ir.RoPE && !n.Attrs.Interleaved {

@@ -229,7 +229,8 @@ func (sh *sharder) mlp(mul *ir.Node) error {
 	return sh.rowParallel(down, lo, hi)
 }
 
-// moe shards every expert as mlp does; the router stays whole.
+// moe shards every expert (and the shared one) as mlp does; the router
+// stays whole.
 func (sh *sharder) moe(n *ir.Node) error {
 	width := int(n.Inputs[2].Shape[0])
 	lo, hi, err := sh.part(width, "expert rows")
@@ -246,6 +247,20 @@ func (sh *sharder) moe(n *ir.Node) error {
 		}
 		if err := sh.cut(down, false, lo, hi); err != nil {
 			return err
+		}
+	}
+	if n.Attrs.Shared {
+		// The shared expert split as a dense MLP; its gate, a scale of
+		// each row, stays whole.
+		at := 2 + 3*n.Attrs.Experts
+		lo, hi, err := sh.part(int(n.Inputs[at].Shape[0]), "shared expert rows")
+		if err != nil {
+			return err
+		}
+		for i, byRows := range []bool{true, true, false} {
+			if err := sh.cut(n.Inputs[at+i], byRows, lo, hi); err != nil {
+				return err
+			}
 		}
 	}
 	return sh.after(n, ir.AllReduce)

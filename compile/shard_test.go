@@ -125,6 +125,9 @@ func TestShardErrors(t *testing.T) {
 		{"moe", func(c *model.Config) {
 			c.Arch, c.NumHeads, c.NumKVHeads, c.NumExperts, c.ExpertsPerToken, c.IntermediateSize = "mixtral", 2, 2, 2, 1, 9
 		}, 2, "9 expert rows do not divide among 2 ranks"},
+		{"shared expert", func(c *model.Config) {
+			c.Arch, c.NumHeads, c.NumKVHeads, c.NumExperts, c.ExpertsPerToken, c.SharedExpertSize = "qwen2_moe", 2, 2, 2, 1, 9
+		}, 2, "9 shared expert rows do not divide among 2 ranks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tinyConfig()

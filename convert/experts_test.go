@@ -16,28 +16,38 @@ import (
 	"kiln/tensor"
 )
 
-// TestGGUFExperts: a mixture of experts (Mixtral's layout and routing, and
-// Qwen3-MoE's with q/k norms and the softmax over every expert) written as
+// TestGGUFExperts: a mixture of experts (Mixtral's layout and routing,
+// Qwen3-MoE's with q/k norms and the softmax over every expert, Qwen2-MoE's
+// with q/k/v biases and a gated shared expert) written as
 // GGUF (llama.cpp's stacked ffn_*_exps and ffn_gate_inp, the experts'
 // metadata) loads back with the same config and matrices, and gives the
 // same logits on the CPU as the model it was written from.
 func TestGGUFExperts(t *testing.T) {
-	for _, arch := range []string{"mixtral", "qwen3_moe"} {
+	for _, arch := range []string{"mixtral", "qwen3_moe", "qwen2_moe"} {
 		t.Run(arch, func(t *testing.T) {
 			c := model.Config{Arch: arch, HiddenSize: 64, IntermediateSize: 32, NumLayers: 2, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
 				VocabSize: 96, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, RopeStyle: model.RopeHalf,
 				NumExperts: 4, ExpertsPerToken: 2, NormTopK: arch == "mixtral", QKNorm: arch == "qwen3_moe", BOS: []int{1}, EOS: []int{2}}
+			if arch == "qwen2_moe" {
+				c.QKVBias, c.SharedExpertSize, c.SharedExpertGate = true, 48, true
+			}
 			m := randomModel(c, uint64(len(arch)))
 			g := ggufRoundTrip(t, m)
 			gc := g.Config
-			if gc.Arch != arch || gc.NumExperts != 4 || gc.ExpertsPerToken != 2 || gc.NormTopK != c.NormTopK || gc.QKNorm != c.QKNorm || gc.IntermediateSize != 32 {
+			if gc.Arch != arch || gc.NumExperts != 4 || gc.ExpertsPerToken != 2 || gc.NormTopK != c.NormTopK || gc.QKNorm != c.QKNorm || gc.IntermediateSize != 32 ||
+				gc.SharedExpertSize != c.SharedExpertSize || gc.SharedExpertGate != c.SharedExpertGate || gc.QKVBias != c.QKVBias {
 				t.Fatalf("config read back %+v", gc)
 			}
 			gate, _, down := c.MoEExpert(1, 3)
-			for _, name := range []string{gate, down, c.MoERouter(0)} {
+			names := []string{gate, down, c.MoERouter(0)}
+			if c.SharedExpertSize > 0 {
+				sg, _, sd := c.MoEShared(1)
+				names = append(names, sg, sd, c.MoESharedGate(0))
+			}
+			for _, name := range names {
 				want, _ := m.Tensors[name].F32s()
 				got, err := g.Tensors[name].F32s()
-				if err != nil || (arch == "qwen3_moe" && !slices.Equal(got, want)) {
+				if err != nil || (arch != "mixtral" && !slices.Equal(got, want)) {
 					t.Fatalf("%s read back: %v", name, err)
 				}
 			}

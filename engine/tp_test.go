@@ -73,6 +73,9 @@ func TestTensorParallelShapes(t *testing.T) {
 		{"qwen3 norms and bias", func(c *model.Config) { c.Arch, c.QKNorm, c.QKVBias = "qwen3", true, true }},
 		{"mixtral", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken, c.NormTopK = "mixtral", 4, 2, true }},
 		{"qwen3 moe", func(c *model.Config) { c.Arch, c.NumExperts, c.ExpertsPerToken, c.QKNorm = "qwen3_moe", 4, 2, true }},
+		{"qwen2 moe, shared expert", func(c *model.Config) {
+			c.Arch, c.NumExperts, c.ExpertsPerToken, c.QKVBias, c.SharedExpertSize, c.SharedExpertGate = "qwen2_moe", 4, 2, true, 20, true
+		}},
 		{"gemma 2", func(c *model.Config) { gemma2(c) }},
 		{"gemma 3", func(c *model.Config) { gemma3(c) }},
 	} {

@@ -142,6 +142,12 @@ type Attrs struct {
 	// logits (Mixtral), else by their probabilities under the softmax over
 	// every expert (Qwen3-MoE without norm_topk_prob, OLMoE).
 	NormTopK bool
+	// Shared (MoE): a shared expert, a SwiGLU MLP every row goes through,
+	// added to the routed experts' sum; its gate[S,D], up[S,D] and
+	// down[D,S] follow the routed experts' inputs. SharedGate: then a
+	// [1,D] input too, the shared expert's output scaled by sigmoid(x·w)
+	// (Qwen2-MoE's shared_expert_gate).
+	Shared, SharedGate bool
 	// Ranks is the size of a tensor-parallel group (AllReduce, AllGather;
 	// Embed of a vocabulary shard starting at row VocabStart).
 	Ranks, VocabStart int

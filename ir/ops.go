@@ -35,10 +35,12 @@ const (
 	Attention  // (q[T,Heads·HeadDim], state) -> f32[T,Heads·HeadDim]: causal (optionally windowed) attention over the sequence's cache; with Cap, scores soft-capped to Cap·tanh(s/Cap) (Gemma 2)
 	SelectRows // (x[T,D]) -> f32[R,D]: the rows the batch wants logits for
 	// MoE (x[X,D], router[E,D], then per expert gate[I,D], up[I,D],
-	// down[D,I]) -> f32[X,D]: a mixture of SwiGLU experts, each row routed
-	// to the TopK experts of largest router logit, weighted by their
-	// softmax over those TopK (NormTopK: Mixtral's routing) or over every
-	// expert.
+	// down[D,I]; with Shared, the shared expert's gate[S,D], up[S,D],
+	// down[D,S]; with SharedGate, its gate w[1,D]) -> f32[X,D]: a mixture
+	// of SwiGLU experts, each row routed to the TopK experts of largest
+	// router logit, weighted by their softmax over those TopK (NormTopK:
+	// Mixtral's routing) or over every expert, plus the shared expert's
+	// output (times sigmoid(x·w) with SharedGate).
 	MoE
 	// AllReduce (x) -> the sum of x over the Ranks ranks of a
 	// tensor-parallel group (each rank holding a partial sum).
@@ -291,7 +293,10 @@ func inferMoE(n *Node) ([]Shape, []tensor.DType, error) {
 	if e < 1 || k < 1 || k > e {
 		return nil, nil, fmt.Errorf("moe of %d experts, %d a row", e, k)
 	}
-	if err := arity(n, 2+3*e); err != nil {
+	if n.Attrs.SharedGate && !n.Attrs.Shared {
+		return nil, nil, fmt.Errorf("moe: a shared expert's gate without a shared expert")
+	}
+	if err := arity(n, MoEInputs(n.Attrs)); err != nil {
 		return nil, nil, err
 	}
 	x, r := n.Inputs[0], n.Inputs[1]
@@ -312,7 +317,32 @@ func inferMoE(n *Node) ([]Shape, []tensor.DType, error) {
 			return nil, nil, fmt.Errorf("moe expert %d: gate %v, up %v, down %v for rows of %d", i, g.Shape, u.Shape, dn.Shape, d)
 		}
 	}
+	if n.Attrs.Shared {
+		s := 2 + 3*e
+		g, u, dn := n.Inputs[s], n.Inputs[s+1], n.Inputs[s+2]
+		w := g.Shape[0]
+		if len(g.Shape) != 2 || !g.Shape.Equal(Shape{w, d}) || !u.Shape.Equal(Shape{w, d}) || !dn.Shape.Equal(Shape{d, w}) {
+			return nil, nil, fmt.Errorf("moe shared expert: gate %v, up %v, down %v for rows of %d", g.Shape, u.Shape, dn.Shape, d)
+		}
+		if n.Attrs.SharedGate && !n.Inputs[s+3].Shape.Equal(Shape{1, d}) {
+			return nil, nil, fmt.Errorf("moe shared expert's gate %v, want [1,%d]", n.Inputs[s+3].Shape, d)
+		}
+	}
 	return []Shape{x.Shape}, []tensor.DType{tensor.F32}, nil
+}
+
+// MoEInputs is how many inputs an ir.MoE of attributes a takes: x, the
+// router, each expert's three matrices, and the shared expert's three and
+// its gate when a has them.
+func MoEInputs(a Attrs) int {
+	n := 2 + 3*a.Experts
+	if a.Shared {
+		n += 3
+	}
+	if a.SharedGate {
+		n++
+	}
+	return n
 }
 
 func inferAddRMSNorm(n *Node) ([]Shape, []tensor.DType, error) {

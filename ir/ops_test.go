@@ -22,7 +22,7 @@ type vals struct {
 	v3                 *ir.Value // f32[2,3,4]
 	table4, table8     *ir.Value // rope tables [32,4], [32,8]
 	state              *ir.Value
-	r1x8, m8x12        *ir.Value // f32 [1,8] (a router of one expert), [8,12]
+	r1x8, m8x12, m8x4  *ir.Value // f32 [1,8] (a router of one expert), [8,12], [8,4]
 }
 
 func newVals(t *testing.T) (*builder, *vals) {
@@ -49,7 +49,7 @@ func newVals(t *testing.T) (*builder, *vals) {
 	v.table4 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 4}})
 	v.table8 = b.Op(ir.RopeTable, ir.Attrs{Rope: ir.RopeParams{Theta: 10000, MaxPositions: 32, HeadDim: 8}})
 	v.state = b.Op(ir.KVWrite, ir.Attrs{Layer: 0, KVHeads: 1, HeadDim: 4}, v.x4, v.x4)
-	v.r1x8, v.m8x12 = b.weight("r1x8", 1, 8), b.weight("m8x12", 8, 12)
+	v.r1x8, v.m8x12, v.m8x4 = b.weight("r1x8", 1, 8), b.weight("m8x12", 8, 12), b.weight("m8x4", 8, 4)
 	return b, v
 }
 
@@ -177,6 +177,21 @@ func TestAddInfersAndRejects(t *testing.T) {
 		{"moe missing an expert's matrix", ir.MoE, ir.Attrs{Experts: 1, TopK: 1}, in(func(v *vals) []*ir.Value {
 			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8}
 		}), "error: takes 5 inputs"},
+		{"moe with a gated shared expert", ir.MoE, ir.Attrs{Experts: 1, TopK: 1, Shared: true, SharedGate: true}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12, v.m4x8, v.m4x8, v.m8x4, v.r1x8}
+		}), "f32[T,8]"},
+		{"moe shared expert's down of the wrong shape", ir.MoE, ir.Attrs{Experts: 1, TopK: 1, Shared: true}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12, v.m4x8, v.m4x8, v.m8x12}
+		}), "error: moe shared expert"},
+		{"moe shared expert's gate of the wrong shape", ir.MoE, ir.Attrs{Experts: 1, TopK: 1, Shared: true, SharedGate: true}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12, v.m4x8, v.m4x8, v.m8x4, v.m4x8}
+		}), "error: moe shared expert's gate"},
+		{"moe shared gate without a shared expert", ir.MoE, ir.Attrs{Experts: 1, TopK: 1, SharedGate: true}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12, v.r1x8}
+		}), "error: moe: a shared expert's gate without"},
+		{"moe missing the shared expert", ir.MoE, ir.Attrs{Experts: 1, TopK: 1, Shared: true}, in(func(v *vals) []*ir.Value {
+			return []*ir.Value{v.x8, v.r1x8, v.m12x8, v.m12x8, v.m8x12}
+		}), "error: takes 8 inputs"},
 		{"all reduce", ir.AllReduce, ir.Attrs{Ranks: 2}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8} }), "f32[T,8]"},
 		{"all reduce of one rank", ir.AllReduce, ir.Attrs{Ranks: 1}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.x8} }), "error: 1 ranks, want at least 2"},
 		{"all reduce i32", ir.AllReduce, ir.Attrs{Ranks: 2}, in(func(v *vals) []*ir.Value { return []*ir.Value{v.tokens} }), "error: want f32"},

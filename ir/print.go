@@ -76,6 +76,9 @@ func (n *Node) attrString() string {
 		add("ranks=%d", a.Ranks)
 	case MoE:
 		add("experts=%d top_k=%d norm_top_k=%v", a.Experts, a.TopK, a.NormTopK)
+		if a.Shared {
+			add("shared=true shared_gate=%v", a.SharedGate)
+		}
 	case KVWrite:
 		add("layer=%d kv_heads=%d head_dim=%d", a.Layer, a.KVHeads, a.HeadDim)
 	case RoPEKVWrite:

@@ -531,6 +531,11 @@ var (
 		"ffn_gate.weight":    "mlp.gate_proj.weight",
 		"ffn_up.weight":      "mlp.up_proj.weight",
 		"ffn_down.weight":    "mlp.down_proj.weight",
+		// Qwen2-MoE's shared expert and its gate.
+		"ffn_gate_shexp.weight":     "mlp.shared_expert.gate_proj.weight",
+		"ffn_up_shexp.weight":       "mlp.shared_expert.up_proj.weight",
+		"ffn_down_shexp.weight":     "mlp.shared_expert.down_proj.weight",
+		"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 	}
 	// Gemma 2 and 3 norm around attention and the MLP (sandwichNorms):
 	// llama.cpp's ffn_norm is then pre_feedforward_layernorm, and HF's
@@ -664,7 +669,7 @@ const (
 )
 
 // LoadGGUF loads a GGUF file (architectures llama, with or without experts,
-// qwen2, qwen3, qwen3moe and phi3).
+// qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2 and gemma3).
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }
@@ -685,12 +690,14 @@ func ggufModel(data []byte) (*Model, error) {
 		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "qwen3moe":
 		c.Arch, c.RopeStyle = "qwen3_moe", RopeHalf
+	case "qwen2moe":
+		c.Arch, c.RopeStyle = "qwen2_moe", RopeHalf
 	case "gemma", "gemma2", "gemma3":
 		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3)", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)
@@ -874,7 +881,7 @@ func ggufModel(data []byte) (*Model, error) {
 	_, hasHead := m.Tensors[HeadName]
 	c.TiedEmbeddings = !hasHead
 	_, hasBias := m.Tensors[LayerName(0, "self_attn.q_proj.bias")]
-	c.QKVBias = arch == "qwen2" || hasBias
+	c.QKVBias = hasBias || arch == "qwen2"
 	c.QKNorm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3"
 	if c.NumExperts > 0 {
 		if err := splitGGUFExperts(&c, m.Tensors); err != nil {
@@ -907,8 +914,10 @@ func ggufModel(data []byte) (*Model, error) {
 
 // ggufExperts reads a mixture of experts' metadata, as llama.cpp writes
 // it: ARCH.expert_count and expert_used_count (llama's are Mixtral's, its
-// routing the softmax over the chosen experts), qwen3moe's experts' width
-// (expert_feed_forward_length) and routing (expert_weights_norm).
+// routing the softmax over the chosen experts), qwen3moe's and qwen2moe's
+// experts' width (expert_feed_forward_length) and routing
+// (expert_weights_norm), and qwen2moe's gated shared expert
+// (expert_shared_feed_forward_length).
 func ggufExperts(md map[string]any, arch string, c *Config) error {
 	n, ok, err := mdInt(md, arch+".expert_count")
 	if err != nil || !ok || n == 0 {
@@ -925,7 +934,7 @@ func ggufExperts(md map[string]any, arch string, c *Config) error {
 	switch arch {
 	case "llama":
 		c.Arch, c.NormTopK = "mixtral", true
-	case "qwen3moe":
+	case "qwen3moe", "qwen2moe":
 		if v, ok, err := mdInt(md, arch+".expert_feed_forward_length"); err != nil {
 			return err
 		} else if ok {
@@ -933,6 +942,15 @@ func ggufExperts(md map[string]any, arch string, c *Config) error {
 		}
 		norm, _ := md[arch+".expert_weights_norm"].(bool)
 		c.NormTopK = norm
+		if arch == "qwen2moe" {
+			// The shared expert, gated: its width is the key's, or its
+			// matrices' (splitGGUFExperts).
+			v, _, err := mdInt(md, arch+".expert_shared_feed_forward_length")
+			if err != nil {
+				return err
+			}
+			c.SharedExpertSize, c.SharedExpertGate = v, true
+		}
 	default:
 		return fmt.Errorf("gguf: experts in a %s model are not supported", arch)
 	}
@@ -973,6 +991,31 @@ func splitGGUFExperts(c *Config, ts map[string]*tensor.Tensor) error {
 				return err
 			}
 		}
+		if c.SharedExpertGate {
+			if err := ggufShared(c, ts, l); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ggufShared checks layer l's shared expert as llama.cpp's qwen2moe
+// stores it (ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp, and the gate
+// ffn_gate_inp_shexp, a vector or one row: made a row), taking its width
+// from the matrices when the metadata does not say it.
+func ggufShared(c *Config, ts map[string]*tensor.Tensor, l int) error {
+	gate, _, _ := c.MoEShared(l)
+	for _, n := range []string{gate, c.MoESharedGate(l)} {
+		if _, ok := ts[n]; !ok {
+			return fmt.Errorf("missing tensor %s (%s)", ggufName(n, "qwen2moe"), n)
+		}
+	}
+	if g := ts[c.MoESharedGate(l)]; len(g.Shape) == 1 {
+		g.Shape = tensor.Shape{1, g.Shape[0]}
+	}
+	if g := ts[gate]; c.SharedExpertSize == 0 && len(g.Shape) == 2 {
+		c.SharedExpertSize = g.Shape[0]
 	}
 	return nil
 }

@@ -208,7 +208,7 @@ func TestGGUFErrors(t *testing.T) {
 		{"huge tensor count", set64(8, 1<<60), "cannot fit"},
 		{"huge kv count", set64(16, 1<<60), "cannot fit"},
 		{"truncated data", good[:len(good)-100], "run past"},
-		{"unsupported arch", setKV("general.architecture", "gptneox"), `unsupported architecture "gptneox" (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3)`},
+		{"unsupported arch", setKV("general.architecture", "gptneox"), `unsupported architecture "gptneox" (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3)`},
 		{"no arch", dropKV("general.architecture"), "general.architecture"},
 		{"unsupported rope scaling", setKV("llama.rope.scaling.type", "yarn"), `unsupported rope scaling type "yarn"`},
 		{"partial rotary", setKV("llama.rope.dimension_count", uint32(8)), "partial rotary"},

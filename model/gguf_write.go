@@ -57,8 +57,11 @@ func GGUFMetadata(c *Config) []KV {
 	}
 	if c.NumExperts > 0 {
 		md = append(md, KV{arch + ".expert_count", uint32(c.NumExperts)}, KV{arch + ".expert_used_count", uint32(c.ExpertsPerToken)})
-		if arch == "qwen3moe" {
+		if arch == "qwen3moe" || arch == "qwen2moe" {
 			md = append(md, KV{arch + ".expert_feed_forward_length", uint32(c.IntermediateSize)}, KV{arch + ".expert_weights_norm", c.NormTopK})
+		}
+		if c.SharedExpertSize > 0 {
+			md = append(md, KV{arch + ".expert_shared_feed_forward_length", uint32(c.SharedExpertSize)})
 		}
 	}
 	md = append(md, gemmaMetadata(c, arch)...)
@@ -344,13 +347,15 @@ func float32To64(f float32) float64 {
 }
 
 // GGUFArch is llama.cpp's name of architecture arch: Mistral and Mixtral
-// are llama (Mixtral with experts), Qwen3-MoE qwen3moe.
+// are llama (Mixtral with experts), Qwen3-MoE qwen3moe, Qwen2-MoE qwen2moe.
 func GGUFArch(arch string) string {
 	switch arch {
 	case "mistral", "mixtral":
 		return "llama"
 	case "qwen3_moe":
 		return "qwen3moe"
+	case "qwen2_moe":
+		return "qwen2moe"
 	}
 	return arch
 }

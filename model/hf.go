@@ -54,6 +54,8 @@ type hfConfig struct {
 	NumExperts            int             `json:"num_experts"`
 	NumExpertsPerTok      int             `json:"num_experts_per_tok"`
 	MoEIntermediateSize   int             `json:"moe_intermediate_size"`
+	SharedExpertSize      int             `json:"shared_expert_intermediate_size"`
+	QKVBias               *bool           `json:"qkv_bias"`
 	NormTopKProb          *bool           `json:"norm_topk_prob"`
 	DecoderSparseStep     *int            `json:"decoder_sparse_step"`
 	MLPOnlyLayers         []int           `json:"mlp_only_layers"`
@@ -91,6 +93,8 @@ var hfArchitectures = map[string]string{
 	"mixtral":             "mixtral",
 	"Qwen3MoeForCausalLM": "qwen3_moe",
 	"qwen3_moe":           "qwen3_moe",
+	"Qwen2MoeForCausalLM": "qwen2_moe",
+	"qwen2_moe":           "qwen2_moe",
 	"llama":               "llama",
 	"mistral":             "mistral",
 	"qwen2":               "qwen2",
@@ -240,20 +244,28 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 	if err := hfSlidingWindow(&c, &hc); err != nil {
 		return c, nil, err
 	}
-	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias)
+	c.QKVBias = arch == "qwen2" || (hc.AttentionBias != nil && *hc.AttentionBias) ||
+		arch == "qwen2_moe" && (hc.QKVBias == nil || *hc.QKVBias) // qkv_bias, true unless said
+
 	c.QKNorm = arch == "qwen3" || arch == "qwen3_moe"
 	switch arch {
 	case "mixtral":
 		c.NumExperts, c.ExpertsPerToken, c.NormTopK = hc.NumLocalExperts, hc.NumExpertsPerTok, true
-	case "qwen3_moe":
+	case "qwen3_moe", "qwen2_moe":
 		// Every layer a mixture of experts of moe_intermediate_size; dense
 		// layers among them (mlp_only_layers, decoder_sparse_step) are not
-		// supported yet.
+		// supported yet. Qwen2-MoE adds a shared expert, gated.
 		if len(hc.MLPOnlyLayers) > 0 || (hc.DecoderSparseStep != nil && *hc.DecoderSparseStep != 1) {
 			return c, nil, errors.New("config.json: dense layers among the experts' (mlp_only_layers, decoder_sparse_step) are not supported")
 		}
 		c.NumExperts, c.ExpertsPerToken, c.IntermediateSize = hc.NumExperts, hc.NumExpertsPerTok, hc.MoEIntermediateSize
 		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
+		if arch == "qwen2_moe" {
+			if hc.SharedExpertSize <= 0 {
+				return c, nil, fmt.Errorf("config.json: shared_expert_intermediate_size %d", hc.SharedExpertSize)
+			}
+			c.SharedExpertSize, c.SharedExpertGate = hc.SharedExpertSize, true
+		}
 	case "olmoe":
 		// OLMoE: every layer 64 experts of intermediate_size, 8 a token,
 		// weighted by their probabilities over every expert; q and k
@@ -265,7 +277,7 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
 		c.QKNormWhole = true
 	}
-	if (arch == "mixtral" || arch == "qwen3_moe" || arch == "olmoe") && (c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts) {
+	if (arch == "mixtral" || arch == "qwen3_moe" || arch == "qwen2_moe" || arch == "olmoe") && (c.NumExperts < 1 || c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.NumExperts) {
 		return c, nil, fmt.Errorf("config.json: %d experts, %d a token", c.NumExperts, c.ExpertsPerToken)
 	}
 	if arch == "gemma" || arch == "gemma2" || arch == "gemma3" {
@@ -366,7 +378,7 @@ func hfSlidingWindow(c *Config, hc *hfConfig) error {
 	switch c.Arch {
 	case "mistral", "phi3", "mixtral":
 		c.SlidingWindow = *hc.SlidingWindow
-	case "qwen2", "qwen3", "qwen3_moe":
+	case "qwen2", "qwen3", "qwen3_moe", "qwen2_moe":
 		if hc.UseSlidingWindow == nil || !*hc.UseSlidingWindow {
 			return nil
 		}

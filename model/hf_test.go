@@ -160,7 +160,7 @@ func TestHFErrors(t *testing.T) {
 		ts    []*tensor.Tensor
 		want  string
 	}{
-		{"unsupported architecture", map[string]any{"architectures": []string{"GPTNeoXForCausalLM"}}, good, `unsupported architecture "GPTNeoXForCausalLM" (supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, gemma, gemma2, gemma3_text, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen3, qwen3_moe)`},
+		{"unsupported architecture", map[string]any{"architectures": []string{"GPTNeoXForCausalLM"}}, good, `unsupported architecture "GPTNeoXForCausalLM" (supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, gemma, gemma2, gemma3_text, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe)`},
 		{"unsupported model_type", map[string]any{"architectures": nil, "model_type": "gpt_neox"}, good, `unsupported architecture "gpt_neox"`},
 		{"longrope of the wrong length", map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope", "short_factor": []float64{1}}}, good, "longrope scaling of 1 short and 0 long factors (head dim 16)"},
 		{"partial rotary", map[string]any{"partial_rotary_factor": 0.5}, good, "partial_rotary_factor 0.5"},
@@ -505,8 +505,10 @@ func TestSplitRows(t *testing.T) {
 	}
 }
 
-// TestParseMoEConfigs: Mixtral's and Qwen3-MoE's configs give the experts,
-// the experts a token, their width and routing; Qwen3-MoE's q/k norms;
+// TestParseMoEConfigs: Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's
+// configs give the experts, the experts a token, their width and routing;
+// Qwen3-MoE's q/k norms, OLMoE's whole-width ones, Qwen2-MoE's q/k/v bias
+// and gated shared expert;
 // dense layers among the experts and impossible counts are refused.
 func TestParseMoEConfigs(t *testing.T) {
 	base := `"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 128`
@@ -533,6 +535,14 @@ func TestParseMoEConfigs(t *testing.T) {
 				return c.Arch == "olmoe" && c.NumExperts == 64 && c.ExpertsPerToken == 8 && !c.NormTopK && c.QKNormWhole && !c.QKNorm && c.IntermediateSize == 160
 			}, ""},
 		{`{"model_type": "olmoe", ` + base + `, "num_experts": 8, "num_experts_per_tok": 2, "clip_qkv": 8.0}`, nil, "clip_qkv 8"},
+		{`{"architectures": ["Qwen2MoeForCausalLM"], ` + base + `, "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 128, "norm_topk_prob": false}`,
+			func(c Config) bool {
+				return c.Arch == "qwen2_moe" && c.NumExperts == 60 && c.ExpertsPerToken == 4 && !c.NormTopK && c.IntermediateSize == 32 &&
+					c.SharedExpertSize == 128 && c.SharedExpertGate && c.QKVBias && !c.QKNorm
+			}, ""},
+		{`{"model_type": "qwen2_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "qkv_bias": false}`,
+			func(c Config) bool { return !c.QKVBias && c.SharedExpertSize == 64 }, ""},
+		{`{"model_type": "qwen2_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}`, nil, "shared_expert_intermediate_size 0"},
 	} {
 		cfg, _, err := parseHFConfig([]byte(c.json))
 		if c.wantErr != "" {

@@ -128,6 +128,15 @@ func (c *Config) MoEExpert(l, e int) (gate, up, down string) {
 	return p("gate_proj"), p("up_proj"), p("down_proj")
 }
 
+// MoEShared names layer l's shared expert's matrices (SharedExpertSize).
+func (c *Config) MoEShared(l int) (gate, up, down string) {
+	p := func(w string) string { return LayerName(l, "mlp.shared_expert."+w+".weight") }
+	return p("gate_proj"), p("up_proj"), p("down_proj")
+}
+
+// MoESharedGate names layer l's shared expert's gate (SharedExpertGate).
+func (c *Config) MoESharedGate(l int) string { return LayerName(l, "mlp.shared_expert_gate.weight") }
+
 // TensorSpec names a tensor a config implies, with its shape.
 type TensorSpec struct {
 	Name  string
@@ -185,6 +194,13 @@ func ExpectedTensors(c *Config) []TensorSpec {
 					TensorSpec{up, tensor.Shape{inter, h}},
 					TensorSpec{down, tensor.Shape{h, inter}},
 				)
+			}
+			if s := c.SharedExpertSize; s > 0 {
+				gate, up, down := c.MoEShared(l)
+				out = append(out, TensorSpec{gate, tensor.Shape{s, h}}, TensorSpec{up, tensor.Shape{s, h}}, TensorSpec{down, tensor.Shape{h, s}})
+				if c.SharedExpertGate {
+					out = append(out, TensorSpec{c.MoESharedGate(l), tensor.Shape{1, h}})
+				}
 			}
 			continue
 		}

@@ -76,6 +76,12 @@ type Config struct {
 	// the softmax over every expert.
 	NumExperts, ExpertsPerToken int
 	NormTopK                    bool
+	// SharedExpertSize, when set, adds a shared expert to each mixture: a
+	// SwiGLU MLP of that width every token goes through (Qwen2-MoE's
+	// mlp.shared_expert), its output scaled by sigmoid(x·w) when
+	// SharedExpertGate (mlp.shared_expert_gate).
+	SharedExpertSize int
+	SharedExpertGate bool
 	// Gemma 2 and 3. EmbedScale, when set, multiplies the embeddings
 	// (√HiddenSize). NormOffset is added to every RMSNorm weight (1 for
 	// Gemma's checkpoints, which keep w of its (1+w)·x̂; 0 for GGUF files,

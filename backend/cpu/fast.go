@@ -183,4 +183,35 @@ func moeGrouped(x *execState, s *step) {
 			}
 		}
 	}
+	if a.Shared {
+		moeShared(x, s, rows, d, out)
+	}
+}
+
+// moeShared adds ir.MoE's shared expert to out: every row's SwiGLU MLP
+// (on the workers), scaled by sigmoid(x·w) with SharedGate.
+func moeShared(x *execState, s *step, rows, d int, out []float32) {
+	a := s.node.Attrs
+	at := 2 + 3*a.Experts
+	xs := s.in[0].f[:rows*d]
+	inter := s.in[at].w.N
+	g, u, y := make([]float32, rows*inter), make([]float32, rows*inter), make([]float32, rows*d)
+	gemm.MatMul(x.l.pool, g, xs, rows, s.in[at].w)
+	gemm.MatMul(x.l.pool, u, xs, rows, s.in[at+1].w)
+	gemm.SwiGLU(g, g, u)
+	gemm.MatMul(x.l.pool, y, g, rows, s.in[at+2].w)
+	scales := make([]float32, rows)
+	if a.SharedGate {
+		gemm.MatMul(x.l.pool, scales, xs, rows, s.in[at+3].w)
+	}
+	for r := range rows {
+		scale := float32(1)
+		if a.SharedGate {
+			scale = sigmoid(scales[r])
+		}
+		o := out[r*d : (r+1)*d]
+		for j := range o {
+			o[j] += scale * y[r*d+j]
+		}
+	}
 }

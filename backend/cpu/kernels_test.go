@@ -375,9 +375,11 @@ func TestMoEReference(t *testing.T) {
 	const d, inter = 24, 40
 	x := &execState{tokens: 5, l: &loaded{pool: workers.New(0)}}
 	for _, c := range []struct {
-		experts, topK int
-		norm          bool
-	}{{1, 1, true}, {4, 2, true}, {5, 3, true}, {4, 2, false}, {6, 1, false}} {
+		experts, topK      int
+		norm               bool
+		shared, sharedGate bool // a shared expert (of 16 rows), and its sigmoid gate
+	}{{1, 1, true, false, false}, {4, 2, true, false, false}, {5, 3, true, false, false}, {4, 2, false, false, false},
+		{6, 1, false, false, false}, {4, 2, false, true, true}, {3, 1, true, true, false}} {
 		mat := func(n, k int) ([]float32, gemm.Weights) {
 			v := randSlice(r, n*k)
 			return v, gemm.Weights{DType: tensor.F32, Data: tensor.FromF32("m", tensor.Shape{n, k}, v).Data, N: n, K: k}
@@ -394,8 +396,23 @@ func TestMoEReference(t *testing.T) {
 			es = append(es, expert{g, u, dn})
 			in = append(in, operand{w: gw}, operand{w: uw}, operand{w: dw})
 		}
+		const sharedInter = 16
+		var shared expert
+		var sharedGate []float32
+		if c.shared {
+			g, gw := mat(sharedInter, d)
+			u, uw := mat(sharedInter, d)
+			dn, dw := mat(d, sharedInter)
+			shared = expert{g, u, dn}
+			in = append(in, operand{w: gw}, operand{w: uw}, operand{w: dw})
+		}
+		if c.sharedGate {
+			var w gemm.Weights
+			sharedGate, w = mat(1, d)
+			in = append(in, operand{w: w})
+		}
 		got, fast := poisoned(x.tokens*d), poisoned(x.tokens*d)
-		nd := node(ir.MoE, ir.Attrs{Experts: c.experts, TopK: c.topK, NormTopK: c.norm}, ir.Shape{ir.TokenDim, d})
+		nd := node(ir.MoE, ir.Attrs{Experts: c.experts, TopK: c.topK, NormTopK: c.norm, Shared: c.shared, SharedGate: c.sharedGate}, ir.Shape{ir.TokenDim, d})
 		ref, _ := referenceKernel(ir.MoE)
 		runKernel(ref, x, &step{node: nd, in: in, out: []operand{operandOf(got, d)}})
 		runKernel(fastKernel(t, ir.MoE), x, &step{node: nd, in: in, out: []operand{operandOf(fast, d)}})
@@ -431,23 +448,32 @@ func TestMoEReference(t *testing.T) {
 					sum += math.Exp(logits[e])
 				}
 			}
-			for _, e := range top {
-				p := math.Exp(logits[e]) / sum
-				h := make([]float32, inter)
+			mlp := func(ex expert, width int, p float64) {
+				h := make([]float32, width)
 				for i := range h {
-					g := dot(xr, es[e].g[i*d:(i+1)*d])
-					h[i] = float32(g / (1 + math.Exp(-g)) * dot(xr, es[e].u[i*d:(i+1)*d]))
+					g := dot(xr, ex.g[i*d:(i+1)*d])
+					h[i] = float32(g / (1 + math.Exp(-g)) * dot(xr, ex.u[i*d:(i+1)*d]))
 				}
 				for j := range d {
-					want[tk*d+j] += float32(p * dot(h, es[e].dn[j*inter:(j+1)*inter]))
+					want[tk*d+j] += float32(p * dot(h, ex.dn[j*width:(j+1)*width]))
 				}
+			}
+			for _, e := range top {
+				mlp(es[e], inter, math.Exp(logits[e])/sum)
+			}
+			if c.shared {
+				p := 1.0
+				if c.sharedGate {
+					p = 1 / (1 + math.Exp(-dot(xr, sharedGate)))
+				}
+				mlp(shared, sharedInter, p)
 			}
 		}
 		if e := maxRelErr(got, want); !(e <= 1e-5) {
-			t.Errorf("%d of %d experts (norm %v): the reference's max relative error %.3g", c.topK, c.experts, c.norm, e)
+			t.Errorf("%+v: the reference's max relative error %.3g", c, e)
 		}
 		if e := maxRelErr(fast, want); !(e <= 1e-5) {
-			t.Errorf("%d of %d experts (norm %v): the grouped kernel's max relative error %.3g", c.topK, c.experts, c.norm, e)
+			t.Errorf("%+v: the grouped kernel's max relative error %.3g", c, e)
 		}
 	}
 }

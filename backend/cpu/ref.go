@@ -206,8 +206,29 @@ func refMoE(x *execState, s *step) {
 				o[i] += weights[j] * y[i]
 			}
 		}
+		if a.Shared {
+			at := 2 + 3*a.Experts
+			sg, su := make([]float32, s.in[at].w.N), make([]float32, s.in[at].w.N)
+			gemm.MatMulRef(sg, xr, 1, s.in[at].w)
+			gemm.MatMulRef(su, xr, 1, s.in[at+1].w)
+			for i := range sg {
+				sg[i] = silu(sg[i]) * su[i]
+			}
+			gemm.MatMulRef(y, sg, 1, s.in[at+2].w)
+			scale := float32(1)
+			if a.SharedGate {
+				var l [1]float32
+				gemm.MatMulRef(l[:], xr, 1, s.in[at+3].w)
+				scale = sigmoid(l[0])
+			}
+			for i := range o {
+				o[i] += scale * y[i]
+			}
+		}
 	}
 }
+
+func sigmoid(v float32) float32 { return 1 / (1 + float32(math.Exp(float64(-v)))) }
 
 // routeRow is one row's routing: the k experts of largest logit
 // (topExperts) and their weights, the softmax of their logits when norm

@@ -149,6 +149,14 @@ VARIANTS = [
          cfg=base(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
                   decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6),
          rope=rope(1000000.0)),
+    # Qwen2-MoE (session 21, not yet run): q/k/v biases, experts weighted
+    # by the softmax over every expert, and a shared expert of 40 rows
+    # scaled by the sigmoid of its gate.
+    dict(name="qwen2-moe-shared", arch="qwen2_moe", seed=122, T=27, legacy=False,
+         cfg=base(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=40,
+                  norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
+                  qkv_bias=True, rms_norm_eps=1e-6),
+         rope=rope(1000000.0)),
     # OLMoE (session 20, not yet run): q and k RMS-normalized over all heads
     # at once, experts weighted by their probabilities over every expert.
     dict(name="olmoe-moe", arch="olmoe", seed=121, T=26, legacy=False,
@@ -182,7 +190,7 @@ VARIANTS = [
 ]
 
 ARCH_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig", "qwen3": "Qwen3Config",
-                "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
+                "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig",
                 "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig",
                 "olmoe": "OlmoeConfig"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -330,7 +338,7 @@ def expected_inv_freq(cfg):
 
 
 def manual_forward(m, ids, window=None, window_inclusive=False):
-    """Plain-torch Llama/Qwen2/Qwen3/Mistral/Phi-3/Mixtral/Qwen3-MoE forward (fp32) from the loaded weights."""
+    """Plain-torch Llama/Qwen2/Qwen3/Mistral/Phi-3/Mixtral/Qwen3-MoE/Qwen2-MoE forward (fp32) from the loaded weights."""
     cfg = m.config
     sd = {k: v.detach().float() for k, v in m.state_dict().items()}
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -397,6 +405,10 @@ def manual_forward(m, ids, window=None, window_inclusive=False):
             g, u, d = expert(p, e)
             y = (torch.nn.functional.silu(h @ g.T) * (h @ u.T)) @ d.T
             out = out + (w * (idx == e)).sum(-1, keepdim=True) * y
+        s = p + "mlp.shared_expert."
+        if s + "gate_proj.weight" in sd:  # Qwen2-MoE: a shared expert, gated by sigmoid
+            y = (torch.nn.functional.silu(h @ sd[s + "gate_proj.weight"].T) * (h @ sd[s + "up_proj.weight"].T)) @ sd[s + "down_proj.weight"].T
+            out = out + torch.sigmoid(h @ sd[p + "mlp.shared_expert_gate.weight"].T) * y
         return out
 
     qi = torch.arange(T)[:, None]

@@ -18,12 +18,13 @@ import (
 
 // TestGGUFExperts: a mixture of experts (Mixtral's layout and routing,
 // Qwen3-MoE's with q/k norms and the softmax over every expert, Qwen2-MoE's
-// with q/k/v biases and a gated shared expert) written as
+// with q/k/v biases and a gated shared expert, OLMoE's with q and k
+// normalized over all heads) written as
 // GGUF (llama.cpp's stacked ffn_*_exps and ffn_gate_inp, the experts'
 // metadata) loads back with the same config and matrices, and gives the
 // same logits on the CPU as the model it was written from.
 func TestGGUFExperts(t *testing.T) {
-	for _, arch := range []string{"mixtral", "qwen3_moe", "qwen2_moe"} {
+	for _, arch := range []string{"mixtral", "qwen3_moe", "qwen2_moe", "olmoe"} {
 		t.Run(arch, func(t *testing.T) {
 			c := model.Config{Arch: arch, HiddenSize: 64, IntermediateSize: 32, NumLayers: 2, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
 				VocabSize: 96, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, RopeStyle: model.RopeHalf,
@@ -31,11 +32,15 @@ func TestGGUFExperts(t *testing.T) {
 			if arch == "qwen2_moe" {
 				c.QKVBias, c.SharedExpertSize, c.SharedExpertGate = true, 48, true
 			}
+			if arch == "olmoe" {
+				c.QKNormWhole = true
+			}
 			m := randomModel(c, uint64(len(arch)))
 			g := ggufRoundTrip(t, m)
 			gc := g.Config
 			if gc.Arch != arch || gc.NumExperts != 4 || gc.ExpertsPerToken != 2 || gc.NormTopK != c.NormTopK || gc.QKNorm != c.QKNorm || gc.IntermediateSize != 32 ||
-				gc.SharedExpertSize != c.SharedExpertSize || gc.SharedExpertGate != c.SharedExpertGate || gc.QKVBias != c.QKVBias {
+				gc.SharedExpertSize != c.SharedExpertSize || gc.SharedExpertGate != c.SharedExpertGate || gc.QKVBias != c.QKVBias ||
+				gc.QKNormWhole != c.QKNormWhole {
 				t.Fatalf("config read back %+v", gc)
 			}
 			gate, _, down := c.MoEExpert(1, 3)

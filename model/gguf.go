@@ -669,7 +669,7 @@ const (
 )
 
 // LoadGGUF loads a GGUF file (architectures llama, with or without experts,
-// qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2 and gemma3).
+// qwen2, qwen3, qwen3moe, qwen2moe, olmoe, phi3, gemma, gemma2 and gemma3).
 func LoadGGUF(path string) (*Model, error) {
 	return loadMapped(path, ggufModel)
 }
@@ -692,12 +692,14 @@ func ggufModel(data []byte) (*Model, error) {
 		c.Arch, c.RopeStyle = "qwen3_moe", RopeHalf
 	case "qwen2moe":
 		c.Arch, c.RopeStyle = "qwen2_moe", RopeHalf
+	case "olmoe":
+		c.Arch, c.RopeStyle = "olmoe", RopeHalf
 	case "gemma", "gemma2", "gemma3":
 		c.Arch, c.RopeStyle = arch, RopeHalf
 	case "":
 		return nil, errors.New("gguf: general.architecture is missing or not a string")
 	default:
-		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3)", arch)
+		return nil, fmt.Errorf("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, olmoe, phi3, gemma, gemma2, gemma3)", arch)
 	}
 	req := func(key string, dst *int) error {
 		v, ok, err := mdInt(md, arch+"."+key)
@@ -883,6 +885,7 @@ func ggufModel(data []byte) (*Model, error) {
 	_, hasBias := m.Tensors[LayerName(0, "self_attn.q_proj.bias")]
 	c.QKVBias = hasBias || arch == "qwen2"
 	c.QKNorm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3"
+	c.QKNormWhole = arch == "olmoe" // over all heads at once
 	if c.NumExperts > 0 {
 		if err := splitGGUFExperts(&c, m.Tensors); err != nil {
 			return nil, fmt.Errorf("gguf: %w", err)
@@ -917,7 +920,8 @@ func ggufModel(data []byte) (*Model, error) {
 // routing the softmax over the chosen experts), qwen3moe's and qwen2moe's
 // experts' width (expert_feed_forward_length) and routing
 // (expert_weights_norm), and qwen2moe's gated shared expert
-// (expert_shared_feed_forward_length).
+// (expert_shared_feed_forward_length); olmoe's as qwen3moe's (its experts'
+// width feed_forward_length unless expert_feed_forward_length says).
 func ggufExperts(md map[string]any, arch string, c *Config) error {
 	n, ok, err := mdInt(md, arch+".expert_count")
 	if err != nil || !ok || n == 0 {
@@ -934,7 +938,10 @@ func ggufExperts(md map[string]any, arch string, c *Config) error {
 	switch arch {
 	case "llama":
 		c.Arch, c.NormTopK = "mixtral", true
-	case "qwen3moe", "qwen2moe":
+	case "qwen3moe", "qwen2moe", "olmoe":
+		if _, ok := md[arch+".attention.clamp_kqv"]; ok {
+			return fmt.Errorf("gguf: %s.attention.clamp_kqv (OLMoE's clip_qkv) is not supported", arch)
+		}
 		if v, ok, err := mdInt(md, arch+".expert_feed_forward_length"); err != nil {
 			return err
 		} else if ok {

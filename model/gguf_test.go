@@ -208,7 +208,7 @@ func TestGGUFErrors(t *testing.T) {
 		{"huge tensor count", set64(8, 1<<60), "cannot fit"},
 		{"huge kv count", set64(16, 1<<60), "cannot fit"},
 		{"truncated data", good[:len(good)-100], "run past"},
-		{"unsupported arch", setKV("general.architecture", "gptneox"), `unsupported architecture "gptneox" (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3)`},
+		{"unsupported arch", setKV("general.architecture", "gptneox"), `unsupported architecture "gptneox" (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, olmoe, phi3, gemma, gemma2, gemma3)`},
 		{"no arch", dropKV("general.architecture"), "general.architecture"},
 		{"unsupported rope scaling", setKV("llama.rope.scaling.type", "yarn"), `unsupported rope scaling type "yarn"`},
 		{"partial rotary", setKV("llama.rope.dimension_count", uint32(8)), "partial rotary"},
@@ -230,6 +230,12 @@ func TestGGUFErrors(t *testing.T) {
 		{"missing tensor", ggufBytes(t, GGUFMetadata(&c), randTensors(&c, tensor.F32, 3)[1:]), "missing tensor model.embed_tokens.weight"},
 		{"duplicate tensor", ggufBytes(t, nil, []*tensor.Tensor{tensor.FromF32("a", tensor.Shape{1}, []float32{1}), tensor.FromF32("a", tensor.Shape{1}, []float32{1})}), "duplicate tensor a"},
 		{"duplicate key", ggufBytes(t, []KV{{"k", uint8(1)}, {"k", uint8(2)}}, nil), "duplicate metadata key k"},
+		{"olmoe clip_qkv", func() []byte {
+			oc := c
+			oc.Arch, oc.NumExperts, oc.ExpertsPerToken, oc.QKNormWhole = "olmoe", 2, 1, true
+			md := append(GGUFMetadata(&oc), KV{"olmoe.attention.clamp_kqv", float32(8)})
+			return ggufBytes(t, md, randTensors(&c, tensor.F32, 3))
+		}(), "olmoe.attention.clamp_kqv (OLMoE's clip_qkv) is not supported"},
 		{"bad rope_freqs", ggufBytes(t, GGUFMetadata(&c), append(randTensors(&c, tensor.F32, 3), tensor.FromF32("rope_freqs.weight", tensor.Shape{3}, []float32{1, 2, 3}))), "rope_freqs"},
 	}
 	for _, tc := range tests {

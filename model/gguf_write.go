@@ -57,7 +57,7 @@ func GGUFMetadata(c *Config) []KV {
 	}
 	if c.NumExperts > 0 {
 		md = append(md, KV{arch + ".expert_count", uint32(c.NumExperts)}, KV{arch + ".expert_used_count", uint32(c.ExpertsPerToken)})
-		if arch == "qwen3moe" || arch == "qwen2moe" {
+		if arch == "qwen3moe" || arch == "qwen2moe" || arch == "olmoe" {
 			md = append(md, KV{arch + ".expert_feed_forward_length", uint32(c.IntermediateSize)}, KV{arch + ".expert_weights_norm", c.NormTopK})
 		}
 		if c.SharedExpertSize > 0 {

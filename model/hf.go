@@ -568,6 +568,11 @@ func loadHFFrom(src hfSource, dir string) (m *Model, err error) {
 			return m, err
 		}
 	}
+	if cfg.NumExperts > 0 {
+		if err := splitFusedExperts(&cfg, m.Tensors); err != nil {
+			return m, err
+		}
+	}
 	if err := finishHFConfig(&cfg, tie, m.Tensors); err != nil {
 		return m, err
 	}
@@ -591,6 +596,66 @@ func splitPhi3(c *Config, ts map[string]*tensor.Tensor) error {
 		if err := splitRows(ts, p("mlp.gate_up_proj.weight"),
 			[]string{p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")}, []int{c.IntermediateSize, c.IntermediateSize}); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// splitFusedExperts takes apart the experts as transformers 5 holds them,
+// stacked per layer (mlp.experts.gate_up_proj [experts, 2·rows, cols],
+// each expert's gate rows then its up rows, and mlp.experts.down_proj
+// [experts, cols, rows]), into each expert's matrices, views of their
+// bytes; Mixtral's router, then mlp.gate, takes its Hub name. Experts
+// stored one by one (the Hub's checkpoints) are left as they are.
+func splitFusedExperts(c *Config, ts map[string]*tensor.Tensor) error {
+	for l := 0; l < c.NumLayers; l++ {
+		var prefix string
+		for _, p := range []string{"mlp.experts.", "block_sparse_moe.experts."} {
+			if _, ok := ts[LayerName(l, p+"gate_up_proj")]; ok {
+				prefix = p
+			}
+		}
+		if prefix == "" {
+			continue
+		}
+		if r, router := LayerName(l, "mlp.gate.weight"), c.MoERouter(l); r != router {
+			if t, ok := ts[r]; ok {
+				if _, dup := ts[router]; dup {
+					return fmt.Errorf("tensors %s and %s both hold layer %d's router", r, router, l)
+				}
+				delete(ts, r)
+				t.Name = router
+				ts[router] = t
+			}
+		}
+		e := c.NumExperts
+		var gateUp, down []string
+		var gateUpRows, downRows []int
+		for i := range e {
+			g, u, d := c.MoEExpert(l, i)
+			gateUp, down = append(gateUp, g, u), append(down, d)
+			gateUpRows, downRows = append(gateUpRows, c.IntermediateSize, c.IntermediateSize), append(downRows, c.HiddenSize)
+		}
+		for _, s := range []struct {
+			name  string
+			names []string
+			rows  []int
+			cols  int
+		}{
+			{LayerName(l, prefix+"gate_up_proj"), gateUp, gateUpRows, c.HiddenSize},
+			{LayerName(l, prefix+"down_proj"), down, downRows, c.IntermediateSize},
+		} {
+			t, ok := ts[s.name]
+			if !ok {
+				return fmt.Errorf("missing tensor %s", s.name)
+			}
+			if len(t.Shape) != 3 || t.Shape[0] != e || t.Shape[1] != s.rows[0]*len(s.rows)/e || t.Shape[2] != s.cols {
+				return fmt.Errorf("tensor %s has shape %v, want [%d,%d,%d]", s.name, t.Shape, e, s.rows[0]*len(s.rows)/e, s.cols)
+			}
+			t.Shape = tensor.Shape{t.Shape[0] * t.Shape[1], t.Shape[2]}
+			if err := splitRows(ts, s.name, s.names, s.rows); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -631,3 +631,72 @@ func TestParseGemmaConfigs(t *testing.T) {
 		t.Errorf("a relu Gemma: %v", err)
 	}
 }
+
+// TestHFFusedExperts: experts as transformers 5 holds them, stacked per
+// layer (mlp.experts.gate_up_proj [experts, 2·rows, cols] and down_proj
+// [experts, cols, rows]; Mixtral's router as mlp.gate), load as the same
+// matrices as the Hub's experts stored one by one.
+func TestHFFusedExperts(t *testing.T) {
+	for _, arch := range []string{"mixtral", "qwen3_moe"} {
+		t.Run(arch, func(t *testing.T) {
+			c := tinyConfig(arch)
+			c.NumExperts, c.ExpertsPerToken, c.NormTopK, c.QKNorm = 4, 2, arch == "mixtral", arch == "qwen3_moe"
+			extra := map[string]any{"architectures": []string{"MixtralForCausalLM"}, "num_local_experts": 4, "num_experts_per_tok": 2}
+			if arch == "qwen3_moe" {
+				extra = map[string]any{"architectures": []string{"Qwen3MoeForCausalLM"}, "num_experts": 4, "num_experts_per_tok": 2,
+					"moe_intermediate_size": c.IntermediateSize, "head_dim": c.HeadDim}
+			}
+			want := randTensors(&c, tensor.F32, 11)
+			byName := map[string]*tensor.Tensor{}
+			for _, w := range want {
+				byName[w.Name] = w
+			}
+			fused := map[string]bool{}
+			var ts []*tensor.Tensor
+			for l := 0; l < c.NumLayers; l++ {
+				var gateUp, down []byte
+				for e := 0; e < c.NumExperts; e++ {
+					g, u, d := c.MoEExpert(l, e)
+					gateUp = append(append(gateUp, byName[g].Data...), byName[u].Data...)
+					down = append(down, byName[d].Data...)
+					fused[g], fused[u], fused[d] = true, true, true
+				}
+				ts = append(ts,
+					&tensor.Tensor{Name: LayerName(l, "mlp.experts.gate_up_proj"), DType: tensor.F32, Shape: tensor.Shape{c.NumExperts, 2 * c.IntermediateSize, c.HiddenSize}, Data: gateUp},
+					&tensor.Tensor{Name: LayerName(l, "mlp.experts.down_proj"), DType: tensor.F32, Shape: tensor.Shape{c.NumExperts, c.HiddenSize, c.IntermediateSize}, Data: down})
+				if r := byName[c.MoERouter(l)]; arch == "mixtral" {
+					fused[r.Name] = true
+					ts = append(ts, &tensor.Tensor{Name: LayerName(l, "mlp.gate.weight"), DType: r.DType, Shape: r.Shape, Data: r.Data})
+				}
+			}
+			for _, w := range want {
+				if !fused[w.Name] {
+					ts = append(ts, w)
+				}
+			}
+			m, err := LoadHF(writeHFDir(t, hfConfigJSON(&c, extra), ts, 2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			sameTensors(t, m.Tensors, want)
+		})
+	}
+	// A stack of the wrong shape is an error naming it.
+	c := tinyConfig("qwen3_moe")
+	c.NumExperts, c.ExpertsPerToken, c.QKNorm = 2, 1, true
+	var ts []*tensor.Tensor
+	for _, w := range randTensors(&c, tensor.F32, 3) {
+		if !strings.Contains(w.Name, "experts.") {
+			ts = append(ts, w)
+		}
+	}
+	for l := 0; l < c.NumLayers; l++ {
+		ts = append(ts, encodeTensor(LayerName(l, "mlp.experts.gate_up_proj"), tensor.Shape{2, c.IntermediateSize, c.HiddenSize}, tensor.F32, make([]float32, 2*c.IntermediateSize*c.HiddenSize)),
+			encodeTensor(LayerName(l, "mlp.experts.down_proj"), tensor.Shape{2, c.HiddenSize, c.IntermediateSize}, tensor.F32, make([]float32, 2*c.IntermediateSize*c.HiddenSize)))
+	}
+	extra := map[string]any{"architectures": []string{"Qwen3MoeForCausalLM"}, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": c.IntermediateSize, "head_dim": c.HeadDim}
+	if _, err := LoadHF(writeHFDir(t, hfConfigJSON(&c, extra), ts, 1)); err == nil || !strings.Contains(err.Error(), "mlp.experts.gate_up_proj has shape [2,96,64], want [2,192,64]") {
+		t.Errorf("a stack of half the rows: %v", err)
+	}
+}

@@ -236,7 +236,7 @@ func (b *Backend) Supports(op ir.Op) bool {
 	switch op {
 	case ir.Tokens, ir.Positions, ir.Weight, ir.Const, ir.Embed, ir.RMSNorm, ir.MatMul, ir.Add, ir.AddBias,
 		ir.SiLU, ir.Mul, ir.RoPE, ir.KVWrite, ir.Attention, ir.SelectRows, ir.AddRMSNorm, ir.SwiGLU,
-		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite, ir.MatMulBias:
+		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite, ir.MatMulBias, ir.GELUTanh, ir.SoftCap:
 		return true
 	case ir.AllReduce, ir.AllGather:
 		return b.Comm != nil
@@ -291,11 +291,6 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	// module then holds that head dim's attention kernels alone.
 	hd := -1
 	for _, n := range c.Graph.Nodes {
-		// Gemma's scaled embeddings and soft-capped attention have no GPU
-		// kernels yet (a model that needs them runs on the CPU).
-		if (n.Op == ir.Embed && n.Attrs.Scale != 0) || (n.Op == ir.Attention && n.Attrs.Cap != 0) {
-			return nil, fmt.Errorf("cuda: %v with %s is not implemented on the GPU", n.Op, map[bool]string{true: "a scale", false: "soft-capped scores"}[n.Op == ir.Embed])
-		}
 		if n.Op == ir.Attention {
 			if err := checkHeadDim(n.Attrs.HeadDim); err != nil {
 				return nil, err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -163,13 +164,9 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, fmt.Errorf("cuda: graph has %d outputs, want the logits", len(p.Graph.Outputs))
 	}
 	logits := p.Graph.Outputs[0]
-	// A tensor-parallel rank's logits are gathered from its product's.
-	product := logits
-	if logits.Def.Op == ir.AllGather {
-		product = logits.Def.Inputs[0]
-	}
-	if product.Def.Op != ir.MatMul && product.Def.Op != ir.MatMulBias {
-		return nil, fmt.Errorf("cuda: the logits come from %v, want a matmul", product.Def.Op)
+	chain, err := logitsChain(p.Graph)
+	if err != nil {
+		return nil, err
 	}
 	if err := l.growArena(arenaBytes(p)); err != nil {
 		return nil, err
@@ -204,7 +201,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 			return o, fmt.Errorf("cuda: %v has no buffer in the plan", v)
 		}
 		o.p = arena.Add(buf.Offset)
-		if v == logits || v == product {
+		if slices.Contains(chain, v) {
 			o.dtype = cu.F32
 		}
 		return o, nil

@@ -28,8 +28,12 @@ func (l *loaded) choose(nd *node) error {
 			nd.kernel += " (vocabulary shard)"
 			start, total = a.VocabStart, in[0].vocab*a.Ranks
 		}
+		scale := float32(1)
+		if a.Scale != 0 { // Gemma's √dim
+			scale = a.Scale
+		}
 		nd.launch = func(x *stepState, nd *node) error {
-			return k.EmbedShard(s, out[0].p, in[0].p, in[0].dtype, in[0].vocab, in[1].ptr(x), x.m.T, out[0].cols, start, total)
+			return k.EmbedShard(s, out[0].p, in[0].p, in[0].dtype, in[0].vocab, in[1].ptr(x), x.m.T, out[0].cols, start, total, scale)
 		}
 	case ir.AllReduce:
 		nd.kernel = "nccl all-reduce"
@@ -186,6 +190,19 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			return k.SiLU(s, out[0].p, in[0].p, in[0].rows(x)*in[0].cols)
 		}
+	case ir.GELUTanh:
+		nd.kernel = "gelu_tanh"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.GELUTanh(s, out[0].p, in[0].p, in[0].rows(x)*in[0].cols)
+		}
+	case ir.SoftCap:
+		if in[0].dtype != cu.F32 || out[0].dtype != cu.F32 {
+			return fmt.Errorf("cuda: soft cap of %v, want the f32 logits", in[0].dtype)
+		}
+		nd.kernel = "softcap"
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.SoftCap(s, out[0].p, in[0].p, a.Cap, in[0].rows(x)*in[0].cols)
+		}
 	case ir.SwiGLU:
 		nd.kernel = "swiglu"
 		nd.launch = func(x *stepState, nd *node) error {
@@ -292,7 +309,7 @@ func checkHeadDim(hd int) error {
 func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
 	a := nd.n.Attrs
 	return kernels.Attn{Out: nd.out[0].p, Q: nd.in[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer],
-		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale, FP8: x.kv.spec.FP8}
+		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale, Cap: a.Cap, FP8: x.kv.spec.FP8}
 }
 
 // gemvEpilogue runs product mm on the GEMV with the op of node ep (its

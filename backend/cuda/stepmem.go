@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 
 	"kiln/backend"
 	"kiln/backend/cuda/cu"
@@ -85,7 +86,7 @@ func (l *loaded) decodeNeeds(plans []*compile.Plan, maxSeqs, context int) (count
 		}
 		a := n.Attrs
 		kvHeads = max(kvHeads, a.KVHeads)
-		shapes[kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale}] = true
+		shapes[kernels.Attn{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale, Cap: a.Cap}] = true
 	}
 	for at := range shapes {
 		// A plan is chosen once per power-of-two bucket of tokens (at the
@@ -124,11 +125,37 @@ func gatherOffset(p *compile.Plan) int { return (p.ArenaBytes + 255) &^ 255 }
 // logits needs (the ranks' rows one rank after another, before they are
 // laid out by rows); 0 for any other plan.
 func gatherBytes(p *compile.Plan) int {
-	out := p.Graph.Outputs[0]
-	if out.Def.Op != ir.AllGather {
-		return 0
+	chain, err := logitsChain(p.Graph)
+	if err != nil {
+		return 0 // Executable refuses the plan
 	}
-	return 4 * p.Bucket.Rows * out.Shape.Last()
+	for _, v := range chain {
+		if v.Def.Op == ir.AllGather {
+			return 4 * p.Bucket.Rows * v.Shape.Last()
+		}
+	}
+	return 0
+}
+
+// logitsChain is what a graph's logits come from, in f32 each: the LM
+// head's product, then a tensor-parallel rank's all-gather of it and the
+// soft cap (Gemma 2), when the graph has them; the logits last.
+func logitsChain(g *ir.Graph) ([]*ir.Value, error) {
+	v := g.Outputs[0]
+	chain := []*ir.Value{v}
+	if v.Def.Op == ir.SoftCap {
+		v = v.Def.Inputs[0]
+		chain = append(chain, v)
+	}
+	if v.Def.Op == ir.AllGather {
+		v = v.Def.Inputs[0]
+		chain = append(chain, v)
+	}
+	if v.Def.Op != ir.MatMul && v.Def.Op != ir.MatMulBias {
+		return nil, fmt.Errorf("cuda: the logits come from %v, want a matmul", v.Def.Op)
+	}
+	slices.Reverse(chain)
+	return chain, nil
 }
 
 // arenaBytes is the arena a plan needs: its activations and its gather

@@ -12,6 +12,11 @@
 #define PF_BK 32  // keys per shared-memory stage
 #define PF_THREADS 128
 
+// softcap_l2 soft-caps a score of the log2 domain: capl2·tanh(s/capl2),
+// capl2 the cap times log2 e, which is Gemma 2's cap·tanh(s/cap) of the
+// natural score; a cap of 0 leaves it.
+__device__ __forceinline__ float softcap_l2(float s, float capl2) { return capl2 > 0.f ? capl2 * tanhf(s / capl2) : s; }
+
 __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
 	long long slot = (long long)bt[seqOff + j / bs] * bs + j % bs;
 	return (slot * kvHeads + kvh) * hd;
@@ -28,7 +33,7 @@ __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, i
 template <int HD>
 __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt,
                              const int* positions, const int* seqIndex, const int* seqBlockOff, const int* bt, int heads,
-                             int kvHeads, int bs, int window, float scale) {
+                             int kvHeads, int bs, int window, float scale, float cap) {
 	constexpr int NC = HD / 4;    // float4 chunks per row
 	constexpr int NCH = NC / 2;   // per thread
 	constexpr int CPR = HD / VEC; // 16-byte chunks per cache row
@@ -60,7 +65,7 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 	int kLo = sLo, kHi = sHi;
 
 	float4 qv[NCH], acc[NCH];
-	float qs = scale * LOG2E;
+	float qs = scale * LOG2E, capl2 = cap * LOG2E;
 	const T* qr = q + ((long long)tok * heads + h) * HD;
 #pragma unroll
 	for (int i = 0; i < NCH; i++) {
@@ -106,7 +111,7 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 			}
 			d += __shfl_xor_sync(FULL_MASK, d, 1);
 			int kp = kb + j;
-			s[j] = (kp >= lo && kp <= p) ? d : NEG_INF;
+			s[j] = (kp >= lo && kp <= p) ? softcap_l2(d, capl2) : NEG_INF;
 			mt = fmaxf(mt, s[j]);
 		}
 		float mn = fmaxf(m, mt);
@@ -280,7 +285,7 @@ __device__ __forceinline__ void decode_merge(T* out, const float* wsAcc, const f
 template <int HD, bool CL>
 __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float* wsAcc, float* wsM, float* wsL,
                             int* counters, const int* positions, const int* seqIndex, const int* seqBlockOff, const int* seqFresh, const int* bt, int heads,
-                            int kvHeads, int bs, int window, float scale, int chunk, int maxSplits) {
+                            int kvHeads, int bs, int window, float scale, float cap, int chunk, int maxSplits) {
 	constexpr int CPR = HD / VEC;                       // 16-byte chunks per row
 	constexpr int NS = DC_THREADS / CPR;                // row slices in the PV phase
 	constexpr int PVI = (DC_THREADS + NS - 1) / NS;     // rows per thread in the PV phase
@@ -384,7 +389,7 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 #pragma unroll
 			for (int e = 0; e < VEC; e++) d[e & 3] += qh[c * VEC + e] * f[e];
 		}
-		sc[g * chunk + j] = (d[0] + d[1]) + (d[2] + d[3]);
+		sc[g * chunk + j] = softcap_l2((d[0] + d[1]) + (d[2] + d[3]), cap * LOG2E);
 	}
 	__syncthreads();
 
@@ -511,10 +516,10 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 #define DC_PARAMS                                                                                                     \
 	const T *q, const KV *kc, const KV *vc, T *out, float *wsAcc, float *wsM, float *wsL, int *counters,              \
 	    const int *positions, const int *seqIndex, const int *seqBlockOff, const int *seqFresh, const int *bt,        \
-	    int heads, int kvHeads, int bs, int window, float scale, int chunk, int maxSplits
+	    int heads, int kvHeads, int bs, int window, float scale, float cap, int chunk, int maxSplits
 #define DC_ARGS                                                                                                       \
 	q, kc, vc, out, wsAcc, wsM, wsL, counters, positions, seqIndex, seqBlockOff, seqFresh, bt, heads, kvHeads, bs,    \
-	    window, scale, chunk, maxSplits
+	    window, scale, cap, chunk, maxSplits
 
 #ifndef KV_F8
 // DECODE_ATTN defines decode kernel NAME: split plans (CL false) or
@@ -526,9 +531,9 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_##HD(                                       \
 	    const T* q, const T* kc, const T* vc, T* out, const int* tileTok0, const int* tileCnt, const int* positions,  \
 	    const int* seqIndex, const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs, int window,        \
-	    float scale) {                                                                                                 \
+	    float scale, float cap) {                                                                                      \
 		prefill_impl<HD>(q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, \
-		                 window, scale);                                                                               \
+		                 window, scale, cap);                                                                          \
 	}
 #define ATTN_DECODE(HD) DECODE_ATTN(decode_attn_##HD, HD, false)
 #define ATTN_DECODE_CL(HD) DECODE_ATTN(decode_attn_cl_##HD, HD, true)

@@ -15,10 +15,15 @@ const testBlockSize = 16
 type attnCfg struct {
 	heads, kvHeads, hd, window int
 	seqs                       [][2]int // per sequence: {length after the step, tokens in the step}
+	cap                        float32  // soft-capped scores (Gemma 2)
 }
 
 func (c attnCfg) String() string {
-	return fmt.Sprintf("heads=%d/%d hd=%d window=%d seqs=%v", c.heads, c.kvHeads, c.hd, c.window, c.seqs)
+	s := fmt.Sprintf("heads=%d/%d hd=%d window=%d seqs=%v", c.heads, c.kvHeads, c.hd, c.window, c.seqs)
+	if c.cap > 0 {
+		s += fmt.Sprintf(" cap=%g", c.cap)
+	}
+	return s
 }
 
 type attnSetup struct {
@@ -76,7 +81,7 @@ func newAttn(t *testing.T, rng *rand.Rand, act cu.DType, c attnCfg) *attnSetup {
 		Out: outBuf(t, act, T*c.heads*c.hd), Q: up(t, act, st.q),
 		KCache: up(t, act, st.kc), VCache: up(t, act, st.vc),
 		Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, Window: c.window,
-		Scale: float32(1 / math.Sqrt(float64(c.hd))),
+		Scale: float32(1 / math.Sqrt(float64(c.hd))), Cap: c.cap,
 	}
 	return st
 }
@@ -107,6 +112,9 @@ func (st *attnSetup) ref() []float64 {
 					dot += float64(qh[d]) * float64(k[d])
 				}
 				scores[j-lo] = dot * float64(a.Scale)
+				if a.Cap > 0 {
+					scores[j-lo] = float64(a.Cap) * math.Tanh(scores[j-lo]/float64(a.Cap))
+				}
 				mx = math.Max(mx, scores[j-lo])
 			}
 			var sum float64
@@ -246,6 +254,11 @@ var prefillCases = []attnCfg{
 	{heads: 2, kvHeads: 2, hd: 32, window: 20, seqs: [][2]int{{90, 90}}},
 	{heads: 8, kvHeads: 2, hd: 32, window: 40, seqs: [][2]int{{150, 150}, {3, 3}}},
 	{heads: 8, kvHeads: 2, hd: 16, seqs: [][2]int{{200, 200}}},
+	// Soft-capped scores (Gemma 2; a cap of 1.5 bends most of these
+	// scores of spread 1), windowed and not, tensor-core and CUDA-core.
+	{heads: 8, kvHeads: 2, hd: 128, window: 64, cap: 1.5, seqs: [][2]int{{300, 300}, {40, 7}}},
+	{heads: 4, kvHeads: 2, hd: 16, cap: 1.5, seqs: [][2]int{{70, 70}}},
+	{heads: 8, kvHeads: 4, hd: 8, cap: 2, seqs: [][2]int{{50, 50}}},
 	{heads: 8, kvHeads: 2, hd: 64, seqs: [][2]int{{600, 300}}},
 }
 
@@ -273,6 +286,10 @@ var decodeCases = []attnCfg{
 	{heads: 16, kvHeads: 1, hd: 128, seqs: batchSeqs(8, 1, 600, 1)},
 	{heads: 24, kvHeads: 1, hd: 64, window: 100, seqs: batchSeqs(8, 2, 600, 2)},
 	{heads: 12, kvHeads: 4, hd: 128, seqs: [][2]int{{4500, 1}, {129, 1}, {128, 1}, {64, 2}, {65, 1}, {2, 2}}},
+	// Soft-capped scores (Gemma 2): split, cluster and tensor-core plans.
+	{heads: 16, kvHeads: 8, hd: 128, cap: 1.5, seqs: [][2]int{{1, 1}, {513, 1}, {2000, 2}}},
+	{heads: 8, kvHeads: 4, hd: 8, cap: 2, seqs: [][2]int{{256, 1}, {3, 1}}},
+	{heads: 32, kvHeads: 8, hd: 128, window: 300, cap: 1.5, seqs: batchSeqs(8, 1, 900, 1)},
 }
 
 // batchSeqs is n sequences of lengths spread over [lo, hi] (a fixed

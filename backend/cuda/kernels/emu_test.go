@@ -253,7 +253,7 @@ func prefillEmuSource(t *testing.T, defines string) string {
 
 // emuPreamble writes what both emulated attention kernels start from: the
 // prelude, the defines, the cache's element type (kernels.cu's KV, with
-// e4m3x2) and kv_row.
+// e4m3x2), kv_row and softcap_l2.
 func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	t.Helper()
 	b.WriteString(readEmu(t, "prelude.h"))
@@ -261,6 +261,7 @@ func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
 	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
+	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ float softcap_l2("))
 }
 
 func readEmu(t *testing.T, name string) string {

@@ -215,9 +215,10 @@ __device__ __forceinline__ int window_start(int p, int window) {
 // grid (rows), block 256: out[r,:] = table[ids[r]-start,:]; the table holds
 // rows [start, start+vocab) of a vocabulary of total (a tensor-parallel
 // shard when start > 0 or vocab < total): an id of another shard gives
-// zeros, one out of [0, total) NaN.
+// zeros, one out of [0, total) NaN. Rows are times scale (Gemma's √dim).
 template <typename W>
-__device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int vocab, int dim, int start, int total) {
+__device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int vocab, int dim, int start, int total,
+                           float scale) {
 	pdl_enter();
 	int r = blockIdx.x;
 	if (r >= rows) return;
@@ -233,7 +234,7 @@ __device__ void embed_impl(const W* table, const int* ids, T* out, int rows, int
 		return;
 	}
 	const W* src = table + (long long)id * dim;
-	for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = fromf<T>(tof(src[c]));
+	for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = fromf<T>(tof(src[c]) * scale);
 }
 
 // ---------------------------------------------------------------- rmsnorm
@@ -400,8 +401,8 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 
 #define WEIGHT_KERNELS(W)                                                                                        \
 	extern "C" __global__ void embed_w##W(const W* table, const int* ids, T* out, int rows, int vocab, int dim,   \
-	                                      int start, int total) {                                                  \
-		embed_impl<W>(table, ids, out, rows, vocab, dim, start, total);                                            \
+	                                      int start, int total, float scale) {                                     \
+		embed_impl<W>(table, ids, out, rows, vocab, dim, start, total, scale);                                     \
 	}                                                                                                              \
 	extern "C" __global__ void rmsnorm_w##W(const T* x, const W* w, T* out, int rows, int dim, float eps) {       \
 		rmsnorm_impl<W>(x, w, out, rows, dim, eps);                                                                \
@@ -463,6 +464,21 @@ extern "C" __global__ void mul(const T* a, const T* b, T* out, long long n) {
 extern "C" __global__ void silu(const T* a, T* out, long long n) {
 	pdl_enter();
 	GRID_STRIDE(i, n) out[i] = fromf<T>(silu_f(tof(a[i])));
+}
+// x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))): GELU's tanh approximation
+// (Gemma's GeGLU, ir.GELUTanh).
+extern "C" __global__ void gelu_tanh(const T* a, T* out, long long n) {
+	pdl_enter();
+	GRID_STRIDE(i, n) {
+		float x = tof(a[i]);
+		out[i] = fromf<T>(0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))));
+	}
+}
+// cap·tanh(x/cap) over f32 values: the logits' soft cap (Gemma 2,
+// ir.SoftCap).
+extern "C" __global__ void softcap_f32(const float* a, float* out, float cap, long long n) {
+	pdl_enter();
+	GRID_STRIDE(i, n) out[i] = cap * tanhf(a[i] / cap);
 }
 extern "C" __global__ void swiglu(const T* g, const T* u, T* out, long long n) {
 	pdl_enter();

@@ -232,13 +232,14 @@ func checkRows(what string, rows, cols int) error {
 // Embed gathers rows of table[vocab, dim] (dtype w) by ids (int32[rows]) into
 // out[rows, dim]. An id out of range yields NaN.
 func (k *Kernels) Embed(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, ids cu.Ptr, rows, dim int) error {
-	return k.EmbedShard(s, out, table, w, vocab, ids, rows, dim, 0, vocab)
+	return k.EmbedShard(s, out, table, w, vocab, ids, rows, dim, 0, vocab, 1)
 }
 
 // EmbedShard is Embed of a vocabulary shard: table holds rows [start,
 // start+vocab) of a vocabulary of total; an id of another shard gives a row
-// of zeros, one out of [0, total) NaN.
-func (k *Kernels) EmbedShard(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, ids cu.Ptr, rows, dim, start, total int) error {
+// of zeros, one out of [0, total) NaN. The rows are times scale (Gemma's
+// √dim; 1 for most models).
+func (k *Kernels) EmbedShard(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab int, ids cu.Ptr, rows, dim, start, total int, scale float32) error {
 	if err := checkRows("embed", rows, dim); err != nil {
 		return err
 	}
@@ -246,7 +247,7 @@ func (k *Kernels) EmbedShard(s *cu.Stream, out, table cu.Ptr, w cu.DType, vocab 
 		return fmt.Errorf("kernels: embedding shard [%d,%d) of %d", start, start+vocab, total)
 	}
 	return k.launchDep("embed"+wsuffix(w), cu.D1(rows), normBlock(dim), 0, s, table, ids, out, int32(rows), int32(vocab), int32(dim),
-		int32(start), int32(total))
+		int32(start), int32(total), scale)
 }
 
 // InterleaveRanks lays out a tensor-parallel all-gather's rank-major
@@ -467,6 +468,19 @@ func (k *Kernels) SiLU(s *cu.Stream, out, x cu.Ptr, n int) error {
 	return k.launchDep("silu", ewGrid(n), cu.D1(256), 0, s, x, out, int64(n))
 }
 
+// GELUTanh: out = GELU(x) by its tanh approximation over n elements.
+func (k *Kernels) GELUTanh(s *cu.Stream, out, x cu.Ptr, n int) error {
+	return k.launchDep("gelu_tanh", ewGrid(n), cu.D1(256), 0, s, x, out, int64(n))
+}
+
+// SoftCap: out = cap·tanh(x/cap) over n f32 values (cap > 0).
+func (k *Kernels) SoftCap(s *cu.Stream, out, x cu.Ptr, cap float32, n int) error {
+	if !(cap > 0) {
+		return fmt.Errorf("kernels: soft cap %g", cap)
+	}
+	return k.launchDep("softcap_f32", ewGrid(n), cu.D1(256), 0, s, x, out, cap, int64(n))
+}
+
 // SwiGLU: out = SiLU(gate) · up over n elements.
 func (k *Kernels) SwiGLU(s *cu.Stream, out, gate, up cu.Ptr, n int) error {
 	if v := k.vec(); n%v == 0 && aligned16(out, gate, up) {
@@ -633,6 +647,8 @@ type Attn struct {
 	HeadDim        int
 	Window         int // 0: full causal
 	Scale          float32
+	// Cap, when set, soft-caps the scores to Cap·tanh(s/Cap) (Gemma 2).
+	Cap float32
 	// FP8: KCache and VCache hold E4M3 codes (a module of NewFP8KV).
 	FP8 bool
 }
@@ -644,7 +660,7 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 	if k.HeadDim != 0 && a.HeadDim != k.HeadDim {
 		return fmt.Errorf("kernels: attention head dim %d in a module built for head dim %d alone", a.HeadDim, k.HeadDim)
 	}
-	if a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 || a.Window < 0 || m.Meta == nil || m.T == 0 {
+	if a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 || a.Window < 0 || a.Cap < 0 || m.Meta == nil || m.T == 0 {
 		return fmt.Errorf("kernels: attention of %d heads over %d kv heads, window %d", a.Heads, a.KVHeads, a.Window)
 	}
 	if a.KCache%16 != 0 || a.VCache%16 != 0 {
@@ -1025,7 +1041,7 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	wsAcc, wsM, wsL := plan.ws(a, m, ws)
 	grid := cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}
 	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.SeqFresh),
-		m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, int32(plan.Chunk), int32(plan.MaxSplits)}
+		m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, a.Cap, int32(plan.Chunk), int32(plan.MaxSplits)}
 	if plan.Cluster {
 		m, err := k.module(name)
 		if err == nil {

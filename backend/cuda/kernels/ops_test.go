@@ -40,8 +40,8 @@ func TestEmbed(t *testing.T) {
 	}
 }
 
-// TestEmbedShard: a vocabulary shard's rows by the ids it holds, zeros for
-// the other shards' ids; and the all-gather's interleave of rank-major
+// TestEmbedShard: a vocabulary shard's rows by the ids it holds (scaled),
+// zeros for the other shards' ids; and the all-gather's interleave of rank-major
 // logits by rows.
 func TestEmbedShard(t *testing.T) {
 	for _, act := range allDTypes {
@@ -54,16 +54,17 @@ func TestEmbedShard(t *testing.T) {
 			ids[i] = int32(rng.IntN(total))
 		}
 		out := outBuf(t, act, rows*dim)
-		must(t, k.EmbedShard(nil, out, up(t, cu.BF16, tab), cu.BF16, vocab, upI32(t, ids), rows, dim, start, total))
+		// Scaled by 8 as Gemma's embeddings are (√64).
+		must(t, k.EmbedShard(nil, out, up(t, cu.BF16, tab), cu.BF16, vocab, upI32(t, ids), rows, dim, start, total, 8))
 		ref := make([]float64, rows*dim)
 		for r, id := range ids {
 			if id >= start && id < start+vocab {
 				for c := 0; c < dim; c++ {
-					ref[r*dim+c] = float64(tab[int(id-start)*dim+c])
+					ref[r*dim+c] = 8 * float64(tab[int(id-start)*dim+c])
 				}
 			}
 		}
-		compare(t, "embed shard", down(t, act, out, rows*dim), ref, tol(act))
+		compare(t, "embed shard, scaled", down(t, act, out, rows*dim), ref, tol(act))
 	}
 	k := kern(t, cu.BF16)
 	const ranks, n = 4, 77
@@ -176,6 +177,15 @@ func TestElementwise(t *testing.T) {
 			run("mul", func(o cu.Ptr) error { return k.Mul(nil, o, pa, pb, n) }, func(i int) float64 { return float64(a[i]) * float64(b[i]) })
 			run("silu", func(o cu.Ptr) error { return k.SiLU(nil, o, pa, n) }, func(i int) float64 { return silu64(float64(a[i])) })
 			run("swiglu", func(o cu.Ptr) error { return k.SwiGLU(nil, o, pa, pb, n) }, func(i int) float64 { return silu64(float64(a[i])) * float64(b[i]) })
+			run("gelu_tanh", func(o cu.Ptr) error { return k.GELUTanh(nil, o, pa, n) }, func(i int) float64 {
+				x := float64(a[i])
+				return x / 2 * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+			})
+			// The logits' soft cap, f32 whatever the activations (cap 2
+			// bends these values of spread 3).
+			if act == cu.F32 {
+				run("softcap", func(o cu.Ptr) error { return k.SoftCap(nil, o, pa, 2, n) }, func(i int) float64 { return 2 * math.Tanh(float64(a[i])/2) })
+			}
 			sr, sc := randn(rng, rows, 1), randn(rng, cols, 1)
 			psr, psc := up(t, cu.F32, sr), up(t, cu.F32, sc)
 			for _, c := range []struct {

@@ -132,7 +132,7 @@ template <int HD, int MB, int WG, int BK, int ST, bool QREG>
 __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* vc, T* out, const int* tileTok0,
                                            const int* tileCnt, const int* positions, const int* seqIndex,
                                            const int* seqBlockOff, const int* bt, int heads, int kvHeads, int bs,
-                                           int window, float scale) {
+                                           int window, float scale, float cap) {
 	constexpr int STR = HD + 8; // shared row stride (elements)
 	constexpr int CPR = HD / 8; // 16-byte chunks per row
 	constexpr int KC = HD / 16; // k-chunks of Q·Kᵀ
@@ -304,6 +304,15 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 			}
 		}
 		if (wact) {
+			if (cap > 0.f) { // soft-capped scores (Gemma 2), back in the domain sl2 scales
+				const float capl2 = cap * LOG2E;
+#pragma unroll
+				for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+					for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+						for (int e = 0; e < 4; e++) s[mb][nt][e] = softcap_l2(s[mb][nt][e] * sl2, capl2) / sl2;
+			}
 			if (!(kb >= fLo && kb + BK - 1 <= fHi)) {
 #pragma unroll
 				for (int nt = 0; nt < NT; nt++) {
@@ -412,8 +421,9 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 #define PF_PARAMS                                                                                                     \
 	const T *q, const KV *kc, const KV *vc, T *out, const int *tileTok0, const int *tileCnt, const int *positions,    \
 	    const int *seqIndex, const int *seqBlockOff, const int *bt, int heads, int kvHeads, int bs, int window,       \
-	    float scale
-#define PF_ARGS q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window, scale
+	    float scale, float cap
+#define PF_ARGS                                                                                                       \
+	q, kc, vc, out, tileTok0, tileCnt, positions, seqIndex, seqBlockOff, bt, heads, kvHeads, bs, window, scale, cap
 #define PF_KERNEL(NAME, HD, MB, WG, BK, ST, QREG)                                                                    \
 	extern "C" __global__ void __launch_bounds__(128 * WG) NAME(PF_PARAMS) {                                          \
 		prefill_fa<HD, MB, WG, BK, ST, QREG>(PF_ARGS);                                                                 \

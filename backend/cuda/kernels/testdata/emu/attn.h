@@ -69,7 +69,9 @@ struct PagedBatch {
 	// check compares out with the float64 attention as the GPU tests do
 	// (compareRows: each element within 2e-2 of |ref| + its row's rms),
 	// printing the first misses; it returns the misses and sets worst.
-	int check(const std::vector<T>& out, float scale, double* worst) const {
+	// check compares out with attention in float64 (scores soft-capped to
+	// cap·tanh(s/cap) when cap > 0).
+	int check(const std::vector<T>& out, float scale, float cap, double* worst) const {
 		const int group = heads / kvHeads;
 		int bad = 0;
 		*worst = 0;
@@ -85,6 +87,7 @@ struct PagedBatch {
 					double d = 0;
 					for (int e = 0; e < hd; e++) d += (double)tof(q[((size_t)t * heads + h) * hd + e]) * kvf(kc[(slot * kvHeads + kvh) * hd + e]);
 					sc[j - lo] = d * scale;
+					if (cap > 0) sc[j - lo] = cap * tanh(sc[j - lo] / cap);
 					mx = std::max(mx, sc[j - lo]);
 				}
 				double sum = 0;

@@ -6,6 +6,7 @@ struct Case {
 	int heads, kvHeads, hd, window;
 	std::vector<std::pair<int, int>> seqs; // {length after the step, tokens in the step}
 	int chunk;
+	float cap; // soft-capped scores (0: none)
 };
 
 static void launch_one(int hd, int mt, int st, DC_PARAMS) {
@@ -57,15 +58,15 @@ static double run(const Case& c, int st, unsigned seed) {
 				run_block(dim3{(unsigned)x, (unsigned)y, (unsigned)z}, [&] {
 					launch_one(c.hd, mt, st, pb.q.data(), pb.kc.data(), pb.vc.data(), out.data(), wsAcc, wsM, wsL, counters.data(),
 					           pb.positions.data(), pb.seqIndex.data(), pb.seqBlockOff.data(), pb.seqFresh.data(), pb.bt.data(), c.heads,
-					           c.kvHeads, bs, c.window, scale, c.chunk, splits);
+					           c.kvHeads, bs, c.window, scale, c.cap, c.chunk, splits);
 				});
 			}
 	for (int v : counters)
 		if (v != 0) { fprintf(stderr, "counter left at %d\n", v); abort(); }
 	double worst;
-	int bad = pb.check(out, scale, &worst);
-	printf("heads %d/%d hd %d window %d chunk %d splits %d tokens %d stages %d: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd, c.window,
-	       c.chunk, splits, Tn, st, worst, bad);
+	int bad = pb.check(out, scale, c.cap, &worst);
+	printf("heads %d/%d hd %d window %d chunk %d splits %d tokens %d stages %d cap %g: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd,
+	       c.window, c.chunk, splits, Tn, st, c.cap, worst, bad);
 	fflush(stdout);
 	return bad ? -1 : worst;
 }
@@ -86,6 +87,9 @@ int main(int argc, char** argv) {
 		{32, 8, 128, 0, {{129, 2}, {64, 1}, {65, 1}}, 128},
 		{8, 2, 128, 0, {{700, 1}, {450, 2}, {3, 1}}, 448},
 		{32, 1, 64, 300, {{900, 1}}, 192},
+		// Soft-capped scores (Gemma 2): one and many splits, a window.
+		{8, 2, 128, 0, {{1, 1}, {37, 1}, {300, 1}}, 128, 1.5f},
+		{16, 2, 64, 100, {{260, 2}, {70, 1}}, 512, 1.5f},
 	};
 	int fails = 0;
 	// Each case with the default ring (DM_ST stages) and with the _s2

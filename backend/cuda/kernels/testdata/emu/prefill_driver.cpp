@@ -6,6 +6,7 @@
 struct Case {
 	int heads, kvHeads, hd, window;
 	std::vector<std::pair<int, int>> seqs; // {length after the step, tokens in the step}
+	float cap; // soft-capped scores (0: none)
 };
 
 // launch_one runs block bid of variant v (0: 4 heads a block, 1: 2 heads,
@@ -51,14 +52,14 @@ static double run(const Case& c, int v, unsigned seed) {
 		for (size_t i = 0; i < sizeof(g_smem) / 2; i++) ((unsigned short*)g_smem)[i] = 0x7fc1;
 		run_block(dim3{(unsigned)bid, 0, 0}, [&] {
 			launch_one(c.hd, v, bid, pb.q.data(), pb.kc.data(), pb.vc.data(), out.data(), tok0.data(), cnt.data(), pb.positions.data(),
-			           pb.seqIndex.data(), pb.seqBlockOff.data(), pb.bt.data(), c.heads, c.kvHeads, PagedBatch::bs, c.window, scale);
+			           pb.seqIndex.data(), pb.seqBlockOff.data(), pb.bt.data(), c.heads, c.kvHeads, PagedBatch::bs, c.window, scale, c.cap);
 		});
 	}
 	g_threads = 128;
 	double worst;
-	int bad = pb.check(out, scale, &worst);
-	printf("heads %d/%d hd %d window %d tokens %d tiles %d, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd, c.window, Tn,
-	       (int)tok0.size(), hb, worst, bad);
+	int bad = pb.check(out, scale, c.cap, &worst);
+	printf("heads %d/%d hd %d window %d cap %g tokens %d tiles %d, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd,
+	       c.window, c.cap, Tn, (int)tok0.size(), hb, worst, bad);
 	fflush(stdout);
 	return bad ? -1 : worst;
 }
@@ -79,6 +80,9 @@ int main(int argc, char** argv) {
 		{8, 2, 128, 50, {{200, 70}, {70, 70}}},
 		{8, 1, 128, 0, {{64, 64}, {129, 129}, {5, 1}}},
 		{12, 4, 128, 64, {{150, 100}}},
+		// Soft-capped scores (Gemma 2), with and without a window.
+		{8, 2, 128, 40, {{130, 130}}, 1.5f},
+		{4, 2, 32, 0, {{100, 100}, {3, 1}}, 1.5f},
 	};
 	int fails = 0;
 	for (int v = 0; v < 3; v++)

@@ -350,7 +350,10 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 // (one row per sequence). elemBytes is the width of an element as held (0:
 // as stored); FP8 matrices take one byte an element when fp8 (held as
 // stored), else two (widened to bf16 or f16); block-quantized ones of the
-// formats blocks as stored.
+// formats blocks as stored. A mixture of experts' matrices count for the
+// experts a step reads: E·(1−(1−K/E)^batch) of a layer's E, the expected
+// number of distinct experts when rows route uniformly and independently
+// (as random weights route them; expertShare).
 func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool, blocks []tensor.DType) int64 {
 	size := func(t *tensor.Tensor) int64 {
 		switch {
@@ -365,8 +368,14 @@ func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool, blocks [
 		}
 		return int64(len(t.Data))
 	}
+	experts := expertNames(&m.Config)
+	share := expertShare(&m.Config, batch)
 	var n int64
-	for _, t := range m.Tensors {
+	for name, t := range m.Tensors {
+		if experts[name] {
+			n += int64(math.Round(share * float64(size(t))))
+			continue
+		}
 		n += size(t)
 	}
 	if !m.Config.TiedEmbeddings {
@@ -377,15 +386,44 @@ func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool, blocks [
 	return n
 }
 
+// expertNames is the set of a mixture of experts' routed matrices (not
+// its router or shared expert).
+func expertNames(c *model.Config) map[string]bool {
+	out := map[string]bool{}
+	for l := 0; l < c.NumLayers; l++ {
+		for e := 0; e < c.NumExperts; e++ {
+			g, u, d := c.MoEExpert(l, e)
+			out[g], out[u], out[d] = true, true, true
+		}
+	}
+	return out
+}
+
+// expertShare is the expected share of a layer's experts a step of batch
+// rows reads, each row routed to K of E uniformly: 1−(1−K/E)^batch (1
+// without experts).
+func expertShare(c *model.Config, batch int) float64 {
+	if c.NumExperts == 0 {
+		return 1
+	}
+	return 1 - math.Pow(1-float64(c.ExpertsPerToken)/float64(c.NumExperts), float64(batch))
+}
+
 // prefillFLOPsPerToken is the model FLOPs per token of a t-token prompt: 2
 // per weight of every product (the embedding table is a gather, and the
-// logits are computed for the last token only), plus causal attention's
-// scores and weighted sum, 4·heads·headDim per key, (t+1)/2 keys on average.
+// logits are computed for the last token only; a token goes through K of
+// a layer's E experts), plus causal attention's scores and weighted sum,
+// 4·heads·headDim per key, (t+1)/2 keys on average.
 func prefillFLOPsPerToken(m *model.Model, t int) float64 {
 	c := m.Config
+	experts := expertNames(&c)
 	var mat float64
 	for name, x := range m.Tensors {
 		if len(x.Shape) == 2 && name != model.EmbedName && name != model.HeadName {
+			if experts[name] {
+				mat += float64(x.Shape.Elements()) * float64(c.ExpertsPerToken) / float64(c.NumExperts)
+				continue
+			}
 			mat += float64(x.Shape.Elements())
 		}
 	}

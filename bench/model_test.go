@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"kiln/backend/cpu"
 	"kiln/engine"
+	"kiln/internal/testmodel"
 	"kiln/model"
 	"kiln/tensor"
 )
@@ -182,5 +184,60 @@ func TestModelProgress(t *testing.T) {
 		"tg2 batch 2: warm-up", "tg2 batch 2: 1 of 2", "tg2 batch 2: 2 of 2"}
 	if !slices.Equal(got, want) {
 		t.Errorf("progress\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestExpertBytes: a mixture of experts' decode roofline counts the experts
+// a step is expected to read, and its prefill FLOPs the K of E a token
+// goes through; the router and the rest count whole.
+func TestExpertBytes(t *testing.T) {
+	c := model.Config{Arch: "mixtral", HiddenSize: 16, IntermediateSize: 8, NumLayers: 2, NumHeads: 2, NumKVHeads: 2, HeadDim: 8,
+		VocabSize: 32, MaxPositions: 64, RMSNormEps: 1e-5, RopeTheta: 10000, NumExperts: 8, ExpertsPerToken: 2, TiedEmbeddings: true}
+	m := testmodel.Zeros(c)
+	expertBytes, other := int64(0), int64(0)
+	experts := expertNames(&c)
+	for name, x := range m.Tensors {
+		if experts[name] {
+			expertBytes += int64(len(x.Data))
+		} else {
+			other += int64(len(x.Data))
+		}
+	}
+	if len(experts) != 2*8*3 || expertBytes == 0 {
+		t.Fatalf("%d expert matrices of %d bytes", len(experts), expertBytes)
+	}
+	for _, batch := range []int{1, 4, 64} {
+		share := 1 - math.Pow(1-2.0/8, float64(batch))
+		want := other + int64(math.Round(share*float64(expertBytes)))
+		if got := weightBytesPerStep(m, batch, 0, false, nil); got < want-int64(len(experts)) || got > want+int64(len(experts)) {
+			t.Errorf("batch %d: %d bytes a step, want %d (experts' share %.3f)", batch, got, want, share)
+		}
+	}
+	// A random shape with experts is written in Mixtral's layout and runs.
+	dir := t.TempDir()
+	sh := Shape{Name: "tiny-moe", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 32, Vocab: 256, Context: 128, Experts: 4, ExpertsPerToken: 2}
+	if err := WriteRandomModel(dir, sh, tensor.F32, 1); err != nil {
+		t.Fatal(err)
+	}
+	rm, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rm.Close()
+	if rc := rm.Config; rc.Arch != "mixtral" || rc.NumExperts != 4 || rc.ExpertsPerToken != 2 || !rc.NormTopK {
+		t.Fatalf("random experts read back as %+v", rc)
+	}
+	e, err := engine.New(rm, &cpu.Backend{}, engine.Options{MaxSeqs: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := RunModel(e, rm, "cpu", 0, ModelOptions{PromptTokens: 8, GenTokens: 4, Batches: []int{1, 4}, Reps: 1}); err != nil {
+		t.Fatalf("bench of a random mixture of experts: %v", err)
+	}
+	dense := c
+	dense.NumExperts = 0
+	if s := expertShare(&dense, 7); s != 1 {
+		t.Errorf("share of a dense model %g", s)
 	}
 }

@@ -22,6 +22,9 @@ type Shape struct {
 	Hidden, Layers, Heads, KVHeads, FFN int
 	Vocab, Context                      int
 	Tied                                bool
+	// Experts, when set, makes each MLP a mixture of that many experts of
+	// width FFN, ExpertsPerToken a token (Mixtral's layout and routing).
+	Experts, ExpertsPerToken int
 }
 
 // Shapes are the benchmark shapes known by name.
@@ -35,6 +38,11 @@ var Shapes = map[string]Shape{
 	// (llama.cpp loads no model without one): the CPU comparison with
 	// llama.cpp (tools/cpu/llama-peer.sh).
 	"demo-110m": {Name: "demo-110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 4096, Context: 1024, Tied: true},
+	// moe-7b-a1b: OLMoE-1B-7B's proportions (64 experts of 1024, 8 a
+	// token; 6.9B parameters, 1.3B active) in Mixtral's layout: MoE
+	// decode against the bytes of the experts a step reads.
+	"moe-7b-a1b": {Name: "moe-7b-a1b", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, FFN: 1024, Vocab: 50304, Context: 4096,
+		Experts: 64, ExpertsPerToken: 8},
 	// tiny: for tests.
 	"tiny": {Name: "tiny", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 256, Context: 256},
 }
@@ -49,7 +57,8 @@ func ShapeNames() string {
 }
 
 // WriteRandomModel writes a Hugging Face directory (config.json and
-// model.safetensors) holding a Llama model of shape s with random weights of
+// model.safetensors) holding a Llama (or, with experts, Mixtral) model of
+// shape s with random weights of
 // dtype d (F32, F16 or BF16), scaled so activations stay well behaved.
 func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 	if d != tensor.F32 && d != tensor.F16 && d != tensor.BF16 {
@@ -62,6 +71,9 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 		Arch: "llama", HiddenSize: s.Hidden, IntermediateSize: s.FFN, NumLayers: s.Layers,
 		NumHeads: s.Heads, NumKVHeads: s.KVHeads, HeadDim: s.Hidden / s.Heads, VocabSize: s.Vocab,
 		TiedEmbeddings: s.Tied,
+	}
+	if s.Experts > 0 {
+		c.Arch, c.NumExperts, c.ExpertsPerToken, c.NormTopK = "mixtral", s.Experts, s.ExpertsPerToken, true
 	}
 	r := rand.New(rand.NewPCG(seed, 11))
 	var tensors []*tensor.Tensor
@@ -99,6 +111,10 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 		"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "vocab_size": s.Vocab,
 		"max_position_embeddings": s.Context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
 		"tie_word_embeddings": s.Tied, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtypeName,
+	}
+	if s.Experts > 0 {
+		cfg["architectures"], cfg["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"
+		cfg["num_local_experts"], cfg["num_experts_per_tok"] = s.Experts, s.ExpertsPerToken
 	}
 	data, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {

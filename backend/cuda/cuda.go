@@ -236,7 +236,7 @@ func (b *Backend) Supports(op ir.Op) bool {
 	switch op {
 	case ir.Tokens, ir.Positions, ir.Weight, ir.Const, ir.Embed, ir.RMSNorm, ir.MatMul, ir.Add, ir.AddBias,
 		ir.SiLU, ir.Mul, ir.RoPE, ir.KVWrite, ir.Attention, ir.SelectRows, ir.AddRMSNorm, ir.SwiGLU,
-		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite, ir.MatMulBias, ir.GELUTanh, ir.SoftCap:
+		ir.RoPEKVWrite, ir.Split, ir.SwiGLUPacked, ir.RoPEQKVWrite, ir.MatMulBias, ir.GELUTanh, ir.SoftCap, ir.MoE:
 		return true
 	case ir.AllReduce, ir.AllGather:
 		return b.Comm != nil
@@ -314,6 +314,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]string{},
+		moeTables:    map[cu.Ptr]cu.Ptr{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, normChoice: map[normKey]bool{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
@@ -501,6 +502,9 @@ type loaded struct {
 	// normChoice records the buckets of norms whose prefetch is decided
 	// (normPath; the choice itself is the kernels' SetNormPrefetch).
 	normChoice map[normKey]bool
+	// moeTables holds each MoE layer's device table of its experts'
+	// weight pointers, by its first expert's gate (moeOf).
+	moeTables map[cu.Ptr]cu.Ptr
 
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split

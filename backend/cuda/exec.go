@@ -77,8 +77,8 @@ type stepState struct {
 	prof []string
 	ran  string
 	// gather is the arena's scratch of a tensor-parallel all-gather of
-	// several rows (gatherBytes).
-	gather cu.Ptr
+	// several rows (gatherBytes); moe the MoE layers' (moeBytes).
+	gather, moe cu.Ptr
 }
 
 // unlessFused marks the kernel of a node a GEMV may compute in its
@@ -345,7 +345,8 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 	}
 	d := e.l.dev
 	err = d.Do(func() error {
-		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs), gather: e.arena.Add(gatherOffset(e.plan))}
+		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs), gather: e.arena.Add(gatherOffset(e.plan)),
+			moe: e.arena.Add(moeOffset(e.plan))}
 		if e.l.b.Profile {
 			x.prof = []string{}
 		}

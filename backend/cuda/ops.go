@@ -190,6 +190,15 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			return k.SiLU(s, out[0].p, in[0].p, in[0].rows(x)*in[0].cols)
 		}
+	case ir.MoE:
+		m, err := l.moeOf(nd)
+		if err != nil {
+			return err
+		}
+		nd.kernel = fmt.Sprintf("moe (%d experts, %d a row)", m.E, m.K)
+		nd.launch = func(x *stepState, nd *node) error {
+			return k.MoE(s, m, in[0].rows(x), x.moe)
+		}
 	case ir.GELUTanh:
 		nd.kernel = "gelu_tanh"
 		nd.launch = func(x *stepState, nd *node) error {

@@ -158,13 +158,30 @@ func logitsChain(g *ir.Graph) ([]*ir.Value, error) {
 	return chain, nil
 }
 
-// arenaBytes is the arena a plan needs: its activations and its gather
-// scratch.
-func arenaBytes(p *compile.Plan) int {
+// arenaBytes is the arena a plan needs: its activations, its gather
+// scratch and its MoE layers' scratch.
+func arenaBytes(p *compile.Plan) int { return moeOffset(p) + moeBytes(p) }
+
+// moeOffset is where a plan's MoE scratch starts in the arena: after its
+// gather scratch, 256-byte aligned.
+func moeOffset(p *compile.Plan) int {
+	end := p.ArenaBytes
 	if g := gatherBytes(p); g > 0 {
-		return gatherOffset(p) + g
+		end = gatherOffset(p) + g
 	}
-	return p.ArenaBytes
+	return (end + 255) &^ 255
+}
+
+// moeBytes is the scratch of a plan's largest MoE layer (they run one
+// after another) for the bucket's tokens, sized for f32 activations.
+func moeBytes(p *compile.Plan) int {
+	n := 0
+	for _, nd := range p.Graph.Nodes {
+		if nd.Op == ir.MoE {
+			n = max(n, moeShape(nd).ScratchBytes(p.Bucket.Tokens, cu.F32))
+		}
+	}
+	return n
 }
 
 // growArena makes the shared activation arena at least n bytes. Executables

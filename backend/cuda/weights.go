@@ -19,7 +19,7 @@ import (
 // compute dtype for matrices read by products and embedding lookups, the
 // product's output dtype for the biases of MatMulBias (cuBLASLt's epilogue
 // takes them so), f32 for the rest (norm weights, other biases, RoPE
-// tables). With fp8, an FP8 (E4M3) matrix that only products read stays
+// tables); a mixture of experts' matrices in act. With fp8, an FP8 (E4M3) matrix that only products read stays
 // E4M3 (fp8Product), with its scales beside it; with blocks, a GGUF matrix
 // of a format kernels.Dequantize takes that only products read stays in its
 // blocks (devBlocks). A tensor read both ways (a tied embedding) is
@@ -40,7 +40,8 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.D
 			}
 			dt := cu.F32
 			product := n.Op == ir.MatMul || n.Op == ir.MatMulBias
-			if (product && i == 1) || (n.Op == ir.Embed && i == 0) || (n.Op == ir.MatMulBias && i == 2 && !output[n.Out()]) {
+			moe := n.Op == ir.MoE && i >= 1 // the router, the experts' matrices and the shared expert's gate
+			if (product && i == 1) || (n.Op == ir.Embed && i == 0) || (n.Op == ir.MatMulBias && i == 2 && !output[n.Out()]) || moe {
 				dt = act
 			}
 			if product && i == 1 && fp8 && staysFP8(in.Def.Attrs.Tensor, output[n.Out()]) {

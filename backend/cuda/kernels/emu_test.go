@@ -86,6 +86,26 @@ func TestGEMVTileEmulated(t *testing.T) {
 	}
 }
 
+// TestMoEEmulated runs moe.cu's kernels (a mixture of experts: routing,
+// the expert lists, the grouped gate/up and down products, the shared
+// expert and the weighted sum) on the host with the same emulation, and
+// testdata/emu/moe_driver.cpp compares them with a float64 reference:
+// both routings, a shared expert with and without its gate, up to 256
+// experts, lists longer than a warp's group of rows. The GPU test
+// (TestMoE) checks the same on the device. Skipped as
+// TestDecodeMMAEmulated.
+func TestMoEEmulated(t *testing.T) {
+	var s strings.Builder
+	s.WriteString(readEmu(t, "prelude.h"))
+	s.WriteString(shared)
+	s.WriteString(cBetween(t, common, "__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {", "#define VEC (16 / (int)sizeof(T))\n"))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_sum("))
+	s.WriteString(cLines(t, common, "#define GRID_STRIDE"))
+	s.WriteString(moe)
+	s.WriteString(readEmu(t, "moe_driver.cpp"))
+	runEmulated(t, s.String())
+}
+
 // TestGEMVKQEmulated runs the K-quant GEMV's own source (gemv_kq.cu's
 // frame and formats, with gemv.cu's OutStore) on the host with the same
 // emulation, and testdata/emu/kq_driver.cpp compares it with the float64

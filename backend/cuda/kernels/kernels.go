@@ -35,10 +35,13 @@ var (
 	prefillMMA string
 	//go:embed decode_mma.cu
 	decodeMMA string
+	//go:embed moe.cu
+	moe string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
-	// the common and elementwise kernels, then the asynchronous copies,
-	// attention, the tensor-core helpers, prefill and decode.
-	source = shared + "\n" + common + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
+	// the common and elementwise kernels and a mixture of experts', then
+	// the asynchronous copies, attention, the tensor-core helpers, prefill
+	// and decode.
+	source = shared + "\n" + common + "\n" + moe + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.

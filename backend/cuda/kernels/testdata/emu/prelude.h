@@ -241,6 +241,18 @@ template <typename V> static V shfl_xor(V v, int m) {
 	return r;
 }
 static inline float __shfl_xor_sync(unsigned, float v, int m) { return shfl_xor(v, m); }
+// __ballot_sync: bit i set when lane i's pred holds (every lane of the warp
+// takes part).
+static inline unsigned __ballot_sync(unsigned, int pred) {
+	g_block->xch[warp_id()][lane_id()][0] = pred != 0;
+	warp_sync();
+	unsigned b = 0;
+	for (int l = 0; l < 32; l++)
+		if (g_block->xch[warp_id()][l][0]) b |= 1u << l;
+	warp_sync();
+	return b;
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 
 // ---- shared memory addresses: offsets into the block's shared memory
 static inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - cur_smem()); }

@@ -1,0 +1,121 @@
+package kernels
+
+import (
+	"fmt"
+
+	"kiln/backend/cuda/cu"
+)
+
+// MoEMaxExperts is the most experts moe_route takes (MOE_MAX_E).
+const MoEMaxExperts = 256
+
+// MoE is one mixture-of-experts layer (ir.MoE) on rows of X: each row
+// routed to its K experts of largest router logit, weighted by the softmax
+// of their logits (Norm) or their probabilities over every expert, each a
+// SwiGLU MLP of width Inter; plus, when SharedInter > 0, a shared expert
+// every row goes through, scaled by sigmoid(x·SharedScale) when
+// SharedScale is set. Weights are in the activation dtype; Gate, Up and
+// Down are device tables of E pointers to the experts' matrices ([Inter,
+// Dim], [Inter, Dim], [Dim, Inter]), SharedGate, SharedUp and SharedDown
+// tables of one. Dim and the widths are multiples of 8.
+type MoE struct {
+	X, Out                           cu.Ptr // [rows, Dim]
+	Router                           cu.Ptr // [E, Dim]
+	Gate, Up, Down                   cu.Ptr
+	E, K, Dim, Inter                 int
+	Norm                             bool
+	SharedGate, SharedUp, SharedDown cu.Ptr
+	SharedScale                      cu.Ptr // [1, Dim], or 0
+	SharedInter                      int
+}
+
+// moeScratch is the layout of MoE's scratch for rows rows: byte offsets
+// of its parts, each 256-aligned, and the total.
+type moeScratch struct {
+	topIdx, topW, sharedW, order, start, count, h, y, hs, ys, total int
+}
+
+func (m MoE) scratch(rows int, act cu.DType) moeScratch {
+	var l moeScratch
+	at := 0
+	take := func(n int) int {
+		o := at
+		at += (n + 255) &^ 255
+		return o
+	}
+	rk := rows * m.K
+	l.topIdx, l.topW, l.sharedW, l.order = take(4*rk), take(4*rk), take(4*rows), take(4*rk)
+	l.start, l.count = take(4*m.E), take(4*m.E)
+	l.h, l.y = take(rk*m.Inter*act.Size()), take(4*rk*m.Dim)
+	l.hs, l.ys = take(rows*m.SharedInter*act.Size()), take(4*rows*m.Dim)
+	l.total = at
+	return l
+}
+
+// ScratchBytes is the device memory MoE needs for rows rows.
+func (m MoE) ScratchBytes(rows int, act cu.DType) int { return m.scratch(rows, act).total }
+
+// Check reports what the kernels cannot take.
+func (m MoE) Check() error {
+	switch {
+	case m.E < 1 || m.E > MoEMaxExperts || m.K < 1 || m.K > m.E:
+		return fmt.Errorf("kernels: moe of %d experts, %d a row (at most %d experts)", m.E, m.K, MoEMaxExperts)
+	case m.Dim%8 != 0 || m.Inter%8 != 0 || m.SharedInter%8 != 0 || m.Dim <= 0 || m.Inter <= 0:
+		return fmt.Errorf("kernels: moe widths %d, %d and %d must be multiples of 8", m.Dim, m.Inter, m.SharedInter)
+	}
+	return nil
+}
+
+// MoE runs the layer on rows rows, with scratch (ScratchBytes) at scratch:
+// moe_route, moe_order, moe_gate_up and moe_down (for the experts, then
+// the shared expert), moe_combine (see moe.cu).
+func (k *Kernels) MoE(s *cu.Stream, m MoE, rows int, scratch cu.Ptr) error {
+	if err := m.Check(); err != nil {
+		return err
+	}
+	if rows <= 0 {
+		return fmt.Errorf("kernels: moe of %d rows", rows)
+	}
+	l := m.scratch(rows, k.Act)
+	at := func(o int) cu.Ptr { return scratch.Add(o) }
+	norm := int32(0)
+	if m.Norm {
+		norm = 1
+	}
+	sharedW := cu.Ptr(0)
+	if m.SharedInter > 0 && m.SharedScale != 0 {
+		sharedW = at(l.sharedW)
+	}
+	const block = 128
+	warps := block / 32
+	if err := k.launchDep("moe_route", cu.D1(rows), cu.D1(block), 0, s, m.X, m.Router, m.SharedScale, int32(rows), int32(m.Dim),
+		int32(m.E), int32(m.K), norm, at(l.topIdx), at(l.topW), sharedW); err != nil {
+		return err
+	}
+	if err := k.launchDep("moe_order", cu.D1(m.E), cu.D1(32), 0, s, at(l.topIdx), int32(rows*m.K), at(l.order), at(l.start),
+		at(l.count)); err != nil {
+		return err
+	}
+	if err := k.launchDep("moe_gate_up", cu.Dim3{X: m.E, Y: (m.Inter + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
+		m.X, m.Gate, m.Up, at(l.order), at(l.start), at(l.count), int32(rows), int32(m.K), int32(m.Dim), int32(m.Inter), at(l.h)); err != nil {
+		return err
+	}
+	if err := k.launchDep("moe_down", cu.Dim3{X: m.E, Y: (m.Dim + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
+		at(l.h), m.Down, at(l.order), at(l.start), at(l.count), int32(rows), int32(m.Inter), int32(m.Dim), at(l.y)); err != nil {
+		return err
+	}
+	ys := cu.Ptr(0)
+	if m.SharedInter > 0 {
+		ys = at(l.ys)
+		if err := k.launchDep("moe_gate_up", cu.Dim3{X: 1, Y: (m.SharedInter + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
+			m.X, m.SharedGate, m.SharedUp, cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), int32(rows), int32(1), int32(m.Dim), int32(m.SharedInter), at(l.hs)); err != nil {
+			return err
+		}
+		if err := k.launchDep("moe_down", cu.Dim3{X: 1, Y: (m.Dim + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
+			at(l.hs), m.SharedDown, cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), int32(rows), int32(m.SharedInter), int32(m.Dim), ys); err != nil {
+			return err
+		}
+	}
+	return k.launchDep("moe_combine", ewGrid(rows*m.Dim), cu.D1(256), 0, s, at(l.y), at(l.topW), ys, sharedW, int32(rows),
+		int32(m.K), int32(m.Dim), m.Out)
+}

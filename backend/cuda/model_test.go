@@ -273,25 +273,11 @@ func TestGemmaMatchesCPU(t *testing.T) {
 						c.QKNorm, c.LayerWindows, c.RopeLocalTheta, c.RopeTheta = true, []int{40, 40, 0, 40}, 10000, 1e6
 						c.RopeScaling = model.RopeScaling{Type: "linear", Factor: 2}
 					}
-					m := testmodel.Random(c, 5)
-					run := func(bk backend.Backend) [][]float32 {
-						e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
-						if err != nil {
-							t.Fatal(err)
-						}
-						defer e.Close()
-						return batchedStepsOn(t, e, c.VocabSize)
-					}
-					gpu, ref := run(b), run(&cpu.Backend{})
 					limit := 1e-4
 					if dtype == "bf16" {
 						limit = 2e-2
 					}
-					for i := range ref {
-						if e := relL2(gpu[i], ref[i]); e > limit || math.IsNaN(e) {
-							t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > %g", i, e, limit)
-						}
-					}
+					matchesCPU(t, testmodel.Random(c, 5), b, limit)
 				})
 			}
 		}
@@ -320,22 +306,28 @@ func TestMoEMatchesCPU(t *testing.T) {
 			case "olmoe":
 				c.QKNormWhole, c.NumKVHeads = true, 4
 			}
-			m := testmodel.Random(c, 9)
-			run := func(bk backend.Backend) [][]float32 {
-				e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				return batchedStepsOn(t, e, c.VocabSize)
-			}
-			gpu, ref := run(b), run(&cpu.Backend{})
-			for i := range ref {
-				if e := relL2(gpu[i], ref[i]); e > 1e-4 || math.IsNaN(e) {
-					t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > 1e-4", i, e)
-				}
-			}
+			matchesCPU(t, testmodel.Random(c, 9), b, 1e-4)
 		})
+	}
+}
+
+// matchesCPU runs batchedStepsOn with model m on gpu and on the CPU: every
+// step's logits within limit (‖Δ‖₂/‖ref‖₂).
+func matchesCPU(t *testing.T, m *model.Model, gpu backend.Backend, limit float64) {
+	t.Helper()
+	run := func(bk backend.Backend) [][]float32 {
+		e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		return batchedStepsOn(t, e, m.Config.VocabSize)
+	}
+	got, ref := run(gpu), run(&cpu.Backend{})
+	for i := range ref {
+		if e := relL2(got[i], ref[i]); e > limit || math.IsNaN(e) {
+			t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > %g", i, e, limit)
+		}
 	}
 }
 

@@ -255,11 +255,11 @@ func batchedStepsOn(t *testing.T, e *engine.Engine, vocab int) [][]float32 {
 // global ones, Gemma 3's q/k norms and local RoPE base) run on the GPU in
 // f32 with the CPU's logits (‖Δ‖₂/‖ref‖₂ ≤ 1e-4) through a batched
 // prefill past the windows and 20 decode steps, at head dims 16 (the
-// CUDA-core attention) and 64 (the tensor-core kernels in bf16: within
-// 2e-2).
+// CUDA-core attention), 64 and Gemma's 256 (the tensor-core kernels in
+// bf16: within 2e-2).
 func TestGemmaMatchesCPU(t *testing.T) {
 	for _, dtype := range []string{"f32", "bf16"} {
-		for _, hd := range []int{16, 64} {
+		for _, hd := range []int{16, 64, 256} {
 			for _, arch := range []string{"gemma2", "gemma3"} {
 				t.Run(fmt.Sprintf("%s/hd%d/%s", arch, hd, dtype), func(t *testing.T) {
 					b := backendOf(t, dtype)

@@ -37,8 +37,11 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 	constexpr int NC = HD / 4;    // float4 chunks per row
 	constexpr int NCH = NC / 2;   // per thread
 	constexpr int CPR = HD / VEC; // 16-byte chunks per cache row
-	__shared__ float4 Ks[PF_BK][NC];
-	__shared__ float4 Vs[PF_BK][NC];
+	// Keys a stage: fewer past head dim 128, whose stages would pass the
+	// 48 KiB of static shared memory.
+	constexpr int BK = HD > 128 ? PF_BK / 2 : PF_BK;
+	__shared__ float4 Ks[BK][NC];
+	__shared__ float4 Vs[BK][NC];
 	__shared__ int sLo, sHi;
 
 	int tile = blockIdx.x, h = blockIdx.y;
@@ -75,9 +78,9 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 	}
 	float m = NEG_INF, l = 0.f;
 
-	for (int kb = kLo; kb <= kHi; kb += PF_BK) {
+	for (int kb = kLo; kb <= kHi; kb += BK) {
 		__syncthreads();
-		for (int i = tid; i < PF_BK * CPR; i += PF_THREADS) {
+		for (int i = tid; i < BK * CPR; i += PF_THREADS) {
 			int row = i / CPR, cc = i % CPR;
 			int j = kb + row;
 			float fk[VEC], fv[VEC];
@@ -99,10 +102,10 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 		}
 		__syncthreads();
 
-		float s[PF_BK];
+		float s[BK];
 		float mt = NEG_INF;
 #pragma unroll
-		for (int j = 0; j < PF_BK; j++) {
+		for (int j = 0; j < BK; j++) {
 			float d = 0.f;
 #pragma unroll
 			for (int i = 0; i < NCH; i++) {
@@ -123,7 +126,7 @@ __device__ void prefill_impl(const T* q, const T* kc, const T* vc, T* out, const
 				acc[i].x *= corr; acc[i].y *= corr; acc[i].z *= corr; acc[i].w *= corr;
 			}
 #pragma unroll
-			for (int j = 0; j < PF_BK; j++) {
+			for (int j = 0; j < BK; j++) {
 				float pj = exp2f(s[j] - mn);
 				l += pj;
 #pragma unroll
@@ -547,7 +550,7 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 #define ATTN_APPLY(K, HD) K(HD)
 #define ATTN_EACH_HD(K) ATTN_APPLY(K, KILN_HD)
 #else
-#define ATTN_EACH_HD(K) K(8) K(16) K(32) K(64) K(80) K(96) K(128)
+#define ATTN_EACH_HD(K) K(8) K(16) K(32) K(64) K(80) K(96) K(128) K(256)
 #endif
 #if KILN_PART_IS(2)
 ATTN_EACH_HD(ATTN_PREFILL)

@@ -259,6 +259,9 @@ var prefillCases = []attnCfg{
 	{heads: 8, kvHeads: 2, hd: 128, window: 64, cap: 1.5, seqs: [][2]int{{300, 300}, {40, 7}}},
 	{heads: 4, kvHeads: 2, hd: 16, cap: 1.5, seqs: [][2]int{{70, 70}}},
 	{heads: 8, kvHeads: 4, hd: 8, cap: 2, seqs: [][2]int{{50, 50}}},
+	// Head dim 256 (Gemma's): one head a block on the tensor cores.
+	{heads: 8, kvHeads: 4, hd: 256, seqs: [][2]int{{300, 300}, {20, 5}}},
+	{heads: 16, kvHeads: 8, hd: 256, window: 64, cap: 1.5, seqs: [][2]int{{200, 200}}},
 	{heads: 8, kvHeads: 2, hd: 64, seqs: [][2]int{{600, 300}}},
 }
 
@@ -290,6 +293,9 @@ var decodeCases = []attnCfg{
 	{heads: 16, kvHeads: 8, hd: 128, cap: 1.5, seqs: [][2]int{{1, 1}, {513, 1}, {2000, 2}}},
 	{heads: 8, kvHeads: 4, hd: 8, cap: 2, seqs: [][2]int{{256, 1}, {3, 1}}},
 	{heads: 32, kvHeads: 8, hd: 128, window: 300, cap: 1.5, seqs: batchSeqs(8, 1, 900, 1)},
+	// Head dim 256 (Gemma's): two stages on the tensor cores.
+	{heads: 8, kvHeads: 4, hd: 256, seqs: batchSeqs(8, 1, 900, 1)},
+	{heads: 16, kvHeads: 8, hd: 256, window: 100, cap: 1.5, seqs: [][2]int{{1, 1}, {513, 1}, {2000, 1}}},
 }
 
 // batchSeqs is n sequences of lengths spread over [lo, hi] (a fixed

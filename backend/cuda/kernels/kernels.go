@@ -49,8 +49,9 @@ func Source() string { return source }
 
 // HeadDims lists the head dimensions the attention kernels are built for.
 // The tensor-core prefill needs a multiple of 16; head dim 8 (tiny models
-// such as stories260K) takes the CUDA-core prefill kernel.
-var HeadDims = []int{8, 16, 32, 64, 80, 96, 128}
+// such as stories260K) takes the CUDA-core prefill kernel; past 128
+// (Gemma's 256) the tensor cores take one head a block and two stages.
+var HeadDims = []int{8, 16, 32, 64, 80, 96, 128, 256}
 
 // Kernels is the module of one activation dtype on one device, compiled
 // in parts (build).
@@ -828,7 +829,7 @@ func decodeMMAPlans(a Attn, m *Meta, sms int) []DecodePlan {
 		plans = append(plans, decodeMMAPlan(a, m, c, 0))
 	}
 	for _, c := range chunks {
-		if c > 2*decodeMMAKeys && decodeMMAStages2(th, ctx, c, sms) {
+		if c > 2*decodeMMAKeys && decodeMMAStages2(th, ctx, c, sms) && a.HeadDim <= 128 { // past 128 every plan has 2 stages
 			plans = append(plans, decodeMMAPlan(a, m, c, 2))
 		}
 	}
@@ -845,6 +846,9 @@ func decodeMMAStages2(th, ctx, chunk, sms int) bool {
 func decodeMMAPlan(a Attn, m *Meta, chunk, stages int) DecodePlan {
 	p := planChunk(a, m, chunk)
 	p.MMA = true
+	if a.HeadDim > 128 {
+		stages = 2 // three stages of 256-wide rows pass decodeMaxShared
+	}
 	p.Stages = stages
 	return p
 }

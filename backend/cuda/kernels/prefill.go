@@ -23,6 +23,9 @@ func (k *Kernels) PrefillVariants(a Attn) []string {
 	if !a.FP8 && (k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a)) {
 		return []string{"attn"}
 	}
+	if a.HeadDim > 128 {
+		return []string{"mma1"} // the one build past head dim 128 (prefill_mma.cu)
+	}
 	vs := []string{"mma"}
 	switch hb := mmaHeads(a.Heads / max(a.KVHeads, 1)); {
 	case hb == 4:
@@ -112,6 +115,9 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 	}
 	group := a.Heads / a.KVHeads
 	hb := mmaHeads(group)
+	if a.HeadDim > 128 {
+		hb = 1 // prefill_mma1 alone is built
+	}
 	switch variant {
 	case "mma":
 	case "mma2":

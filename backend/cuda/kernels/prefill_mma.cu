@@ -431,14 +431,20 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 // prefill_mma_<HD>: four heads per block, 8 warps (GQA groups of a multiple
 // of 4); prefill_mma2_<HD>: two heads per block, 4 warps (even groups);
 // prefill_mma1_<HD>: one head per block. Their shapes are pfMMA in prefill.go.
+// Past head dim 128 (256) one head a block alone: more would pass the
+// shared memory and registers a block has.
+#define MMA_KERNEL1(HD) PF_KERNEL(prefill_mma1_##HD, HD, 1, 1, 64, 2, true)
 #define MMA_KERNELS(HD)                                                                                              \
 	PF_KERNEL(prefill_mma_##HD, HD, 2, 2, 64, 2, (2 * HD <= 128))                                                   \
 	PF_KERNEL(prefill_mma2_##HD, HD, 2, 1, (2 * HD <= 128 ? 64 : 32), 2, (2 * HD <= 128))                          \
-	PF_KERNEL(prefill_mma1_##HD, HD, 1, 1, 64, 2, true)
+	MMA_KERNEL1(HD)
 // Part 1 of the kernels module (KILN_PART_IS).
 #if KILN_PART_IS(1)
 #ifdef KILN_HD
-#if KILN_HD >= 16
+#if KILN_HD > 128
+#define MMA_KERNEL1_X(HD) MMA_KERNEL1(HD)
+MMA_KERNEL1_X(KILN_HD)
+#elif KILN_HD >= 16
 #define MMA_KERNELS_X(HD) MMA_KERNELS(HD)
 MMA_KERNELS_X(KILN_HD)
 #endif
@@ -449,6 +455,7 @@ MMA_KERNELS(64)
 MMA_KERNELS(80)
 MMA_KERNELS(96)
 MMA_KERNELS(128)
+MMA_KERNEL1(256)
 #endif
 #endif // KILN_PART_IS(1)
 

@@ -13,8 +13,8 @@ static void launch_one(int hd, int mt, int st, DC_PARAMS) {
 #define CALL(H, M)                                                                    \
 	if (hd == H && mt == M && st == DM_ST) { decode_mma<H, M, DM_ST>(DC_ARGS); return; } \
 	if (hd == H && mt == M && st == DM_ST2) { decode_mma<H, M, DM_ST2>(DC_ARGS); return; }
-	CALL(16, 1) CALL(32, 1) CALL(64, 1) CALL(80, 1) CALL(96, 1) CALL(128, 1)
-	CALL(16, 2) CALL(32, 2) CALL(64, 2) CALL(80, 2) CALL(96, 2) CALL(128, 2)
+	CALL(16, 1) CALL(32, 1) CALL(64, 1) CALL(80, 1) CALL(96, 1) CALL(128, 1) CALL(256, 1)
+	CALL(16, 2) CALL(32, 2) CALL(64, 2) CALL(80, 2) CALL(96, 2) CALL(128, 2) CALL(256, 2)
 	fprintf(stderr, "no kernel\n");
 	abort();
 }
@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
 		// Soft-capped scores (Gemma 2): one and many splits, a window.
 		{8, 2, 128, 0, {{1, 1}, {37, 1}, {300, 1}}, 128, 1.5f},
 		{16, 2, 64, 100, {{260, 2}, {70, 1}}, 512, 1.5f},
+		// Head dim 256 (Gemma's), with Gemma 2's soft cap and a window.
+		{8, 4, 256, 0, {{1, 1}, {200, 1}}, 128, 0},
+		{16, 8, 256, 64, {{150, 2}, {9, 1}}, 128, 1.5f},
+		{32, 1, 256, 0, {{70, 1}}, 128, 0},
 	};
 	int fails = 0;
 	// Each case with the default ring (DM_ST stages) and with the _s2

@@ -22,12 +22,16 @@ static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 		return true;                                                                                        \
 	}
 	PF_CALL(16) PF_CALL(32) PF_CALL(64) PF_CALL(80) PF_CALL(96) PF_CALL(128)
+	if (hd == 256 && v == 2) { // past 128 one head a block alone is built
+		prefill_fa<256, 1, 1, 64, 2, true>(PF_ARGS);
+		return true;
+	}
 	return false;
 }
 
 static double run(const Case& c, int v, unsigned seed) {
 	const int group = c.heads / c.kvHeads, hb = v == 0 ? 4 : v == 1 ? 2 : 1;
-	if (group % hb != 0) return 0; // a variant the group does not take
+	if (group % hb != 0 || (c.hd > 128 && v != 2)) return 0; // a variant the group (or head dim) does not take
 	std::mt19937_64 rng(seed);
 	PagedBatch pb(c.heads, c.kvHeads, c.hd, c.window, c.seqs, rng);
 	const int Tn = pb.tokens();
@@ -83,6 +87,9 @@ int main(int argc, char** argv) {
 		// Soft-capped scores (Gemma 2), with and without a window.
 		{8, 2, 128, 40, {{130, 130}}, 1.5f},
 		{4, 2, 32, 0, {{100, 100}, {3, 1}}, 1.5f},
+		// Head dim 256 (Gemma's): one head a block, with and without the cap.
+		{8, 4, 256, 0, {{130, 130}, {20, 5}}},
+		{4, 2, 256, 40, {{90, 90}}, 1.5f},
 	};
 	int fails = 0;
 	for (int v = 0; v < 3; v++)

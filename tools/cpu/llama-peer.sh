@@ -10,8 +10,9 @@
 # no node, greedy steps after 8 of warm-up as kiln bench model --tg times
 # them. Both generate TOKENS tokens after the BOS token; each figure is one
 # run, and the rounds interleave the two programs so that drifts of the
-# machine hit both.
-#   tools/cpu/llama-peer.sh [threads, e.g. "1 2"] [tokens] [rounds]
+# machine hit both. SHAPE picks another random shape (moe-demo: a mixture
+# of experts of the demo's vocabulary).
+#   [SHAPE=demo-110m] [FORMATS=...] tools/cpu/llama-peer.sh [threads, e.g. "1 2"] [tokens] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 threads=${1:-1 2} tokens=${2:-64} rounds=${3:-3}
@@ -19,14 +20,17 @@ dir=${KILN_BENCH_DIR:-/tmp/kiln-cpu-peer}
 mkdir -p "$dir"
 go build -o "$dir/kiln" ./cmd/kiln
 k=$dir/kiln
-src=$dir/demo-110m-f32
+shape=${SHAPE:-demo-110m}
+src=$dir/$shape-f32
 if [ ! -f "$src/config.json" ]; then
-	$k bench model --random demo-110m --dtype f32 --keep "$dir" --pp 0 --tg 1 --batch 1 --reps 1 --device cpu >/dev/null
+	$k bench model --random "$shape" --dtype f32 --keep "$dir" --pp 0 --tg 1 --batch 1 --reps 1 --device cpu >/dev/null
 fi
 cp demo/files/tokenizer.json demo/files/tokenizer_config.json "$src/"
 formats=${FORMATS:-f16 q8_0 q6_k q5_k_m q4_k_m q4_k q4_0}
+pre=$dir/
+[ "$shape" = demo-110m ] || pre=$dir/$shape-
 for f in $formats; do
-	[ -f "$dir/$f.gguf" ] || $k quantize "$src" "$dir/$f.gguf" --to "$f" >/dev/null
+	[ -f "$pre$f.gguf" ] || $k quantize "$src" "$pre$f.gguf" --to "$f" >/dev/null
 done
 tokps() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["tokens_per_s"])'; }
 kiln() { # file threads
@@ -39,8 +43,8 @@ echo "|---|---|---|---|---|---|"
 for r in $(seq "$rounds"); do
 	for f in $formats; do
 		for th in $threads; do
-			kt=$(kiln "$dir/$f.gguf" "$th")
-			lt=$(llama "$dir/$f.gguf" "$th")
+			kt=$(kiln "$pre$f.gguf" "$th")
+			lt=$(llama "$pre$f.gguf" "$th")
 			python3 -c "print('| $f | $th | $r | %.1f | %.1f | %.2f |' % ($kt, $lt, $kt / $lt))"
 		done
 	done

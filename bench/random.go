@@ -43,11 +43,13 @@ var Shapes = map[string]Shape{
 	// decode against the bytes of the experts a step reads.
 	"moe-7b-a1b": {Name: "moe-7b-a1b", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, FFN: 1024, Vocab: 50304, Context: 4096,
 		Experts: 64, ExpertsPerToken: 8},
-	// moe-demo: a mixture of experts (16 of 512, 2 a token; 146M
-	// parameters, 45M active) with the demo's vocabulary, small enough for
-	// the CPU's comparison with llama.cpp (tools/cpu/llama-peer.sh,
-	// SHAPE=moe-demo).
-	"moe-demo": {Name: "moe-demo", Hidden: 512, Layers: 8, Heads: 8, KVHeads: 8, FFN: 512, Vocab: 4096, Context: 1024, Tied: true,
+	// moe-demo: a mixture of experts (16 of 512, 2 a token; 113M
+	// parameters, 23M read a token) with the demo's vocabulary, small
+	// enough for the CPU's comparison with llama.cpp
+	// (tools/cpu/llama-peer.sh, SHAPE=moe-demo). Untied, so that greedy
+	// decoding wanders over the vocabulary and the experts (a tied random
+	// model repeats its token, and its routing with it).
+	"moe-demo": {Name: "moe-demo", Hidden: 512, Layers: 8, Heads: 8, KVHeads: 8, FFN: 512, Vocab: 4096, Context: 1024,
 		Experts: 16, ExpertsPerToken: 2},
 	// tiny: for tests.
 	"tiny": {Name: "tiny", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 256, Context: 256},

@@ -241,3 +241,25 @@ func TestExpertBytes(t *testing.T) {
 		t.Errorf("share of a dense model %g", s)
 	}
 }
+
+// TestRandomLongContext: the llama3.1-8b shape's config says its context
+// and llama3 scaling, read back as Llama 3.1's (checked on a small copy of
+// it: the same config, tiny widths).
+func TestRandomLongContext(t *testing.T) {
+	s := Shapes["llama3.1-8b"]
+	s.Hidden, s.Layers, s.Heads, s.KVHeads, s.FFN, s.Vocab = 64, 1, 4, 2, 32, 128
+	dir := t.TempDir()
+	if err := WriteRandomModel(dir, s, tensor.F32, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.Config
+	if c.MaxPositions != 131072 || c.RopeTheta != 500000 || c.RopeScaling.Type != "llama3" || c.RopeScaling.Factor != 8 ||
+		c.RopeScaling.OriginalMaxPositions != 8192 {
+		t.Fatalf("config %+v", c)
+	}
+}

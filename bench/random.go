@@ -25,6 +25,10 @@ type Shape struct {
 	// Experts, when set, makes each MLP a mixture of that many experts of
 	// width FFN, ExpertsPerToken a token (Mixtral's layout and routing).
 	Experts, ExpertsPerToken int
+	// RopeTheta is RoPE's base (0: 10000); RopeScaling, when set, goes
+	// into config.json as rope_scaling (Llama 3.1's long context).
+	RopeTheta   float64
+	RopeScaling map[string]any
 }
 
 // Shapes are the benchmark shapes known by name.
@@ -33,6 +37,11 @@ var Shapes = map[string]Shape{
 	"stories110m": {Name: "stories110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 32000, Context: 1024, Tied: true},
 	// llama3-8b: Llama 3 8B's shape.
 	"llama3-8b": {Name: "llama3-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192},
+	// llama3.1-8b: Llama 3.1 8B's, its 131,072 positions by llama3 RoPE
+	// scaling: long prefills (tools/gpu/long-bench.sh).
+	"llama3.1-8b": {Name: "llama3.1-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 131072,
+		RopeTheta: 500000, RopeScaling: map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+			"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
 	// demo-110m: stories110M's shape with the demo model's 4,096-token
 	// vocabulary, so that its GGUF files can carry the demo's tokenizer
 	// (llama.cpp loads no model without one): the CPU comparison with
@@ -119,6 +128,12 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 		"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "vocab_size": s.Vocab,
 		"max_position_embeddings": s.Context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
 		"tie_word_embeddings": s.Tied, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtypeName,
+	}
+	if s.RopeTheta > 0 {
+		cfg["rope_theta"] = s.RopeTheta
+	}
+	if s.RopeScaling != nil {
+		cfg["rope_scaling"] = s.RopeScaling
 	}
 	if s.Experts > 0 {
 		cfg["architectures"], cfg["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"

@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--llama31", action="store_true", help="Llama 3.1's 131,072 positions by llama3 RoPE scaling")
     a = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     import transformers
@@ -104,9 +105,21 @@ def main():
 
     out["attention"] = attention_alone()
 
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=a.layers,
-                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                      max_position_embeddings=8192, rope_theta=500000.0)
+    shape = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=a.layers,
+                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+    if a.llama31:
+        # kiln's llama3.1-8b shape (bench/random.go): transformers 5 takes
+        # rope_parameters, 4 rope_scaling.
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}
+        try:
+            cfg = LlamaConfig(**shape, max_position_embeddings=131072,
+                              rope_parameters={**scaling, "rope_theta": 500000.0})
+        except TypeError:
+            cfg = LlamaConfig(**shape, max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=scaling)
+        out["config"] = "llama3.1"
+    else:
+        cfg = LlamaConfig(**shape, max_position_embeddings=8192, rope_theta=500000.0)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()

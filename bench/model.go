@@ -61,6 +61,9 @@ type ModelOptions struct {
 	// Blocks are the GGUF block formats the backend holds as stored (the
 	// others at WeightElemBytes).
 	Blocks []tensor.DType
+	// WidenExperts: the backend holds a mixture of experts' matrices at
+	// WeightElemBytes whatever their format (the GPU's expert kernels).
+	WidenExperts bool
 	// Progress, when set, is told each repetition as it starts ("pp512
 	// batch 1: warm-up", "tg128 batch 4: 2 of 3").
 	Progress func(test string)
@@ -331,7 +334,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		}
 		rate := float64(batch*o.GenTokens) / el.Seconds()
 		res.Samples = append(res.Samples, rate)
-		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o.WeightElemBytes, o.FP8Weights, o.Blocks)) + kvBytes/float64(o.GenTokens)
+		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o)) + kvBytes/float64(o.GenTokens)
 		bw := res.BytesPerStep * rate / float64(batch)
 		roof = append(roof, bw/copyRate)
 		if readRate > 0 {
@@ -347,19 +350,21 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 
 // weightBytesPerStep is the weight memory one decode step reads: every
 // matrix once, except that an untied embedding table is only gathered from
-// (one row per sequence). elemBytes is the width of an element as held (0:
-// as stored); FP8 matrices take one byte an element when fp8 (held as
-// stored), else two (widened to bf16 or f16); block-quantized ones of the
-// formats blocks as stored. A mixture of experts' matrices count for the
+// (one row per sequence). o.WeightElemBytes is the width of an element as
+// held (0: as stored); FP8 matrices take one byte an element when
+// o.FP8Weights (held as stored), else two (widened to bf16 or f16);
+// block-quantized ones of the formats o.Blocks as stored; a mixture's
+// matrices at o.WeightElemBytes when o.WidenExperts. A mixture of experts' matrices count for the
 // experts a step reads: E·(1−(1−K/E)^batch) of a layer's E, the expected
 // number of distinct experts when rows route uniformly and independently
 // (as random weights route them; expertShare).
-func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool, blocks []tensor.DType) int64 {
+func weightBytesPerStep(m *model.Model, batch int, o ModelOptions) int64 {
+	elemBytes := o.WeightElemBytes
 	size := func(t *tensor.Tensor) int64 {
 		switch {
-		case slices.Contains(blocks, t.DType):
+		case slices.Contains(o.Blocks, t.DType):
 			return int64(len(t.Data))
-		case t.DType == tensor.F8_E4M3 && fp8:
+		case t.DType == tensor.F8_E4M3 && o.FP8Weights:
 			return t.Shape.Elements()
 		case t.DType == tensor.F8_E4M3:
 			return 2 * t.Shape.Elements()
@@ -368,15 +373,19 @@ func weightBytesPerStep(m *model.Model, batch, elemBytes int, fp8 bool, blocks [
 		}
 		return int64(len(t.Data))
 	}
-	experts := expertNames(&m.Config)
+	experts, mixture := expertNames(&m.Config), mixtureNames(&m.Config)
 	share := expertShare(&m.Config, batch)
 	var n int64
 	for name, t := range m.Tensors {
+		b := size(t)
+		if o.WidenExperts && elemBytes > 0 && mixture[name] {
+			b = t.Shape.Elements() * int64(elemBytes)
+		}
 		if experts[name] {
-			n += int64(math.Round(share * float64(size(t))))
+			n += int64(math.Round(share * float64(b)))
 			continue
 		}
-		n += size(t)
+		n += b
 	}
 	if !m.Config.TiedEmbeddings {
 		if t, ok := m.Tensors[model.EmbedName]; ok {
@@ -394,6 +403,26 @@ func expertNames(c *model.Config) map[string]bool {
 		for e := 0; e < c.NumExperts; e++ {
 			g, u, d := c.MoEExpert(l, e)
 			out[g], out[u], out[d] = true, true, true
+		}
+	}
+	return out
+}
+
+// mixtureNames is the set of a mixture's matrices: its routed experts',
+// its routers and its shared experts' (with their gates).
+func mixtureNames(c *model.Config) map[string]bool {
+	out := expertNames(c)
+	if c.NumExperts == 0 {
+		return out
+	}
+	for l := 0; l < c.NumLayers; l++ {
+		out[c.MoERouter(l)] = true
+		if c.SharedExpertSize > 0 {
+			g, u, d := c.MoEShared(l)
+			out[g], out[u], out[d] = true, true, true
+			if c.SharedExpertGate {
+				out[c.MoESharedGate(l)] = true
+			}
 		}
 	}
 	return out

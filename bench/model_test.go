@@ -209,8 +209,22 @@ func TestExpertBytes(t *testing.T) {
 	for _, batch := range []int{1, 4, 64} {
 		share := 1 - math.Pow(1-2.0/8, float64(batch))
 		want := other + int64(math.Round(share*float64(expertBytes)))
-		if got := weightBytesPerStep(m, batch, 0, false, nil); got < want-int64(len(experts)) || got > want+int64(len(experts)) {
+		if got := weightBytesPerStep(m, batch, ModelOptions{}); got < want-int64(len(experts)) || got > want+int64(len(experts)) {
 			t.Errorf("batch %d: %d bytes a step, want %d (experts' share %.3f)", batch, got, want, share)
+		}
+	}
+	// The GPU widens a mixture's matrices whatever their format (here F32
+	// held as stored, the experts and routers at 2 bytes).
+	router := int64(0)
+	for l := 0; l < c.NumLayers; l++ {
+		router += int64(len(m.Tensors[c.MoERouter(l)].Data))
+	}
+	widened := ModelOptions{WeightElemBytes: 2, WidenExperts: true, Blocks: []tensor.DType{tensor.F32}}
+	for _, batch := range []int{1, 64} {
+		share := 1 - math.Pow(1-2.0/8, float64(batch))
+		want := other - router/2 + int64(math.Round(share*float64(expertBytes/2)))
+		if got := weightBytesPerStep(m, batch, widened); got < want-int64(len(experts)) || got > want+int64(len(experts)) {
+			t.Errorf("widened, batch %d: %d bytes a step, want %d", batch, got, want)
 		}
 	}
 	// A random shape with experts is written in Mixtral's layout and runs.

@@ -27,6 +27,9 @@ type Options struct {
 	// less when KVCacheFraction's share of the memory holds less: then one
 	// sequence of what it holds).
 	ContextLen int
+	// ContextCap, with ContextLen 0, bounds that default context (a draft
+	// model needs no more than its target's).
+	ContextCap int
 	// MaxSeqs is how many sequences may hold KV blocks at once (default 1).
 	MaxSeqs int
 	// BlockSize is the number of token slots in a KV block (default 16).
@@ -117,6 +120,9 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	auto := ctx <= 0
 	if auto {
 		ctx = c.MaxPositions
+		if opts.ContextCap > 0 {
+			ctx = min(ctx, opts.ContextCap)
+		}
 	}
 	if ctx > c.MaxPositions {
 		return nil, fmt.Errorf("context length %d exceeds the model's %d", ctx, c.MaxPositions)

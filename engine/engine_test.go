@@ -208,8 +208,8 @@ func TestKVCacheFraction(t *testing.T) {
 // TestDefaultContext: without a context length an engine serves the
 // model's own when the memory holds it, and when it does not, what the
 // KV cache's share of the memory holds for one sequence (a model of 2M
-// positions against a thousandth of the free memory); an explicit context
-// that does not fit stays an error.
+// positions against a thousandth of the free memory), at most ContextCap;
+// an explicit context that does not fit stays an error.
 func TestDefaultContext(t *testing.T) {
 	c := model.Config{Arch: "llama", HiddenSize: 16, IntermediateSize: 24, NumLayers: 2, NumHeads: 2, NumKVHeads: 2, HeadDim: 8,
 		VocabSize: 32, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.F32}
@@ -219,6 +219,15 @@ func TestDefaultContext(t *testing.T) {
 	}
 	if e.ContextLen() != 512 {
 		t.Errorf("context %d, want the model's 512", e.ContextLen())
+	}
+	e.Close()
+	// A cap bounds the default (a draft model's, by its target's).
+	e, err = engine.New(testmodel.Random(c, 1), &cpu.Backend{}, engine.Options{KVCacheFraction: 0.5, ContextCap: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ContextLen() != 300 {
+		t.Errorf("context %d, want the cap's 300", e.ContextLen())
 	}
 	e.Close()
 	c.MaxPositions = 1 << 21

@@ -104,3 +104,25 @@ func TestCompareFromZero(t *testing.T) {
 		}
 	}
 }
+
+// TestPercentileInfinite: percentiles of values that include infinities
+// (a change from a base of 0) are never NaN: the nearer end where one end
+// of the interpolation is infinite, exact positions as they are.
+func TestPercentileInfinite(t *testing.T) {
+	for _, c := range []struct {
+		xs   []float64
+		p    float64
+		want float64
+	}{
+		{[]float64{math.Inf(-1), 1, 2}, 0, math.Inf(-1)},
+		{[]float64{math.Inf(-1), 1, 2}, 20, math.Inf(-1)},
+		{[]float64{math.Inf(-1), 1, 2}, 40, 1},
+		{[]float64{1, 2, math.Inf(1)}, 50, 2},
+		{[]float64{1, 2, math.Inf(1)}, 80, math.Inf(1)},
+		{[]float64{1, 2, 4}, 75, 3},
+	} {
+		if got := percentile(c.xs, c.p); got != c.want {
+			t.Errorf("percentile(%v, %g) = %g, want %g", c.xs, c.p, got, c.want)
+		}
+	}
+}

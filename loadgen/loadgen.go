@@ -364,8 +364,15 @@ func percentile(sorted []float64, p float64) float64 {
 	pos := p / 100 * float64(len(sorted)-1)
 	lo := int(math.Floor(pos))
 	hi := min(lo+1, len(sorted)-1)
-	if sorted[lo] == sorted[hi] { // infinite ones too
+	f := pos - float64(lo)
+	switch {
+	case f == 0 || sorted[lo] == sorted[hi]: // infinite ones too
 		return sorted[lo]
+	case math.IsInf(sorted[lo], 0) || math.IsInf(sorted[hi], 0):
+		if f < 0.5 { // no interpolation with an infinity: the nearer end
+			return sorted[lo]
+		}
+		return sorted[hi]
 	}
-	return sorted[lo] + (sorted[hi]-sorted[lo])*(pos-float64(lo))
+	return sorted[lo] + (sorted[hi]-sorted[lo])*f
 }

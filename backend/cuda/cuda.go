@@ -291,6 +291,11 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	// module then holds that head dim's attention kernels alone.
 	hd := -1
 	for _, n := range c.Graph.Nodes {
+		if n.Op == ir.MoE { // what the expert kernels take, before any upload
+			if err := moeShape(n).Check(); err != nil {
+				return nil, err
+			}
+		}
 		if n.Op == ir.Attention {
 			if err := checkHeadDim(n.Attrs.HeadDim); err != nil {
 				return nil, err
@@ -314,7 +319,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 		return nil, err
 	}
 	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]string{},
-		moeTables:    map[cu.Ptr]cu.Ptr{},
+		moeTables:    map[*ir.Node]cu.Ptr{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, normChoice: map[normKey]bool{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
@@ -328,6 +333,9 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	}()
 	start := time.Now()
 	uploaded, upErr := l.uploadWeights(b.Progress)
+	if upErr == nil {
+		upErr = l.uploadMoETables()
+	}
 	b.stats.Uploaded += uploaded
 	b.stats.UploadTime += time.Since(start)
 	var m compiledModules
@@ -503,8 +511,8 @@ type loaded struct {
 	// (normPath; the choice itself is the kernels' SetNormPrefetch).
 	normChoice map[normKey]bool
 	// moeTables holds each MoE layer's device table of its experts'
-	// weight pointers, by its first expert's gate (moeOf).
-	moeTables map[cu.Ptr]cu.Ptr
+	// weight pointers (uploadMoETables).
+	moeTables map[*ir.Node]cu.Ptr
 
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split

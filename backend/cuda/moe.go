@@ -19,11 +19,54 @@ func moeShape(n *ir.Node) kernels.MoE {
 	return m
 }
 
-// moeOf binds MoE node nd for the kernels: its weights must be matrices
-// of the activation dtype (not GGUF blocks nor FP8: such a model runs on
-// the CPU under --device auto); the table of the experts' pointers is
-// uploaded once a layer (gate, up and down of every expert, then the
-// shared expert's).
+// uploadMoETables checks every MoE layer of the graph against what the
+// kernels take and uploads its table of weight pointers (gate, up and down
+// of every expert, then the shared expert's), at load: no step allocates
+// device memory. The weights are uploaded (weightDTypes gives a mixture's
+// matrices the activation dtype: GGUF blocks and FP8 are widened, at 2
+// bytes an element in bf16).
+func (l *loaded) uploadMoETables() error {
+	for _, n := range l.compiled.Graph.Nodes {
+		if n.Op != ir.MoE {
+			continue
+		}
+		if err := moeShape(n).Check(); err != nil {
+			return err
+		}
+		a := n.Attrs
+		ptrs := make([]uint64, 3*a.Experts+3)
+		for i := 2; i < 2+3*a.Experts+3*b2i(a.Shared); i++ {
+			w, ok := l.weights[n.Inputs[i].Def]
+			if !ok {
+				return fmt.Errorf("cuda: moe weight %q was not uploaded", n.Inputs[i].Def.Attrs.Name)
+			}
+			if j := i - 2; j < 3*a.Experts {
+				ptrs[(j%3)*a.Experts+j/3] = uint64(w.p) // expert j/3's gate, up or down
+			} else {
+				ptrs[j] = uint64(w.p)
+			}
+		}
+		p, err := l.alloc(8 * len(ptrs))
+		if err != nil {
+			return err
+		}
+		if err := l.dev.Upload(p, cu.AsBytes(ptrs)); err != nil {
+			return err
+		}
+		l.moeTables[n] = p
+	}
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// moeOf binds MoE node nd for the kernels: its activations and weights in
+// the activation dtype, its table of weight pointers (uploadMoETables).
 func (l *loaded) moeOf(nd *node) (kernels.MoE, error) {
 	m := moeShape(nd.n)
 	if err := m.Check(); err != nil {
@@ -37,30 +80,11 @@ func (l *loaded) moeOf(nd *node) (kernels.MoE, error) {
 			return m, fmt.Errorf("cuda: moe weight %s is %v (blocks %v): the expert kernels take %v matrices", o.v.Def.Attrs.Name, o.dtype, o.blocks, l.act)
 		}
 	}
-	a := nd.n.Attrs
-	tab, ok := l.moeTables[nd.in[2].p]
+	tab, ok := l.moeTables[nd.n]
 	if !ok {
-		ptrs := make([]uint64, 3*a.Experts+3)
-		for e := range a.Experts {
-			for j := range 3 {
-				ptrs[j*a.Experts+e] = uint64(nd.in[2+3*e+j].p)
-			}
-		}
-		if a.Shared {
-			for j := range 3 {
-				ptrs[3*a.Experts+j] = uint64(nd.in[2+3*a.Experts+j].p)
-			}
-		}
-		p, err := l.alloc(8 * len(ptrs))
-		if err != nil {
-			return m, err
-		}
-		if err := l.dev.Upload(p, cu.AsBytes(ptrs)); err != nil {
-			return m, err
-		}
-		l.moeTables[nd.in[2].p] = p
-		tab = p
+		return m, fmt.Errorf("cuda: moe node n%d has no table of its experts", nd.n.ID)
 	}
+	a := nd.n.Attrs
 	m.X, m.Out, m.Router = nd.in[0].p, nd.out[0].p, nd.in[1].p
 	m.Gate, m.Up, m.Down = tab, tab.Add(8*a.Experts), tab.Add(16*a.Experts)
 	if a.Shared {

@@ -26,11 +26,10 @@ import (
 // widened to act.
 func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.DType {
 	want := map[*ir.Node]cu.DType{}
-	output := map[*ir.Value]bool{}
-	for _, o := range g.Outputs {
-		output[o] = true // the logits, in f32
-		if o.Def.Op == ir.AllGather {
-			output[o.Def.Inputs[0]] = true // a tensor-parallel rank's, gathered
+	output := map[*ir.Value]bool{} // the logits and what they come from, in f32
+	if chain, err := logitsChain(g); err == nil {
+		for _, v := range chain {
+			output[v] = true
 		}
 	}
 	for _, n := range g.Nodes {

@@ -5,6 +5,10 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"kiln/arch"
+	"kiln/backend/cuda/cu"
+	"kiln/internal/testmodel"
+	"kiln/model"
 	"kiln/tensor"
 )
 
@@ -69,6 +73,61 @@ func TestCopyParallel(t *testing.T) {
 			if !bytes.Equal(dst, want) {
 				t.Fatalf("%d bytes into %d: the copies differ", n, n+extra)
 			}
+		}
+	}
+}
+
+// TestWeightDTypesLogits: an FP8 LM head stays in f32-output form (the
+// activation dtype, widened) whether the logits come straight from it or
+// through a soft cap (Gemma 2) — products into the f32 logits do not run
+// in FP8 — while another FP8 matrix stays E4M3; a mixture's matrices take
+// the activation dtype.
+func TestWeightDTypesLogits(t *testing.T) {
+	for _, softCap := range []float64{0, 30} {
+		c := model.Config{Arch: "llama", HiddenSize: 32, IntermediateSize: 32, NumLayers: 1, NumHeads: 2, NumKVHeads: 2, HeadDim: 16,
+			VocabSize: 64, MaxPositions: 32, RMSNormEps: 1e-5, RopeTheta: 10000, FinalSoftCap: softCap}
+		m := testmodel.Zeros(c)
+		for _, name := range []string{model.HeadName, model.LayerName(0, "mlp.down_proj.weight")} {
+			x := m.Tensors[name]
+			m.Tensors[name] = &tensor.Tensor{Name: name, DType: tensor.F8_E4M3, Shape: x.Shape, Data: make([]byte, x.Shape.Elements())}
+		}
+		g, err := arch.Build(m, arch.Options{ContextLen: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := weightDTypes(g, cu.BF16, true, false)
+		checkExperts(t, softCap)
+		for n, dt := range want {
+			switch n.Attrs.Name {
+			case model.HeadName:
+				if dt != cu.BF16 {
+					t.Errorf("soft cap %g: the head is %v, want bf16", softCap, dt)
+				}
+			case model.LayerName(0, "mlp.down_proj.weight"):
+				if dt != cu.F8E4M3 {
+					t.Errorf("soft cap %g: down_proj is %v, want e4m3", softCap, dt)
+				}
+			}
+		}
+	}
+}
+
+// checkExperts: a mixture's FP8 matrices take the activation dtype (the
+// expert kernels read no other).
+func checkExperts(t *testing.T, softCap float64) {
+	c := model.Config{Arch: "mixtral", HiddenSize: 32, IntermediateSize: 32, NumLayers: 1, NumHeads: 2, NumKVHeads: 2, HeadDim: 16,
+		VocabSize: 64, MaxPositions: 32, RMSNormEps: 1e-5, RopeTheta: 10000, FinalSoftCap: softCap, NumExperts: 2, ExpertsPerToken: 1}
+	m := testmodel.Zeros(c)
+	gate, _, _ := c.MoEExpert(0, 1)
+	x := m.Tensors[gate]
+	m.Tensors[gate] = &tensor.Tensor{Name: gate, DType: tensor.F8_E4M3, Shape: x.Shape, Data: make([]byte, x.Shape.Elements())}
+	g, err := arch.Build(m, arch.Options{ContextLen: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, dt := range weightDTypes(g, cu.BF16, true, false) {
+		if n.Attrs.Name == gate && dt != cu.BF16 {
+			t.Errorf("an FP8 expert's gate is %v, want bf16", dt)
 		}
 	}
 }

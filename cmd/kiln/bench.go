@@ -209,6 +209,7 @@ func cmdBenchModel(args []string) error {
 		if !gpu.WidenBlocks {
 			opts.Blocks = kernels.DequantFormats
 		}
+		opts.WidenExperts = true // the expert kernels read the activation dtype
 		opts.KVElemBytes = opts.WeightElemBytes
 		act := gpu.ComputeDType(e.Compiled.Graph)
 		if *pp > 0 {

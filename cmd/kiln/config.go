@@ -206,10 +206,11 @@ func (f *specFlags) speculation(target *engineOn) (*engine.Speculation, func(), 
 		m.Close()
 		return nil, nil, fmt.Errorf("--draft-model: its vocabulary has %d tokens, the model's %d", m.Config.VocabSize, target.Vocab())
 	}
-	// The draft's context is its own, bounded by what memory the target
-	// left (a sequence past it gets no drafts), not the target's: a
-	// target of long context takes most of the memory first.
-	d, err := engine.New(m, target.backend, engine.Options{MaxSeqs: target.MaxSeqs(),
+	// The draft's context is at most the target's (a draft sequence never
+	// outgrows its target's), bounded by what memory the target left (a
+	// sequence past it gets no drafts): a target of long context takes
+	// most of the memory first.
+	d, err := engine.New(m, target.backend, engine.Options{ContextCap: target.ContextLen(), MaxSeqs: target.MaxSeqs(),
 		KVCacheFraction: kvFractionFor(target.backend), Buckets: bucketsFor(target.backend)})
 	if err != nil {
 		m.Close()

@@ -60,8 +60,10 @@ func (m MoE) Check() error {
 	switch {
 	case m.E < 1 || m.E > MoEMaxExperts || m.K < 1 || m.K > m.E:
 		return fmt.Errorf("kernels: moe of %d experts, %d a row (at most %d experts)", m.E, m.K, MoEMaxExperts)
-	case m.Dim%8 != 0 || m.Inter%8 != 0 || m.SharedInter%8 != 0 || m.Dim <= 0 || m.Inter <= 0:
+	case m.Dim%8 != 0 || m.Inter%8 != 0 || m.SharedInter%8 != 0 || m.Dim <= 0 || m.Inter <= 0 || m.SharedInter < 0:
 		return fmt.Errorf("kernels: moe widths %d, %d and %d must be multiples of 8", m.Dim, m.Inter, m.SharedInter)
+	case m.SharedScale != 0 && m.SharedInter == 0:
+		return fmt.Errorf("kernels: moe shared expert's gate without a shared expert")
 	}
 	return nil
 }

@@ -355,6 +355,41 @@ func FuzzSafetensorsHeader(f *testing.F) {
 	})
 }
 
+// FuzzHFConfig: config.json of any content gives a config or an error,
+// never a panic; a config it gives validates, and its tensors can be
+// listed (ExpectedTensors) without a panic. Seeds: the families kiln reads,
+// with their scalings, windows, experts and Gemma's fields.
+func FuzzHFConfig(f *testing.F) {
+	base := `"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40, "max_position_embeddings": 128`
+	for _, seed := range []string{
+		`{"architectures": ["LlamaForCausalLM"], ` + base + `, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 32}}`,
+		`{"model_type": "mistral", ` + base + `, "sliding_window": 16}`,
+		`{"model_type": "qwen2", ` + base + `, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 1, "layer_types": ["full_attention", "sliding_attention"]}`,
+		`{"model_type": "phi3", ` + base + `, "rope_scaling": {"type": "longrope", "short_factor": [1,1,1,1,1,1,1,1], "long_factor": [2,2,2,2,2,2,2,2], "original_max_position_embeddings": 32}}`,
+		`{"model_type": "mixtral", ` + base + `, "num_local_experts": 4, "num_experts_per_tok": 2}`,
+		`{"model_type": "qwen2_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}`,
+		`{"model_type": "olmoe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": null}`,
+		`{"model_type": "gemma3_text", ` + base + `, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], "rope_local_base_freq": 10000, "hidden_activation": "gelu_pytorch_tanh"}`,
+		`{"model_type": "gemma2", ` + base + `, "attn_logit_softcapping": 50, "final_logit_softcapping": 30, "sliding_window": 8}`,
+		`{"model_type": "qwen3", ` + base + `, "head_dim": 32, "rope_parameters": {"rope_type": "linear", "factor": 2, "rope_theta": 1e6}, "eos_token_id": [1, 2]}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, _, err := parseHFConfig(data)
+		if err != nil {
+			return
+		}
+		if c.Validate() != nil {
+			return // checkTensors refuses it at load
+		}
+		if c.NumLayers > 64 || c.NumExperts > 64 || c.HiddenSize > 4096 {
+			return // listing would only take long
+		}
+		ExpectedTensors(&c)
+	})
+}
+
 func TestHFChatTemplateShared(t *testing.T) {
 	for _, tc := range []struct{ dir, want string }{
 		{"qwen2.5-instruct", "<|im_start|>"},

@@ -100,6 +100,14 @@ func dotsE4M3(a *float32, b *byte, stride uintptr, n, n8 int, out *float32)
 //go:noescape
 func axpysE4M3(w *float32, x *byte, stride uintptr, n, n8 int, y *float32)
 
+// dotsF16 and axpysF16 are in f16_amd64.s (DotsF16, AxpysF16).
+
+//go:noescape
+func dotsF16(a *float32, b *uint16, stride uintptr, n, n8 int, out *float32)
+
+//go:noescape
+func axpysF16(w *float32, x *uint16, stride uintptr, n, n8 int, y *float32)
+
 //go:noescape
 func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32)
 

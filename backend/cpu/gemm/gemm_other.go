@@ -67,9 +67,11 @@ func rowsQ4_0(w unsafe.Pointer, stride uintptr, xq *int8, xd *float32, xs *int16
 	panic("unreachable")
 }
 
-func dotsE4M3(a *float32, b *byte, stride uintptr, n, n8 int, out *float32) { panic("unreachable") }
-func axpysE4M3(w *float32, x *byte, stride uintptr, n, n8 int, y *float32)  { panic("unreachable") }
-func swigluF32(out, gate, up *float32, n8 int)                              { panic("unreachable") }
+func dotsE4M3(a *float32, b *byte, stride uintptr, n, n8 int, out *float32)  { panic("unreachable") }
+func axpysE4M3(w *float32, x *byte, stride uintptr, n, n8 int, y *float32)   { panic("unreachable") }
+func dotsF16(a *float32, b *uint16, stride uintptr, n, n8 int, out *float32) { panic("unreachable") }
+func axpysF16(w *float32, x *uint16, stride uintptr, n, n8 int, y *float32)  { panic("unreachable") }
+func swigluF32(out, gate, up *float32, n8 int)                               { panic("unreachable") }
 func rowsQ4K8(p unsafe.Pointer, xq *int8, xd *float32, xs *int16, nb, groups int, out *float32) {
 	panic("unreachable")
 }

@@ -488,3 +488,56 @@ func TestDotsAxpysE4M3(t *testing.T) {
 		}
 	}
 }
+
+// TestDotsAxpysF16: DotsF16 and AxpysF16 against Dots and Axpys on the same
+// rows widened by tensor.F16ToF32, bit for bit (the same sums in the same
+// order), over row lengths with and without a tail of fewer than 8, runs
+// of rows and strides past the row, and values of every exponent
+// (subnormals and infinities included).
+func TestDotsAxpysF16(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, k := range []int{8, 13, 16, 40, 64, 72, 128} {
+		for _, n := range []int{1, 2, 3, 16} {
+			stride := k + r.IntN(3)*8
+			vals := make([]uint16, (n-1)*stride+k)
+			for i := range vals {
+				vals[i] = uint16(r.Uint32())
+				if vals[i]&0x7C00 == 0x7C00 && vals[i]&0x3FF != 0 {
+					vals[i] &^= 0x3FF // no NaN: a NaN compares unequal to itself
+				}
+			}
+			wide := make([]float32, len(vals))
+			for i, v := range vals {
+				wide[i] = tensor.F16ToF32(v)
+			}
+			a := make([]float32, k)
+			for i := range a {
+				a[i] = float32(r.NormFloat64())
+			}
+			got, want := make([]float32, n), make([]float32, n)
+			DotsF16(got, a, vals, stride)
+			Dots(want, a, wide, stride)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
+					t.Fatalf("DotsF16 k %d, %d rows at stride %d: row %d = %v, want %v", k, n, stride, i, got[i], want[i])
+				}
+			}
+			w := make([]float32, n)
+			for i := range w {
+				w[i] = float32(r.NormFloat64())
+			}
+			y, yw := make([]float32, k), make([]float32, k)
+			for i := range y {
+				y[i] = float32(i)
+				yw[i] = y[i]
+			}
+			AxpysF16(w, vals, stride, y)
+			Axpys(w, wide, stride, yw)
+			for i := range y {
+				if math.Float32bits(y[i]) != math.Float32bits(yw[i]) && !(y[i] != y[i] && yw[i] != yw[i]) {
+					t.Fatalf("AxpysF16 k %d, %d rows at stride %d: y[%d] = %v, want %v", k, len(w), stride, i, y[i], yw[i])
+				}
+			}
+		}
+	}
+}

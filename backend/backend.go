@@ -56,15 +56,20 @@ type KVCache interface {
 // ±448) instead of the backend's own dtype.
 type KVSpec struct {
 	Layers, Blocks, BlockSize, KVHeads, HeadDim int
-	FP8                                         bool
+	// FP8 stores keys and values as E4M3 codes; F16 (the CPU's) as IEEE
+	// half precision.
+	FP8, F16 bool
 }
 
-// Bytes is the cache's size at 4 bytes an element (the CPU's float32), 1
-// in FP8.
+// Bytes is the cache's size at 4 bytes an element (the CPU's float32), 2
+// in F16, 1 in FP8.
 func (s KVSpec) Bytes() int64 {
 	elem := int64(4)
-	if s.FP8 {
+	switch {
+	case s.FP8:
 		elem = 1
+	case s.F16:
+		elem = 2
 	}
 	return 2 * int64(s.Layers) * int64(s.Blocks) * int64(s.BlockSize) * int64(s.KVHeads) * int64(s.HeadDim) * elem
 }

@@ -256,6 +256,8 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	switch {
 	case spec.FP8:
 		kvElem = 1
+	case spec.F16:
+		kvElem = 2
 	case kvElem == 0:
 		kvElem = 4
 	}

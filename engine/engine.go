@@ -49,6 +49,9 @@ type Options struct {
 	// KVCacheFP8 stores the KV cache's keys and values as FP8 E4M3
 	// (backend.KVSpec.FP8): a quarter of the CPU's float32 cache.
 	KVCacheFP8 bool
+	// KVCacheF16 stores them as IEEE half precision (backend.KVSpec.F16):
+	// half the CPU's float32 cache, as llama.cpp keeps it.
+	KVCacheF16 bool
 	// KVCacheFraction, when KVBlocks is 0 and the backend reports its
 	// memory, sizes the cache to this fraction of the memory left once the
 	// weights and the largest step's activations are in place, at most
@@ -151,7 +154,7 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
 	blocks := blocksPerSeq * opts.MaxSeqs
 	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: kvHeads, HeadDim: c.HeadDim,
-		FP8: opts.KVCacheFP8}
+		FP8: opts.KVCacheFP8, F16: opts.KVCacheF16}
 	execs := map[compile.Bucket]backend.Executable{}
 	mem, reports := loaded.(backend.MemoryReporter)
 	switch {

@@ -88,12 +88,13 @@ func (l *loaded) Close() error {
 }
 
 // kvCache stores, per layer, keys and values as
-// [Blocks][BlockSize][KVHeads][HeadDim] float32 (k, v), or FP8 E4M3 codes
-// (kq, vq) when spec.FP8.
+// [Blocks][BlockSize][KVHeads][HeadDim] float32 (k, v), FP8 E4M3 codes
+// (kq, vq) when spec.FP8, or half-precision values (kh, vh) when spec.F16.
 type kvCache struct {
 	spec   backend.KVSpec
 	k, v   [][]float32
 	kq, vq [][]byte
+	kh, vh [][]uint16
 	row    []float32 // one slot's keys, rotated before put (RoPEKVWrite runs on one goroutine)
 }
 
@@ -114,6 +115,10 @@ func (c *kvCache) CopyBlocks(pairs [][2]int32) error {
 			copy(c.kq[l][to:to+n], c.kq[l][from:])
 			copy(c.vq[l][to:to+n], c.vq[l][from:])
 		}
+		for l := range c.kh {
+			copy(c.kh[l][to:to+n], c.kh[l][from:])
+			copy(c.vh[l][to:to+n], c.vh[l][from:])
+		}
 	}
 	return nil
 }
@@ -122,13 +127,25 @@ func (c *kvCache) CopyBlocks(pairs [][2]int32) error {
 // layer l at element offset at.
 func (c *kvCache) put(l, at int, k, v []float32) {
 	width := len(k)
-	if !c.spec.FP8 {
+	switch {
+	case c.spec.FP8:
+		encodeE4M3(c.kq[l][at:at+width], k)
+		encodeE4M3(c.vq[l][at:at+width], v)
+	case c.spec.F16:
+		encodeF16(c.kh[l][at:at+width], k)
+		encodeF16(c.vh[l][at:at+width], v)
+	default:
 		copy(c.k[l][at:at+width], k)
 		copy(c.v[l][at:at+width], v)
-		return
 	}
-	encodeE4M3(c.kq[l][at:at+width], k)
-	encodeE4M3(c.vq[l][at:at+width], v)
+}
+
+// encodeF16 stores x as half-precision values in h (rounded to nearest).
+func encodeF16(h []uint16, x []float32) {
+	h = h[:len(x)]
+	for i, v := range x {
+		h[i] = tensor.F32ToF16(v)
+	}
 }
 
 // encodeE4M3 stores x as FP8 E4M3 codes in q.
@@ -140,7 +157,7 @@ func encodeE4M3(q []byte, x []float32) {
 }
 
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
-	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
+	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 || spec.FP8 && spec.F16 {
 		return nil, fmt.Errorf("cpu: bad kv cache spec %+v", spec)
 	}
 	return newKVCache(spec), nil
@@ -154,6 +171,11 @@ func newKVCache(spec backend.KVSpec) *kvCache {
 		if spec.FP8 {
 			c.kq = append(c.kq, make([]byte, per))
 			c.vq = append(c.vq, make([]byte, per))
+			continue
+		}
+		if spec.F16 {
+			c.kh = append(c.kh, make([]uint16, per))
+			c.vh = append(c.vh, make([]uint16, per))
 			continue
 		}
 		c.k = append(c.k, make([]float32, per))

@@ -93,9 +93,12 @@ func (t *attnTask) Do(lo, hi int) {
 			for i := 0; i < n; {
 				run := min(n-i, bs-(j0+i)%bs)
 				at := slot(x, seq, j0+i)*width + kvOff
-				if kv.spec.FP8 {
+				switch {
+				case kv.spec.FP8:
 					gemm.DotsE4M3(scores[i:i+run], qh, kv.kq[a.Layer][at:], width)
-				} else {
+				case kv.spec.F16:
+					gemm.DotsF16(scores[i:i+run], qh, kv.kh[a.Layer][at:], width)
+				default:
 					gemm.Dots(scores[i:i+run], qh, kv.k[a.Layer][at:], width)
 				}
 				i += run
@@ -123,9 +126,12 @@ func (t *attnTask) Do(lo, hi int) {
 			for i := 0; i < n; {
 				run := min(n-i, bs-(j0+i)%bs)
 				at := slot(x, seq, j0+i)*width + kvOff
-				if kv.spec.FP8 {
+				switch {
+				case kv.spec.FP8:
 					gemm.AxpysE4M3(scores[i:i+run], kv.vq[a.Layer][at:], width, acc)
-				} else {
+				case kv.spec.F16:
+					gemm.AxpysF16(scores[i:i+run], kv.vh[a.Layer][at:], width, acc)
+				default:
 					gemm.Axpys(scores[i:i+run], kv.v[a.Layer][at:], width, acc)
 				}
 				i += run

@@ -358,10 +358,13 @@ func refKVWrite(x *execState, a ir.Attrs, k, v []float32) {
 }
 
 // refKV returns element i of layer l's keys (or values), widened from FP8
-// when the cache holds FP8.
-func refKV(c *kvCache, f [][]float32, q [][]byte, l, i int) float64 {
-	if c.spec.FP8 {
+// or f16 when the cache holds them.
+func refKV(c *kvCache, f [][]float32, q [][]byte, h [][]uint16, l, i int) float64 {
+	switch {
+	case c.spec.FP8:
 		return float64(tensor.E4M3ToF32(q[l][i]))
+	case c.spec.F16:
+		return float64(tensor.F16ToF32(h[l][i]))
 	}
 	return float64(f[l][i])
 }
@@ -392,7 +395,7 @@ func refAttention(x *execState, s *step) {
 				at := slot(x, seq, j)*width + kvOff
 				var dot float64
 				for d := range qh {
-					dot += float64(qh[d]) * refKV(kv, kv.k, kv.kq, a.Layer, at+d)
+					dot += float64(qh[d]) * refKV(kv, kv.k, kv.kq, kv.kh, a.Layer, at+d)
 				}
 				scores[j-lo] = softCap(dot*float64(a.Scale), a.Cap)
 				maxScore = math.Max(maxScore, scores[j-lo])
@@ -406,7 +409,7 @@ func refAttention(x *execState, s *step) {
 			for d := range oh {
 				var acc float64
 				for j := lo; j <= p; j++ {
-					acc += scores[j-lo] * refKV(kv, kv.v, kv.vq, a.Layer, slot(x, seq, j)*width+kvOff+d)
+					acc += scores[j-lo] * refKV(kv, kv.v, kv.vq, kv.vh, a.Layer, slot(x, seq, j)*width+kvOff+d)
 				}
 				oh[d] = float32(acc / sum)
 			}

@@ -742,6 +742,9 @@ func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cuda: bad kv cache spec %+v", spec)
 	}
+	if spec.F16 {
+		return nil, fmt.Errorf("cuda: an f16 KV cache is the CPU's (the GPU's holds the activation dtype, 16-bit unless f32, or FP8)")
+	}
 	c := &kvCache{spec: spec, l: l, kern: l.k}
 	if spec.FP8 {
 		k, err := l.fp8Kernels()

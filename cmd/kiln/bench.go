@@ -177,12 +177,11 @@ func cmdBenchModel(args []string) error {
 	// every generation sequence at its depth plus tg.
 	blocks := func(tokens int) int { return (tokens + 15) / 16 }
 	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+gen+1))
-	fp8, err := ef.kvFP8()
-	if err != nil {
+	eo := engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be)}
+	if err := ef.kvCache(&eo); err != nil {
 		return err
 	}
-	e, err := engine.New(m, be, engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be),
-		KVCacheFP8: fp8})
+	e, err := engine.New(m, be, eo)
 	if err != nil {
 		return err
 	}
@@ -254,8 +253,10 @@ func cmdBenchModel(args []string) error {
 		rep.Model = "random " + *random + " " + dtype
 	}
 	switch {
-	case fp8:
+	case eo.KVCacheFP8:
 		rep.KVCache = "fp8"
+	case eo.KVCacheF16:
+		rep.KVCache = "f16"
 	case gpu != nil:
 		rep.KVCache = gpu.ComputeDType(e.Compiled.Graph).String()
 	default:

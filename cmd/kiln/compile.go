@@ -13,6 +13,7 @@ import (
 
 	"kiln/artifact"
 	"kiln/backend/cuda"
+	"kiln/engine"
 	"kiln/tune"
 )
 
@@ -59,7 +60,7 @@ func cmdCompile(args []string) error {
 		return fmt.Errorf("--dtype: %w", err)
 	}
 	ef := engineFlags{kvDType: *kvDType}
-	if _, err := ef.kvFP8(); err != nil {
+	if err := ef.kvCache(&engine.Options{}); err != nil {
 		return err
 	}
 	m, err := openModel(pos[0])

@@ -86,18 +86,21 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.artifact, "artifact", envString("KILN_ARTIFACT", ""), "GPU: start from this ahead-of-time artifact (kiln compile MODEL --device cuda -o DIR): its compiled kernels and tuned choices, for this model on this kind of GPU; what it lacks is compiled or timed at run time (kiln:jit_fallback_total) [KILN_ARTIFACT]")
 	fs.StringVar(&e.kernels, "kernels", envString("KILN_KERNELS_DIR", ""), "GPU: a directory of external kernels (NAME.cu and NAME.json, docs/EXTERNAL_KERNELS.md), each compiled for the device and offered to the first-use races of the decode products it takes: checked against cuBLASLt's result on random inputs, then kept only where it beats the default in every timing [KILN_KERNELS_DIR]")
 	fs.IntVar(&e.tp, "tensor-parallel-size", envInt("KILN_TENSOR_PARALLEL_SIZE", 1), "shard the model over this many devices (tensor parallelism: GPUs 0…N-1 through NCCL, or on the CPU N ranks in one process); heads, KV heads and the MLP width must divide by it [KILN_TENSOR_PARALLEL_SIZE]")
-	fs.StringVar(&e.kvDType, "kv-cache-dtype", envString("KILN_KV_CACHE_DTYPE", "auto"), "KV cache element type: auto (the backend's: float32 on the CPU, the compute dtype on a GPU) or fp8 (E4M3, scale 1: half the bytes of bf16 and a quarter of float32; on a GPU compute capability 8.9+ with f16/bf16 activations) [KILN_KV_CACHE_DTYPE]")
+	fs.StringVar(&e.kvDType, "kv-cache-dtype", envString("KILN_KV_CACHE_DTYPE", "auto"), "KV cache element type: auto (the backend's: float32 on the CPU, the compute dtype on a GPU), f16 (the CPU: half precision, half float32's bytes, as llama.cpp keeps it) or fp8 (E4M3, scale 1: half the bytes of bf16 and a quarter of float32; on a GPU compute capability 8.9+ with f16/bf16 activations) [KILN_KV_CACHE_DTYPE]")
 }
 
-// kvFP8 reports whether --kv-cache-dtype asks for an FP8 cache.
-func (e *engineFlags) kvFP8() (bool, error) {
+// kvCache sets the cache element type --kv-cache-dtype asks for in o.
+func (e *engineFlags) kvCache(o *engine.Options) error {
 	switch strings.ToLower(e.kvDType) {
 	case "", "auto":
-		return false, nil
 	case "fp8", "fp8_e4m3":
-		return true, nil
+		o.KVCacheFP8 = true
+	case "f16", "fp16", "float16":
+		o.KVCacheF16 = true
+	default:
+		return fmt.Errorf("--kv-cache-dtype %q: want auto, f16 or fp8", e.kvDType)
 	}
-	return false, fmt.Errorf("--kv-cache-dtype %q: want auto or fp8", e.kvDType)
+	return nil
 }
 
 // parseFlags parses args, allowing the positional MODEL argument before or

@@ -321,11 +321,9 @@ func newEngineWithCompile(m *model.Model, f *engineFlags, co compile.Options) (*
 }
 
 func newEngineOptions(m *model.Model, f *engineFlags, o engine.Options) (*engineOn, error) {
-	fp8, err := f.kvFP8()
-	if err != nil {
+	if err := f.kvCache(&o); err != nil {
 		return nil, err
 	}
-	o.KVCacheFP8 = fp8
 	b, err := f.backend()
 	if err != nil {
 		return nil, err

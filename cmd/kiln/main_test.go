@@ -118,7 +118,7 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"quantize", "../../demo/files", "../../demo/files"},
 		{"run", bin, "--tokenizer", tok, "--no-such-flag"},
 		{"serve", bin, "--tokenizer", tok, "--block-size", "0"},
-		{"run", bin, "--tokenizer", tok, "--kv-cache-dtype", "fp16"},
+		{"run", bin, "--tokenizer", tok, "--kv-cache-dtype", "int4"},
 		{"run", bin, "--tokenizer", tok, "--tune", "sometimes"},
 		{"run", bin, "--tokenizer", tok, "--kernels", t.TempDir()}, // CUDA kernels on the CPU
 		{"tune", bin, "--trial-timeout", "0s"},
@@ -246,6 +246,18 @@ func TestRunFP8KVCache(t *testing.T) {
 	want, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "expected_greedy_200steps.txt"))
 	if len(res.IDs) != 20 || !strings.HasPrefix(string(want), res.Text) || len(res.Text) < 40 {
 		t.Errorf("greedy run with an FP8 KV cache gave %d ids and %q, want 20 ids starting llama2.c's output %q", len(res.IDs), res.Text, want[:60])
+	}
+}
+
+// TestRunF16KVCache: kiln run --kv-cache-dtype f16 on stories260K gives
+// llama2.c's greedy text (the float32 cache's) for 100 tokens
+// (engine.TestF16KVCache measures the logits' distance).
+func TestRunF16KVCache(t *testing.T) {
+	bin, tok := stories(t)
+	res := runJSON(t, bin, "--tokenizer", tok, "--temperature", "0", "--max-tokens", "100", "--kv-cache-dtype", "f16", "--device", "cpu")
+	want, _ := os.ReadFile(filepath.Join(filepath.Dir(bin), "expected_greedy_200steps.txt"))
+	if len(res.IDs) != 100 || !strings.HasPrefix(string(want), res.Text) || len(res.Text) < 200 {
+		t.Errorf("greedy run with an f16 KV cache gave %d ids and %q, want 100 ids starting llama2.c's output %q", len(res.IDs), res.Text, want[:60])
 	}
 }
 

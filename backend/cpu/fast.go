@@ -154,17 +154,23 @@ func moeGrouped(x *execState, s *step) {
 	rows, d := in.rows(x), in.cols
 	out := s.out[0].f[:rows*d]
 	clear(out)
-	logits := make([]float32, rows*a.Experts)
-	gemm.MatMul(x.l.pool, logits, in.f[:rows*d], rows, s.in[1].w)
-	type routed struct {
-		row int
-		w   float32
+	// The step's buffers, kept from one call to the next (a node runs on
+	// one goroutine at a time).
+	sc, _ := s.task.(*moeScratch)
+	if sc == nil {
+		sc = &moeScratch{byExpert: make([][]routed, a.Experts), top: make([]int, a.TopK), weights: make([]float32, a.TopK)}
+		s.task = sc
 	}
-	byExpert := make([][]routed, a.Experts)
+	logits := grow(&sc.logits, rows*a.Experts)
+	gemm.MatMul(x.l.pool, logits, in.f[:rows*d], rows, s.in[1].w)
+	byExpert := sc.byExpert
+	for e := range byExpert {
+		byExpert[e] = byExpert[e][:0]
+	}
 	for r := range rows {
-		top, weights := routeRow(logits[r*a.Experts:(r+1)*a.Experts], a.TopK, a.NormTopK)
-		for j, e := range top {
-			byExpert[e] = append(byExpert[e], routed{r, weights[j]})
+		routeRowInto(logits[r*a.Experts:(r+1)*a.Experts], a.NormTopK, sc.top, sc.weights)
+		for j, e := range sc.top {
+			byExpert[e] = append(byExpert[e], routed{r, sc.weights[j]})
 		}
 	}
 	inter := s.in[2].w.N
@@ -173,11 +179,14 @@ func moeGrouped(x *execState, s *step) {
 			continue
 		}
 		n := len(rs)
-		xs := make([]float32, n*d)
-		for i, rt := range rs {
-			copy(xs[i*d:(i+1)*d], in.f[rt.row*d:(rt.row+1)*d])
+		xs := in.f[rs[0].row*d : (rs[0].row+1)*d]
+		if n > 1 { // gathered; one row is read where it is
+			xs = grow(&sc.xs, n*d)
+			for i, rt := range rs {
+				copy(xs[i*d:(i+1)*d], in.f[rt.row*d:(rt.row+1)*d])
+			}
 		}
-		g, u, y := make([]float32, n*inter), make([]float32, n*inter), make([]float32, n*d)
+		g, u, y := grow(&sc.g, n*inter), grow(&sc.u, n*inter), grow(&sc.y, n*d)
 		gemm.MatMul(x.l.pool, g, xs, n, s.in[2+3*e].w)
 		gemm.MatMul(x.l.pool, u, xs, n, s.in[3+3*e].w)
 		gemm.SwiGLU(g, g, u)
@@ -192,6 +201,28 @@ func moeGrouped(x *execState, s *step) {
 	if a.Shared {
 		moeShared(x, s, rows, d, out)
 	}
+}
+
+// routed is a row routed to an expert, with its weight.
+type routed struct {
+	row int
+	w   float32
+}
+
+// moeScratch is moeGrouped's buffers, kept in its step.
+type moeScratch struct {
+	logits, xs, g, u, y []float32
+	byExpert            [][]routed
+	top                 []int
+	weights             []float32
+}
+
+// grow returns (*b)[:n], reallocating *b when it is short.
+func grow(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	return (*b)[:n]
 }
 
 // moeShared adds ir.MoE's shared expert to out: every row's SwiGLU MLP

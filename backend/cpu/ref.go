@@ -6,7 +6,7 @@ package cpu
 
 import (
 	"math"
-	"sort"
+	"slices"
 
 	"kiln/backend/cpu/gemm"
 	"kiln/ir"
@@ -235,35 +235,44 @@ func sigmoid(v float32) float32 { return 1 / (1 + float32(math.Exp(float64(-v)))
 // (Mixtral's), else their probabilities under the softmax over every
 // expert (ir.Attrs.NormTopK).
 func routeRow(logits []float32, k int, norm bool) ([]int, []float32) {
-	top := topExperts(logits, k)
-	ws := make([]float64, k)
-	sum := 0.0
-	for j, e := range top {
-		ws[j] = math.Exp(float64(logits[e] - logits[top[0]]))
-		sum += ws[j]
-	}
-	if !norm {
-		sum = 0
-		for _, l := range logits {
-			sum += math.Exp(float64(l - logits[top[0]]))
-		}
-	}
-	weights := make([]float32, k)
-	for j := range ws {
-		weights[j] = float32(ws[j] / sum)
-	}
+	top, weights := make([]int, k), make([]float32, k)
+	routeRowInto(logits, norm, top, weights)
 	return top, weights
 }
 
-// topExperts is the k indices of the largest logits, largest first (the
-// lower index first among equals).
-func topExperts(logits []float32, k int) []int {
-	idx := make([]int, len(logits))
-	for i := range idx {
-		idx[i] = i
+// routeRowInto is routeRow into top and weights (len k each), allocating
+// nothing.
+func routeRowInto(logits []float32, norm bool, top []int, weights []float32) {
+	topExperts(logits, top)
+	exp := func(e int) float64 { return math.Exp(float64(logits[e] - logits[top[0]])) }
+	sum := 0.0
+	if norm {
+		for _, e := range top {
+			sum += exp(e)
+		}
+	} else {
+		for e := range logits {
+			sum += exp(e)
+		}
 	}
-	sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
-	return idx[:k]
+	for j, e := range top {
+		weights[j] = float32(exp(e) / sum)
+	}
+}
+
+// topExperts puts the len(top) indices of the largest logits in top,
+// largest first (the lower index first among equals): a selection, as k
+// is small.
+func topExperts(logits []float32, top []int) {
+	for j := range top {
+		best := -1
+		for e, l := range logits {
+			if (best < 0 || l > logits[best]) && !slices.Contains(top[:j], e) {
+				best = e
+			}
+		}
+		top[j] = best
+	}
 }
 
 func refEmbed(x *execState, s *step) {

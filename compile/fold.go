@@ -89,7 +89,7 @@ func RopeFrequencies(r ir.RopeParams) []float64 {
 }
 
 // longRopeFrequencies are the base frequencies each divided by its factor
-// (longrope's short factors below the original context, long from it on).
+// (longrope's short or long factors).
 func longRopeFrequencies(r ir.RopeParams, factors []float32) []float64 {
 	freqs := make([]float64, r.HeadDim/2)
 	for i := range freqs {
@@ -108,14 +108,17 @@ func ropeTable(r ir.RopeParams) (*tensor.Tensor, error) {
 		long = longRopeFrequencies(r, r.LongFactor)
 		scale = r.AttentionFactor
 	}
+	if long != nil && r.MaxPositions > r.OriginalMaxPositions {
+		// A context past the original one rotates every position by the
+		// long factors (llama.cpp's rule; transformers' for any sequence
+		// past the original context).
+		freqs = long
+	}
 	half := len(freqs)
 	vals := make([]float32, r.MaxPositions*r.HeadDim)
 	for p := 0; p < r.MaxPositions; p++ {
-		row, fs := vals[p*r.HeadDim:], freqs
-		if long != nil && p >= r.OriginalMaxPositions {
-			fs = long
-		}
-		for i, f := range fs {
+		row := vals[p*r.HeadDim:]
+		for i, f := range freqs {
 			angle := float64(p) * f
 			row[i] = float32(scale * math.Cos(angle))
 			row[half+i] = float32(scale * math.Sin(angle))

@@ -330,23 +330,31 @@ func TestFoldStacksLazily(t *testing.T) {
 // context by the short factors and the rest by the long ones, cos and sin
 // scaled by the attention factor (each entry against the formula, float64).
 func TestLongRopeTable(t *testing.T) {
-	r := ir.RopeParams{Theta: 10000, MaxPositions: 48, HeadDim: 8, Scaling: "longrope", OriginalMaxPositions: 16,
-		ShortFactor: []float32{1, 1.5, 2, 4}, LongFactor: []float32{3, 5, 7, 11}, AttentionFactor: 1.2}
-	tab, err := ropeTable(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, _ := tab.F32s()
-	for p := 0; p < r.MaxPositions; p++ {
+	// A context within the original one takes the short factors, one past
+	// it the long factors at every position; cos and sin scaled by the
+	// attention factor either way.
+	for _, c := range []struct {
+		ctx  int
+		long bool
+	}{{16, false}, {12, false}, {17, true}, {48, true}} {
+		r := ir.RopeParams{Theta: 10000, MaxPositions: c.ctx, HeadDim: 8, Scaling: "longrope", OriginalMaxPositions: 16,
+			ShortFactor: []float32{1, 1.5, 2, 4}, LongFactor: []float32{3, 5, 7, 11}, AttentionFactor: 1.2}
+		tab, err := ropeTable(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals, _ := tab.F32s()
 		factors := r.ShortFactor
-		if p >= r.OriginalMaxPositions {
+		if c.long {
 			factors = r.LongFactor
 		}
-		for i := 0; i < 4; i++ {
-			f := 1 / (float64(factors[i]) * math.Pow(10000, float64(2*i)/8))
-			c, s := 1.2*math.Cos(float64(p)*f), 1.2*math.Sin(float64(p)*f)
-			if math.Abs(float64(vals[p*8+i])-c) > 1e-6 || math.Abs(float64(vals[p*8+4+i])-s) > 1e-6 {
-				t.Fatalf("position %d pair %d: cos %g sin %g, want %g %g", p, i, vals[p*8+i], vals[p*8+4+i], c, s)
+		for p := 0; p < r.MaxPositions; p++ {
+			for i := 0; i < 4; i++ {
+				f := 1 / (float64(factors[i]) * math.Pow(10000, float64(2*i)/8))
+				cos, sin := 1.2*math.Cos(float64(p)*f), 1.2*math.Sin(float64(p)*f)
+				if math.Abs(float64(vals[p*8+i])-cos) > 1e-6 || math.Abs(float64(vals[p*8+4+i])-sin) > 1e-6 {
+					t.Fatalf("context %d position %d pair %d: cos %g sin %g, want %g %g", c.ctx, p, i, vals[p*8+i], vals[p*8+4+i], cos, sin)
+				}
 			}
 		}
 	}

@@ -22,8 +22,8 @@ func cpuGroup(n int, reference bool) *backend.Group {
 // TestTensorParallelFixtures: the transformers fixtures sharded over 2 and 4
 // CPU ranks (a fake communicator in one process: cpu.LocalGroup) give
 // transformers' logits within 1e-4 at every prompt position, and the same
-// greedy ids, as one rank does; models whose heads do not divide are
-// refused.
+// greedy ids, as one rank does; models whose heads do not divide, and
+// OLMoE's norms over all heads, are refused.
 func TestTensorParallelFixtures(t *testing.T) {
 	for dir, f := range hffixture.Load(t, "../testdata/hf") {
 		for _, ranks := range []int{2, 4} {
@@ -38,6 +38,12 @@ func TestTensorParallelFixtures(t *testing.T) {
 				if c.NumKVHeads%ranks != 0 || c.NumHeads%ranks != 0 || c.IntermediateSize%ranks != 0 {
 					if err == nil || !strings.Contains(err.Error(), "do not divide among") {
 						t.Fatalf("%d heads, %d KV heads over %d ranks: %v", c.NumHeads, c.NumKVHeads, ranks, err)
+					}
+					return
+				}
+				if c.QKNormWhole {
+					if err == nil || !strings.Contains(err.Error(), "normalized over all heads at once") {
+						t.Fatalf("OLMoE's whole-width q/k norms over %d ranks: %v", ranks, err)
 					}
 					return
 				}

@@ -166,14 +166,15 @@ type RopeParams struct {
 	OriginalMaxPositions          int
 	// FreqFactors, when set, divide each pair's frequency (GGUF rope_freqs).
 	FreqFactors []float32
-	// Scaling "longrope": ShortFactor divides each pair's frequency at
-	// positions below OriginalMaxPositions, LongFactor from it on, and cos
-	// and sin are scaled by AttentionFactor. Per position, so that a
-	// sequence's cached keys keep their rotation as it grows: transformers
-	// for a sequence within the original context; beyond it transformers
-	// rotates every position of a forward by the long factors, and vLLM
-	// every position of a step that holds one past it, so long sequences
-	// differ from both.
+	// Scaling "longrope": ShortFactor divides each pair's frequency when
+	// the context (MaxPositions) is within OriginalMaxPositions, LongFactor
+	// when it reaches past it, and cos and sin are scaled by
+	// AttentionFactor. Chosen by the context, as llama.cpp does, so that a
+	// sequence's cached keys keep their rotation as it grows: transformers'
+	// results for every sequence when the context is within the original
+	// one, and for every sequence longer than it otherwise (transformers
+	// rotates a sequence by the short factors until it passes the original
+	// context, then recomputes it with the long ones).
 	ShortFactor, LongFactor []float32
 	AttentionFactor         float64
 }

@@ -248,9 +248,16 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		arch == "qwen2_moe" && (hc.QKVBias == nil || *hc.QKVBias) // qkv_bias, true unless said
 
 	c.QKNorm = arch == "qwen3" || arch == "qwen3_moe"
+	// The experts' count: num_local_experts (Mixtral's name, and every
+	// family's as transformers 5 writes it) or num_experts (the others'
+	// on the Hub).
+	experts := hc.NumExperts
+	if hc.NumLocalExperts > 0 {
+		experts = hc.NumLocalExperts
+	}
 	switch arch {
 	case "mixtral":
-		c.NumExperts, c.ExpertsPerToken, c.NormTopK = hc.NumLocalExperts, hc.NumExpertsPerTok, true
+		c.NumExperts, c.ExpertsPerToken, c.NormTopK = experts, hc.NumExpertsPerTok, true
 	case "qwen3_moe", "qwen2_moe":
 		// Every layer a mixture of experts of moe_intermediate_size; dense
 		// layers among them (mlp_only_layers, decoder_sparse_step) are not
@@ -258,7 +265,7 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		if len(hc.MLPOnlyLayers) > 0 || (hc.DecoderSparseStep != nil && *hc.DecoderSparseStep != 1) {
 			return c, nil, errors.New("config.json: dense layers among the experts' (mlp_only_layers, decoder_sparse_step) are not supported")
 		}
-		c.NumExperts, c.ExpertsPerToken, c.IntermediateSize = hc.NumExperts, hc.NumExpertsPerTok, hc.MoEIntermediateSize
+		c.NumExperts, c.ExpertsPerToken, c.IntermediateSize = experts, hc.NumExpertsPerTok, hc.MoEIntermediateSize
 		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
 		if arch == "qwen2_moe" {
 			if hc.SharedExpertSize <= 0 {
@@ -273,7 +280,7 @@ func parseHFConfig(data []byte) (Config, *bool, error) {
 		if hc.ClipQKV != nil {
 			return c, nil, fmt.Errorf("config.json: clip_qkv %g is not supported", *hc.ClipQKV)
 		}
-		c.NumExperts, c.ExpertsPerToken = hc.NumExperts, hc.NumExpertsPerTok
+		c.NumExperts, c.ExpertsPerToken = experts, hc.NumExpertsPerTok
 		c.NormTopK = hc.NormTopKProb != nil && *hc.NormTopKProb
 		c.QKNormWhole = true
 	}

@@ -562,6 +562,11 @@ func TestParseMoEConfigs(t *testing.T) {
 			}, ""},
 		{`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 48}`,
 			func(c Config) bool { return !c.NormTopK }, ""},
+		// transformers 5 writes every family's count as num_local_experts.
+		{`{"model_type": "qwen3_moe", ` + base + `, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48}`,
+			func(c Config) bool { return c.NumExperts == 4 && c.ExpertsPerToken == 2 }, ""},
+		{`{"model_type": "olmoe", ` + base + `, "num_local_experts": 6, "num_experts_per_tok": 2}`,
+			func(c Config) bool { return c.NumExperts == 6 }, ""},
 		{`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 48, "mlp_only_layers": [0]}`,
 			nil, "mlp_only_layers"},
 		{`{"model_type": "mixtral", ` + base + `, "num_local_experts": 2, "num_experts_per_tok": 3}`, nil, "2 experts, 3 a token"},

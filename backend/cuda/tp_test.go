@@ -83,6 +83,9 @@ func TestTensorParallelFixtures(t *testing.T) {
 					if m.NumHeads%n != 0 || m.NumKVHeads%n != 0 || m.IntermediateSize%n != 0 {
 						t.Skipf("%d heads, %d KV heads, MLP %d over %d ranks", m.NumHeads, m.NumKVHeads, m.IntermediateSize, n)
 					}
+					if m.QKNormWhole {
+						t.Skip("q and k normalized over all heads at once (OLMoE): refused by the sharding (engine's TestTensorParallelFixtures)")
+					}
 					e := openEngine(t, dir, g, engine.Options{})
 					logits := f.Prefill(t, e)
 					limit := 1e-3
@@ -91,6 +94,9 @@ func TestTensorParallelFixtures(t *testing.T) {
 					}
 					got := relL2(logits, f.Logits)
 					t.Logf("‖Δ‖₂/‖ref‖₂ = %.3g (limit %g)", got, limit)
+					if dtype == "bf16" && m.NumExperts > 0 {
+						got = withoutRoutingFlips(t, logits, f.Logits, f.LogitsShape[1], limit)
+					}
 					if got > limit {
 						t.Errorf("logits: ‖Δ‖₂/‖ref‖₂ = %.3g > %g", got, limit)
 					}

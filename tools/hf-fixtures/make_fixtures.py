@@ -127,15 +127,22 @@ VARIANTS = [
     # Phi-3's long-context scaling (longrope, as Phi-3-mini-128k): 128
     # positions over an original 32, short and long factors of each pair,
     # the attention factor derived from the extension (sqrt(1 + ln 4 / ln
-    # 32)). The prompt (30 tokens) stays below the original context, where
-    # transformers uses the short factors: beyond it transformers switches
-    # every position of a forward to the long ones, kiln only the
-    # positions from the original context on.
-    dict(name="phi3-longrope", arch="phi3", seed=117, T=30, legacy=False,
+    # 32)). The prompt (40 tokens) is past the original context, where
+    # transformers rotates every position by the long factors (as kiln does
+    # in any context past the original one).
+    dict(name="phi3-longrope", arch="phi3", seed=117, T=40, legacy=False,
          cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None, max_position_embeddings=128,
                   original_max_position_embeddings=32),
          rope=rope(10000.0, "longrope", short_factor=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.6, 3.2],
                    long_factor=[1.0, 1.2, 1.8, 2.7, 4.0, 6.0, 9.0, 12.0])),
+    # The short factors: a model of 64 positions, all of them original
+    # (kiln's context, the model's own, is within the original one, as
+    # every sequence transformers runs here), and an attention factor given.
+    dict(name="phi3-longrope-short", arch="phi3", seed=123, T=30, legacy=False,
+         cfg=base(rms_norm_eps=1e-5, pad_token_id=0, sliding_window=None, max_position_embeddings=64,
+                  original_max_position_embeddings=64),
+         rope=rope(10000.0, "longrope", short_factor=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.6, 3.2],
+                   long_factor=[1.0, 1.2, 1.8, 2.7, 4.0, 6.0, 9.0, 12.0], attention_factor=1.15)),
     # Mixtures of experts (added in session 19, not yet run: see which
     # layout transformers 5 saves the experts in, per expert as the Hub's
     # checkpoints or fused gate_up_proj / down_proj, which manual_forward
@@ -329,9 +336,12 @@ def expected_inv_freq(cfg):
                 bands.append("smoothed")
         inv = out
     elif t == "longrope":
-        # Below original_max_position_embeddings: the short factors (the
-        # fixture's prompt stays there, where transformers and kiln agree).
-        inv = [x / f for x, f in zip(inv, rp["short_factor"])]
+        # The long factors once past original_max_position_embeddings (the
+        # prompt of phi3-longrope is, and transformers keeps the long
+        # frequencies after it), the short ones within it.
+        orig = rp.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
+        use = "long_factor" if cfg.max_position_embeddings > orig else "short_factor"
+        inv = [x / f for x, f in zip(inv, rp[use])]
     elif t != "default":
         raise ValueError("no independent formula for rope_type %r" % t)
     return inv, bands
@@ -752,7 +762,7 @@ def run_variant(spec, out_root):
     }
     exp["files"] = sorted(set(exp["files"]) | {"expected.json"})
     write_json(os.path.join(d, "expected.json"), exp)
-    ok = (checks["manual_max_abs_diff"] < 1e-4 and checks["reload_weight_max_abs_diff"] == 0.0)
+    ok = (checks.get("manual_max_abs_diff", 0.0) < 1e-4 and checks["reload_weight_max_abs_diff"] == 0.0)
     if not ok:
         log("  WARNING: self-check failed for", name)
     return ok

@@ -14,7 +14,7 @@
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/env.txt"
 random_bf16
-tok=demo/files/tokenizer.json
+tok=$llama3_tok
 art=$(mktemp -d)/artifact
 # fresh empties every cache a start reads: kiln's kernel and tune caches,
 # and the driver's compute cache (~/.nv/ComputeCache), where NVRTC 13's

@@ -46,6 +46,13 @@ if [ -d ../shared/models/stories260K ]; then
 	cp -r ../shared/models/stories260K .devbin/shared/models/
 	echo "copied ../shared/models/stories260K to .devbin/shared"
 fi
+# The tokenizers of the random models' vocabularies (tools/gpu/env.sh).
+for t in llama3.2-bpe gpt2; do
+	if [ -f ../shared/tokenizers/$t/tokenizer.json ]; then
+		mkdir -p .devbin/shared/tokenizers/$t
+		cp ../shared/tokenizers/$t/tokenizer.json .devbin/shared/tokenizers/$t/
+	fi
+done
 # The corpus tools/gpu/spec-bench.sh takes its prompts from.
 if [ -f ../shared/corpora/war-and-peace.txt ]; then
 	mkdir -p .devbin/shared/corpora

@@ -15,6 +15,13 @@ if [ -z "${KILN_BENCH_DIR:-}" ] && [ "$(df -k --output=avail /dev/shm 2>/dev/nul
 	keep=/dev/shm/kiln-bench
 fi
 
+# The tokenizers of the random models' vocabularies (tools/gpu/build.sh
+# copies them from ../shared; kiln refuses a tokenizer whose vocabulary is
+# not the model's): Llama 3's 128,256 tokens for llama3-8b and
+# llama3.1-8b, GPT-2's 50,257 for moe-7b-a1b (50,304 rows).
+llama3_tok=.devbin/shared/tokenizers/llama3.2-bpe/tokenizer.json
+gpt2_tok=.devbin/shared/tokenizers/gpt2/tokenizer.json
+
 # random_bf16 makes sure the random Llama-3-8B-shaped bf16 model is in
 # $keep (kiln bench model writes it) and sets bf16 to its directory.
 random_bf16() {

@@ -57,7 +57,7 @@ for step in ${STEPS:-tests attn decode serve}; do
 		# than the memory holds (--max-num-seqs 1024).
 		random_bf16
 		for c in auto fp8; do
-			timeout 120 $k serve "$bf16" --tokenizer demo/files/tokenizer.json --device cuda --max-num-seqs 1024 --port 8766 \
+			timeout 120 $k serve "$bf16" --tokenizer "$llama3_tok" --device cuda --max-num-seqs 1024 --port 8766 \
 				--kv-cache-dtype $c >"$out/capacity-$c.log" 2>&1 &
 			server=$!
 			for i in $(seq 1 100); do curl -sf http://127.0.0.1:8766/health >/dev/null && break; sleep 1; done
@@ -68,7 +68,7 @@ for step in ${STEPS:-tests attn decode serve}; do
 		;;
 	serve)
 		random_bf16
-		tok=demo/files/tokenizer.json
+		tok=$llama3_tok
 		for c in fp8 auto; do
 			$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 --kv-cache-dtype $c >"$out/serve-$c.log" 2>&1 &
 			server=$!

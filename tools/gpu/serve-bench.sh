@@ -7,12 +7,12 @@
 # the same shape (kiln bench model --tg 128 --depth 128 --batch 256, and
 # batch 64 at depth 512). Writes $OUT/serve.tgz (JSON, HTML charts, logs,
 # the server's metrics) and prints a summary table last.
-# The random model has no tokenizer: prompts are encoded with the demo
-# model's (ids below 4096 are valid ids of the 128256-token vocabulary); the
-# server streams every token as a chunk, text or not.
+# The random model has no tokenizer: prompts are encoded with Llama 3's
+# (tools/gpu/env.sh: kiln refuses another vocabulary's); the server
+# streams every token as a chunk, text or not.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-tok=demo/files/tokenizer.json
+tok=$llama3_tok
 work=$(mktemp -d)
 t0=$(date +%s)
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --reps 2 \

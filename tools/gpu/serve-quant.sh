@@ -9,7 +9,7 @@
 #   FORMATS (default "fp8 q4_k_m"): the models to serve.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-quant.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-tok=demo/files/tokenizer.json
+tok=$llama3_tok
 random_bf16
 t0=$(date +%s)
 want() { [[ " ${FORMATS:-fp8 q4_k_m} " == *" $1 "* ]]; }

@@ -30,7 +30,7 @@ for r in $(seq "${ROUNDS:-2}"); do
 done
 fresh
 t=$(date +%s.%N)
-$k serve "$bf16" --tokenizer demo/files/tokenizer.json --device cuda --max-num-seqs 64 --port 8765 >"$out/serve.log" 2>&1 &
+$k serve "$bf16" --tokenizer "$llama3_tok" --device cuda --max-num-seqs 64 --port 8765 >"$out/serve.log" 2>&1 &
 server=$!
 for i in $(seq 1 600); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 0.1; done
 echo "serve, cold, ready in $(secs "$t") s; $(grep -o 'msg=startup.*' "$out/serve.log" | head -1)"

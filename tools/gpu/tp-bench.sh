@@ -29,7 +29,7 @@ for n in $sizes; do
 		>"$work/profile-tp$n.txt" 2>&1
 	echo "profile tp$n: rc=$? at $(($(date +%s) - t0)) s"
 done
-tok=demo/files/tokenizer.json
+tok=$llama3_tok
 n=${sizes##* }
 $k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size "$n" --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
 server=$!

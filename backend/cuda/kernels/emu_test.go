@@ -106,6 +106,36 @@ func TestMoEEmulated(t *testing.T) {
 	runEmulated(t, s.String())
 }
 
+// TestMoETileEmulated runs moe_tile.cu's kernels (a mixture of experts'
+// gate/up and down products on gemv_tile.cu's tensor-core tiles, rows
+// gathered from the expert lists) on the host with the same emulation, and
+// testdata/emu/moe_tile_driver.cpp compares them with a float64 reference:
+// experts with no entries, one and several tiles of entries, the shared
+// expert's every row; as built for mma.sync and for Hopper's wgmma. The
+// GPU test (TestMoE's tiled cases) checks the same on the device. Skipped
+// as TestDecodeMMAEmulated.
+func TestMoETileEmulated(t *testing.T) {
+	for _, build := range []struct {
+		name, defines string
+	}{{"mma.sync", ""}, {"wgmma", "#define GEMV_WGMMA 1\n"}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			var s strings.Builder
+			s.WriteString(readEmu(t, "prelude.h"))
+			s.WriteString("\n#define GEMV_MMA 1\n" + build.defines)
+			s.WriteString(shared)
+			for _, st := range []string{"struct OutStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
+				s.WriteString(cBlock(t, gemvFile, st) + ";\n")
+			}
+			const ext = "extern __shared__ __align__(128) unsigned char gt_smem[];"
+			s.WriteString(strings.Replace(gemvTile, ext, "unsigned char* const gt_smem = cur_smem();", 1))
+			s.WriteString(moeTile)
+			s.WriteString(readEmu(t, "moe_tile_driver.cpp"))
+			runEmulated(t, s.String())
+		})
+	}
+}
+
 // TestGEMVKQEmulated runs the K-quant GEMV's own source (gemv_kq.cu's
 // frame and formats, with gemv.cu's OutStore) on the host with the same
 // emulation, and testdata/emu/kq_driver.cpp compares it with the float64

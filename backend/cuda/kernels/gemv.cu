@@ -137,7 +137,7 @@ struct OutStore {
 	void* out;
 	int N, outF32;
 	static constexpr int ROWS = 1;
-	static constexpr bool LATE = false;
+	static constexpr bool LATE = false, GATHER = false;
 	struct Pre {};
 	__device__ __forceinline__ int units() const { return N; }
 	__device__ __forceinline__ long long row(int n, int) const { return n; }
@@ -155,7 +155,7 @@ struct SwiGLUOut {
 	T* out;
 	int F;
 	static constexpr int ROWS = 2;
-	static constexpr bool LATE = true;
+	static constexpr bool LATE = true, GATHER = false;
 	struct Pre {};
 	__device__ __forceinline__ int units() const { return F; }
 	__device__ __forceinline__ long long row(int j, int which) const { return j + (long long)which * F; }
@@ -176,7 +176,7 @@ struct RoPEOut {
 	const float* table; // [maxPos, hd]: cos, then sin
 	int heads, kvHeads, hd, interleaved;
 	static constexpr int ROWS = 2;
-	static constexpr bool LATE = false;
+	static constexpr bool LATE = false, GATHER = false;
 	struct Pre {
 		T* dst;     // the head's first element
 		float c, s; // its rotation (value heads: none, c = 1, s = 0)

@@ -25,13 +25,17 @@ var (
 	wgmmaHelpers string
 	//go:embed gemv_kq.cu
 	gemvKQ string
+	//go:embed moe_tile.cu
+	moeTile string
 )
 
 // gemvSource is the module's NVRTC source: the functions shared with
 // kernels.cu (shared.cu), gemv.cu, then the asynchronous copies, the
 // K-quant kernels, the tensor-core helpers (mma.sync, and Hopper's wgmma)
-// and the tile kernels (built for f16/bf16 only).
-var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + gemvKQ + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + gemvTile
+// and the tile kernels, with the mixture of experts' on them (built for
+// f16/bf16 only).
+var gemvSource = shared + "\n" + gemvFile + "\n" + async + "\n" + gemvKQ + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + gemvTile +
+	"\n" + moeTile
 
 // GEMVSource is the CUDA C source of the skinny matrix product.
 func GEMVSource() string { return gemvSource }
@@ -87,9 +91,10 @@ type GEMV struct {
 
 	mu     sync.Mutex
 	fns    map[gemvCfg]*cu.Function
-	splits map[tileKey]int   // measured choices (SetTileSplits)
-	ways   map[vecKey]string // measured choices (SetVectorWay)
-	kqOcc  map[gemvCfg]int   // resident blocks of a K-quant kernel and shared memory (kqBlocks)
+	splits map[tileKey]int         // measured choices (SetTileSplits)
+	ways   map[vecKey]string       // measured choices (SetVectorWay)
+	kqOcc  map[gemvCfg]int         // resident blocks of a K-quant kernel and shared memory (kqBlocks)
+	moeFns map[string]*cu.Function // moe_tile.cu's kernels (launchMoETile)
 	// kqSharedLimit, when set, is the shared memory a K-quant launch may
 	// take in place of the device's (tests: several launches of rows).
 	kqSharedLimit int

@@ -109,6 +109,19 @@ __device__ __forceinline__ void gt_store(const float* red, int RS, int rank, int
 	}
 }
 
+// gt_wrow is the first element of weight row n (which: 0, or 1 for a
+// paired epilogue's partner row) and gt_xrow of x row r: rows of w and x
+// in order, or wherever a gathering epilogue (E::GATHER, moe_tile.cu's)
+// says.
+template <class E> __device__ __forceinline__ const T* gt_wrow(const E& e, const T* w, int n, int which, int K) {
+	if constexpr (E::GATHER) return e.wrow(w, n, which, K);
+	else return w + e.row(n, which) * (long long)K;
+}
+template <class E> __device__ __forceinline__ const T* gt_xrow(const E& e, const T* x, int r, int K) {
+	if constexpr (E::GATHER) return e.xrow(x, r, K);
+	else return x + (long long)r * K;
+}
+
 // R is the tile's weight rows: GT_ROWS, or 64 (the sweep's tiles of half
 // the rows, twice as many tiles for a product, so fewer splits of K to fill
 // the device): MT = R/64 m64 tiles for wgmma, MT m16 tiles a warp for
@@ -148,7 +161,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		const int r = cr + RSTEP * j;
 		const int n = n0 + (E::ROWS == 1 ? r : r % OUTS);
 		win[j] = n < units;
-		wsrc[j] = w + e.row(imin(n, units - 1), E::ROWS == 1 ? 0 : r / OUTS) * (long long)K + cc * 8;
+		wsrc[j] = gt_wrow(e, w, imin(n, units - 1), E::ROWS == 1 ? 0 : r / OUTS, K) + cc * 8;
 	}
 	const T* xsrc[XLOADS];
 	bool xin[XLOADS];
@@ -156,7 +169,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	for (int j = 0; j < XLOADS; j++) {
 		const int r = cr + RSTEP * j;
 		xin[j] = r < TT;
-		xsrc[j] = x + (long long)imin(r, TT - 1) * K + cc * 8;
+		xsrc[j] = gt_xrow(e, x, imin(r, TT - 1), K) + cc * 8;
 	}
 	auto load_w = [&](int stage, int ks) {
 		const unsigned b = sb + stage * SBYTES;

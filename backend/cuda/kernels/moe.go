@@ -27,6 +27,18 @@ type MoE struct {
 	SharedGate, SharedUp, SharedDown cu.Ptr
 	SharedScale                      cu.Ptr // [1, Dim], or 0
 	SharedInter                      int
+	// Tiles, when set, runs the products of steps of TileMinRows rows or
+	// more on its tensor-core tiles (moe_tile.cu), where the activations
+	// are f16 or bf16 and Dim and the widths multiples of 64.
+	Tiles       *GEMV
+	TileMinRows int
+}
+
+// tiled reports whether the products of a step of rows rows run on the
+// tensor-core tiles.
+func (m MoE) tiled(rows int) bool {
+	return m.Tiles != nil && m.TileMinRows > 0 && rows >= m.TileMinRows && m.Tiles.Act != cu.F32 &&
+		m.Dim%tileBK == 0 && m.Inter%tileBK == 0 && m.SharedInter%tileBK == 0
 }
 
 // moeScratch is the layout of MoE's scratch for rows rows: byte offsets
@@ -70,7 +82,8 @@ func (m MoE) Check() error {
 
 // MoE runs the layer on rows rows, with scratch (ScratchBytes) at scratch:
 // moe_route, moe_order, moe_gate_up and moe_down (for the experts, then
-// the shared expert), moe_combine (see moe.cu).
+// the shared expert; moe_tile_gate_up and moe_tile_down where tiled),
+// moe_combine (see moe.cu and moe_tile.cu).
 func (k *Kernels) MoE(s *cu.Stream, m MoE, rows int, scratch cu.Ptr) error {
 	if err := m.Check(); err != nil {
 		return err
@@ -98,26 +111,82 @@ func (k *Kernels) MoE(s *cu.Stream, m MoE, rows int, scratch cu.Ptr) error {
 		at(l.count)); err != nil {
 		return err
 	}
-	if err := k.launchDep("moe_gate_up", cu.Dim3{X: m.E, Y: (m.Inter + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
-		m.X, m.Gate, m.Up, at(l.order), at(l.start), at(l.count), int32(rows), int32(m.K), int32(m.Dim), int32(m.Inter), at(l.h)); err != nil {
+	// The experts' products (experts tables of E, the lists), then the
+	// shared expert's (a table of one, every row: no lists).
+	gateUp, down := func(experts int, gate, up, order, start, count cu.Ptr, k32, inter int, h cu.Ptr) error {
+		return k.launchDep("moe_gate_up", cu.Dim3{X: experts, Y: (inter + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
+			m.X, gate, up, order, start, count, int32(rows), int32(k32), int32(m.Dim), int32(inter), h)
+	}, func(experts int, h, dn, order, start, count cu.Ptr, inter int, y cu.Ptr) error {
+		return k.launchDep("moe_down", cu.Dim3{X: experts, Y: (m.Dim + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
+			h, dn, order, start, count, int32(rows), int32(inter), int32(m.Dim), y)
+	}
+	if m.tiled(rows) {
+		z := (rows + moeTileRows - 1) / moeTileRows
+		gateUp = func(experts int, gate, up, order, start, count cu.Ptr, k32, inter int, h cu.Ptr) error {
+			return m.Tiles.launchMoETile(s, "moe_tile_gate_up", cu.Dim3{X: (inter + tileRows/2 - 1) / (tileRows / 2), Y: experts, Z: z},
+				m.X, gate, up, order, start, count, int32(rows), int32(k32), int32(m.Dim), int32(inter), h)
+		}
+		down = func(experts int, h, dn, order, start, count cu.Ptr, inter int, y cu.Ptr) error {
+			return m.Tiles.launchMoETile(s, "moe_tile_down", cu.Dim3{X: (m.Dim + tileRows - 1) / tileRows, Y: experts, Z: z},
+				h, dn, order, start, count, int32(rows), int32(inter), int32(m.Dim), y)
+		}
+	}
+	if err := gateUp(m.E, m.Gate, m.Up, at(l.order), at(l.start), at(l.count), m.K, m.Inter, at(l.h)); err != nil {
 		return err
 	}
-	if err := k.launchDep("moe_down", cu.Dim3{X: m.E, Y: (m.Dim + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
-		at(l.h), m.Down, at(l.order), at(l.start), at(l.count), int32(rows), int32(m.Inter), int32(m.Dim), at(l.y)); err != nil {
+	if err := down(m.E, at(l.h), m.Down, at(l.order), at(l.start), at(l.count), m.Inter, at(l.y)); err != nil {
 		return err
 	}
 	ys := cu.Ptr(0)
 	if m.SharedInter > 0 {
 		ys = at(l.ys)
-		if err := k.launchDep("moe_gate_up", cu.Dim3{X: 1, Y: (m.SharedInter + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
-			m.X, m.SharedGate, m.SharedUp, cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), int32(rows), int32(1), int32(m.Dim), int32(m.SharedInter), at(l.hs)); err != nil {
+		if err := gateUp(1, m.SharedGate, m.SharedUp, 0, 0, 0, 1, m.SharedInter, at(l.hs)); err != nil {
 			return err
 		}
-		if err := k.launchDep("moe_down", cu.Dim3{X: 1, Y: (m.Dim + warps - 1) / warps, Z: 1}, cu.D1(block), 0, s,
-			at(l.hs), m.SharedDown, cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), int32(rows), int32(m.SharedInter), int32(m.Dim), ys); err != nil {
+		if err := down(1, at(l.hs), m.SharedDown, 0, 0, 0, m.SharedInter, ys); err != nil {
 			return err
 		}
 	}
 	return k.launchDep("moe_combine", ewGrid(rows*m.Dim), cu.D1(256), 0, s, at(l.y), at(l.topW), ys, sharedW, int32(rows),
 		int32(m.K), int32(m.Dim), m.Out)
+}
+
+// moeTileRows is the entries a tile of moe_tile.cu takes (MT_ROWS), and
+// moeTileShared the dynamic shared memory of its kernels (gemv_tile.cu's
+// tiles of 8 n8 tiles).
+const moeTileRows = 64
+
+var moeTileShared = gemvCfg{tile: true, nt: 8, bk: tileBK, stages: tileStages, pf: tilePF}.shared()
+
+// launchMoETile launches moe_tile.cu's kernel name on grid.
+func (g *GEMV) launchMoETile(s *cu.Stream, name string, grid cu.Dim3, args ...any) error {
+	g.mu.Lock()
+	f := g.moeFns[name]
+	g.mu.Unlock()
+	if f == nil {
+		m, err := g.parts.holding(name)
+		if err == nil {
+			f, err = m.Function(name)
+		}
+		if err == nil {
+			err = f.SetMaxDynamicShared(moeTileShared)
+		}
+		if err != nil {
+			return fmt.Errorf("kernels: %s: %w", name, err)
+		}
+		g.mu.Lock()
+		if g.moeFns == nil {
+			g.moeFns = map[string]*cu.Function{}
+		}
+		g.moeFns[name] = f
+		g.mu.Unlock()
+	}
+	launch := f.Launch
+	if g.PDL {
+		launch = f.LaunchDependent
+	}
+	if err := launch(grid, cu.D1(tileThreads), moeTileShared, s, args...); err != nil {
+		return fmt.Errorf("kernels: %s: %w", name, err)
+	}
+	return nil
 }

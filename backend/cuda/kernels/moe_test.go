@@ -14,7 +14,10 @@ import (
 // router's TopK (the larger logit first, the lower index among equals),
 // the softmax over the chosen or over every expert, each expert's SwiGLU
 // MLP, a shared expert with and without its sigmoid gate; batches of one
-// row (decode) to 300 (prefill), lists longer than a warp's group.
+// row (decode) to 300 (prefill), lists longer than a warp's group. In f16
+// and bf16 the cases whose widths are multiples of 64 run again on the
+// tensor-core tiles (moe_tile.cu: TileMinRows 1), lists longer than a
+// tile's 64 entries among them.
 func TestMoE(t *testing.T) {
 	cases := []struct {
 		rows, e, k         int
@@ -27,11 +30,26 @@ func TestMoE(t *testing.T) {
 		{64, 64, 8, false, 256, 64, 0, false},
 		{300, 8, 2, true, 128, 96, 64, false},
 		{5, 256, 8, true, 64, 32, 0, false},
+		{200, 8, 2, true, 128, 128, 64, true},
+		{130, 64, 8, false, 256, 64, 0, false},
+		{16, 4, 2, false, 64, 192, 128, false},
+	}
+	type run struct {
+		c     int // the case
+		tiled bool
 	}
 	for _, act := range allDTypes {
 		k := kern(t, act)
 		rng := newRNG(t)
-		for _, c := range cases {
+		var runs []run
+		for i, c := range cases {
+			runs = append(runs, run{i, false})
+			if act != cu.F32 && c.dim%64 == 0 && c.inter%64 == 0 && c.shared%64 == 0 {
+				runs = append(runs, run{i, true})
+			}
+		}
+		for _, r := range runs {
+			c := cases[r.c]
 			x := roundTo(act, randn(rng, c.rows*c.dim, 1))
 			router := roundTo(act, randn(rng, c.e*c.dim, 0.3))
 			type mats struct{ g, u, d []float32 }
@@ -68,6 +86,12 @@ func TestMoE(t *testing.T) {
 			m.Gate, m.Up, m.Down = pt, pt.Add(8*c.e), pt.Add(16*c.e)
 			s := pt.Add(24 * c.e)
 			m.SharedGate, m.SharedUp, m.SharedDown = s, s.Add(8), s.Add(16)
+			if r.tiled {
+				m.Tiles, m.TileMinRows = gemvMod(t, act, false), 1
+				if !m.tiled(c.rows) {
+					t.Fatalf("case %d does not take the tiles", r.c)
+				}
+			}
 			must(t, k.MoE(nil, m, c.rows, alloc(t, m.ScratchBytes(c.rows, act))))
 
 			dot := func(a, b []float32) float64 {
@@ -118,7 +142,7 @@ func TestMoE(t *testing.T) {
 					mlp(sh, c.shared, p)
 				}
 			}
-			what := fmt.Sprintf("moe rows=%d experts=%d/%d norm=%v dim=%d width=%d shared=%d gate=%v", c.rows, c.k, c.e, c.norm, c.dim, c.inter, c.shared, c.sharedGate)
+			what := fmt.Sprintf("moe rows=%d experts=%d/%d norm=%v dim=%d width=%d shared=%d gate=%v tiled=%v", c.rows, c.k, c.e, c.norm, c.dim, c.inter, c.shared, c.sharedGate, r.tiled)
 			// h is rounded to the activation dtype between the products.
 			report(t, act, what, compare(t, what, down(t, act, m.Out, c.rows*c.dim), ref, 2*tol(act)))
 		}

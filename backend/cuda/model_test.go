@@ -169,7 +169,8 @@ func checkArgmax(t *testing.T, got, want []float32, vocab int, exact bool) {
 
 // TestHFTransformersFixtures runs every architecture variant of the
 // transformers fixtures on the GPU: all-position logits within
-// ‖Δ‖₂/‖ref‖₂ ≤ 1e-3 in f32 and ≤ 2e-2 in bf16, the same argmax at every
+// ‖Δ‖₂/‖ref‖₂ ≤ 1e-4 in f32 (at most 7.7e-7 on the H200, 2026-11-26) and
+// ≤ 2e-2 in bf16 (mixtures: but for routing flips), the same argmax at every
 // position (in bf16, except at near-ties: checkArgmax), and in f32
 // transformers' greedy continuation. Each runs with the prompt whole
 // (prefill attention) and in chunks of 1 to 8 tokens (decode attention over a
@@ -186,7 +187,7 @@ func TestHFTransformersFixtures(t *testing.T) {
 					b := backendOf(t, dtype)
 					e := openEngine(t, dir, b, engine.Options{Buckets: buckets})
 					logits := f.Prefill(t, e)
-					limit := 1e-3
+					limit := 1e-4
 					if dtype == "bf16" {
 						limit = 2e-2
 					}

@@ -345,7 +345,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 	}
 	d := e.l.dev
 	err = d.Do(func() error {
-		x := &stepState{kv: cache, decode: t <= 2*len(b.Seqs), gather: e.arena.Add(gatherOffset(e.plan)),
+		x := &stepState{kv: cache, decode: decodeStep(b), gather: e.arena.Add(gatherOffset(e.plan)),
 			moe: e.arena.Add(moeOffset(e.plan))}
 		if e.l.b.Profile {
 			x.prof = []string{}
@@ -612,4 +612,34 @@ func sameAttn(a, b *node) bool {
 	}
 	x, y := a.n.Attrs, b.n.Attrs
 	return x.Window == y.Window && x.Heads == y.Heads && x.KVHeads == y.KVHeads && x.HeadDim == y.HeadDim
+}
+
+// decodeMaxRun is the most tokens a sequence may bring to a decode step
+// beyond decodeStep's average of two: a speculative step's last token and
+// drafts (engine's verifying steps, k+1 ≤ 9).
+const decodeMaxRun = 16
+
+// decodeStep reports whether the step of batch b runs as a decode step
+// (decode attention, each token over its own context; captured graphs):
+// two tokens a sequence or fewer on average, or no sequence with more than
+// decodeMaxRun tokens in the step (each sequence's tokens together in the
+// batch, as the engine makes them). Other steps take prefill attention,
+// kernel by kernel.
+func decodeStep(b *backend.Batch) bool {
+	t := len(b.Tokens)
+	if t <= 2*len(b.Seqs) {
+		return true
+	}
+	run, runs := 0, 0
+	for i, s := range b.SeqIndex {
+		if i > 0 && s == b.SeqIndex[i-1] {
+			run++
+		} else {
+			run, runs = 1, runs+1
+		}
+		if run > decodeMaxRun {
+			return false
+		}
+	}
+	return runs == len(b.Seqs) // each sequence's tokens together
 }

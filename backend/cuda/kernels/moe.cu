@@ -25,11 +25,14 @@
 #define MOE_MAX_E 256 // experts a router may have
 #define MOE_TG 8      // rows an expert's warp takes at once
 
-// grid (rows), block 128: logits x[r]·router[e] for every expert (a warp
-// each, in turn), then thread 0 takes the TopK (the larger logit first, the
-// lower index among equals) and their weights, the softmax of their logits
-// (norm) or their probabilities under the softmax over every expert; with
-// sgate, sharedW[r] = sigmoid(x[r]·sgate).
+// grid (rows), a block of up to 32 warps: logits x[r]·router[e] for every
+// expert (a warp each, in turn: at one row a step the router's rows are
+// read by the whole block at once), then warp 0 takes the TopK (the larger
+// logit first, the lower index among equals; lane l holds the choices of
+// experts l, l + 32, ...) and their weights, the softmax of their logits
+// (norm) or their probabilities under the softmax over every expert (each
+// lane's share summed in order, then over the warp); with sgate,
+// sharedW[r] = sigmoid(x[r]·sgate).
 extern "C" __global__ void moe_route(const T* x, const T* router, const T* sgate, int rows, int dim, int E, int K, int norm,
                                      int* topIdx, float* topW, float* sharedW) {
 	pdl_enter();
@@ -51,26 +54,39 @@ extern "C" __global__ void moe_route(const T* x, const T* router, const T* sgate
 		if (lane == 0) lg[e] = d;
 	}
 	__syncthreads();
-	if (threadIdx.x != 0) return;
-	unsigned chosen[MOE_MAX_E / 32];
-	for (int i = 0; i < MOE_MAX_E / 32; i++) chosen[i] = 0;
+	if (warp != 0) return;
+	unsigned chosen = 0; // bit j: expert lane + 32·j taken
 	int first = 0;
 	float sum = 0.f;
 	for (int j = 0; j < K; j++) {
-		int best = -1;
-		for (int e = 0; e < E; e++)
-			if (!(chosen[e >> 5] >> (e & 31) & 1) && (best < 0 || lg[e] > lg[best])) best = e;
-		chosen[best >> 5] |= 1u << (best & 31);
-		if (j == 0) first = best;
-		topIdx[r * K + j] = best;
-		float p = expf(lg[best] - lg[first]);
-		topW[r * K + j] = p;
+		int bi = -1;
+		float bv = 0.f;
+		for (int e = lane, q = 0; e < E; e += 32, q++)
+			if (!(chosen >> q & 1) && (bi < 0 || lg[e] > bv)) bi = e, bv = lg[e];
+#pragma unroll
+		for (int o = 16; o; o >>= 1) {
+			int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+			float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+			if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bi = oi, bv = ov;
+		}
+		if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
+		if (j == 0) first = bi;
+		float p = expf(lg[bi] - lg[first]);
+		if (lane == 0) {
+			topIdx[r * K + j] = bi;
+			topW[r * K + j] = p;
+		}
 		if (norm) sum += p;
 	}
-	if (!norm)
-		for (int e = 0; e < E; e++) sum += expf(lg[e] - lg[first]);
-	for (int j = 0; j < K; j++) topW[r * K + j] /= sum;
-	if (sgate) sharedW[r] = 1.f / (1.f + expf(-lg[E]));
+	if (!norm) {
+		for (int e = lane; e < E; e += 32) sum += expf(lg[e] - lg[first]);
+		sum = warp_sum(sum);
+	}
+	__syncwarp();
+	if (lane == 0) {
+		for (int j = 0; j < K; j++) topW[r * K + j] /= sum;
+		if (sgate) sharedW[r] = 1.f / (1.f + expf(-lg[E]));
+	}
 }
 
 // grid (E), block 32: expert e's entries (i with topIdx[i] == e), in order,

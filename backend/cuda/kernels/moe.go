@@ -101,9 +101,9 @@ func (k *Kernels) MoE(s *cu.Stream, m MoE, rows int, scratch cu.Ptr) error {
 	if m.SharedInter > 0 && m.SharedScale != 0 {
 		sharedW = at(l.sharedW)
 	}
-	const block = 128
+	const block, routeBlock = 128, 512
 	warps := block / 32
-	if err := k.launchDep("moe_route", cu.D1(rows), cu.D1(block), 0, s, m.X, m.Router, m.SharedScale, int32(rows), int32(m.Dim),
+	if err := k.launchDep("moe_route", cu.D1(rows), cu.D1(routeBlock), 0, s, m.X, m.Router, m.SharedScale, int32(rows), int32(m.Dim),
 		int32(m.E), int32(m.K), norm, at(l.topIdx), at(l.topW), sharedW); err != nil {
 		return err
 	}

@@ -133,13 +133,14 @@ struct Barrier {
 		g_cur->wait_gen = nullptr;
 	}
 };
-// g_threads is the threads of a block (128 unless the driver sets 256
-// before a launch).
+// g_threads is the threads of a block (128 unless the driver sets another
+// count, up to 1024, before a launch).
 static int g_threads = 128;
 struct Block {
 	Barrier bar{g_threads};
-	Barrier wbar[8] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
-	unsigned long long xch[8][32][8]; // warp exchange tables
+	Barrier wbar[32] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32},
+	                    {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
+	unsigned long long xch[32][32][8]; // warp exchange tables
 };
 Block* g_block;
 Barrier* g_cluster_bar;

@@ -167,14 +167,16 @@ type RopeParams struct {
 	// FreqFactors, when set, divide each pair's frequency (GGUF rope_freqs).
 	FreqFactors []float32
 	// Scaling "longrope": ShortFactor divides each pair's frequency when
-	// the context (MaxPositions) is within OriginalMaxPositions, LongFactor
-	// when it reaches past it, and cos and sin are scaled by
-	// AttentionFactor. Chosen by the context, as llama.cpp does, so that a
-	// sequence's cached keys keep their rotation as it grows: transformers'
-	// results for every sequence when the context is within the original
-	// one, and for every sequence longer than it otherwise (transformers
-	// rotates a sequence by the short factors until it passes the original
-	// context, then recomputes it with the long ones).
+	// the context (MaxPositions: the context asked for, before the engine
+	// fits it to memory) is within OriginalMaxPositions, LongFactor when it
+	// reaches past it, and cos and sin are scaled by AttentionFactor.
+	// Chosen by the context, as llama.cpp does, so that a sequence's cached
+	// keys keep their rotation as it grows: transformers' results for every
+	// sequence when the context is within the original one, and for every
+	// sequence longer than it otherwise (transformers rotates a sequence by
+	// the short factors until it passes the original context, then
+	// recomputes it with the long ones); a shorter sequence in a longer
+	// context differs from transformers'.
 	ShortFactor, LongFactor []float32
 	AttentionFactor         float64
 }

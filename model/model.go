@@ -42,8 +42,9 @@ type RopeScaling struct {
 	LowFreqFactor, HighFreqFactor float64 // llama3
 	OriginalMaxPositions          int     // llama3, longrope
 	// ShortFactor and LongFactor (longrope: Phi-3's long-context models)
-	// divide each pair's frequency, at positions below OriginalMaxPositions
-	// and from it on; AttentionFactor scales cos and sin.
+	// divide each pair's frequency: the short ones when the context asked
+	// for is within OriginalMaxPositions, the long ones at every position
+	// when it passes it (ir.RopeParams); AttentionFactor scales cos and sin.
 	ShortFactor, LongFactor []float32
 	AttentionFactor         float64
 }

@@ -128,6 +128,11 @@ type Stats struct {
 	GraphReplays  int // decode steps replayed from a captured graph
 	GraphCaptures int // graphs captured
 	GraphFailures int // captures that failed (those compositions run directly)
+	// WorkspaceGrowths counts the decode attention workspace's
+	// allocations: one at a reservation (ReserveSteps), and one for each
+	// step that then needed more (none, when the reservation covers every
+	// step).
+	WorkspaceGrowths int
 	// Epilogues counts the launches (captures included) of a GEMV with the
 	// op reading its product in its epilogue.
 	Epilogues int

@@ -8,8 +8,9 @@ import (
 
 // TestDecodeStep: steps of one or two tokens a sequence on average, and
 // steps whose every sequence brings at most decodeMaxRun tokens (a
-// speculative step's last token and drafts), run as decode steps; a step
-// with a longer run, or with a sequence's tokens apart, does not.
+// speculative step's last token and drafts), run as decode steps, wherever
+// in the batch a sequence's tokens are; a step with a sequence of more does
+// not.
 func TestDecodeStep(t *testing.T) {
 	batch := func(runs ...int) *backend.Batch {
 		b := &backend.Batch{}
@@ -40,12 +41,18 @@ func TestDecodeStep(t *testing.T) {
 			t.Errorf("runs %v: decode %v, want %v", c.runs, got, c.want)
 		}
 	}
+	// A sequence's tokens need not be together; its count is what matters.
 	apart := batch(3, 3)
 	apart.SeqIndex = []int32{0, 1, 0, 1, 0, 1}
-	apart.Tokens = append(apart.Tokens, 0, 0)
-	apart.SeqIndex = append(apart.SeqIndex, 0, 1)
-	if decodeStep(apart) {
-		t.Error("a step whose sequences' tokens alternate ran as a decode step")
+	if !decodeStep(apart) {
+		t.Error("a step of 3 tokens a sequence, interleaved, did not run as a decode step")
+	}
+	split := batch(decodeMaxRun, decodeMaxRun, 0)
+	for i := range split.SeqIndex[decodeMaxRun:] {
+		split.SeqIndex[decodeMaxRun+i] = 0 // sequence 0 brings all of them, sequence 2 none
+	}
+	if decodeStep(split) {
+		t.Errorf("a step with a sequence of %d tokens ran as a decode step", 2*decodeMaxRun)
 	}
 }
 

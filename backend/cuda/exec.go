@@ -619,27 +619,25 @@ func sameAttn(a, b *node) bool {
 // drafts (engine's verifying steps, k+1 ≤ 9).
 const decodeMaxRun = 16
 
-// decodeStep reports whether the step of batch b runs as a decode step
-// (decode attention, each token over its own context; captured graphs):
-// two tokens a sequence or fewer on average, or no sequence with more than
-// decodeMaxRun tokens in the step (each sequence's tokens together in the
-// batch, as the engine makes them). Other steps take prefill attention,
-// kernel by kernel.
+// decodeStep reports whether the step of batch b (validated) runs as a
+// decode step (decode attention, each token over its own context; captured
+// graphs): two tokens a sequence or fewer on average, or no sequence with
+// more than decodeMaxRun tokens in the step. Other steps take prefill
+// attention, kernel by kernel. ReserveSteps reserves the decode workspace
+// of every bucket of up to decodeMaxRun tokens a sequence accordingly.
 func decodeStep(b *backend.Batch) bool {
 	t := len(b.Tokens)
 	if t <= 2*len(b.Seqs) {
 		return true
 	}
-	run, runs := 0, 0
-	for i, s := range b.SeqIndex {
-		if i > 0 && s == b.SeqIndex[i-1] {
-			run++
-		} else {
-			run, runs = 1, runs+1
-		}
-		if run > decodeMaxRun {
+	if t > decodeMaxRun*len(b.Seqs) {
+		return false
+	}
+	counts := make([]int, len(b.Seqs))
+	for _, s := range b.SeqIndex {
+		if counts[s]++; counts[s] > decodeMaxRun {
 			return false
 		}
 	}
-	return runs == len(b.Seqs) // each sequence's tokens together
+	return true
 }

@@ -155,7 +155,7 @@ func checkArgmax(t *testing.T, got, want []float32, vocab int, exact bool) {
 			maxErr = math.Max(maxErr, math.Abs(float64(g[i])-float64(w[i])))
 		}
 		margin := float64(w[aw]) - float64(w[ag])
-		if exact || margin > 2*maxErr {
+		if exact || !(margin <= 2*maxErr) { // NaN: an error
 			t.Errorf("position %d: argmax %d, reference %d (reference margin %.4g, largest error of the row %.4g)", r, ag, aw, margin, maxErr)
 			continue
 		}
@@ -197,7 +197,7 @@ func TestHFTransformersFixtures(t *testing.T) {
 					if dtype == "bf16" && isMixture(t, dir) {
 						got = withoutRoutingFlips(t, logits, f.Logits, vocab, limit)
 					}
-					if got > limit {
+					if !(got <= limit) { // NaN fails too
 						t.Errorf("logits: ‖Δ‖₂/‖ref‖₂ = %.3g > %g", got, limit)
 					}
 					checkArgmax(t, logits, f.Logits, vocab, dtype == "f32")
@@ -347,6 +347,9 @@ func TestGemmaMatchesCPU(t *testing.T) {
 					// 2026-11-26), while the f32 runs hold 1e-4.
 					errs := stepErrors(t, m, b)
 					t.Logf("steps' ‖Δ‖₂/‖ref‖₂: %.3g", errs)
+					if slices.ContainsFunc(errs, math.IsNaN) {
+						t.Fatalf("bf16: a step's logits are NaN")
+					}
 					sorted := slices.Sorted(slices.Values(errs))
 					if med, worst := sorted[len(sorted)/2], sorted[len(sorted)-1]; !(med <= 1.5e-2 && worst <= 4e-2) {
 						t.Errorf("bf16: median step ‖Δ‖₂/‖ref‖₂ %.3g (limit 1.5e-2), worst %.3g (limit 4e-2)", med, worst)

@@ -12,7 +12,8 @@ import (
 // the GPU (the demo model in f32, a prompt after which it repeats itself)
 // gives plain greedy decoding's 60 tokens for 2, 4 and 8 drafts a step,
 // keeps drafts, and replays its verifying steps (k+1 tokens of one
-// sequence) from captured graphs as decode steps.
+// sequence) from captured graphs as decode steps, within the decode
+// workspace ReserveSteps reserved.
 func TestSpeculativeGreedy(t *testing.T) {
 	b := backendOf(t, "f32")
 	m, tok, err := demo.Load()
@@ -20,7 +21,9 @@ func TestSpeculativeGreedy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	e, err := engine.New(m, b, engine.Options{MaxSeqs: 2})
+	// A share of the memory for the KV cache, as kiln run and kiln serve
+	// take: the engine then reserves the step memory first (ReserveSteps).
+	e, err := engine.New(m, b, engine.Options{MaxSeqs: 2, KVCacheFraction: 0.3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +60,9 @@ func TestSpeculativeGreedy(t *testing.T) {
 		}
 		if replays < (after.Steps-stats.Steps)/2 {
 			t.Errorf("k %d: %d of %d steps replayed from graphs", k, replays, after.Steps-stats.Steps)
+		}
+		if g := after.WorkspaceGrowths - stats.WorkspaceGrowths; g != 0 {
+			t.Errorf("k %d: the decode workspace grew %d times: the reservation missed the verifying steps", k, g)
 		}
 	}
 }

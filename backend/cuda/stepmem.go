@@ -26,8 +26,8 @@ import (
 
 // ReserveSteps implements backend.StepReserver: the activation arena for
 // the largest of plans, the quantized products' scratch for it, the decode attention workspace for decode steps of
-// up to maxSeqs sequences (two tokens each at most) at contexts up to
-// context, and the sampler's scratch for maxSeqs rows.
+// up to maxSeqs sequences (decodeStep's: up to decodeMaxRun tokens each)
+// at contexts up to context, and the sampler's scratch for maxSeqs rows.
 func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error {
 	if len(plans) == 0 || maxSeqs <= 0 || context <= 0 {
 		return fmt.Errorf("cuda: reserve for %d plans, %d sequences, context %d", len(plans), maxSeqs, context)
@@ -67,14 +67,15 @@ func (l *loaded) ReserveSteps(plans []*compile.Plan, maxSeqs, context int) error
 // decodeNeeds is the decode workspace for the steps plans can run: split
 // counters for the largest bucket's tokens, and the partials of the plan
 // among kernels.DecodePlans that needs most, over the decode batches of up
-// to maxSeqs sequences (two tokens each) and the context bucket of context;
-// each distinct attention shape and token count is planned once.
+// to maxSeqs sequences (up to decodeMaxRun tokens each: decodeStep) and the
+// context bucket of context; each distinct attention shape and token count
+// is planned once.
 func (l *loaded) decodeNeeds(plans []*compile.Plan, maxSeqs, context int) (counters, partials int) {
 	maxT := 0
 	sizes := map[int]bool{}
 	for _, p := range plans {
 		maxT = max(maxT, p.Bucket.Tokens)
-		if p.Bucket.Tokens <= 2*maxSeqs {
+		if p.Bucket.Tokens <= decodeMaxRun*maxSeqs {
 			sizes[p.Bucket.Tokens] = true
 		}
 	}
@@ -216,6 +217,7 @@ func (l *loaded) growWorkspace(counters, partials int) error {
 	if err := l.stream.Sync(); err != nil {
 		return err
 	}
+	l.b.stats.WorkspaceGrowths++
 	for _, e := range l.execs {
 		e.dropGraphs()
 	}

@@ -51,6 +51,8 @@ for t in llama3.2-bpe gpt2; do
 	if [ -f ../shared/tokenizers/$t/tokenizer.json ]; then
 		mkdir -p .devbin/shared/tokenizers/$t
 		cp ../shared/tokenizers/$t/tokenizer.json .devbin/shared/tokenizers/$t/
+	else
+		echo "warning: no ../shared/tokenizers/$t/tokenizer.json: the serving scripts need it" >&2
 	fi
 done
 # The corpus tools/gpu/spec-bench.sh takes its prompts from.

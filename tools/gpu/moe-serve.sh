@@ -33,6 +33,7 @@ for c in "256 1024 128" "64 384 32" "1 16 2" "256 1024 128"; do
 done
 curl -s http://127.0.0.1:8765/metrics >"$out/metrics.txt"
 kill -TERM $server
+timeout 30 tail --pid=$server -f /dev/null || { echo "server still up 30 s after SIGTERM: killed"; kill -KILL $server; }
 wait $server
 echo "server exit $?"
 grep -iE "error|panic|out of memory" "$out/serve.log" | head -5

@@ -339,7 +339,7 @@ def expected_inv_freq(cfg):
         # The long factors once past original_max_position_embeddings (the
         # prompt of phi3-longrope is, and transformers keeps the long
         # frequencies after it), the short ones within it.
-        orig = rp.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
+        orig = getattr(cfg, "original_max_position_embeddings", None) or rp.get("original_max_position_embeddings")
         use = "long_factor" if cfg.max_position_embeddings > orig else "short_factor"
         inv = [x / f for x, f in zip(inv, rp[use])]
     elif t != "default":

@@ -32,7 +32,8 @@
 // experts l, l + 32, ...) and their weights, the softmax of their logits
 // (norm) or their probabilities under the softmax over every expert (each
 // lane's share summed in order, then over the warp); with sgate,
-// sharedW[r] = sigmoid(x[r]·sgate).
+// sharedW[r] = sigmoid(x[r]·sgate). A NaN logit counts as −∞, so that the
+// TopK are always K distinct experts.
 extern "C" __global__ void moe_route(const T* x, const T* router, const T* sgate, int rows, int dim, int E, int K, int norm,
                                      int* topIdx, float* topW, float* sharedW) {
 	pdl_enter();
@@ -51,7 +52,7 @@ extern "C" __global__ void moe_route(const T* x, const T* router, const T* sgate
 			for (int i = 0; i < VEC; i++) d += fx[i] * fw[i];
 		}
 		d = warp_sum(d);
-		if (lane == 0) lg[e] = d;
+		if (lane == 0) lg[e] = e < E && d != d ? NEG_INF : d; // a NaN logit ranks last: the order stays total
 	}
 	__syncthreads();
 	if (warp != 0) return;

@@ -148,6 +148,34 @@ static int run(const Case& c, unsigned seed) {
 	return bad;
 }
 
+// nan_route: rows whose router logits are NaN (x NaN, or one NaN router
+// row) still get K distinct experts in range.
+static int nan_route() {
+	const int R = 2, D = 32, E = 8, K = 3;
+	std::mt19937_64 rng(5);
+	auto x = rnd_act(rng, (size_t)R * D, 1), router = rnd_act(rng, (size_t)E * D, 0.3f);
+	for (int i = 0; i < D; i++) x[i] = fromf<T>(NAN);       // row 0: every logit NaN
+	router[(size_t)2 * D] = fromf<T>(NAN);                  // expert 2: NaN for row 1 too
+	std::vector<int> topIdx(R * K, -7);
+	std::vector<float> topW(R * K, 0);
+	g_after_wait = [](const void*) { return false; };
+	launch(dim3{(unsigned)R, 1, 1}, moeRouteThreads,
+	       [&] { moe_route(x.data(), router.data(), nullptr, R, D, E, K, 1, topIdx.data(), topW.data(), nullptr); });
+	int bad = 0;
+	for (int r = 0; r < R; r++)
+		for (int j = 0; j < K; j++) {
+			int e = topIdx[r * K + j];
+			bool dup = false;
+			for (int i = 0; i < j; i++) dup |= topIdx[r * K + i] == e;
+			if (e < 0 || e >= E || dup) {
+				fprintf(stderr, "NaN logits: row %d pick %d is expert %d\n", r, j, e);
+				bad++;
+			}
+		}
+	printf("NaN logits: %d bad picks\n", bad);
+	return bad != 0;
+}
+
 int main() {
 	std::vector<Case> cases = {
 		{1, 8, 2, 1, 64, 32, 0, 0},    // Mixtral's routing, a decode step
@@ -160,6 +188,7 @@ int main() {
 	int fails = 0;
 	for (size_t i = 0; i < cases.size(); i++)
 		if (run(cases[i], 99 + i)) fails++;
+	fails += nan_route();
 	moeRouteThreads = 64; // two warps: each takes several experts in turn
 	for (size_t i = 0; i < cases.size(); i += 2)
 		if (run(cases[i], 199 + i)) fails++;

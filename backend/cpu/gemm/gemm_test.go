@@ -453,38 +453,7 @@ func TestDotsAxpysE4M3(t *testing.T) {
 					codes[i] ^= 1 // no NaN here: a NaN compares unequal to itself
 				}
 			}
-			wide := make([]float32, len(codes))
-			for i, c := range codes {
-				wide[i] = tensor.E4M3ToF32(c)
-			}
-			a := make([]float32, k)
-			for i := range a {
-				a[i] = float32(r.NormFloat64())
-			}
-			got, want := make([]float32, n), make([]float32, n)
-			DotsE4M3(got, a, codes, stride)
-			Dots(want, a, wide, stride)
-			for i := range got {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("DotsE4M3 k %d, %d rows at stride %d: row %d = %v, want %v", k, n, stride, i, got[i], want[i])
-				}
-			}
-			w := make([]float32, n)
-			for i := range w {
-				w[i] = float32(r.NormFloat64())
-			}
-			y, yw := make([]float32, k), make([]float32, k)
-			for i := range y {
-				y[i] = float32(i)
-				yw[i] = y[i]
-			}
-			AxpysE4M3(w, codes, stride, y)
-			Axpys(w, wide, stride, yw)
-			for i := range y {
-				if math.Float32bits(y[i]) != math.Float32bits(yw[i]) {
-					t.Fatalf("AxpysE4M3 k %d, %d rows at stride %d: y[%d] = %v, want %v", k, len(w), stride, i, y[i], yw[i])
-				}
-			}
+			checkWidened(t, "E4M3", r, codes, stride, k, n, tensor.E4M3ToF32, DotsE4M3, AxpysE4M3)
 		}
 	}
 }
@@ -506,38 +475,48 @@ func TestDotsAxpysF16(t *testing.T) {
 					vals[i] &^= 0x3FF // no NaN: a NaN compares unequal to itself
 				}
 			}
-			wide := make([]float32, len(vals))
-			for i, v := range vals {
-				wide[i] = tensor.F16ToF32(v)
-			}
-			a := make([]float32, k)
-			for i := range a {
-				a[i] = float32(r.NormFloat64())
-			}
-			got, want := make([]float32, n), make([]float32, n)
-			DotsF16(got, a, vals, stride)
-			Dots(want, a, wide, stride)
-			for i := range got {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
-					t.Fatalf("DotsF16 k %d, %d rows at stride %d: row %d = %v, want %v", k, n, stride, i, got[i], want[i])
-				}
-			}
-			w := make([]float32, n)
-			for i := range w {
-				w[i] = float32(r.NormFloat64())
-			}
-			y, yw := make([]float32, k), make([]float32, k)
-			for i := range y {
-				y[i] = float32(i)
-				yw[i] = y[i]
-			}
-			AxpysF16(w, vals, stride, y)
-			Axpys(w, wide, stride, yw)
-			for i := range y {
-				if math.Float32bits(y[i]) != math.Float32bits(yw[i]) && !(y[i] != y[i] && yw[i] != yw[i]) {
-					t.Fatalf("AxpysF16 k %d, %d rows at stride %d: y[%d] = %v, want %v", k, len(w), stride, i, y[i], yw[i])
-				}
-			}
+			checkWidened(t, "F16", r, vals, stride, k, n, tensor.F16ToF32, DotsF16, AxpysF16)
+		}
+	}
+}
+
+// checkWidened requires dots and axpys over n rows of codes (k values
+// each, stride apart) to give Dots and Axpys on the rows widened by widen,
+// bit for bit (NaN where both are NaN), for fresh a, w and y.
+func checkWidened[T any](t *testing.T, name string, r *rand.Rand, codes []T, stride, k, n int, widen func(T) float32,
+	dots func(out, a []float32, b []T, stride int), axpys func(w []float32, x []T, stride int, y []float32)) {
+	t.Helper()
+	same := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || (a != a && b != b) }
+	wide := make([]float32, len(codes))
+	for i, c := range codes {
+		wide[i] = widen(c)
+	}
+	a := make([]float32, k)
+	for i := range a {
+		a[i] = float32(r.NormFloat64())
+	}
+	got, want := make([]float32, n), make([]float32, n)
+	dots(got, a, codes, stride)
+	Dots(want, a, wide, stride)
+	for i := range got {
+		if !same(got[i], want[i]) {
+			t.Fatalf("Dots%s k %d, %d rows at stride %d: row %d = %v, want %v", name, k, n, stride, i, got[i], want[i])
+		}
+	}
+	w := make([]float32, n)
+	for i := range w {
+		w[i] = float32(r.NormFloat64())
+	}
+	y, yw := make([]float32, k), make([]float32, k)
+	for i := range y {
+		y[i] = float32(i)
+		yw[i] = y[i]
+	}
+	axpys(w, codes, stride, y)
+	Axpys(w, wide, stride, yw)
+	for i := range y {
+		if !same(y[i], yw[i]) {
+			t.Fatalf("Axpys%s k %d, %d rows at stride %d: y[%d] = %v, want %v", name, k, n, stride, i, y[i], yw[i])
 		}
 	}
 }

@@ -140,30 +140,9 @@ func rewriteConditional(e string) string {
 	return ifElseName + "(" + cond + "," + parts[0] + "," + rewriteConditional(alt) + ")"
 }
 
-// splitTop splits s at sep where it stands outside parentheses, brackets,
-// braces and string literals.
-func splitTop(s string, sep byte) []string {
-	var out []string
-	depth, start := 0, 0
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '\'' || c == '"':
-			i = stringEnd(s, i)
-		case c == '(' || c == '[' || c == '{':
-			depth++
-		case c == ')' || c == ']' || c == '}':
-			depth--
-		case c == sep && depth == 0:
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return append(out, s[start:])
-}
-
-// splitKeyword splits s at the top-level word kw (whitespace around it), at
-// its first occurrence.
-func splitKeyword(s, kw string) []string {
+// topLevel calls at(i) for each index i of s outside parentheses,
+// brackets, braces and string literals, in order, until at returns true.
+func topLevel(s string, at func(i int) bool) {
 	depth := 0
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
@@ -173,11 +152,39 @@ func splitKeyword(s, kw string) []string {
 			depth++
 		case c == ')' || c == ']' || c == '}':
 			depth--
-		case depth == 0 && isSpace(c) && strings.HasPrefix(s[i+1:], kw) && i+1+len(kw) < len(s) && isSpace(s[i+1+len(kw)]):
-			return []string{s[:i], s[i+1+len(kw):]}
+		case depth == 0 && at(i):
+			return
 		}
 	}
-	return []string{s}
+}
+
+// splitTop splits s at sep where it stands outside parentheses, brackets,
+// braces and string literals.
+func splitTop(s string, sep byte) []string {
+	var out []string
+	start := 0
+	topLevel(s, func(i int) bool {
+		if s[i] == sep {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+		return false
+	})
+	return append(out, s[start:])
+}
+
+// splitKeyword splits s at the top-level word kw (whitespace around it), at
+// its first occurrence.
+func splitKeyword(s, kw string) []string {
+	out := []string{s}
+	topLevel(s, func(i int) bool {
+		if isSpace(s[i]) && strings.HasPrefix(s[i+1:], kw) && i+1+len(kw) < len(s) && isSpace(s[i+1+len(kw)]) {
+			out = []string{s[:i], s[i+1+len(kw):]}
+			return true
+		}
+		return false
+	})
+	return out
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -49,6 +49,48 @@ def event_time(fn, reps=20):
     return statistics.median(times)
 
 
+def random_model(cls, cfg):
+    """cls(cfg) on the GPU in bf16, every parameter drawn from N(0, 0.02²)
+    after torch.manual_seed(0)."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = cls(cfg).to(torch.bfloat16).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    return model
+
+
+def prefill_rate(model, vocab, pp, reps):
+    """Tokens/s of one forward over a random pp-token prompt (the last
+    position's logits), the median of reps after a warm-up."""
+    ids = torch.randint(0, vocab, (1, pp), device="cuda")
+    return pp / cuda_time(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), reps)
+
+
+def decode_rate(model, vocab, batch, depth, tg, reps):
+    """Tokens/s of tg greedy steps of batch sequences holding depth random
+    tokens each (DynamicCache, eager), the median of reps after a
+    warm-up."""
+    from transformers import DynamicCache
+    prompt = torch.randint(0, vocab, (batch, depth), device="cuda")
+    times = []
+    for rep in range(reps + 1):
+        cache = DynamicCache()
+        o = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        tok = o.logits[:, -1].argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(tg):
+            o = model(input_ids=tok, past_key_values=cache, use_cache=True)
+            tok = o.logits[:, -1].argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        if rep > 0:
+            times.append(time.perf_counter() - t0)
+        del cache, o
+        torch.cuda.empty_cache()
+    return batch * tg / statistics.median(times)
+
+
 def attention_alone():
     """PyTorch's scaled_dot_product_attention on the shapes of kiln's kernel
     benchmarks (backend/cuda/kernels): prefill of 4096 tokens, 32 query and 8
@@ -120,44 +162,19 @@ def main():
         out["config"] = "llama3.1"
     else:
         cfg = LlamaConfig(**shape, max_position_embeddings=8192, rope_theta=500000.0)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    for p in model.parameters():
-        p.data.normal_(0, 0.02)
+    model = random_model(LlamaForCausalLM, cfg)
     out["params"] = sum(p.numel() for p in model.parameters())
     vocab = cfg.vocab_size
 
     with torch.inference_mode():
         if a.pp > 0:
-            ids = torch.randint(0, vocab, (1, a.pp), device="cuda")
-            t = cuda_time(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), a.reps)
-            out["pp"] = {"tokens": a.pp, "tokens_per_s": a.pp / t}
-
-        def decode(batch):
-            prompt = torch.randint(0, vocab, (batch, a.depth), device="cuda")
-            times = []
-            for rep in range(a.reps + 1):
-                from transformers import DynamicCache
-                cache = DynamicCache()
-                o = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                tok = o.logits[:, -1].argmax(-1, keepdim=True)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(a.tg):
-                    o = model(input_ids=tok, past_key_values=cache, use_cache=True)
-                    tok = o.logits[:, -1].argmax(-1, keepdim=True)
-                torch.cuda.synchronize()
-                if rep > 0:
-                    times.append(time.perf_counter() - t0)
-                del cache, o
-                torch.cuda.empty_cache()
-            return batch * a.tg / statistics.median(times)
+            out["pp"] = {"tokens": a.pp, "tokens_per_s": prefill_rate(model, vocab, a.pp, a.reps)}
 
         out["tg"] = []
         for b in [int(x) for x in a.batch.split(",") if x]:
             try:
-                out["tg"].append({"batch": b, "depth": a.depth, "tokens": a.tg, "tokens_per_s": decode(b)})
+                out["tg"].append({"batch": b, "depth": a.depth, "tokens": a.tg,
+                                  "tokens_per_s": decode_rate(model, vocab, b, a.depth, a.tg, a.reps)})
             except torch.OutOfMemoryError as e:
                 out["tg"].append({"batch": b, "error": "out of memory"})
                 torch.cuda.empty_cache()

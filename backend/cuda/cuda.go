@@ -108,6 +108,12 @@ type Backend struct {
 	// through it on the step's stream (and in its captured graphs). Nil:
 	// none.
 	Comm *cu.Comm
+	// Peers, set by OpenGroup where the group's devices reach each other's
+	// memory, runs the all-reduces of up to its CapBytes a rank as one
+	// kernel over peer memory (kernels.PeerAllReduce), fused with the
+	// AddRMSNorm that reads the sum where one does, instead of NCCL's.
+	// Nil: NCCL's.
+	Peers *kernels.PeerGroup
 
 	stats        Stats
 	profIndex    map[string]int // Stats.Profile's entry of each name

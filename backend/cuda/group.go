@@ -3,15 +3,21 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"kiln/backend"
 	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/ir"
 )
 
 // OpenGroup opens devices 0…n-1 as a tensor-parallel group of compute dtype
 // dtype: one backend a device, each with its rank's NCCL communicator (one
 // process; each device's work runs on its own locked OS thread, the
-// device's worker). Abort ends every communicator.
+// device's worker). Where every device reaches the others' memory, the
+// all-reduces of decode steps run as one kernel over peer memory instead
+// of NCCL's (NewPeers; KILN_PEER_ALLREDUCE=0 keeps NCCL's, for
+// comparisons). Abort ends every communicator.
 func OpenGroup(n int, dtype string) (*backend.Group, error) {
 	count, err := cu.DeviceCount()
 	if err != nil {
@@ -52,7 +58,74 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 		b.Comm = comms[i]
 		g.Ranks = append(g.Ranks, b)
 	}
+	if os.Getenv("KILN_PEER_ALLREDUCE") != "0" {
+		peers, err := NewPeers(devs)
+		if err != nil {
+			CloseGroup(g)
+			return nil, err
+		}
+		for i, p := range peers {
+			bs[i].Peers = p
+		}
+	}
 	return g, nil
+}
+
+// PeerCapBytes is the most bytes of partial sums a rank's all-reduce may
+// move through peer memory (kernels.PeerAllReduce): 256 rows of 8,192
+// bf16 activations. Larger ones (prefill's) go through NCCL.
+const PeerCapBytes = 4 << 20
+
+// NewPeers readies the peer all-reduce (kernels.PeerAllReduce) of a
+// group on devs, rank i on devs[i], for Backend.Peers: peer access enabled
+// both ways between every pair, and each rank's region
+// (kernels.PeerRegionBytes, zeroed) on its device. It returns nil, and
+// allocates nothing, when some pair cannot reach the other's memory (no
+// NVLink or PCIe peer path) or the group is larger than the kernels take:
+// such a group keeps NCCL's all-reduce.
+func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
+	if len(devs) < 2 || len(devs) > kernels.PeerMaxRanks {
+		return nil, nil
+	}
+	for _, a := range devs {
+		for _, b := range devs {
+			if a == b {
+				continue
+			}
+			ok, err := a.EnablePeerAccess(b)
+			if err != nil {
+				return nil, fmt.Errorf("cuda: peer access from device %d to %d: %w", a.Ordinal, b.Ordinal, err)
+			}
+			if !ok {
+				return nil, nil
+			}
+		}
+	}
+	regions := make([]cu.Ptr, len(devs))
+	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes)
+	for i, d := range devs {
+		p, err := d.Alloc(n)
+		if err == nil {
+			regions[i] = p
+			err = d.Memset8(p, 0, n, nil)
+		}
+		if err == nil {
+			err = d.Sync()
+		}
+		if err != nil {
+			for j, p := range regions[:i+1] {
+				if p != 0 {
+					devs[j].Free(p)
+				}
+			}
+			return nil, fmt.Errorf("cuda: the peer all-reduce's region on device %d: %w", d.Ordinal, err)
+		}
+	}
+	gs := make([]*kernels.PeerGroup, len(devs))
+	for i := range devs {
+		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes}
+	}
+	return gs, nil
 }
 
 // GroupRanks is the CUDA backend of each rank of g, or nil when g is not a
@@ -90,4 +163,36 @@ func CloseGroup(g *backend.Group) error {
 		errs = append(errs, b.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// markPeerFusions sets normReader on each all-reduce whose sum only the
+// next node reads, an AddRMSNorm (not one that writes its normed rows in
+// FP8 form), all of whose operands are activations of dtype act: the peer
+// all-reduce then adds the residual and normalizes in the same kernel.
+func markPeerFusions(nodes []node, g *ir.Graph, act cu.DType) {
+	readers := map[*ir.Value]int{}
+	for _, n := range g.Nodes {
+		for _, v := range n.Inputs {
+			readers[v]++
+		}
+	}
+	for _, v := range g.Outputs {
+		readers[v]++
+	}
+	for i := 0; i+1 < len(nodes); i++ {
+		nd, next := &nodes[i], &nodes[i+1]
+		if nd.n.Op != ir.AllReduce || next.n.Op != ir.AddRMSNorm || next.fp8Out || readers[nd.n.Outputs[0]] != 1 {
+			continue
+		}
+		if nd.in[0].dtype != act || next.in[0].dtype != act || next.in[1].dtype != act || next.out[0].dtype != act || next.out[1].dtype != act {
+			continue // the logits' chain, in float32
+		}
+		for j := range 2 {
+			if next.n.Inputs[j] == nd.n.Outputs[0] {
+				nd.normReader, nd.normIn = next, j
+				nd.kernel += " (+ " + next.kernel + " in the same kernel)"
+				break
+			}
+		}
+	}
 }

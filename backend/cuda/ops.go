@@ -37,8 +37,23 @@ func (l *loaded) choose(nd *node) error {
 		}
 	case ir.AllReduce:
 		nd.kernel = "nccl all-reduce"
+		if l.b.Peers != nil {
+			nd.kernel = fmt.Sprintf("peer all-reduce (nccl past %d bytes)", l.b.Peers.CapBytes)
+		}
 		nd.launch = func(x *stepState, nd *node) error {
-			return l.b.Comm.AllReduce(out[0].p, in[0].p, in[0].rows(x)*in[0].cols, in[0].dtype, s)
+			n := in[0].rows(x) * in[0].cols
+			if p := l.b.Peers; p != nil {
+				if nr := nd.normReader; nr != nil && p.PeerAllReduceNormFits(l.act, in[0].rows(x), in[0].cols, in[0].p, nr.in[1-nd.normIn].p, nr.out[0].p, nr.out[1].p) {
+					x.done, x.ran = nr, "peer all-reduce + add_rmsnorm"
+					return k.PeerAllReduceAddRMSNorm(s, *p, nr.out[0].p, nr.out[1].p, in[0].p, nr.in[1-nd.normIn].p, nr.in[2].p, nr.in[2].dtype,
+						in[0].rows(x), in[0].cols, nr.n.Attrs.Eps)
+				}
+				if p.PeerAllReduceFits(out[0].p, in[0].p, n, in[0].dtype) {
+					return k.PeerAllReduce(s, *p, out[0].p, in[0].p, n, in[0].dtype)
+				}
+				x.ran = "nccl all-reduce"
+			}
+			return l.b.Comm.AllReduce(out[0].p, in[0].p, n, in[0].dtype, s)
 		}
 	case ir.AllGather:
 		nd.kernel = "nccl all-gather"

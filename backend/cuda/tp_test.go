@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"kiln/backend/cpu"
 	"kiln/backend/cuda"
 	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
 	"kiln/bench"
 	"kiln/engine"
 	"kiln/internal/hffixture"
@@ -22,11 +24,19 @@ var (
 	groupMu    sync.Mutex
 	groupDevs  []*cu.Device           // devices 1… (device 0 is the shared test device)
 	groupComms = map[int][]*cu.Comm{} // the communicators of each group size, made once
+	groupPeers = map[int][]*kernels.PeerGroup{}
 )
 
 // groupOf is a tensor-parallel group of n backends of compute dtype dtype
-// on devices 0…n-1, or skips on a machine of fewer GPUs.
+// on devices 0…n-1, or skips on a machine of fewer GPUs. Its all-reduces
+// run over peer memory where the devices reach each other's (as
+// cuda.OpenGroup's do; KILN_PEER_ALLREDUCE=0: NCCL's, also as OpenGroup).
 func groupOf(t *testing.T, dtype string, n int) *backend.Group {
+	return groupWith(t, dtype, n, true)
+}
+
+// groupWith is groupOf with NCCL's all-reduce alone unless peers.
+func groupWith(t *testing.T, dtype string, n int, peers bool) *backend.Group {
 	t.Helper()
 	b0 := backendOf(t, dtype)
 	count, err := cu.DeviceCount()
@@ -52,6 +62,9 @@ func groupOf(t *testing.T, dtype string, n int) *backend.Group {
 			t.Fatal(err)
 		}
 		groupComms[n] = comms
+		if groupPeers[n], err = cuda.NewPeers(devs); err != nil {
+			t.Fatal(err)
+		}
 	}
 	g := &backend.Group{Abort: func(error) {
 		for _, c := range comms {
@@ -59,7 +72,12 @@ func groupOf(t *testing.T, dtype string, n int) *backend.Group {
 		}
 	}}
 	for i, d := range devs {
-		g.Ranks = append(g.Ranks, &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i]})
+		b := &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i],
+			NoPDL: os.Getenv("KILN_TEST_NO_PDL") == "1", NoGraphs: os.Getenv("KILN_TEST_NO_GRAPHS") == "1"}
+		if peers && groupPeers[n] != nil && os.Getenv("KILN_PEER_ALLREDUCE") != "0" {
+			b.Peers = groupPeers[n][i]
+		}
+		g.Ranks = append(g.Ranks, b)
 	}
 	return g
 }
@@ -143,22 +161,27 @@ func TestTensorParallelFixtures(t *testing.T) {
 func TestTensorParallelBatched(t *testing.T) {
 	s := bench.Shape{Name: "tp", Hidden: 512, Layers: 2, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1000, Context: 512, Tied: true}
 	for _, n := range []int{2, 4} {
-		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
-			g := groupOf(t, "f32", n)
-			dir := randomModel(t, s, tensor.F32, 9)
-			got, ref := batchedSteps(t, dir, g, s.Vocab), batchedSteps(t, dir, &cpu.Backend{}, s.Vocab)
-			for i := range ref {
-				if e := relL2(got[i], ref[i]); e > 1e-4 {
-					t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > 1e-4", i, e)
+		for _, peers := range []bool{true, false} {
+			t.Run(fmt.Sprintf("tp%d/peers=%v", n, peers), func(t *testing.T) {
+				g := groupWith(t, "f32", n, peers)
+				if peers && cuda.GroupRanks(g)[0].Peers == nil {
+					t.Skip("the devices do not reach each other's memory: NCCL's all-reduce alone")
 				}
-			}
-			for r, b := range cuda.GroupRanks(g) {
-				st := b.Stats()
-				t.Logf("rank %d: %d steps, %d graph replays, %d captures, %d failures (%v)", r, st.Steps, st.GraphReplays, st.GraphCaptures, st.GraphFailures, st.LastFailure)
-				if st.GraphReplays == 0 {
-					t.Errorf("rank %d replayed no graph", r)
+				dir := randomModel(t, s, tensor.F32, 9)
+				got, ref := batchedSteps(t, dir, g, s.Vocab), batchedSteps(t, dir, &cpu.Backend{}, s.Vocab)
+				for i := range ref {
+					if e := relL2(got[i], ref[i]); e > 1e-4 {
+						t.Errorf("step %d: ‖Δ‖₂/‖ref‖₂ = %.3g > 1e-4", i, e)
+					}
 				}
-			}
-		})
+				for r, b := range cuda.GroupRanks(g) {
+					st := b.Stats()
+					t.Logf("rank %d: %d steps, %d graph replays, %d captures, %d failures (%v)", r, st.Steps, st.GraphReplays, st.GraphCaptures, st.GraphFailures, st.LastFailure)
+					if st.GraphReplays == 0 {
+						t.Errorf("rank %d replayed no graph", r)
+					}
+				}
+			})
+		}
 	}
 }

@@ -84,6 +84,8 @@ FN(CUresult, cuDevicePrimaryCtxRetain, (CUcontext*, CUdevice))
 FN(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice))
 FN(CUresult, cuCtxSetCurrent, (CUcontext))
 FN(CUresult, cuCtxSynchronize, (void))
+FN(CUresult, cuDeviceCanAccessPeer, (int*, CUdevice, CUdevice))
+FN(CUresult, cuCtxEnablePeerAccess, (CUcontext, unsigned int))
 FN(CUresult, cuMemGetInfo_v2, (size_t*, size_t*))
 FN(CUresult, cuMemAlloc_v2, (CUdeviceptr*, size_t))
 FN(CUresult, cuMemFree_v2, (CUdeviceptr))
@@ -183,7 +185,7 @@ static sym cudaSyms[] = {
 	S(cuInit), S(cuDriverGetVersion), S(cuGetErrorName), S(cuGetErrorString),
 	S(cuDeviceGetCount), S(cuDeviceGet), S(cuDeviceGetName), S(cuDeviceGetAttribute),
 	S(cuDeviceTotalMem_v2), S(cuDevicePrimaryCtxRetain), S(cuDevicePrimaryCtxRelease_v2),
-	S(cuCtxSetCurrent), S(cuCtxSynchronize), S(cuMemGetInfo_v2), S(cuMemAlloc_v2), S(cuMemFree_v2),
+	S(cuCtxSetCurrent), S(cuCtxSynchronize), S(cuDeviceCanAccessPeer), S(cuCtxEnablePeerAccess), S(cuMemGetInfo_v2), S(cuMemAlloc_v2), S(cuMemFree_v2),
 	S(cuMemHostAlloc), S(cuMemFreeHost), S(cuMemcpyHtoD_v2), S(cuMemcpyDtoH_v2),
 	S(cuMemcpyHtoDAsync_v2), S(cuMemcpyDtoHAsync_v2), S(cuMemcpyDtoDAsync_v2),
 	S(cuMemsetD8Async), S(cuMemsetD32Async),
@@ -263,6 +265,8 @@ static kp k_cuDevicePrimaryCtxRetain(int dev) { CUcontext c = 0; kp r; r.rc = p_
 static int k_cuDevicePrimaryCtxRelease(int dev) { return p_cuDevicePrimaryCtxRelease_v2(dev); }
 static int k_cuCtxSetCurrent(void* c) { return p_cuCtxSetCurrent(c); }
 static int k_cuCtxSynchronize(void) { return p_cuCtxSynchronize(); }
+static kr k_cuDeviceCanAccessPeer(int dev, int peer) { int v = 0; kr r; r.rc = p_cuDeviceCanAccessPeer(&v, dev, peer); r.v = v; return r; }
+static int k_cuCtxEnablePeerAccess(void* peer) { return p_cuCtxEnablePeerAccess(peer, 0); }
 static kr2 k_cuMemGetInfo(void) { size_t f = 0, t = 0; kr2 r; r.rc = p_cuMemGetInfo_v2(&f, &t); r.a = f; r.b = t; return r; }
 static kr k_cuMemAlloc(size_t n) { CUdeviceptr p = 0; kr r; r.rc = p_cuMemAlloc_v2(&p, n); r.v = p; return r; }
 static int k_cuMemFree(CUdeviceptr p) { return p_cuMemFree_v2(p); }
@@ -728,6 +732,20 @@ func drvCtxSetCurrent(ctx unsafe.Pointer) error {
 	return cuErr("cuCtxSetCurrent", C.k_cuCtxSetCurrent(ctx))
 }
 func drvCtxSync() error { return cuErr("cuCtxSynchronize", C.k_cuCtxSynchronize()) }
+func drvCanAccessPeer(dev, peer int) (bool, error) {
+	r := C.k_cuDeviceCanAccessPeer(C.int(dev), C.int(peer))
+	return r.v != 0, cuErr("cuDeviceCanAccessPeer", r.rc)
+}
+
+// drvEnablePeerAccess lets the current context reach peer's memory; it is
+// not an error when it already may (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED).
+func drvEnablePeerAccess(peer unsafe.Pointer) error {
+	rc := C.k_cuCtxEnablePeerAccess(peer)
+	if rc == 704 {
+		return nil
+	}
+	return cuErr("cuCtxEnablePeerAccess", rc)
+}
 func drvMemInfo() (free, total uint64, err error) {
 	r := C.k_cuMemGetInfo()
 	return uint64(r.a), uint64(r.b), cuErr("cuMemGetInfo_v2", r.rc)

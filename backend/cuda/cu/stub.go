@@ -28,6 +28,8 @@ func drvPrimaryCtxRetain(int) (unsafe.Pointer, error)                 { return n
 func drvPrimaryCtxRelease(int) error                                  { return errNoCgo }
 func drvCtxSetCurrent(unsafe.Pointer) error                           { return errNoCgo }
 func drvCtxSync() error                                               { return errNoCgo }
+func drvCanAccessPeer(int, int) (bool, error)                         { return false, errNoCgo }
+func drvEnablePeerAccess(unsafe.Pointer) error                        { return errNoCgo }
 func drvMemInfo() (uint64, uint64, error)                             { return 0, 0, errNoCgo }
 func drvMemAlloc(int) (Ptr, error)                                    { return 0, errNoCgo }
 func drvMemFree(Ptr) error                                            { return errNoCgo }

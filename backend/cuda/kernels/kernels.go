@@ -37,11 +37,13 @@ var (
 	decodeMMA string
 	//go:embed moe.cu
 	moe string
+	//go:embed allreduce.cu
+	allReduce string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
 	// the common and elementwise kernels and a mixture of experts', then
-	// the asynchronous copies, attention, the tensor-core helpers, prefill
-	// and decode.
-	source = shared + "\n" + common + "\n" + moe + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
+	// the peer all-reduce, the asynchronous copies, attention, the
+	// tensor-core helpers, prefill and decode.
+	source = shared + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.

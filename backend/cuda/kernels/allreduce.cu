@@ -1,0 +1,221 @@
+// kiln CUDA kernels: the one-shot all-reduce of a tensor-parallel group over
+// peer memory (NVLink). Appended after moe.cu by kernels.go (one NVRTC
+// source; part 0).
+//
+// One process drives every GPU of the group and has enabled peer access
+// between them, so a kernel on one device stores straight into memory
+// allocated on another. Each rank has a region on its own device (its
+// pointer, as every rank's, is a kernel parameter, r0…r7):
+//
+//   flags[AR_SLOTS][AR_MAX_RANKS] u32   written by the peers: flags[b][q] is
+//                                       the last call whose data rank q's
+//                                       block b has stored here
+//   ctr, done (u32)                     the calls this rank has made, and
+//                                       the blocks of the current call that
+//                                       have finished
+//   diag (u32 × 8)                      tests: ar_stuck's record
+//   buffers from AR_HDR:                [2 parities][ranks][cap bytes]:
+//                                       rank q's partial sums stored here
+//
+// A call (epoch e = ctr + 1, the same on every rank, as every rank makes the
+// same calls in the same order): each block pushes its share of the rank's
+// partial sums into every peer's buffer of parity e % 2 and source rank,
+// then, after a system-scope fence and a barrier, releases flag e into
+// each peer's flags[b][rank] (st.release.sys); it
+// waits until its own flags[b][q] reach e for every peer q (ld.acquire.sys),
+// and sums the ranks' partials in rank order in float32, so that every rank
+// computes the same bits. The last block to finish moves ctr on.
+//
+// Why a buffer is never overwritten while it is read: rank i writes parity
+// p's buffers at calls e and e + 2. Before call e + 2 it finished call e +
+// 1, so it saw rank j's flag e + 1, which rank j stores only inside its
+// call e + 1, once its call e (and its reads of parity p) ended: kernels
+// of a stream run in order, and each waits for the previous one
+// (griddepcontrol.wait) before touching memory. Every block of a call takes
+// part in the flags whatever its share of the data, so the element a block
+// handles may differ from call to call (the grid follows the size). A peer that never arrives (its launch
+// failed) makes the waiting kernel trap after AR_TIMEOUT_NS: the step fails
+// with a launch error instead of hanging.
+
+#if KILN_PART_IS(0)
+
+#define AR_MAX_RANKS 8
+#define AR_SLOTS 64     // the most blocks of a call (kernels.PeerSlots)
+#define AR_THREADS 256  // threads of a block
+#define AR_HDR 4096     // bytes of a region's header
+#define AR_TIMEOUT_NS 20000000000ull
+
+#define AR_REGION_PARAMS                                                                                 \
+	unsigned char *r0, unsigned char *r1, unsigned char *r2, unsigned char *r3, unsigned char *r4,       \
+	    unsigned char *r5, unsigned char *r6, unsigned char *r7
+#define AR_REGION_ARGS r0, r1, r2, r3, r4, r5, r6, r7
+
+struct ar_regions {
+	unsigned char* p[AR_MAX_RANKS];
+};
+__device__ __forceinline__ ar_regions ar_pack(AR_REGION_PARAMS) {
+	ar_regions r;
+	r.p[0] = r0, r.p[1] = r1, r.p[2] = r2, r.p[3] = r3, r.p[4] = r4, r.p[5] = r5, r.p[6] = r6, r.p[7] = r7;
+	return r;
+}
+
+__device__ __forceinline__ void ar_st_release(unsigned* p, unsigned v) {
+	asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ar_ld_acquire(const unsigned* p) {
+	unsigned v;
+	asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+// ar_ld_cg loads 16 bytes at p past the L1 (ld.global.cg).
+__device__ __forceinline__ uint4 ar_ld_cg(const void* p) {
+	uint4 v;
+	asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+	return v;
+}
+__device__ __forceinline__ unsigned long long ar_now() {
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+// ar_begin: the call's epoch (every thread of the block gets it).
+__device__ __forceinline__ unsigned ar_begin(unsigned char* own, unsigned* sh) {
+	if (threadIdx.x == 0) *sh = *(volatile unsigned*)(own + 4 * AR_SLOTS * AR_MAX_RANKS) + 1;
+	__syncthreads();
+	return *sh;
+}
+
+// ar_stuck: a peer's flag has not come for AR_TIMEOUT_NS (its launch
+// failed, or the ranks' calls differ). The kernel traps, failing the step,
+// unless the region's word at AR_DIAG is set (tests): then it records the
+// call, the flag it saw, its block and the peer at AR_DIAG + 4… and goes
+// on (its sums are then wrong).
+#define AR_DIAG (4 * AR_SLOTS * AR_MAX_RANKS + 8)
+__device__ void ar_stuck(unsigned char* own, unsigned e, unsigned seen, int q) {
+	unsigned* d = (unsigned*)(own + AR_DIAG);
+	if (*(volatile unsigned*)d == 0) asm volatile("trap;");
+	if (atomicAdd(d + 1, 1u) == 0) {
+		d[2] = e, d[3] = seen, d[4] = blockIdx.x, d[5] = q, d[6] = *(volatile unsigned*)(own + 4 * AR_SLOTS * AR_MAX_RANKS);
+	}
+}
+
+// ar_exchange: after the block's pushes, releases epoch e to every peer's
+// flag of this block and waits for every peer's flag of this block here.
+// Each thread fences its own pushes at system scope first, so that every
+// store over NVLink is performed before the barrier and the flag, rather
+// than leaning on one thread's release being cumulative, through a block
+// barrier, for the other threads' stores to another device.
+__device__ __forceinline__ void ar_exchange(const ar_regions& rg, int rank, int ranks, unsigned e) {
+	asm volatile("fence.sc.sys;" ::: "memory"); // __threadfence_system
+	__syncthreads();
+	int q = threadIdx.x;
+	if (q < ranks && q != rank) {
+		unsigned* theirs = (unsigned*)rg.p[q] + blockIdx.x * AR_MAX_RANKS + rank;
+		ar_st_release(theirs, e);
+		const unsigned* mine = (const unsigned*)rg.p[rank] + blockIdx.x * AR_MAX_RANKS + q;
+		unsigned long long t0 = ar_now();
+		unsigned seen;
+		while ((int)((seen = ar_ld_acquire(mine)) - e) < 0) {
+			if (ar_now() - t0 > AR_TIMEOUT_NS) {
+				ar_stuck(rg.p[rank], e, seen, q);
+				break;
+			}
+		}
+	}
+	__syncthreads();
+}
+
+// ar_end: the last block of the call to finish moves the rank's call count
+// on (each block read it at its start).
+__device__ __forceinline__ void ar_end(unsigned char* own, unsigned e) {
+	if (threadIdx.x != 0) return;
+	unsigned* ctr = (unsigned*)(own + 4 * AR_SLOTS * AR_MAX_RANKS);
+	__threadfence();
+	if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
+		ctr[1] = 0;
+		*(volatile unsigned*)ctr = e;
+	}
+}
+
+// ar_buf: rank q's buffer of parity e % 2 in region reg.
+__device__ __forceinline__ unsigned char* ar_buf(unsigned char* reg, unsigned e, int q, int ranks, long long cap) {
+	return reg + AR_HDR + ((long long)(e & 1) * ranks + q) * cap;
+}
+
+// ar_sum16: the sum over the ranks, in rank order, of 16-byte vector v of
+// the partials (rank's own from src, the others' from its buffers here,
+// read past the L1, which may hold an older call's lines), into f.
+template <typename E>
+__device__ __forceinline__ void ar_sum16(float* f, const E* src, long long v, unsigned char* own, unsigned e, int rank,
+                                         int ranks, long long cap) {
+	constexpr int N = 16 / sizeof(E);
+#pragma unroll
+	for (int i = 0; i < N; i++) f[i] = 0.f;
+#pragma unroll
+	for (int q = 0; q < AR_MAX_RANKS; q++) {
+		if (q >= ranks) break;
+		uint4 w = q == rank ? ((const uint4*)src)[v] : ar_ld_cg((const uint4*)ar_buf(own, e, q, ranks, cap) + v);
+		float g[N];
+		unpack16(w, g, (const E*)0);
+#pragma unroll
+		for (int i = 0; i < N; i++) f[i] += g[i];
+	}
+}
+
+__device__ __forceinline__ uint4 pack16(const float* f, const float*) {
+	uint4 w;
+	w.x = __float_as_uint(f[0]), w.y = __float_as_uint(f[1]), w.z = __float_as_uint(f[2]), w.w = __float_as_uint(f[3]);
+	return w;
+}
+template <typename H> __device__ __forceinline__ uint4 pack16h(const float* f) {
+	unsigned w[4];
+#pragma unroll
+	for (int i = 0; i < 4; i++) w[i] = (unsigned)fromf<H>(f[2 * i]).x | (unsigned)fromf<H>(f[2 * i + 1]).x << 16;
+	uint4 v;
+	v.x = w[0], v.y = w[1], v.z = w[2], v.w = w[3];
+	return v;
+}
+__device__ __forceinline__ uint4 pack16(const float* f, const bf16*) { return pack16h<bf16>(f); }
+__device__ __forceinline__ uint4 pack16(const float* f, const f16*) { return pack16h<f16>(f); }
+
+// peer_allreduce_<E>: dst = the sum over the ranks of src, nv 16-byte
+// vectors (16-byte aligned; dst may be src; nv·16 ≤ cap). Grid up to
+// AR_SLOTS blocks of AR_THREADS: block b takes vectors b·AR_THREADS + t +
+// k·gridDim·AR_THREADS.
+template <typename E>
+__device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap,
+                                    AR_REGION_PARAMS) {
+	__shared__ unsigned sh;
+	const ar_regions rg = ar_pack(AR_REGION_ARGS);
+	unsigned char* own = rg.p[rank];
+	pdl_enter();
+	const unsigned e = ar_begin(own, &sh);
+	const long long stride = (long long)gridDim.x * AR_THREADS;
+	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride) {
+		uint4 w = ((const uint4*)src)[v];
+#pragma unroll
+		for (int q = 0; q < AR_MAX_RANKS; q++) {
+			if (q >= ranks) break;
+			if (q != rank) ((uint4*)ar_buf(rg.p[q], e, rank, ranks, cap))[v] = w;
+		}
+	}
+	ar_exchange(rg, rank, ranks, e);
+	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride) {
+		float f[16 / sizeof(E)];
+		ar_sum16<E>(f, src, v, own, e, rank, ranks, cap);
+		((uint4*)dst)[v] = pack16(f, (const E*)0);
+	}
+	ar_end(own, e);
+}
+
+#define PEER_ALLREDUCE(E)                                                                                         \
+	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_allreduce_##E(                                  \
+	    const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {               \
+		peer_allreduce_impl<E>(src, dst, nv, rank, ranks, cap, AR_REGION_ARGS);                                  \
+	}
+PEER_ALLREDUCE(f32)
+PEER_ALLREDUCE(f16)
+PEER_ALLREDUCE(bf16)
+
+#endif // KILN_PART_IS(0)

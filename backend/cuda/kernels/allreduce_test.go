@@ -1,0 +1,302 @@
+package kernels
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"kiln/backend/cuda/cu"
+)
+
+// TestPeerAllReduce: the one-shot all-reduce of groups of 2 to 8 ranks,
+// each rank a stream of the one test device with a region of its own, so
+// that the ranks' kernels run at once and wait for each other as on a
+// group's devices. A sequence of calls of changing sizes (one vector, a
+// decode row, 64 and 256 rows, a size that leaves a block part full), in
+// place and not, on fresh random partial sums each call: every rank must
+// hold the sum in rank order in float32, rounded to the dtype, bit for bit.
+// Each call uses the other parity's buffers than the one before, and
+// blocks of calls before, so the epochs and the buffers' reuse are checked
+// too.
+func TestPeerAllReduce(t *testing.T) {
+	d := gpu(t)
+	const capBytes = 256 * 4096 * 4
+	for _, ranks := range []int{2, 3, 4, 8} {
+		for _, act := range allDTypes {
+			k := kern(t, act)
+			rng := newRNG(t)
+			regions := make([]cu.Ptr, ranks)
+			streams := make([]*cu.Stream, ranks)
+			for i := range ranks {
+				regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes))
+				s, err := d.NewStream()
+				must(t, err)
+				t.Cleanup(func() { s.Close() })
+				streams[i] = s
+			}
+			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
+			vec := 16 / act.Size()
+			for call, c := range []struct {
+				rows, dim int
+				inPlace   bool
+			}{
+				{1, vec, false}, {1, 4096, false}, {64, 4096, false}, {64, 4096, true}, {256, 4096, false},
+				{3, 1000 * vec, false}, {200, 96, false}, {1, 4096, true}, {256, 1024, true}, {1, 4096, false},
+			} {
+				what := fmt.Sprintf("%d ranks, %v, call %d (%d×%d, in place %v)", ranks, act, call, c.rows, c.dim, c.inPlace)
+				n := c.rows * c.dim
+				parts := make([][]float32, ranks)
+				src := make([]cu.Ptr, ranks)
+				dst := make([]cu.Ptr, ranks)
+				for i := range ranks {
+					parts[i] = roundTo(act, randn(rng, n, 1))
+					src[i] = up(t, act, parts[i])
+					dst[i] = src[i]
+					if !c.inPlace {
+						dst[i] = outBuf(t, act, n)
+					}
+				}
+				for i := range ranks {
+					must(t, k.PeerAllReduce(streams[i], group(i), dst[i], src[i], n, act))
+				}
+				for _, s := range streams {
+					must(t, s.Sync())
+				}
+				reduced := make([]float32, n)
+				for j := range reduced {
+					var acc float32
+					for i := range ranks {
+						acc += parts[i][j]
+					}
+					reduced[j] = acc
+				}
+				ref := make([]float64, n)
+				for j, v := range roundTo(act, reduced) {
+					ref[j] = float64(v)
+				}
+				for i := range ranks {
+					compare(t, what+fmt.Sprintf(", rank %d's sum", i), down(t, act, dst[i], n), ref, 0)
+				}
+				if t.Failed() {
+					return
+				}
+			}
+		}
+	}
+}
+
+// TestPeerAllReduceRefuses: sizes past the capacity, unaligned operands and
+// groups the kernels do not take are errors, not launches.
+func TestPeerAllReduceRefuses(t *testing.T) {
+	k := kern(t, cu.BF16)
+	p := alloc(t, 1<<16)
+	g := PeerGroup{Rank: 0, Regions: []cu.Ptr{p, p}, CapBytes: 1024}
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"past the capacity", k.PeerAllReduce(nil, g, p, p, 1024, cu.BF16)},
+		{"unaligned", k.PeerAllReduce(nil, g, p+2, p+2, 64, cu.BF16)},
+		{"a partial vector", k.PeerAllReduce(nil, g, p, p, 12, cu.BF16)},
+		{"one rank", k.PeerAllReduce(nil, PeerGroup{Regions: []cu.Ptr{p}, CapBytes: 1024}, p, p, 64, cu.BF16)},
+		{"nine ranks", k.PeerAllReduce(nil, PeerGroup{Regions: make([]cu.Ptr, 9), CapBytes: 1024}, p, p, 64, cu.BF16)},
+		{"FP8 codes", k.PeerAllReduce(nil, g, p, p, 64, cu.F8E4M3)},
+	} {
+		if c.err == nil {
+			t.Errorf("%s: no error", c.what)
+		}
+	}
+}
+
+// TestPeerAllReduceBackToBack: on two devices with peer access (skipped
+// on one), calls queued one after another with no wait on the host
+// between them and dependent launches, as a step's are: each rank's
+// partial sums written by a kernel launched just before the call, the
+// sizes (hence the blocks of a call) changing from call to call, in place
+// and not, and one rank held back at times (Spin) so that the other runs
+// ahead into the next calls' buffers. Every call's result, checked at the
+// end, must be the sum of its own partials, and no rank may have waited
+// in vain (the regions' diagnostic word is set, so a wait past the
+// timeout is recorded instead of trapping). On one device the ranks'
+// kernels would have to fit on it at once, which back-to-back calls do
+// not promise: TestPeerAllReduce covers one device, a call at a time.
+func TestPeerAllReduceBackToBack(t *testing.T) {
+	d := gpu(t)
+	k := kern(t, cu.BF16)
+	if n, err := cu.DeviceCount(); err != nil || n < 2 {
+		t.Skipf("one GPU (%v)", err)
+	}
+	d1, err := cu.Open(1)
+	must(t, err)
+	t.Cleanup(func() { d1.Close() })
+	for _, pair := range [][2]*cu.Device{{d, d1}, {d1, d}} {
+		ok, err := pair[0].EnablePeerAccess(pair[1])
+		must(t, err)
+		if !ok {
+			t.Skip("the two devices do not reach each other's memory")
+		}
+	}
+	k1, err := New(d1, cu.BF16)
+	must(t, err)
+	backToBack(t, []arRank{{d: d, k: k}, {d: d1, k: k1}})
+}
+
+// arRank is one rank of backToBack: its device and kernels.
+type arRank struct {
+	d *cu.Device
+	k *Kernels
+}
+
+func backToBack(t *testing.T, rs []arRank) {
+	const capBytes = 64 * 4096 * 2
+	ranks := len(rs)
+	rng := newRNG(t)
+	allocOn := func(d *cu.Device, n int) cu.Ptr {
+		p, err := d.Alloc(n)
+		must(t, err)
+		t.Cleanup(func() { d.Free(p) })
+		must(t, d.Memset8(p, 0, n, nil))
+		must(t, d.Sync())
+		return p
+	}
+	upOn := func(d *cu.Device, x []float32) cu.Ptr {
+		b := encode(cu.BF16, x)
+		p := allocOn(d, len(b))
+		must(t, d.Upload(p, b))
+		return p
+	}
+	regions := make([]cu.Ptr, ranks)
+	streams := make([]*cu.Stream, ranks)
+	for i, r := range rs {
+		regions[i] = allocOn(r.d, PeerRegionBytes(ranks, capBytes))
+		must(t, r.d.Upload(regions[i]+peerDiag, cu.AsBytes([]uint32{1})))
+		s, err := r.d.NewStream()
+		must(t, err)
+		t.Cleanup(func() { s.Close() })
+		streams[i] = s
+	}
+	type call struct {
+		rows, dim int
+		inPlace   bool
+		parts     [][]float32 // each rank's partial sums, as the sum of a and b
+		a, b, src []cu.Ptr
+		dst       []cu.Ptr
+	}
+	var calls []*call
+	for range 60 {
+		rows := []int{1, 1, 4, 64, 17, 1, 64}[rng.IntN(7)]
+		cl := &call{rows: rows, dim: 4096, inPlace: rng.IntN(2) == 0}
+		n := rows * cl.dim
+		for _, r := range rs {
+			a, b := roundTo(cu.BF16, randn(rng, n, 1)), roundTo(cu.BF16, randn(rng, n, 1))
+			sum := make([]float32, n)
+			for j := range sum {
+				sum[j] = a[j] + b[j]
+			}
+			cl.parts = append(cl.parts, roundTo(cu.BF16, sum))
+			cl.a, cl.b = append(cl.a, upOn(r.d, a)), append(cl.b, upOn(r.d, b))
+			cl.src = append(cl.src, allocOn(r.d, 2*n))
+			if cl.inPlace {
+				cl.dst = append(cl.dst, cl.src[len(cl.src)-1])
+			} else {
+				cl.dst = append(cl.dst, allocOn(r.d, 2*n))
+			}
+		}
+		calls = append(calls, cl)
+	}
+	for c, cl := range calls {
+		n := cl.rows * cl.dim
+		for i, r := range rs {
+			if c%7 == 3 && i == c%ranks {
+				must(t, r.k.Spin(streams[i], 200*time.Microsecond))
+			}
+			must(t, r.k.Add(streams[i], cl.src[i], cl.a[i], cl.b[i], n))
+			g := PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes}
+			must(t, r.k.PeerAllReduce(streams[i], g, cl.dst[i], cl.src[i], n, cu.BF16))
+		}
+	}
+	for _, s := range streams {
+		must(t, s.Sync())
+	}
+	for i, r := range rs {
+		b := make([]byte, 40)
+		must(t, r.d.Download(b, regions[i]+peerDiag-8))
+		w := make([]uint32, 10)
+		for j := range w {
+			w[j] = uint32(b[4*j]) | uint32(b[4*j+1])<<8 | uint32(b[4*j+2])<<16 | uint32(b[4*j+3])<<24
+		}
+		t.Logf("rank %d made %d calls of %d", i, w[0], len(calls))
+		if w[3] != 0 {
+			t.Errorf("rank %d waited in vain %d times: first in call %d, block %d, for rank %d's flag (it held %d; %d calls done)", i, w[3], w[4], w[6], w[7], w[5], w[8])
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	for c, cl := range calls {
+		n := cl.rows * cl.dim
+		reduced := make([]float32, n)
+		for j := range reduced {
+			var acc float32
+			for i := range ranks {
+				acc += cl.parts[i][j]
+			}
+			reduced[j] = acc
+		}
+		ref := make([]float64, n)
+		for j, v := range roundTo(cu.BF16, reduced) {
+			ref[j] = float64(v)
+		}
+		for i, r := range rs {
+			what := fmt.Sprintf("call %d (%d rows, in place %v), rank %d", c, cl.rows, cl.inPlace, i)
+			must(t, r.d.Sync())
+			b := make([]byte, 2*n)
+			must(t, r.d.Download(b, cl.dst[i]))
+			compare(t, what+"'s sum", decode(cu.BF16, b), ref, 0)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// TestPeerGroupArgs (no GPU): what a call may move, and the arguments the
+// kernel takes after its operands (rank, ranks, capacity, the regions r0…r7,
+// null past the group).
+func TestPeerGroupArgs(t *testing.T) {
+	g := PeerGroup{Rank: 1, Regions: []cu.Ptr{0x1000, 0x2000, 0x3000}, CapBytes: 4096}
+	for _, c := range []struct {
+		dst, src cu.Ptr
+		n        int
+		dt       cu.DType
+		want     bool
+	}{
+		{0x100, 0x200, 2048, cu.BF16, true},
+		{0x100, 0x100, 1024, cu.F32, true},
+		{0x100, 0x200, 2056, cu.BF16, false}, // past the capacity
+		{0x108, 0x200, 64, cu.BF16, false},   // unaligned
+		{0x100, 0x200, 4, cu.BF16, false},    // part of a vector
+		{0x100, 0x200, 0, cu.F16, false},
+		{0x100, 0x200, 64, cu.F8E4M3, false},
+	} {
+		if got := g.PeerAllReduceFits(c.dst, c.src, c.n, c.dt); got != c.want {
+			t.Errorf("fits(%#x, %#x, %d %v) = %v, want %v", c.dst, c.src, c.n, c.dt, got, c.want)
+		}
+	}
+	args := g.args()
+	want := []any{int32(1), int32(3), int64(4096), cu.Ptr(0x1000), cu.Ptr(0x2000), cu.Ptr(0x3000), cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), cu.Ptr(0)}
+	if fmt.Sprint(args) != fmt.Sprint(want) || len(args) != 3+PeerMaxRanks {
+		t.Errorf("args %v, want %v", args, want)
+	}
+	if err := g.check(); err != nil {
+		t.Error(err)
+	}
+	for _, bad := range []PeerGroup{{Rank: 3, Regions: g.Regions, CapBytes: 4096}, {Regions: g.Regions, CapBytes: 100}, {Regions: make([]cu.Ptr, 9), CapBytes: 4096}} {
+		if bad.check() == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+	if got := PeerRegionBytes(2, 1<<20); got != 4096+4<<20 {
+		t.Errorf("PeerRegionBytes(2, 1 MiB) = %d", got)
+	}
+}

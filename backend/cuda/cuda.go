@@ -110,8 +110,7 @@ type Backend struct {
 	Comm *cu.Comm
 	// Peers, set by OpenGroup where the group's devices reach each other's
 	// memory, runs the all-reduces of up to its CapBytes a rank as one
-	// kernel over peer memory (kernels.PeerAllReduce), fused with the
-	// AddRMSNorm that reads the sum where one does, instead of NCCL's.
+	// kernel over peer memory (kernels.PeerAllReduce) instead of NCCL's.
 	// Nil: NCCL's.
 	Peers *kernels.PeerGroup
 

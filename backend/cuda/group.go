@@ -8,7 +8,6 @@ import (
 	"kiln/backend"
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
-	"kiln/ir"
 )
 
 // OpenGroup opens devices 0…n-1 as a tensor-parallel group of compute dtype
@@ -163,36 +162,4 @@ func CloseGroup(g *backend.Group) error {
 		errs = append(errs, b.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// markPeerFusions sets normReader on each all-reduce whose sum only the
-// next node reads, an AddRMSNorm (not one that writes its normed rows in
-// FP8 form), all of whose operands are activations of dtype act: the peer
-// all-reduce then adds the residual and normalizes in the same kernel.
-func markPeerFusions(nodes []node, g *ir.Graph, act cu.DType) {
-	readers := map[*ir.Value]int{}
-	for _, n := range g.Nodes {
-		for _, v := range n.Inputs {
-			readers[v]++
-		}
-	}
-	for _, v := range g.Outputs {
-		readers[v]++
-	}
-	for i := 0; i+1 < len(nodes); i++ {
-		nd, next := &nodes[i], &nodes[i+1]
-		if nd.n.Op != ir.AllReduce || next.n.Op != ir.AddRMSNorm || next.fp8Out || readers[nd.n.Outputs[0]] != 1 {
-			continue
-		}
-		if nd.in[0].dtype != act || next.in[0].dtype != act || next.in[1].dtype != act || next.out[0].dtype != act || next.out[1].dtype != act {
-			continue // the logits' chain, in float32
-		}
-		for j := range 2 {
-			if next.n.Inputs[j] == nd.n.Outputs[0] {
-				nd.normReader, nd.normIn = next, j
-				nd.kernel += " (+ " + next.kernel + " in the same kernel)"
-				break
-			}
-		}
-	}
 }

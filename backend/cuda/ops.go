@@ -43,11 +43,6 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			n := in[0].rows(x) * in[0].cols
 			if p := l.b.Peers; p != nil {
-				if nr := nd.normReader; nr != nil && p.PeerAllReduceNormFits(l.act, in[0].rows(x), in[0].cols, in[0].p, nr.in[1-nd.normIn].p, nr.out[0].p, nr.out[1].p) {
-					x.done, x.ran = nr, "peer all-reduce + add_rmsnorm"
-					return k.PeerAllReduceAddRMSNorm(s, *p, nr.out[0].p, nr.out[1].p, in[0].p, nr.in[1-nd.normIn].p, nr.in[2].p, nr.in[2].dtype,
-						in[0].rows(x), in[0].cols, nr.n.Attrs.Eps)
-				}
 				if p.PeerAllReduceFits(out[0].p, in[0].p, n, in[0].dtype) {
 					return k.PeerAllReduce(s, *p, out[0].p, in[0].p, n, in[0].dtype)
 				}

@@ -72,8 +72,7 @@ func groupWith(t *testing.T, dtype string, n int, peers bool) *backend.Group {
 		}
 	}}
 	for i, d := range devs {
-		b := &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i],
-			NoPDL: os.Getenv("KILN_TEST_NO_PDL") == "1", NoGraphs: os.Getenv("KILN_TEST_NO_GRAPHS") == "1"}
+		b := &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i]}
 		if peers && groupPeers[n] != nil && os.Getenv("KILN_PEER_ALLREDUCE") != "0" {
 			b.Peers = groupPeers[n][i]
 		}

@@ -51,3 +51,20 @@ kernels_test() {
 	(cd backend/cuda/kernels && timeout 200 ../../../.devbin/backend_cuda_kernels.test -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
 	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
 }
+
+# serve_up waits (up to ${1:-300} s) for the kiln serve on port 8765.
+serve_up() {
+	local i
+	for i in $(seq 1 "${1:-300}"); do curl -sf http://127.0.0.1:8765/health >/dev/null && return 0; sleep 1; done
+	return 1
+}
+
+# serve_run NAME CONCURRENCY REQUESTS WARMUP runs kiln bench serve against
+# it (128-token prompts in tokenizer $tok, 128 output tokens; within
+# ${SERVE_TIMEOUT:-120} s) into $work/NAME.json, .html and .txt, and prints
+# its exit status and the seconds since $t0.
+serve_run() {
+	timeout "${SERVE_TIMEOUT:-120}" $k bench serve --url http://127.0.0.1:8765 --concurrency "$2" --num-requests "$3" --warmup "$4" \
+		--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$work/$1.json" --html "$work/$1.html" >"$work/$1.txt" 2>&1
+	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
+}

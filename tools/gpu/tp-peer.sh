@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine of two or more GPUs after tools/gpu/build.sh here:
-# the one-shot all-reduce over peer memory (issue 20). The kernels' test
-# (TestPeerAllReduce: ranks as streams of one device), the tensor-parallel
+# the one-shot all-reduce over peer memory (issue 20). The kernels' tests
+# (TestPeerAllReduce*: one device and two), the tensor-parallel
 # tests of backend/cuda (TestTensorParallel*, both all-reduces) and
 # cu's NCCL test; then kiln bench model on the random Llama-3-8B-shaped bf16
 # model at TP=1, TP=2 with the peer all-reduce and TP=2 with NCCL's
 # (KILN_PEER_ALLREDUCE=0), one after another; a profiled TP=2 decode; and
 # kiln serve --tensor-parallel-size 2 under kiln bench serve at 1, 64 and
 # 256 streams of 128/128 tokens. Logs (in logs.tgz) and JSON under $OUT, a
-# table last. SKIP_TESTS=1 skips the tests.
+# table last. SKIP_TESTS=1 skips the tests; PEER_ENV (e.g. VAR=value) is
+# set for the peer runs (bench, profile, serve).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-peer.sh",
 #   carry [".devpack"], kind nvidia-h200-x2 (or nvidia-h100-x2)
 source "$(dirname "$0")/env.sh"
@@ -38,35 +39,14 @@ bench tp1 1
 env ${PEER_ENV:-} timeout -s QUIT 90 $k bench model "$bf16" --device cuda --tensor-parallel-size 2 --pp 0 --tg 16 --depth 512 --batch 1,64 --reps 1 --profile \
 	>"$work/profile-tp2.txt" 2>&1
 echo "profile tp2: rc=$? at $(($(date +%s) - t0)) s"
-python3 - "$work" <<'PY'
-import json, sys, os
-w = sys.argv[1]
-print("| run | prefill 2048 tok/s | decode b1 | b64 | b128 | b256 | roofline b1 / b64 |")
-print("|---|---|---|---|---|---|---|")
-for name in ("tp1", "tp2-nccl", "tp2-peer"):
-    try:
-        r = json.load(open(os.path.join(w, f"model-{name}.json")))
-    except Exception as e:
-        print(f"| {name} | failed: {e} |"); continue
-    pp = [x for x in r["results"] if x.get("test", "").startswith("pp")]
-    tg = {x["batch"]: x for x in r["results"] if x.get("test", "").startswith("tg")}
-    cells = [f"{pp[0]['tokens_per_s']:.0f}" if pp else "-"]
-    cells += [f"{tg[b]['tokens_per_s']:.1f}" if b in tg else "-" for b in (1, 64, 128, 256)]
-    roof = " / ".join(f"{tg[b].get('roofline_fraction', 0):.3f}" for b in (1, 64) if b in tg)
-    print(f"| {name} | " + " | ".join(cells) + f" | {roof} |")
-PY
+python3 tools/gpu/tp_table.py "$work" tp1 tp2-nccl tp2-peer
 grep -iE "all-reduce|all-gather|add_rmsnorm" "$work"/profile-tp2.txt | head -20
 tok=$llama3_tok
 env ${PEER_ENV:-} $k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size 2 --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
 server=$!
-for i in $(seq 1 300); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done
+serve_up
 echo "server up after $(($(date +%s) - t0)) s"
-run() { # name concurrency requests warmup
-	timeout 100 $k bench serve --url http://127.0.0.1:8765 --concurrency "$2" --num-requests "$3" --warmup "$4" \
-		--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$work/$1.json" --html "$work/$1.html" >"$work/$1.txt" 2>&1
-	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
-	serve_summary "$work/$1.json"
-}
+run() { SERVE_TIMEOUT=100 serve_run "$@" && serve_summary "$work/$1.json"; }
 run serve-c1 1 16 2
 run serve-c64 64 256 64
 run serve-c256 256 768 256

@@ -122,10 +122,10 @@ func TestPeerAllReduceRefuses(t *testing.T) {
 // not promise: TestPeerAllReduce covers one device, a call at a time.
 func TestPeerAllReduceBackToBack(t *testing.T) {
 	d := gpu(t)
-	k := kern(t, cu.BF16)
 	if n, err := cu.DeviceCount(); err != nil || n < 2 {
 		t.Skipf("one GPU (%v)", err)
 	}
+	k := kern(t, cu.BF16)
 	d1, err := cu.Open(1)
 	must(t, err)
 	t.Cleanup(func() { d1.Close() })

@@ -20,20 +20,20 @@
 // A call (epoch e = ctr + 1, the same on every rank, as every rank makes the
 // same calls in the same order): each block pushes its share of the rank's
 // partial sums into every peer's buffer of parity e % 2 and source rank,
-// then, after a system-scope fence and a barrier, releases flag e into
-// each peer's flags[b][rank] (st.release.sys); it
-// waits until its own flags[b][q] reach e for every peer q (ld.acquire.sys),
-// and sums the ranks' partials in rank order in float32, so that every rank
-// computes the same bits. The last block to finish moves ctr on.
+// then, after a system-scope fence and a barrier, releases flag e into each
+// peer's flags[b][rank] (st.release.sys); it waits until its own
+// flags[b][q] reach e for every peer q (ld.acquire.sys), and sums the
+// ranks' partials in rank order in float32, so that every rank computes the
+// same bits. The last block to finish moves ctr on.
 //
 // Why a buffer is never overwritten while it is read: rank i writes parity
-// p's buffers at calls e and e + 2. Before call e + 2 it finished call e +
-// 1, so it saw rank j's flag e + 1, which rank j stores only inside its
-// call e + 1, once its call e (and its reads of parity p) ended: kernels
-// of a stream run in order, and each waits for the previous one
-// (griddepcontrol.wait) before touching memory. Every block of a call takes
-// part in the flags whatever its share of the data, so the element a block
-// handles may differ from call to call (the grid follows the size). A peer that never arrives (its launch
+// p's buffers at calls e and e + 2. Before call e + 2 it finished call
+// e + 1, so one of its blocks saw rank j's flag e + 1, which rank j stores
+// only inside its call e + 1, once its call e (and its reads of parity p)
+// ended: kernels of a stream run in order, and each waits for the previous
+// one (griddepcontrol.wait) before touching memory. This holds whatever
+// blocks a call has, so the grid follows the size, and the vectors a block
+// takes differ from call to call. A peer that never arrives (its launch
 // failed) makes the waiting kernel trap after AR_TIMEOUT_NS: the step fails
 // with a launch error instead of hanging.
 

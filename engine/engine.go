@@ -486,6 +486,41 @@ func (e *Engine) StepSampleLogits(items []Item, samplers []*Sampler) ([]int, []f
 	return e.stepSample(items, samplers, true)
 }
 
+// StepGreedy is Step with each logit row's greedy choice (Argmax) in place
+// of the logits, in row order (an AllRows item's rows, one row for each
+// other item): on a backend that samples on the device only the ids come
+// back (a step verifying k drafts brings k+1 ids instead of k+1 rows of
+// logits). The returned slice is reused by the next step.
+func (e *Engine) StepGreedy(items []Item) ([]int, error) {
+	x, err := e.prepare(items)
+	if err != nil {
+		return nil, err
+	}
+	b := &e.batch
+	e.ids = e.ids[:0]
+	if sx, ok := x.(backend.SamplingExecutable); ok {
+		e.params = slices.Grow(e.params[:0], len(b.Rows))[:len(b.Rows)]
+		clear(e.params) // greedy, no history
+		e.devIDs = slices.Grow(e.devIDs[:0], len(b.Rows))[:len(b.Rows)]
+		if err := sx.RunSample(b, e.kv, e.params, e.devIDs); err != nil {
+			return nil, err
+		}
+		for _, id := range e.devIDs {
+			e.ids = append(e.ids, int(id))
+		}
+	} else {
+		out := e.logits[:len(b.Rows)*e.vocab]
+		if err := x.Run(b, e.kv, out); err != nil {
+			return nil, err
+		}
+		for r := range b.Rows {
+			e.ids = append(e.ids, Argmax(out[r*e.vocab:(r+1)*e.vocab]))
+		}
+	}
+	e.advance(items)
+	return e.ids, nil
+}
+
 func (e *Engine) stepSample(items []Item, samplers []*Sampler, wantLogits bool) ([]int, []float32, error) {
 	if len(samplers) != len(items) {
 		return nil, nil, fmt.Errorf("step of %d items with %d samplers", len(items), len(samplers))

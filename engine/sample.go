@@ -122,6 +122,13 @@ func (s *Sampler) Accept(id int) {
 	}
 }
 
+// PlainGreedy reports whether the sampler's choices are each row's Argmax
+// as it comes: temperature 0, no penalty, no banned stop token (a ban only
+// lifts as tokens are taken, so this stays true once it is).
+func (s *Sampler) PlainGreedy() bool {
+	return s.p.Temperature == 0 && !s.p.penalized() && !s.Banning()
+}
+
 // Banning reports whether the stop tokens are banned from the next choice:
 // fewer than MinTokens tokens were generated (and stop tokens stop).
 func (s *Sampler) Banning() bool {

@@ -267,6 +267,9 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 			draft = drafter.Draft(history, k)
 		}
 		var id int
+		// Plain greedy choices are each row's argmax: they are made where
+		// the logits are (StepGreedy), and only the ids come back.
+		greedy := sampler.PlainGreedy()
 		if len(draft) == 0 {
 			ids, err := e.StepSample([]Item{{Seq: seq, Tokens: []int{next}}}, []*Sampler{sampler})
 			if err != nil {
@@ -276,16 +279,33 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 			gov.plainStep(time.Since(t0))
 		} else {
 			base := seq.len
-			logits, err := e.Step([]Item{{Seq: seq, Tokens: append([]int{next}, draft...), AllRows: true}})
-			if err != nil {
-				return res, err
+			it := Item{Seq: seq, Tokens: append([]int{next}, draft...), AllRows: true}
+			// verify(i, d) is row i's choice and whether it is draft d;
+			// sample(i) row i's choice.
+			var verify func(i, d int) (int, bool)
+			var sample func(i int) int
+			if greedy {
+				ids, err := e.StepGreedy([]Item{it})
+				if err != nil {
+					return res, err
+				}
+				verify = func(i, d int) (int, bool) { return ids[i], ids[i] == d }
+				sample = func(i int) int { return ids[i] }
+			} else {
+				logits, err := e.Step([]Item{it})
+				if err != nil {
+					return res, err
+				}
+				row := func(i int) []float32 { return logits[i*e.vocab : (i+1)*e.vocab] }
+				verify = func(i, d int) (int, bool) { return sampler.Verify(row(i), d) }
+				sample = func(i int) int { return sampler.Sample(row(i)) }
 			}
 			e.specStats.Drafts++
 			e.specStats.DraftTokens += len(draft)
 			kept := 0
 			id = -1
 			for i, d := range draft {
-				got, ok := sampler.Verify(logits[i*e.vocab:(i+1)*e.vocab], d)
+				got, ok := verify(i, d)
 				if !ok {
 					id = got
 					break
@@ -297,7 +317,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 				}
 			}
 			if id < 0 { // every draft kept: one more from the last row
-				id = sampler.Sample(logits[len(draft)*e.vocab:])
+				id = sample(len(draft))
 			}
 			if err := e.Truncate(seq, base+1+kept); err != nil {
 				return res, err

@@ -5,9 +5,11 @@ import (
 	"slices"
 	"testing"
 
+	"kiln/backend"
 	"kiln/backend/cpu"
 	"kiln/demo"
 	"kiln/engine"
+	"kiln/internal/devsample"
 	"kiln/internal/testmodel"
 )
 
@@ -35,12 +37,17 @@ func TestNGramDraft(t *testing.T) {
 // demoEngine is the built-in demo model on the CPU, and its tokenizer's
 // encoding of text.
 func demoEngine(t *testing.T, prefix bool) (*engine.Engine, func(string) []int) {
+	return demoEngineOn(t, prefix, &cpu.Backend{})
+}
+
+// demoEngineOn is demoEngine on backend b.
+func demoEngineOn(t *testing.T, prefix bool, b backend.Backend) (*engine.Engine, func(string) []int) {
 	t.Helper()
 	m, tok, err := demo.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{PrefixCaching: prefix, MaxSeqs: 2, Buckets: []int{1, 2, 4, 8, 16, 64}})
+	e, err := engine.New(m, b, engine.Options{PrefixCaching: prefix, MaxSeqs: 2, Buckets: []int{1, 2, 4, 8, 16, 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,29 +80,40 @@ func generate(t *testing.T, e *engine.Engine, prompt []int, p engine.SamplingPar
 // the demo model gives plain greedy decoding's tokens, with and without
 // prefix caching (rejected drafts' blocks unindexed), for 1 to 8 drafts a
 // step; drafts are kept; and a later sequence over the same prompt,
-// reusing the cached blocks, still gives the same tokens.
+// reusing the cached blocks, still gives the same tokens. The same on a
+// backend that chooses tokens where the logits are (devsample): the
+// drafts are then verified by the ids of every row of a verifying step.
 func TestSpeculativeGreedy(t *testing.T) {
 	for _, prefix := range []bool{false, true} {
-		e, enc := demoEngine(t, prefix)
-		prompt := enc(repetitive)
-		p := engine.SamplingParams{MaxTokens: 60}
-		want := generate(t, e, prompt, p, nil)
-		for _, k := range []int{1, 4, 8} {
-			before := e.SpecStats()
-			got := generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: k, Always: true})
-			if !slices.Equal(got, want) {
-				t.Fatalf("prefix %v, k %d: speculative greedy\n got %v\nwant %v", prefix, k, got, want)
-			}
-			s := e.SpecStats()
-			drafted, kept := s.DraftTokens-before.DraftTokens, s.AcceptedTokens-before.AcceptedTokens
-			t.Logf("prefix %v, k %d: %d steps verified drafts, %d drafted, %d kept", prefix, k, s.Drafts-before.Drafts, drafted, kept)
-			if kept == 0 || kept > drafted {
-				t.Errorf("prefix %v, k %d: %d of %d drafts kept", prefix, k, kept, drafted)
-			}
+		testSpeculativeGreedy(t, prefix, &cpu.Backend{})
+	}
+	ds := &devsample.Backend{Backend: &cpu.Backend{}}
+	testSpeculativeGreedy(t, false, ds)
+	if ds.MultiRowChoices() == 0 {
+		t.Error("no verifying step chose its rows' tokens on the (emulated) device")
+	}
+}
+
+func testSpeculativeGreedy(t *testing.T, prefix bool, b backend.Backend) {
+	e, enc := demoEngineOn(t, prefix, b)
+	prompt := enc(repetitive)
+	p := engine.SamplingParams{MaxTokens: 60}
+	want := generate(t, e, prompt, p, nil)
+	for _, k := range []int{1, 4, 8} {
+		before := e.SpecStats()
+		got := generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.NGram{MinN: 1, MaxN: 3}, K: k, Always: true})
+		if !slices.Equal(got, want) {
+			t.Fatalf("prefix %v, k %d: speculative greedy\n got %v\nwant %v", prefix, k, got, want)
 		}
-		if again := generate(t, e, prompt, p, nil); !slices.Equal(again, want) {
-			t.Fatalf("prefix %v: greedy after speculation\n got %v\nwant %v", prefix, again, want)
+		s := e.SpecStats()
+		drafted, kept := s.DraftTokens-before.DraftTokens, s.AcceptedTokens-before.AcceptedTokens
+		t.Logf("prefix %v, k %d: %d steps verified drafts, %d drafted, %d kept", prefix, k, s.Drafts-before.Drafts, drafted, kept)
+		if kept == 0 || kept > drafted {
+			t.Errorf("prefix %v, k %d: %d of %d drafts kept", prefix, k, kept, drafted)
 		}
+	}
+	if again := generate(t, e, prompt, p, nil); !slices.Equal(again, want) {
+		t.Fatalf("prefix %v: greedy after speculation\n got %v\nwant %v", prefix, again, want)
 	}
 }
 

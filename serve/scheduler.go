@@ -400,9 +400,14 @@ func (s *Scheduler) step() {
 	var logits []float32
 	var err error
 	speculating := slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return len(r.draft) > 0 })
+	// Drafts of plain greedy requests are verified by each row's argmax,
+	// chosen where the logits are; any other speculating step brings every
+	// row back.
+	greedyOnly := speculating && !slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return r.Logprobs || !r.sampler.PlainGreedy() })
 	switch {
+	case greedyOnly:
+		ids, err = s.e.StepGreedy(s.items)
 	case speculating:
-		// Drafts are verified on the host: every row comes back.
 		logits, err = s.e.Step(s.items)
 	case slices.ContainsFunc(s.itemOwner, func(r *Request) bool { return r.Logprobs }):
 		ids, logits, err = s.e.StepSampleLogits(s.items, s.samplers)
@@ -455,7 +460,7 @@ func (s *Scheduler) step() {
 	s.stats.KVSlotsUsed += used
 	s.statsMu.Unlock()
 	if speculating {
-		s.verify(logits)
+		s.verify(stepRows{logits: logits, ids: ids, vocab: s.e.Vocab()})
 		s.publish()
 		return
 	}
@@ -477,24 +482,54 @@ func (s *Scheduler) step() {
 	s.publish()
 }
 
-// verify finishes a step that verified drafts, its logits all on the host
-// (a row for each token of a drafted item, one for each other item's last
-// token): each drafted request keeps its drafts up to the first its sampler
-// rejects (engine.Sampler.Verify) and its cache drops the rest; every
-// request that completed its tokens takes its next token from its last row
-// as a plain step would.
-func (s *Scheduler) verify(logits []float32) {
-	v := s.e.Vocab()
+// stepRows is what a speculating step brought back: every row's logits,
+// or (logits nil) every row's greedy choice.
+type stepRows struct {
+	logits []float32
+	ids    []int
+	vocab  int
+}
+
+// row is row at's logits (nil when only the choices came back).
+func (o stepRows) row(at int) []float32 {
+	if o.logits == nil {
+		return nil
+	}
+	return o.logits[at*o.vocab : (at+1)*o.vocab]
+}
+
+// sample is r's choice from row at.
+func (o stepRows) sample(r *Request, at int) int {
+	if o.logits == nil {
+		return o.ids[at]
+	}
+	return r.sampler.Sample(o.row(at))
+}
+
+// verify is r's decision on draft d from row at (engine.Sampler.Verify).
+func (o stepRows) verify(r *Request, at, d int) (int, bool) {
+	if o.logits == nil {
+		return o.ids[at], o.ids[at] == d
+	}
+	return r.sampler.Verify(o.row(at), d)
+}
+
+// verify finishes a step that verified drafts (a row for each token of a
+// drafted item, one for each other item's last token): each drafted
+// request keeps its drafts up to the first its sampler rejects and its
+// cache drops the rest; every request that completed its tokens takes its
+// next token from its last row as a plain step would.
+func (s *Scheduler) verify(rows stepRows) {
 	at := 0 // the next row
 	for i, r := range slices.Clone(s.itemOwner) {
 		it := s.items[i]
 		n := len(it.Tokens)
-		rows := 1
+		first := at
 		if it.AllRows {
-			rows = n
+			at += n
+		} else {
+			at++
 		}
-		own := logits[at*v : (at+rows)*v]
-		at += rows
 		draft := r.draft
 		r.draft = nil
 		if len(draft) == 0 {
@@ -503,7 +538,7 @@ func (s *Scheduler) verify(logits []float32) {
 			}
 			r.cached += n
 			if r.cached == len(r.tokens) {
-				s.emit(r, r.sampler.Sample(own), s.logprobRow(r, own))
+				s.emit(r, rows.sample(r, first), s.logprobRow(r, rows.row(first)))
 			}
 			continue
 		}
@@ -514,15 +549,14 @@ func (s *Scheduler) verify(logits []float32) {
 		r.cached = base + 1
 		kept, final := 0, -1
 		for j, d := range draft {
-			row := own[j*v : (j+1)*v]
-			got, ok := r.sampler.Verify(row, d)
+			got, ok := rows.verify(r, first+j, d)
 			if !ok {
 				final = got
 				break
 			}
 			kept++
 			r.cached++ // the draft's entry stays in the cache
-			s.emit(r, d, s.logprobRow(r, row))
+			s.emit(r, d, s.logprobRow(r, rows.row(first+j)))
 			if r.seq == nil {
 				break
 			}
@@ -540,11 +574,10 @@ func (s *Scheduler) verify(logits []float32) {
 			s.finish(r, "", fmt.Errorf("serve: speculative step: %w", err))
 			continue
 		}
-		row := own[kept*v : (kept+1)*v]
 		if final < 0 { // every draft kept: one more from the last row
-			final = r.sampler.Sample(row)
+			final = rows.sample(r, first+kept)
 		}
-		s.emit(r, final, s.logprobRow(r, row))
+		s.emit(r, final, s.logprobRow(r, rows.row(first+kept)))
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"kiln/backend/cpu"
 	"kiln/compile"
 	"kiln/engine"
+	"kiln/internal/devsample"
 	"kiln/internal/testshared"
 	"kiln/model"
 )
@@ -21,13 +22,18 @@ import (
 // the CPU with room for maxSeqs sequences and kvBlocks blocks of 16 tokens
 // (0: a full context for each), with prefix caching.
 func stories(t testing.TB, maxSeqs, kvBlocks int) *engine.Engine {
+	return storiesOn(t, &cpu.Backend{}, maxSeqs, kvBlocks)
+}
+
+// storiesOn is stories on backend b.
+func storiesOn(t testing.TB, b backend.Backend, maxSeqs, kvBlocks int) *engine.Engine {
 	t.Helper()
 	m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{MaxSeqs: maxSeqs, KVBlocks: kvBlocks, BlockSize: 16, PrefixCaching: true})
+	e, err := engine.New(m, b, engine.Options{MaxSeqs: maxSeqs, KVBlocks: kvBlocks, BlockSize: 16, PrefixCaching: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +464,9 @@ func TestOutOfMemoryRetries(t *testing.T) {
 // greedy outputs are each prompt's alone, requests with log-probabilities
 // get the plain step's, whether every step speculates or only small ones,
 // with room for all and with a cache short enough to preempt; drafts are
-// kept, and every block is free at the end.
+// kept, and every block is free at the end. Without log-probabilities on a
+// backend that chooses tokens where the logits are (devsample), the drafts
+// are verified by every row's greedy choice, no logits brought back.
 func TestSpeculativeServing(t *testing.T) {
 	ps := prompts(6)
 	for i := range ps { // make the prompts repeat themselves: lookups find them
@@ -470,15 +478,22 @@ func TestSpeculativeServing(t *testing.T) {
 		name               string
 		kvBlocks, maxSpecs int
 		model              bool // the model drafts for itself instead of prompt lookup
+		device             bool // on devsample, no request wanting log-probabilities
 	}{
-		{"plain", 0, -1, false}, // the log-probabilities the others must give
-		{"every step", 0, 8, false},
-		{"small batches", 0, 2, false},
-		{"short cache", 16, 8, false},
-		{"draft model", 0, 8, true},
+		{"plain", 0, -1, false, false}, // the log-probabilities the others must give
+		{"every step", 0, 8, false, false},
+		{"small batches", 0, 2, false, false},
+		{"short cache", 16, 8, false, false},
+		{"draft model", 0, 8, true, false},
+		{"greedy on the device", 0, 8, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := stories(t, 6, tc.kvBlocks)
+			var b backend.Backend = &cpu.Backend{}
+			ds := &devsample.Backend{Backend: b}
+			if tc.device {
+				b = ds
+			}
+			e := storiesOn(t, b, 6, tc.kvBlocks)
 			cfg := Config{MaxNumSeqs: 6, MaxNumBatchedTokens: 64}
 			var draftEngine *engine.Engine
 			if tc.maxSpecs >= 0 {
@@ -492,7 +507,7 @@ func TestSpeculativeServing(t *testing.T) {
 			s := runScheduler(t, e, cfg)
 			var reqs []*Request
 			for i, p := range ps {
-				r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 60, IgnoreStop: true}, Logprobs: i%2 == 0}
+				r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 60, IgnoreStop: true}, Logprobs: i%2 == 0 && !tc.device}
 				if err := s.Submit(r); err != nil {
 					t.Fatal(err)
 				}
@@ -532,6 +547,9 @@ func TestSpeculativeServing(t *testing.T) {
 			t.Logf("%d drafts, %d drafted, %d kept, %d preemptions", st.SpecDrafts, st.SpecDraftTokens, st.SpecAcceptedTokens, st.Preemptions)
 			if st.SpecAcceptedTokens == 0 && tc.maxSpecs >= 0 {
 				t.Error("no draft kept")
+			}
+			if tc.device && ds.MultiRowChoices() == 0 {
+				t.Error("no verifying step chose its rows' tokens on the (emulated) device")
 			}
 			if st.FreeBlocks != st.TotalBlocks {
 				t.Errorf("%d of %d blocks free after all requests finished", st.FreeBlocks, st.TotalBlocks)

@@ -486,6 +486,40 @@ func (e *Engine) StepSampleLogits(items []Item, samplers []*Sampler) ([]int, []f
 	return e.stepSample(items, samplers, true)
 }
 
+// Rows is what a step that wants several rows of one item brought back
+// (Step with AllRows, or StepGreedy): every row's logits, or, with Logits
+// nil, every row's greedy choice. Sample and Verify decide a row as the
+// sampler would from its logits.
+type Rows struct {
+	Logits []float32
+	IDs    []int
+	Vocab  int
+}
+
+// Row is row at's logits (nil when only the choices came back).
+func (o Rows) Row(at int) []float32 {
+	if o.Logits == nil {
+		return nil
+	}
+	return o.Logits[at*o.Vocab : (at+1)*o.Vocab]
+}
+
+// Sample is s's choice from row at (Sampler.Sample).
+func (o Rows) Sample(s *Sampler, at int) int {
+	if o.Logits == nil {
+		return o.IDs[at]
+	}
+	return s.Sample(o.Row(at))
+}
+
+// Verify is s's decision on draft d from row at (Sampler.Verify).
+func (o Rows) Verify(s *Sampler, at, d int) (int, bool) {
+	if o.Logits == nil {
+		return o.IDs[at], o.IDs[at] == d
+	}
+	return s.Verify(o.Row(at), d)
+}
+
 // StepGreedy is Step with each logit row's greedy choice (Argmax) in place
 // of the logits, in row order (an AllRows item's rows, one row for each
 // other item): on a backend that samples on the device only the ids come
@@ -501,8 +535,7 @@ func (e *Engine) StepGreedy(items []Item) ([]int, error) {
 	if sx, ok := x.(backend.SamplingExecutable); ok {
 		e.params = slices.Grow(e.params[:0], len(b.Rows))[:len(b.Rows)]
 		clear(e.params) // greedy, no history
-		e.devIDs = slices.Grow(e.devIDs[:0], len(b.Rows))[:len(b.Rows)]
-		if err := sx.RunSample(b, e.kv, e.params, e.devIDs); err != nil {
+		if err := e.runSample(sx); err != nil {
 			return nil, err
 		}
 		for _, id := range e.devIDs {
@@ -545,8 +578,7 @@ func (e *Engine) stepSample(items []Item, samplers []*Sampler, wantLogits bool) 
 			}
 			e.params = append(e.params, s.deviceParams())
 		}
-		e.devIDs = slices.Grow(e.devIDs[:0], len(items))[:len(items)]
-		if err := sx.RunSample(b, e.kv, e.params, e.devIDs); err != nil {
+		if err := e.runSample(sx); err != nil {
 			return nil, nil, err
 		}
 		for i, id := range e.devIDs {
@@ -571,6 +603,14 @@ func (e *Engine) stepSample(items []Item, samplers []*Sampler, wantLogits bool) 
 	}
 	e.advance(items)
 	return e.ids, out, nil
+}
+
+// runSample runs the prepared step on the device with e.params, a row's
+// each, into e.devIDs.
+func (e *Engine) runSample(sx backend.SamplingExecutable) error {
+	n := len(e.batch.Rows)
+	e.devIDs = slices.Grow(e.devIDs[:0], n)[:n]
+	return sx.RunSample(&e.batch, e.kv, e.params, e.devIDs)
 }
 
 // prepare fills e.batch with items' tokens (growing their block tables) and

@@ -280,32 +280,21 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 		} else {
 			base := seq.len
 			it := Item{Seq: seq, Tokens: append([]int{next}, draft...), AllRows: true}
-			// verify(i, d) is row i's choice and whether it is draft d;
-			// sample(i) row i's choice.
-			var verify func(i, d int) (int, bool)
-			var sample func(i int) int
+			rows := Rows{Vocab: e.vocab}
 			if greedy {
-				ids, err := e.StepGreedy([]Item{it})
-				if err != nil {
-					return res, err
-				}
-				verify = func(i, d int) (int, bool) { return ids[i], ids[i] == d }
-				sample = func(i int) int { return ids[i] }
+				rows.IDs, err = e.StepGreedy([]Item{it})
 			} else {
-				logits, err := e.Step([]Item{it})
-				if err != nil {
-					return res, err
-				}
-				row := func(i int) []float32 { return logits[i*e.vocab : (i+1)*e.vocab] }
-				verify = func(i, d int) (int, bool) { return sampler.Verify(row(i), d) }
-				sample = func(i int) int { return sampler.Sample(row(i)) }
+				rows.Logits, err = e.Step([]Item{it})
+			}
+			if err != nil {
+				return res, err
 			}
 			e.specStats.Drafts++
 			e.specStats.DraftTokens += len(draft)
 			kept := 0
 			id = -1
 			for i, d := range draft {
-				got, ok := verify(i, d)
+				got, ok := rows.Verify(sampler, i, d)
 				if !ok {
 					id = got
 					break
@@ -317,7 +306,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 				}
 			}
 			if id < 0 { // every draft kept: one more from the last row
-				id = sample(len(draft))
+				id = rows.Sample(sampler, len(draft))
 			}
 			if err := e.Truncate(seq, base+1+kept); err != nil {
 				return res, err

@@ -460,7 +460,7 @@ func (s *Scheduler) step() {
 	s.stats.KVSlotsUsed += used
 	s.statsMu.Unlock()
 	if speculating {
-		s.verify(stepRows{logits: logits, ids: ids, vocab: s.e.Vocab()})
+		s.verify(engine.Rows{Logits: logits, IDs: ids, Vocab: s.e.Vocab()})
 		s.publish()
 		return
 	}
@@ -482,44 +482,12 @@ func (s *Scheduler) step() {
 	s.publish()
 }
 
-// stepRows is what a speculating step brought back: every row's logits,
-// or (logits nil) every row's greedy choice.
-type stepRows struct {
-	logits []float32
-	ids    []int
-	vocab  int
-}
-
-// row is row at's logits (nil when only the choices came back).
-func (o stepRows) row(at int) []float32 {
-	if o.logits == nil {
-		return nil
-	}
-	return o.logits[at*o.vocab : (at+1)*o.vocab]
-}
-
-// sample is r's choice from row at.
-func (o stepRows) sample(r *Request, at int) int {
-	if o.logits == nil {
-		return o.ids[at]
-	}
-	return r.sampler.Sample(o.row(at))
-}
-
-// verify is r's decision on draft d from row at (engine.Sampler.Verify).
-func (o stepRows) verify(r *Request, at, d int) (int, bool) {
-	if o.logits == nil {
-		return o.ids[at], o.ids[at] == d
-	}
-	return r.sampler.Verify(o.row(at), d)
-}
-
 // verify finishes a step that verified drafts (a row for each token of a
 // drafted item, one for each other item's last token): each drafted
 // request keeps its drafts up to the first its sampler rejects and its
 // cache drops the rest; every request that completed its tokens takes its
 // next token from its last row as a plain step would.
-func (s *Scheduler) verify(rows stepRows) {
+func (s *Scheduler) verify(rows engine.Rows) {
 	at := 0 // the next row
 	for i, r := range slices.Clone(s.itemOwner) {
 		it := s.items[i]
@@ -538,7 +506,7 @@ func (s *Scheduler) verify(rows stepRows) {
 			}
 			r.cached += n
 			if r.cached == len(r.tokens) {
-				s.emit(r, rows.sample(r, first), s.logprobRow(r, rows.row(first)))
+				s.emit(r, rows.Sample(r.sampler, first), s.logprobRow(r, rows.Row(first)))
 			}
 			continue
 		}
@@ -549,14 +517,14 @@ func (s *Scheduler) verify(rows stepRows) {
 		r.cached = base + 1
 		kept, final := 0, -1
 		for j, d := range draft {
-			got, ok := rows.verify(r, first+j, d)
+			got, ok := rows.Verify(r.sampler, first+j, d)
 			if !ok {
 				final = got
 				break
 			}
 			kept++
 			r.cached++ // the draft's entry stays in the cache
-			s.emit(r, d, s.logprobRow(r, rows.row(first+j)))
+			s.emit(r, d, s.logprobRow(r, rows.Row(first+j)))
 			if r.seq == nil {
 				break
 			}
@@ -575,9 +543,9 @@ func (s *Scheduler) verify(rows stepRows) {
 			continue
 		}
 		if final < 0 { // every draft kept: one more from the last row
-			final = rows.sample(r, first+kept)
+			final = rows.Sample(r.sampler, first+kept)
 		}
-		s.emit(r, final, s.logprobRow(r, rows.row(first+kept)))
+		s.emit(r, final, s.logprobRow(r, rows.Row(first+kept)))
 	}
 }
 

@@ -10,11 +10,11 @@ import (
 
 	"kiln/backend"
 	"kiln/compile"
+	"kiln/engine"
 )
 
 // Backend wraps B: its executables' RunSample takes greedy choices only
-// (zero SampleParams), made by the first index of each row's largest logit
-// (engine.Argmax's rule) over the rows Run computes.
+// (zero SampleParams), each row's engine.Argmax over the rows Run computes.
 type Backend struct {
 	backend.Backend
 	mu   sync.Mutex
@@ -71,14 +71,7 @@ func (x *executable) RunSample(b *backend.Batch, kv backend.KVCache, params []ba
 	seqs := map[int32]bool{}
 	for r, tok := range b.Rows {
 		seqs[b.SeqIndex[tok]] = true
-		row := logits[r*x.vocab : (r+1)*x.vocab]
-		best := 0
-		for i, v := range row {
-			if v > row[best] || (row[best] != row[best] && v == v) {
-				best = i
-			}
-		}
-		ids[r] = int32(best)
+		ids[r] = int32(engine.Argmax(logits[r*x.vocab : (r+1)*x.vocab]))
 	}
 	if len(b.Rows) > len(seqs) {
 		x.b.mu.Lock()

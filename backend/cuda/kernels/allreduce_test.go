@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"testing"
 	"time"
@@ -56,6 +57,7 @@ func TestPeerAllReduce(t *testing.T) {
 						dst[i] = outBuf(t, act, n)
 					}
 				}
+				must(t, d.Sync()) // the buffers' memsets ran on the default stream
 				for i := range ranks {
 					must(t, k.PeerAllReduce(streams[i], group(i), dst[i], src[i], n, act))
 				}
@@ -151,24 +153,10 @@ func backToBack(t *testing.T, rs []arRank) {
 	const capBytes = 64 * 4096 * 2
 	ranks := len(rs)
 	rng := newRNG(t)
-	allocOn := func(d *cu.Device, n int) cu.Ptr {
-		p, err := d.Alloc(n)
-		must(t, err)
-		t.Cleanup(func() { d.Free(p) })
-		must(t, d.Memset8(p, 0, n, nil))
-		must(t, d.Sync())
-		return p
-	}
-	upOn := func(d *cu.Device, x []float32) cu.Ptr {
-		b := encode(cu.BF16, x)
-		p := allocOn(d, len(b))
-		must(t, d.Upload(p, b))
-		return p
-	}
 	regions := make([]cu.Ptr, ranks)
 	streams := make([]*cu.Stream, ranks)
 	for i, r := range rs {
-		regions[i] = allocOn(r.d, PeerRegionBytes(ranks, capBytes))
+		regions[i] = allocOn(t, r.d, PeerRegionBytes(ranks, capBytes))
 		must(t, r.d.Upload(regions[i]+peerDiag, cu.AsBytes([]uint32{1})))
 		s, err := r.d.NewStream()
 		must(t, err)
@@ -194,15 +182,18 @@ func backToBack(t *testing.T, rs []arRank) {
 				sum[j] = a[j] + b[j]
 			}
 			cl.parts = append(cl.parts, roundTo(cu.BF16, sum))
-			cl.a, cl.b = append(cl.a, upOn(r.d, a)), append(cl.b, upOn(r.d, b))
-			cl.src = append(cl.src, allocOn(r.d, 2*n))
+			cl.a, cl.b = append(cl.a, upOn(t, r.d, cu.BF16, a)), append(cl.b, upOn(t, r.d, cu.BF16, b))
+			cl.src = append(cl.src, allocOn(t, r.d, 2*n))
 			if cl.inPlace {
 				cl.dst = append(cl.dst, cl.src[len(cl.src)-1])
 			} else {
-				cl.dst = append(cl.dst, allocOn(r.d, 2*n))
+				cl.dst = append(cl.dst, allocOn(t, r.d, 2*n))
 			}
 		}
 		calls = append(calls, cl)
+	}
+	for _, r := range rs {
+		must(t, r.d.Sync()) // the buffers' memsets ran on the default stream
 	}
 	for c, cl := range calls {
 		n := cl.rows * cl.dim
@@ -223,7 +214,7 @@ func backToBack(t *testing.T, rs []arRank) {
 		must(t, r.d.Download(b, regions[i]+peerDiag-8))
 		w := make([]uint32, 10)
 		for j := range w {
-			w[j] = uint32(b[4*j]) | uint32(b[4*j+1])<<8 | uint32(b[4*j+2])<<16 | uint32(b[4*j+3])<<24
+			w[j] = binary.LittleEndian.Uint32(b[4*j:])
 		}
 		t.Logf("rank %d made %d calls of %d", i, w[0], len(calls))
 		if w[3] != 0 {

@@ -141,7 +141,12 @@ func decode(t cu.DType, b []byte) []float32 {
 // workspace must be).
 func alloc(t testing.TB, n int) cu.Ptr {
 	t.Helper()
-	d := gpu(t)
+	return allocOn(t, gpu(t), n)
+}
+
+// allocOn is alloc on device d.
+func allocOn(t testing.TB, d *cu.Device, n int) cu.Ptr {
+	t.Helper()
 	p, err := d.Alloc((n + 3) &^ 3)
 	must(t, err)
 	t.Cleanup(func() { d.Free(p) })
@@ -152,9 +157,15 @@ func alloc(t testing.TB, n int) cu.Ptr {
 // up uploads x as dtype dt (rounding it) and returns the device copy.
 func up(t testing.TB, dt cu.DType, x []float32) cu.Ptr {
 	t.Helper()
+	return upOn(t, gpu(t), dt, x)
+}
+
+// upOn is up on device d.
+func upOn(t testing.TB, d *cu.Device, dt cu.DType, x []float32) cu.Ptr {
+	t.Helper()
 	b := encode(dt, x)
-	p := alloc(t, max(len(b), 4))
-	must(t, gpu(t).Upload(p, b))
+	p := allocOn(t, d, max(len(b), 4))
+	must(t, d.Upload(p, b))
 	return p
 }
 

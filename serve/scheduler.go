@@ -38,7 +38,24 @@ type Config struct {
 	// compute-bound: drafts would cost more than they save).
 	Speculation      *engine.Speculation
 	SpeculateMaxSeqs int
+	// SlowStep, when set, hears of each step that took over slowStepMin
+	// and over slowStepFactor times the steps' moving mean: a graph
+	// capture, a first-use kernel timing or an allocation inside a step
+	// is otherwise seen only as a stall in every stream.
+	SlowStep func(SlowStep)
 }
+
+// SlowStep describes a step that took far longer than the steps before it.
+type SlowStep struct {
+	Took, Mean   time.Duration // the step's time; the moving mean before it
+	Seqs, Tokens int           // the step's sequences and tokens
+	Speculating  bool          // the step verified drafts
+}
+
+const (
+	slowStepMin    = 250 * time.Millisecond
+	slowStepFactor = 8
+)
 
 // Event is one step of a request's output: a generated token, or the end.
 type Event struct {
@@ -144,6 +161,8 @@ type Scheduler struct {
 	// broken is the error that left the engine unable to run steps (a
 	// tensor-parallel group aborted), or nil.
 	broken atomic.Pointer[error]
+	// meanStep is the moving mean of the steps' times (for SlowStep).
+	meanStep time.Duration
 }
 
 // Broken is the error that left the engine unable to run steps, or nil:
@@ -448,6 +467,7 @@ func (s *Scheduler) step() {
 		return
 	}
 	s.loosen()
+	s.noteStepTime(stepTime, speculating)
 	var alloc, used int64
 	for _, r := range s.running {
 		alloc += int64(r.seq.Blocks() * s.e.KVSpec().BlockSize)
@@ -480,6 +500,25 @@ func (s *Scheduler) step() {
 		}
 	}
 	s.publish()
+}
+
+// noteStepTime moves the steps' mean time on and tells Config.SlowStep of
+// a step far over it.
+func (s *Scheduler) noteStepTime(took time.Duration, speculating bool) {
+	mean := s.meanStep
+	if mean == 0 {
+		s.meanStep = took
+	} else {
+		s.meanStep += (took - mean) / 16
+	}
+	if s.cfg.SlowStep == nil || took <= slowStepMin || mean == 0 || took <= slowStepFactor*mean {
+		return
+	}
+	tokens := 0
+	for _, it := range s.items {
+		tokens += len(it.Tokens)
+	}
+	s.cfg.SlowStep(SlowStep{Took: took, Mean: mean, Seqs: len(s.items), Tokens: tokens, Speculating: speculating})
 }
 
 // verify finishes a step that verified drafts (a row for each token of a

@@ -638,3 +638,63 @@ func TestDraftsNeverPreempt(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowStep: a step far over the steps' moving mean is told to
+// Config.SlowStep, once, with its time and shape; the steady steps around
+// it are not.
+func TestSlowStep(t *testing.T) {
+	m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	const stall = 400 * time.Millisecond
+	step := 0
+	ob := &oomBackend{Backend: &cpu.Backend{}}
+	ob.fail = func(*backend.Batch) bool {
+		step++
+		if step == 30 {
+			time.Sleep(stall)
+		}
+		return false
+	}
+	e, err := engine.New(m, ob, engine.Options{MaxSeqs: 4, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	var mu sync.Mutex
+	var slow []SlowStep
+	s := runScheduler(t, e, Config{MaxNumSeqs: 4, MaxNumBatchedTokens: 64, SlowStep: func(st SlowStep) {
+		mu.Lock()
+		slow = append(slow, st)
+		mu.Unlock()
+	}})
+	var reqs []*Request
+	for _, p := range prompts(2) {
+		r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 60, IgnoreStop: true}}
+		if err := s.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	for _, r := range reqs {
+		if _, end := collect(t, r); end.Err != nil {
+			t.Fatal(end.Err)
+		}
+	}
+	waitIdle(t, s)
+	mu.Lock()
+	defer mu.Unlock()
+	if step < 40 {
+		t.Fatalf("%d steps ran, want the stall (step 30) well inside the run", step)
+	}
+	if len(slow) != 1 {
+		t.Fatalf("slow steps told: %+v, want the one stalled step", slow)
+	}
+	st := slow[0]
+	t.Logf("%+v", st)
+	if st.Took < stall || st.Mean <= 0 || st.Mean*slowStepFactor >= st.Took || st.Seqs < 1 || st.Tokens < st.Seqs || st.Speculating {
+		t.Errorf("slow step %+v: want over %v, a mean under an eighth of it, its sequences and tokens", st, stall)
+	}
+}

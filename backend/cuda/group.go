@@ -71,9 +71,20 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 }
 
 // PeerCapBytes is the most bytes of partial sums a rank's all-reduce may
-// move through peer memory (kernels.PeerAllReduce): 256 rows of 8,192
-// bf16 activations. Larger ones (prefill's) go through NCCL.
-const PeerCapBytes = 4 << 20
+// move through peer memory (kernels.PeerAllReduce) in a group of n ranks;
+// larger ones (prefill's) go through NCCL. The kernel pushes a rank's
+// partials to each of the n-1 others, where NCCL's ring moves 2(n-1)/n
+// of them: the same bytes over two ranks, so up to 256 rows of 8,192
+// bf16 activations; twice as many over four, where NCCL's ring was already
+// faster at 2 MiB (256 rows of the 8B shape: 37,894 against 36,561 tok/s,
+// 4× H200, session 24), so up to 512 KiB (vLLM's bound for its one-shot
+// all-reduce over more than two GPUs).
+func PeerCapBytes(n int) int {
+	if n <= 2 {
+		return 4 << 20
+	}
+	return 512 << 10
+}
 
 // NewPeers readies the peer all-reduce (kernels.PeerAllReduce) of a
 // group on devs, rank i on devs[i], for Backend.Peers: peer access enabled
@@ -101,7 +112,7 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 		}
 	}
 	regions := make([]cu.Ptr, len(devs))
-	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes)
+	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes(len(devs)))
 	for i, d := range devs {
 		p, err := d.Alloc(n)
 		if err == nil {
@@ -122,7 +133,7 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 	}
 	gs := make([]*kernels.PeerGroup, len(devs))
 	for i := range devs {
-		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes}
+		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes(len(devs))}
 	}
 	return gs, nil
 }

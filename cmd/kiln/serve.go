@@ -12,9 +12,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"kiln/backend/cuda"
 	"kiln/chat"
 	"kiln/demo"
 	"kiln/engine"
@@ -110,7 +112,7 @@ func cmdServe(args []string) error {
 	}
 	defer closeDraft()
 	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
-		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens})
+		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens, SlowStep: slowStepLog(log, gpu)})
 	if err != nil {
 		return err
 	}
@@ -196,4 +198,43 @@ func modelName(path string, demo bool) string {
 		return "kiln-demo"
 	}
 	return filepath.Base(path)
+}
+
+// slowStepLog logs the scheduler's slow steps on a GPU, with what the GPU
+// (rank 0 under tensor parallelism) did since the previous one that a
+// steady step does not: graph captures, decode workspace growths, products
+// and attention splits timed at first use (by name). On the CPU, whose
+// prompt chunks take many times a decode step's time, it is nil.
+func slowStepLog(log *slog.Logger, gpu *cuda.Backend) func(serve.SlowStep) {
+	if gpu == nil {
+		return nil
+	}
+	last := gpu.Stats()
+	return func(st serve.SlowStep) {
+		now := gpu.Stats()
+		args := []any{"took_ms", st.Took.Milliseconds(), "mean_ms", fmt.Sprintf("%.1f", float64(st.Mean.Microseconds())/1e3),
+			"seqs", st.Seqs, "tokens", st.Tokens, "speculating", st.Speculating,
+			"since_last_slow_step", fmt.Sprintf("graph captures %d, workspace growths %d, first-use races %d, modules compiled %d",
+				now.GraphCaptures-last.GraphCaptures, now.WorkspaceGrowths-last.WorkspaceGrowths, now.Raced.Races-last.Raced.Races, len(now.Compiles)-len(last.Compiles))}
+		if len(now.Choices) > len(last.Choices) {
+			args = append(args, "timed", choiceNames(now.Choices[len(last.Choices):], 6))
+		}
+		last = now
+		log.Warn("slow step", args...)
+	}
+}
+
+// choiceNames lists the shapes of first-use choices (cuda.Stats.Choices,
+// each "shape: candidates' times: kept"), at most n of them.
+func choiceNames(choices []string, n int) string {
+	var names []string
+	for i, c := range choices {
+		if i == n {
+			names = append(names, fmt.Sprintf("and %d more", len(choices)-n))
+			break
+		}
+		name, _, _ := strings.Cut(c, ":")
+		names = append(names, name)
+	}
+	return strings.Join(names, "; ")
 }

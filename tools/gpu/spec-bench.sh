@@ -6,8 +6,12 @@
 # with a repetitive prompt (64 random ids three times: its greedy output
 # repeats too) and (2) the demo model with passages of the corpus as
 # prompts; then kiln serve with and without speculation under kiln bench
-# serve at 1, 4, 16 and 64 streams (where it stops paying). Writes logs
-# under $OUT and prints a table of eval rates and acceptance last.
+# serve at 1, 4, 16 and 64 streams of 128/128 tokens (random prompts: the
+# low-acceptance case, in a warm process; and where it stops paying, with
+# --speculative-max-seqs 64 so it never switches itself off), plain then
+# speculating (4 drafts), on the 8B shape. SERVE=0 skips the serving part,
+# RUNS=0 the kiln run part. Writes logs under $OUT and prints tables of
+# eval rates and acceptance, and of the serving runs.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/spec-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 device=${DEVICE:-cuda}
@@ -27,6 +31,43 @@ runs() { # label model-args...
 	done
 }
 k_bin=$k
+t0=$(date +%s)
+if [ "$device" = cuda ] && [ "${SERVE:-1}" != 0 ]; then
+	random_bf16
+	tok=$llama3_tok
+	for mode in plain spec; do
+		spec=()
+		[ $mode = spec ] && spec=(--speculative ngram --num-speculative-tokens 4 --speculative-max-seqs 64)
+		$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 64 --port 8765 "${spec[@]}" >"$work/serve-$mode.log" 2>&1 &
+		server=$!
+		serve_up 90
+		echo "server $mode up after $(($(date +%s) - t0)) s"
+		for c in "1 24 4" "4 48 8" "16 96 16" "64 192 64"; do
+			set -- $c
+			SERVE_TIMEOUT=60 serve_run "serve-$mode-c$1" "$1" "$2" "$3"
+		done
+		curl -s http://127.0.0.1:8765/metrics | grep -E '^kiln:spec_decode' >"$work/metrics-$mode.txt"
+		kill -TERM $server
+		timeout 30 tail --pid=$server -f /dev/null || kill -KILL $server
+		wait $server
+	done
+	python3 - "$work" <<'PY'
+import json, os, sys
+w = sys.argv[1]
+print("| streams | plain out tok/s | speculating | ratio | TPOT p50 plain / spec (ms) |")
+print("|---|---|---|---|---|")
+for c in (1, 4, 16, 64):
+    try:
+        p = json.load(open(os.path.join(w, f"serve-plain-c{c}.json")))["summary"]
+        s = json.load(open(os.path.join(w, f"serve-spec-c{c}.json")))["summary"]
+    except Exception as e:
+        print(f"| {c} | failed: {e} |")
+        continue
+    print(f"| {c} | {p['output_tokens_per_s']:.0f} | {s['output_tokens_per_s']:.0f} | {s['output_tokens_per_s'] / p['output_tokens_per_s']:.3f}× | {p['tpot']['p50_ms']:.2f} / {s['tpot']['p50_ms']:.2f} |")
+PY
+	cat "$work/metrics-spec.txt"
+fi
+[ "${RUNS:-1}" = 0 ] && exit 0
 if [ "$device" = cuda ]; then
 	random_bf16
 	ids=$(python3 -c "import random; r=random.Random(5); s=[r.randrange(1000, 100000) for _ in range(64)]; print(','.join(map(str, s*3)))")

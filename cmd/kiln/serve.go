@@ -42,6 +42,7 @@ func cmdServe(args []string) error {
 	maxQueuedTokens := fs.Int("max-queued-tokens", envInt("KILN_MAX_QUEUED_TOKENS", 1<<20), "waiting prompt tokens beyond which new requests get 429 [KILN_MAX_QUEUED_TOKENS]")
 	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: from --kv-cache-fraction) [KILN_KV_CACHE_TOKENS]")
 	kvFraction := fs.Float64("kv-cache-fraction", envFloat("KILN_KV_CACHE_FRACTION", 0), "fraction of the memory left after the weights and activations that the KV cache may take, at most a full context for each of --max-num-seqs (0: 0.9 on a GPU, 0.5 on the CPU) [KILN_KV_CACHE_FRACTION]")
+	warm := fs.Bool("warmup", envString("KILN_WARMUP", "1") != "0", "on a GPU, run a prompt chunk of each step size and decode batches of 1 to 8, 16, 32, … --max-num-seqs sequences at each context length's power of two before serving, so that first-use kernel timings and graph captures do not stall the first streams (KILN_WARMUP=0 turns it off) [KILN_WARMUP]")
 	prefix := fs.Bool("enable-prefix-caching", envString("KILN_PREFIX_CACHING", "1") != "0", "share the KV blocks of common prompt prefixes between requests (KILN_PREFIX_CACHING=0 turns it off) [KILN_PREFIX_CACHING]")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may take to finish")
 	pos, err := parseFlags(fs, args)
@@ -111,6 +112,17 @@ func cmdServe(args []string) error {
 		return err
 	}
 	defer closeDraft()
+	if *warm && gpu != nil {
+		before := gpu.Stats()
+		w, err := e.Warm(*maxSeqs, budget, e.ContextLen())
+		if err != nil {
+			return err
+		}
+		after := gpu.Stats()
+		log.Info("warmed up", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps, "decode_batches", fmt.Sprint(w.Batches),
+			"longest_sequences", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
+			"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
+	}
 	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
 		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens, SlowStep: slowStepLog(log, gpu)})
 	if err != nil {

@@ -43,6 +43,8 @@ kill -TERM $server
 wait $server
 echo "server exit $?"
 grep -E 'kv cache|KV cache' "$work/serve.log" | head -3
+# The warm-up, and the steps that stalled every stream (kiln serve's log).
+grep -E 'warmed up|slow step' "$work/serve.log" | cut -c1-400
 grep -E '^\| tg' "$work/offline256.txt" "$work/offline64.txt"
 python3 - "$work" <<'PY'
 import json, sys, os

@@ -1,0 +1,157 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+)
+
+// WarmStats says what Warm ran.
+type WarmStats struct {
+	Steps    int           // steps run
+	Batches  []int         // the decode batch sizes stepped
+	Runs     []int         // the tokens a sequence brings in the steps of several
+	Contexts []int         // the longest sequence's tokens in them, for each context stepped
+	Chunks   []int         // the prompt chunks' token counts stepped
+	Took     time.Duration // in all
+}
+
+// Warm runs, before a server takes requests, steps of the shapes it will
+// meet first, so that their first-use work (a backend's kernel timings at
+// new token counts and context lengths, CUDA graph captures) does not stall
+// its first streams:
+//   - a prompt chunk of each token bucket up to maxTokens (one sequence);
+//   - for each size up to 8, each power of two past it up to maxSeqs, and
+//     maxSeqs, that many
+//     sequences decoded three steps (a composition's first step runs
+//     directly, its second is captured, its third replays the capture),
+//     sampled as the server samples: one-token sequences, then again with
+//     one of them holding 257, 513, … tokens, up to maxContext, so each
+//     decode batch also meets the longer contexts (a decode step's
+//     attention is chosen by its longest sequence's power of two);
+//   - at each of those contexts, maxSeqs sequences bringing 2, 4, … 16
+//     tokens each, while that fits maxTokens (steps of several tokens a
+//     sequence: prompt tails beside decoding sequences, verified drafts).
+//
+// Every sequence is freed after; their blocks stay in the prefix cache
+// like any freed sequence's. It stops at the first error.
+func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (WarmStats, error) {
+	start := time.Now()
+	var st WarmStats
+	maxSeqs = min(maxSeqs, e.MaxSeqs())
+	maxTokens = min(maxTokens, e.MaxStepTokens(), e.ctxLen-1)
+	maxContext = min(maxContext, e.ctxLen)
+	greedy := NewSampler(SamplingParams{}, e.vocab, nil)
+	step := func(items []Item) error {
+		samplers := make([]*Sampler, len(items))
+		for i := range samplers {
+			samplers[i] = greedy
+		}
+		_, err := e.StepSample(items, samplers)
+		st.Steps++
+		return err
+	}
+	for _, n := range e.buckets {
+		if n > maxTokens {
+			break
+		}
+		s := e.NewSequence()
+		err := step([]Item{{Seq: s, Tokens: make([]int, n)}})
+		e.Free(s)
+		if err != nil {
+			return st, fmt.Errorf("warm-up: a prompt chunk of %d tokens: %w", n, err)
+		}
+		st.Chunks = append(st.Chunks, n)
+	}
+	if maxSeqs < 1 {
+		st.Took = time.Since(start)
+		return st, nil
+	}
+	// Every size up to 8 (a GPU's products choose between kernels for
+	// each such row count), then powers of two, then maxSeqs.
+	var batches []int
+	for n := 1; n < maxSeqs; n = next(n) {
+		batches = append(batches, n)
+	}
+	batches = append(batches, maxSeqs)
+	st.Batches = batches
+	var runs []int
+	for r := 2; r <= decodeRun && maxSeqs*r <= maxTokens; r *= 2 {
+		runs = append(runs, r)
+	}
+	st.Runs = runs
+	// The longest sequence's tokens for each context: one, then past each
+	// power of two from 256, with room for the steps it is decoded in.
+	growth := 3 * len(batches)
+	for _, r := range runs {
+		growth += 3 * r
+	}
+	contexts := []int{1}
+	for c := 257; c+growth <= maxContext; c = 2*c - 1 {
+		contexts = append(contexts, c)
+	}
+	for _, c := range contexts {
+		if err := e.warmContext(batches, runs, c, maxTokens, step); err != nil {
+			return st, err
+		}
+		st.Contexts = append(st.Contexts, c)
+	}
+	st.Took = time.Since(start)
+	return st, nil
+}
+
+// next is the decode batch Warm steps after n.
+func next(n int) int {
+	if n < 8 {
+		return n + 1
+	}
+	return 2 * n
+}
+
+// decodeRun is the most tokens a sequence brings to the steps Warm runs
+// with several tokens a sequence (a CUDA decode step takes up to 16).
+const decodeRun = 16
+
+// warmContext steps each batch of one-token sequences three times, then
+// the largest batch with each run of tokens a sequence three times; the
+// first sequence of each is first prefilled to long tokens in chunks of
+// at most maxTokens and kept across the steps.
+func (e *Engine) warmContext(batches, runs []int, long, maxTokens int, step func([]Item) error) error {
+	first := e.NewSequence()
+	defer e.Free(first)
+	for done := 0; done < long-1; {
+		n := min(long-1-done, maxTokens)
+		if err := step([]Item{{Seq: first, Tokens: make([]int, n)}}); err != nil {
+			return fmt.Errorf("warm-up: a prompt chunk of %d tokens: %w", n, err)
+		}
+		done += n
+	}
+	type shape struct{ seqs, run int }
+	var shapes []shape
+	for _, n := range batches {
+		shapes = append(shapes, shape{n, 1})
+	}
+	for _, r := range runs {
+		shapes = append(shapes, shape{batches[len(batches)-1], r})
+	}
+	for _, sh := range shapes {
+		tokens := make([]int, sh.run)
+		items := []Item{{Seq: first, Tokens: tokens}}
+		for range sh.seqs - 1 {
+			items = append(items, Item{Seq: e.NewSequence(), Tokens: tokens})
+		}
+		var err error
+		for range 3 {
+			if err = step(items); err != nil {
+				err = fmt.Errorf("warm-up: a step of %d sequences of %d tokens, the longest of %d: %w", sh.seqs, sh.run, items[0].Seq.Len()+sh.run, err)
+				break
+			}
+		}
+		for _, it := range items[1:] {
+			e.Free(it.Seq)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -10,7 +10,7 @@ type WarmStats struct {
 	Steps    int           // steps run
 	Batches  []int         // the decode batch sizes stepped
 	Runs     []int         // the tokens a sequence brings in the steps of several
-	Contexts []int         // the longest sequence's tokens in them, for each context stepped
+	Contexts []int         // the longest sequence's tokens before the steps, for each context
 	Chunks   []int         // the prompt chunks' token counts stepped
 	Took     time.Duration // in all
 }
@@ -25,8 +25,8 @@ type WarmStats struct {
 //     sequences decoded three steps (a composition's first step runs
 //     directly, its second is captured, its third replays the capture),
 //     sampled as the server samples: one-token sequences, then again with
-//     one of them holding 257, 513, … tokens, up to maxContext, so each
-//     decode batch also meets the longer contexts (a decode step's
+//     one of them holding 64, 128, 256, … tokens, up to maxContext, so
+//     each decode batch also meets the longer contexts (a decode step's
 //     attention is chosen by its longest sequence's power of two);
 //   - at each of those contexts, maxSeqs sequences bringing 2, 4, … 16
 //     tokens each, while that fits maxTokens (steps of several tokens a
@@ -79,14 +79,12 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (WarmStats, error) {
 		runs = append(runs, r)
 	}
 	st.Runs = runs
-	// The longest sequence's tokens for each context: one, then past each
-	// power of two from 256, with room for the steps it is decoded in.
-	growth := 3 * len(batches)
-	for _, r := range runs {
-		growth += 3 * r
-	}
-	contexts := []int{1}
-	for c := 257; c+growth <= maxContext; c = 2*c - 1 {
+	// The longest sequence's tokens before its steps, for each context
+	// bucket: none (the smallest, 64), then each power of two from 64 on,
+	// with room for the steps (at most 3 of decodeRun tokens, each shape
+	// starting again from there), which stay within its bucket.
+	contexts := []int{0}
+	for c := 64; c+3*decodeRun <= maxContext; c *= 2 {
 		contexts = append(contexts, c)
 	}
 	for _, c := range contexts {
@@ -113,13 +111,13 @@ const decodeRun = 16
 
 // warmContext steps each batch of one-token sequences three times, then
 // the largest batch with each run of tokens a sequence three times; the
-// first sequence of each is first prefilled to long tokens in chunks of
-// at most maxTokens and kept across the steps.
+// first sequence of each is first prefilled to long tokens in chunks of at
+// most maxTokens, and cut back to them after each shape's steps.
 func (e *Engine) warmContext(batches, runs []int, long, maxTokens int, step func([]Item) error) error {
 	first := e.NewSequence()
 	defer e.Free(first)
-	for done := 0; done < long-1; {
-		n := min(long-1-done, maxTokens)
+	for done := 0; done < long; {
+		n := min(long-done, maxTokens)
 		if err := step([]Item{{Seq: first, Tokens: make([]int, n)}}); err != nil {
 			return fmt.Errorf("warm-up: a prompt chunk of %d tokens: %w", n, err)
 		}
@@ -142,12 +140,15 @@ func (e *Engine) warmContext(batches, runs []int, long, maxTokens int, step func
 		var err error
 		for range 3 {
 			if err = step(items); err != nil {
-				err = fmt.Errorf("warm-up: a step of %d sequences of %d tokens, the longest of %d: %w", sh.seqs, sh.run, items[0].Seq.Len()+sh.run, err)
+				err = fmt.Errorf("warm-up: a step of %d sequences of %d tokens, the longest of %d: %w", sh.seqs, sh.run, first.Len()+sh.run, err)
 				break
 			}
 		}
 		for _, it := range items[1:] {
 			e.Free(it.Seq)
+		}
+		if err == nil {
+			err = e.Truncate(first, long)
 		}
 		if err != nil {
 			return err

@@ -1,11 +1,13 @@
 package engine_test
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
 	"kiln/backend"
 	"kiln/backend/cpu"
+	"kiln/compile"
 	"kiln/demo"
 	"kiln/engine"
 	"kiln/internal/devsample"
@@ -30,7 +32,7 @@ func TestWarm(t *testing.T) {
 	}{{"cpu", false}, {"device sampling", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			open := func() *engine.Engine {
-				var b backend.Backend = &cpu.Backend{}
+				var b backend.Backend = &positions{Backend: &cpu.Backend{}}
 				if tc.device {
 					b = &devsample.Backend{Backend: b}
 				}
@@ -44,22 +46,30 @@ func TestWarm(t *testing.T) {
 			want := generate(t, open(), prompt, p, nil)
 			e := open()
 			free := e.FreeBlocks()
+			seen = map[int]int{}
 			st, err := e.Warm(12, 64, 600)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("%+v", st)
-			// Batches: every size to 8, then 12 (16 is past it). Contexts:
-			// one token and 257 (the demo model's context of 512 bounds
-			// the 600 asked for: 513 is past it), 257 prefilled in chunks
-			// of 64 (4 steps). At each context, 3 steps for each batch and
+			// Batches: every size to 8, then 12 (16 is past it). Contexts
+			// (the longest sequence's tokens before its steps): none, 64,
+			// 128 and 256 (the demo model's context of 512 bounds the 600
+			// asked for: 512 leaves no room), prefilled in chunks of 64
+			// (1+2+4 steps). At each context, 3 steps for each batch and
 			// for 12 sequences of 2 and of 4 tokens (of 8, 96 tokens would
 			// pass the 64 asked for).
-			const steps = 6 + 4 + 2*(9+2)*3
+			const steps = 6 + 7 + 4*(9+2)*3
 			if !slices.Equal(st.Chunks, []int{1, 2, 4, 8, 16, 64}) || !slices.Equal(st.Batches, []int{1, 2, 3, 4, 5, 6, 7, 8, 12}) ||
-				!slices.Equal(st.Runs, []int{2, 4}) || !slices.Equal(st.Contexts, []int{1, 257}) || st.Steps != steps {
-				t.Errorf("warmed chunks %v, batches %v, runs %v, contexts %v in %d steps; want chunks 1…64, batches 1…8 12, runs 2 4, contexts 1 257, %d steps",
+				!slices.Equal(st.Runs, []int{2, 4}) || !slices.Equal(st.Contexts, []int{0, 64, 128, 256}) || st.Steps != steps {
+				t.Errorf("warmed chunks %v, batches %v, runs %v, contexts %v in %d steps; want chunks 1…64, batches 1…8 12, runs 2 4, contexts 0 64 128 256, %d steps",
 					st.Chunks, st.Batches, st.Runs, st.Contexts, st.Steps, steps)
+			}
+			// Every context bucket (a power of two from 64, as the CUDA
+			// backend's decode attention chooses) was met by the steps of
+			// one-token sequences and by those of runs.
+			if want := map[int]int{64: 2, 128: 2, 256: 2, 512: 2}; !maps.Equal(seen, want) {
+				t.Errorf("contexts met (bucket: 1 one-token steps, 2 runs too): %v, want %v", seen, want)
 			}
 			if got := e.FreeBlocks(); got != free {
 				t.Errorf("%d blocks free after the warm-up, %d before", got, free)
@@ -69,4 +79,43 @@ func TestWarm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// seen records, for each context bucket (the smallest power of two from 64
+// past a step's last position), whether a decode step of one-token
+// sequences (1) or of several tokens a sequence (2, which wins) met it.
+var seen map[int]int
+
+// positions is a backend whose executables note their steps' contexts in
+// seen.
+type positions struct{ backend.Backend }
+
+func (p *positions) Load(c *compile.Compiled) (backend.Loaded, error) {
+	l, err := p.Backend.Load(c)
+	return positionsLoaded{l}, err
+}
+
+type positionsLoaded struct{ backend.Loaded }
+
+func (l positionsLoaded) Executable(p *compile.Plan) (backend.Executable, error) {
+	x, err := l.Loaded.Executable(p)
+	return positionsExec{x}, err
+}
+
+type positionsExec struct{ backend.Executable }
+
+func (x positionsExec) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
+	if seen != nil && len(b.Seqs) > 1 { // a decode step: prompt chunks have one sequence
+		top := slices.Max(b.Positions)
+		bucket := 64
+		for bucket < int(top)+1 {
+			bucket *= 2
+		}
+		kind := 1
+		if len(b.Tokens) > len(b.Seqs) {
+			kind = 2
+		}
+		seen[bucket] = max(seen[bucket], kind)
+	}
+	return x.Executable.Run(b, kv, logits)
 }

@@ -120,7 +120,7 @@ func cmdServe(args []string) error {
 		}
 		after := gpu.Stats()
 		log.Info("warmed up", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps, "decode_batches", fmt.Sprint(w.Batches),
-			"longest_sequences", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
+			"longest_sequence_before", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
 			"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
 	}
 	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,

@@ -54,6 +54,9 @@ var docs = map[string]commandDoc{
 		[]string{`kiln bench serve --url http://127.0.0.1:8000 --concurrency 16 --num-requests 200 --html report.html`}},
 	"bench compare": {"bench compare BASE.json NEW.json", "Compares two kiln bench serve runs and flags regressions.",
 		[]string{`kiln bench compare before.json after.json`}},
+	"bench spec": {"bench spec [MODEL] [--ids 1,2,3 | --prompt TEXT] [--tg 256] [--num-speculative-tokens 4] [--accept 1,0.8,0.6]",
+		"Measures speculative decoding at batch 1 at acceptance rates it sets: the drafts are the model's own greedy tokens, each made wrong with chance 1-p.",
+		[]string{`kiln bench spec ./model --device cuda --ids 1,2,3 --accept 1,0.8,0.6`}},
 	"tune": {"tune MODEL [--device cpu|cuda] [flags] | tune list | tune export FILE | tune import FILE",
 		"Times the kernel choices for MODEL on this machine and keeps the fastest, for run and serve to take.",
 		[]string{`kiln tune ./model --device cuda`, `kiln tune list`}},
@@ -69,7 +72,7 @@ var docs = map[string]commandDoc{
 
 // takesModel lists the commands whose help explains MODEL.
 var takesModel = map[string]bool{"run": true, "chat": true, "logits": true, "inspect": true, "perplexity": true, "quantize": true,
-	"bench model": true, "tune": true, "compile": true, "serve": true}
+	"bench model": true, "bench spec": true, "tune": true, "compile": true, "serve": true}
 
 // printHelp writes fs's command help: synopsis, description, MODEL,
 // examples, then the flags.
@@ -151,7 +154,7 @@ func completion(args []string) error {
 	fi
 	local cmd=${COMP_WORDS[1]}
 	if [ "$cmd" = bench ] && [ "$COMP_CWORD" -eq 2 ]; then
-		COMPREPLY=($(compgen -W "model serve compare" -- "$cur"))
+		COMPREPLY=($(compgen -W "model serve compare spec" -- "$cur"))
 		return
 	fi
 	[ "$cmd" = bench ] && cmd="bench ${COMP_WORDS[2]}"
@@ -169,7 +172,7 @@ _kiln() {
 	if (( CURRENT == 2 )); then
 		compadd %s
 	elif [[ ${words[2]} == bench && CURRENT == 3 ]]; then
-		compadd model serve compare
+		compadd model serve compare spec
 	elif [[ ${words[CURRENT]} == -* ]]; then
 		local cmd=${words[2]}
 		[[ $cmd == bench ]] && cmd="bench ${words[3]}"
@@ -182,7 +185,7 @@ compdef _kiln kiln
 `, cmds)
 	case "fish":
 		fmt.Printf("complete -c kiln -f -n '__fish_use_subcommand' -a '%s'\n", cmds)
-		fmt.Printf("complete -c kiln -f -n '__fish_seen_subcommand_from bench' -a 'model serve compare'\n")
+		fmt.Printf("complete -c kiln -f -n '__fish_seen_subcommand_from bench' -a 'model serve compare spec'\n")
 		for _, n := range names {
 			if n == "bench" || n == "help" || n == "version" || n == "completion" {
 				continue

@@ -26,6 +26,7 @@ usage:
   kiln bench model [MODEL | --random SHAPE] [--pp 512] [--tg 128] [--batch 1,4]
   kiln bench serve [--url URL] [--concurrency N] [--num-requests N] [--html FILE]
   kiln bench compare BASE.json NEW.json
+  kiln bench spec [MODEL] [--tg 256] [--num-speculative-tokens 4] [--accept 1,0.8,0.6]
   kiln tune MODEL [--device cpu|cuda] | kiln tune list | export FILE | import FILE
   kiln compile MODEL --device cuda -o DIR
   kiln completion bash|zsh|fish
@@ -43,7 +44,8 @@ const benchUsage = `usage:
   kiln bench model [MODEL | --random SHAPE] [flags]   speed of a model against the hardware's limits
   kiln bench serve [--url URL] [flags]                load on an OpenAI-compatible server
   kiln bench compare BASE.json NEW.json               regressions between two bench serve runs
-Run "kiln help bench model" (serve, compare) for the flags.
+  kiln bench spec [MODEL] [flags]                     speculative decoding at acceptance rates it sets
+Run "kiln help bench model" (serve, compare, spec) for the flags.
 `
 
 var commands = map[string]func(args []string) error{

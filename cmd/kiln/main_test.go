@@ -993,3 +993,35 @@ func TestServeTensorParallelSpeculative(t *testing.T) {
 		t.Fatalf("kiln serve did not exit after SIGTERM\n%s", stderr.String())
 	}
 }
+
+// TestBenchSpec: kiln bench spec on the demo model keeps every draft when
+// each is right (p 1), fewer when half are, and gives plain greedy output
+// in both (it exits non-zero on any difference); a bad --accept gets one
+// line.
+func TestBenchSpec(t *testing.T) {
+	out, stderr, code := kiln(t, "bench", "spec", "--tg", "40", "--reps", "1", "--accept", "1,0.5", "--num-speculative-tokens", "3")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	t.Log(out)
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Split(line, "|")
+		if len(f) == 8 {
+			rows[strings.TrimSpace(f[1])] = f[2:7]
+		}
+	}
+	full, half := rows["1.00"], rows["0.50"]
+	if rows["plain"] == nil || full == nil || half == nil {
+		t.Fatalf("want rows plain, 1.00 and 0.50:\n%s", out)
+	}
+	if kept := strings.TrimSpace(full[4]); !strings.HasSuffix(kept, "(100%)") || strings.TrimSpace(full[3]) == "0" {
+		t.Errorf("p 1: drafted %s, kept %s, want every draft kept", full[3], kept)
+	}
+	if kept := strings.TrimSpace(half[4]); strings.HasSuffix(kept, "(100%)") || strings.HasSuffix(kept, "(0%)") {
+		t.Errorf("p 0.5: kept %s, want some drafts kept and some not", kept)
+	}
+	if _, stderr, code := kiln(t, "bench", "spec", "--accept", "0.5,x"); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		t.Errorf("--accept 0.5,x: exit %d, stderr %q: want one line and a failure", code, stderr)
+	}
+}

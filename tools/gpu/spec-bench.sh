@@ -9,8 +9,10 @@
 # serve at 1, 4, 16 and 64 streams of 128/128 tokens (random prompts: the
 # low-acceptance case, in a warm process; and where it stops paying, with
 # --speculative-max-seqs 64 so it never switches itself off), plain then
-# speculating (4 drafts), on the 8B shape. SERVE=0 skips the serving part,
-# RUNS=0 the kiln run part. Writes logs under $OUT and prints tables of
+# speculating (4 drafts), on the 8B shape. Then kiln bench spec (acceptance
+# rates set by drafting the model's own tokens, made wrong with chance 1-p)
+# on both models at 2, 4 and 8 drafts. SERVE=0 skips the serving part,
+# ORACLE=0 the bench spec part, RUNS=0 the kiln run part. Writes logs under $OUT and prints tables of
 # eval rates and acceptance, and of the serving runs.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/spec-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
@@ -66,6 +68,21 @@ for c in (1, 4, 16, 64):
     print(f"| {c} | {p['output_tokens_per_s']:.0f} | {s['output_tokens_per_s']:.0f} | {s['output_tokens_per_s'] / p['output_tokens_per_s']:.3f}× | {p['tpot']['p50_ms']:.2f} / {s['tpot']['p50_ms']:.2f} |")
 PY
 	cat "$work/metrics-spec.txt"
+fi
+# kiln bench spec: the verifying steps at acceptance rates set by drafting
+# the model's own greedy tokens, each made wrong with chance 1-p (the 8B
+# shape, then the demo model). ORACLE=0 skips it.
+if [ "${ORACLE:-1}" != 0 ]; then
+	[ "$device" = cuda ] && random_bf16
+	ids=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(64)))")
+	for kk in 2 4 8; do
+		if [ "$device" = cuda ]; then
+			echo "8B shape, $kk drafts a step:"
+			timeout 120 $k bench spec "$bf16" --device cuda --ids "$ids" --tg 256 --num-speculative-tokens $kk --accept 1,0.9,0.8,0.7,0.6,0.4,0.2 --reps 3 2>"$work/oracle-8b-k$kk.err"
+		fi
+		echo "demo, $kk drafts a step:"
+		timeout 120 $k bench spec --device "$device" --tg 256 --num-speculative-tokens $kk --accept 1,0.9,0.8,0.7,0.6,0.4,0.2 --reps 3 2>"$work/oracle-demo-k$kk.err"
+	done
 fi
 [ "${RUNS:-1}" = 0 ] && exit 0
 if [ "$device" = cuda ]; then

@@ -18,8 +18,12 @@ import (
 // a wrong one with probability 1-p. Real drafters' acceptance depends on
 // the model and the text; this separates what the engine's verifying steps
 // cost from how good the drafts are, on any model (a random one included).
-// Every speculative run must give the plain run's tokens (greedy
-// verification keeps the output): a difference is an error.
+// Greedy verification keeps the output, up to rounding: a verifying step
+// computes its rows with other kernels than a one-token step (other row
+// counts, other sums' orders), so in bf16 a near-tie between the two most
+// likely tokens may go the other way. A run's first such token is
+// reported; from there the drafts (the plain run's tokens) no longer fit
+// and are mostly rejected, which the kept share shows.
 func cmdBenchSpec(args []string) error {
 	fs := flag.NewFlagSet("bench spec", flag.ContinueOnError)
 	var ef engineFlags
@@ -97,43 +101,56 @@ func cmdBenchSpec(args []string) error {
 		}
 		return got, float64(len(got)-1) / end.Sub(first).Seconds(), nil
 	}
-	median := func(sp *engine.Speculation) (float64, error) {
+	// median runs reps+1 times (the first warms up) and returns the
+	// median rate and the earliest token at which a run left the plain
+	// run's tokens (-1: none did).
+	median := func(sp *engine.Speculation) (float64, int, error) {
 		var rates []float64
+		diverged := -1
 		for i := range *reps + 1 {
 			got, rate, err := run(sp)
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			if want == nil {
 				want = got
 			} else if !slices.Equal(got, want) {
-				return 0, fmt.Errorf("speculative output differs from plain greedy output at token %d", firstDifference(got, want))
+				if d := firstDifference(got, want); diverged < 0 || d < diverged {
+					diverged = d
+				}
 			}
-			if i > 0 { // the first run warms up
+			if i > 0 {
 				rates = append(rates, rate)
 			}
 		}
 		slices.Sort(rates)
-		return rates[len(rates)/2], nil
+		return rates[len(rates)/2], diverged, nil
 	}
-	plain, err := median(nil)
+	plain, diverged, err := median(nil)
 	if err != nil {
 		return err
 	}
+	if diverged >= 0 {
+		return fmt.Errorf("plain greedy runs differ from one another at token %d", diverged)
+	}
 	fmt.Printf("model %s, backend %s, prompt %d tokens, %d generated, greedy; drafts: the plain run's own tokens, each replaced by a wrong one with chance 1-p\n",
 		m.Path, e.backend.Name(), len(ids), *tg)
-	fmt.Printf("| p | drafts a step | tokens/s | vs plain | drafted | kept |\n|---|---|---|---|---|---|\n")
-	fmt.Printf("| plain | 0 | %.1f | 1.00× | | |\n", plain)
+	fmt.Printf("| p | drafts a step | tokens/s | vs plain | drafted | kept | plain's tokens |\n|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| plain | 0 | %.1f | 1.00× | | | |\n", plain)
 	for _, p := range ps {
 		d := &oracleDrafter{want: append(slices.Clone(ids), want...), p: p, vocab: e.Vocab(), rng: rand.New(rand.NewPCG(*seed, 0))}
 		before := e.SpecStats()
-		rate, err := median(&engine.Speculation{Drafter: d, K: *k, Always: true})
+		rate, diverged, err := median(&engine.Speculation{Drafter: d, K: *k, Always: true})
 		if err != nil {
 			return err
 		}
 		st := e.SpecStats()
 		drafted, kept := st.DraftTokens-before.DraftTokens, st.AcceptedTokens-before.AcceptedTokens
-		fmt.Printf("| %.2f | %d | %.1f | %.2f× | %d | %d (%.0f%%) |\n", p, *k, rate, rate/plain, drafted, kept, 100*float64(kept)/float64(max(1, drafted)))
+		same := "all"
+		if diverged >= 0 {
+			same = fmt.Sprintf("to token %d", diverged)
+		}
+		fmt.Printf("| %.2f | %d | %.1f | %.2f× | %d | %d (%.0f%%) | %s |\n", p, *k, rate, rate/plain, drafted, kept, 100*float64(kept)/float64(max(1, drafted)), same)
 	}
 	return nil
 }

@@ -994,10 +994,9 @@ func TestServeTensorParallelSpeculative(t *testing.T) {
 	}
 }
 
-// TestBenchSpec: kiln bench spec on the demo model keeps every draft when
-// each is right (p 1), fewer when half are, and gives plain greedy output
-// in both (it exits non-zero on any difference); a bad --accept gets one
-// line.
+// TestBenchSpec: kiln bench spec on the demo model (f32 on the CPU) keeps
+// every draft when each is right (p 1), fewer when half are, and gives
+// plain greedy output in both; a bad --accept gets one line.
 func TestBenchSpec(t *testing.T) {
 	out, stderr, code := kiln(t, "bench", "spec", "--tg", "40", "--reps", "1", "--accept", "1,0.5", "--num-speculative-tokens", "3")
 	if code != 0 {
@@ -1007,8 +1006,8 @@ func TestBenchSpec(t *testing.T) {
 	rows := map[string][]string{}
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Split(line, "|")
-		if len(f) == 8 {
-			rows[strings.TrimSpace(f[1])] = f[2:7]
+		if len(f) == 9 {
+			rows[strings.TrimSpace(f[1])] = f[2:8]
 		}
 	}
 	full, half := rows["1.00"], rows["0.50"]
@@ -1020,6 +1019,11 @@ func TestBenchSpec(t *testing.T) {
 	}
 	if kept := strings.TrimSpace(half[4]); strings.HasSuffix(kept, "(100%)") || strings.HasSuffix(kept, "(0%)") {
 		t.Errorf("p 0.5: kept %s, want some drafts kept and some not", kept)
+	}
+	for p, row := range map[string][]string{"1.00": full, "0.50": half} {
+		if same := strings.TrimSpace(row[5]); same != "all" {
+			t.Errorf("p %s: plain's tokens %q, want all", p, same)
+		}
 	}
 	if _, stderr, code := kiln(t, "bench", "spec", "--accept", "0.5,x"); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 		t.Errorf("--accept 0.5,x: exit %d, stderr %q: want one line and a failure", code, stderr)

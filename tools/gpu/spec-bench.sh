@@ -70,19 +70,30 @@ PY
 	cat "$work/metrics-spec.txt"
 fi
 # kiln bench spec: the verifying steps at acceptance rates set by drafting
-# the model's own greedy tokens, each made wrong with chance 1-p (the 8B
-# shape, then the demo model). ORACLE=0 skips it.
+# the model's own greedy tokens, each made wrong with chance 1-p: the 8B
+# shape in bf16 and in f32 (where a verifying step's rows round as a plain
+# step's closely enough to keep plain greedy's tokens), then the demo
+# model, at 2, 4 and 8 drafts. ORACLE=0 skips it.
 if [ "${ORACLE:-1}" != 0 ]; then
-	[ "$device" = cuda ] && random_bf16
 	ids=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(64)))")
-	for kk in 2 4 8; do
-		if [ "$device" = cuda ]; then
-			echo "8B shape, $kk drafts a step:"
-			timeout 120 $k bench spec "$bf16" --device cuda --ids "$ids" --tg 256 --num-speculative-tokens $kk --accept 1,0.9,0.8,0.7,0.6,0.4,0.2 --reps 3 2>"$work/oracle-8b-k$kk.err"
-		fi
-		echo "demo, $kk drafts a step:"
-		timeout 120 $k bench spec --device "$device" --tg 256 --num-speculative-tokens $kk --accept 1,0.9,0.8,0.7,0.6,0.4,0.2 --reps 3 2>"$work/oracle-demo-k$kk.err"
-	done
+	oracle() { # label kk model-args...
+		local label=$1 kk=$2
+		shift 2
+		echo "$label, $kk drafts a step:"
+		timeout 150 $k bench spec "$@" --tg 128 --num-speculative-tokens "$kk" --accept 1,0.9,0.8,0.7,0.6,0.4,0.2 --reps 2 2>"$work/oracle-$label-k$kk.err" |
+			grep -v '^model'
+	}
+	if [ "$device" = cuda ]; then
+		random_bf16
+		f32=$keep/llama3-8b-f32
+		[ -f "$f32/config.json" ] || $k bench model --random llama3-8b --dtype f32 --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$work/write-f32.txt" 2>&1
+		for kk in 2 4 8; do
+			oracle 8b-bf16 $kk "$bf16" --device cuda --ids "$ids"
+			oracle 8b-f32 $kk "$f32" --device cuda --dtype f32 --ids "$ids"
+		done
+	fi
+	for kk in 2 4 8; do oracle demo $kk --device "$device"; done
+	echo "oracle part done at $(($(date +%s) - t0)) s"
 fi
 [ "${RUNS:-1}" = 0 ] && exit 0
 if [ "$device" = cuda ]; then

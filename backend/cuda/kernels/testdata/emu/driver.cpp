@@ -94,6 +94,13 @@ int main(int argc, char** argv) {
 		{8, 4, 256, 0, {{1, 1}, {200, 1}}, 128, 0},
 		{16, 8, 256, 64, {{150, 2}, {9, 1}}, 128, 1.5f},
 		{32, 1, 256, 0, {{70, 1}}, 128, 0},
+		// Speculative verification: k+1 tokens of one sequence, Llama-3's
+		// 32 query heads over 8 (3 and 5 tokens: one 16-row tile of a KV
+		// head's queries, 9: two), short and longer contexts.
+		{32, 8, 128, 0, {{23, 3}}, 128, 0},
+		{32, 8, 128, 0, {{25, 5}}, 128, 0},
+		{32, 8, 128, 0, {{309, 9}}, 128, 0},
+		{32, 8, 128, 0, {{305, 5}}, 512, 0},
 	};
 	int fails = 0;
 	// Each case with the default ring (DM_ST stages) and with the _s2

@@ -28,7 +28,7 @@ func cmdBenchSpec(args []string) error {
 	fs := flag.NewFlagSet("bench spec", flag.ContinueOnError)
 	var ef engineFlags
 	ef.register(fs)
-	prompt := fs.String("prompt", "", "prompt text (default: the demo's opening line, or --ids)")
+	prompt := fs.String("prompt", "", `prompt text (default "In the beginning", unless --ids)`)
 	idsFlag := fs.String("ids", "", "prompt as token ids, e.g. 1,2,3 (a model without a tokenizer)")
 	tg := fs.Int("tg", 256, "tokens generated a run")
 	k := fs.Int("num-speculative-tokens", 4, "tokens drafted a step")
@@ -49,27 +49,14 @@ func cmdBenchSpec(args []string) error {
 	if *tg < 1 || *k < 1 || *reps < 1 || (*prompt != "" && *idsFlag != "") {
 		return fmt.Errorf("--tg, --num-speculative-tokens and --reps must be >= 1; give --prompt or --ids, not both")
 	}
-	var ids []int
-	if *idsFlag != "" {
-		if ids, err = parseIDs(*idsFlag); err != nil {
-			return err
-		}
+	if *prompt == "" && *idsFlag == "" {
+		*prompt = "In the beginning"
 	}
-	m, tok, err := openRunModel(pos, ef.tokenizer, ids != nil)
+	m, _, ids, err := openPrompt(pos, ef.tokenizer, *prompt, *idsFlag)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if ids == nil {
-		text := *prompt
-		if text == "" {
-			text = "In the beginning"
-		}
-		ids = tok.Encode(text, true)
-		if len(ids) == 0 {
-			return fmt.Errorf("the prompt is empty")
-		}
-	}
 	e, err := newEngine(m, &ef)
 	if err != nil {
 		return err

@@ -70,28 +70,13 @@ func cmdRun(args []string) error {
 	if err := sf.check(); err != nil {
 		return err
 	}
-	var ids []int
-	if *idsFlag != "" {
-		if ids, err = parseIDs(*idsFlag); err != nil {
-			return err
-		}
-	}
-	m, tok, err := openRunModel(pos, ef.tokenizer, ids != nil)
+	m, tok, ids, err := openPrompt(pos, ef.tokenizer, *prompt, *idsFlag)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	if tok == nil && len(stops) > 0 {
 		return fmt.Errorf("--stop needs a tokenizer (give --tokenizer)")
-	}
-	if ids == nil {
-		ids = tok.Encode(*prompt, true)
-		if len(ids) == 0 && tok.BOS() >= 0 {
-			ids = []int{tok.BOS()}
-		}
-		if len(ids) == 0 {
-			return fmt.Errorf("the prompt is empty and the vocabulary has no BOS token to start from")
-		}
 	}
 	s := uint64(*seed)
 	if *seed < 0 {
@@ -215,6 +200,34 @@ func cmdRun(args []string) error {
 			st.Drafts, st.DraftTokens, st.AcceptedTokens, 100*float64(st.AcceptedTokens)/float64(max(1, st.DraftTokens)))
 	}
 	return err
+}
+
+// openPrompt opens run's model and its tokenizer (openRunModel) and the
+// prompt's ids: idsFlag's, or text encoded (an empty encoding starts from
+// the vocabulary's BOS token).
+func openPrompt(pos []string, tokenizerFlag, text, idsFlag string) (*model.Model, *tokenizer.Tokenizer, []int, error) {
+	var ids []int
+	if idsFlag != "" {
+		var err error
+		if ids, err = parseIDs(idsFlag); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	m, tok, err := openRunModel(pos, tokenizerFlag, ids != nil)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if ids == nil {
+		ids = tok.Encode(text, true)
+		if len(ids) == 0 && tok.BOS() >= 0 {
+			ids = []int{tok.BOS()}
+		}
+		if len(ids) == 0 {
+			m.Close()
+			return nil, nil, nil, fmt.Errorf("the prompt is empty and the vocabulary has no BOS token to start from")
+		}
+	}
+	return m, tok, ids, nil
 }
 
 // openRunModel opens run's model and its tokenizer. With prompt ids given

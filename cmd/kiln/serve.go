@@ -114,11 +114,14 @@ func cmdServe(args []string) error {
 	defer closeDraft()
 	if *warm && gpu != nil {
 		before := gpu.Stats()
+		// The warm-up only moves first-use work earlier: a step of it that
+		// fails (out of memory at a shape the server would shrink) is
+		// logged, and the server starts as it would without it.
 		w, err := e.Warm(*maxSeqs, budget, e.ContextLen())
-		if err != nil {
-			return err
-		}
 		after := gpu.Stats()
+		if err != nil {
+			log.Warn("warm-up stopped", "err", err, "steps", w.Steps)
+		}
 		log.Info("warmed up", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps, "decode_batches", fmt.Sprint(w.Batches),
 			"longest_sequence_before", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
 			"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)

@@ -34,9 +34,9 @@ type WarmStats struct {
 //
 // Every sequence is freed after; their blocks stay in the prefix cache
 // like any freed sequence's. It stops at the first error.
-func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (WarmStats, error) {
+func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err error) {
 	start := time.Now()
-	var st WarmStats
+	defer func() { st.Took = time.Since(start) }()
 	maxSeqs = min(maxSeqs, e.MaxSeqs())
 	maxTokens = min(maxTokens, e.MaxStepTokens(), e.ctxLen-1)
 	maxContext = min(maxContext, e.ctxLen)
@@ -63,7 +63,6 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (WarmStats, error) {
 		st.Chunks = append(st.Chunks, n)
 	}
 	if maxSeqs < 1 {
-		st.Took = time.Since(start)
 		return st, nil
 	}
 	// Every size up to 8 (a GPU's products choose between kernels for
@@ -93,7 +92,6 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (WarmStats, error) {
 		}
 		st.Contexts = append(st.Contexts, c)
 	}
-	st.Took = time.Since(start)
 	return st, nil
 }
 

@@ -1,8 +1,10 @@
 package engine_test
 
 import (
+	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"kiln/backend"
@@ -86,6 +88,9 @@ func TestWarm(t *testing.T) {
 // sequences (1) or of several tokens a sequence (2, which wins) met it.
 var seen map[int]int
 
+// failAt, when positive, counts steps down to one that fails.
+var failAt int
+
 // positions is a backend whose executables note their steps' contexts in
 // seen.
 type positions struct{ backend.Backend }
@@ -105,6 +110,11 @@ func (l positionsLoaded) Executable(p *compile.Plan) (backend.Executable, error)
 type positionsExec struct{ backend.Executable }
 
 func (x positionsExec) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
+	if failAt > 0 {
+		if failAt--; failAt == 0 {
+			return errors.New("the step failed")
+		}
+	}
 	if seen != nil && len(b.Seqs) > 1 { // a decode step: prompt chunks have one sequence
 		top := slices.Max(b.Positions)
 		bucket := 64
@@ -118,4 +128,31 @@ func (x positionsExec) Run(b *backend.Batch, kv backend.KVCache, logits []float3
 		seen[bucket] = max(seen[bucket], kind)
 	}
 	return x.Executable.Run(b, kv, logits)
+}
+
+// TestWarmFails: a step of the warm-up that fails ends it with an error
+// that says which step, and every block it took is free again.
+func TestWarmFails(t *testing.T) {
+	m, _, err := demo.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	for _, at := range []int{3, 12, 40} { // a prompt chunk, a decode step, the 64-token sequence's prefill
+		e, err := engine.New(m, &positions{Backend: &cpu.Backend{}}, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		free := e.FreeBlocks()
+		failAt = at
+		st, err := e.Warm(12, 64, 600)
+		failAt = 0
+		if err == nil || !strings.Contains(err.Error(), "warm-up: a ") || st.Steps != at {
+			t.Errorf("failing at step %d: %v after %d steps, want the warm-up's error at that step", at, err, st.Steps)
+		}
+		if got := e.FreeBlocks(); got != free {
+			t.Errorf("failing at step %d: %d blocks free, %d before", at, got, free)
+		}
+		e.Close()
+	}
 }

@@ -5,7 +5,8 @@
 # one-token steps and the CPU, f32 and bf16, 32/8 heads of 128) and
 # TestSpeculativeGreedy; then kiln bench spec on the random Llama-3-8B shape
 # in bf16 at 2 drafts and p 1 and 0.8, to see whether its runs still leave
-# plain greedy's tokens. Logs under $OUT.
+# plain greedy's tokens; and whether plain greedy itself changes when the
+# prompt shares a decode step with 7 copies of itself. Logs under $OUT.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/verify-bf16.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 export KILN_SHARED_DIR=$PWD/.devbin/shared
@@ -17,3 +18,27 @@ random_bf16
 ids=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(64)))")
 timeout 120 $k bench spec "$bf16" --device cuda --ids "$ids" --tg 128 --num-speculative-tokens 2 --accept 1,0.8 --reps 2 2>"$out/spec.err"
 echo "bench spec: rc=$? at $(($(date +%s) - t0)) s"
+# Does plain greedy in bf16 change with the batch it shares? The same prompt
+# alone, then as 8 requests at once (a decode step of 8 rows), greedy, no
+# speculation: the texts compared.
+$k serve "$bf16" --tokenizer "$llama3_tok" --device cuda --max-num-seqs 16 --port 8765 >"$out/serve.log" 2>&1 &
+server=$!
+serve_up 120
+req() { curl -s http://127.0.0.1:8765/v1/completions -d '{"prompt": "The quick brown fox jumps over the lazy dog. The quick brown fox", "max_tokens": 64, "temperature": 0}'; }
+req >"$out/alone.json"
+pids=()
+for i in $(seq 1 8); do
+	req >"$out/batch-$i.json" &
+	pids+=($!)
+done
+wait "${pids[@]}"
+python3 - "$out" <<'PY'
+import json, os, sys
+w = sys.argv[1]
+text = lambda f: json.load(open(os.path.join(w, f)))["choices"][0]["text"]
+alone = text("alone.json")
+same = [text(f"batch-{i}.json") == alone for i in range(1, 9)]
+print(f"plain greedy, bf16: alone vs in a batch of 8: {sum(same)} of 8 the same text")
+PY
+kill -TERM $server
+wait $server

@@ -21,13 +21,13 @@ type WarmStats struct {
 // its first streams:
 //   - a prompt chunk of each token bucket up to maxTokens (one sequence);
 //   - for each size up to 8, each power of two past it up to maxSeqs, and
-//     maxSeqs, that many
-//     sequences decoded three steps (a composition's first step runs
-//     directly, its second is captured, its third replays the capture),
-//     sampled as the server samples: one-token sequences, then again with
-//     one of them holding 64, 128, 256, … tokens, up to maxContext, so
-//     each decode batch also meets the longer contexts (a decode step's
-//     attention is chosen by its longest sequence's power of two);
+//     maxSeqs, that many sequences decoded three steps (a composition's
+//     first step runs directly, its second is captured, its third replays
+//     the capture), sampled as the server samples: one-token sequences,
+//     then again with one of them holding 64, 128, 256, … tokens, up to
+//     maxContext, so each decode batch also meets the longer contexts (a
+//     decode step's attention is chosen by its longest sequence's power
+//     of two);
 //   - at each of those contexts, maxSeqs sequences bringing 2, 4, … 16
 //     tokens each, while that fits maxTokens (steps of several tokens a
 //     sequence: prompt tails beside decoding sequences, verified drafts).
@@ -68,7 +68,7 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 	// Every size up to 8 (a GPU's products choose between kernels for
 	// each such row count), then powers of two, then maxSeqs.
 	var batches []int
-	for n := 1; n < maxSeqs; n = next(n) {
+	for n := 1; n < maxSeqs; n = nextBatch(n) {
 		batches = append(batches, n)
 	}
 	batches = append(batches, maxSeqs)
@@ -95,8 +95,8 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 	return st, nil
 }
 
-// next is the decode batch Warm steps after n.
-func next(n int) int {
+// nextBatch is the decode batch Warm steps after n.
+func nextBatch(n int) int {
 	if n < 8 {
 		return n + 1
 	}
@@ -104,7 +104,9 @@ func next(n int) int {
 }
 
 // decodeRun is the most tokens a sequence brings to the steps Warm runs
-// with several tokens a sequence (a CUDA decode step takes up to 16).
+// with several tokens a sequence: backend/cuda's decodeMaxRun, the most a
+// sequence may bring to a step run as a decode step (longer runs are
+// prefill, timed by the prompt chunks' steps).
 const decodeRun = 16
 
 // warmContext steps each batch of one-token sequences three times, then

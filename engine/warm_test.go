@@ -9,10 +9,10 @@ import (
 
 	"kiln/backend"
 	"kiln/backend/cpu"
-	"kiln/compile"
 	"kiln/demo"
 	"kiln/engine"
 	"kiln/internal/devsample"
+	"kiln/internal/stephook"
 )
 
 // TestWarm: Warm steps a prompt chunk of each bucket up to its bound and
@@ -33,8 +33,8 @@ func TestWarm(t *testing.T) {
 		device bool
 	}{{"cpu", false}, {"device sampling", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			open := func() *engine.Engine {
-				var b backend.Backend = &positions{Backend: &cpu.Backend{}}
+			open := func(before func(*backend.Batch) error) *engine.Engine {
+				var b backend.Backend = &stephook.Backend{Backend: &cpu.Backend{}, Before: before}
 				if tc.device {
 					b = &devsample.Backend{Backend: b}
 				}
@@ -45,10 +45,10 @@ func TestWarm(t *testing.T) {
 				t.Cleanup(func() { e.Close() })
 				return e
 			}
-			want := generate(t, open(), prompt, p, nil)
-			e := open()
+			want := generate(t, open(nil), prompt, p, nil)
+			seen := map[int]int{}
+			e := open(func(b *backend.Batch) error { noteContext(seen, b); return nil })
 			free := e.FreeBlocks()
-			seen = map[int]int{}
 			st, err := e.Warm(12, 64, 600)
 			if err != nil {
 				t.Fatal(err)
@@ -83,51 +83,23 @@ func TestWarm(t *testing.T) {
 	}
 }
 
-// seen records, for each context bucket (the smallest power of two from 64
-// past a step's last position), whether a decode step of one-token
-// sequences (1) or of several tokens a sequence (2, which wins) met it.
-var seen map[int]int
-
-// failAt, when positive, counts steps down to one that fails.
-var failAt int
-
-// positions is a backend whose executables note their steps' contexts in
-// seen.
-type positions struct{ backend.Backend }
-
-func (p *positions) Load(c *compile.Compiled) (backend.Loaded, error) {
-	l, err := p.Backend.Load(c)
-	return positionsLoaded{l}, err
-}
-
-type positionsLoaded struct{ backend.Loaded }
-
-func (l positionsLoaded) Executable(p *compile.Plan) (backend.Executable, error) {
-	x, err := l.Loaded.Executable(p)
-	return positionsExec{x}, err
-}
-
-type positionsExec struct{ backend.Executable }
-
-func (x positionsExec) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
-	if failAt > 0 {
-		if failAt--; failAt == 0 {
-			return errors.New("the step failed")
-		}
+// noteContext records in seen, for a decode step (more than one sequence:
+// prompt chunks have one), its context bucket (the smallest power of two
+// from 64 past its last position) and whether its sequences brought one
+// token each (1) or several (2, which wins).
+func noteContext(seen map[int]int, b *backend.Batch) {
+	if len(b.Seqs) < 2 {
+		return
 	}
-	if seen != nil && len(b.Seqs) > 1 { // a decode step: prompt chunks have one sequence
-		top := slices.Max(b.Positions)
-		bucket := 64
-		for bucket < int(top)+1 {
-			bucket *= 2
-		}
-		kind := 1
-		if len(b.Tokens) > len(b.Seqs) {
-			kind = 2
-		}
-		seen[bucket] = max(seen[bucket], kind)
+	bucket := 64
+	for bucket < int(slices.Max(b.Positions))+1 {
+		bucket *= 2
 	}
-	return x.Executable.Run(b, kv, logits)
+	kind := 1
+	if len(b.Tokens) > len(b.Seqs) {
+		kind = 2
+	}
+	seen[bucket] = max(seen[bucket], kind)
 }
 
 // TestWarmFails: a step of the warm-up that fails ends it with an error
@@ -139,14 +111,18 @@ func TestWarmFails(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	for _, at := range []int{3, 12, 40} { // a prompt chunk, a decode step, the 64-token sequence's prefill
-		e, err := engine.New(m, &positions{Backend: &cpu.Backend{}}, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
+		countdown := at
+		e, err := engine.New(m, &stephook.Backend{Backend: &cpu.Backend{}, Before: func(*backend.Batch) error {
+			if countdown--; countdown == 0 {
+				return errors.New("the step failed")
+			}
+			return nil
+		}}, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		free := e.FreeBlocks()
-		failAt = at
 		st, err := e.Warm(12, 64, 600)
-		failAt = 0
 		if err == nil || !strings.Contains(err.Error(), "warm-up: a ") || st.Steps != at {
 			t.Errorf("failing at step %d: %v after %d steps, want the warm-up's error at that step", at, err, st.Steps)
 		}

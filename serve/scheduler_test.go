@@ -11,9 +11,9 @@ import (
 
 	"kiln/backend"
 	"kiln/backend/cpu"
-	"kiln/compile"
 	"kiln/engine"
 	"kiln/internal/devsample"
+	"kiln/internal/stephook"
 	"kiln/internal/testshared"
 	"kiln/model"
 )
@@ -321,53 +321,9 @@ func TestSchedulerMinTokens(t *testing.T) {
 	}
 }
 
-// oomBackend is the CPU backend with steps that fail for lack of device
-// memory when fail says so (a stand-in for a GPU out of memory).
-type oomBackend struct {
-	backend.Backend
-	mu    sync.Mutex
-	fail  func(b *backend.Batch) bool
-	fails int
-}
-
-func (o *oomBackend) Load(c *compile.Compiled) (backend.Loaded, error) {
-	l, err := o.Backend.Load(c)
-	if err != nil {
-		return nil, err
-	}
-	return oomLoaded{l, o}, nil
-}
-
-type oomLoaded struct {
-	backend.Loaded
-	o *oomBackend
-}
-
-func (l oomLoaded) Executable(p *compile.Plan) (backend.Executable, error) {
-	x, err := l.Loaded.Executable(p)
-	if err != nil {
-		return nil, err
-	}
-	return oomExec{x, l.o}, nil
-}
-
-type oomExec struct {
-	backend.Executable
-	o *oomBackend
-}
-
-func (x oomExec) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
-	x.o.mu.Lock()
-	fail := x.o.fail(b)
-	if fail {
-		x.o.fails++
-	}
-	x.o.mu.Unlock()
-	if fail {
-		return fmt.Errorf("test: cuMemAlloc: %w", backend.ErrOutOfMemory)
-	}
-	return x.Executable.Run(b, kv, logits)
-}
+// outOfMemory is the error of a step that failed for lack of device memory
+// (a stand-in for a GPU out of memory).
+var outOfMemory = fmt.Errorf("test: cuMemAlloc: %w", backend.ErrOutOfMemory)
 
 // oneTokenTwice fails every step until two one-token steps have failed.
 func oneTokenTwice() func(int, *backend.Batch) bool {
@@ -410,9 +366,15 @@ func TestOutOfMemoryRetries(t *testing.T) {
 		{"every step", func(int, *backend.Batch) bool { return true }, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			step := 0
-			ob := &oomBackend{Backend: &cpu.Backend{}}
-			ob.fail = func(b *backend.Batch) bool { step++; return tc.fail(step-1, b) }
+			step, fails := 0, 0
+			ob := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
+				step++
+				if tc.fail(step-1, b) {
+					fails++
+					return outOfMemory
+				}
+				return nil
+			}}
 			e, err := engine.New(m, ob, engine.Options{MaxSeqs: 8, BlockSize: 16, PrefixCaching: true})
 			if err != nil {
 				t.Fatal(err)
@@ -443,7 +405,7 @@ func TestOutOfMemoryRetries(t *testing.T) {
 			}
 			waitIdle(t, s)
 			st := s.Stats()
-			t.Logf("%d failed steps, %d retries, %d preemptions, %d requests failed", ob.fails, st.OOMRetries, st.Preemptions, failed)
+			t.Logf("%d failed steps, %d retries, %d preemptions, %d requests failed", fails, st.OOMRetries, st.Preemptions, failed)
 			if tc.ok && (failed > 0 || st.OOMRetries == 0) {
 				t.Errorf("%d requests failed, %d retries: want none failed, some retries", failed, st.OOMRetries)
 			}
@@ -650,14 +612,13 @@ func TestSlowStep(t *testing.T) {
 	t.Cleanup(func() { m.Close() })
 	const stall = 400 * time.Millisecond
 	step := 0
-	ob := &oomBackend{Backend: &cpu.Backend{}}
-	ob.fail = func(*backend.Batch) bool {
+	ob := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(*backend.Batch) error {
 		step++
 		if step == 30 {
 			time.Sleep(stall)
 		}
-		return false
-	}
+		return nil
+	}}
 	e, err := engine.New(m, ob, engine.Options{MaxSeqs: 4, BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)

@@ -76,9 +76,9 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 // partials to each of the n-1 others, where NCCL's ring moves 2(n-1)/n
 // of them: the same bytes over two ranks, so up to 256 rows of 8,192
 // bf16 activations; twice as many over four, where NCCL's ring was already
-// faster at 2 MiB (256 rows of the 8B shape: 37,894 against 36,561 tok/s,
-// 4× H200, session 24), so up to 512 KiB (vLLM's bound for its one-shot
-// all-reduce over more than two GPUs).
+// faster at 2 MiB (256 rows of the 8B shape: docs/PERF.md, "Tensor
+// parallelism", session 24), so up to 512 KiB (vLLM's bound for its
+// one-shot all-reduce over more than two GPUs).
 func PeerCapBytes(n int) int {
 	if n <= 2 {
 		return 4 << 20

@@ -68,3 +68,29 @@ serve_run() {
 		--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$work/$1.json" --html "$work/$1.html" >"$work/$1.txt" 2>&1
 	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
 }
+
+# tp_env readies a tensor-parallel run: NVLink multicast off (the shared
+# machines require it) and the GPUs and their links in $out/env.txt.
+tp_env() {
+	export NCCL_NVLS_ENABLE=0
+	{ nvidia-smi -L; nvidia-smi topo -m; } >"$out/env.txt" 2>&1
+}
+
+# tp_bench NAME TP BATCHES LIMIT [VAR=value...] runs kiln bench model on
+# the random bf16 model $bf16 (random_bf16) at tensor-parallel size TP
+# (prefill 2048, decode 64 tokens at depth 512 of each batch in BATCHES, 2
+# repetitions; within LIMIT s, VAR=value set) into $out/model-NAME.json and
+# .txt, and prints its exit status and the seconds since $t0.
+tp_bench() {
+	local name=$1 n=$2 batches=$3 limit=$4
+	shift 4
+	env "$@" timeout -s QUIT "$limit" $k bench model "$bf16" --device cuda --tensor-parallel-size "$n" --pp 2048 --tg 64 --depth 512 \
+		--batch "$batches" --reps 2 --output "$out/model-$name.json" >"$out/model-$name.txt" 2>&1
+	echo "bench model $name: rc=$? at $(($(date +%s) - t0)) s"
+}
+
+# random_ids N prints N random token ids from 1,000 to 99,999, comma-
+# separated, the same every time (the speculative scripts' prompts).
+random_ids() {
+	python3 -c "import random, sys; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(int(sys.argv[1]))))" "$1"
+}

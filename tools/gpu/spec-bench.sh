@@ -75,7 +75,7 @@ fi
 # step's closely enough to keep plain greedy's tokens), then the demo
 # model, at 2, 4 and 8 drafts. ORACLE=0 skips it.
 if [ "${ORACLE:-1}" != 0 ]; then
-	ids=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(64)))")
+	ids=$(random_ids 64)
 	oracle() { # label kk model-args...
 		local label=$1 kk=$2
 		shift 2
@@ -98,7 +98,8 @@ fi
 [ "${RUNS:-1}" = 0 ] && exit 0
 if [ "$device" = cuda ]; then
 	random_bf16
-	ids=$(python3 -c "import random; r=random.Random(5); s=[r.randrange(1000, 100000) for _ in range(64)]; print(','.join(map(str, s*3)))")
+	ids=$(random_ids 64)
+	ids="$ids,$ids,$ids"
 	runs llama3-8b "$bf16" --ids "$ids"
 fi
 for i in 1 2 3; do

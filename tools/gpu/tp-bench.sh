@@ -10,11 +10,10 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-bench.sh",
 #   carry [".devpack"], kind nvidia-h200-x2 (or -x4)
 source "$(dirname "$0")/env.sh"
-export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines
+tp_env
 work=$out # logs straight to $OUT: they come back even when a call runs out of time
 t0=$(date +%s)
 gpus=$(nvidia-smi -L | wc -l)
-{ nvidia-smi -L; nvidia-smi topo -m; } >"$work/env.txt" 2>&1
 random_bf16
 sizes="1"
 for n in 2 4 8; do [ "$n" -le "$gpus" ] && sizes="$sizes $n"; done

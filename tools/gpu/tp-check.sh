@@ -7,7 +7,7 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-check.sh",
 #   carry [".devpack"], kind nvidia-h200-x2
 source "$(dirname "$0")/env.sh"
-export NCCL_NVLS_ENABLE=0
+tp_env
 kernels_test peer -test.run 'TestPeerAllReduce'
 grep -E '^(--- |FAIL|ok|PASS)|allreduce_test' "$out/peer.log" | head -20
 cd backend/cuda

@@ -13,10 +13,9 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-peer.sh",
 #   carry [".devpack"], kind nvidia-h200-x2 (or nvidia-h100-x2)
 source "$(dirname "$0")/env.sh"
-export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines
+tp_env
 work=$out
 t0=$(date +%s)
-{ nvidia-smi -L; nvidia-smi topo -m; } >"$work/env.txt" 2>&1
 if [ -z "${SKIP_TESTS:-}" ]; then
 	kernels_test peer -test.run 'TestPeerAllReduce'
 	(cd backend/cuda && timeout 240 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run "${TESTS:-TestTensorParallel|TestSpeculativeGreedy}") >"$work/backend.log" 2>&1
@@ -26,16 +25,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 	grep -E '^(--- |FAIL|ok|PASS)' "$work"/peer.log "$work"/backend.log "$work"/cu.log | grep -v '^.*--- PASS' | head -20
 fi
 random_bf16
-bench() { # name tp env...
-	local name=$1 n=$2
-	shift 2
-	env "$@" timeout -s QUIT 120 $k bench model "$bf16" --device cuda --tensor-parallel-size "$n" --pp 2048 --tg 64 --depth 512 \
-		--batch 1,64,128,256 --reps 2 --output "$work/model-$name.json" >"$work/model-$name.txt" 2>&1
-	echo "bench model $name: rc=$? at $(($(date +%s) - t0)) s"
-}
-bench tp2-peer 2 ${PEER_ENV:-}
-bench tp2-nccl 2 KILN_PEER_ALLREDUCE=0
-bench tp1 1
+tp_bench tp2-peer 2 1,64,128,256 120 ${PEER_ENV:-}
+tp_bench tp2-nccl 2 1,64,128,256 120 KILN_PEER_ALLREDUCE=0
+tp_bench tp1 1 1,64,128,256 120
 env ${PEER_ENV:-} timeout -s QUIT 90 $k bench model "$bf16" --device cuda --tensor-parallel-size 2 --pp 0 --tg 16 --depth 512 --batch 1,64 --reps 1 --profile \
 	>"$work/profile-tp2.txt" 2>&1
 echo "profile tp2: rc=$? at $(($(date +%s) - t0)) s"

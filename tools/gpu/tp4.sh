@@ -13,10 +13,9 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp4.sh",
 #   carry [".devpack"], kind nvidia-h100-x4 (or nvidia-h200-x4)
 source "$(dirname "$0")/env.sh"
-export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines
+tp_env
 work=$out
 t0=$(date +%s)
-{ nvidia-smi -L; nvidia-smi topo -m; } >"$work/env.txt" 2>&1
 if [ -z "${SKIP_TESTS:-}" ]; then
 	(cd backend/cuda && timeout 150 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestTensorParallel') >"$work/backend.log" 2>&1
 	echo "backend tests: rc=$? at $(($(date +%s) - t0)) s"
@@ -24,16 +23,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 random_bf16
 echo "model at $(($(date +%s) - t0)) s"
-bench() { # name tp batches limit env...
-	local name=$1 n=$2 batches=$3 limit=$4
-	shift 4
-	env "$@" timeout -s QUIT "$limit" $k bench model "$bf16" --device cuda --tensor-parallel-size "$n" --pp 2048 --tg 64 --depth 512 \
-		--batch "$batches" --reps 2 --output "$work/model-$name.json" >"$work/model-$name.txt" 2>&1
-	echo "bench model $name: rc=$? at $(($(date +%s) - t0)) s"
-}
-bench tp4-peer 4 1,64,128,256,512 110
-bench tp1 1 1,64,128 80
-[ -z "${SKIP_TP2:-}" ] && bench tp2-peer 2 1,64,128,256 90
+tp_bench tp4-peer 4 1,64,128,256,512 110
+tp_bench tp1 1 1,64,128 80
+[ -z "${SKIP_TP2:-}" ] && tp_bench tp2-peer 2 1,64,128,256 90
 python3 tools/gpu/tp_table.py "$work" tp1 tp2-peer tp4-peer
 timeout -s QUIT 50 $k bench model "$bf16" --device cuda --tensor-parallel-size 4 --pp 0 --tg 16 --depth 512 --batch 1 --reps 1 --profile \
 	>"$work/profile-tp4.txt" 2>&1
@@ -58,7 +50,7 @@ echo "server exit $?"
 # What time is left: TP=4 through NCCL's all-reduce, for the all-reduce's share.
 left=$((560 - ($(date +%s) - t0)))
 if [ $left -gt 30 ]; then
-	bench tp4-nccl 4 1,256 $left KILN_PEER_ALLREDUCE=0
+	tp_bench tp4-nccl 4 1,256 $left KILN_PEER_ALLREDUCE=0
 	python3 tools/gpu/tp_table.py "$work" tp4-nccl
 fi
 # The device tool brings back a few files: the logs go in one archive.

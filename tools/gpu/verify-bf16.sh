@@ -15,7 +15,7 @@ t0=$(date +%s)
 echo "tests: rc=$? at $(($(date +%s) - t0)) s"
 grep -E '^(--- |FAIL|ok|PASS)|    --- |spec_gpu_test' "$out/verify.log" | head -60
 random_bf16
-ids=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(64)))")
+ids=$(random_ids 64)
 timeout 120 $k bench spec "$bf16" --device cuda --ids "$ids" --tg 128 --num-speculative-tokens 2 --accept 1,0.8 --reps 2 2>"$out/spec.err"
 echo "bench spec: rc=$? at $(($(date +%s) - t0)) s"
 # Does plain greedy in bf16 change with the batch it shares? The same prompt

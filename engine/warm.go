@@ -78,21 +78,91 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 		runs = append(runs, r)
 	}
 	st.Runs = runs
-	// The longest sequence's tokens before its steps, for each context
-	// bucket: none (the smallest, 64), then each power of two from 64 on,
-	// with room for the steps (at most 3 of decodeRun tokens, each shape
-	// starting again from there), which stay within its bucket.
-	contexts := []int{0}
-	for c := 64; c+3*decodeRun <= maxContext; c *= 2 {
-		contexts = append(contexts, c)
+	var shapes []warmShape
+	for _, n := range batches {
+		shapes = append(shapes, warmShape{n, 1})
 	}
-	for _, c := range contexts {
-		if err := e.warmContext(batches, runs, c, maxTokens, step); err != nil {
+	for _, r := range runs {
+		shapes = append(shapes, warmShape{maxSeqs, r})
+	}
+	for _, c := range warmContexts(maxContext) {
+		if err := e.warmContext(shapes, c, maxTokens, step, step); err != nil {
 			return st, err
 		}
 		st.Contexts = append(st.Contexts, c)
 	}
 	return st, nil
+}
+
+// WarmVerify runs, before speculative decoding of k drafts a step, the
+// verifying steps it will meet first: 1 to seqs sequences (Warm's batch
+// sizes) each bringing its last token and k drafts, every row's greedy
+// choice made where the logits are (greedy verification's steps) or every
+// row's logits returned (sampled verification's), three times at each
+// context bucket up to maxContext, as Warm's decode steps. A verifying
+// step's rows make other kernels, choices and graphs than a decode step's,
+// which Warm runs. A draft model's engine is warmed by its own Warm of one
+// sequence (it drafts one sequence at a time).
+func (e *Engine) WarmVerify(k, seqs, maxContext int, greedy bool) (st WarmStats, err error) {
+	start := time.Now()
+	defer func() { st.Took = time.Since(start) }()
+	run := min(k+1, decodeRun)
+	seqs = min(seqs, e.MaxSeqs(), e.MaxStepTokens()/run)
+	maxContext = min(maxContext, e.ctxLen)
+	if seqs < 1 || k < 1 {
+		return st, nil
+	}
+	plain := NewSampler(SamplingParams{}, e.vocab, nil)
+	prefill := func(items []Item) error {
+		_, err := e.StepSample(items, []*Sampler{plain})
+		st.Steps++
+		return err
+	}
+	verify := func(items []Item) error {
+		for i := range items {
+			items[i].AllRows = true
+		}
+		var err error
+		if greedy {
+			_, err = e.StepGreedy(items)
+		} else {
+			_, err = e.Step(items)
+		}
+		st.Steps++
+		return err
+	}
+	var shapes []warmShape
+	for n := 1; ; n = nextBatch(n) { // Warm's batch sizes
+		n = min(n, seqs)
+		shapes = append(shapes, warmShape{n, run})
+		st.Batches = append(st.Batches, n)
+		if n == seqs {
+			break
+		}
+	}
+	st.Runs = []int{run}
+	for _, c := range warmContexts(maxContext) {
+		if err := e.warmContext(shapes, c, e.MaxStepTokens(), prefill, verify); err != nil {
+			return st, err
+		}
+		st.Contexts = append(st.Contexts, c)
+	}
+	return st, nil
+}
+
+// warmShape is a step's sequences and the tokens each brings.
+type warmShape struct{ seqs, run int }
+
+// warmContexts are the longest sequence's tokens before a warm-up's steps,
+// for each context bucket: none (the smallest, 64), then each power of two
+// from 64 on, with room for the steps (at most 3 of decodeRun tokens, each
+// shape starting again from there), which stay within its bucket.
+func warmContexts(maxContext int) []int {
+	contexts := []int{0}
+	for c := 64; c+3*decodeRun <= maxContext; c *= 2 {
+		contexts = append(contexts, c)
+	}
+	return contexts
 }
 
 // nextBatch is the decode batch Warm steps after n.
@@ -109,27 +179,18 @@ func nextBatch(n int) int {
 // prefill, timed by the prompt chunks' steps).
 const decodeRun = 16
 
-// warmContext steps each batch of one-token sequences three times, then
-// the largest batch with each run of tokens a sequence three times; the
-// first sequence of each is first prefilled to long tokens in chunks of at
-// most maxTokens, and cut back to them after each shape's steps.
-func (e *Engine) warmContext(batches, runs []int, long, maxTokens int, step func([]Item) error) error {
+// warmContext steps each shape three times; the first sequence of each is
+// first prefilled to long tokens in chunks of at most maxTokens (prefill's
+// steps), and cut back to them after each shape's steps.
+func (e *Engine) warmContext(shapes []warmShape, long, maxTokens int, prefill, step func([]Item) error) error {
 	first := e.NewSequence()
 	defer e.Free(first)
 	for done := 0; done < long; {
 		n := min(long-done, maxTokens)
-		if err := step([]Item{{Seq: first, Tokens: make([]int, n)}}); err != nil {
+		if err := prefill([]Item{{Seq: first, Tokens: make([]int, n)}}); err != nil {
 			return fmt.Errorf("warm-up: a prompt chunk of %d tokens: %w", n, err)
 		}
 		done += n
-	}
-	type shape struct{ seqs, run int }
-	var shapes []shape
-	for _, n := range batches {
-		shapes = append(shapes, shape{n, 1})
-	}
-	for _, r := range runs {
-		shapes = append(shapes, shape{batches[len(batches)-1], r})
 	}
 	for _, sh := range shapes {
 		tokens := make([]int, sh.run)

@@ -132,3 +132,77 @@ func TestWarmFails(t *testing.T) {
 		e.Close()
 	}
 }
+
+// TestWarmVerify: WarmVerify steps 1 to seqs sequences of k+1 tokens with
+// every row wanted (its greedy choice, or its logits), three times at each context up to its bound
+// (the long sequence prefilled by plain steps, one row wanted), frees every
+// block, and leaves greedy output as a fresh engine's; on a backend that
+// samples on the device too.
+func TestWarmVerify(t *testing.T) {
+	m, tok, err := demo.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	prompt := tok.Encode("In the beginning God created", true)
+	p := engine.SamplingParams{MaxTokens: 24}
+	for _, tc := range []struct {
+		name           string
+		device, greedy bool
+	}{{"cpu", false, true}, {"device sampling", true, true}, {"sampled verification", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			open := func(before func(*backend.Batch) error) *engine.Engine {
+				var b backend.Backend = &stephook.Backend{Backend: &cpu.Backend{}, Before: before}
+				if tc.device {
+					b = &devsample.Backend{Backend: b}
+				}
+				e, err := engine.New(m, b, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { e.Close() })
+				return e
+			}
+			want := generate(t, open(nil), prompt, p, nil)
+			var verifying, prefill int
+			contexts := map[int]bool{}
+			e := open(func(b *backend.Batch) error {
+				switch {
+				case len(b.Rows) == len(b.Tokens) && len(b.Tokens) == 3*len(b.Seqs):
+					verifying++
+					contexts[int(slices.Max(b.Positions))+1-3] = true
+				case len(b.Rows) == 1 && len(b.Seqs) == 1:
+					prefill++
+				default:
+					t.Errorf("a step of %d tokens of %d sequences, %d rows wanted", len(b.Tokens), len(b.Seqs), len(b.Rows))
+				}
+				return nil
+			})
+			free := e.FreeBlocks()
+			st, err := e.WarmVerify(2, 3, 300, tc.greedy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%+v", st)
+			// Contexts 0, 64 and 128 (256 leaves no room in 300), the
+			// longest prefilled in chunks of 64 (1+2 steps); at each, 1, 2
+			// and 3 sequences of 3 tokens stepped 3 times.
+			if !slices.Equal(st.Batches, []int{1, 2, 3}) || !slices.Equal(st.Runs, []int{3}) || !slices.Equal(st.Contexts, []int{0, 64, 128}) ||
+				st.Steps != 30 || verifying != 27 || prefill != 3 {
+				t.Errorf("batches %v, runs %v, contexts %v, %d steps (%d verifying, %d prefill); want 1 2 3, 3, 0 64 128, 30 (27, 3)",
+					st.Batches, st.Runs, st.Contexts, st.Steps, verifying, prefill)
+			}
+			// The longest sequence's tokens before each verifying step:
+			// each context, then 3 and 6 more (a shape's three steps).
+			if got := slices.Sorted(maps.Keys(contexts)); !slices.Equal(got, []int{0, 3, 6, 64, 67, 70, 128, 131, 134}) {
+				t.Errorf("longest sequence's tokens before the verifying steps: %v, want 0 3 6 64 67 70 128 131 134", got)
+			}
+			if got := e.FreeBlocks(); got != free {
+				t.Errorf("%d blocks free after the warm-up, %d before", got, free)
+			}
+			if got := generate(t, e, prompt, p, nil); !slices.Equal(got, want) {
+				t.Errorf("after the warm-up:\n got %v\nwant %v", got, want)
+			}
+		})
+	}
+}

@@ -221,3 +221,30 @@ func (f *specFlags) speculation(target *engineOn) (*engine.Speculation, func(), 
 	}
 	return &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: f.tokens}, func() { d.Close(); m.Close() }, nil
 }
+
+// warmSpeculation runs, on a GPU, the steps speculation meets first, so
+// that their first-use work (kernel timings, graph captures) is not paid
+// by the first drafts (nor counted against them by the engine's governor):
+// the target's verifying steps of 1 to seqs sequences, greedy (and
+// sampled, with sampled) at each context bucket up to maxContext
+// (engine.WarmVerify), and a draft model's one-sequence steps (its Warm).
+func warmSpeculation(e *engineOn, sp *engine.Speculation, seqs, maxContext int, sampled bool) (engine.WarmStats, error) {
+	var all engine.WarmStats
+	add := func(st engine.WarmStats, err error) error {
+		all.Steps += st.Steps
+		all.Took += st.Took
+		return err
+	}
+	if err := add(e.WarmVerify(sp.K, seqs, maxContext, true)); err != nil {
+		return all, err
+	}
+	if sampled {
+		if err := add(e.WarmVerify(sp.K, seqs, maxContext, false)); err != nil {
+			return all, err
+		}
+	}
+	if d, ok := sp.Drafter.(engine.ModelDrafter); ok {
+		return all, add(d.E.Warm(1, d.E.MaxStepTokens(), maxContext))
+	}
+	return all, nil
+}

@@ -1006,8 +1006,8 @@ func TestBenchSpec(t *testing.T) {
 	rows := map[string][]string{}
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Split(line, "|")
-		if len(f) == 9 {
-			rows[strings.TrimSpace(f[1])] = f[2:8]
+		if len(f) == 10 {
+			rows[strings.TrimSpace(f[1])] = f[2:9]
 		}
 	}
 	full, half := rows["1.00"], rows["0.50"]
@@ -1023,6 +1023,9 @@ func TestBenchSpec(t *testing.T) {
 	for p, row := range map[string][]string{"1.00": full, "0.50": half} {
 		if same := strings.TrimSpace(row[5]); same != "all" {
 			t.Errorf("p %s: plain's tokens %q, want all", p, same)
+		}
+		if n := strings.TrimSpace(row[6]); n != "0" {
+			t.Errorf("p %s: drafts re-derived %s times, want 0 where every run kept plain's tokens", p, n)
 		}
 	}
 	if _, stderr, code := kiln(t, "bench", "spec", "--accept", "0.5,x"); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {

@@ -39,6 +39,7 @@ func cmdRun(args []string) error {
 	asJSON := fs.Bool("json", false, `print one JSON object {"ids": [...], "text": "..."}`)
 	var sf specFlags
 	sf.register(fs)
+	warm := fs.Bool("warmup", envString("KILN_WARMUP", "1") != "0", "with --speculative on a GPU, run the verifying steps (and a draft model's steps) once before the prompt, so that their first-use kernel timings and graph captures are not paid by the first drafts (KILN_WARMUP=0 turns it off) [KILN_WARMUP]")
 	verbose := fs.Bool("verbose", false, "after the output, print timings to stderr as ollama run --verbose does: the prompt's tokens and rate (to the first generated token), the generated tokens and rate after it")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -100,6 +101,16 @@ func cmdRun(args []string) error {
 		return err
 	}
 	defer closeDraft()
+	if spec != nil && *warm && gpuOf(e.backend) != nil {
+		greedy := engine.NewSampler(params, e.Vocab(), ids).PlainGreedy()
+		w, err := warmSpeculation(e, spec, 1, len(ids)+*maxTokens, !greedy)
+		if err != nil {
+			return fmt.Errorf("warming up speculation's steps: %w", err)
+		}
+		if *verbose {
+			fmt.Fprintf(os.Stderr, "kiln: warmed up speculation's steps: %d steps in %v\n", w.Steps, w.Took.Round(time.Millisecond))
+		}
+	}
 
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()

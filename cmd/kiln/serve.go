@@ -125,6 +125,16 @@ func cmdServe(args []string) error {
 		log.Info("warmed up", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps, "decode_batches", fmt.Sprint(w.Batches),
 			"longest_sequence_before", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
 			"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
+		if speculation != nil && err == nil {
+			before = gpu.Stats()
+			w, err := warmSpeculation(e, speculation, min(sf.disableAboveSeq, *maxSeqs), e.ContextLen(), true)
+			after = gpu.Stats()
+			if err != nil {
+				log.Warn("speculation's warm-up stopped", "err", err, "steps", w.Steps)
+			}
+			log.Info("warmed up speculation", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps,
+				"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
+		}
 	}
 	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
 		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens, SlowStep: slowStepLog(log, gpu)})

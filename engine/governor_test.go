@@ -9,7 +9,9 @@ import (
 // plain step to compare with; drafting goes on while verifying yields more
 // tokens a second than plain steps; when it yields fewer, drafting pauses 8
 // steps, then twice as long each time it still does not pay, up to 256; a
-// step that pays again ends the backoff.
+// step that pays again ends the backoff; after 32 verifying steps in a row
+// one plain step is taken, and a plain step faster than the plain steps'
+// mean replaces it.
 func TestGovernor(t *testing.T) {
 	ms := time.Millisecond
 	var g governor
@@ -40,5 +42,24 @@ func TestGovernor(t *testing.T) {
 	h.verified(2*ms, 3) // pays again
 	if h.backoff != 0 || !h.drafting() {
 		t.Errorf("backoff %d after a step that paid", h.backoff)
+	}
+	var r governor
+	r.plainStep(4 * ms) // a slow first plain step (a graph capture)
+	steps := 0
+	for r.drafting() {
+		r.verified(2*ms, 2) // 2 tokens in 2 ms against 1 in 4 ms: it seems to pay
+		steps++
+	}
+	if steps != 32 {
+		t.Fatalf("%d verifying steps before a plain one, want 32", steps)
+	}
+	r.plainStep(1 * ms) // the plain step's true time
+	if r.plain != 0.001 || !r.drafting() {
+		t.Fatalf("after a plain step of 1 ms: the plain mean %v s, drafting %v; want 0.001, true", r.plain, r.drafting())
+	}
+	r.verify, r.yield = 0, 0
+	r.verified(3*ms, 2) // 2 tokens in 3 ms against 1 in 1 ms: a loss
+	if r.drafting() {
+		t.Error("drafting goes on where it no longer pays")
 	}
 }

@@ -172,12 +172,18 @@ func (e *Engine) SpecStats() SpecStats { return e.specStats }
 type governor struct {
 	plain, verify, yield float64 // moving means: seconds, seconds, tokens
 	pause, backoff       int
+	sincePlain           int // verifying steps since the last plain one
 }
 
 const (
 	governorWeight   = 0.25 // of the newest measurement in the means
 	governorMinPause = 8
 	governorMaxPause = 256
+	// governorRefresh verifying steps in a row are followed by a plain
+	// one, so that the plain steps' mean is not left at a first step's
+	// (a graph capture, a kernel timed on first use: slower than the
+	// steps after it, so that drafting would seem to pay when it does not).
+	governorRefresh = 32
 )
 
 func ewma(old, x float64) float64 {
@@ -193,17 +199,23 @@ func (g *governor) drafting() bool {
 		g.pause--
 		return false
 	}
-	return true
+	return g.sincePlain < governorRefresh
 }
 
-// plainStep records a plain step's time.
-func (g *governor) plainStep(d time.Duration) { g.plain = ewma(g.plain, d.Seconds()) }
+// plainStep records a plain step's time. The plain steps' mean falls to a
+// step faster than it at once (rises only by the moving mean), so that a
+// slow first step does not linger in it.
+func (g *governor) plainStep(d time.Duration) {
+	g.plain = min(ewma(g.plain, d.Seconds()), d.Seconds())
+	g.sincePlain = 0
+}
 
 // verified records a verifying step's time and the tokens it yielded, and
 // pauses drafting when verifying yields fewer tokens a second than plain
 // steps would (a plain step is taken first when none was measured yet).
 func (g *governor) verified(d time.Duration, tokens int) {
 	g.verify, g.yield = ewma(g.verify, d.Seconds()), ewma(g.yield, float64(tokens))
+	g.sincePlain++
 	if g.plain == 0 {
 		g.pause = 1 // a plain step next, to compare with
 		return

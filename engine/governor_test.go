@@ -8,7 +8,8 @@ import (
 // TestGovernor: a verifying step before any plain one is followed by a
 // plain step to compare with; drafting goes on while verifying yields more
 // tokens a second than plain steps; when it yields fewer, drafting pauses 8
-// steps, then twice as long each time it still does not pay, up to 256; a
+// steps (or as many as keep probes that do not pay to 2% of the time),
+// then twice as long each time it still does not pay, up to 256; a
 // step that pays again ends the backoff; after 32 verifying steps in a row
 // one plain step is taken, and a plain step faster than the plain steps'
 // mean replaces it.
@@ -28,8 +29,8 @@ func TestGovernor(t *testing.T) {
 	var h governor
 	h.plainStep(1 * ms)
 	for _, want := range []int{8, 16, 32, 64, 128, 256, 256} {
-		h.verify, h.yield = 0, 0 // each probe alone decides
-		h.verified(5*ms, 1)      // 1 token in 5 ms: a loss
+		h.verify, h.yield = 0, 0             // each probe alone decides
+		h.verified(1100*time.Microsecond, 1) // 1 token in 1.1 ms: a small loss
 		paused := 0
 		for !h.drafting() {
 			paused++
@@ -42,6 +43,15 @@ func TestGovernor(t *testing.T) {
 	h.verified(2*ms, 3) // pays again
 	if h.backoff != 0 || !h.drafting() {
 		t.Errorf("backoff %d after a step that paid", h.backoff)
+	}
+	// A costly probe (a draft model's drafts: 1 token in 3 ms against 1
+	// ms) pauses long enough that such probes lose at most 2% of the
+	// time: (3-1)/0.02 = 100 steps.
+	var c governor
+	c.plainStep(1 * ms)
+	c.verified(3*ms, 1)
+	if c.pause != 100 {
+		t.Errorf("paused %d steps after a probe that lost 2 ms, want 100", c.pause)
 	}
 	var r governor
 	r.plainStep(4 * ms) // a slow first plain step (a graph capture)

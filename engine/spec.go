@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -184,6 +185,9 @@ const (
 	// (a graph capture, a kernel timed on first use: slower than the
 	// steps after it, so that drafting would seem to pay when it does not).
 	governorRefresh = 32
+	// governorProbeShare is the share of plain decoding's time that
+	// probes which do not pay may lose (see verified).
+	governorProbeShare = 0.02
 )
 
 func ewma(old, x float64) float64 {
@@ -224,7 +228,12 @@ func (g *governor) verified(d time.Duration, tokens int) {
 		g.backoff = 0
 		return
 	}
-	g.backoff = min(max(governorMinPause, 2*g.backoff), governorMaxPause)
+	// Each probe that does not pay loses its time beyond the plain steps'
+	// for its tokens; the pause after it is long enough that the probes
+	// lose at most governorProbeShare of the time (a draft model's
+	// drafts make a costly probe), and at least twice the last.
+	lost := (g.verify - g.yield*g.plain) / (governorProbeShare * g.plain)
+	g.backoff = min(max(governorMinPause, 2*g.backoff, int(math.Ceil(lost))), governorMaxPause)
 	g.pause = g.backoff
 }
 

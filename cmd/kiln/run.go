@@ -39,7 +39,7 @@ func cmdRun(args []string) error {
 	asJSON := fs.Bool("json", false, `print one JSON object {"ids": [...], "text": "..."}`)
 	var sf specFlags
 	sf.register(fs)
-	warm := fs.Bool("warmup", envString("KILN_WARMUP", "1") != "0", "with --speculative on a GPU, run the decode and verifying steps (and a draft model's steps) once before the prompt, so that their first-use kernel timings and graph captures are not paid by the first drafts nor mislead the choice to draft (KILN_WARMUP=0 turns it off) [KILN_WARMUP]")
+	warm := fs.Bool("warmup", envString("KILN_WARMUP", "1") != "0", "on a GPU, run the decode steps at each context length's power of two (with --speculative the verifying steps and a draft model's too) once before the prompt, so that their first-use kernel timings and graph captures do not stall the stream nor mislead the choice to draft (KILN_WARMUP=0 turns it off) [KILN_WARMUP]")
 	verbose := fs.Bool("verbose", false, "after the output, print timings to stderr as ollama run --verbose does: the prompt's tokens and rate (to the first generated token), the generated tokens and rate after it")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -101,20 +101,24 @@ func cmdRun(args []string) error {
 		return err
 	}
 	defer closeDraft()
-	if spec != nil && *warm && gpuOf(e.backend) != nil {
-		// The plain one-token steps too: the engine's governor compares
-		// verifying steps with them.
-		greedy := engine.NewSampler(params, e.Vocab(), ids).PlainGreedy()
-		plain, err := e.Warm(1, 1, len(ids)+*maxTokens)
+	if *warm && gpuOf(e.backend) != nil {
+		// The one-token decode steps at each context bucket the run will
+		// meet, and with --speculative the verifying steps (the engine's
+		// governor compares the two).
+		w, err := e.Warm(1, 1, len(ids)+*maxTokens)
 		if err != nil {
 			return fmt.Errorf("warming up the decode steps: %w", err)
 		}
-		w, err := warmSpeculation(e, spec, 1, len(ids)+*maxTokens, !greedy)
-		if err != nil {
-			return fmt.Errorf("warming up speculation's steps: %w", err)
+		if spec != nil {
+			greedy := engine.NewSampler(params, e.Vocab(), ids).PlainGreedy()
+			sw, err := warmSpeculation(e, spec, 1, len(ids)+*maxTokens, !greedy)
+			if err != nil {
+				return fmt.Errorf("warming up speculation's steps: %w", err)
+			}
+			w.Steps, w.Took = w.Steps+sw.Steps, w.Took+sw.Took
 		}
 		if *verbose {
-			fmt.Fprintf(os.Stderr, "kiln: warmed up decoding and speculation's steps: %d steps in %v\n", plain.Steps+w.Steps, (plain.Took + w.Took).Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "kiln: warmed up: %d steps in %v\n", w.Steps, w.Took.Round(time.Millisecond))
 		}
 	}
 

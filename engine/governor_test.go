@@ -15,24 +15,24 @@ import (
 // mean replaces it.
 func TestGovernor(t *testing.T) {
 	ms := time.Millisecond
-	var g governor
-	g.verified(3*ms, 2)
-	if g.drafting() || !g.drafting() {
+	var g Governor
+	g.Verified(3*ms, 2)
+	if g.Drafting() || !g.Drafting() {
 		t.Fatal("not one plain step after the first verifying step")
 	}
-	g.plainStep(1 * ms)
+	g.PlainStep(1 * ms)
 	g.verify, g.yield = 0, 0
-	g.verified(3*ms, 4) // 4 tokens in 3 ms against 1 in 1 ms: it pays
-	if !g.drafting() {
+	g.Verified(3*ms, 4) // 4 tokens in 3 ms against 1 in 1 ms: it pays
+	if !g.Drafting() {
 		t.Fatal("paused while drafting pays")
 	}
-	var h governor
-	h.plainStep(1 * ms)
+	var h Governor
+	h.PlainStep(1 * ms)
 	for _, want := range []int{8, 16, 32, 64, 128, 256, 256} {
 		h.verify, h.yield = 0, 0             // each probe alone decides
-		h.verified(1100*time.Microsecond, 1) // 1 token in 1.1 ms: a small loss
+		h.Verified(1100*time.Microsecond, 1) // 1 token in 1.1 ms: a small loss
 		paused := 0
-		for !h.drafting() {
+		for !h.Drafting() {
 			paused++
 		}
 		if paused != want {
@@ -40,36 +40,36 @@ func TestGovernor(t *testing.T) {
 		}
 	}
 	h.verify, h.yield = 0, 0
-	h.verified(2*ms, 3) // pays again
-	if h.backoff != 0 || !h.drafting() {
+	h.Verified(2*ms, 3) // pays again
+	if h.backoff != 0 || !h.Drafting() {
 		t.Errorf("backoff %d after a step that paid", h.backoff)
 	}
 	// A costly probe (a draft model's drafts: 1 token in 3 ms against 1
 	// ms) pauses long enough that such probes lose at most 2% of the
 	// time: (3-1)/0.02 = 100 steps.
-	var c governor
-	c.plainStep(1 * ms)
-	c.verified(3*ms, 1)
+	var c Governor
+	c.PlainStep(1 * ms)
+	c.Verified(3*ms, 1)
 	if c.pause != 100 {
 		t.Errorf("paused %d steps after a probe that lost 2 ms, want 100", c.pause)
 	}
-	var r governor
-	r.plainStep(4 * ms) // a slow first plain step (a graph capture)
+	var r Governor
+	r.PlainStep(4 * ms) // a slow first plain step (a graph capture)
 	steps := 0
-	for r.drafting() {
-		r.verified(2*ms, 2) // 2 tokens in 2 ms against 1 in 4 ms: it seems to pay
+	for r.Drafting() {
+		r.Verified(2*ms, 2) // 2 tokens in 2 ms against 1 in 4 ms: it seems to pay
 		steps++
 	}
 	if steps != 32 {
 		t.Fatalf("%d verifying steps before a plain one, want 32", steps)
 	}
-	r.plainStep(1 * ms) // the plain step's true time
-	if r.plain != 0.001 || !r.drafting() {
-		t.Fatalf("after a plain step of 1 ms: the plain mean %v s, drafting %v; want 0.001, true", r.plain, r.drafting())
+	r.PlainStep(1 * ms) // the plain step's true time
+	if r.plain != 0.001 || !r.Drafting() {
+		t.Fatalf("after a plain step of 1 ms: the plain mean %v s, drafting %v; want 0.001, true", r.plain, r.Drafting())
 	}
 	r.verify, r.yield = 0, 0
-	r.verified(3*ms, 2) // 2 tokens in 3 ms against 1 in 1 ms: a loss
-	if r.drafting() {
+	r.Verified(3*ms, 2) // 2 tokens in 3 ms against 1 in 1 ms: a loss
+	if r.Drafting() {
 		t.Error("drafting goes on where it no longer pays")
 	}
 }

@@ -147,7 +147,7 @@ func (g NGram) Draft(tokens []int, k int) []int {
 }
 
 // Speculation configures speculative decoding: Drafter proposes up to K
-// tokens a step. Drafting pauses while it does not pay (governor), unless
+// tokens a step. Drafting pauses while it does not pay (Governor), unless
 // Always (tests and comparisons: the same drafts whatever the timings).
 type Speculation struct {
 	Drafter Drafter
@@ -162,7 +162,7 @@ type SpecStats struct{ Drafts, DraftTokens, AcceptedTokens int }
 // SpecStats returns the engine's speculative decoding counters.
 func (e *Engine) SpecStats() SpecStats { return e.specStats }
 
-// governor decides whether drafting pays for one sequence: a verifying
+// Governor decides whether drafting pays for one sequence: a verifying
 // step yields the kept drafts and one token, and costs more than a plain
 // step (on a compute-bound device, as much more as it has tokens). It keeps
 // moving means of a plain step's time, a verifying step's and the tokens a
@@ -170,7 +170,7 @@ func (e *Engine) SpecStats() SpecStats { return e.specStats }
 // than plain steps it drafts nothing for a while: 8 steps, doubling each
 // time verifying is found not to pay again, up to 256 (then a verifying
 // step measures again).
-type governor struct {
+type Governor struct {
 	plain, verify, yield float64 // moving means: seconds, seconds, tokens
 	pause, backoff       int
 	sincePlain           int // verifying steps since the last plain one
@@ -186,7 +186,7 @@ const (
 	// steps after it, so that drafting would seem to pay when it does not).
 	governorRefresh = 32
 	// governorProbeShare is the share of plain decoding's time that
-	// probes which do not pay may lose (see verified).
+	// probes which do not pay may lose (see Verified).
 	governorProbeShare = 0.02
 )
 
@@ -197,8 +197,9 @@ func ewma(old, x float64) float64 {
 	return old + governorWeight*(x-old)
 }
 
-// drafting reports whether the next step should draft.
-func (g *governor) drafting() bool {
+// Drafting reports whether the next step should draft (a pause counts
+// down one step each call).
+func (g *Governor) Drafting() bool {
 	if g.pause > 0 {
 		g.pause--
 		return false
@@ -206,18 +207,18 @@ func (g *governor) drafting() bool {
 	return g.sincePlain < governorRefresh
 }
 
-// plainStep records a plain step's time. The plain steps' mean falls to a
+// PlainStep records a plain step's time. The plain steps' mean falls to a
 // step faster than it at once (rises only by the moving mean), so that a
 // slow first step does not linger in it.
-func (g *governor) plainStep(d time.Duration) {
+func (g *Governor) PlainStep(d time.Duration) {
 	g.plain = min(ewma(g.plain, d.Seconds()), d.Seconds())
 	g.sincePlain = 0
 }
 
-// verified records a verifying step's time and the tokens it yielded, and
+// Verified records a verifying step's time and the tokens it yielded, and
 // pauses drafting when verifying yields fewer tokens a second than plain
 // steps would (a plain step is taken first when none was measured yet).
-func (g *governor) verified(d time.Duration, tokens int) {
+func (g *Governor) Verified(d time.Duration, tokens int) {
 	g.verify, g.yield = ewma(g.verify, d.Seconds()), ewma(g.yield, float64(tokens))
 	g.sincePlain++
 	if g.plain == 0 {
@@ -257,7 +258,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 	history := slices.Clone(prompt)
 	drafter, release := sp.Session()
 	defer release()
-	var gov governor
+	var gov Governor
 	// take records a chosen token; done says generation ended (the token
 	// was a stop, emit declined, or a length was reached).
 	take := func(id int) (done bool) {
@@ -284,7 +285,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 		}
 		var draft []int
 		t0 := time.Now() // a step's time counts its drafting (a draft model's steps)
-		if sp.Always || gov.drafting() {
+		if sp.Always || gov.Drafting() {
 			draft = drafter.Draft(history, k)
 		}
 		var id int
@@ -297,7 +298,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 				return res, err
 			}
 			id = ids[0]
-			gov.plainStep(time.Since(t0))
+			gov.PlainStep(time.Since(t0))
 		} else {
 			base := seq.len
 			it := Item{Seq: seq, Tokens: append([]int{next}, draft...), AllRows: true}
@@ -332,7 +333,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 			if err := e.Truncate(seq, base+1+kept); err != nil {
 				return res, err
 			}
-			gov.verified(time.Since(t0), kept+1)
+			gov.Verified(time.Since(t0), kept+1)
 		}
 		if take(id) {
 			return res, nil

@@ -124,6 +124,11 @@ type Request struct {
 	draft        []int
 	drafter      engine.Drafter
 	releaseDraft func()
+	// gov pauses r's drafting while its verifying steps (their drafting
+	// included, draftTime) yield fewer tokens a second than its plain
+	// ones, as kiln run's speculation does.
+	gov       engine.Governor
+	draftTime time.Duration
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -480,7 +485,7 @@ func (s *Scheduler) step() {
 	s.stats.KVSlotsUsed += used
 	s.statsMu.Unlock()
 	if speculating {
-		s.verify(engine.Rows{Logits: logits, IDs: ids, Vocab: s.e.Vocab()})
+		s.verify(engine.Rows{Logits: logits, IDs: ids, Vocab: s.e.Vocab()}, stepTime)
 		s.publish()
 		return
 	}
@@ -488,6 +493,8 @@ func (s *Scheduler) step() {
 		n := len(s.items[i].Tokens)
 		if decode := r.generated > 0 && n == 1 && r.cached == len(r.tokens)-1; !decode {
 			s.count(n, 0) // prompt tokens, or generated ones recomputed
+		} else if s.cfg.Speculation != nil {
+			r.gov.PlainStep(stepTime)
 		}
 		r.cached += n
 		if r.cached == len(r.tokens) {
@@ -522,11 +529,12 @@ func (s *Scheduler) noteStepTime(took time.Duration, speculating bool) {
 }
 
 // verify finishes a step that verified drafts (a row for each token of a
-// drafted item, one for each other item's last token): each drafted
+// drafted item, one for each other item's last token) and took stepTime:
+// each drafted
 // request keeps its drafts up to the first its sampler rejects and its
 // cache drops the rest; every request that completed its tokens takes its
 // next token from its last row as a plain step would.
-func (s *Scheduler) verify(rows engine.Rows) {
+func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
 	at := 0 // the next row
 	for i, r := range slices.Clone(s.itemOwner) {
 		it := s.items[i]
@@ -542,6 +550,8 @@ func (s *Scheduler) verify(rows engine.Rows) {
 		if len(draft) == 0 {
 			if decode := r.generated > 0 && n == 1 && r.cached == len(r.tokens)-1; !decode {
 				s.count(n, 0)
+			} else {
+				r.gov.PlainStep(stepTime)
 			}
 			r.cached += n
 			if r.cached == len(r.tokens) {
@@ -568,6 +578,7 @@ func (s *Scheduler) verify(rows engine.Rows) {
 				break
 			}
 		}
+		r.gov.Verified(stepTime+r.draftTime, kept+1)
 		s.statsMu.Lock()
 		s.stats.SpecDrafts++
 		s.stats.SpecDraftTokens += uint64(len(draft))
@@ -810,7 +821,7 @@ func (s *Scheduler) gather() {
 			r.draft = nil
 			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
-				if speculate {
+				if speculate && (spec.Always || r.gov.Drafting()) {
 					drafted = s.addDraft(r, spec, &budget, &need) || drafted
 				}
 			}
@@ -852,7 +863,9 @@ func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need 
 	if r.drafter == nil {
 		r.drafter, r.releaseDraft = spec.Session()
 	}
+	t0 := time.Now()
 	draft := r.drafter.Draft(r.tokens, k)
+	r.draftTime = time.Since(t0)
 	if len(draft) == 0 {
 		return false
 	}

@@ -659,3 +659,79 @@ func TestSlowStep(t *testing.T) {
 		t.Errorf("slow step %+v: want over %v, a mean under an eighth of it, its sequences and tokens", st, stall)
 	}
 }
+
+// TestSpeculationGovernor: without Speculation.Always, a request's drafting
+// pauses while its verifying steps do not pay, and goes on while they do.
+// The steps' time is set by a backend that sleeps a fixed part and a part a
+// token: drafts that are always wrong (a token the model never chooses)
+// on a device where each token costs 1 ms are verified a few times only;
+// right drafts (the plain run's own tokens) on a device where a step's
+// fixed part rules are verified at most steps. The output is plain
+// greedy's either way.
+func TestSpeculationGovernor(t *testing.T) {
+	p := prompts(2)[1]
+	want := alone(t, stories(t, 1, 0), [][]int{p}, 60)[0]
+	for _, tc := range []struct {
+		name           string
+		fixed, a       time.Duration // a step's time: fixed + a×tokens
+		right          bool
+		minDrafts, max int
+	}{
+		{"wrong drafts, compute-bound", 0, time.Millisecond, false, 1, 12},
+		{"right drafts, fixed costs", 2 * time.Millisecond, 50 * time.Microsecond, true, 10, 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			timed := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
+				time.Sleep(tc.fixed + time.Duration(len(b.Tokens))*tc.a)
+				return nil
+			}}
+			e, err := engine.New(m, timed, engine.Options{MaxSeqs: 2, BlockSize: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			d := knownDrafter{plain: append(slices.Clone(p), want...), right: tc.right, vocab: e.Vocab()}
+			s := runScheduler(t, e, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64, SpeculateMaxSeqs: 2,
+				Speculation: &engine.Speculation{Drafter: d, K: 4}})
+			r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 60, IgnoreStop: true}}
+			if err := s.Submit(r); err != nil {
+				t.Fatal(err)
+			}
+			got, end := collect(t, r)
+			if end.Err != nil || !slices.Equal(got, want) {
+				t.Errorf("ended %+v with\n got %v\nwant %v", end, got, want)
+			}
+			waitIdle(t, s)
+			st := s.Stats()
+			t.Logf("%d verifying steps, %d drafted, %d kept", st.SpecDrafts, st.SpecDraftTokens, st.SpecAcceptedTokens)
+			if int(st.SpecDrafts) < tc.minDrafts || int(st.SpecDrafts) > tc.max {
+				t.Errorf("%d verifying steps, want %d to %d", st.SpecDrafts, tc.minDrafts, tc.max)
+			}
+		})
+	}
+}
+
+// knownDrafter drafts the tokens of plain that follow a sequence (right),
+// or as many copies of the vocabulary's last token, which the model never
+// chooses here.
+type knownDrafter struct {
+	plain []int
+	right bool
+	vocab int
+}
+
+func (d knownDrafter) Draft(tokens []int, k int) []int {
+	n := len(tokens)
+	if !d.right {
+		return slices.Repeat([]int{d.vocab - 1}, k)
+	}
+	if n >= len(d.plain) || !slices.Equal(tokens, d.plain[:n]) {
+		return nil
+	}
+	return slices.Clone(d.plain[n:min(n+k, len(d.plain))])
+}

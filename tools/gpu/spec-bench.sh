@@ -12,7 +12,8 @@
 # speculating (4 drafts), on the 8B shape. Then kiln bench spec (acceptance
 # rates set by drafting the model's own tokens, made wrong with chance 1-p)
 # on both models at 2, 4 and 8 drafts. SERVE=0 skips the serving part,
-# ORACLE=0 the bench spec part, RUNS=0 the kiln run part. Writes logs under $OUT and prints tables of
+# ORACLE=0 the bench spec part, RUNS=0 the kiln run part; STREAMS (default
+# "1 4 16 64") the serving runs' concurrencies. Writes logs under $OUT and prints tables of
 # eval rates and acceptance, and of the serving runs.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/spec-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
@@ -46,6 +47,7 @@ if [ "$device" = cuda ] && [ "${SERVE:-1}" != 0 ]; then
 		echo "server $mode up after $(($(date +%s) - t0)) s"
 		for c in "1 24 4" "4 48 8" "16 96 16" "64 192 64"; do
 			set -- $c
+			[[ " ${STREAMS:-1 4 16 64} " == *" $1 "* ]] || continue
 			SERVE_TIMEOUT=60 serve_run "serve-$mode-c$1" "$1" "$2" "$3"
 		done
 		curl -s http://127.0.0.1:8765/metrics | grep -E '^kiln:spec_decode' >"$work/metrics-$mode.txt"
@@ -59,6 +61,8 @@ w = sys.argv[1]
 print("| streams | plain out tok/s | speculating | ratio | TPOT p50 plain / spec (ms) |")
 print("|---|---|---|---|---|")
 for c in (1, 4, 16, 64):
+    if not os.path.exists(os.path.join(w, f"serve-plain-c{c}.json")) and not os.path.exists(os.path.join(w, f"serve-spec-c{c}.json")):
+        continue
     try:
         p = json.load(open(os.path.join(w, f"serve-plain-c{c}.json")))["summary"]
         s = json.load(open(os.path.join(w, f"serve-spec-c{c}.json")))["summary"]

@@ -13,6 +13,7 @@ import (
 	"kiln/engine"
 	"kiln/internal/devsample"
 	"kiln/internal/stephook"
+	"kiln/model"
 )
 
 // TestWarm: Warm steps a prompt chunk of each bucket up to its bound and
@@ -21,30 +22,14 @@ import (
 // engine's greedy output as a fresh engine's; on a backend that samples on
 // the device too.
 func TestWarm(t *testing.T) {
-	m, tok, err := demo.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	prompt := tok.Encode("In the beginning God created", true)
+	m, prompt := warmDemo(t)
 	p := engine.SamplingParams{MaxTokens: 24}
 	for _, tc := range []struct {
 		name   string
 		device bool
 	}{{"cpu", false}, {"device sampling", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			open := func(before func(*backend.Batch) error) *engine.Engine {
-				var b backend.Backend = &stephook.Backend{Backend: &cpu.Backend{}, Before: before}
-				if tc.device {
-					b = &devsample.Backend{Backend: b}
-				}
-				e, err := engine.New(m, b, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { e.Close() })
-				return e
-			}
+			open := func(before func(*backend.Batch) error) *engine.Engine { return warmEngine(t, m, tc.device, before) }
 			want := generate(t, open(nil), prompt, p, nil)
 			seen := map[int]int{}
 			e := open(func(b *backend.Batch) error { noteContext(seen, b); return nil })
@@ -81,6 +66,31 @@ func TestWarm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// warmDemo is the demo model and the warm-up tests' prompt.
+func warmDemo(t *testing.T) (*model.Model, []int) {
+	m, tok, err := demo.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, tok.Encode("In the beginning God created", true)
+}
+
+// warmEngine is the warm-up tests' engine of m: on the CPU behind a step
+// hook (before), and with device sampling emulated when device is set.
+func warmEngine(t *testing.T, m *model.Model, device bool, before func(*backend.Batch) error) *engine.Engine {
+	var b backend.Backend = &stephook.Backend{Backend: &cpu.Backend{}, Before: before}
+	if device {
+		b = &devsample.Backend{Backend: b}
+	}
+	e, err := engine.New(m, b, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
 }
 
 // noteContext records in seen, for a decode step (more than one sequence:
@@ -134,35 +144,19 @@ func TestWarmFails(t *testing.T) {
 }
 
 // TestWarmVerify: WarmVerify steps 1 to seqs sequences of k+1 tokens with
-// every row wanted (its greedy choice, or its logits), three times at each context up to its bound
-// (the long sequence prefilled by plain steps, one row wanted), frees every
-// block, and leaves greedy output as a fresh engine's; on a backend that
-// samples on the device too.
+// every row wanted (its greedy choice, or its logits), three times at each
+// context up to its bound (the long sequence prefilled by plain steps, one
+// row wanted), frees every block, and leaves greedy output as a fresh
+// engine's; on a backend that samples on the device too.
 func TestWarmVerify(t *testing.T) {
-	m, tok, err := demo.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	prompt := tok.Encode("In the beginning God created", true)
+	m, prompt := warmDemo(t)
 	p := engine.SamplingParams{MaxTokens: 24}
 	for _, tc := range []struct {
 		name           string
 		device, greedy bool
 	}{{"cpu", false, true}, {"device sampling", true, true}, {"sampled verification", true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			open := func(before func(*backend.Batch) error) *engine.Engine {
-				var b backend.Backend = &stephook.Backend{Backend: &cpu.Backend{}, Before: before}
-				if tc.device {
-					b = &devsample.Backend{Backend: b}
-				}
-				e, err := engine.New(m, b, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { e.Close() })
-				return e
-			}
+			open := func(before func(*backend.Batch) error) *engine.Engine { return warmEngine(t, m, tc.device, before) }
 			want := generate(t, open(nil), prompt, p, nil)
 			var verifying, prefill int
 			contexts := map[int]bool{}

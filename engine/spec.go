@@ -202,6 +202,9 @@ func ewma(old, x float64) float64 {
 func (g *Governor) Drafting() bool {
 	if g.pause > 0 {
 		g.pause--
+		if g.pause == 0 { // the next probe decides afresh
+			g.verify, g.yield = 0, 0
+		}
 		return false
 	}
 	return g.sincePlain < governorRefresh
@@ -219,12 +222,15 @@ func (g *Governor) PlainStep(d time.Duration) {
 // pauses drafting when verifying yields fewer tokens a second than plain
 // steps would (a plain step is taken first when none was measured yet).
 func (g *Governor) Verified(d time.Duration, tokens int) {
-	g.verify, g.yield = ewma(g.verify, d.Seconds()), ewma(g.yield, float64(tokens))
-	g.sincePlain++
 	if g.plain == 0 {
-		g.pause = 1 // a plain step next, to compare with
+		// A plain step next, to compare with; this first verifying step
+		// is not counted (it holds a draft model's prefill of the prompt,
+		// and first-use work).
+		g.pause = 1
 		return
 	}
+	g.verify, g.yield = ewma(g.verify, d.Seconds()), ewma(g.yield, float64(tokens))
+	g.sincePlain++
 	if g.yield*g.plain >= g.verify {
 		g.backoff = 0
 		return
@@ -233,7 +239,7 @@ func (g *Governor) Verified(d time.Duration, tokens int) {
 	// for its tokens; the pause after it is long enough that the probes
 	// lose at most governorProbeShare of the time (a draft model's
 	// drafts make a costly probe), and at least twice the last.
-	lost := (g.verify - g.yield*g.plain) / (governorProbeShare * g.plain)
+	lost := min((g.verify-g.yield*g.plain)/(governorProbeShare*g.plain), governorMaxPause)
 	g.backoff = min(max(governorMinPause, 2*g.backoff, int(math.Ceil(lost))), governorMaxPause)
 	g.pause = g.backoff
 }

@@ -40,16 +40,7 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 	maxSeqs = min(maxSeqs, e.MaxSeqs())
 	maxTokens = min(maxTokens, e.MaxStepTokens(), e.ctxLen-1)
 	maxContext = min(maxContext, e.ctxLen)
-	greedy := NewSampler(SamplingParams{}, e.vocab, nil)
-	step := func(items []Item) error {
-		samplers := make([]*Sampler, len(items))
-		for i := range samplers {
-			samplers[i] = greedy
-		}
-		_, err := e.StepSample(items, samplers)
-		st.Steps++
-		return err
-	}
+	step := e.warmStep(&st)
 	for _, n := range e.buckets {
 		if n > maxTokens {
 			break
@@ -108,15 +99,8 @@ func (e *Engine) WarmVerify(k, seqs, maxContext int, greedy bool) (st WarmStats,
 	defer func() { st.Took = time.Since(start) }()
 	run := min(k+1, decodeRun)
 	seqs = min(seqs, e.MaxSeqs(), e.MaxStepTokens()/run)
-	maxContext = min(maxContext, e.ctxLen)
 	if seqs < 1 || k < 1 {
 		return st, nil
-	}
-	plain := NewSampler(SamplingParams{}, e.vocab, nil)
-	prefill := func(items []Item) error {
-		_, err := e.StepSample(items, []*Sampler{plain})
-		st.Steps++
-		return err
 	}
 	verify := func(items []Item) error {
 		for i := range items {
@@ -141,13 +125,44 @@ func (e *Engine) WarmVerify(k, seqs, maxContext int, greedy bool) (st WarmStats,
 		}
 	}
 	st.Runs = []int{run}
-	for _, c := range warmContexts(maxContext) {
-		if err := e.warmContext(shapes, c, e.MaxStepTokens(), prefill, verify); err != nil {
-			return st, err
+	return st, e.warmSteps(&st, shapes, maxContext, verify)
+}
+
+// WarmDecode runs one sequence's one-token decode steps, three times at
+// each context bucket up to maxContext, as Warm's: a single stream's
+// warm-up (kiln run's), its long sequence filled in the largest steps.
+func (e *Engine) WarmDecode(maxContext int) (st WarmStats, err error) {
+	start := time.Now()
+	defer func() { st.Took = time.Since(start) }()
+	st.Batches = []int{1}
+	return st, e.warmSteps(&st, []warmShape{{1, 1}}, maxContext, e.warmStep(&st))
+}
+
+// warmStep is a step that samples each item's last row greedily, counted
+// in st.
+func (e *Engine) warmStep(st *WarmStats) func([]Item) error {
+	greedy := NewSampler(SamplingParams{}, e.vocab, nil)
+	return func(items []Item) error {
+		samplers := make([]*Sampler, len(items))
+		for i := range samplers {
+			samplers[i] = greedy
+		}
+		_, err := e.StepSample(items, samplers)
+		st.Steps++
+		return err
+	}
+}
+
+// warmSteps steps shapes (step) at each context bucket up to maxContext,
+// the long sequence filled by greedy steps of up to MaxStepTokens tokens.
+func (e *Engine) warmSteps(st *WarmStats, shapes []warmShape, maxContext int, step func([]Item) error) error {
+	for _, c := range warmContexts(min(maxContext, e.ctxLen)) {
+		if err := e.warmContext(shapes, c, e.MaxStepTokens(), e.warmStep(st), step); err != nil {
+			return err
 		}
 		st.Contexts = append(st.Contexts, c)
 	}
-	return st, nil
+	return nil
 }
 
 // warmShape is a step's sequences and the tokens each brings.

@@ -29,7 +29,10 @@ func TestWarm(t *testing.T) {
 		device bool
 	}{{"cpu", false}, {"device sampling", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			open := func(before func(*backend.Batch) error) *engine.Engine { return warmEngine(t, m, tc.device, before) }
+			open := func(before func(*backend.Batch) error) *engine.Engine {
+				e, _ := warmEngine(t, m, tc.device, before)
+				return e
+			}
 			want := generate(t, open(nil), prompt, p, nil)
 			seen := map[int]int{}
 			e := open(func(b *backend.Batch) error { noteContext(seen, b); return nil })
@@ -79,18 +82,20 @@ func warmDemo(t *testing.T) (*model.Model, []int) {
 }
 
 // warmEngine is the warm-up tests' engine of m: on the CPU behind a step
-// hook (before), and with device sampling emulated when device is set.
-func warmEngine(t *testing.T, m *model.Model, device bool, before func(*backend.Batch) error) *engine.Engine {
+// hook (before), and with device sampling emulated when device is set
+// (ds, else nil).
+func warmEngine(t *testing.T, m *model.Model, device bool, before func(*backend.Batch) error) (e *engine.Engine, ds *devsample.Backend) {
 	var b backend.Backend = &stephook.Backend{Backend: &cpu.Backend{}, Before: before}
 	if device {
-		b = &devsample.Backend{Backend: b}
+		ds = &devsample.Backend{Backend: b}
+		b = ds
 	}
 	e, err := engine.New(m, b, engine.Options{MaxSeqs: 12, Buckets: []int{1, 2, 4, 8, 16, 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	return e
+	return e, ds
 }
 
 // noteContext records in seen, for a decode step (more than one sequence:
@@ -156,11 +161,11 @@ func TestWarmVerify(t *testing.T) {
 		device, greedy bool
 	}{{"cpu", false, true}, {"device sampling", true, true}, {"sampled verification", true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			open := func(before func(*backend.Batch) error) *engine.Engine { return warmEngine(t, m, tc.device, before) }
-			want := generate(t, open(nil), prompt, p, nil)
+			plainEngine, _ := warmEngine(t, m, tc.device, nil)
+			want := generate(t, plainEngine, prompt, p, nil)
 			var verifying, prefill int
 			contexts := map[int]bool{}
-			e := open(func(b *backend.Batch) error {
+			e, ds := warmEngine(t, m, tc.device, func(b *backend.Batch) error {
 				switch {
 				case len(b.Rows) == len(b.Tokens) && len(b.Tokens) == 3*len(b.Seqs):
 					verifying++
@@ -191,6 +196,13 @@ func TestWarmVerify(t *testing.T) {
 			if got := slices.Sorted(maps.Keys(contexts)); !slices.Equal(got, []int{0, 3, 6, 64, 67, 70, 128, 131, 134}) {
 				t.Errorf("longest sequence's tokens before the verifying steps: %v, want 0 3 6 64 67 70 128 131 134", got)
 			}
+			// Greedy verification chooses every row's token on the
+			// device; sampled verification brings the rows back.
+			if ds != nil {
+				if chose := ds.MultiRowChoices(); (chose > 0) != tc.greedy {
+					t.Errorf("%d rows chosen on the device by verifying steps, greedy %v", chose, tc.greedy)
+				}
+			}
 			if got := e.FreeBlocks(); got != free {
 				t.Errorf("%d blocks free after the warm-up, %d before", got, free)
 			}
@@ -198,5 +210,37 @@ func TestWarmVerify(t *testing.T) {
 				t.Errorf("after the warm-up:\n got %v\nwant %v", got, want)
 			}
 		})
+	}
+}
+
+// TestWarmDecode: WarmDecode steps one sequence's one-token decode steps
+// three times at each context up to its bound, the long sequence filled in
+// steps of the largest bucket, and frees every block.
+func TestWarmDecode(t *testing.T) {
+	m, _ := warmDemo(t)
+	var decode, fill int
+	e, _ := warmEngine(t, m, false, func(b *backend.Batch) error {
+		if len(b.Seqs) != 1 || len(b.Rows) != 1 {
+			t.Errorf("a step of %d sequences, %d rows wanted", len(b.Seqs), len(b.Rows))
+		}
+		if len(b.Tokens) == 1 {
+			decode++
+		} else {
+			fill++
+		}
+		return nil
+	})
+	free := e.FreeBlocks()
+	st, err := e.WarmDecode(300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Contexts 0, 64 and 128: fills of 64, then 64+64; 3 decode steps at
+	// each.
+	if !slices.Equal(st.Contexts, []int{0, 64, 128}) || st.Steps != 12 || decode != 9 || fill != 3 {
+		t.Errorf("contexts %v, %d steps (%d decode, %d filling); want 0 64 128, 12 (9, 3)", st.Contexts, st.Steps, decode, fill)
+	}
+	if got := e.FreeBlocks(); got != free {
+		t.Errorf("%d blocks free after the warm-up, %d before", got, free)
 	}
 }

@@ -129,6 +129,7 @@ type Request struct {
 	// ones, as kiln run's speculation does.
 	gov       engine.Governor
 	draftTime time.Duration
+	mayDraft  bool // gov's answer for the step being gathered
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -783,6 +784,12 @@ func (s *Scheduler) gather() {
 			s.fork(r)
 		}
 	}
+	// Each request's governor is asked once a step (a pause counts steps),
+	// before any retry below.
+	for _, r := range s.running {
+		sp := s.cfg.Speculation
+		r.mayDraft = sp != nil && (sp.Always || r.gov.Drafting())
+	}
 	noDrafts := false // set when the drafts' blocks would preempt a request
 	for {
 		s.items, s.samplers, s.itemOwner = s.items[:0], s.samplers[:0], s.itemOwner[:0]
@@ -821,7 +828,7 @@ func (s *Scheduler) gather() {
 			r.draft = nil
 			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
-				if speculate && (spec.Always || r.gov.Drafting()) {
+				if speculate && r.mayDraft {
 					drafted = s.addDraft(r, spec, &budget, &need) || drafted
 				}
 			}

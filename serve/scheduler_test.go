@@ -664,9 +664,10 @@ func TestSlowStep(t *testing.T) {
 // pauses while its verifying steps do not pay, and goes on while they do.
 // The steps' time is set by a backend that sleeps a fixed part and a part a
 // token: drafts that are always wrong (a token the model never chooses)
-// on a device where each token costs 1 ms are verified a few times only;
+// on a device where each token costs 10 ms are verified a few times only;
 // right drafts (the plain run's own tokens) on a device where a step's
-// fixed part rules are verified at most steps. The output is plain
+// fixed part rules are verified at most steps; a probe after a pause
+// judges afresh. The output is plain
 // greedy's either way.
 func TestSpeculationGovernor(t *testing.T) {
 	p := prompts(2)[1]
@@ -677,8 +678,10 @@ func TestSpeculationGovernor(t *testing.T) {
 		right          bool
 		minDrafts, max int
 	}{
-		{"wrong drafts, compute-bound", 0, time.Millisecond, false, 1, 12},
-		{"right drafts, fixed costs", 2 * time.Millisecond, 50 * time.Microsecond, true, 10, 60},
+		// Ratios wide enough that a loaded machine's stalls (tens of ms)
+		// do not turn them around.
+		{"wrong drafts, compute-bound", 0, 10 * time.Millisecond, false, 1, 12},
+		{"right drafts, fixed costs", 20 * time.Millisecond, 500 * time.Microsecond, true, 10, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))

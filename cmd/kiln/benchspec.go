@@ -59,7 +59,9 @@ func cmdBenchSpec(args []string) error {
 		return err
 	}
 	defer m.Close()
-	e, err := newEngine(m, &ef)
+	// Room for two sequences: a drafter that re-derives a continuation
+	// runs it beside the speculative run.
+	e, err := newEngineOptions(m, &ef, engine.Options{ContextLen: ef.ctx, MaxSeqs: 2, KVCacheFraction: autoKVFraction})
 	if err != nil {
 		return err
 	}

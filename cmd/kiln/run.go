@@ -105,7 +105,7 @@ func cmdRun(args []string) error {
 		// The one-token decode steps at each context bucket the run will
 		// meet, and with --speculative the verifying steps (the engine's
 		// governor compares the two).
-		w, err := e.Warm(1, 1, len(ids)+*maxTokens)
+		w, err := e.WarmDecode(len(ids) + *maxTokens)
 		if err != nil {
 			return fmt.Errorf("warming up the decode steps: %w", err)
 		}

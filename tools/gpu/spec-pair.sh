@@ -75,7 +75,7 @@ import glob, os, re, sys, collections
 w = sys.argv[1]
 rows, acc, same = collections.defaultdict(list), collections.defaultdict(list), {}
 diff = collections.defaultdict(list)
-for f in glob.glob(os.path.join(w, "*-r[0-9].err")):
+for f in glob.glob(os.path.join(w, "*-r[0-9]*.err")):
     m = re.match(r"(.*)-(plain|ngram\d|draft\d)-r(\d)\.err", os.path.basename(f))
     label, mode, rep = m.groups()
     t = open(f).read()
@@ -85,8 +85,11 @@ for f in glob.glob(os.path.join(w, "*-r[0-9].err")):
     a = re.search(r"(\d+) drafted tokens, (\d+) kept", t)
     if a:
         acc[(label, mode)].append((int(a.group(1)), int(a.group(2))))
-    out = open(f[:-4] + ".out").read()
-    plain = open(os.path.join(w, f"{label}-plain-r{rep}.out")).read()
+    try:
+        out = open(f[:-4] + ".out").read()
+        plain = open(os.path.join(w, f"{label}-plain-r{rep}.out")).read()
+    except OSError:
+        continue
     if out != plain:
         diff[(label, mode)].append(next(i for i in range(min(len(out), len(plain)) + 1) if i == min(len(out), len(plain)) or out[i] != plain[i]))
 print("| prompt | drafts | eval tok/s (median) | vs plain | drafted | kept | plain's text (runs that left it: at character) |")
@@ -95,7 +98,7 @@ for (label, mode) in sorted(rows):
     med = lambda v: sorted(v)[len(v) // 2]
     v, base = med(rows[(label, mode)]), med(rows[(label, "plain")]) if rows.get((label, "plain")) else 0
     d = sum(x for x, _ in acc[(label, mode)]); kept = sum(y for _, y in acc[(label, mode)])
-    print(f"| {label} | {mode} | {v:.1f} | {v / base:.2f}× | {d} | {kept} ({100 * kept / max(d, 1):.0f}%) | {'same' if not diff[(label, mode)] else 'left at ' + ', '.join(map(str, sorted(diff[(label, mode)])))} |")
+    print(f"| {label} | {mode} | {v:.1f} | {v / base if base else float('nan'):.2f}× | {d} | {kept} ({100 * kept / max(d, 1):.0f}%) | {'same' if not diff[(label, mode)] else 'left at ' + ', '.join(map(str, sorted(diff[(label, mode)])))} |")
 PY
 # kiln serve speculating on the target warms its verifying steps before it
 # answers: its log says so.

@@ -104,18 +104,18 @@ func cmdRun(args []string) error {
 	if *warm && gpuOf(e.backend) != nil {
 		// The one-token decode steps at each context bucket the run will
 		// meet, and with --speculative the verifying steps (the engine's
-		// governor compares the two).
+		// governor compares the two). The warm-up only moves first-use
+		// work earlier: a step of it that fails is reported and the run
+		// goes on without the rest, as kiln serve's does.
 		w, err := e.WarmDecode(len(ids) + *maxTokens)
-		if err != nil {
-			return fmt.Errorf("warming up the decode steps: %w", err)
-		}
-		if spec != nil {
+		if err == nil && spec != nil {
 			greedy := engine.NewSampler(params, e.Vocab(), ids).PlainGreedy()
-			sw, err := warmSpeculation(e, spec, 1, len(ids)+*maxTokens, !greedy)
-			if err != nil {
-				return fmt.Errorf("warming up speculation's steps: %w", err)
-			}
+			var sw engine.WarmStats
+			sw, err = warmSpeculation(e, spec, 1, len(ids)+*maxTokens, !greedy)
 			w.Steps, w.Took = w.Steps+sw.Steps, w.Took+sw.Took
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kiln: warm-up stopped after %d steps: %v\n", w.Steps, err)
 		}
 		if *verbose {
 			fmt.Fprintf(os.Stderr, "kiln: warmed up: %d steps in %v\n", w.Steps, w.Took.Round(time.Millisecond))

@@ -39,7 +39,6 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 	defer func() { st.Took = time.Since(start) }()
 	maxSeqs = min(maxSeqs, e.MaxSeqs())
 	maxTokens = min(maxTokens, e.MaxStepTokens(), e.ctxLen-1)
-	maxContext = min(maxContext, e.ctxLen)
 	step := e.warmStep(&st)
 	for _, n := range e.buckets {
 		if n > maxTokens {
@@ -56,13 +55,7 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 	if maxSeqs < 1 {
 		return st, nil
 	}
-	// Every size up to 8 (a GPU's products choose between kernels for
-	// each such row count), then powers of two, then maxSeqs.
-	var batches []int
-	for n := 1; n < maxSeqs; n = nextBatch(n) {
-		batches = append(batches, n)
-	}
-	batches = append(batches, maxSeqs)
+	batches := warmBatches(maxSeqs)
 	st.Batches = batches
 	var runs []int
 	for r := 2; r <= decodeRun && maxSeqs*r <= maxTokens; r *= 2 {
@@ -76,13 +69,7 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 	for _, r := range runs {
 		shapes = append(shapes, warmShape{maxSeqs, r})
 	}
-	for _, c := range warmContexts(maxContext) {
-		if err := e.warmContext(shapes, c, maxTokens, step, step); err != nil {
-			return st, err
-		}
-		st.Contexts = append(st.Contexts, c)
-	}
-	return st, nil
+	return st, e.warmSteps(&st, shapes, maxContext, maxTokens, step)
 }
 
 // WarmVerify runs, before speculative decoding of k drafts a step, the
@@ -116,16 +103,12 @@ func (e *Engine) WarmVerify(k, seqs, maxContext int, greedy bool) (st WarmStats,
 		return err
 	}
 	var shapes []warmShape
-	for n := 1; ; n = nextBatch(n) { // Warm's batch sizes
-		n = min(n, seqs)
+	st.Batches = warmBatches(seqs)
+	for _, n := range st.Batches {
 		shapes = append(shapes, warmShape{n, run})
-		st.Batches = append(st.Batches, n)
-		if n == seqs {
-			break
-		}
 	}
 	st.Runs = []int{run}
-	return st, e.warmSteps(&st, shapes, maxContext, verify)
+	return st, e.warmSteps(&st, shapes, maxContext, e.MaxStepTokens(), verify)
 }
 
 // WarmDecode runs one sequence's one-token decode steps, three times at
@@ -135,7 +118,7 @@ func (e *Engine) WarmDecode(maxContext int) (st WarmStats, err error) {
 	start := time.Now()
 	defer func() { st.Took = time.Since(start) }()
 	st.Batches = []int{1}
-	return st, e.warmSteps(&st, []warmShape{{1, 1}}, maxContext, e.warmStep(&st))
+	return st, e.warmSteps(&st, []warmShape{{1, 1}}, maxContext, e.MaxStepTokens(), e.warmStep(&st))
 }
 
 // warmStep is a step that samples each item's last row greedily, counted
@@ -154,10 +137,11 @@ func (e *Engine) warmStep(st *WarmStats) func([]Item) error {
 }
 
 // warmSteps steps shapes (step) at each context bucket up to maxContext,
-// the long sequence filled by greedy steps of up to MaxStepTokens tokens.
-func (e *Engine) warmSteps(st *WarmStats, shapes []warmShape, maxContext int, step func([]Item) error) error {
+// the long sequence filled by greedy steps of up to fill tokens.
+func (e *Engine) warmSteps(st *WarmStats, shapes []warmShape, maxContext, fill int, step func([]Item) error) error {
+	prefill := e.warmStep(st)
 	for _, c := range warmContexts(min(maxContext, e.ctxLen)) {
-		if err := e.warmContext(shapes, c, e.MaxStepTokens(), e.warmStep(st), step); err != nil {
+		if err := e.warmContext(shapes, c, fill, prefill, step); err != nil {
 			return err
 		}
 		st.Contexts = append(st.Contexts, c)
@@ -180,12 +164,20 @@ func warmContexts(maxContext int) []int {
 	return contexts
 }
 
-// nextBatch is the decode batch Warm steps after n.
-func nextBatch(n int) int {
-	if n < 8 {
-		return n + 1
+// warmBatches are the decode batches a warm-up steps: every size up to 8
+// (a GPU's products choose between kernels for each such row count), then
+// powers of two, then most.
+func warmBatches(most int) []int {
+	var batches []int
+	for n := 1; n < most; {
+		batches = append(batches, n)
+		if n < 8 {
+			n++
+		} else {
+			n *= 2
+		}
 	}
-	return 2 * n
+	return append(batches, most)
 }
 
 // decodeRun is the most tokens a sequence brings to the steps Warm runs

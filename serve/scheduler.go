@@ -531,10 +531,9 @@ func (s *Scheduler) noteStepTime(took time.Duration, speculating bool) {
 
 // verify finishes a step that verified drafts (a row for each token of a
 // drafted item, one for each other item's last token) and took stepTime:
-// each drafted
-// request keeps its drafts up to the first its sampler rejects and its
-// cache drops the rest; every request that completed its tokens takes its
-// next token from its last row as a plain step would.
+// each drafted request keeps its drafts up to the first its sampler
+// rejects and its cache drops the rest; every request that completed its
+// tokens takes its next token from its last row as a plain step would.
 func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
 	at := 0 // the next row
 	for i, r := range slices.Clone(s.itemOwner) {
@@ -786,8 +785,8 @@ func (s *Scheduler) gather() {
 	}
 	// Each request's governor is asked once a step (a pause counts steps),
 	// before any retry below.
+	sp := s.cfg.Speculation
 	for _, r := range s.running {
-		sp := s.cfg.Speculation
 		r.mayDraft = sp != nil && (sp.Always || r.gov.Drafting())
 	}
 	noDrafts := false // set when the drafts' blocks would preempt a request

@@ -68,9 +68,9 @@ func cmdBenchSpec(args []string) error {
 	defer e.Close()
 	params := engine.SamplingParams{MaxTokens: *tg, IgnoreStop: true}
 	var want []int
-	// run generates once (plainly with sp nil) and returns the tokens and
-	// the rate of those after the first.
-	run := func(sp *engine.Speculation, d *oracleDrafter) ([]int, float64, error) {
+	// run generates once (plainly with d nil, else drafting with d at every
+	// step) and returns the tokens and the rate of those after the first.
+	run := func(d *oracleDrafter) ([]int, float64, error) {
 		var got []int
 		var first, end time.Time
 		emit := func(id int) bool {
@@ -84,10 +84,10 @@ func cmdBenchSpec(args []string) error {
 			return true
 		}
 		var err error
-		if sp == nil {
+		if d == nil {
 			_, err = e.Generate(ids, params, emit)
 		} else {
-			_, err = e.GenerateSpeculative(ids, params, *sp, emit)
+			_, err = e.GenerateSpeculative(ids, params, engine.Speculation{Drafter: d, K: *k, Always: true}, emit)
 		}
 		end = time.Now()
 		if err != nil {
@@ -105,22 +105,22 @@ func cmdBenchSpec(args []string) error {
 	// median runs reps+1 times (the first warms up) and returns the
 	// median rate and the earliest token at which a run left the plain
 	// run's tokens (-1: none did).
-	median := func(sp *engine.Speculation, d *oracleDrafter) (float64, int, error) {
+	median := func(d *oracleDrafter) (float64, int, error) {
 		var rates []float64
 		diverged := -1
 		for i := range *reps + 1 {
 			if d != nil {
 				d.reset()
 			}
-			got, rate, err := run(sp, d)
+			got, rate, err := run(d)
 			if err != nil {
 				return 0, 0, err
 			}
 			if want == nil {
 				want = got
 			} else if !slices.Equal(got, want) {
-				if d := firstDifference(got, want); diverged < 0 || d < diverged {
-					diverged = d
+				if at := firstDifference(got, want); diverged < 0 || at < diverged {
+					diverged = at
 				}
 			}
 			if i > 0 {
@@ -130,7 +130,7 @@ func cmdBenchSpec(args []string) error {
 		slices.Sort(rates)
 		return rates[len(rates)/2], diverged, nil
 	}
-	plain, diverged, err := median(nil, nil)
+	plain, diverged, err := median(nil)
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func cmdBenchSpec(args []string) error {
 	for _, p := range ps {
 		d := &oracleDrafter{plain: append(slices.Clone(ids), want...), p: p, vocab: e.Vocab(), rng: rand.New(rand.NewPCG(*seed, 0)), continuation: continuation}
 		before := e.SpecStats()
-		rate, diverged, err := median(&engine.Speculation{Drafter: d, K: *k, Always: true}, d)
+		rate, diverged, err := median(d)
 		if err != nil {
 			return err
 		}

@@ -107,11 +107,12 @@ func cmdRun(args []string) error {
 		// governor compares the two). The warm-up only moves first-use
 		// work earlier: a step of it that fails is reported and the run
 		// goes on without the rest, as kiln serve's does.
-		w, err := e.WarmDecode(len(ids) + *maxTokens)
+		longest := len(ids) + *maxTokens
+		w, err := e.WarmDecode(longest)
 		if err == nil && spec != nil {
 			greedy := engine.NewSampler(params, e.Vocab(), ids).PlainGreedy()
 			var sw engine.WarmStats
-			sw, err = warmSpeculation(e, spec, 1, len(ids)+*maxTokens, !greedy)
+			sw, err = warmSpeculation(e, spec, 1, longest, !greedy)
 			w.Steps, w.Took = w.Steps+sw.Steps, w.Took+sw.Took
 		}
 		if err != nil {

@@ -113,27 +113,14 @@ func cmdServe(args []string) error {
 	}
 	defer closeDraft()
 	if *warm && gpu != nil {
-		before := gpu.Stats()
 		// The warm-up only moves first-use work earlier: a step of it that
 		// fails (out of memory at a shape the server would shrink) is
 		// logged, and the server starts as it would without it.
-		w, err := e.Warm(*maxSeqs, budget, e.ContextLen())
-		after := gpu.Stats()
-		if err != nil {
-			log.Warn("warm-up stopped", "err", err, "steps", w.Steps)
-		}
-		log.Info("warmed up", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps, "decode_batches", fmt.Sprint(w.Batches),
-			"longest_sequence_before", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
-			"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
+		err := logWarm(log, gpu, "warmed up", func() (engine.WarmStats, error) { return e.Warm(*maxSeqs, budget, e.ContextLen()) })
 		if speculation != nil && err == nil {
-			before = gpu.Stats()
-			w, err := warmSpeculation(e, speculation, min(sf.disableAboveSeq, *maxSeqs), e.ContextLen(), true)
-			after = gpu.Stats()
-			if err != nil {
-				log.Warn("speculation's warm-up stopped", "err", err, "steps", w.Steps)
-			}
-			log.Info("warmed up speculation", "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps,
-				"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
+			logWarm(log, gpu, "warmed up speculation", func() (engine.WarmStats, error) {
+				return warmSpeculation(e, speculation, min(sf.disableAboveSeq, *maxSeqs), e.ContextLen(), true)
+			})
 		}
 	}
 	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
@@ -223,6 +210,21 @@ func modelName(path string, demo bool) string {
 		return "kiln-demo"
 	}
 	return filepath.Base(path)
+}
+
+// logWarm runs a warm-up and logs what it ran (msg) and what the GPU did
+// meanwhile, or where it stopped; it returns the warm-up's error.
+func logWarm(log *slog.Logger, gpu *cuda.Backend, msg string, warm func() (engine.WarmStats, error)) error {
+	before := gpu.Stats()
+	w, err := warm()
+	after := gpu.Stats()
+	if err != nil {
+		log.Warn("warm-up stopped", "warm_up", msg, "err", err, "steps", w.Steps)
+	}
+	log.Info(msg, "took_s", fmt.Sprintf("%.1f", w.Took.Seconds()), "steps", w.Steps, "decode_batches", fmt.Sprint(w.Batches),
+		"longest_sequence_before", fmt.Sprint(w.Contexts), "prompt_chunks", fmt.Sprint(w.Chunks),
+		"graph_captures", after.GraphCaptures-before.GraphCaptures, "first_use_races", after.Raced.Races-before.Raced.Races)
+	return err
 }
 
 // slowStepLog logs the scheduler's slow steps on a GPU, with what the GPU

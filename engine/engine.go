@@ -62,6 +62,13 @@ type Options struct {
 	Buckets compile.Buckets
 	// Compile adjusts compilation (disabled passes, verification, dumps).
 	Compile compile.Options
+	// DraftModel, when set, is loaded beside the model as its draft model
+	// for speculative decoding (Draft): a model of the same vocabulary
+	// whose keys and values share the KV cache's blocks. Each block holds
+	// both models' entries for its tokens, so one block table serves both
+	// (the draft's sequences borrow their target's, Borrow), and the cache
+	// is sized for the two.
+	DraftModel *model.Model
 }
 
 // MinAutoContextLen is the least context a default (ContextLen 0) may be
@@ -92,6 +99,10 @@ type Engine struct {
 	steps  uint64                 // steps started, to catch a sequence named twice in one
 
 	specStats SpecStats // speculative decoding's counters
+
+	// draft is the draft model's engine (Options.DraftModel), sharing
+	// pool; owner is, in a draft engine, the engine it drafts for.
+	draft, owner *Engine
 
 	// Startup is the time New spent in each of its phases, in order.
 	Startup []Phase
@@ -147,14 +158,23 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	kvHeads := c.NumKVHeads
-	if g, ok := b.(*backend.Group); ok {
-		kvHeads /= len(g.Ranks) // each rank caches its own heads
-	}
 	blocksPerSeq := (ctx + opts.BlockSize - 1) / opts.BlockSize
 	blocks := blocksPerSeq * opts.MaxSeqs
-	spec := backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: kvHeads, HeadDim: c.HeadDim,
-		FP8: opts.KVCacheFP8, F16: opts.KVCacheF16}
+	spec := kvSpec(c, b, opts, blocks)
+	var d *Engine // the draft model's engine, its cache not yet made
+	if opts.DraftModel != nil {
+		d, err = newDraft(opts.DraftModel, c, b, ctx, opts, &ph)
+		if err != nil {
+			loaded.Close()
+			return nil, err
+		}
+	}
+	closeAll := func() {
+		loaded.Close()
+		if d != nil {
+			d.loaded.Close()
+		}
+	}
 	execs := map[compile.Bucket]backend.Executable{}
 	mem, reports := loaded.(backend.MemoryReporter)
 	switch {
@@ -165,24 +185,33 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		// every bucket's plan does, else the largest step's executable is
 		// built), then the cache from what is left.
 		err := reserveSteps(loaded, compiled, opts.Buckets, opts.MaxSeqs, ctx, execs)
+		if err == nil && d != nil {
+			err = reserveSteps(d.loaded, d.Compiled, opts.Buckets, opts.MaxSeqs, d.ctxLen, d.execs)
+		}
 		var free int64
 		if err == nil {
 			free, err = mem.FreeMemory()
 		}
 		if err != nil {
-			loaded.Close()
+			closeAll()
 			return nil, err
 		}
 		one := spec
 		one.Blocks = 1
-		fit := int(opts.KVCacheFraction * float64(free) / float64(mem.KVBytes(one)))
+		blockBytes := mem.KVBytes(one)
+		if d != nil { // a block holds the draft's entries too
+			one := d.spec
+			one.Blocks = 1
+			blockBytes += d.loaded.(backend.MemoryReporter).KVBytes(one)
+		}
+		fit := int(opts.KVCacheFraction * float64(free) / float64(blockBytes))
 		if auto && fit < blocksPerSeq && fit*opts.BlockSize >= MinAutoContextLen {
 			// The model's own context does not fit: the default is what
 			// does, for one sequence.
 			ctx, blocksPerSeq = fit*opts.BlockSize, fit
 		}
 		if fit < blocksPerSeq {
-			loaded.Close()
+			closeAll()
 			return nil, fmt.Errorf("kv cache: %.0f%% of the %d MiB left holds %d tokens, less than one context of %d",
 				100*opts.KVCacheFraction, free>>20, fit*opts.BlockSize, ctx)
 		}
@@ -190,8 +219,13 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		ph.done("step memory")
 	}
 	kv, err := loaded.NewKVCache(spec)
+	if err == nil && d != nil {
+		d.spec.Blocks = spec.Blocks
+		d.ctxLen = min(d.ctxLen, ctx)
+		d.kv, err = d.loaded.NewKVCache(d.spec)
+	}
 	if err != nil {
-		loaded.Close()
+		closeAll()
 		return nil, err
 	}
 	ph.done("kv cache")
@@ -201,13 +235,56 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 		vocab: compiled.Graph.Outputs[0].Shape.Last(), Startup: ph.list,
 	}
 	e.pool = newBlockPool(spec.Blocks, opts.PrefixCaching)
+	e.buffers(opts)
+	if d != nil {
+		e.draft, d.owner, d.pool = d, e, e.pool
+	}
+	return e, nil
+}
+
+// kvSpec is the KV cache of blocks blocks for a model of config c on b.
+func kvSpec(c model.Config, b backend.Backend, opts Options, blocks int) backend.KVSpec {
+	kvHeads := c.NumKVHeads
+	if g, ok := b.(*backend.Group); ok {
+		kvHeads /= len(g.Ranks) // each rank caches its own heads
+	}
+	return backend.KVSpec{Layers: c.NumLayers, Blocks: blocks, BlockSize: opts.BlockSize, KVHeads: kvHeads, HeadDim: c.HeadDim,
+		FP8: opts.KVCacheFP8, F16: opts.KVCacheF16}
+}
+
+// buffers makes e's step buffers: logits and batch for opts' largest step.
+func (e *Engine) buffers(opts Options) {
 	maxT := opts.Buckets.Max()
 	e.logits = make([]float32, maxT*e.vocab)
 	e.batch = backend.Batch{
 		Tokens: make([]int32, 0, maxT), Positions: make([]int32, 0, maxT), SeqIndex: make([]int32, 0, maxT),
 		Seqs: make([]backend.Seq, 0, opts.MaxSeqs), Rows: make([]int32, 0, maxT),
 	}
-	return e, nil
+}
+
+// newDraft compiles and loads the draft model dm for a target of config c
+// and context ctx on b: the engine New completes with a cache and the
+// target's pool. Its context is the target's, or the draft model's own
+// when shorter (a sequence past it gets no drafts).
+func newDraft(dm *model.Model, c model.Config, b backend.Backend, ctx int, opts Options, ph *phases) (*Engine, error) {
+	dc := dm.Config
+	if dc.VocabSize != c.VocabSize {
+		return nil, fmt.Errorf("draft model: its vocabulary has %d tokens, the model's %d", dc.VocabSize, c.VocabSize)
+	}
+	dctx := min(ctx, dc.MaxPositions)
+	co := opts.Compile
+	co.After = nil
+	compiled, loaded, err := compileLoad(dm, b, dctx, co, ph)
+	if err != nil {
+		return nil, fmt.Errorf("draft model: %w", err)
+	}
+	d := &Engine{
+		Config: dc, Compiled: compiled, loaded: loaded, buckets: opts.Buckets,
+		execs: map[compile.Bucket]backend.Executable{}, spec: kvSpec(dc, b, opts, 0), ctxLen: dctx,
+		vocab: compiled.Graph.Outputs[0].Shape.Last(),
+	}
+	d.buffers(opts)
+	return d, nil
 }
 
 // compileLoad builds m's graph for a context of ctx, compiles it for b and
@@ -281,8 +358,21 @@ func reserveSteps(loaded backend.Loaded, c *compile.Compiled, buckets compile.Bu
 	return err
 }
 
-// Close releases the backend's resources.
-func (e *Engine) Close() error { return e.loaded.Close() }
+// Close releases the backend's resources (a draft model's too).
+func (e *Engine) Close() error {
+	if e.owner != nil {
+		return nil // a draft engine closes with its owner
+	}
+	if e.draft != nil {
+		e.draft.loaded.Close()
+	}
+	return e.loaded.Close()
+}
+
+// Draft is the draft model's engine (Options.DraftModel; nil without one).
+// Its sequences borrow the block tables of the engine's (Borrow); its
+// NewSequence takes blocks of the shared cache as the engine's does.
+func (e *Engine) Draft() *Engine { return e.draft }
 
 // Vocab is the number of logits per row.
 func (e *Engine) Vocab() int { return e.vocab }
@@ -335,6 +425,9 @@ type Sequence struct {
 	// full blocks (for prefix caching).
 	tokens []int
 	hashes []uint64
+	// owner is, for a draft engine's borrowed sequence (Borrow), the
+	// target's sequence whose block table it writes through.
+	owner *Sequence
 }
 
 // Len is the number of tokens in the cache.
@@ -346,6 +439,47 @@ func (s *Sequence) Blocks() int { return len(s.blocks) }
 // NewSequence starts an empty sequence.
 func (e *Engine) NewSequence() *Sequence {
 	return &Sequence{blocks: make([]int32, 0, (e.ctxLen+e.spec.BlockSize-1)/e.spec.BlockSize)}
+}
+
+// Borrow starts a sequence of draft engine e that keeps its keys and values
+// in target's blocks (the draft model's entries of them): its tokens are
+// target's first tokens, written by the draft model. It takes no blocks of
+// its own: it may hold only as many tokens as target's blocks have room for
+// (the target's Reserve makes room past the target's length), and it drops
+// nothing when truncated or freed. What the target does to its blocks
+// (copies, releases) is the caller's to track.
+func (e *Engine) Borrow(target *Sequence) (*Sequence, error) {
+	if e.owner == nil {
+		return nil, fmt.Errorf("borrow a block table: the engine is no draft engine")
+	}
+	return &Sequence{owner: target}, nil
+}
+
+// Reserve makes s's block table hold n tokens past its length in blocks of
+// its own, without adding tokens: a shared partial block it would write
+// into is copied now (copy-on-write, as a step would), and blocks are
+// added. A draft model that shares the cache writes its drafts' entries
+// there before the step that verifies them. The reserved blocks are s's as
+// any others: a later step writes into them, Truncate and Free release
+// them.
+func (e *Engine) Reserve(s *Sequence, n int) error {
+	if s.freed || s.owner != nil {
+		return fmt.Errorf("reserve on a freed or borrowed sequence")
+	}
+	e.cow = e.cow[:0]
+	if n > 0 {
+		if err := e.unshare(s); err != nil {
+			return err
+		}
+	}
+	if len(e.cow) > 0 {
+		if err := e.kv.CopyBlocks(e.cow); err != nil {
+			return err
+		}
+		e.copies += len(e.cow)
+		e.cow = e.cow[:0]
+	}
+	return e.grow(s, s.len+n)
 }
 
 // NewSequenceFor starts a sequence that will hold prompt: with prefix
@@ -405,6 +539,10 @@ func (e *Engine) Free(s *Sequence) {
 		return
 	}
 	s.freed = true
+	if s.owner != nil { // borrowed: the blocks are the owner's
+		s.blocks, s.len = nil, 0
+		return
+	}
 	for _, b := range s.blocks {
 		e.pool.release(b)
 	}
@@ -641,10 +779,7 @@ func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 			return nil, fmt.Errorf("item %d repeats a sequence of the step", i)
 		}
 		it.Seq.inStep = e.steps
-		if err := e.unshare(it.Seq); err != nil {
-			return nil, err
-		}
-		if err := e.grow(it.Seq, it.Seq.len+len(it.Tokens)); err != nil {
+		if err := e.makeRoom(it.Seq, len(it.Tokens)); err != nil {
 			return nil, err
 		}
 		for j, tok := range it.Tokens {
@@ -671,6 +806,27 @@ func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 		e.copies += len(e.cow)
 	}
 	return e.Executable(bucket)
+}
+
+// makeRoom readies s's block table for n more tokens: its own copy of a
+// shared block it writes into, and new blocks; a borrowed sequence writes
+// through its owner's table, which must have the room already.
+func (e *Engine) makeRoom(s *Sequence, n int) error {
+	o := s.owner
+	if o == nil {
+		if err := e.unshare(s); err != nil {
+			return err
+		}
+		return e.grow(s, s.len+n)
+	}
+	if o.freed {
+		return fmt.Errorf("a draft sequence of a freed sequence")
+	}
+	if s.len+n > min(e.ctxLen, len(o.blocks)*e.spec.BlockSize) {
+		return fmt.Errorf("draft sequence of %d tokens past the %d its target's blocks hold (Reserve them)", s.len+n, len(o.blocks)*e.spec.BlockSize)
+	}
+	s.blocks = o.blocks
+	return nil
 }
 
 // unshare gives s its own copy of the partial block it is about to write
@@ -701,7 +857,7 @@ func (e *Engine) advance(items []Item) {
 	for _, it := range items {
 		s := it.Seq
 		s.len += len(it.Tokens)
-		if !e.pool.prefix {
+		if !e.pool.prefix || s.owner != nil {
 			continue
 		}
 		s.tokens = append(s.tokens, it.Tokens...)
@@ -722,6 +878,10 @@ func (e *Engine) advance(items []Item) {
 func (e *Engine) Truncate(s *Sequence, n int) error {
 	if s.freed || n < 0 || n > s.len {
 		return fmt.Errorf("truncate a sequence of %d tokens to %d", s.len, n)
+	}
+	if s.owner != nil { // borrowed: the blocks are the owner's
+		s.len = n
+		return nil
 	}
 	bs := e.spec.BlockSize
 	if e.pool.prefix {

@@ -27,7 +27,9 @@ type Drafter interface {
 // releases it when done.
 type SessionDrafter interface {
 	Drafter
-	Session() DraftSession
+	// Session drafts for target, the target engine's sequence that
+	// holds the tokens drafted for, but for the last (nil: none).
+	Session(target *Sequence) DraftSession
 }
 
 // DraftSession drafts for one sequence.
@@ -36,36 +38,48 @@ type DraftSession interface {
 	Release()
 }
 
-// Session is sp's drafter for one sequence and the function that releases
-// it.
-func (sp Speculation) Session() (Drafter, func()) {
+// Session is sp's drafter for the target engine's sequence target (see
+// SessionDrafter) and the function that releases it.
+func (sp Speculation) Session(target *Sequence) (Drafter, func()) {
 	if sd, ok := sp.Drafter.(SessionDrafter); ok {
-		s := sd.Session()
+		s := sd.Session(target)
 		return s, s.Release
 	}
 	return sp.Drafter, func() {}
 }
 
-// ModelDrafter drafts with a smaller model of the same vocabulary (its own
-// engine and cache): greedily, k steps of it a draft, each sequence's
-// tokens kept in a sequence of the draft engine and cut back to what the
-// target kept before the next draft.
+// ModelDrafter drafts with a smaller model of the same vocabulary:
+// greedily, k steps of it a draft, each sequence's tokens kept in a
+// sequence of the draft engine E and cut back to what the target kept
+// before the next draft. When E is an engine's Draft, the draft model's
+// entries are kept in the target sequence's own blocks (Borrow), with room
+// reserved for the drafts (Reserve) before they are written; else in
+// blocks of E's own cache.
 type ModelDrafter struct{ E *Engine }
 
-// Draft implements Drafter for a one-off draft (a session of its own).
+// Draft implements Drafter for a one-off draft (a session of its own, in
+// blocks of its own).
 func (m ModelDrafter) Draft(tokens []int, k int) []int {
-	s := m.Session()
+	s := m.Session(nil)
 	defer s.Release()
 	return s.Draft(tokens, k)
 }
 
 // Session implements SessionDrafter.
-func (m ModelDrafter) Session() DraftSession { return &modelSession{e: m.E} }
+func (m ModelDrafter) Session(target *Sequence) DraftSession {
+	s := &modelSession{e: m.E}
+	if m.E.owner != nil {
+		s.target = target
+	}
+	return s
+}
 
 type modelSession struct {
-	e    *Engine
-	seq  *Sequence
-	toks []int // the tokens in seq
+	e      *Engine
+	target *Sequence // the target's sequence whose blocks seq borrows (nil: seq has its own)
+	seq    *Sequence
+	toks   []int   // the tokens in seq
+	wrote  []int32 // target's block table when the draft model last wrote through it
 }
 
 func (s *modelSession) Release() {
@@ -76,7 +90,7 @@ func (s *modelSession) Release() {
 }
 
 // Draft runs the draft model over what tokens has beyond what it holds,
-// then k greedy steps. A failed step (the draft cache full) drafts less.
+// then k greedy steps. A failed step (the cache full) drafts less.
 func (s *modelSession) Draft(tokens []int, k int) []int {
 	if k <= 0 || len(tokens) < 1 {
 		return nil
@@ -85,18 +99,43 @@ func (s *modelSession) Draft(tokens []int, k int) []int {
 	if k <= 0 {
 		return nil
 	}
-	if s.seq == nil {
-		s.seq = s.e.NewSequence()
-	}
 	held := len(tokens) - 1 // the cache holds all but the last token
 	c := 0
 	for c < min(len(s.toks), held) && s.toks[c] == tokens[c] {
 		c++
 	}
+	if s.target != nil {
+		if s.target.freed {
+			return nil
+		}
+		// Room in the target's blocks for the drafts' entries (k steps
+		// write from held on), then the entries the draft model wrote
+		// are its only in blocks the target still holds where they were
+		// (a block copied on write has the target's entries only).
+		if err := s.e.owner.Reserve(s.target, held+k-s.target.len); err != nil {
+			return nil
+		}
+		bs := s.e.spec.BlockSize
+		for i := 0; i*bs < c; i++ {
+			if i >= len(s.wrote) || s.wrote[i] != s.target.blocks[i] {
+				c = i * bs
+				break
+			}
+		}
+	}
+	if s.seq == nil {
+		var err error
+		if s.seq, err = s.newSequence(); err != nil {
+			return nil
+		}
+	}
 	if err := s.e.Truncate(s.seq, c); err != nil {
 		return nil
 	}
 	s.toks = append(s.toks[:c], tokens[c:held]...)
+	if s.target != nil {
+		s.wrote = append(s.wrote[:0], s.target.blocks...)
+	}
 	if c < held {
 		if _, err := s.e.Prefill(s.seq, tokens[c:held], false); err != nil {
 			s.reset()
@@ -116,6 +155,15 @@ func (s *modelSession) Draft(tokens []int, k int) []int {
 		out = append(out, next)
 	}
 	return out
+}
+
+// newSequence is the session's draft sequence: borrowing its target's
+// blocks, or with blocks of its own.
+func (s *modelSession) newSequence() (*Sequence, error) {
+	if s.target != nil {
+		return s.e.Borrow(s.target)
+	}
+	return s.e.NewSequence(), nil
 }
 
 // reset drops the session's cache after a failure.
@@ -262,7 +310,7 @@ func (e *Engine) GenerateSpeculative(prompt []int, p SamplingParams, sp Speculat
 	last := len(prompt) - 1
 	sampler := NewSampler(p, e.vocab, prompt)
 	history := slices.Clone(prompt)
-	drafter, release := sp.Session()
+	drafter, release := sp.Session(seq)
 	defer release()
 	var gov Governor
 	// take records a chosen token; done says generation ended (the token

@@ -11,6 +11,7 @@ import (
 	"kiln/engine"
 	"kiln/internal/devsample"
 	"kiln/internal/testmodel"
+	"kiln/model"
 )
 
 func TestNGramDraft(t *testing.T) {
@@ -42,12 +43,18 @@ func demoEngine(t *testing.T, prefix bool) (*engine.Engine, func(string) []int) 
 
 // demoEngineOn is demoEngine on backend b.
 func demoEngineOn(t *testing.T, prefix bool, b backend.Backend) (*engine.Engine, func(string) []int) {
+	return demoEngineWith(t, b, engine.Options{PrefixCaching: prefix, MaxSeqs: 2, Buckets: []int{1, 2, 4, 8, 16, 64}})
+}
+
+// demoEngineWith is the demo model on backend b with options o (its draft
+// model, if o names one, loaded with it).
+func demoEngineWith(t *testing.T, b backend.Backend, o engine.Options) (*engine.Engine, func(string) []int) {
 	t.Helper()
 	m, tok, err := demo.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(m, b, engine.Options{PrefixCaching: prefix, MaxSeqs: 2, Buckets: []int{1, 2, 4, 8, 16, 64}})
+	e, err := engine.New(m, b, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,5 +342,144 @@ func TestDraftModel(t *testing.T) {
 		if d.FreeBlocks() != d.KVSpec().Blocks {
 			t.Errorf("%s: %d of %d draft blocks free after", name, d.FreeBlocks(), d.KVSpec().Blocks)
 		}
+	}
+}
+
+// demoWithDraft is the demo model on the CPU with draft as its draft model
+// (Options.DraftModel: the draft's entries in the same cache's blocks; nil:
+// the demo model itself).
+func demoWithDraft(t *testing.T, draft *model.Model, o engine.Options) (*engine.Engine, func(string) []int) {
+	t.Helper()
+	if draft == nil {
+		m, _, err := demo.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		draft = m
+	}
+	o.DraftModel = draft
+	return demoEngineWith(t, &cpu.Backend{}, o)
+}
+
+// TestDraftModelSharedCache: a draft model loaded with its target
+// (Options.DraftModel) keeps its entries in the blocks of the target's
+// sequences. The model drafting for itself keeps every greedy draft (so
+// the draft's entries read back through the borrowed block tables are its
+// own), a random draft keeps few; output is plain greedy output; no block
+// is left taken; and the draft engine's cache has the target's blocks.
+func TestDraftModelSharedCache(t *testing.T) {
+	for _, prefix := range []bool{false, true} {
+		e, enc := demoWithDraft(t, nil, engine.Options{MaxSeqs: 2, PrefixCaching: prefix, Buckets: []int{1, 2, 4, 8, 16, 64}})
+		d := e.Draft()
+		if d == nil || d.KVSpec().Blocks != e.KVSpec().Blocks {
+			t.Fatalf("draft engine %v, its cache of %d blocks for the target's %d", d != nil, d.KVSpec().Blocks, e.KVSpec().Blocks)
+		}
+		prompt := enc(repetitive)
+		p := engine.SamplingParams{MaxTokens: 50}
+		want := generate(t, e, prompt, p, nil)
+		for rep := range 2 { // the second time, with prefix caching, on cached blocks
+			before := e.SpecStats()
+			got := generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: 4, Always: true})
+			if !slices.Equal(got, want) {
+				t.Fatalf("prefix caching %v, run %d: greedy\n got %v\nwant %v", prefix, rep, got, want)
+			}
+			s := e.SpecStats()
+			if drafted, kept := s.DraftTokens-before.DraftTokens, s.AcceptedTokens-before.AcceptedTokens; kept != drafted || drafted == 0 {
+				t.Errorf("prefix caching %v, run %d: the model drafting for itself kept %d of %d drafts", prefix, rep, kept, drafted)
+			}
+			if free := e.FreeBlocks(); free != e.KVSpec().Blocks {
+				t.Errorf("prefix caching %v, run %d: %d of %d blocks free after", prefix, rep, free, e.KVSpec().Blocks)
+			}
+		}
+	}
+	c := demoConfig(t)
+	c.NumLayers, c.HiddenSize, c.IntermediateSize, c.NumHeads, c.NumKVHeads, c.HeadDim = 1, 32, 64, 2, 2, 16
+	e, enc := demoWithDraft(t, testmodel.Random(c, 5), engine.Options{MaxSeqs: 2})
+	prompt := enc(repetitive)
+	p := engine.SamplingParams{MaxTokens: 50}
+	want := generate(t, e, prompt, p, nil)
+	got := generate(t, e, prompt, p, &engine.Speculation{Drafter: engine.ModelDrafter{E: e.Draft()}, K: 4, Always: true})
+	if !slices.Equal(got, want) {
+		t.Fatalf("a random draft: greedy\n got %v\nwant %v", got, want)
+	}
+	if s := e.SpecStats(); s.AcceptedTokens*2 > s.DraftTokens {
+		t.Errorf("a random draft model kept %d of %d drafts", s.AcceptedTokens, s.DraftTokens)
+	}
+}
+
+// demoConfig is the demo model's config.
+func demoConfig(t *testing.T) model.Config {
+	m, _, err := demo.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	return m.Config
+}
+
+// TestDraftSessionCopyOnWrite: when the target copies a block on write
+// that the draft model wrote its entries into (a fork shared it), those
+// entries are not in the copy: the draft session writes them again, and
+// its drafts stay the model's greedy continuation. Drafts of a fork, in
+// the same blocks, do not disturb the original's.
+func TestDraftSessionCopyOnWrite(t *testing.T) {
+	e, enc := demoWithDraft(t, nil, engine.Options{MaxSeqs: 3, BlockSize: 16, Buckets: []int{1, 2, 4, 8, 16, 64}})
+	d := engine.ModelDrafter{E: e.Draft()}
+	// The free blocks first hold the draft's entries of other text (a
+	// block taken for a copy holds them, not nothing).
+	generate(t, e, enc("Then Jesus answered and said unto them, Verily, verily, I say unto you, The Son can do nothing of himself"),
+		engine.SamplingParams{MaxTokens: 40}, &engine.Speculation{Drafter: d, K: 4, Always: true})
+	prompt := enc("And the LORD spake unto Moses in the wilderness of Sinai, in the tabernacle of the congregation, on the first day")
+	prompt = prompt[:len(prompt)-len(prompt)%16+14] // the last block partial (shared by the fork), nearly full
+	want := generate(t, e, prompt, engine.SamplingParams{MaxTokens: 9}, nil)
+	a := e.NewSequence()
+	if _, err := e.Prefill(a, prompt[:len(prompt)-1], false); err != nil {
+		t.Fatal(err)
+	}
+	sa := d.Session(a)
+	defer sa.Release()
+	check := func(name string, s engine.DraftSession, tokens []int, want []int) {
+		t.Helper()
+		if got := s.Draft(tokens, 4); !slices.Equal(got, want) {
+			t.Errorf("%s: drafts %v, want the greedy %v", name, got, want)
+		}
+	}
+	check("first", sa, prompt, want[:4])
+	b := e.Fork(a) // shares a's blocks, the partial last one with the draft's entries
+	// a's next token is written into a copy of the shared block, which
+	// does not hold the draft's entries.
+	if _, err := e.StepGreedy([]engine.Item{{Seq: a, Tokens: prompt[len(prompt)-1:]}}); err != nil {
+		t.Fatal(err)
+	}
+	if e.Copies() != 1 {
+		t.Fatalf("%d blocks copied on write, want 1", e.Copies())
+	}
+	check("after the copy", sa, append(slices.Clone(prompt), want[0]), want[1:5])
+	// The fork drafts in the block a left (copied on write by its Reserve
+	// first if a still shared it).
+	sb := d.Session(b)
+	defer sb.Release()
+	check("the fork", sb, prompt, want[:4])
+	check("after the fork's drafts", sa, append(slices.Clone(prompt), want[:2]...), want[2:6])
+	e.Free(a)
+	e.Free(b)
+	if free := e.FreeBlocks(); free != e.KVSpec().Blocks {
+		t.Errorf("%d of %d blocks free after", free, e.KVSpec().Blocks)
+	}
+}
+
+// TestDraftCacheSizing: with a draft model, a cache sized from the memory
+// left holds both models' entries in each block: fewer blocks, in the
+// ratio of the target's block to both.
+func TestDraftCacheSizing(t *testing.T) {
+	o := engine.Options{MaxSeqs: 1 << 20, KVCacheFraction: 0.01, ContextLen: 256}
+	alone, _ := demoEngineWith(t, &cpu.Backend{}, o)
+	both, _ := demoWithDraft(t, nil, o)
+	n1, n2 := alone.KVSpec().Blocks, both.KVSpec().Blocks
+	// The draft is the model itself: half the blocks, as memory moves
+	// (the host's free memory is read twice) within 10%.
+	if r := float64(n2) / float64(n1); r < 0.45 || r > 0.55 {
+		t.Errorf("%d blocks with the draft's entries, %d without: ratio %.3f, want 0.5", n2, n1, r)
 	}
 }

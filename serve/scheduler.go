@@ -867,16 +867,20 @@ func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need 
 		k = min(k, p.MaxTokens-r.generated-1)
 	}
 	if r.drafter == nil {
-		r.drafter, r.releaseDraft = spec.Session()
+		r.drafter, r.releaseDraft = spec.Session(r.seq)
 	}
+	// The blocks the item's token needs, counted in need: a draft model
+	// that shares the cache takes them, and the drafts', as it drafts.
+	one := s.e.BlocksToGrow(r.seq, 1)
 	t0 := time.Now()
 	draft := r.drafter.Draft(r.tokens, k)
 	r.draftTime = time.Since(t0)
 	if len(draft) == 0 {
+		*need += s.e.BlocksToGrow(r.seq, 1) - one
 		return false
 	}
 	i := len(s.items) - 1
-	*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - s.e.BlocksToGrow(r.seq, 1)
+	*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - one
 	s.items[i].Tokens = append(slices.Clip(s.items[i].Tokens), draft...)
 	s.items[i].AllRows = true
 	*budget -= len(draft)

@@ -166,7 +166,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.lookupMin, "prompt-lookup-min", 1, "--speculative ngram: the shortest n-gram matched")
 	fs.IntVar(&f.lookupMax, "prompt-lookup-max", 4, "--speculative ngram: the longest n-gram matched")
 	fs.IntVar(&f.disableAboveSeq, "speculative-max-seqs", 4, "kiln serve --speculative: draft only while a step decodes at most this many sequences (larger batches are compute-bound)")
-	fs.StringVar(&f.draftModel, "draft-model", envString("KILN_DRAFT_MODEL", ""), "--speculative draft: a smaller model of the same vocabulary that drafts greedily, on the same device, with a cache of its own [KILN_DRAFT_MODEL]")
+	fs.StringVar(&f.draftModel, "draft-model", envString("KILN_DRAFT_MODEL", ""), "--speculative draft: a smaller model of the same vocabulary that drafts greedily, on the same device, its keys and values in the blocks of the same KV cache [KILN_DRAFT_MODEL]")
 }
 
 // check validates the flags (before any model loads).
@@ -191,35 +191,35 @@ func (f *specFlags) check() error {
 	return nil
 }
 
-// speculation is what the flags ask for (nil: none) for the engine target:
-// a draft model runs on target's backend, its vocabulary checked against
-// target's; close releases it.
-func (f *specFlags) speculation(target *engineOn) (*engine.Speculation, func(), error) {
-	if err := f.check(); err != nil || f.method == "" {
-		return nil, func() {}, err
-	}
-	if f.method == "ngram" {
-		return &engine.Speculation{Drafter: engine.NGram{MinN: f.lookupMin, MaxN: f.lookupMax}, K: f.tokens}, func() {}, nil
+// openDraft opens the draft model the flags name, if any, into o (the
+// target engine loads it beside its model, its entries in the same KV
+// cache); close closes it once the engine is closed.
+func (f *specFlags) openDraft(o *engine.Options) (close func(), err error) {
+	if err := f.check(); err != nil || f.method != "draft" {
+		return func() {}, err
 	}
 	m, err := openModel(f.draftModel)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--draft-model: %w", err)
+		return nil, fmt.Errorf("--draft-model: %w", err)
 	}
-	if m.Config.VocabSize != target.Vocab() {
-		m.Close()
-		return nil, nil, fmt.Errorf("--draft-model: its vocabulary has %d tokens, the model's %d", m.Config.VocabSize, target.Vocab())
+	o.DraftModel = m
+	return func() { m.Close() }, nil
+}
+
+// speculation is what the flags ask for (nil: none) for the engine target,
+// which loaded the draft model when one is asked for (openDraft).
+func (f *specFlags) speculation(target *engineOn) (*engine.Speculation, error) {
+	if err := f.check(); err != nil || f.method == "" {
+		return nil, err
 	}
-	// The draft's context is at most the target's (a draft sequence never
-	// outgrows its target's), bounded by what memory the target left (a
-	// sequence past it gets no drafts): a target of long context takes
-	// most of the memory first.
-	d, err := engine.New(m, target.backend, engine.Options{ContextCap: target.ContextLen(), MaxSeqs: target.MaxSeqs(),
-		KVCacheFraction: kvFractionFor(target.backend), Buckets: bucketsFor(target.backend)})
-	if err != nil {
-		m.Close()
-		return nil, nil, fmt.Errorf("--draft-model: %w", err)
+	if f.method == "ngram" {
+		return &engine.Speculation{Drafter: engine.NGram{MinN: f.lookupMin, MaxN: f.lookupMax}, K: f.tokens}, nil
 	}
-	return &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: f.tokens}, func() { d.Close(); m.Close() }, nil
+	d := target.Draft()
+	if d == nil {
+		return nil, fmt.Errorf("--draft-model: the engine has no draft model")
+	}
+	return &engine.Speculation{Drafter: engine.ModelDrafter{E: d}, K: f.tokens}, nil
 }
 
 // warmSpeculation runs, on a GPU, the steps speculation meets first, so

@@ -91,16 +91,21 @@ func cmdRun(args []string) error {
 	if err := params.Validate(); err != nil {
 		return err
 	}
-	e, err := newEngine(m, &ef)
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	spec, closeDraft, err := sf.speculation(e)
+	o := engine.Options{ContextLen: ef.ctx, KVCacheFraction: autoKVFraction}
+	closeDraft, err := sf.openDraft(&o)
 	if err != nil {
 		return err
 	}
 	defer closeDraft()
+	e, err := newEngineOptions(m, &ef, o)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	spec, err := sf.speculation(e)
+	if err != nil {
+		return err
+	}
 	if *warm && gpuOf(e.backend) != nil {
 		// The one-token decode steps at each context bucket the run will
 		// meet, and with --speculative the verifying steps (the engine's

@@ -86,6 +86,11 @@ func cmdServe(args []string) error {
 	if o.KVCacheFraction == 0 {
 		o.KVCacheFraction = autoKVFraction // set for the backend that opens
 	}
+	closeDraft, err := sf.openDraft(&o)
+	if err != nil {
+		return err
+	}
+	defer closeDraft()
 	loadStart := time.Now()
 	e, err := newEngineOptions(m, &ef, o)
 	if err != nil {
@@ -107,11 +112,10 @@ func cmdServe(args []string) error {
 	if budget == 0 {
 		budget = e.MaxStepTokens()
 	}
-	speculation, closeDraft, err := sf.speculation(e)
+	speculation, err := sf.speculation(e)
 	if err != nil {
 		return err
 	}
-	defer closeDraft()
 	if *warm && gpu != nil {
 		// The warm-up only moves first-use work earlier: a step of it that
 		// fails (out of memory at a shape the server would shrink) is

@@ -37,6 +37,9 @@ var Shapes = map[string]Shape{
 	"stories110m": {Name: "stories110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 32000, Context: 1024, Tied: true},
 	// llama3-8b: Llama 3 8B's shape.
 	"llama3-8b": {Name: "llama3-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192},
+	// llama3.2-1b: Llama 3.2 1B's shape (tied embeddings) with the 8B's
+	// context: a draft model of the llama3-8b shape's vocabulary.
+	"llama3.2-1b": {Name: "llama3.2-1b", Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 128256, Context: 8192, Tied: true},
 	// llama3.1-8b: Llama 3.1 8B's, its 131,072 positions by llama3 RoPE
 	// scaling: long prefills (tools/gpu/long-bench.sh).
 	"llama3.1-8b": {Name: "llama3.1-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 131072,

@@ -66,9 +66,6 @@ func newMetrics(s *Scheduler, jitWork func() int64) *metrics {
 	counter("kiln:spec_decode_num_drafts_total", "Sequence steps that verified drafted tokens (speculative decoding).", func(st Stats) float64 { return float64(st.SpecDrafts) })
 	counter("kiln:spec_decode_num_draft_tokens_total", "Tokens drafted for speculative decoding.", func(st Stats) float64 { return float64(st.SpecDraftTokens) })
 	counter("kiln:spec_decode_num_accepted_tokens_total", "Drafted tokens kept by verification.", func(st Stats) float64 { return float64(st.SpecAcceptedTokens) })
-	counter("kiln:spec_decode_num_candidates_total", "Sequence steps whose speculation governor let them draft (the plan's candidates).", func(st Stats) float64 { return float64(st.SpecCandidates) })
-	counter("kiln:spec_decode_num_passed_total", "Candidates the plan of drafts passed over: drafting would have made the batch's step yield fewer tokens a second.", func(st Stats) float64 { return float64(st.SpecPassed) })
-	counter("kiln:spec_decode_num_empty_drafts_total", "Drafting tries that proposed nothing (prompt lookup found no match).", func(st Stats) float64 { return float64(st.SpecEmpty) })
 	counter("kiln:num_oom_retries_total", "Steps that failed for lack of device memory and were retried smaller instead of failing their requests.", func(st Stats) float64 { return float64(st.OOMRetries) })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kiln:jit_fallback_total",
 		Help: "Kernel modules compiled and first-use choices (product kernels, decode attention splits) timed at run time: with --artifact, what the artifact did not hold."},

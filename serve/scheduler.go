@@ -131,11 +131,9 @@ type Request struct {
 	draftTime time.Duration
 	mayDraft  bool // gov's answer for the step being gathered
 	// means are r's tokens drafted and kept a drafting step, for the
-	// plan (once measured); passedOver counts the steps since the plan
-	// last chose r, probeWait those after which it is tried again.
-	means                 draftMeans
-	measured              bool
-	passedOver, probeWait int
+	// plan (once measured).
+	means    draftMeans
+	measured bool
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -235,10 +233,6 @@ type Stats struct {
 	// Speculative decoding (vLLM's spec_decode counters): the sequences'
 	// steps that verified drafts, the tokens drafted, and those kept.
 	SpecDrafts, SpecDraftTokens, SpecAcceptedTokens uint64
-	// The plan of drafts (speculate.go): request-steps whose governors let
-	// them draft, those of them the plan passed over, and drafting tries
-	// that drafted nothing.
-	SpecCandidates, SpecPassed, SpecEmpty uint64
 }
 
 // NewScheduler makes a scheduler for e; Run starts it.
@@ -874,9 +868,10 @@ func (s *Scheduler) gather() {
 				m = planDrafts(len(s.items), prompt, budget+len(s.items), cands, s.costs)
 			}
 			for i, c := range cands {
-				s.chosen(c, i < m)
 				if i < m {
 					drafted = s.addDraft(c.r, c.item, spec, &budget, &need) || drafted
+				} else {
+					s.passed(c.r)
 				}
 			}
 		}
@@ -924,7 +919,7 @@ func (s *Scheduler) addDraft(r *Request, i int, spec *engine.Speculation, budget
 	t0 := time.Now()
 	draft := r.drafter.Draft(r.tokens, k)
 	r.draftTime = time.Since(t0)
-	s.drafted(r, len(draft), r.draftTime)
+	s.drafted(r, len(draft))
 	if len(draft) == 0 {
 		*need += s.e.BlocksToGrow(r.seq, 1) - one
 		return false

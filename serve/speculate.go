@@ -82,7 +82,6 @@ type draftCandidate struct {
 	item         int // r's item in the step
 	drafts, kept float64
 	draftTime    time.Duration
-	probe        bool // the untried prior's means, r due a try
 }
 
 // planDrafts orders cands best first (most kept drafts expected) and
@@ -130,74 +129,41 @@ func planDrafts(n, prompt, maxTokens int, cands []draftCandidate, costs *stepCos
 }
 
 // draftMeans are moving means of the tokens drafted and kept in a step
-// that asked for drafts (none drafted: none kept), and of the drafting's
-// time.
-type draftMeans struct {
-	drafts, kept float64
-	time         float64 // seconds
-}
+// that asked for drafts (none drafted: none kept).
+type draftMeans struct{ drafts, kept float64 }
 
-// A request the plan passes over is tried again (its text may repeat
-// later): after probeMin steps passed over it is a candidate as if it had
-// never drafted (every token drafted and kept), and each time such a try
-// is what gets it chosen the wait doubles, up to probeMax steps, so that
-// tries which do not pay take little of the time; a choice on its own
-// means starts the wait over.
-const (
-	probeMin = 8
-	probeMax = 256
-)
+// passedWeight is the weight of the batch's means in a request's, each
+// step the plan passes it over: a request once found to draft poorly is
+// tried again in time (its text may repeat later).
+const passedWeight = 1.0 / 32
 
 // candidate is decoding request r, item i of the step, as a candidate to
-// draft up to k tokens: with its own means once measured, else the batch's
-// (or its untried prior when it is due a try).
+// draft up to k tokens: with its own means once measured, else the batch's.
 func (s *Scheduler) candidate(r *Request, i, k int) draftCandidate {
-	s.statsMu.Lock()
-	s.stats.SpecCandidates++
-	s.statsMu.Unlock()
 	m := s.specMeans
-	probe := false
-	switch {
-	case r.measured && r.passedOver >= max(r.probeWait, probeMin):
-		m, probe = draftMeans{drafts: float64(k), kept: float64(k), time: r.means.time}, true
-	case r.measured:
+	if r.measured {
 		m = r.means
 	}
-	return draftCandidate{r: r, item: i, drafts: min(m.drafts, float64(k)), kept: min(m.kept, float64(k)),
-		draftTime: time.Duration(m.time * float64(time.Second)), probe: probe}
+	return draftCandidate{r: r, item: i, drafts: min(m.drafts, float64(k)), kept: min(m.kept, float64(k)), draftTime: r.draftTime}
 }
 
-// chosen records the plan's answer for candidate c.
-func (s *Scheduler) chosen(c draftCandidate, drafts bool) {
-	r := c.r
-	if !drafts {
-		r.passedOver++
-		s.statsMu.Lock()
-		s.stats.SpecPassed++
-		s.statsMu.Unlock()
-		return
-	}
-	r.passedOver = 0
-	if c.probe {
-		r.probeWait = min(2*max(r.probeWait, probeMin), probeMax)
-	} else {
-		r.probeWait = probeMin
+// passed moves r's means toward the batch's: the plan passed r over.
+func (s *Scheduler) passed(r *Request) {
+	if r.measured {
+		r.means.drafts += passedWeight * (s.specMeans.drafts - r.means.drafts)
+		r.means.kept += passedWeight * (s.specMeans.kept - r.means.kept)
 	}
 }
 
-// drafted records that r drafted n tokens (n may be 0) in d.
-func (s *Scheduler) drafted(r *Request, n int, d time.Duration) {
-	m := &s.specMeans
-	m.drafts, m.time = moveMean(m.drafts, float64(n)), moveMean(m.time, d.Seconds())
+// drafted records that r drafted n tokens (n may be 0).
+func (s *Scheduler) drafted(r *Request, n int) {
+	s.specMeans.drafts = moveMean(s.specMeans.drafts, float64(n))
 	if !r.measured {
-		r.measured, r.means = true, draftMeans{drafts: float64(n), kept: m.kept, time: d.Seconds()}
+		r.measured, r.means = true, draftMeans{drafts: float64(n), kept: s.specMeans.kept}
 	} else {
-		r.means.drafts, r.means.time = moveMean(r.means.drafts, float64(n)), moveMean(r.means.time, d.Seconds())
+		r.means.drafts = moveMean(r.means.drafts, float64(n))
 	}
 	if n == 0 {
-		s.statsMu.Lock()
-		s.stats.SpecEmpty++
-		s.statsMu.Unlock()
 		s.kept(r, 0)
 	}
 }

@@ -395,16 +395,6 @@ func (e *Engine) KVBytes() int64 {
 // MaxSeqs is the most sequences one step may hold.
 func (e *Engine) MaxSeqs() int { return cap(e.batch.Seqs) }
 
-// StepBucket is the token count of the bucket a step of tokens tokens runs
-// in (0: more than the largest).
-func (e *Engine) StepBucket(tokens int) int {
-	b, err := e.buckets.For(tokens, 1)
-	if err != nil {
-		return 0
-	}
-	return b.Tokens
-}
-
 // MaxStepTokens is the most tokens one step may hold.
 func (e *Engine) MaxStepTokens() int { return e.buckets.Max() }
 

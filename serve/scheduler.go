@@ -130,10 +130,6 @@ type Request struct {
 	gov       engine.Governor
 	draftTime time.Duration
 	mayDraft  bool // gov's answer for the step being gathered
-	// means are r's tokens drafted and kept a drafting step, for the
-	// plan (once measured).
-	means    draftMeans
-	measured bool
 }
 
 // ErrOverloaded is returned by Submit when the waiting queue is full.
@@ -173,12 +169,6 @@ type Scheduler struct {
 	broken atomic.Pointer[error]
 	// meanStep is the moving mean of the steps' times (for SlowStep).
 	meanStep time.Duration
-	// Speculation's plan (speculate.go): the steps' costs, the step's
-	// candidates, and the moving means of the tokens a drafting request
-	// drafts and keeps a step.
-	costs     *stepCosts
-	cands     []draftCandidate
-	specMeans draftMeans
 }
 
 // Broken is the error that left the engine unable to run steps, or nil:
@@ -247,12 +237,7 @@ func NewScheduler(e *engine.Engine, cfg Config) (*Scheduler, error) {
 		return nil, fmt.Errorf("serve: max-num-seqs %d exceeds the engine's %d sequences", cfg.MaxNumSeqs, e.MaxSeqs())
 	}
 	cfg.MaxNumSeqs = min(cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
-	s := &Scheduler{e: e, cfg: cfg, wake: make(chan struct{}, 1)}
-	if sp := cfg.Speculation; sp != nil {
-		s.costs = newStepCosts(e.StepBucket)
-		s.specMeans = draftMeans{drafts: float64(sp.K), kept: float64(sp.K)} // until measured: try
-	}
-	return s, nil
+	return &Scheduler{e: e, cfg: cfg, wake: make(chan struct{}, 1)}, nil
 }
 
 // Submit queues r, or refuses with ErrOverloaded when the queue is full. The
@@ -489,13 +474,6 @@ func (s *Scheduler) step() {
 	}
 	s.loosen()
 	s.noteStepTime(stepTime, speculating)
-	if s.costs != nil {
-		tokens := 0
-		for _, it := range s.items {
-			tokens += len(it.Tokens)
-		}
-		s.costs.record(tokens, stepTime)
-	}
 	var alloc, used int64
 	for _, r := range s.running {
 		alloc += int64(r.seq.Blocks() * s.e.KVSpec().BlockSize)
@@ -601,7 +579,6 @@ func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
 			}
 		}
 		r.gov.Verified(stepTime+r.draftTime, kept+1)
-		s.kept(r, kept)
 		s.statsMu.Lock()
 		s.stats.SpecDrafts++
 		s.stats.SpecDraftTokens += uint64(len(draft))
@@ -844,38 +821,17 @@ func (s *Scheduler) gather() {
 		}
 		spec := s.cfg.Speculation
 		speculate := spec != nil && decoding <= s.cfg.SpeculateMaxSeqs && s.limit.tokens == 0 && !noDrafts
-		cands := s.cands[:0]
+		drafted := false
 		for k := range s.running {
 			r := s.running[(first+k)%len(s.running)]
 			r.draft = nil
 			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
 				if speculate && r.mayDraft {
-					cands = append(cands, s.candidate(r, len(s.items)-1, spec.K))
+					drafted = s.addDraft(r, spec, &budget, &need) || drafted
 				}
 			}
 		}
-		drafted := false
-		if len(cands) > 0 {
-			m := len(cands)
-			if !spec.Always {
-				prompt := 0 // the prompt tokens waiting to be stepped
-				for _, r := range s.running {
-					if left := len(r.tokens) - r.cached; left > 1 {
-						prompt += left
-					}
-				}
-				m = planDrafts(len(s.items), prompt, budget+len(s.items), cands, s.costs)
-			}
-			for i, c := range cands {
-				if i < m {
-					drafted = s.addDraft(c.r, c.item, spec, &budget, &need) || drafted
-				} else {
-					s.passed(c.r)
-				}
-			}
-		}
-		s.cands = cands
 		for _, r := range s.running {
 			left := len(r.tokens) - r.cached
 			if len(r.followers) > 0 {
@@ -901,11 +857,11 @@ func (s *Scheduler) gather() {
 	}
 }
 
-// addDraft drafts tokens after decoding request r, item i of the step,
-// within the step's token budget, the tokens r may still generate and the
-// context, and makes its item carry them (every row's logits wanted). It
-// reports whether it drafted any.
-func (s *Scheduler) addDraft(r *Request, i int, spec *engine.Speculation, budget, need *int) bool {
+// addDraft drafts tokens after decoding request r, the last item, within
+// the step's token budget, the tokens r may still generate and the context,
+// and makes its item carry them (every row's logits wanted). It reports
+// whether it drafted any.
+func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need *int) bool {
 	k := min(spec.K, *budget, s.e.ContextLen()-len(r.tokens)-1)
 	if p := r.Params; p.MaxTokens > 0 {
 		k = min(k, p.MaxTokens-r.generated-1)
@@ -919,11 +875,11 @@ func (s *Scheduler) addDraft(r *Request, i int, spec *engine.Speculation, budget
 	t0 := time.Now()
 	draft := r.drafter.Draft(r.tokens, k)
 	r.draftTime = time.Since(t0)
-	s.drafted(r, len(draft))
 	if len(draft) == 0 {
 		*need += s.e.BlocksToGrow(r.seq, 1) - one
 		return false
 	}
+	i := len(s.items) - 1
 	*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - one
 	s.items[i].Tokens = append(slices.Clip(s.items[i].Tokens), draft...)
 	s.items[i].AllRows = true

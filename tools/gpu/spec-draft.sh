@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after tools/gpu/build.sh here: speculative
 # decoding with a draft model whose keys and values share the target's KV
-# cache, and kiln serve's plan of drafts for the batch (issue 19).
+# cache, in kiln run and kiln serve (issue 19).
 #  1. kiln run, the demo model drafting for itself (--draft-model
 #     demo/files, 4 drafts), greedy, 256 tokens, a War and Peace passage:
 #     the draft's entries are read back through its target's block tables,
@@ -11,10 +11,12 @@
 #     "1 4 16 64"), one run after another on each server: plain, prompt
 #     lookup (4 drafts) and a random Llama-3.2-1B-shaped draft model (4
 #     drafts; random, so its drafts are few kept: the cost of drafting
-#     where it does not pay), each --speculative-max-seqs 64 so that the
-#     plan alone decides.
-#  3. kiln serve of the demo model, plain and drafting for itself, at 1, 64
-#     and 256 streams on one server each.
+#     where it does not pay), each --speculative-max-seqs MAX_SPECS
+#     (default 4, kiln serve's).
+#  3. kiln serve of the demo model, plain and drafting for itself (its
+#     drafts all kept but for rounding: the shared cache's entries are
+#     right on the GPU), at 1, 64 and 256 streams on one server each,
+#     drafting at any batch (--speculative-max-seqs 256).
 # Prints tables of output tokens/s and the spec_decode counters; logs
 # under $OUT.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/spec-draft.sh", carry [".devpack"]
@@ -57,9 +59,10 @@ tok=$llama3_tok
 draft=$keep/llama3.2-1b-bf16
 [ -f "$draft/config.json" ] || $k bench model --random llama3.2-1b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$work/write-1b.txt" 2>&1
 streams=${STREAMS:-1 4 16 64}
+max_specs=${MAX_SPECS:-4}
 serve_mode 8b-plain "$streams" "$bf16" --max-num-seqs 64
-serve_mode 8b-ngram "$streams" "$bf16" --max-num-seqs 64 --speculative ngram --num-speculative-tokens 4 --speculative-max-seqs 64
-serve_mode 8b-draft "$streams" "$bf16" --max-num-seqs 64 --draft-model "$draft" --num-speculative-tokens 4 --speculative-max-seqs 64
+serve_mode 8b-ngram "$streams" "$bf16" --max-num-seqs 64 --speculative ngram --num-speculative-tokens 4 --speculative-max-seqs "$max_specs"
+serve_mode 8b-draft "$streams" "$bf16" --max-num-seqs 64 --draft-model "$draft" --num-speculative-tokens 4 --speculative-max-seqs "$max_specs"
 
 tok=demo/files/tokenizer.json
 serve_mode demo-plain "1 64 256" demo/files --max-num-seqs 256

@@ -38,6 +38,14 @@ type DraftSession interface {
 	Release()
 }
 
+// BatchDrafter is a SessionDrafter that drafts for several of its sessions
+// at once (a draft model's steps batched over their sequences): up to k[i]
+// tokens after tokens[i] for sessions[i].
+type BatchDrafter interface {
+	SessionDrafter
+	DraftBatch(sessions []DraftSession, tokens [][]int, k []int) [][]int
+}
+
 // Session is sp's drafter for the target engine's sequence target (see
 // SessionDrafter) and the function that releases it.
 func (sp Speculation) Session(target *Sequence) (Drafter, func()) {
@@ -92,12 +100,22 @@ func (s *modelSession) Release() {
 // Draft runs the draft model over what tokens has beyond what it holds,
 // then k greedy steps. A failed step (the cache full) drafts less.
 func (s *modelSession) Draft(tokens []int, k int) []int {
+	return ModelDrafter{E: s.e}.DraftBatch([]DraftSession{s}, [][]int{tokens}, []int{k})[0]
+}
+
+// begin readies s to draft up to k tokens after tokens: its sequence cut
+// back to what it holds of tokens (in blocks its target still holds), room
+// for the drafts reserved on the target, and a long catch-up prefilled.
+// It returns the tokens the first draft step appends (the rest of what the
+// draft model has not seen, and the last token) and the drafts it may
+// make, or 0 when it cannot draft.
+func (s *modelSession) begin(tokens []int, k int) ([]int, int) {
 	if k <= 0 || len(tokens) < 1 {
-		return nil
+		return nil, 0
 	}
 	k = min(k, s.e.ctxLen-len(tokens))
 	if k <= 0 {
-		return nil
+		return nil, 0
 	}
 	held := len(tokens) - 1 // the cache holds all but the last token
 	c := 0
@@ -106,14 +124,14 @@ func (s *modelSession) Draft(tokens []int, k int) []int {
 	}
 	if s.target != nil {
 		if s.target.freed {
-			return nil
+			return nil, 0
 		}
 		// Room in the target's blocks for the drafts' entries (k steps
 		// write from held on), then the entries the draft model wrote
 		// are its only in blocks the target still holds where they were
 		// (a block copied on write has the target's entries only).
 		if err := s.e.owner.Reserve(s.target, held+k-s.target.len); err != nil {
-			return nil
+			return nil, 0
 		}
 		bs := s.e.spec.BlockSize
 		for i := 0; i*bs < c; i++ {
@@ -126,35 +144,99 @@ func (s *modelSession) Draft(tokens []int, k int) []int {
 	if s.seq == nil {
 		var err error
 		if s.seq, err = s.newSequence(); err != nil {
-			return nil
+			return nil, 0
 		}
 	}
 	if err := s.e.Truncate(s.seq, c); err != nil {
-		return nil
+		return nil, 0
 	}
-	s.toks = append(s.toks[:c], tokens[c:held]...)
+	s.toks = s.toks[:c]
 	if s.target != nil {
 		s.wrote = append(s.wrote[:0], s.target.blocks...)
 	}
-	if c < held {
+	if held-c >= s.e.buckets.Max()/2 {
+		// A long catch-up (a new sequence's prompt) in steps of its own.
 		if _, err := s.e.Prefill(s.seq, tokens[c:held], false); err != nil {
 			s.reset()
-			return nil
+			return nil, 0
 		}
+		s.toks = append(s.toks, tokens[c:held]...)
+		c = held
 	}
-	var out []int
-	next := tokens[held]
-	greedy := []*Sampler{NewSampler(SamplingParams{}, s.e.vocab, nil)} // chosen on the device where it samples
-	for range k {
-		ids, err := s.e.StepSample([]Item{{Seq: s.seq, Tokens: []int{next}}}, greedy)
-		if err != nil {
-			break
+	return tokens[c:], k
+}
+
+// DraftBatch drafts for several sessions of m at once, up to k[i] tokens
+// after tokens[i] for session i: the draft model's steps run over the
+// sessions together (k steps for a batch, not for each session), greedily,
+// as many sessions in a batch as a step holds. A session that is not one
+// of m's drafts alone. A failed step ends its batch's drafts there.
+func (m ModelDrafter) DraftBatch(sessions []DraftSession, tokens [][]int, k []int) [][]int {
+	out := make([][]int, len(sessions))
+	var batch []drafting
+	total := 0
+	for i, ds := range sessions {
+		s, ok := ds.(*modelSession)
+		if !ok || s.e != m.E {
+			out[i] = ds.Draft(tokens[i], k[i])
+			continue
 		}
-		s.toks = append(s.toks, next)
-		next = ids[0]
-		out = append(out, next)
+		first, n := s.begin(tokens[i], k[i])
+		if n == 0 {
+			continue
+		}
+		if total+len(first) > m.E.buckets.Max() || len(batch) == m.E.MaxSeqs() {
+			m.run(batch, out)
+			batch, total = batch[:0], 0
+		}
+		batch = append(batch, drafting{s: s, first: first, k: n, at: i})
+		total += len(first)
 	}
+	m.run(batch, out)
 	return out
+}
+
+// drafting is one session's part of a batch of draft steps: the tokens
+// its first step appends, its drafts wanted, and its place in the result.
+type drafting struct {
+	s     *modelSession
+	first []int
+	k, at int
+}
+
+// run steps batch's sessions together, drafts into out.
+func (m ModelDrafter) run(batch []drafting, out [][]int) {
+	steps := 0
+	for _, d := range batch {
+		steps = max(steps, d.k)
+	}
+	greedy := NewSampler(SamplingParams{}, m.E.vocab, nil) // chosen on the device where it samples
+	items := make([]Item, 0, len(batch))
+	samplers := make([]*Sampler, 0, len(batch))
+	owners := make([]drafting, 0, len(batch))
+	for step := range steps {
+		items, samplers, owners = items[:0], samplers[:0], owners[:0]
+		for _, d := range batch {
+			if step >= d.k {
+				continue
+			}
+			t := d.first
+			if step > 0 {
+				t = out[d.at][step-1:] // the last draft
+			}
+			items = append(items, Item{Seq: d.s.seq, Tokens: t})
+			samplers = append(samplers, greedy)
+			owners = append(owners, d)
+		}
+		ids, err := m.E.StepSample(items, samplers)
+		if err != nil {
+			return
+		}
+		for n, d := range owners {
+			d.s.toks = append(d.s.toks, items[n].Tokens...)
+			out[d.at] = append(out[d.at], ids[n])
+		}
+	}
 }
 
 // newSequence is the session's draft sequence: borrowing its target's

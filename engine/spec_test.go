@@ -10,6 +10,7 @@ import (
 	"kiln/demo"
 	"kiln/engine"
 	"kiln/internal/devsample"
+	"kiln/internal/stephook"
 	"kiln/internal/testmodel"
 	"kiln/model"
 )
@@ -481,5 +482,61 @@ func TestDraftCacheSizing(t *testing.T) {
 	// (the host's free memory is read twice) within 10%.
 	if r := float64(n2) / float64(n1); r < 0.45 || r > 0.55 {
 		t.Errorf("%d blocks with the draft's entries, %d without: ratio %.3f, want 0.5", n2, n1, r)
+	}
+}
+
+// TestDraftBatch: sessions drafting together (ModelDrafter.DraftBatch)
+// draft what each would alone, in steps over all of them: the model
+// drafting for itself proposes each sequence's greedy continuation, after
+// a first draft and after a catch-up of kept drafts.
+func TestDraftBatch(t *testing.T) {
+	batched := 0 // draft steps of one token for each of three sequences
+	b := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
+		if len(b.Seqs) == 3 && len(b.Tokens) == 3 {
+			batched++
+		}
+		return nil
+	}}
+	m, _, err := demo.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	e, enc := demoEngineWith(t, b, engine.Options{MaxSeqs: 4, DraftModel: m, Buckets: []int{1, 2, 4, 8, 16, 64}})
+	d := engine.ModelDrafter{E: e.Draft()}
+	texts := []string{repetitive, "And God said, Let there be light: and there was light.", "The LORD is my shepherd; I shall not want."}
+	var prompts, wants [][]int
+	var sessions []engine.DraftSession
+	for _, text := range texts {
+		p := enc(text)
+		prompts = append(prompts, p)
+		wants = append(wants, generate(t, e, p, engine.SamplingParams{MaxTokens: 8}, nil))
+		seq := e.NewSequence()
+		if _, err := e.Prefill(seq, p[:len(p)-1], false); err != nil {
+			t.Fatal(err)
+		}
+		s := d.Session(seq)
+		t.Cleanup(s.Release)
+		sessions = append(sessions, s)
+	}
+	got := d.DraftBatch(sessions, prompts, []int{4, 4, 2})
+	for i, n := range []int{4, 4, 2} {
+		if !slices.Equal(got[i], wants[i][:n]) {
+			t.Errorf("sequence %d: drafts %v, want %v", i, got[i], wants[i][:n])
+		}
+	}
+	// Two drafts kept and the next token: the sessions catch up on them.
+	var later [][]int
+	for i, p := range prompts {
+		later = append(later, append(slices.Clone(p), wants[i][:3]...))
+	}
+	got = d.DraftBatch(sessions, later, []int{4, 4, 4})
+	for i := range got {
+		if !slices.Equal(got[i], wants[i][3:7]) {
+			t.Errorf("sequence %d, after a catch-up: drafts %v, want %v", i, got[i], wants[i][3:7])
+		}
+	}
+	if batched < 4 {
+		t.Errorf("%d draft steps of the three sequences together, want at least 4", batched)
 	}
 }

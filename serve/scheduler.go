@@ -169,6 +169,8 @@ type Scheduler struct {
 	broken atomic.Pointer[error]
 	// meanStep is the moving mean of the steps' times (for SlowStep).
 	meanStep time.Duration
+	// drafting is the step's decoding requests that draft (gather's).
+	drafting []draftItem
 }
 
 // Broken is the error that left the engine unable to run steps, or nil:
@@ -821,17 +823,19 @@ func (s *Scheduler) gather() {
 		}
 		spec := s.cfg.Speculation
 		speculate := spec != nil && decoding <= s.cfg.SpeculateMaxSeqs && s.limit.tokens == 0 && !noDrafts
-		drafted := false
+		drafting := s.drafting[:0] // decoding requests that draft, and their items
 		for k := range s.running {
 			r := s.running[(first+k)%len(s.running)]
 			r.draft = nil
 			if len(r.tokens)-r.cached == 1 && budget > 0 && len(s.items) < seqs {
 				add(r, 1)
 				if speculate && r.mayDraft {
-					drafted = s.addDraft(r, spec, &budget, &need) || drafted
+					drafting = append(drafting, draftItem{r, len(s.items) - 1})
 				}
 			}
 		}
+		s.drafting = drafting
+		drafted := len(drafting) > 0 && s.addDrafts(drafting, spec, &budget, &need)
 		for _, r := range s.running {
 			left := len(r.tokens) - r.cached
 			if len(r.followers) > 0 {
@@ -857,35 +861,75 @@ func (s *Scheduler) gather() {
 	}
 }
 
-// addDraft drafts tokens after decoding request r, the last item, within
-// the step's token budget, the tokens r may still generate and the context,
-// and makes its item carry them (every row's logits wanted). It reports
-// whether it drafted any.
-func (s *Scheduler) addDraft(r *Request, spec *engine.Speculation, budget, need *int) bool {
-	k := min(spec.K, *budget, s.e.ContextLen()-len(r.tokens)-1)
-	if p := r.Params; p.MaxTokens > 0 {
-		k = min(k, p.MaxTokens-r.generated-1)
+// draftItem is a decoding request that drafts this step, and its item.
+type draftItem struct {
+	r    *Request
+	item int
+}
+
+// addDrafts drafts tokens after each of the decoding requests ds, within the
+// step's token budget, the tokens each may still generate and the context,
+// and makes their items carry them (every row's logits wanted): all at
+// once where the drafter batches its work (a draft model's steps over all
+// their sequences), else one request after another. Each request's
+// drafting time is the time the step waited for drafts. It reports whether
+// any drafted.
+func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, need *int) bool {
+	sessions := make([]engine.Drafter, 0, len(ds))
+	tokens := make([][]int, 0, len(ds))
+	ks := make([]int, 0, len(ds))
+	ones := make([]int, 0, len(ds))
+	left := *budget
+	for _, d := range ds {
+		r := d.r
+		k := min(spec.K, left, s.e.ContextLen()-len(r.tokens)-1)
+		if p := r.Params; p.MaxTokens > 0 {
+			k = min(k, p.MaxTokens-r.generated-1)
+		}
+		k = max(k, 0)
+		left -= k
+		if r.drafter == nil {
+			r.drafter, r.releaseDraft = spec.Session(r.seq)
+		}
+		sessions, tokens, ks = append(sessions, r.drafter), append(tokens, r.tokens), append(ks, k)
+		// The blocks the item's token needs, counted in need: a draft
+		// model that shares the cache takes them, and the drafts', as it
+		// drafts.
+		ones = append(ones, s.e.BlocksToGrow(r.seq, 1))
 	}
-	if r.drafter == nil {
-		r.drafter, r.releaseDraft = spec.Session(r.seq)
-	}
-	// The blocks the item's token needs, counted in need: a draft model
-	// that shares the cache takes them, and the drafts', as it drafts.
-	one := s.e.BlocksToGrow(r.seq, 1)
 	t0 := time.Now()
-	draft := r.drafter.Draft(r.tokens, k)
-	r.draftTime = time.Since(t0)
-	if len(draft) == 0 {
-		*need += s.e.BlocksToGrow(r.seq, 1) - one
-		return false
+	var drafts [][]int
+	if bd, ok := spec.Drafter.(engine.BatchDrafter); ok {
+		ss := make([]engine.DraftSession, len(sessions))
+		for i, d := range sessions {
+			ss[i] = d.(engine.DraftSession)
+		}
+		drafts = bd.DraftBatch(ss, tokens, ks)
+	} else {
+		for i, d := range sessions {
+			t := time.Now()
+			drafts = append(drafts, d.Draft(tokens[i], ks[i]))
+			ds[i].r.draftTime = time.Since(t)
+		}
 	}
-	i := len(s.items) - 1
-	*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - one
-	s.items[i].Tokens = append(slices.Clip(s.items[i].Tokens), draft...)
-	s.items[i].AllRows = true
-	*budget -= len(draft)
-	r.draft = draft
-	return true
+	batchTime := time.Since(t0)
+	any := false
+	for i, d := range ds {
+		r, draft := d.r, drafts[i]
+		if _, ok := spec.Drafter.(engine.BatchDrafter); ok {
+			r.draftTime = batchTime
+		}
+		*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - ones[i]
+		if len(draft) == 0 {
+			continue
+		}
+		s.items[d.item].Tokens = append(slices.Clip(s.items[d.item].Tokens), draft...)
+		s.items[d.item].AllRows = true
+		*budget -= len(draft)
+		r.draft = draft
+		any = true
+	}
+	return any
 }
 
 // shrink answers a step that failed for lack of device memory: the next

@@ -169,8 +169,17 @@ type Scheduler struct {
 	broken atomic.Pointer[error]
 	// meanStep is the moving mean of the steps' times (for SlowStep).
 	meanStep time.Duration
-	// drafting is the step's decoding requests that draft (gather's).
-	drafting []draftItem
+	// drafting is the step's decoding requests that draft (gather's), and
+	// draftTime the time the step waited for their drafts.
+	drafting  []draftItem
+	draftTime time.Duration
+	// gov judges drafting for the batch: verifying steps' decoded tokens
+	// over their time and their drafting's, against plain steps' time for
+	// each decoded token. Each request's own governor (Request.gov) judges
+	// its drafts by its own tokens, which in a batch cannot see that its
+	// drafts slow every request's step; drafting pauses when either says
+	// it does not pay.
+	gov engine.Governor
 }
 
 // Broken is the error that left the engine unable to run steps, or nil:
@@ -488,16 +497,20 @@ func (s *Scheduler) step() {
 	s.stats.KVSlotsUsed += used
 	s.statsMu.Unlock()
 	if speculating {
-		s.verify(engine.Rows{Logits: logits, IDs: ids, Vocab: s.e.Vocab()}, stepTime)
+		if decoded := s.verify(engine.Rows{Logits: logits, IDs: ids, Vocab: s.e.Vocab()}, stepTime); decoded > 0 {
+			s.gov.Verified(stepTime+s.draftTime, decoded)
+		}
 		s.publish()
 		return
 	}
+	decoding := 0
 	for i, r := range slices.Clone(s.itemOwner) {
 		n := len(s.items[i].Tokens)
 		if decode := r.generated > 0 && n == 1 && r.cached == len(r.tokens)-1; !decode {
 			s.count(n, 0) // prompt tokens, or generated ones recomputed
 		} else if s.cfg.Speculation != nil {
 			r.gov.PlainStep(stepTime)
+			decoding++
 		}
 		r.cached += n
 		if r.cached == len(r.tokens) {
@@ -508,6 +521,9 @@ func (s *Scheduler) step() {
 			}
 			s.emit(r, ids[i], row)
 		}
+	}
+	if decoding > 0 {
+		s.gov.PlainStep(stepTime / time.Duration(decoding)) // a decoded token's share
 	}
 	s.publish()
 }
@@ -536,7 +552,7 @@ func (s *Scheduler) noteStepTime(took time.Duration, speculating bool) {
 // each drafted request keeps its drafts up to the first its sampler
 // rejects and its cache drops the rest; every request that completed its
 // tokens takes its next token from its last row as a plain step would.
-func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
+func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) (decoded int) {
 	at := 0 // the next row
 	for i, r := range slices.Clone(s.itemOwner) {
 		it := s.items[i]
@@ -554,6 +570,7 @@ func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
 				s.count(n, 0)
 			} else {
 				r.gov.PlainStep(stepTime)
+				decoded++
 			}
 			r.cached += n
 			if r.cached == len(r.tokens) {
@@ -581,6 +598,7 @@ func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
 			}
 		}
 		r.gov.Verified(stepTime+r.draftTime, kept+1)
+		decoded += kept + 1
 		s.statsMu.Lock()
 		s.stats.SpecDrafts++
 		s.stats.SpecDraftTokens += uint64(len(draft))
@@ -599,6 +617,7 @@ func (s *Scheduler) verify(rows engine.Rows, stepTime time.Duration) {
 		}
 		s.emit(r, final, s.logprobRow(r, rows.Row(first+kept)))
 	}
+	return decoded
 }
 
 // logprobRow is row when r wants log-probabilities, else nil.
@@ -788,8 +807,10 @@ func (s *Scheduler) gather() {
 	// Each request's governor is asked once a step (a pause counts steps),
 	// before any retry below.
 	sp := s.cfg.Speculation
+	batch := sp != nil && s.gov.Drafting()
 	for _, r := range s.running {
-		r.mayDraft = sp != nil && (sp.Always || r.gov.Drafting())
+		mine := r.gov.Drafting()
+		r.mayDraft = sp != nil && (sp.Always || batch && mine)
 	}
 	noDrafts := false // set when the drafts' blocks would preempt a request
 	for {
@@ -913,6 +934,7 @@ func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, 
 		}
 	}
 	batchTime := time.Since(t0)
+	s.draftTime = batchTime
 	any := false
 	for i, d := range ds {
 		r, draft := d.r, drafts[i]

@@ -747,3 +747,103 @@ func (d knownDrafter) Draft(tokens []int, k int) []int {
 	}
 	return slices.Clone(d.plain[n:min(n+k, len(d.plain))])
 }
+
+// batchDrafter drafts, for any of its prompts, the first right tokens of
+// its plain continuation and then tokens the model never chooses here.
+type batchDrafter struct {
+	plains [][]int
+	right  int
+	vocab  int
+}
+
+func (d batchDrafter) Draft(tokens []int, k int) []int {
+	for _, p := range d.plains {
+		n := len(tokens)
+		if n >= len(p) || !slices.Equal(tokens, p[:n]) {
+			continue
+		}
+		out := slices.Clone(p[n:min(n+k, len(p))])
+		for i := d.right; i < len(out); i++ {
+			out[i] = d.vocab - 1
+		}
+		return out
+	}
+	return nil
+}
+
+// TestSpeculationInBatch: 8 requests arriving a few steps apart, each
+// keeping half of its drafts. Where a step's cost is mostly fixed they
+// draft at most steps; where it grows with its tokens (compute-bound)
+// drafting does not pay for the batch, and the batch's governor pauses it
+// although each request's own governor sees it pay; the output is the
+// same either way.
+func TestSpeculationInBatch(t *testing.T) {
+	ps := prompts(8)
+	want := alone(t, stories(t, 8, 0), ps, 40)
+	var plains [][]int
+	for i, p := range ps {
+		plains = append(plains, append(slices.Clone(p), want[i]...))
+	}
+	for _, tc := range []struct {
+		name       string
+		fixed, a   time.Duration // a step's time: fixed + a×(its tokens' power-of-two bucket)
+		minV, maxV int           // verifying request-steps
+	}{
+		// Plain steps of 8 tokens take 10 ms. One request drafting takes
+		// the step to 18 ms and yields it 3 tokens, more than its 1 in a
+		// plain step's 10 ms, so its governor sees drafting pay; but the
+		// batch's 8 take 10 ms, and so at every number drafting.
+		// (The requests' governors alone drafted in about 100
+		// request-steps.)
+		{"compute-bound", 2 * time.Millisecond, time.Millisecond, 0, 30},
+		// 40.8 ms plain, 46.4 ms drafting.
+		{"fixed costs", 40 * time.Millisecond, 100 * time.Microsecond, 80, 320},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			timed := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
+				padded := 1 // the step's bucket, as a GPU runs it
+				for padded < len(b.Tokens) {
+					padded *= 2
+				}
+				time.Sleep(tc.fixed + time.Duration(padded)*tc.a)
+				return nil
+			}}
+			e, err := engine.New(m, timed, engine.Options{MaxSeqs: 8, BlockSize: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			d := batchDrafter{plains: plains, right: 2, vocab: e.Vocab()}
+			s := runScheduler(t, e, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 512, SpeculateMaxSeqs: 8,
+				Speculation: &engine.Speculation{Drafter: d, K: 4}})
+			var rs []*Request
+			for _, p := range ps {
+				r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 40, IgnoreStop: true}}
+				if err := s.Submit(r); err != nil {
+					t.Fatal(err)
+				}
+				rs = append(rs, r)
+				// Arrivals a few steps apart, as a server's: each
+				// request's governor starts at its own time.
+				time.Sleep(3 * (tc.fixed + 8*tc.a))
+			}
+			for i, r := range rs {
+				got, end := collect(t, r)
+				if end.Err != nil || !slices.Equal(got, want[i]) {
+					t.Errorf("request %d ended %+v with\n got %v\nwant %v", i, end, got, want[i])
+				}
+			}
+			waitIdle(t, s)
+			st := s.Stats()
+			t.Logf("%d verifying request-steps, %d drafted, %d kept, %d steps", st.SpecDrafts, st.SpecDraftTokens, st.SpecAcceptedTokens, st.Steps)
+			if int(st.SpecDrafts) < tc.minV || int(st.SpecDrafts) > tc.maxV {
+				t.Errorf("%d verifying request-steps, want %d to %d", st.SpecDrafts, tc.minV, tc.maxV)
+			}
+		})
+	}
+}

@@ -97,6 +97,29 @@ func collect(t *testing.T, r *Request) ([]int, Event) {
 	}
 }
 
+// timedStories is stories on the CPU for at most maxSeqs sequences, each
+// step taking cost(its tokens) more: a device's step times.
+func timedStories(t *testing.T, maxSeqs int, cost func(tokens int) time.Duration) *engine.Engine {
+	t.Helper()
+	timed := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
+		time.Sleep(cost(len(b.Tokens)))
+		return nil
+	}}
+	return storiesOn(t, timed, maxSeqs, 0)
+}
+
+// expectOutputs collects each of rs and checks that it ended without an
+// error with the tokens of want.
+func expectOutputs(t *testing.T, rs []*Request, want [][]int) {
+	t.Helper()
+	for i, r := range rs {
+		got, end := collect(t, r)
+		if end.Err != nil || !slices.Equal(got, want[i]) {
+			t.Errorf("request %d ended %+v:\n got %v\nwant %v", i, end, got, want[i])
+		}
+	}
+}
+
 func runScheduler(t testing.TB, e *engine.Engine, cfg Config) *Scheduler {
 	t.Helper()
 	s, err := NewScheduler(e, cfg)
@@ -294,12 +317,7 @@ func TestGroupForks(t *testing.T) {
 	if err := s.SubmitGroup(group); err != nil {
 		t.Fatal(err)
 	}
-	for i, r := range group {
-		got, end := collect(t, r)
-		if end.Err != nil || !slices.Equal(got, want[i]) {
-			t.Errorf("choice %d ended %+v:\n got %v\nwant %v", i, end, got, want[i])
-		}
-	}
+	expectOutputs(t, group, want)
 	waitIdle(t, s)
 	st := s.Stats()
 	if st.PromptTokens != uint64(len(prompt)+2) {
@@ -693,20 +711,7 @@ func TestSpeculationGovernor(t *testing.T) {
 		{"right drafts, fixed costs", 20 * time.Millisecond, 500 * time.Microsecond, true, 10, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
-			timed := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
-				time.Sleep(tc.fixed + time.Duration(len(b.Tokens))*tc.a)
-				return nil
-			}}
-			e, err := engine.New(m, timed, engine.Options{MaxSeqs: 2, BlockSize: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { e.Close() })
+			e := timedStories(t, 2, func(tokens int) time.Duration { return tc.fixed + time.Duration(tokens)*tc.a })
 			d := knownDrafter{plain: append(slices.Clone(p), want...), right: tc.right, vocab: e.Vocab()}
 			s := runScheduler(t, e, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64, SpeculateMaxSeqs: 2,
 				Speculation: &engine.Speculation{Drafter: d, K: 4}})
@@ -800,24 +805,13 @@ func TestSpeculationInBatch(t *testing.T) {
 		{"fixed costs", 40 * time.Millisecond, 100 * time.Microsecond, 80, 320},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := model.Load(testshared.Path(t, "models", "stories260K", "stories260K.bin"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
-			timed := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
+			e := timedStories(t, 8, func(tokens int) time.Duration {
 				padded := 1 // the step's bucket, as a GPU runs it
-				for padded < len(b.Tokens) {
+				for padded < tokens {
 					padded *= 2
 				}
-				time.Sleep(tc.fixed + time.Duration(padded)*tc.a)
-				return nil
-			}}
-			e, err := engine.New(m, timed, engine.Options{MaxSeqs: 8, BlockSize: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { e.Close() })
+				return tc.fixed + time.Duration(padded)*tc.a
+			})
 			d := batchDrafter{plains: plains, right: 2, vocab: e.Vocab()}
 			s := runScheduler(t, e, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 512, SpeculateMaxSeqs: 8,
 				Speculation: &engine.Speculation{Drafter: d, K: 4}})
@@ -832,12 +826,7 @@ func TestSpeculationInBatch(t *testing.T) {
 				// request's governor starts at its own time.
 				time.Sleep(3 * (tc.fixed + 8*tc.a))
 			}
-			for i, r := range rs {
-				got, end := collect(t, r)
-				if end.Err != nil || !slices.Equal(got, want[i]) {
-					t.Errorf("request %d ended %+v with\n got %v\nwant %v", i, end, got, want[i])
-				}
-			}
+			expectOutputs(t, rs, want)
 			waitIdle(t, s)
 			st := s.Stats()
 			t.Logf("%d verifying request-steps, %d drafted, %d kept, %d steps", st.SpecDrafts, st.SpecDraftTokens, st.SpecAcceptedTokens, st.Steps)

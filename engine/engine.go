@@ -456,7 +456,8 @@ func (e *Engine) Borrow(target *Sequence) (*Sequence, error) {
 }
 
 // Reserve makes s's block table hold n tokens past its length in blocks of
-// its own, without adding tokens: a shared partial block it would write
+// its own, without adding tokens (all of them, or none when the cache has
+// too few free): a shared partial block it would write
 // into is copied now (copy-on-write, as a step would), and blocks are
 // added. A draft model that shares the cache writes its drafts' entries
 // there before the step that verifies them. The reserved blocks are s's as
@@ -465,6 +466,9 @@ func (e *Engine) Borrow(target *Sequence) (*Sequence, error) {
 func (e *Engine) Reserve(s *Sequence, n int) error {
 	if s.freed || s.owner != nil {
 		return fmt.Errorf("reserve on a freed or borrowed sequence")
+	}
+	if need := e.BlocksToGrow(s, n); need > e.pool.available() {
+		return fmt.Errorf("kv cache is full (%d blocks wanted, %d free)", need, e.pool.available())
 	}
 	e.cow = e.cow[:0]
 	if n > 0 {
@@ -488,7 +492,7 @@ func (e *Engine) Reserve(s *Sequence, n int) error {
 // how many tokens they hold; the caller steps only the rest.
 func (e *Engine) NewSequenceFor(prompt []int) *Sequence {
 	s := e.NewSequence()
-	if !e.pool.prefix {
+	if !e.pool.prefix || e.owner != nil { // a draft engine's blocks hold no target entries to share
 		return s
 	}
 	bs := e.spec.BlockSize
@@ -514,8 +518,9 @@ func (e *Engine) NewSequenceFor(prompt []int) *Sequence {
 // partial block copies it (copy-on-write), so the two diverge from there.
 func (e *Engine) Fork(s *Sequence) *Sequence {
 	f := e.NewSequence()
-	f.blocks = append(f.blocks, s.blocks...)
-	for _, b := range s.blocks {
+	used := s.blocks[:(s.len+e.spec.BlockSize-1)/e.spec.BlockSize] // not blocks reserved past s's tokens (Reserve)
+	f.blocks = append(f.blocks, used...)
+	for _, b := range used {
 		e.pool.share(b)
 	}
 	f.len = s.len
@@ -857,8 +862,8 @@ func (e *Engine) advance(items []Item) {
 	for _, it := range items {
 		s := it.Seq
 		s.len += len(it.Tokens)
-		if !e.pool.prefix || s.owner != nil {
-			continue
+		if !e.pool.prefix || s.owner != nil || e.owner != nil {
+			continue // a draft engine's sequences index nothing: their blocks hold no target entries
 		}
 		s.tokens = append(s.tokens, it.Tokens...)
 		for full := len(s.hashes); (full+1)*bs <= s.len; full++ {

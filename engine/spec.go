@@ -83,11 +83,12 @@ func (m ModelDrafter) Session(target *Sequence) DraftSession {
 }
 
 type modelSession struct {
-	e      *Engine
-	target *Sequence // the target's sequence whose blocks seq borrows (nil: seq has its own)
-	seq    *Sequence
-	toks   []int   // the tokens in seq
-	wrote  []int32 // target's block table when the draft model last wrote through it
+	e       *Engine
+	target  *Sequence // the target's sequence whose blocks seq borrows (nil: seq has its own)
+	seq     *Sequence
+	toks    []int   // the tokens in seq
+	wrote   []int32 // target's block table when the draft model last wrote through it
+	trusted int     // how many of toks' entries a next draft may keep
 }
 
 func (s *modelSession) Release() {
@@ -119,7 +120,7 @@ func (s *modelSession) begin(tokens []int, k int) ([]int, int) {
 	}
 	held := len(tokens) - 1 // the cache holds all but the last token
 	c := 0
-	for c < min(len(s.toks), held) && s.toks[c] == tokens[c] {
+	for c < min(len(s.toks), held, s.trusted) && s.toks[c] == tokens[c] {
 		c++
 	}
 	if s.target != nil {
@@ -153,6 +154,14 @@ func (s *modelSession) begin(tokens []int, k int) ([]int, int) {
 	s.toks = s.toks[:c]
 	if s.target != nil {
 		s.wrote = append(s.wrote[:0], s.target.blocks...)
+	}
+	// The entries of tokens the draft model sees as a sequence's (before
+	// held) are kept for the next draft; the last token's and the drafts'
+	// are written where the target may release the blocks (Truncate after
+	// verifying; a step that drops its drafts) and are written again.
+	s.trusted = held
+	if s.target != nil {
+		s.trusted = min(held, s.target.len)
 	}
 	if held-c >= s.e.buckets.Max()/2 {
 		// A long catch-up (a new sequence's prompt) in steps of its own.

@@ -540,3 +540,79 @@ func TestDraftBatch(t *testing.T) {
 		t.Errorf("%d draft steps of the three sequences together, want at least 4", batched)
 	}
 }
+
+// TestReserve: Reserve takes all the blocks it is asked for or none; a
+// fork shares only the blocks that hold tokens, not those reserved past
+// them, so that the two write their own tokens into blocks of their own;
+// and a draft engine's own sequences (a one-off draft, a warm-up) put no
+// blocks in the prefix cache, whose target entries they never wrote.
+func TestReserve(t *testing.T) {
+	e, enc := demoWithDraft(t, nil, engine.Options{MaxSeqs: 3, KVBlocks: 12, BlockSize: 16, PrefixCaching: true, Buckets: []int{1, 2, 4, 8, 16, 64}})
+	prompt := enc(repetitive)[:32] // two full blocks
+	a := e.NewSequence()
+	if _, err := e.Prefill(a, prompt, false); err != nil {
+		t.Fatal(err)
+	}
+	free := e.FreeBlocks()
+	if err := e.Reserve(a, 16*(free+1)); err == nil || e.FreeBlocks() != free {
+		t.Fatalf("reserving more than the cache holds: %v, %d of %d blocks left free", err, e.FreeBlocks(), free)
+	}
+	if err := e.Reserve(a, 20); err != nil || e.FreeBlocks() != free-2 {
+		t.Fatalf("reserve 20 tokens: %v, %d free of %d", err, e.FreeBlocks(), free)
+	}
+	b := e.Fork(a)
+	// Different tokens after the fork: each must land in its own block.
+	la, err := e.Step([]engine.Item{{Seq: a, Tokens: []int{10}}, {Seq: b, Tokens: []int{20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rowA := slices.Clone(la[:e.Vocab()])
+	if _, err := e.Step([]engine.Item{{Seq: b, Tokens: []int{30}}}); err != nil { // b writes again
+		t.Fatal(err)
+	}
+	la2, err := e.Step([]engine.Item{{Seq: a, Tokens: []int{11}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.NewSequence() // the reference: a's tokens, no reservation, no fork
+	if _, err := e.Prefill(c, prompt, false); err != nil {
+		t.Fatal(err)
+	}
+	lc, err := e.Step([]engine.Item{{Seq: c, Tokens: []int{10}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxDiff(rowA, lc[:e.Vocab()]); d > 1e-4 {
+		t.Errorf("a's row after the fork differs from the reference by %g", d)
+	}
+	lc2, err := e.Step([]engine.Item{{Seq: c, Tokens: []int{11}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxDiff(la2[:e.Vocab()], lc2[:e.Vocab()]); d > 1e-4 {
+		t.Errorf("a's row after its fork wrote again differs from the reference by %g", d)
+	}
+	for _, s := range []*engine.Sequence{a, b, c} {
+		e.Free(s)
+	}
+	if e.FreeBlocks() != e.KVSpec().Blocks {
+		t.Errorf("%d of %d blocks free after", e.FreeBlocks(), e.KVSpec().Blocks)
+	}
+	// The draft engine's own sequences: nothing for the target to share.
+	other := enc("And God said, Let there be light: and there was light. And God saw the light, that it was good")
+	engine.ModelDrafter{E: e.Draft()}.Draft(other, 4)
+	before := e.PrefixStats()
+	s := e.NewSequenceFor(other)
+	defer e.Free(s)
+	if hits := e.PrefixStats().Hits - before.Hits; hits != 0 || s.Len() != 0 {
+		t.Errorf("the target found %d tokens of the draft's one-off sequence in the prefix cache", hits)
+	}
+}
+
+func maxDiff(a, b []float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}

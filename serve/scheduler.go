@@ -874,11 +874,23 @@ func (s *Scheduler) gather() {
 		}
 		if drafted {
 			// Drafts are optional: the step goes without them before
-			// any request is preempted for room.
+			// any request is preempted for room (and the blocks a
+			// draft model reserved for them go back).
 			noDrafts = true
+			for _, d := range drafting {
+				s.dropReserved(d.r)
+			}
 			continue
 		}
 		s.preempt()
+	}
+}
+
+// dropReserved releases the blocks r's sequence holds past its tokens (a
+// draft model that shares the cache reserves them for its drafts).
+func (s *Scheduler) dropReserved(r *Request) {
+	if r.seq != nil {
+		s.e.Truncate(r.seq, r.seq.Len()) // to its own length: cannot fail
 	}
 }
 
@@ -941,10 +953,12 @@ func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, 
 		if _, ok := spec.Drafter.(engine.BatchDrafter); ok {
 			r.draftTime = batchTime
 		}
-		*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - ones[i]
 		if len(draft) == 0 {
+			s.dropReserved(r)
+			*need += s.e.BlocksToGrow(r.seq, 1) - ones[i]
 			continue
 		}
+		*need += s.e.BlocksToGrow(r.seq, 1+len(draft)) - ones[i]
 		s.items[d.item].Tokens = append(slices.Clip(s.items[d.item].Tokens), draft...)
 		s.items[d.item].AllRows = true
 		*budget -= len(draft)

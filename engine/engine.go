@@ -492,7 +492,7 @@ func (e *Engine) Reserve(s *Sequence, n int) error {
 // how many tokens they hold; the caller steps only the rest.
 func (e *Engine) NewSequenceFor(prompt []int) *Sequence {
 	s := e.NewSequence()
-	if !e.pool.prefix || e.owner != nil { // a draft engine's blocks hold no target entries to share
+	if !e.indexes(s) {
 		return s
 	}
 	bs := e.spec.BlockSize
@@ -862,8 +862,8 @@ func (e *Engine) advance(items []Item) {
 	for _, it := range items {
 		s := it.Seq
 		s.len += len(it.Tokens)
-		if !e.pool.prefix || s.owner != nil || e.owner != nil {
-			continue // a draft engine's sequences index nothing: their blocks hold no target entries
+		if !e.indexes(s) {
+			continue
 		}
 		s.tokens = append(s.tokens, it.Tokens...)
 		for full := len(s.hashes); (full+1)*bs <= s.len; full++ {
@@ -874,6 +874,14 @@ func (e *Engine) advance(items []Item) {
 			s.hashes = append(s.hashes, e.pool.index(s.blocks[full], parent, s.tokens[full*bs:(full+1)*bs]))
 		}
 	}
+}
+
+// indexes reports whether s's full blocks go in the prefix cache: with
+// prefix caching, for the target's own sequences (a draft engine's blocks
+// hold no target entries to share, and a borrowed sequence's are its
+// target's).
+func (e *Engine) indexes(s *Sequence) bool {
+	return e.pool.prefix && s.owner == nil && e.owner == nil
 }
 
 // Truncate drops s's tokens from n on (a speculative step's rejected
@@ -889,7 +897,7 @@ func (e *Engine) Truncate(s *Sequence, n int) error {
 		return nil
 	}
 	bs := e.spec.BlockSize
-	if e.pool.prefix {
+	if e.indexes(s) {
 		full := n / bs
 		for i := full; i < len(s.hashes); i++ {
 			e.pool.unindex(s.blocks[i], s.hashes[i])

@@ -598,7 +598,11 @@ func TestReserve(t *testing.T) {
 	if e.FreeBlocks() != e.KVSpec().Blocks {
 		t.Errorf("%d of %d blocks free after", e.FreeBlocks(), e.KVSpec().Blocks)
 	}
-	// The draft engine's own sequences: nothing for the target to share.
+	// The draft engine's own sequences (a warm-up's, a one-off draft's):
+	// nothing for the target to share.
+	if _, err := e.Draft().Warm(2, 16, 200); err != nil {
+		t.Fatal(err)
+	}
 	other := enc("And God said, Let there be light: and there was light. And God saw the light, that it was good")
 	engine.ModelDrafter{E: e.Draft()}.Draft(other, 4)
 	before := e.PrefixStats()

@@ -476,12 +476,8 @@ func (e *Engine) Reserve(s *Sequence, n int) error {
 			return err
 		}
 	}
-	if len(e.cow) > 0 {
-		if err := e.kv.CopyBlocks(e.cow); err != nil {
-			return err
-		}
-		e.copies += len(e.cow)
-		e.cow = e.cow[:0]
+	if err := e.copyOnWrite(); err != nil {
+		return err
 	}
 	return e.grow(s, s.len+n)
 }
@@ -804,13 +800,24 @@ func (e *Engine) prepare(items []Item) (backend.Executable, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(e.cow) > 0 {
-		if err := e.kv.CopyBlocks(e.cow); err != nil {
-			return nil, err
-		}
-		e.copies += len(e.cow)
+	if err := e.copyOnWrite(); err != nil {
+		return nil, err
 	}
 	return e.Executable(bucket)
+}
+
+// copyOnWrite makes the block copies unshare queued (e.cow) and empties
+// the queue.
+func (e *Engine) copyOnWrite() error {
+	if len(e.cow) == 0 {
+		return nil
+	}
+	if err := e.kv.CopyBlocks(e.cow); err != nil {
+		return err
+	}
+	e.copies += len(e.cow)
+	e.cow = e.cow[:0]
+	return nil
 }
 
 // makeRoom readies s's block table for n more tokens: its own copy of a

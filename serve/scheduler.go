@@ -804,13 +804,14 @@ func (s *Scheduler) gather() {
 			s.fork(r)
 		}
 	}
-	// Each request's governor is asked once a step (a pause counts steps),
-	// before any retry below.
-	sp := s.cfg.Speculation
-	batch := sp != nil && s.gov.Drafting()
-	for _, r := range s.running {
-		mine := r.gov.Drafting()
-		r.mayDraft = sp != nil && (sp.Always || batch && mine)
+	// The governors are asked once a step (a pause counts steps), before
+	// any retry below: the batch's, and each request's.
+	if sp := s.cfg.Speculation; sp != nil {
+		batch := s.gov.Drafting()
+		for _, r := range s.running {
+			mine := r.gov.Drafting()
+			r.mayDraft = sp.Always || batch && mine
+		}
 	}
 	noDrafts := false // set when the drafts' blocks would preempt a request
 	for {
@@ -904,9 +905,9 @@ type draftItem struct {
 // step's token budget, the tokens each may still generate and the context,
 // and makes their items carry them (every row's logits wanted): all at
 // once where the drafter batches its work (a draft model's steps over all
-// their sequences), else one request after another. Each request's
-// drafting time is the time the step waited for drafts. It reports whether
-// any drafted.
+// their sequences; each request's drafting time is then the batch's), else
+// one request after another (each timed on its own). The step waits for
+// all of it (s.draftTime). It reports whether any drafted.
 func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, need *int) bool {
 	sessions := make([]engine.Drafter, 0, len(ds))
 	tokens := make([][]int, 0, len(ds))
@@ -932,7 +933,8 @@ func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, 
 	}
 	t0 := time.Now()
 	var drafts [][]int
-	if bd, ok := spec.Drafter.(engine.BatchDrafter); ok {
+	bd, batched := spec.Drafter.(engine.BatchDrafter)
+	if batched {
 		ss := make([]engine.DraftSession, len(sessions))
 		for i, d := range sessions {
 			ss[i] = d.(engine.DraftSession)
@@ -945,13 +947,12 @@ func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, 
 			ds[i].r.draftTime = time.Since(t)
 		}
 	}
-	batchTime := time.Since(t0)
-	s.draftTime = batchTime
+	s.draftTime = time.Since(t0)
 	any := false
 	for i, d := range ds {
 		r, draft := d.r, drafts[i]
-		if _, ok := spec.Drafter.(engine.BatchDrafter); ok {
-			r.draftTime = batchTime
+		if batched {
+			r.draftTime = s.draftTime
 		}
 		if len(draft) == 0 {
 			s.dropReserved(r)

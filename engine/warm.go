@@ -79,8 +79,8 @@ func (e *Engine) Warm(maxSeqs, maxTokens, maxContext int) (st WarmStats, err err
 // row's logits returned (sampled verification's), three times at each
 // context bucket up to maxContext, as Warm's decode steps. A verifying
 // step's rows make other kernels, choices and graphs than a decode step's,
-// which Warm runs. A draft model's engine is warmed by its own Warm of one
-// sequence (it drafts one sequence at a time).
+// which Warm runs. A draft model's engine is warmed by its own Warm (its
+// draft steps run over the drafting sequences together, DraftBatch).
 func (e *Engine) WarmVerify(k, seqs, maxContext int, greedy bool) (st WarmStats, err error) {
 	start := time.Now()
 	defer func() { st.Took = time.Since(start) }()

@@ -227,7 +227,8 @@ func (f *specFlags) speculation(target *engineOn) (*engine.Speculation, error) {
 // by the first drafts (nor counted against them by the engine's governor):
 // the target's verifying steps of 1 to seqs sequences, greedy (and
 // sampled, with sampled) at each context bucket up to maxContext
-// (engine.WarmVerify), and a draft model's one-sequence steps (its Warm).
+// (engine.WarmVerify), and a draft model's steps of 1 to seqs sequences
+// (its Warm: its draft steps run over the drafting sequences together).
 func warmSpeculation(e *engineOn, sp *engine.Speculation, seqs, maxContext int, sampled bool) (engine.WarmStats, error) {
 	var all engine.WarmStats
 	add := func(st engine.WarmStats, err error) error {
@@ -244,7 +245,7 @@ func warmSpeculation(e *engineOn, sp *engine.Speculation, seqs, maxContext int, 
 		}
 	}
 	if d, ok := sp.Drafter.(engine.ModelDrafter); ok {
-		return all, add(d.E.Warm(1, d.E.MaxStepTokens(), maxContext))
+		return all, add(d.E.Warm(seqs, d.E.MaxStepTokens(), maxContext))
 	}
 	return all, nil
 }

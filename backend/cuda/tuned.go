@@ -447,9 +447,14 @@ func decodeTuneKey(act cu.DType, key decodeKey) tune.Key {
 }
 
 // planName names a decode plan for the cache (its fields but the
-// workspace, which each batch sizes).
+// workspace, which each batch sizes; kv heads a block only past one, so
+// that the names cached before plans had them still name their plans).
 func planName(p kernels.DecodePlan) string {
-	return fmt.Sprintf("chunk %d, splits %d, cluster %v, mma %v, stages %d", p.Chunk, p.MaxSplits, p.Cluster, p.MMA, p.Stages)
+	name := fmt.Sprintf("chunk %d, splits %d, cluster %v, mma %v, stages %d", p.Chunk, p.MaxSplits, p.Cluster, p.MMA, p.Stages)
+	if p.Heads > 1 {
+		name += fmt.Sprintf(", kv heads a block %d", p.Heads)
+	}
+	return name
 }
 
 // cachedPlan is the candidate named name, if one is.

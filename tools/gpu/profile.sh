@@ -7,7 +7,8 @@
 # kernel is its own launch; the kernels are the same). Decode kernels run
 # without the cache flush: in a real step the small activations stay in L2
 # and the weights never fit in it. The steps to profile can be named:
-#   tools/gpu/profile.sh [prefill] [decode1] [decode16]   (default all three)
+# prefill, or decodeB (batch B at depth 512) or decodeB@D (at depth D):
+#   tools/gpu/profile.sh [prefill] [decode1] [decode16] [decode256@128]   (default the first three)
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/profile.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -25,8 +26,10 @@ prof() { # name, cache control, bench arguments...
 for step in ${*:-prefill decode1 decode16}; do
 	case $step in
 	prefill) prof prefill all --pp 2048 --tg 0 ;;
-	decode1) prof decode1 none --pp 0 --tg 4 --depth 512 --batch 1 ;;
-	decode16) prof decode16 none --pp 0 --tg 4 --depth 512 --batch 16 ;;
-	*) echo "unknown step $step (prefill, decode1, decode16)" >&2; exit 2 ;;
+	decode[0-9]*)
+		b=${step#decode} d=512
+		[[ $b == *@* ]] && d=${b#*@} b=${b%@*}
+		prof "decode$b-$d" none --pp 0 --tg 4 --depth "$d" --batch "$b" ;;
+	*) echo "unknown step $step (prefill, decodeB, decodeB@D)" >&2; exit 2 ;;
 	esac
 done

@@ -78,6 +78,7 @@ func TestPack(t *testing.T) {
 func TestPlanDecode(t *testing.T) {
 	for _, c := range []struct{ T, heads, kv, ctx, window, sms int }{
 		{1, 32, 8, 4096, 0, 132}, {1, 32, 8, 512, 0, 132}, {64, 32, 8, 4096, 0, 132}, {1, 32, 1, 4100, 0, 132}, {3, 8, 8, 1, 0, 132}, {1, 32, 8, 4096, 300, 132},
+		{256, 32, 8, 128, 0, 132}, {64, 32, 8, 544, 0, 132}, {128, 64, 8, 200, 0, 132},
 	} {
 		a := Attn{Heads: c.heads, KVHeads: c.kv, HeadDim: 128, Window: c.window}
 		p := PlanDecode(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms)
@@ -130,12 +131,23 @@ func TestPlanDecode(t *testing.T) {
 		}
 		a.Scale = 0.125
 		mma := DecodePlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, c.sms, true, cu.BF16)
-		if !slices.Equal(mma[:len(withClusters)], withClusters) || len(mma) == len(withClusters) || len(mma)-len(withClusters) > 11 {
+		if !slices.Equal(mma[:len(withClusters)], withClusters) || len(mma) == len(withClusters) || len(mma)-len(withClusters) > 13 {
 			t.Fatalf("%+v: bf16 candidates %+v", c, mma)
 		}
 		var pow, s2 []int
-		wave := 0
+		wave, heads := 0, 0
 		for i, q := range mma[len(withClusters):] {
+			// Several kv heads a block (last): the 3-stage plan of one
+			// split, 2 or 4 dividing the kv heads, a block for every SM.
+			if q.Heads > 1 || heads > 0 {
+				th := c.T * c.kv
+				if q.Heads != 2 && q.Heads != 4 || q.Stages != 0 || q.MaxSplits != 1 || !q.MMA || c.kv%q.Heads != 0 || th/q.Heads < c.sms ||
+					c.heads/c.kv > 16 || q.Heads <= heads || decodeShared(cu.BF16, a, q) > decodeMaxShared {
+					t.Errorf("%+v: tensor-core candidate %+v (after %d kv heads a block)", c, q, heads)
+				}
+				heads = q.Heads
+				continue
+			}
 			if !q.MMA || q.Cluster || q.Chunk < decodeMMAMinChunk || q.Chunk > decodeMMAMaxChunk || q.MaxSplits != (ctx+q.Chunk-1)/q.Chunk ||
 				q.WorkspaceBytes > p.WorkspaceBytes || q.WorkspaceBytes != decodePartialBytes(a, c.T, q.MaxSplits) ||
 				decodeShared(cu.BF16, a, q) > decodeMaxShared || slices.Contains(mma[len(withClusters):i+len(withClusters)], q) {
@@ -166,22 +178,27 @@ func TestPlanDecode(t *testing.T) {
 		if len(pow) == 0 || pow[len(pow)-1] < min(ctx, decodeMMAMaxChunk) || !slices.Equal(s2, want2) {
 			t.Errorf("%+v: tensor-core candidates %+v", c, mma[len(withClusters):])
 		}
+		if wantHeads := c.heads/c.kv <= 16 && pow[len(pow)-1] >= ctx && c.T*c.kv/2 >= c.sms && c.kv%2 == 0; wantHeads != (heads > 0) {
+			t.Errorf("%+v: %d kv heads a block at most, want some %v", c, heads, wantHeads)
+		}
 	}
 }
 
 // TestDecodeMMAPlansPrune checks the tensor-core candidates of the batches
 // measured (H200, 132 SMs, 32/8 heads, hd 128): every plan that was fastest
-// there stays a candidate, and the list is short.
+// there stays a candidate (a 3-stage plan of best keys a split, heads kv
+// heads a block: session 27 measured those with several), and the list is
+// short.
 func TestDecodeMMAPlansPrune(t *testing.T) {
 	a := Attn{Heads: 32, KVHeads: 8, HeadDim: 128, Scale: 0.1}
-	for _, c := range []struct{ T, ctx, best, most int }{
-		{16, 2048, 1024, 7}, {64, 512, 512, 4}, {64, 2048, 2048, 4}, {256, 128, 128, 1}, {256, 512, 512, 2}, {256, 2048, 2048, 2},
-		{1, 32768, 4096, 7}, {64, 1024, 1024, 4},
+	for _, c := range []struct{ T, ctx, best, heads, most int }{
+		{16, 2048, 1024, 0, 7}, {64, 512, 512, 2, 5}, {64, 2048, 2048, 0, 5}, {256, 128, 128, 4, 3}, {256, 512, 512, 0, 4}, {256, 2048, 2048, 0, 4},
+		{1, 32768, 4096, 0, 7}, {64, 1024, 1024, 2, 5},
 	} {
 		plans := decodeMMAPlans(a, &Meta{T: c.T, MaxPos: c.ctx - 1}, 132)
 		found := false
 		for _, p := range plans {
-			found = found || (p.Chunk == c.best && p.Stages == 0)
+			found = found || (p.Chunk == c.best && p.Stages == 0 && p.Heads == c.heads)
 		}
 		if !found || len(plans) > c.most {
 			t.Errorf("%+v: %d candidates %+v", c, len(plans), plans)

@@ -96,8 +96,8 @@ func BenchmarkCopy(b *testing.B) {
 // BenchmarkDecodeAttention times every plan DecodePlans offers, bf16, 32
 // query heads over 8 kv heads, head dim 128 (Llama-3-8B), block size 16,
 // random block tables: one sequence at contexts 512 and 4096 (ctx=N), and
-// batches of 16, 64 and 256 sequences at contexts 128, 512 and 2048
-// (batch=B/ctx=N), one token each. Each reports µs a call, the GB/s of
+// batches of 16, 64 and 256 sequences at contexts 128, 512 and 2048, 64 at
+// 544 and 256 at 192 (batch=B/ctx=N), one token each. Each reports µs a call, the GB/s of
 // K and V read and their share of the copy bandwidth; sub-benchmarks
 // chunk=N (split plans), cluster=N and mma=N (tensor cores, N keys a
 // split).
@@ -109,6 +109,10 @@ func BenchmarkDecodeAttention(b *testing.B) {
 			cases = append(cases, bc{batch, ctx})
 		}
 	}
+	// The contexts of batched decode as kiln bench model and serve meet
+	// them: 64 sequences 544 keys deep (depth 512, midway through 64
+	// tokens), 256 sequences 192 deep (256 streams of 128/128 midway).
+	cases = append(cases, bc{64, 544}, bc{256, 192})
 	for _, c := range cases {
 		name := "ctx=" + itoa(c.ctx)
 		if c.batch > 1 {
@@ -204,6 +208,9 @@ func benchDecode(b *testing.B, batch, ctx int, fp8 bool) {
 			name = "mma" + itoa(plan.Stages) + "st=" + itoa(plan.Chunk)
 		case plan.MMA:
 			name = "mma=" + itoa(plan.Chunk)
+		}
+		if plan.Heads > 1 {
+			name += "/heads=" + itoa(plan.Heads)
 		}
 		b.Run(name, func(b *testing.B) {
 			ms := gpuTime(b, calls, 7, func(i int) error { return k.DecodeAttention(nil, a, metas[i%copies], plan, ws, counters) })

@@ -11,11 +11,16 @@
 // group through mma.sync, and the kernel is bound by the bandwidth of the
 // K/V reads rather than by the CUDA cores' dot products.
 //
-// Grid (maxSplits, kvHeads, tokens) and block DC_THREADS, as the split
-// kernel decode_impl: block (sp, kvh, t) takes keys [k0, k0 + nk) of token
-// t, k0 = lo + sp·chunk, nk = min(chunk, p + 1 − k0) (lo the window start, p
-// the token's position), for the group's heads; chunk is any number of keys
-// (the plans offer 128 to 4096). A token whose keys fit one split is
+// Grid (maxSplits, kvHeads / HG, tokens) and block DC_THREADS, as the split
+// kernel decode_impl with HG = 1: block (sp, y, t) takes keys [k0, k0 + nk)
+// of token t, k0 = lo + sp·chunk, nk = min(chunk, p + 1 − k0) (lo the window
+// start, p the token's position), for the query heads of kv heads HG·y to
+// HG·y + HG − 1, one after the other; chunk is any number of keys (the
+// plans offer 128 to 4096). With HG > 1 (the _h2 and _h4 kernels) the
+// heads' stages are one pipeline: the next head's first keys load while a
+// head's last ones are computed, so that a block pays the latency of the
+// token's metadata, block table and first keys once, not once a head
+// (session 27: at 256 sequences of 128 keys, 44 µs against 66). A token whose keys fit one split is
 // finished by its block; otherwise each block writes its partials (m in the
 // log2 domain, l, acc) to the workspace and the last to finish merges them
 // (decode_merge: the same workspace layout and counters as decode_impl).
@@ -92,14 +97,16 @@ __device__ __forceinline__ void st_f2(float* p, float x, float y) {
 // fragments' 16-byte loads then read without bank conflicts).
 template <int HD> __device__ constexpr int dm_rb() { return HD * (int)sizeof(KV) + 16; }
 
-// dm_load copies the K and V rows of stage n of a split (keys k0 + 64n..,
-// of the nk keys k0..) into ring slot n % DM_ST, each thread its share of
+// dm_load copies the K and V rows of stage s of a split (keys k0 + 64s..,
+// of the nk keys k0..) into ring slot n % ST (n the stage's place in the
+// block's pipeline: s, or s after the earlier kv heads' stages of a block
+// of several kv heads), each thread its share of
 // the rows' 16-byte chunks: WHICH 0 every row, 1 only the rows of keys
 // before fresh (before the PDL wait), 2 the other rows (this step's keys,
 // and zeros past the split's end, so that P·V meets no garbage).
 template <int HD, int ST, int WHICH>
 __device__ __forceinline__ void dm_load(unsigned char* ring, const KV* kc, const KV* vc, const int* bt, int seqOff, int bs,
-                                        int kvHeads, int kvh, int k0, int nk, int fresh, int n) {
+                                        int kvHeads, int kvh, int k0, int nk, int fresh, int n, int s) {
 	constexpr int RRB = dm_rb<HD>(), CPR = HD / KV_CE, N = DM_BK * CPR;
 	unsigned char* kd = ring + (n % ST) * 2 * DM_BK * RRB;
 	unsigned char* vd = kd + DM_BK * RRB;
@@ -108,7 +115,7 @@ __device__ __forceinline__ void dm_load(unsigned char* ring, const KV* kc, const
 		int i = i0 + (int)threadIdx.x;
 		if (N % DM_THREADS != 0 && i >= N) continue;
 		int row = i / CPR, c = i % CPR;
-		int kk = n * DM_BK + row; // key index in the split
+		int kk = s * DM_BK + row; // key index in the split
 		int j = k0 + kk;
 		bool in = kk < nk, old = in && j < fresh;
 		if ((WHICH == 1 && !old) || (WHICH == 2 && old)) continue;
@@ -205,7 +212,7 @@ __device__ __forceinline__ int dm_qshift(const unsigned short* Qs, int STR, int 
 	return mx > 0.f ? imin(100, e > -100 ? e - 14 : -100) : 0;
 }
 
-template <int HD, int MT, int ST>
+template <int HD, int MT, int ST, int HG>
 __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	constexpr int STR = HD + 8;   // shared row stride (elements)
 	constexpr int RB = STR * 2;   // row bytes
@@ -225,9 +232,15 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	              "decode_mma shape");
 	static_assert(kv_f8 || RRB == RB, "decode_mma ring rows");
 	static_assert(kv_f8 || ST <= 3, "decode_mma ring of the activation dtype");
+	// Several kv heads a block (HG > 1): the warps' partials of a head overlay
+	// the ring slot of its last stage, which must hold them.
+	static_assert(HG == 1 || (!kv_f8 && MT == 1 && 4 * DM_WARPS * ROWS * RS <= SB), "decode_mma heads a block");
 
-	const int sp = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
-	const int group = heads / kvHeads, h0 = kvh * group;
+	// Block (sp, y, t) takes kv heads HG·y .. HG·y + HG − 1 (gridDim.y =
+	// kvHeads / HG) one after the other, their stages one pipeline.
+	const int sp = blockIdx.x, kvh0 = blockIdx.y * HG, t = blockIdx.z;
+	const int group = heads / kvHeads;
+	int kvh = kvh0, h0 = kvh * group; // the head whose stages are computed
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tq = lane & 3, g = lane >> 2;
 	const int mi = lane >> 3, rr = lane & 7; // ldmatrix: the matrix and row this lane addresses
 
@@ -236,7 +249,6 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	int* tab = (int*)(wl + DM_WARPS * ROWS); // tab[2][DM_BK]: the rows of the next stages to load (dm_row)
 	unsigned short* Qs = (unsigned short*)(tab + 2 * DM_BK);
 	unsigned char* ring = (unsigned char*)(Qs + ROWS * STR);
-	float* red = (float*)ring;
 
 	// Before the wait: the split's keys, and the older keys' rows.
 	const int p = positions[t];
@@ -248,11 +260,12 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	const int seq = seqIndex[t];
 	const int seqOff = seqBlockOff[seq];
 	const int fresh = seqFresh[seq];
-	const int nblk = (nk + DM_BK - 1) / DM_BK;
+	const int nblk = (nk + DM_BK - 1) / DM_BK; // stages a head
+	const int nst = HG * nblk;                 // stages of the block: n = j·nblk + s for stage s of its head j
 
 #pragma unroll
 	for (int i = 0; i < ST - 1; i++)
-		if (i < nblk) dm_load<HD, ST, 1>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
+		if (i < nst) dm_load<HD, ST, 1>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh0 + i / nblk, k0, nk, fresh, i, i % nblk);
 	pdl_enter();
 	// Q rows (zeros past the group), in the first group of copies.
 	for (int i = tid; i < ROWS * CPR; i += DM_THREADS) {
@@ -262,13 +275,13 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	}
 #pragma unroll
 	for (int i = 0; i < ST - 1; i++) {
-		if (i < nblk) dm_load<HD, ST, 2>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh, k0, nk, fresh, i);
+		if (i < nst) dm_load<HD, ST, 2>(ring, kc, vc, bt, seqOff, bs, kvHeads, kvh0 + i / nblk, k0, nk, fresh, i, i % nblk);
 		cp_commit();
 	}
 	// The rows of stage ST − 1 (the first loaded in the loop) into tab[(ST − 1) & 1].
-	if (tid < DM_BK && ST - 1 < nblk) {
-		const int kk = (ST - 1) * DM_BK + tid;
-		tab[((ST - 1) & 1) * DM_BK + tid] = dm_rowof(dm_bt(bt, seqOff, bs, k0, nk, kk), bs, kvHeads, kvh, k0, kk);
+	if (tid < DM_BK && ST - 1 < nst) {
+		const int kk = (ST - 1) % nblk * DM_BK + tid;
+		tab[((ST - 1) & 1) * DM_BK + tid] = dm_rowof(dm_bt(bt, seqOff, bs, k0, nk, kk), bs, kvHeads, kvh0 + (ST - 1) / nblk, k0, kk);
 	}
 
 	// ldmatrix lane addresses (as prefill_fa): Q as the A operand (matrices:
@@ -315,7 +328,84 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	float sl2 = scale * LOG2E; // scale > 0 (decodeMMAOK); over an FP8 cache times 2^qshift
 	unsigned qr[QREG ? KC : 1][4];   // QREG: Q's A fragments, loaded at the first stage
 
-	for (int n = 0; n < nblk; n++) {
+	// finish ends head kvh (rows h0..) after stage n, its last: the warps'
+	// partials merged over the ring, then the output or the split's
+	// partials. With one head a block, or after a block's last head (more
+	// false), no copy is in flight after the barrier; before another, the
+	// partials overlay the slot of stage n, whose copies are in, while the
+	// next head's first stages are in flight to the others.
+	auto finish = [&](int n, bool more) {
+		if (!more) cp_wait<0>();
+		__syncthreads();
+		float* red = (float*)(ring + (HG > 1 ? (n % ST) * SB : 0));
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			const float l0 = quad_sum(l[mt][0]), l1 = quad_sum(l[mt][1]);
+			// Half h of the tile: row mt·16 + g + 8h, accumulators 2h and 2h+1.
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int r = mt * 16 + g + 8 * h;
+				if (r >= group) continue;
+				if (tq == 0) {
+					wm[warp * ROWS + r] = m[mt][h];
+					wl[warp * ROWS + r] = h ? l1 : l0;
+				}
+				if constexpr (kv_f8) { // columns 2tq, 2tq + 1 of tile ot: dims (2tq)·OT + ot, (2tq + 1)·OT + ot
+					float* dst = red + (warp * ROWS + r) * RS + 2 * tq * OT;
+#pragma unroll
+					for (int ot = 0; ot < OT; ot++) {
+						dst[ot] = o[mt][ot][2 * h];
+						dst[OT + ot] = o[mt][ot][2 * h + 1];
+					}
+				} else {
+					float* dst = red + (warp * ROWS + r) * RS + 2 * tq;
+#pragma unroll
+					for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2 * h], o[mt][ot][2 * h + 1]);
+				}
+			}
+		}
+		__syncthreads();
+
+		// Thread i takes four dims of one head: out = Σ_w 2^((m_w−M)·sl2) O_w /
+		// Σ_w 2^((m_w−M)·sl2) l_w (warp 0 has keys, so M is finite; a warp
+		// without keys has m_w = −inf and weighs 0), or the split's partials.
+		const bool single = nsplit == 1;
+		constexpr int Q4 = HD / 4;
+		for (int i = tid; i < group * Q4; i += DM_THREADS) {
+			const int r = i / Q4, d = (i % Q4) * 4;
+			float M = NEG_INF;
+#pragma unroll
+			for (int w = 0; w < DM_WARPS; w++) M = fmaxf(M, wm[w * ROWS + r]);
+			float L = 0.f;
+			float4 a = f4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+			for (int w = 0; w < DM_WARPS; w++) {
+				float e = ex2f((wm[w * ROWS + r] - M) * sl2);
+				float4 v = *(const float4*)(red + (w * ROWS + r) * RS + d);
+				L += e * wl[w * ROWS + r];
+				a.x += e * v.x; a.y += e * v.y; a.z += e * v.z; a.w += e * v.w;
+			}
+			const long long row = (long long)t * heads + h0 + r;
+			if (single) {
+				float inv = 1.0f / L;
+				uint2 v;
+				v.x = PK2(a.x * inv, a.y * inv);
+				v.y = PK2(a.z * inv, a.w * inv);
+				*(uint2*)(out + row * HD + d) = v;
+			} else {
+				long long w = row * maxSplits + sp;
+				*(float4*)(wsAcc + w * HD + d) = a;
+				if (d == 0) {
+					wsM[w] = M * sl2;
+					wsL[w] = L;
+				}
+			}
+		}
+		if (!single) decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
+	};
+
+	for (int n = 0, sh = 0; n < nst; n++) {
+		const int s = HG == 1 ? n : sh; // stage n's place in its head's stages
 		cp_wait<ST - 2>(); // stage n is in (the later ones may not be)
 		__syncthreads();   // every warp is done with stage n − 1, and tab holds stage n + ST − 1's rows
 		if constexpr (kv_f8) {
@@ -327,16 +417,18 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 		// The block-table entry of key tid of stage n + ST, loaded now and
 		// made a row (into tab) after the math; then the copies of stage
 		// n + ST − 1 from the rows in tab.
-		const bool tabNext = tid < DM_BK && n + ST < nblk;
-		const int kkNext = (n + ST) * DM_BK + tid;
+		const bool tabNext = tid < DM_BK && n + ST < nst;
+		const int sNext = HG == 1 ? n + ST : (n + ST) % nblk; // stage n + ST's place in its head's
+		const int kvhNext = HG == 1 ? kvh : kvh0 + (n + ST) / nblk;
+		const int kkNext = sNext * DM_BK + tid;
 		const int btNext = tabNext ? dm_bt(bt, seqOff, bs, k0, nk, kkNext) : -1;
-		if (n + ST - 1 < nblk) dm_load_tab<HD, ST>(ring, kc, vc, tab + ((n + ST - 1) & 1) * DM_BK, n + ST - 1);
+		if (n + ST - 1 < nst) dm_load_tab<HD, ST>(ring, kc, vc, tab + ((n + ST - 1) & 1) * DM_BK, n + ST - 1);
 		cp_commit();
-		const int kw = n * DM_BK + warp * DM_KW; // the warp's first key in the split
+		const int kw = s * DM_BK + warp * DM_KW; // the warp's first key in the split
 		if (kw < nk) {                           // some of its keys left (uniform over the warp)
 		const unsigned kbase = sK + (n % ST) * SB, vbase = sV + (n % ST) * SB;
 		if constexpr (QREG) {
-			if (n == 0) {
+			if (s == 0) {
 #pragma unroll
 				for (int c = 0; c < KC; c++) {
 					if constexpr (kv_f8) qfrag(qr[c], 0, c);
@@ -497,82 +589,41 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 			}
 		}
 		} // kw < nk
-		if (tabNext) tab[((n + ST) & 1) * DM_BK + tid] = dm_rowof(btNext, bs, kvHeads, kvh, k0, kkNext);
-	}
-
-	// The warps' partials, over the ring: every warp is done with it and
-	// no copy is in flight after the barrier.
-	cp_wait<0>();
-	__syncthreads();
+		if (tabNext) tab[((n + ST) & 1) * DM_BK + tid] = dm_rowof(btNext, bs, kvHeads, kvhNext, k0, kkNext);
+		if constexpr (HG > 1) {
+			if (++sh == nblk) { // head kvh's keys are done
+				sh = 0;
+				const bool more = kvh + 1 < kvh0 + HG;
+				// The next head's Q rows, loaded now and stored into Qs
+				// (read only at a head's first stage) after finish.
+				constexpr int QN = (ROWS * CPR + DM_THREADS - 1) / DM_THREADS;
+				uint4 qn[QN];
 #pragma unroll
-	for (int mt = 0; mt < MT; mt++) {
-		float l0 = l[mt][0], l1 = l[mt][1];
-		l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-		l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-		l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-		l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
-		// Half h of the tile: row mt·16 + g + 8h, accumulators 2h and 2h+1.
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int r = mt * 16 + g + 8 * h;
-			if (r >= group) continue;
-			if (tq == 0) {
-				wm[warp * ROWS + r] = m[mt][h];
-				wl[warp * ROWS + r] = h ? l1 : l0;
-			}
-			if constexpr (kv_f8) { // columns 2tq, 2tq + 1 of tile ot: dims (2tq)·OT + ot, (2tq + 1)·OT + ot
-				float* dst = red + (warp * ROWS + r) * RS + 2 * tq * OT;
-#pragma unroll
-				for (int ot = 0; ot < OT; ot++) {
-					dst[ot] = o[mt][ot][2 * h];
-					dst[OT + ot] = o[mt][ot][2 * h + 1];
+				for (int u = 0; u < QN; u++) {
+					const int i = u * DM_THREADS + tid, r = i / CPR, c = i % CPR;
+					if (more && r < group) qn[u] = *(const uint4*)(q + ((long long)t * heads + h0 + group + r) * HD + c * 8);
 				}
-			} else {
-				float* dst = red + (warp * ROWS + r) * RS + 2 * tq;
+				finish(n, more);
+				if (more) { // the next head from scratch; the loop's barrier orders Qs's stores before its reads
 #pragma unroll
-				for (int ot = 0; ot < OT; ot++) st_f2(dst + ot * 8, o[mt][ot][2 * h], o[mt][ot][2 * h + 1]);
+					for (int u = 0; u < QN; u++) {
+						const int i = u * DM_THREADS + tid, r = i / CPR, c = i % CPR;
+						if (r < group) *(uint4*)(Qs + r * STR + c * 8) = qn[u];
+					}
+#pragma unroll
+					for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+						for (int i = 0; i < OT; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+						m[mt][0] = m[mt][1] = NEG_INF;
+						l[mt][0] = l[mt][1] = 0.f;
+					}
+					kvh++;
+					h0 += group;
+				}
 			}
 		}
 	}
-	__syncthreads();
-
-	// Thread i takes four dims of one head: out = Σ_w 2^((m_w−M)·sl2) O_w /
-	// Σ_w 2^((m_w−M)·sl2) l_w (warp 0 has keys, so M is finite; a warp
-	// without keys has m_w = −inf and weighs 0), or the split's partials.
-	const bool single = nsplit == 1;
-	constexpr int Q4 = HD / 4;
-	for (int i = tid; i < group * Q4; i += DM_THREADS) {
-		const int r = i / Q4, d = (i % Q4) * 4;
-		float M = NEG_INF;
-#pragma unroll
-		for (int w = 0; w < DM_WARPS; w++) M = fmaxf(M, wm[w * ROWS + r]);
-		float L = 0.f;
-		float4 a = f4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-		for (int w = 0; w < DM_WARPS; w++) {
-			float e = ex2f((wm[w * ROWS + r] - M) * sl2);
-			float4 v = *(const float4*)(red + (w * ROWS + r) * RS + d);
-			L += e * wl[w * ROWS + r];
-			a.x += e * v.x; a.y += e * v.y; a.z += e * v.z; a.w += e * v.w;
-		}
-		const long long row = (long long)t * heads + h0 + r;
-		if (single) {
-			float inv = 1.0f / L;
-			uint2 v;
-			v.x = PK2(a.x * inv, a.y * inv);
-			v.y = PK2(a.z * inv, a.w * inv);
-			*(uint2*)(out + row * HD + d) = v;
-		} else {
-			long long w = row * maxSplits + sp;
-			*(float4*)(wsAcc + w * HD + d) = a;
-			if (d == 0) {
-				wsM[w] = M * sl2;
-				wsL[w] = L;
-			}
-		}
-	}
-	if (single) return;
-	decode_merge<HD>(out, wsAcc, wsM, wsL, counters, t, kvh, h0, group, heads, kvHeads, maxSplits, nsplit);
+	if constexpr (HG == 1) finish(nst - 1, false);
 }
 
 // decode_mma_<HD> and decode_mma32_<HD>: the 3-stage ring (DM_ST);
@@ -580,12 +631,21 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 // of 2, 74 KiB at head dim 128 and groups ≤ 16, so three blocks an SM
 // (registers bounded for them: 170 a thread). Over an FP8 cache the rings
 // are of 3 and 2 stages (61 and 42 KiB at head dim 128), registers bounded
-// for three and four blocks an SM.
+// for three and four blocks an SM. Over a cache of the activation dtype,
+// groups ≤ 16 also have 3-stage kernels taking 2 and 4 kv heads a block
+// (decode_mma_h<G>_<HD>; DecodePlan.Heads).
 #define DECODE_MMA(HD)                                                                                               \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2>(DC_ARGS); }
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST, 1>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST, 1>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2, 1>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2, 1>(DC_ARGS); } \
+	DECODE_MMA_HEADS(HD, 2) DECODE_MMA_HEADS(HD, 4)
+#ifdef KV_F8
+#define DECODE_MMA_HEADS(HD, G)
+#else
+#define DECODE_MMA_HEADS(HD, G)                                                                                      \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_h##G##_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST, G>(DC_ARGS); }
+#endif
 // Part 3 of the kernels module (KILN_PART_IS).
 #if KILN_PART_IS(3)
 #ifdef KILN_HD

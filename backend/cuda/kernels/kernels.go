@@ -724,13 +724,17 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 // Stages is the ring of 64-key shared-memory stages: 0 for the default
 // (decodeMMAStages, 3: two blocks an SM at head dim 128), or 2 (three
 // blocks an SM, a stage in flight while one is computed; over an FP8
-// cache four).
+// cache four). Heads (tensor-core plans over a cache of the activation
+// dtype, GQA groups of up to 16 query heads) is the kv heads a block
+// takes one after the other, their stages one pipeline, so that a head's
+// first keys load while the one before it ends (0 or 1: one; 2 or 4).
 type DecodePlan struct {
 	Chunk, MaxSplits int
 	WorkspaceBytes   int
 	Cluster          bool
 	MMA              bool
 	Stages           int
+	Heads            int
 }
 
 // String names the plan in the backend's statistics.
@@ -738,10 +742,15 @@ func (p DecodePlan) String() string {
 	switch {
 	case p.Cluster:
 		return fmt.Sprintf("a cluster of %d", p.MaxSplits)
-	case p.MMA && p.Stages != 0:
-		return fmt.Sprintf("tensor cores, %d keys a split, %d stages", p.Chunk, p.Stages)
 	case p.MMA:
-		return fmt.Sprintf("tensor cores, %d keys a split", p.Chunk)
+		s := fmt.Sprintf("tensor cores, %d keys a split", p.Chunk)
+		if p.Stages != 0 {
+			s += fmt.Sprintf(", %d stages", p.Stages)
+		}
+		if p.Heads > 1 {
+			s += fmt.Sprintf(", %d kv heads a block", p.Heads)
+		}
+		return s
 	}
 	return fmt.Sprintf("%d keys a split", p.Chunk)
 }
@@ -808,7 +817,10 @@ func DecodePlans(a Attn, m *Meta, sms int, clusters bool, act cu.DType) []Decode
 // them (a multiple of 64 keys, 256 to decodeMMAMaxChunk) whose grid comes
 // closer to whole waves (decodeMMAWaveChunk); then those powers of two of
 // at least 256 keys whose grid has more than two blocks an SM again with a
-// ring of 2 stages (Stages 2: three blocks an SM at head dim 128).
+// ring of 2 stages (Stages 2: three blocks an SM at head dim 128); then
+// the 3-stage plan of one split, where decodeMMAHeadsPlanOK, with 2 and 4
+// kv heads a block while its grid keeps a block for every SM (measured on
+// the H200: with splits, several kv heads a block lost to one).
 func decodeMMAPlans(a Attn, m *Meta, sms int) []DecodePlan {
 	ctx := decodeContext(a, m)
 	th := m.T * a.KVHeads
@@ -835,7 +847,29 @@ func decodeMMAPlans(a Attn, m *Meta, sms int) []DecodePlan {
 			plans = append(plans, decodeMMAPlan(a, m, c, 2))
 		}
 	}
+	for _, p := range plans[:len(plans):len(plans)] {
+		for _, g := range []int{2, 4} {
+			if p.Heads = g; p.MaxSplits == 1 && decodeMMAHeadsPlanOK(a, p) && th/g >= sms {
+				plans = append(plans, p)
+			}
+		}
+	}
 	return plans
+}
+
+// decodeMMAHeadsOK reports whether the tensor-core decode has kernels
+// taking g kv heads a block for a (decode_mma.cu: over a cache of the
+// activation dtype, GQA groups of up to 16 query heads, whose warps'
+// partials fit a ring stage) and g divides its kv heads.
+func decodeMMAHeadsOK(a Attn, g int) bool {
+	return (g == 2 || g == 4) && !a.FP8 && decodeMMARows(a) == 16 && a.KVHeads%g == 0
+}
+
+// decodeMMAHeadsPlanOK reports whether plan p may take p.Heads kv heads a
+// block for a: the 3-stage kernels (decode_mma_h<G>_<HD>) where
+// decodeMMAHeadsOK.
+func decodeMMAHeadsPlanOK(a Attn, p DecodePlan) bool {
+	return p.MMA && p.Stages == 0 && a.HeadDim <= 128 && decodeMMAHeadsOK(a, p.Heads)
 }
 
 // decodeMMAStages2 reports whether a grid of th token heads at chunk keys
@@ -919,7 +953,9 @@ func decodeMMARows(a Attn) int {
 // (decode_mma.cu): the warps' row maxima and sums, two stages' cache rows
 // (tab), Q's rows padded by 16
 // bytes, then the ring of K and V stages (as many as a split has, up to
-// decodeMMAStages), which the warps' f32 accumulators overlay at the end.
+// decodeMMAStages; with several kv heads a block, all of them, as the
+// heads' stages run on through it), which the warps' f32 accumulators
+// overlay at the end of each head.
 // Over an FP8 cache the ring's rows are the codes padded by 16 bytes.
 func decodeMMAShared(a Attn, p DecodePlan) int {
 	rows := decodeMMARows(a)
@@ -928,7 +964,9 @@ func decodeMMAShared(a Attn, p DecodePlan) int {
 	if p.Stages > 0 {
 		stages = p.Stages
 	}
-	stages = min(stages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
+	if p.Heads <= 1 { // a block's stages are its split's (several kv heads a block: their stages run on through the ring)
+		stages = min(stages, (p.Chunk+decodeMMAKeys-1)/decodeMMAKeys)
+	}
 	ringRow := rowBytes
 	if a.FP8 {
 		ringRow = a.HeadDim + 16
@@ -1014,12 +1052,14 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx || (!plan.MMA && (plan.Stages != 0 || a.FP8))
 	switch {
 	case plan.MMA:
-		bad = bad || (plan.Stages != 0 && plan.Stages != 2) || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
+		bad = bad || (plan.Stages != 0 && plan.Stages != 2) || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits) ||
+			(plan.Heads > 1 && !decodeMMAHeadsPlanOK(a, plan))
 	case plan.Cluster:
 		bad = bad || plan.Chunk > decodeThreads || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
 	default:
 		bad = bad || plan.Chunk > decodeThreads || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
 	}
+	bad = bad || plan.Heads < 0 || (plan.Heads > 1 && !plan.MMA)
 	if bad {
 		return fmt.Errorf("kernels: decode plan %+v for context %d", plan, ctx)
 	}
@@ -1038,6 +1078,9 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 		if plan.Stages == 2 {
 			name += "_s2"
 		}
+		if plan.Heads > 1 {
+			name += fmt.Sprintf("_h%d", plan.Heads)
+		}
 		name = fmt.Sprintf("%s_%d", name, a.HeadDim)
 	}
 	shared := decodeShared(k.Act, a, plan)
@@ -1048,7 +1091,7 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 		return err
 	}
 	wsAcc, wsM, wsL := plan.ws(a, m, ws)
-	grid := cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads, Z: m.T}
+	grid := cu.Dim3{X: plan.MaxSplits, Y: a.KVHeads / max(1, plan.Heads), Z: m.T}
 	args := []any{a.Q, a.KCache, a.VCache, a.Out, wsAcc, wsM, wsL, counters, m.At(m.Positions), m.At(m.SeqIndex), m.At(m.SeqBlockOff), m.At(m.SeqFresh),
 		m.At(m.BlockTable), int32(a.Heads), int32(a.KVHeads), int32(m.BlockSize), int32(a.Window), a.Scale, a.Cap, int32(plan.Chunk), int32(plan.MaxSplits)}
 	if plan.Cluster {

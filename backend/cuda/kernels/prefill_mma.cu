@@ -104,6 +104,13 @@ __device__ __forceinline__ void widen_rows(unsigned short* dst, int dstStr, cons
 	}
 }
 
+// quad_sum is x summed over the four lanes of its quad (lanes 4g..4g+3,
+// which hold a row of an mma tile's accumulators between them).
+__device__ __forceinline__ float quad_sum(float x) {
+	x += __shfl_xor_sync(FULL_MASK, x, 1);
+	return x + __shfl_xor_sync(FULL_MASK, x, 2);
+}
+
 // kv_f8 is whether the cache holds E4M3 codes; KV_CE its elements per
 // 16-byte copy.
 #ifdef KV_F8
@@ -398,11 +405,7 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 	}
 #pragma unroll
 	for (int mb = 0; mb < MB; mb++) {
-		float l0 = l[mb][0], l1 = l[mb][1];
-		l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-		l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-		l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-		l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+		const float l0 = quad_sum(l[mb][0]), l1 = quad_sum(l[mb][1]);
 		if (v0) {
 			unsigned* op = (unsigned*)(out + ((long long)(tok0 + r0) * heads + hw + mb) * HD + 2 * tq);
 			float inv = 1.0f / l0;

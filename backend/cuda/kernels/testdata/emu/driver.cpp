@@ -9,17 +9,26 @@ struct Case {
 	float cap; // soft-capped scores (0: none)
 };
 
-static void launch_one(int hd, int mt, int st, DC_PARAMS) {
-#define CALL(H, M)                                                                    \
-	if (hd == H && mt == M && st == DM_ST) { decode_mma<H, M, DM_ST>(DC_ARGS); return; } \
-	if (hd == H && mt == M && st == DM_ST2) { decode_mma<H, M, DM_ST2>(DC_ARGS); return; }
+// launch_one runs one block of the kernel for head dim hd, mt m-tiles, a
+// ring of st stages and hg kv heads a block (over an FP8 cache, with two
+// m-tiles or the _s2 kernels' ring, only one: the kernels DECODE_MMA
+// defines).
+static void launch_one(int hd, int mt, int st, int hg, DC_PARAMS) {
+#define CALL_G(H, M, G)                                                                     \
+	if (hd == H && mt == M && hg == G && st == DM_ST) { decode_mma<H, M, DM_ST, G>(DC_ARGS); return; } \
+	if (hd == H && mt == M && hg == G && G == 1 && st == DM_ST2) { decode_mma<H, M, DM_ST2, G>(DC_ARGS); return; }
+#ifdef KV_F8
+#define CALL(H, M) CALL_G(H, M, 1)
+#else
+#define CALL(H, M) CALL_G(H, M, 1) if (M == 1) { CALL_G(H, 1, 2) CALL_G(H, 1, 4) }
+#endif
 	CALL(16, 1) CALL(32, 1) CALL(64, 1) CALL(80, 1) CALL(96, 1) CALL(128, 1) CALL(256, 1)
 	CALL(16, 2) CALL(32, 2) CALL(64, 2) CALL(80, 2) CALL(96, 2) CALL(128, 2) CALL(256, 2)
 	fprintf(stderr, "no kernel\n");
 	abort();
 }
 
-static double run(const Case& c, int st, unsigned seed) {
+static double run(const Case& c, int st, int hg, unsigned seed) {
 	std::mt19937_64 rng(seed);
 	PagedBatch pb(c.heads, c.kvHeads, c.hd, c.window, c.seqs, rng);
 	const int bs = PagedBatch::bs, Tn = pb.tokens(), width = c.kvHeads * c.hd;
@@ -49,14 +58,14 @@ static double run(const Case& c, int st, unsigned seed) {
 	int mt = group > 16 ? 2 : 1;
 	float scale = 1.0f / sqrtf((float)c.hd);
 	g_threads = 128;
-	gridDim = dim3{(unsigned)splits, (unsigned)c.kvHeads, (unsigned)Tn};
+	gridDim = dim3{(unsigned)splits, (unsigned)(c.kvHeads / hg), (unsigned)Tn};
 	blockDim = dim3{128, 1, 1};
 	for (int z = 0; z < Tn; z++)
-		for (int y = 0; y < c.kvHeads; y++)
+		for (int y = 0; y < c.kvHeads / hg; y++)
 			for (int x = 0; x < splits; x++) {
 				for (size_t i = 0; i < sizeof(g_smem) / 2; i++) ((unsigned short*)g_smem)[i] = 0x7fc1;
 				run_block(dim3{(unsigned)x, (unsigned)y, (unsigned)z}, [&] {
-					launch_one(c.hd, mt, st, pb.q.data(), pb.kc.data(), pb.vc.data(), out.data(), wsAcc, wsM, wsL, counters.data(),
+					launch_one(c.hd, mt, st, hg, pb.q.data(), pb.kc.data(), pb.vc.data(), out.data(), wsAcc, wsM, wsL, counters.data(),
 					           pb.positions.data(), pb.seqIndex.data(), pb.seqBlockOff.data(), pb.seqFresh.data(), pb.bt.data(), c.heads,
 					           c.kvHeads, bs, c.window, scale, c.cap, c.chunk, splits);
 				});
@@ -65,8 +74,8 @@ static double run(const Case& c, int st, unsigned seed) {
 		if (v != 0) { fprintf(stderr, "counter left at %d\n", v); abort(); }
 	double worst;
 	int bad = pb.check(out, scale, c.cap, &worst);
-	printf("heads %d/%d hd %d window %d chunk %d splits %d tokens %d stages %d cap %g: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd,
-	       c.window, c.chunk, splits, Tn, st, c.cap, worst, bad);
+	printf("heads %d/%d hd %d window %d chunk %d splits %d tokens %d stages %d kv heads a block %d cap %g: worst %.3g, %d bad\n", c.heads,
+	       c.kvHeads, c.hd, c.window, c.chunk, splits, Tn, st, hg, c.cap, worst, bad);
 	fflush(stdout);
 	return bad ? -1 : worst;
 }
@@ -101,13 +110,30 @@ int main(int argc, char** argv) {
 		{32, 8, 128, 0, {{25, 5}}, 128, 0},
 		{32, 8, 128, 0, {{41, 9}}, 128, 0},
 		{32, 8, 128, 0, {{305, 5}}, 512, 0},
+		// Llama-3's heads at one split and at several, short and long
+		// contexts side by side (the kv heads a block then cross stages
+		// of one key, of a partial ring and of a full one).
+		{32, 8, 128, 0, {{700, 1}, {130, 1}, {1, 1}, {64, 1}}, 1024, 0},
+		{32, 8, 128, 0, {{700, 1}, {130, 1}, {1, 1}, {65, 1}}, 192, 0},
 	};
 	int fails = 0;
 	// Each case with the default ring (DM_ST stages) and with the _s2
-	// kernels' (DM_ST2: 2, or 3 over an FP8 cache).
+	// kernels' (DM_ST2: 2, or 3 over an FP8 cache); over a cache of the
+	// activation dtype, groups of up to 16 heads also with the default
+	// ring and 2 and 4 kv heads a block where they divide the kv heads (in
+	// the bf16 build: the heads' pipeline is the same code for f16, whose
+	// products the one-head runs check).
+	bool f8 = false;
+#ifdef KV_F8
+	f8 = true;
+#endif
 	for (int st : {DM_ST, DM_ST2})
 		for (size_t i = 0; i < cases.size(); i++)
-			if (run(cases[i], st, 1234 + i) < 0) fails++;
+			for (int hg : {1, 2, 4}) {
+				const Case& c = cases[i];
+				if (hg > 1 && (f8 || act_is_f16<T>::v || st != DM_ST || c.heads / c.kvHeads > 16 || c.kvHeads % hg != 0)) continue;
+				if (run(c, st, hg, 1234 + i) < 0) fails++;
+			}
 	printf("%d failed\n", fails);
 	return fails != 0;
 }

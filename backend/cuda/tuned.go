@@ -447,8 +447,7 @@ func decodeTuneKey(act cu.DType, key decodeKey) tune.Key {
 }
 
 // planName names a decode plan for the cache (its fields but the
-// workspace, which each batch sizes; kv heads a block only past one, so
-// that the names cached before plans had them still name their plans).
+// workspace, which each batch sizes; kv heads a block only past one).
 func planName(p kernels.DecodePlan) string {
 	name := fmt.Sprintf("chunk %d, splits %d, cluster %v, mma %v, stages %d", p.Chunk, p.MaxSplits, p.Cluster, p.MMA, p.Stages)
 	if p.Heads > 1 {

@@ -281,6 +281,9 @@ var decodeCases = []attnCfg{
 	// two tokens a sequence; MQA with 16 and 24 query heads (one full
 	// 16-row tile, and two tiles); a group of 3.
 	{heads: 32, kvHeads: 8, hd: 128, seqs: batchSeqs(64, 560, 640, 1)},
+	// 256 sequences of up to 200 keys: grids of 2048 token heads, which
+	// the single-split plans also take 2 and 4 kv heads a block.
+	{heads: 32, kvHeads: 8, hd: 128, seqs: batchSeqs(256, 1, 200, 1)},
 	{heads: 8, kvHeads: 2, hd: 128, window: 200, seqs: batchSeqs(16, 1, 1500, 1)},
 	{heads: 8, kvHeads: 8, hd: 64, seqs: batchSeqs(16, 1, 1100, 1)},
 	{heads: 16, kvHeads: 2, hd: 80, seqs: batchSeqs(16, 100, 700, 1)},
@@ -402,12 +405,16 @@ func TestDecodeAttention(t *testing.T) {
 	for _, act := range allDTypes {
 		k := kern(t, act)
 		rng := newRNG(t)
+		heads := map[int]int{} // tensor-core plans run, by kv heads a block
 		for _, c := range decodeCases {
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
 			n := len(st.q)
 			mma := 0
 			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act) {
+				if plan.MMA {
+					heads[max(1, plan.Heads)]++
+				}
 				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
 					t.Fatalf("%v: plan %+v needs more than the test's workspace", c, plan)
 				}
@@ -436,6 +443,9 @@ func TestDecodeAttention(t *testing.T) {
 			}
 			e := compare(t, "prefill kernel on "+c.String(), runAttn(t, act, st, false), ref, tol(act))
 			report(t, act, "prefill-kernel "+c.String(), e)
+		}
+		if act != cu.F32 && (heads[2] == 0 || heads[4] == 0) {
+			t.Errorf("%v: tensor-core plans by kv heads a block %v: want some with 2 and with 4", act, heads)
 		}
 	}
 }

@@ -640,11 +640,14 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2, 1>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2, 1>(DC_ARGS); } \
 	DECODE_MMA_HEADS(HD, 2) DECODE_MMA_HEADS(HD, 4)
+// (head dims up to 128: decodeMMAHeadsPlanOK)
 #ifdef KV_F8
 #define DECODE_MMA_HEADS(HD, G)
 #else
 #define DECODE_MMA_HEADS(HD, G)                                                                                      \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_h##G##_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST, G>(DC_ARGS); }
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_h##G##_##HD(DC_PARAMS) {                \
+		if constexpr (HD <= 128) decode_mma<HD, 1, DM_ST, G>(DC_ARGS);                                                  \
+	}
 #endif
 // Part 3 of the kernels module (KILN_PART_IS).
 #if KILN_PART_IS(3)

@@ -58,6 +58,16 @@ static double run(const Case& c, int st, int hg, unsigned seed) {
 	int mt = group > 16 ? 2 : 1;
 	float scale = 1.0f / sqrtf((float)c.hd);
 	g_threads = 128;
+	{ // the shared memory the host gives the plan (decodeMMAShared in kernels.go)
+		const int rows = 16 * mt, rowBytes = (c.hd + 8) * 2;
+		int ringRow = rowBytes, stages = st;
+#ifdef KV_F8
+		ringRow = c.hd + 16;
+#endif
+		if (hg <= 1) stages = std::min(stages, (c.chunk + 63) / 64);
+		const int ring = stages * 2 * 64 * ringRow, red = 4 * rows * (c.hd + 8) * 4;
+		g_smem_limit = 2 * 4 * rows * 4 + 2 * 64 * 4 + rows * rowBytes + std::max(ring, red);
+	}
 	gridDim = dim3{(unsigned)splits, (unsigned)(c.kvHeads / hg), (unsigned)Tn};
 	blockDim = dim3{128, 1, 1};
 	for (int z = 0; z < Tn; z++)

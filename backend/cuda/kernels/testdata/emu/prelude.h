@@ -257,12 +257,23 @@ static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 
 // ---- shared memory addresses: offsets into the block's shared memory
 static inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - cur_smem()); }
+// g_smem_limit, when a driver sets it, is the dynamic shared memory the
+// host gives the kernel: a copy past it aborts. A copy's destination holds
+// kPoison from its issue until it lands (cp_wait), so that a read before
+// then sees garbage, and a write before then aborts when it lands.
+static unsigned g_smem_limit = 0;
+static const unsigned char kPoison = 0xa5;
 static inline void cp16(unsigned dst, const void* src, bool in) {
 	if (in && !g_cur->waited && g_after_wait(src)) {
 		fprintf(stderr, "thread %d of block (%d, %d, %d) copies from %p before pdl_enter\n", threadIdx.x, blockIdx.x, blockIdx.y,
 		        blockIdx.z, src);
 		abort();
 	}
+	if (g_smem_limit && dst + 16 > g_smem_limit) {
+		fprintf(stderr, "cp16 to shared memory byte %u past the kernel's %u\n", dst + 16, g_smem_limit);
+		abort();
+	}
+	memset(cur_smem() + dst, kPoison, 16);
 	g_cur->pending.push_back({dst, src, in, g_cur->group});
 }
 static inline void cp16_l2(unsigned dst, const void* src, bool in) { cp16(dst, src, in); }
@@ -276,6 +287,11 @@ template <int N> static inline void cp_wait() {
 	std::vector<Copy> keep;
 	for (auto& c : g_cur->pending) {
 		if (c.group < g_cur->group - N) {
+			for (int i = 0; i < 16; i++)
+				if (cur_smem()[c.dst + i] != kPoison) {
+					fprintf(stderr, "shared memory byte %u written while a copy to it was in flight\n", c.dst + i);
+					abort();
+				}
 			if (c.in) {
 				memcpy(cur_smem() + c.dst, c.src, c.n);
 				memset(cur_smem() + c.dst + c.n, 0, 16 - c.n);

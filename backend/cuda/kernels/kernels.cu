@@ -620,32 +620,137 @@ __device__ __forceinline__ void dq_store(T* out, const float* y) {
 	for (int i = 0; i < 32; i += VEC) store16(out + i, y + i);
 }
 
-extern "C" __global__ void dequant_q8_0(const unsigned char* w, T* out, long long groups) {
+// dequant_run widens the groups of 32 values, a thread a group: decode(b,
+// i, y) writes group i of the block at b (GPB groups of 32 values a block
+// of BYTES bytes) into y.
+template <int BYTES, int GPB, class F>
+__device__ __forceinline__ void dequant_run(const unsigned char* w, T* out, long long groups, F decode) {
 	pdl_enter();
 	GRID_STRIDE(g, groups) {
-		const unsigned char* b = w + g * 34;
-		const float d = f16_at(b);
 		float y[32];
-#pragma unroll
-		for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)(signed char)b[2 + j], d);
+		decode(w + g / GPB * BYTES, (int)(g % GPB), y);
 		dq_store(out + g * 32, y);
 	}
 }
 
-extern "C" __global__ void dequant_q4_0(const unsigned char* w, T* out, long long groups) {
-	pdl_enter();
-	GRID_STRIDE(g, groups) {
-		const unsigned char* b = w + g * 18;
+// u32_at is the little-endian uint32 at p (any alignment).
+__device__ __forceinline__ unsigned u32_at(const unsigned char* p) {
+	return (unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24;
+}
+
+extern "C" __global__ void dequant_q8_0(const unsigned char* w, T* out, long long groups) {
+	dequant_run<34, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
 		const float d = f16_at(b);
-		float y[32];
+#pragma unroll
+		for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)(signed char)b[2 + j], d);
+	});
+}
+
+// Q4_0 and IQ4_NL: d, 16 bytes; byte j holds element j (low nibble) and
+// j + 16 (high): y = (q − 8)·d, or d·v[q] for IQ4_NL's levels v (ggml's
+// kvalues_iq4nl).
+__device__ const signed char iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+template <bool NL>
+__device__ __forceinline__ void dequant_nib4(const unsigned char* w, T* out, long long groups) {
+	dequant_run<18, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+		const float d = f16_at(b);
 #pragma unroll
 		for (int j = 0; j < 16; j++) {
-			const int q = b[2 + j];
-			y[j] = __fmul_rn((float)((q & 15) - 8), d);
-			y[j + 16] = __fmul_rn((float)((q >> 4) - 8), d);
+			const int q = b[2 + j], lo = NL ? iq4nl_values[q & 15] : (q & 15) - 8, hi = NL ? iq4nl_values[q >> 4] : (q >> 4) - 8;
+			y[j] = __fmul_rn((float)lo, d);
+			y[j + 16] = __fmul_rn((float)hi, d);
 		}
-		dq_store(out + g * 32, y);
-	}
+	});
+}
+extern "C" __global__ void dequant_q4_0(const unsigned char* w, T* out, long long groups) { dequant_nib4<false>(w, out, groups); }
+extern "C" __global__ void dequant_iq4_nl(const unsigned char* w, T* out, long long groups) { dequant_nib4<true>(w, out, groups); }
+
+// Q4_1: d, m, nibbles as Q4_0's: y = q·d + m.
+extern "C" __global__ void dequant_q4_1(const unsigned char* w, T* out, long long groups) {
+	dequant_run<20, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+		const float d = f16_at(b), m = f16_at(b + 2);
+#pragma unroll
+		for (int j = 0; j < 16; j++) {
+			const int q = b[4 + j];
+			y[j] = __fadd_rn(__fmul_rn((float)(q & 15), d), m);
+			y[j + 16] = __fadd_rn(__fmul_rn((float)(q >> 4), d), m);
+		}
+	});
+}
+
+// Q5_0 and Q5_1: d (and m), 32 high bits, low nibbles as Q4_0's: y =
+// (q − 16)·d, or q·d + m.
+template <bool Q51>
+__device__ __forceinline__ void dequant_q5(const unsigned char* w, T* out, long long groups) {
+	dequant_run<Q51 ? 24 : 22, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+		constexpr int QH = Q51 ? 4 : 2;
+		const float d = f16_at(b), m = Q51 ? f16_at(b + 2) : 0.f;
+		const unsigned qh = u32_at(b + QH);
+		const unsigned char* q = b + QH + 4;
+#pragma unroll
+		for (int j = 0; j < 16; j++) {
+			const int lo = (q[j] & 15) | ((qh >> j) << 4 & 0x10), hi = (q[j] >> 4) | (qh >> (j + 12) & 0x10);
+			if (Q51) {
+				y[j] = __fadd_rn(__fmul_rn((float)lo, d), m);
+				y[j + 16] = __fadd_rn(__fmul_rn((float)hi, d), m);
+			} else {
+				y[j] = __fmul_rn((float)(lo - 16), d);
+				y[j + 16] = __fmul_rn((float)(hi - 16), d);
+			}
+		}
+	});
+}
+extern "C" __global__ void dequant_q5_0(const unsigned char* w, T* out, long long groups) { dequant_q5<false>(w, out, groups); }
+extern "C" __global__ void dequant_q5_1(const unsigned char* w, T* out, long long groups) { dequant_q5<true>(w, out, groups); }
+
+// Q2_K and Q3_K: group i (0..7) of a super-block is pass i%4 (shift 2·(i%4))
+// over the 32 quant bytes of half i/4: its sub-blocks 2i and 2i+1 take
+// bytes 0..15 and 16..31 (tensor's decodeQ2_K, decodeQ3_K).
+extern "C" __global__ void dequant_q2_k(const unsigned char* w, T* out, long long groups) {
+	dequant_run<84, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+		const int shift = 2 * (i & 3);
+		const unsigned char* q = b + 16 + 32 * (i >> 2);
+		const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int s = b[2 * i + h];
+			const float dl = __fmul_rn(d, (float)(s & 15)), ml = __fmul_rn(dmin, (float)(s >> 4));
+#pragma unroll
+			for (int l = 0; l < 16; l++) y[16 * h + l] = __fsub_rn(__fmul_rn(dl, (float)((q[16 * h + l] >> shift) & 3)), ml);
+		}
+	});
+}
+
+// Q3_K's 16 6-bit scales are unpacked from 12 bytes as ggml does (kmask1,
+// kmask2); a value is its 2 low bits, less 4 unless its hmask bit (bit
+// 4·(i/4) + i%4 of the 32 hmask bytes) is set, times d·(scale − 32).
+extern "C" __global__ void dequant_q3_k(const unsigned char* w, T* out, long long groups) {
+	dequant_run<110, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+		const int shift = 2 * (i & 3);
+		const unsigned char* hm = b;
+		const unsigned char* q = b + 32 + 32 * (i >> 2);
+		const unsigned mb = 1u << (4 * (i >> 2) + (i & 3));
+		const float d = f16_at(b + 108);
+		const unsigned kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
+		const unsigned a0 = u32_at(b + 96), a1 = u32_at(b + 100), tmp = u32_at(b + 104);
+		unsigned aux[4];
+		aux[0] = (a0 & kmask2) | ((tmp & kmask1) << 4);
+		aux[1] = (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4);
+		aux[2] = ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+		aux[3] = ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int is = 2 * i + h;
+			const int sc = (signed char)(aux[is >> 2] >> (8 * (is & 3)));
+			const float dl = __fmul_rn(d, (float)(sc - 32));
+#pragma unroll
+			for (int l = 0; l < 16; l++) {
+				int v = (q[16 * h + l] >> shift) & 3;
+				if (!(hm[16 * h + l] & mb)) v -= 4;
+				y[16 * h + l] = __fmul_rn(dl, (float)v);
+			}
+		}
+	});
 }
 
 // k_scale_min is ggml's get_scale_min_k4 (tensor.KScaleMin).
@@ -662,26 +767,20 @@ __device__ __forceinline__ void k_scale_min(int j, const unsigned char* q, int& 
 // bit i of qh (Q5_K).
 template <bool Q5>
 __device__ __forceinline__ void dequant_k45(const unsigned char* w, T* out, long long groups) {
-	pdl_enter();
-	constexpr int BYTES = Q5 ? 176 : 144;
-	GRID_STRIDE(g, groups) {
-		const unsigned char* b = w + (g >> 3) * BYTES;
-		const int i = (int)(g & 7);
+	dequant_run<Q5 ? 176 : 144, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
 		const float d = f16_at(b), dmin = f16_at(b + 2);
 		int sc, m;
 		k_scale_min(i, b + 4, sc, m);
 		const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
 		const unsigned char* q = b + (Q5 ? 48 : 16) + 32 * (i >> 1);
 		const unsigned char* qh = b + 16;
-		float y[32];
 #pragma unroll
 		for (int l = 0; l < 32; l++) {
 			int v = (i & 1) ? q[l] >> 4 : q[l] & 15;
 			if (Q5 && (qh[l] >> i) & 1) v += 16;
 			y[l] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
 		}
-		dq_store(out + g * 32, y);
-	}
+	});
 }
 extern "C" __global__ void dequant_q4_k(const unsigned char* w, T* out, long long groups) { dequant_k45<false>(w, out, groups); }
 extern "C" __global__ void dequant_q5_k(const unsigned char* w, T* out, long long groups) { dequant_k45<true>(w, out, groups); }
@@ -689,15 +788,12 @@ extern "C" __global__ void dequant_q5_k(const unsigned char* w, T* out, long lon
 // Q6_K: group i (0..7) is elements 32i.. of the super-block: pass n = i/4
 // of 128, run r = i%4 (q1..q4 of tensor's decodeQ6_K).
 extern "C" __global__ void dequant_q6_k(const unsigned char* w, T* out, long long groups) {
-	pdl_enter();
-	GRID_STRIDE(g, groups) {
-		const unsigned char* b = w + (g >> 3) * 210;
-		const int i = (int)(g & 7), n = i >> 2, r = i & 3;
+	dequant_run<210, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+		const int n = i >> 2, r = i & 3;
 		const unsigned char* ql = b + 64 * n;
 		const unsigned char* qh = b + 128 + 32 * n;
 		const signed char* sc = (const signed char*)(b + 192 + 8 * n);
 		const float d = f16_at(b + 208);
-		float y[32];
 #pragma unroll
 		for (int l = 0; l < 32; l++) {
 			const int lo = (r & 1) ? ql[l + 32] : ql[l];
@@ -705,8 +801,7 @@ extern "C" __global__ void dequant_q6_k(const unsigned char* w, T* out, long lon
 			const int q = (nib | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
 			y[l] = __fmul_rn(__fmul_rn(d, (float)sc[l / 16 + 2 * r]), (float)q);
 		}
-		dq_store(out + g * 32, y);
-	}
+	});
 }
 
 // ---------------------------------------------------------------- rope, kv write

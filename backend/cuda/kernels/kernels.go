@@ -433,8 +433,9 @@ func (k *Kernels) ScaleRowsCols(s *cu.Stream, out, x cu.Ptr, sc ProductScales, r
 }
 
 // DequantFormats are the GGUF block formats Dequantize widens on the
-// device (the matrices of Q8_0, Q4_0, Q4_K_M and Q5_K_M files).
-var DequantFormats = []tensor.DType{tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K}
+// device: every block format tensor decodes.
+var DequantFormats = []tensor.DType{tensor.Q8_0, tensor.Q4_0, tensor.Q4_1, tensor.Q5_0, tensor.Q5_1, tensor.IQ4_NL,
+	tensor.Q2_K, tensor.Q3_K, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K}
 
 // Dequantize widens n values of GGUF blocks of format f at w to the
 // activation dtype at out (16-byte aligned), exactly as tensor's reference

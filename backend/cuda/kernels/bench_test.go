@@ -97,10 +97,10 @@ func BenchmarkCopy(b *testing.B) {
 // query heads over 8 kv heads, head dim 128 (Llama-3-8B), block size 16,
 // random block tables: one sequence at contexts 512 and 4096 (ctx=N), and
 // batches of 16, 64 and 256 sequences at contexts 128, 512 and 2048, 64 at
-// 544 and 256 at 192 (batch=B/ctx=N), one token each. Each reports µs a call, the GB/s of
-// K and V read and their share of the copy bandwidth; sub-benchmarks
-// chunk=N (split plans), cluster=N and mma=N (tensor cores, N keys a
-// split).
+// 544 and 256 at 192 (batch=B/ctx=N), one token each. Each reports µs a
+// call, the GB/s of K and V read and their share of the copy bandwidth;
+// sub-benchmarks chunk=N (split plans), cluster=N and mma=N (tensor cores,
+// N keys a split; /heads=G with G kv heads a block).
 func BenchmarkDecodeAttention(b *testing.B) {
 	type bc struct{ batch, ctx int }
 	cases := []bc{{1, 512}, {1, 4096}}

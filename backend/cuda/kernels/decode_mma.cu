@@ -20,8 +20,8 @@
 // heads' stages are one pipeline: the next head's first keys load while a
 // head's last ones are computed, so that a block pays the latency of the
 // token's metadata, block table and first keys once, not once a head
-// (session 27: at 256 sequences of 128 keys, 44 µs against 66). A token whose keys fit one split is
-// finished by its block; otherwise each block writes its partials (m in the
+// (measured in docs/PERF.md, session 27). A token whose keys fit one split
+// is finished by its block; otherwise each block writes its partials (m in the
 // log2 domain, l, acc) to the workspace and the last to finish merges them
 // (decode_merge: the same workspace layout and counters as decode_impl).
 //
@@ -638,16 +638,15 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST, 1>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST, 1>(DC_ARGS); } \
 	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB2) decode_mma_s2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST2, 1>(DC_ARGS); } \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2, 1>(DC_ARGS); } \
-	DECODE_MMA_HEADS(HD, 2) DECODE_MMA_HEADS(HD, 4)
-// (head dims up to 128: decodeMMAHeadsPlanOK)
+	extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_mma32_s2_##HD(DC_PARAMS) { decode_mma<HD, 2, DM_ST2, 1>(DC_ARGS); }
+// DECODE_MMA_HEADS(HD): the kernels of 2 and 4 kv heads a block, for head
+// dims up to 128 over a cache of the activation dtype (decodeMMAHeadsOK).
 #ifdef KV_F8
-#define DECODE_MMA_HEADS(HD, G)
+#define DECODE_MMA_HEADS(HD)
 #else
-#define DECODE_MMA_HEADS(HD, G)                                                                                      \
-	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_h##G##_##HD(DC_PARAMS) {                \
-		if constexpr (HD <= 128) decode_mma<HD, 1, DM_ST, G>(DC_ARGS);                                                  \
-	}
+#define DECODE_MMA_HEADS(HD)                                                                                         \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_h2_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST, 2>(DC_ARGS); } \
+	extern "C" __global__ void __launch_bounds__(DM_THREADS, DM_MINB) decode_mma_h4_##HD(DC_PARAMS) { decode_mma<HD, 1, DM_ST, 4>(DC_ARGS); }
 #endif
 // Part 3 of the kernels module (KILN_PART_IS).
 #if KILN_PART_IS(3)
@@ -655,6 +654,10 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 #if KILN_HD >= 16
 #define DECODE_MMA_X(HD) DECODE_MMA(HD)
 DECODE_MMA_X(KILN_HD)
+#endif
+#if KILN_HD >= 16 && KILN_HD <= 128
+#define DECODE_MMA_HEADS_X(HD) DECODE_MMA_HEADS(HD)
+DECODE_MMA_HEADS_X(KILN_HD)
 #endif
 #else
 DECODE_MMA(16)
@@ -664,6 +667,12 @@ DECODE_MMA(80)
 DECODE_MMA(96)
 DECODE_MMA(128)
 DECODE_MMA(256)
+DECODE_MMA_HEADS(16)
+DECODE_MMA_HEADS(32)
+DECODE_MMA_HEADS(64)
+DECODE_MMA_HEADS(80)
+DECODE_MMA_HEADS(96)
+DECODE_MMA_HEADS(128)
 #endif
 #endif // KILN_PART_IS(3)
 

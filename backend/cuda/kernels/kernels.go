@@ -819,7 +819,7 @@ func DecodePlans(a Attn, m *Meta, sms int, clusters bool, act cu.DType) []Decode
 // closer to whole waves (decodeMMAWaveChunk); then those powers of two of
 // at least 256 keys whose grid has more than two blocks an SM again with a
 // ring of 2 stages (Stages 2: three blocks an SM at head dim 128); then
-// the 3-stage plan of one split, where decodeMMAHeadsPlanOK, with 2 and 4
+// the 3-stage plan of one split, where decodeMMAHeadsOK, with 2 and 4
 // kv heads a block while its grid keeps a block for every SM (measured on
 // the H200: with splits, several kv heads a block lost to one).
 func decodeMMAPlans(a Attn, m *Meta, sms int) []DecodePlan {
@@ -850,27 +850,24 @@ func decodeMMAPlans(a Attn, m *Meta, sms int) []DecodePlan {
 	}
 	for _, p := range plans[:len(plans):len(plans)] {
 		for _, g := range []int{2, 4} {
-			if p.Heads = g; p.MaxSplits == 1 && decodeMMAHeadsPlanOK(a, p) && th/g >= sms {
-				plans = append(plans, p)
+			q := p
+			q.Heads = g
+			if q.MaxSplits == 1 && decodeMMAHeadsOK(a, q) && th/g >= sms {
+				plans = append(plans, q)
 			}
 		}
 	}
 	return plans
 }
 
-// decodeMMAHeadsOK reports whether the tensor-core decode has kernels
-// taking g kv heads a block for a (decode_mma.cu: over a cache of the
-// activation dtype, GQA groups of up to 16 query heads, whose warps'
-// partials fit a ring stage) and g divides its kv heads.
-func decodeMMAHeadsOK(a Attn, g int) bool {
-	return (g == 2 || g == 4) && !a.FP8 && decodeMMARows(a) == 16 && a.KVHeads%g == 0
-}
-
-// decodeMMAHeadsPlanOK reports whether plan p may take p.Heads kv heads a
-// block for a: the 3-stage kernels (decode_mma_h<G>_<HD>) where
-// decodeMMAHeadsOK.
-func decodeMMAHeadsPlanOK(a Attn, p DecodePlan) bool {
-	return p.MMA && p.Stages == 0 && a.HeadDim <= 128 && decodeMMAHeadsOK(a, p.Heads)
+// decodeMMAHeadsOK reports whether decode_mma.cu has a kernel taking
+// p.Heads kv heads a block for plan p over a (decode_mma_h<G>_<HD>): a
+// 3-stage tensor-core plan over a cache of the activation dtype, head dims
+// up to 128 and GQA groups of up to 16 query heads (the warps' partials
+// fit a ring stage), 2 or 4 dividing the kv heads.
+func decodeMMAHeadsOK(a Attn, p DecodePlan) bool {
+	return (p.Heads == 2 || p.Heads == 4) && p.MMA && p.Stages == 0 && !a.FP8 && a.HeadDim <= 128 && decodeMMARows(a) == 16 &&
+		a.KVHeads%p.Heads == 0
 }
 
 // decodeMMAStages2 reports whether a grid of th token heads at chunk keys
@@ -1053,14 +1050,13 @@ func (k *Kernels) DecodeAttention(s *cu.Stream, a Attn, m DevMeta, plan DecodePl
 	bad := plan.Chunk <= 0 || plan.MaxSplits <= 0 || plan.Chunk*plan.MaxSplits < ctx || (!plan.MMA && (plan.Stages != 0 || a.FP8))
 	switch {
 	case plan.MMA:
-		bad = bad || (plan.Stages != 0 && plan.Stages != 2) || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits) ||
-			(plan.Heads > 1 && !decodeMMAHeadsPlanOK(a, plan))
+		bad = bad || (plan.Stages != 0 && plan.Stages != 2) || plan.Cluster || k.Act == cu.F32 || !decodeMMAOK(a) || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
 	case plan.Cluster:
 		bad = bad || plan.Chunk > decodeThreads || plan.MaxSplits > cu.MaxCluster || !k.D.Clusters()
 	default:
 		bad = bad || plan.Chunk > decodeThreads || plan.WorkspaceBytes < decodePartialBytes(a, m.T, plan.MaxSplits)
 	}
-	bad = bad || plan.Heads < 0 || (plan.Heads > 1 && !plan.MMA)
+	bad = bad || plan.Heads < 0 || (plan.Heads > 1 && !decodeMMAHeadsOK(a, plan))
 	if bad {
 		return fmt.Errorf("kernels: decode plan %+v for context %d", plan, ctx)
 	}

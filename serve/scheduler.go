@@ -173,6 +173,9 @@ type Scheduler struct {
 	// draftTime the time the step waited for their drafts.
 	drafting  []draftItem
 	draftTime time.Duration
+	// now is the clock steps and drafts are timed by (time.Now; tests
+	// give the governors a modeled device's clock).
+	now func() time.Time
 	// gov judges drafting for the batch: verifying steps' decoded tokens
 	// over their time and their drafting's, against plain steps' time for
 	// each decoded token. Each request's own governor (Request.gov) judges
@@ -248,7 +251,7 @@ func NewScheduler(e *engine.Engine, cfg Config) (*Scheduler, error) {
 		return nil, fmt.Errorf("serve: max-num-seqs %d exceeds the engine's %d sequences", cfg.MaxNumSeqs, e.MaxSeqs())
 	}
 	cfg.MaxNumSeqs = min(cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
-	return &Scheduler{e: e, cfg: cfg, wake: make(chan struct{}, 1)}, nil
+	return &Scheduler{e: e, cfg: cfg, wake: make(chan struct{}, 1), now: time.Now}, nil
 }
 
 // Submit queues r, or refuses with ErrOverloaded when the queue is full. The
@@ -431,7 +434,7 @@ func (s *Scheduler) step() {
 		s.publish()
 		return
 	}
-	t0 := time.Now()
+	t0 := s.now()
 	var ids []int
 	var logits []float32
 	var err error
@@ -450,7 +453,7 @@ func (s *Scheduler) step() {
 	default:
 		ids, err = s.e.StepSample(s.items, s.samplers)
 	}
-	stepTime := time.Since(t0)
+	stepTime := s.now().Sub(t0)
 	if errors.Is(err, backend.ErrOutOfMemory) && s.shrink() {
 		s.publish()
 		return
@@ -931,7 +934,7 @@ func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, 
 		// drafts.
 		ones = append(ones, s.e.BlocksToGrow(r.seq, 1))
 	}
-	t0 := time.Now()
+	t0 := s.now()
 	var drafts [][]int
 	bd, batched := spec.Drafter.(engine.BatchDrafter)
 	if batched {
@@ -942,12 +945,12 @@ func (s *Scheduler) addDrafts(ds []draftItem, spec *engine.Speculation, budget, 
 		drafts = bd.DraftBatch(ss, tokens, ks)
 	} else {
 		for i, d := range sessions {
-			t := time.Now()
+			t := s.now()
 			drafts = append(drafts, d.Draft(tokens[i], ks[i]))
-			ds[i].r.draftTime = time.Since(t)
+			ds[i].r.draftTime = s.now().Sub(t)
 		}
 	}
-	s.draftTime = time.Since(t0)
+	s.draftTime = s.now().Sub(t0)
 	any := false
 	for i, d := range ds {
 		r, draft := d.r, drafts[i]

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,14 +99,37 @@ func collect(t *testing.T, r *Request) ([]int, Event) {
 }
 
 // timedStories is stories on the CPU for at most maxSeqs sequences, each
-// step taking cost(its tokens) more: a device's step times.
-func timedStories(t *testing.T, maxSeqs int, cost func(tokens int) time.Duration) *engine.Engine {
+// step taking cost(its tokens) more: a device's step times. The clock it
+// returns moves by those costs alone, so that a scheduler reading it
+// (runTimed) judges drafting by the modeled device, however busy the
+// machine running the test is.
+func timedStories(t *testing.T, maxSeqs int, cost func(tokens int) time.Duration) (*engine.Engine, *stepClock) {
 	t.Helper()
+	c := &stepClock{}
 	timed := &stephook.Backend{Backend: &cpu.Backend{}, Before: func(b *backend.Batch) error {
-		time.Sleep(cost(len(b.Tokens)))
+		d := cost(len(b.Tokens))
+		c.ns.Add(int64(d))
+		time.Sleep(d) // arrivals keep their pace in steps
 		return nil
 	}}
-	return storiesOn(t, timed, maxSeqs, 0)
+	return storiesOn(t, timed, maxSeqs, 0), c
+}
+
+// stepClock is a modeled device's clock: the sum of its steps' costs.
+type stepClock struct{ ns atomic.Int64 }
+
+func (c *stepClock) now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// runTimed is runScheduler with steps and drafts timed by c.
+func runTimed(t testing.TB, e *engine.Engine, c *stepClock, cfg Config) *Scheduler {
+	t.Helper()
+	s, err := NewScheduler(e, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.now = c.now
+	run(t, s)
+	return s
 }
 
 // expectOutputs collects each of rs and checks that it ended without an
@@ -126,11 +150,16 @@ func runScheduler(t testing.TB, e *engine.Engine, cfg Config) *Scheduler {
 	if err != nil {
 		t.Fatal(err)
 	}
+	run(t, s)
+	return s
+}
+
+// run runs s's loop until the test ends.
+func run(t testing.TB, s *Scheduler) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return s
 }
 
 // TestBatchedEqualsAlone: greedy outputs of requests batched together (with
@@ -705,15 +734,15 @@ func TestSpeculationGovernor(t *testing.T) {
 		right          bool
 		minDrafts, max int
 	}{
-		// Ratios wide enough that a loaded machine's stalls (tens of ms)
-		// do not turn them around.
+		// Timed by the modeled device's clock (timedStories), not the
+		// machine's, whose stalls under load once turned ratios around.
 		{"wrong drafts, compute-bound", 0, 10 * time.Millisecond, false, 1, 12},
 		{"right drafts, fixed costs", 20 * time.Millisecond, 500 * time.Microsecond, true, 10, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := timedStories(t, 2, func(tokens int) time.Duration { return tc.fixed + time.Duration(tokens)*tc.a })
+			e, c := timedStories(t, 2, func(tokens int) time.Duration { return tc.fixed + time.Duration(tokens)*tc.a })
 			d := knownDrafter{plain: append(slices.Clone(p), want...), right: tc.right, vocab: e.Vocab()}
-			s := runScheduler(t, e, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64, SpeculateMaxSeqs: 2,
+			s := runTimed(t, e, c, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64, SpeculateMaxSeqs: 2,
 				Speculation: &engine.Speculation{Drafter: d, K: 4}})
 			r := &Request{Prompt: p, Params: engine.SamplingParams{MaxTokens: 60, IgnoreStop: true}}
 			if err := s.Submit(r); err != nil {
@@ -805,7 +834,7 @@ func TestSpeculationInBatch(t *testing.T) {
 		{"fixed costs", 40 * time.Millisecond, 100 * time.Microsecond, 80, 320},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := timedStories(t, 8, func(tokens int) time.Duration {
+			e, c := timedStories(t, 8, func(tokens int) time.Duration {
 				padded := 1 // the step's bucket, as a GPU runs it
 				for padded < tokens {
 					padded *= 2
@@ -813,7 +842,7 @@ func TestSpeculationInBatch(t *testing.T) {
 				return tc.fixed + time.Duration(padded)*tc.a
 			})
 			d := batchDrafter{plains: plains, right: 2, vocab: e.Vocab()}
-			s := runScheduler(t, e, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 512, SpeculateMaxSeqs: 8,
+			s := runTimed(t, e, c, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 512, SpeculateMaxSeqs: 8,
 				Speculation: &engine.Speculation{Drafter: d, K: 4}})
 			var rs []*Request
 			for _, p := range ps {

@@ -66,6 +66,11 @@ type Backend struct {
 	// RoPE with the cache writes) as kernels of their own instead of in the
 	// GEMV's epilogue, for comparisons.
 	NoEpilogues bool
+	// FoldNorms folds the bf16 RMSNorms before the Q/K/V and gate/up
+	// products into the products around them (normfold.go) instead of
+	// running them as kernels of their own. Off by default until measured
+	// on a GPU (backend/cuda/NOTES.md, session 28).
+	FoldNorms bool
 	// NoFP8 widens FP8 (E4M3) matrices to the compute dtype as they are
 	// uploaded instead of keeping them in E4M3 for FP8 products (compute
 	// capability 8.9 on), for comparisons.
@@ -141,6 +146,9 @@ type Stats struct {
 	// Epilogues counts the launches (captures included) of a GEMV with the
 	// op reading its product in its epilogue.
 	Epilogues int
+	// NormFolds counts the norms (launches, captures included) folded into
+	// the products after them (normfold.go): no kernel of their own.
+	NormFolds int
 	// FP8Scaled counts the FP8 products (launches, captures included)
 	// whose scales their reader applied (no pass of their own), FP8Written
 	// the activations a kernel wrote in FP8 form for the FP8 product after
@@ -523,6 +531,9 @@ type loaded struct {
 	// moeTables holds each MoE layer's device table of its experts'
 	// weight pointers (uploadMoETables).
 	moeTables map[*ir.Node]cu.Ptr
+	// foldedGains marks the weights a norm's gain is folded into
+	// (markNormFolds), by their device pointer.
+	foldedGains map[cu.Ptr]bool
 
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split

@@ -133,6 +133,12 @@ type node struct {
 	// and which the GEMV computes in its epilogue when it runs the product
 	// (compile.EpilogueReaders).
 	epilogue *node
+	// fold: the chain of a norm folded into the product after it that
+	// the node is part of (markNormFolds; nil: none).
+	fold *normFold
+	// rms (SwiGLUPacked, RoPEQKVWrite) launches the node on a product whose
+	// rows are still to be divided by rms(nx) (a folded norm's).
+	rms func(x *stepState, nd *node, nx kernels.RowRMS) error
 }
 
 type executable struct {
@@ -238,6 +244,9 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		e.nodes = append(e.nodes, nd)
 	}
 	markFP8Fusions(e.nodes, p.Graph)
+	if err := l.markNormFolds(e.nodes, p); err != nil {
+		return nil, err
+	}
 	epilogues := compile.EpilogueReaders(p.Graph)
 	for i := 0; i+1 < len(e.nodes); i++ {
 		if nd, next := &e.nodes[i], &e.nodes[i+1]; epilogues[nd.n] == next.n && l.gemv != nil && !l.b.NoEpilogues {

@@ -672,3 +672,93 @@ func TestProfilePrefill(t *testing.T) {
 		t.Errorf("%d prefill attention calls over %d profiled steps, want %d a step", attention, st.ProfileSteps, s.Layers)
 	}
 }
+
+// TestNormFolds: in bf16 the norms before the Q/K/V and gate/up products
+// fold into them (normfold.go) in steps where the products run on
+// cuBLASLt: a prefill of 20 prompts and 12 decode steps of 20 sequences,
+// their logits against the CPU's within the bound the unfolded bf16 path
+// is held to (TestGemmaMatchesCPU: the median step 1.5e-2, every step
+// 4e-2), the unfolded path in the same run beside them. Launched kernel
+// by kernel, the norms count as folded two a layer and step (the first
+// layer's plain RMSNorm of the embeddings and its AddRMSNorm; none with
+// FoldNorms off); the decode steps' captured graphs give the same logits
+// bit for bit. Then with the products chosen by their first-use races, as
+// served: the prefill (past the GEMV's rows) folds, and the decode steps
+// fold or keep the norm at its unit gain over the folded weights as their
+// products' ways fall, within the same bound.
+func TestNormFolds(t *testing.T) {
+	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 3, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
+		VocabSize: 500, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.F32}
+	m := testmodel.Random(c, 11)
+	const seqs, steps = 20, 12
+	run := func(bk backend.Backend) [][]float32 {
+		e, err := engine.New(m, bk, engine.Options{MaxSeqs: seqs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var items []engine.Item
+		for i := range seqs {
+			toks := make([]int, 5+i)
+			for j := range toks {
+				toks[j] = (j*7 + i*13) % c.VocabSize
+			}
+			items = append(items, engine.Item{Seq: e.NewSequence(), Tokens: toks})
+		}
+		var out [][]float32
+		for step := 0; step <= steps; step++ {
+			l, err := e.Step(items)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, slices.Clone(l))
+			for i := range items {
+				items[i].Tokens = []int{(step*31 + i*5) % c.VocabSize}
+			}
+		}
+		return out
+	}
+	ref := run(&cpu.Backend{})
+	var direct [][]float32
+	for _, v := range []struct{ fold, graphs, raced bool }{{true, false, false}, {true, true, false}, {false, true, false}, {true, true, true}} {
+		b := backendOf(t, "bf16")
+		b.FoldNorms, b.NoGraphs = v.fold, !v.graphs
+		if !v.raced {
+			// The same kernels every run (no timing-dependent choice).
+			b.Products, b.Tune = "cublaslt", tune.Defaults
+		}
+		got := run(b)
+		errs := make([]float64, len(ref))
+		for i := range ref {
+			errs[i] = relL2(got[i], ref[i])
+		}
+		st := b.Stats()
+		t.Logf("%+v: %d norms folded, %d graph replays; steps' ‖Δ‖₂/‖ref‖₂: %.3g", v, st.NormFolds, st.GraphReplays, errs)
+		sorted := slices.Sorted(slices.Values(errs))
+		if med, worst := sorted[len(sorted)/2], sorted[len(sorted)-1]; !(med <= 1.5e-2 && worst <= 4e-2) {
+			t.Errorf("%+v: median step ‖Δ‖₂/‖ref‖₂ %.3g (limit 1.5e-2), worst %.3g (limit 4e-2)", v, med, worst)
+		}
+		switch {
+		case !v.fold && st.NormFolds != 0:
+			t.Errorf("%+v: %d norms folded", v, st.NormFolds)
+		case v.raced:
+			if st.NormFolds < 2*c.NumLayers {
+				t.Errorf("%+v: %d norms folded, want at least the prefill's %d", v, st.NormFolds, 2*c.NumLayers)
+			}
+		case v.fold && !v.graphs:
+			if want := 2 * c.NumLayers * (steps + 1); st.NormFolds != want {
+				t.Errorf("%+v: %d norms folded, want %d", v, st.NormFolds, want)
+			}
+			direct = got
+		case v.fold:
+			if st.GraphReplays == 0 {
+				t.Errorf("%+v: no graph replayed", v)
+			}
+			for i := range direct {
+				if !slices.Equal(direct[i], got[i]) {
+					t.Errorf("step %d: logits differ between graphs and direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(got[i], direct[i]))
+				}
+			}
+		}
+	}
+}

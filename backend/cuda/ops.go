@@ -72,6 +72,10 @@ func (l *loaded) choose(nd *node) error {
 				t, dim = t*(dim/a.HeadDim), a.HeadDim
 				return k.RMSNorm(s, out[0].p, in[0].p, in[1].p, in[1].dtype, t, dim, a.Eps)
 			}
+			if f := nd.fold; f != nil && f.decide(l, x) {
+				l.b.stats.NormFolds++
+				return nil
+			}
 			q, ok, err := l.fp8Output(x, nd, out[0], t)
 			if err != nil {
 				return err
@@ -139,13 +143,15 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			mm := cu.Matmul{T: in[0].rows(x), K: in[0].cols, N: out[0].cols, In: l.act, Out: out[0].dtype,
 				X: in[0].p, W: w.p, Dst: out[0].p, Stream: s}
-			// The reader the GEMV would run in its epilogue (not RoPE into
-			// an FP8 cache: the epilogue writes the cache in the
-			// activation dtype).
-			var ep *node
-			if nd.epilogue != nil && bias == nil && mm.Out == l.act && !(x.kv.spec.FP8 && nd.epilogue.n.Op == ir.RoPEQKVWrite) {
-				ep = nd.epilogue
+			f := nd.fold
+			switch {
+			case f == nil:
+			case f.m == nd:
+				f.on = false // until the plain product below decides
+			case f.p == nd && f.on:
+				mm.X = f.rows.p // the norm's rows, its gain in w
 			}
+			ep := l.epilogueOf(x, nd, mm.Out, bias != nil)
 			way := l.productWay(x, mm, ep)
 			gemv := way.gemv
 			if gemv && ep != nil {
@@ -177,6 +183,15 @@ func (l *loaded) choose(nd *node) error {
 				return l.lt.Matmul(mm)
 			default:
 				mm.Algo = l.algorithm(x, mm)
+				if f != nil && f.m == nd && f.decide(l, x) {
+					// The norm's residual added here, into its sum; the
+					// algorithm is the plain product's (raced without the
+					// addend, which may be the output itself).
+					mm.Accumulate, mm.Add, mm.Dst = true, f.resid.p, f.rows.p
+					mm.Algo = l.algorithm(x, mm)
+					x.noteProduct(mm, "cuBLASLt + a folded norm's residual")
+					return l.lt.Matmul(mm)
+				}
 				x.noteProduct(mm, "cuBLASLt")
 				err = l.lt.Matmul(mm)
 			}
@@ -240,6 +255,9 @@ func (l *loaded) choose(nd *node) error {
 			}
 			return k.SwiGLUPacked(s, out[0].p, in[0].p, sc, t, out[0].cols)
 		}
+		nd.rms = func(x *stepState, nd *node, nx kernels.RowRMS) error {
+			return k.SwiGLUPackedRMS(s, out[0].p, in[0].p, nx, in[0].rows(x), out[0].cols)
+		}
 	case ir.AddBias:
 		nd.kernel = "add_bias" + ws(in[1])
 		nd.launch = func(x *stepState, nd *node) error {
@@ -276,6 +294,10 @@ func (l *loaded) choose(nd *node) error {
 			return x.kv.kern.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, sc, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
 				x.m.T, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
 		}
+		nd.rms = func(x *stepState, nd *node, nx kernels.RowRMS) error {
+			return x.kv.kern.RoPEQKVWriteRMS(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, nx, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,
+				x.m.T, a.Heads, a.KVHeads, a.HeadDim, a.Interleaved)
+		}
 	case ir.Attention:
 		if err := checkHeadDim(a.HeadDim); err != nil {
 			return err
@@ -310,7 +332,29 @@ func (l *loaded) choose(nd *node) error {
 		return fmt.Errorf("cuda: no kernel for %v", nd.n.Op)
 	}
 	if nd.scaled != nil {
-		nd.launch = func(x *stepState, nd *node) error { return nd.scaled(x, nd, kernels.ProductScales{}) }
+		nd.launch = func(x *stepState, nd *node) error {
+			if f := nd.fold; f != nil && f.on {
+				switch nd {
+				case f.n: // folded: no kernel
+					l.b.stats.NormFolds++
+					return nil
+				case f.e:
+					return nd.rms(x, nd, f.rowRMS())
+				}
+			}
+			return nd.scaled(x, nd, kernels.ProductScales{})
+		}
+	}
+	return nil
+}
+
+// epilogueOf is the reader of product nd (of dtype out, with a bias or
+// not) that the GEMV would run in its epilogue: not with a bias or an f32
+// product, nor RoPE into an FP8 cache (the epilogue writes the cache in
+// the activation dtype). Nil: none.
+func (l *loaded) epilogueOf(x *stepState, nd *node, out cu.DType, bias bool) *node {
+	if nd.epilogue != nil && !bias && out == l.act && !(x.kv.spec.FP8 && nd.epilogue.n.Op == ir.RoPEQKVWrite) {
+		return nd.epilogue
 	}
 	return nil
 }

@@ -101,6 +101,10 @@ func (nd *node) profileName(x *stepState) string {
 		return fmt.Sprintf("decode attention, %d/%d heads ×%d (%v)", nd.n.Attrs.Heads, nd.n.Attrs.KVHeads, nd.n.Attrs.HeadDim, nd.plan)
 	case nd.n.Op == ir.Attention:
 		return fmt.Sprintf("prefill attention, %d/%d heads ×%d", nd.n.Attrs.Heads, nd.n.Attrs.KVHeads, nd.n.Attrs.HeadDim)
+	case nd.fold != nil && nd.fold.on && nd == nd.fold.n:
+		return "norm folded into the products around it (no kernel)"
+	case nd.fold != nil && nd.fold.on && nd == nd.fold.e:
+		return strings.TrimSuffix(nd.kernel, unlessFused) + " ÷ rms of a folded norm's rows"
 	}
 	return strings.TrimSuffix(nd.kernel, unlessFused)
 }

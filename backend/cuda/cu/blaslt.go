@@ -102,7 +102,8 @@ func (lt *BlasLt) Close() error {
 }
 
 // Matmul is one row-major product Out[T,N] = X[T,K]·W[N,K]ᵀ (+ Bias[N])
-// (+ Out when Accumulate), accumulated in float32.
+// (+ Out when Accumulate, or + Add[T,N] when Accumulate with Add set: an
+// addend laid out as Out, which it may be), accumulated in float32.
 //
 // FP8 (In F8E4M3, Out BF16 or F16; K a multiple of 16): Out[t,n] =
 // xs·ws·Σ X[t,k]·W[n,k] with the float32 scales XScale and WScale, device
@@ -117,6 +118,7 @@ type Matmul struct {
 	X, W, Dst  Ptr
 	Bias       Ptr // optional
 	Accumulate bool
+	Add        Ptr // with Accumulate: the addend (0: Dst itself)
 	// XScale and WScale scale an FP8 product (nil otherwise).
 	XScale, WScale Ptr
 	// LDD is the distance in elements between Dst's rows (0: N): a
@@ -162,11 +164,14 @@ func (lt *BlasLt) Matmul(m Matmul) error {
 		if err != nil {
 			return err
 		}
-		beta := float32(0)
+		beta, c := float32(0), m.Dst
 		if m.Accumulate {
 			beta = 1
+			if m.Add != 0 {
+				c = m.Add
+			}
 		}
-		return ltRun(lt.h, plan, m.Algo, m.W, m.X, m.Dst, m.Bias, m.WScale, m.XScale, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
+		return ltRun(lt.h, plan, m.Algo, m.W, m.X, c, m.Dst, m.Bias, m.WScale, m.XScale, 1, beta, lt.ws, lt.wsSize, m.Stream.handle())
 	})
 }
 
@@ -278,9 +283,14 @@ func (lt *BlasLt) Find(m Matmul, cfg string) (int, error) {
 	return i, nil
 }
 
-// planKey identifies m's plan.
+// planKey identifies m's plan. C and D share one alignment: Dst's, or the
+// addend's where that is less.
 func (m Matmul) planKey() planKey {
-	return planKey{m.In, m.Out, m.T, m.K, m.N, m.ldd(), m.Bias != 0, alignOf(m.X), alignOf(m.W), alignOf(m.Dst)}
+	alD := alignOf(m.Dst)
+	if m.Accumulate && m.Add != 0 {
+		alD = min(alD, alignOf(m.Add))
+	}
+	return planKey{m.In, m.Out, m.T, m.K, m.N, m.ldd(), m.Bias != 0, alignOf(m.X), alignOf(m.W), alD}
 }
 
 // plan returns m's plan, made on first use; on the device's thread.

@@ -469,6 +469,7 @@ func TestBlasLtMatmul(t *testing.T) {
 		{BF16, F32, 7, 96, 130, true, false, 1e-5},
 		{BF16, BF16, 7, 96, 130, true, false, 4e-3},
 		{BF16, F32, 1, 4096, 33, false, true, 1e-5},
+		{BF16, BF16, 24, 512, 256, false, true, 4e-3},
 		{F16, F32, 5, 200, 77, true, false, 1e-5},
 		{F16, F16, 64, 512, 300, false, false, 1e-3},
 		{F32, F32, 7, 96, 130, true, false, 1e-5},
@@ -512,6 +513,28 @@ func TestBlasLtMatmul(t *testing.T) {
 			t.Logf("%s: ‖out−ref‖/‖ref‖ = %.3g (tolerance %.0g)", name, e, c.tol)
 			if !(e <= c.tol) {
 				t.Fatalf("relative error %.3g over %.0g", e, c.tol)
+			}
+			if !c.acc {
+				return
+			}
+			// The addend in a buffer of its own (Add): Dst written, the
+			// addend left as it was.
+			pbytes, _ := encode(c.out, prior) // prior holds values of c.out: the same bytes
+			pa, err := d.Alloc(len(ob))
+			must(t, err)
+			defer d.Free(pa)
+			must(t, d.Upload(pa, pbytes))
+			must(t, d.Memset8(po, 0xff, len(ob), nil))
+			must(t, lt.Matmul(Matmul{T: c.T, K: c.K, N: c.N, In: c.in, Out: c.out, X: px, W: pw, Dst: po, Bias: pb, Accumulate: true, Add: pa}))
+			must(t, d.Sync())
+			must(t, d.Download(ob, po))
+			if e := relErr(decode(c.out, ob), want); !(e <= c.tol) {
+				t.Fatalf("with the addend apart: relative error %.3g over %.0g", e, c.tol)
+			}
+			after := make([]byte, len(ob))
+			must(t, d.Download(after, pa))
+			if !bytes.Equal(after, pbytes) {
+				t.Fatalf("with the addend apart: the addend changed")
 			}
 		})
 	}

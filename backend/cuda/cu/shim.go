@@ -551,7 +551,7 @@ static void k_ltAlgoConfig(ltPlan* p, int i, int32_t* out) {
 
 // k_ltRun runs the plan with its algorithm algo (an index into the
 // heuristic's candidates).
-static ltOut k_ltRun(void* h, ltPlan* p, int algo, CUdeviceptr A, CUdeviceptr B, CUdeviceptr C, CUdeviceptr bias,
+static ltOut k_ltRun(void* h, ltPlan* p, int algo, CUdeviceptr A, CUdeviceptr B, CUdeviceptr C, CUdeviceptr D, CUdeviceptr bias,
 		CUdeviceptr aScale, CUdeviceptr bScale, float alpha, float beta, CUdeviceptr ws, size_t wsSize, void* stream) {
 	ltOut o; memset(&o, 0, sizeof o);
 	if (p->scaled) {
@@ -567,7 +567,7 @@ static ltOut k_ltRun(void* h, ltPlan* p, int algo, CUdeviceptr A, CUdeviceptr B,
 	if (algo < 0 || algo >= p->nheur) { o.call = "cublasLtMatmul (no such algorithm)"; o.rc = 7; return o; }
 	if (p->heur[algo].workspaceSize > wsSize) { o.call = "cublasLtMatmul (workspace too small)"; o.rc = 7; return o; }
 	LT("cublasLtMatmul", p_cublasLtMatmul(h, p->desc, &alpha, (void*)(uintptr_t)A, p->a, (void*)(uintptr_t)B, p->b,
-		&beta, (void*)(uintptr_t)C, p->c, (void*)(uintptr_t)C, p->c, &p->heur[algo].algo, (void*)(uintptr_t)ws, wsSize, stream));
+		&beta, (void*)(uintptr_t)C, p->c, (void*)(uintptr_t)D, p->c, &p->heur[algo].algo, (void*)(uintptr_t)ws, wsSize, stream));
 fail:
 	return o;
 }
@@ -961,8 +961,8 @@ func ltAlgoConfig(p unsafe.Pointer, i int) AlgoConfig {
 	return AlgoConfig{ID: int(v[0]), Tile: int(v[1]), Stages: int(v[2]), SplitK: int(v[3]), Reduction: int(v[4]), Swizzle: int(v[5]),
 		Custom: int(v[6]), Inner: int(v[7]), Cluster: int(v[8]), WorkspaceKiB: int(v[9])}
 }
-func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, bias, aScale, bScale Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
-	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.int(algo), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(bias),
+func ltRun(h, plan unsafe.Pointer, algo int, a, b, c, d, bias, aScale, bScale Ptr, alpha, beta float32, ws Ptr, wsSize int, s unsafe.Pointer) error {
+	o := C.k_ltRun(h, (*C.ltPlan)(plan), C.int(algo), C.CUdeviceptr(a), C.CUdeviceptr(b), C.CUdeviceptr(c), C.CUdeviceptr(d), C.CUdeviceptr(bias),
 		C.CUdeviceptr(aScale), C.CUdeviceptr(bScale), C.float(alpha), C.float(beta), C.CUdeviceptr(ws), C.size_t(wsSize), s)
 	return ltErr(C.GoString(o.call), o.rc)
 }

@@ -83,7 +83,7 @@ func ltPlanFree(unsafe.Pointer)                                       {}
 func ltPlanCreate(unsafe.Pointer, ltPlanArgs) (unsafe.Pointer, error) { return nil, errNoCgo }
 func ltAlgos(unsafe.Pointer) int                                      { return 0 }
 func ltAlgoConfig(unsafe.Pointer, int) AlgoConfig                     { return AlgoConfig{} }
-func ltRun(unsafe.Pointer, unsafe.Pointer, int, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, float32, float32, Ptr, int, unsafe.Pointer) error {
+func ltRun(unsafe.Pointer, unsafe.Pointer, int, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, float32, float32, Ptr, int, unsafe.Pointer) error {
 	return errNoCgo
 }
 

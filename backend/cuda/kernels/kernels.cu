@@ -277,6 +277,30 @@ __device__ void add_rmsnorm_impl(const T* x, const T* r, const float* sr, const 
 	for (int c = threadIdx.x; c < dim; c += blockDim.x) normed[base + c] = fromf<T>(tof(sum[base + c]) * scale * tof(w[c]));
 }
 
+// row_inv_rms is 1/sqrt(mean(x²)+eps) of the row x[0, dim), as the norms
+// compute their scale, every thread of the block taking part and getting
+// it; x 16-byte aligned when dim is a multiple of VEC. The readers of a
+// product whose input was a norm's unscaled row (its gain folded into the
+// product's weights, Kernels.FoldGain) scale the product's rows by it.
+__device__ float row_inv_rms(const T* x, int dim, float eps, float* sh) {
+	float ss = 0.f;
+	if (dim % VEC == 0) {
+		for (int c = threadIdx.x * VEC; c < dim; c += blockDim.x * VEC) {
+			float v[VEC];
+			load16(x + c, v);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) ss += v[j] * v[j];
+		}
+	} else {
+		for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+			float v = tof(x[c]);
+			ss += v * v;
+		}
+	}
+	ss = block_sum(ss, sh);
+	return 1.0f / sqrtf(ss / (float)dim + eps);
+}
+
 // The register path of rmsnorm and add_rmsnorm, for rows whose dim is a
 // multiple of VEC and at most NORM_MAXV·VEC·blockDim: each thread loads its
 // 16-byte vectors once (all the loads in flight together), keeps them in
@@ -375,6 +399,17 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 		out[i] = fromf<T>(tof(x[i]) + tof(b[i % cols]));
 }
 
+// ---------------------------------------------------------------- fold_gain
+
+// w[r, c] = w[r, c]·g[c] rounded to T, in place: a norm's gain folded into
+// the weights [rows, cols] of the product that reads the norm.
+template <typename W>
+__device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
+	long long n = (long long)rows * cols;
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+		w[i] = fromf<T>(tof(w[i]) * tof(g[i % cols]));
+}
+
 // The kernels below are part 0 of the kernels module (KILN_PART_IS).
 #if KILN_PART_IS(0)
 
@@ -415,6 +450,9 @@ __device__ void add_bias_impl(const T* x, const W* b, T* out, int rows, int cols
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
 		add_bias_impl<W>(x, b, out, rows, cols);                                                                   \
+	}                                                                                                              \
+	extern "C" __global__ void fold_gain_w##W(T* w, const W* g, int rows, int cols) {                            \
+		fold_gain_impl<W>(w, g, rows, cols);                                                                       \
 	}
 
 WEIGHT_KERNELS(f32)
@@ -534,6 +572,27 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const f
 		load_scaled16(row + n + c, sr, sc, r, n + c, b);
 #pragma unroll
 		for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
+		store16(out + r * n + c, a);
+	}
+}
+// swiglu_packed_v of a product whose rows are still to be divided by the
+// rms of nx's rows (row_inv_rms; nx[rows, dim]): each element x read as
+// x·inv rounded to T, as scaled_of reads a scaled product. Grid (chunks of
+// a row, rows); 16-byte aligned operands, n = nv·VEC.
+extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, float eps, T* out, int nv) {
+	__shared__ float sh[32];
+	pdl_enter();
+	const long long r = blockIdx.y;
+	const float inv = row_inv_rms(nx + r * dim, dim, eps, sh);
+	const int n = nv * VEC;
+	const T* row = gu + r * 2 * n;
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x) {
+		const int c = i * VEC;
+		float a[VEC], b[VEC];
+		load16(row + c, a);
+		load16(row + n + c, b);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) a[j] = silu_f(round_t(__fmul_rn(a[j], inv))) * round_t(__fmul_rn(b[j], inv));
 		store16(out + r * n + c, a);
 	}
 }
@@ -913,6 +972,45 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, const float* sr, const f
 			dst[b] = fromf<T>(rot2(x1, x2, c, s));
 		} else {
 			KV* dst = kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
+			dst[a] = kv_of(rot1(x1, x2, c, s));
+			dst[b] = kv_of(rot2(x1, x2, c, s));
+		}
+	}
+}
+
+// rope_qkv_write of a product whose rows are still to be divided by the
+// rms of nx's rows (row_inv_rms; nx[rows, dim]): each element x read as
+// x·inv rounded to T, as scaled_of reads a scaled product. Grid (chunks of
+// a row's pairs, rows).
+extern "C" __global__ void rope_qkv_write_n(const T* qkv, const T* nx, int dim, float eps, T* q, KV* kc, KV* vc,
+                                            const int* pos, const int* slots, const float* table, int heads, int kvHeads,
+                                            int hd, int interleaved) {
+	__shared__ float sh[32];
+	pdl_enter();
+	const int t = blockIdx.y;
+	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
+	const int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
+	const int p = pos[t];
+	const long long slot = slots[t];
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nh * half; j += gridDim.x * blockDim.x) {
+		const int h = j / half, i = j % half;
+		const T* src = qkv + ((long long)t * nh + h) * hd;
+		if (h >= heads + kvHeads) {
+			KV* dst = vc + slot * width + (long long)(h - heads - kvHeads) * hd;
+			dst[2 * i] = kv_of(round_t(__fmul_rn(tof(src[2 * i]), inv)));
+			dst[2 * i + 1] = kv_of(round_t(__fmul_rn(tof(src[2 * i + 1]), inv)));
+			continue;
+		}
+		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
+		int a, b;
+		rope_pair(i, half, interleaved, &a, &b);
+		float x1 = round_t(__fmul_rn(tof(src[a]), inv)), x2 = round_t(__fmul_rn(tof(src[b]), inv));
+		if (h < heads) {
+			T* dst = q + ((long long)t * heads + h) * hd;
+			dst[a] = fromf<T>(rot1(x1, x2, c, s));
+			dst[b] = fromf<T>(rot2(x1, x2, c, s));
+		} else {
+			KV* dst = kc + slot * width + (long long)(h - heads) * hd;
 			dst[a] = kv_of(rot1(x1, x2, c, s));
 			dst[b] = kv_of(rot2(x1, x2, c, s));
 		}

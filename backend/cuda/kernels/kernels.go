@@ -508,6 +508,62 @@ func (k *Kernels) SwiGLUPacked(s *cu.Stream, out, gu cu.Ptr, sc ProductScales, r
 	return k.launchDep("swiglu_packed", ewGrid(rows*n), cu.D1(256), 0, s, gu, sc.Rows, sc.Cols, out, int32(rows), int32(n))
 }
 
+// RowRMS names the rows whose rms a product's rows are still to be divided
+// by: X[rows, Dim] in the activation dtype, 16-byte aligned, with the norm's
+// Eps. It stands for a norm whose gain was folded into the product's
+// weights (FoldGain) and which did not run: the product read X itself.
+type RowRMS struct {
+	X   cu.Ptr
+	Dim int
+	Eps float32
+}
+
+func (nx RowRMS) check(what string) error {
+	if nx.X == 0 || nx.Dim <= 0 || nx.Dim%16 != 0 || !aligned16(nx.X) {
+		return fmt.Errorf("kernels: %s over rows of %d at %#x (a multiple of 16, 16-byte aligned)", what, nx.Dim, nx.X)
+	}
+	return nil
+}
+
+// MaxRMSRows is the most rows the RowRMS readers take (a grid's height).
+const MaxRMSRows = 65535
+
+// rowChunks is the grid of the RowRMS readers: a block of 256 threads for
+// each per elements of a row (whole rows' blocks each recompute the row's
+// rms, a read of Dim elements), rows high.
+func rowChunks(units, per, rows int) cu.Dim3 {
+	return cu.Dim3{X: max(1, (units+256*per-1)/(256*per)), Y: rows, Z: 1}
+}
+
+// SwiGLUPackedRMS is SwiGLUPacked of a product gu whose rows are still to
+// be divided by the rms of nx's: each element read as x/rms rounded to the
+// activation dtype (as SwiGLUPacked reads a product given its row scales).
+// n a multiple of the 16-byte vector, operands 16-byte aligned.
+func (k *Kernels) SwiGLUPackedRMS(s *cu.Stream, out, gu cu.Ptr, nx RowRMS, rows, n int) error {
+	if err := checkRows("swiglu_packed", rows, 2*n); err != nil {
+		return err
+	}
+	if err := nx.check("swiglu_packed"); err != nil {
+		return err
+	}
+	v := k.vec()
+	if n%v != 0 || !aligned16(out, gu) || rows > MaxRMSRows {
+		return fmt.Errorf("kernels: swiglu_packed of %d rows of %d over a norm's rows: unaligned", rows, n)
+	}
+	return k.launchDep("swiglu_packed_n", rowChunks(n/v, 2, rows), cu.D1(256), 0, s, gu, nx.X, int32(nx.Dim), nx.Eps, out, int32(n/v))
+}
+
+// FoldGain multiplies w[rows, cols] (the activation dtype) by the norm
+// gain g[cols] (dtype gt) column by column, in place, each product rounded
+// to the activation dtype: the norm that a product of w reads, folded into
+// w.
+func (k *Kernels) FoldGain(s *cu.Stream, w, g cu.Ptr, gt cu.DType, rows, cols int) error {
+	if err := checkRows("fold_gain", rows, cols); err != nil {
+		return err
+	}
+	return k.launch("fold_gain"+wsuffix(gt), ewGrid(rows*cols), cu.D1(256), 0, s, w, g, int32(rows), int32(cols))
+}
+
 // swigluE4M3MinRows is the fewest rows SwiGLUPackedE4M3 gives its one
 // kernel (a block a row): with fewer, too few blocks spread over the device
 // (on an H200, batch-64 decode of the Llama-3-8B-shaped FP8 model ran 3%
@@ -591,6 +647,21 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 	}
 	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table,
 		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
+}
+
+// RoPEQKVWriteRMS is RoPEQKVWrite of a product qkv whose rows are still
+// to be divided by the rms of nx's: each element read as x/rms rounded to
+// the activation dtype (as RoPEQKVWrite reads a product given its row
+// scales).
+func (k *Kernels) RoPEQKVWriteRMS(s *cu.Stream, q, kc, vc, qkv cu.Ptr, nx RowRMS, pos, slots, table cu.Ptr, rows, heads, kvHeads, headDim int, interleaved bool) error {
+	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 || rows > MaxRMSRows {
+		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
+	}
+	if err := nx.check("rope_qkv_write"); err != nil {
+		return err
+	}
+	return k.launchDep("rope_qkv_write_n", rowChunks((heads+2*kvHeads)*headDim/2, 4, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
+		q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 
 // RoPEKVWrite rotates k by pos, then stores k and v like KVWrite.

@@ -165,3 +165,111 @@ func refRoPEQKV(x []float64, pos, slots []int32, tab, kc0, vc0 []float32, heads,
 	}
 	return q, kc, vc
 }
+
+// TestRowRMSReaders: SwiGLUPackedRMS and RoPEQKVWriteRMS read a product
+// whose rows are still to be divided by the rms of another matrix's rows
+// (a norm folded into the product, backend/cuda/normfold.go): against the
+// float64 reference of SwiGLU and of RoPE with the cache writes of the
+// product so divided, at the plain readers' tolerance. Each row is drawn at
+// a scale of its own (0.1 to 30, so that another row's rms is far off) and
+// the product at scale 20, as unnormalized residuals give.
+func TestRowRMSReaders(t *testing.T) {
+	const eps = 1e-5
+	rowsAt := func(rng *rand.Rand, rows, dim int) []float32 {
+		x := randn(rng, rows*dim, 1)
+		for r := range rows {
+			s := float32(0.1 * math.Pow(300, rng.Float64()))
+			for i := range dim {
+				x[r*dim+i] *= s
+			}
+		}
+		return x
+	}
+	invRMS := func(nx []float32, rows, dim int) []float64 {
+		inv := make([]float64, rows)
+		for r := range inv {
+			ss := 0.0
+			for _, v := range nx[r*dim : (r+1)*dim] {
+				ss += float64(v) * float64(v)
+			}
+			inv[r] = 1 / math.Sqrt(ss/float64(dim)+eps)
+		}
+		return inv
+	}
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		rng := newRNG(t)
+		for _, shape := range [][3]int{{1, 256, 96}, {17, 4096, 14336}, {300, 512, 1024}} {
+			rows, dim, n := shape[0], shape[1], shape[2]
+			nx := roundTo(act, rowsAt(rng, rows, dim))
+			gu := roundTo(act, randn(rng, rows*2*n, 20))
+			inv := invRMS(nx, rows, dim)
+			out := outBuf(t, act, rows*n)
+			must(t, k.SwiGLUPackedRMS(nil, out, up(t, act, gu), RowRMS{X: up(t, act, nx), Dim: dim, Eps: eps}, rows, n))
+			ref := make([]float64, rows*n)
+			for r := range rows {
+				for c := range n {
+					ref[r*n+c] = silu64(float64(gu[r*2*n+c])*inv[r]) * float64(gu[r*2*n+n+c]) * inv[r]
+				}
+			}
+			e := compare(t, "swiglu_packed_n", down(t, act, out, rows*n), ref, tol(act))
+			report(t, act, fmt.Sprintf("swiglu_packed_n %dx%d over rows of %d", rows, n, dim), e)
+		}
+		const bs, maxPos, dim = 16, 4096, 256
+		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}} {
+			heads, kvHeads, hd := hs[0], hs[1], hs[2]
+			qw, width := heads*hd, kvHeads*hd
+			cols := qw + 2*width
+			tab := ropeTable(maxPos, hd, 500000)
+			for _, rows := range testRows {
+				nslot, slots, pos := randSlots(rng, rows, bs, maxPos)
+				nx := roundTo(act, rowsAt(rng, rows, dim))
+				inv := invRMS(nx, rows, dim)
+				qkv := roundTo(act, randn(rng, rows*cols, 20))
+				scaled := f64(qkv)
+				for i := range scaled {
+					scaled[i] *= inv[i/cols]
+				}
+				kc0 := roundTo(act, randn(rng, nslot*width, 1))
+				vc0 := roundTo(act, randn(rng, nslot*width, 1))
+				pq, pkc, pvc := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)
+				must(t, k.RoPEQKVWriteRMS(nil, pq, pkc, pvc, up(t, act, qkv), RowRMS{X: up(t, act, nx), Dim: dim, Eps: eps},
+					upI32(t, pos), upI32(t, slots), up(t, cu.F32, tab), rows, heads, kvHeads, hd, false))
+				qref, kref, vref := refRoPEQKV(scaled, pos, slots, tab, kc0, vc0, heads, kvHeads, hd, false)
+				e1 := compare(t, "rope_qkv_write_n q", down(t, act, pq, rows*qw), qref, tol(act))
+				e2 := compare(t, "rope_qkv_write_n k", down(t, act, pkc, nslot*width), kref, tol(act))
+				e3 := compare(t, "rope_qkv_write_n v", down(t, act, pvc, nslot*width), vref, tol(act))
+				report(t, act, fmt.Sprintf("rope_qkv_write_n rows=%d heads=%d/%d hd=%d", rows, heads, kvHeads, hd), max(e1, e2, e3))
+			}
+		}
+	}
+}
+
+// TestFoldGain: FoldGain multiplies a product's weights by a norm's gain
+// column by column, each product rounded to the activation dtype: bit for
+// bit the host's float32 product rounded the same way, for gains of each
+// weight dtype.
+func TestFoldGain(t *testing.T) {
+	const rows, cols = 37, 4096
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		rng := newRNG(t)
+		for _, gt := range allDTypes {
+			w := roundTo(act, randn(rng, rows*cols, 1))
+			g := roundTo(gt, randn(rng, cols, 1))
+			pw := up(t, act, w)
+			must(t, k.FoldGain(nil, pw, up(t, gt, g), gt, rows, cols))
+			want := make([]float32, rows*cols)
+			for i := range want {
+				want[i] = w[i] * g[i%cols]
+			}
+			want = roundTo(act, want)
+			got := down(t, act, pw, rows*cols)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%v weights, %v gain: [%d] = %v, want %v", act, gt, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,213 @@
+package cuda
+
+import (
+	"fmt"
+
+	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// Norms folded into the products after them. A decoder layer runs
+//
+//	m: x = a·Wm          (the attention's output or the down projection)
+//	n: sum = x + r; h = RMSNorm(sum, g)
+//	p: y = h·W           (Q/K/V, or gate/up)
+//	e: RoPE with the cache writes, or SwiGLU, of y
+//
+// and the norm, a kernel of its own between two products, costs its
+// launch and latency more than its bytes (backend/cuda/NOTES.md, session
+// 28). Since RMSNorm(sum, g)·W = (sum·(g⊙W))/rms(sum) row by row, the gain
+// is folded into W once, at load (g⊙W rounded to the activation dtype, g
+// then ones), and in a step where m and p run as plain products:
+//
+//   - m adds r in its epilogue (cuBLASLt's beta = 1) and writes sum;
+//   - n does not run;
+//   - p reads sum itself;
+//   - e divides each row of y by rms(sum), computing it from sum's row
+//     (kernels.RowRMS).
+//
+// Elsewhere (a GEMV running e in its epilogue, a product on the GEMV or an
+// external kernel for m) the norm runs with its unit gain and p reads its
+// output: the same values, rounded once more. A plain RMSNorm (the first
+// layer's, of the embeddings) folds the same way without m.
+type normFold struct {
+	m, n, p, e *node // m nil: a plain RMSNorm
+	// rows are the norm's input rows p reads instead of its output
+	// (AddRMSNorm's sum, RMSNorm's x); resid AddRMSNorm's other input.
+	rows, resid operand
+	eps         float32
+	// on: in the running step the norm did not run (decided at m, or at
+	// n without m).
+	on bool
+}
+
+// markNormFolds finds the chains above among nodes (in order, adjacent)
+// and folds their gains into their products' weights (once per weight).
+// A chain qualifies when:
+//   - the activations are bf16 (f16's range is too narrow for unnormalized
+//     rows), p's weight is bf16 and p has no bias;
+//   - the norm's output is read by p alone, p's by e alone (its first
+//     input), and m's by the norm alone; the gain and p's weights are read
+//     by nothing else;
+//   - e writes no FP8 form (fp8Out) and is not fused with an FP8 product;
+//   - the norm's input rows are read after e (so the memory plan keeps them
+//     until then), and, with m, sum's buffer does not overlap m's input
+//     (m writes it while reading that);
+//   - the rows, and e's output rows, split into 16-byte vectors.
+func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
+	if l.act != cu.BF16 || !l.b.FoldNorms {
+		return nil
+	}
+	g := p.Graph
+	readers := map[*ir.Value]int{}
+	last := map[*ir.Value]int{} // the last node (index into nodes) reading each value
+	for i := range nodes {
+		for _, v := range nodes[i].n.Inputs {
+			readers[v]++
+			last[v] = i
+		}
+	}
+	for _, v := range g.Outputs {
+		readers[v]++
+		last[v] = len(nodes)
+	}
+	epilogues := compile.EpilogueReaders(g)
+	overlap := func(a, b *ir.Value) bool {
+		x, okx := p.Buffers[a]
+		y, oky := p.Buffers[b]
+		return !okx || !oky || x.Offset < y.Offset+y.Bytes && y.Offset < x.Offset+x.Bytes
+	}
+	weightOnce := func(o operand) bool {
+		d := o.v.Def.Op
+		return (d == ir.Weight || d == ir.Const) && readers[o.v] == 1
+	}
+	for i := range nodes {
+		f := &normFold{n: &nodes[i], eps: nodes[i].n.Attrs.Eps}
+		var normed *ir.Value
+		var gain operand
+		switch n := f.n; n.n.Op {
+		case ir.RMSNorm:
+			if n.n.Attrs.HeadDim > 0 {
+				continue
+			}
+			normed, gain, f.rows = n.n.Outputs[0], n.in[1], n.in[0]
+		case ir.AddRMSNorm:
+			if i == 0 {
+				continue
+			}
+			m := &nodes[i-1]
+			if m.n.Op != ir.MatMul || m.in[1].dtype != cu.BF16 || m.scaledReader != nil || readers[m.n.Outputs[0]] != 1 {
+				continue
+			}
+			switch m.n.Outputs[0] {
+			case n.n.Inputs[0]:
+				f.resid = n.in[1]
+			case n.n.Inputs[1]:
+				f.resid = n.in[0]
+			default:
+				continue
+			}
+			// m writes sum while it reads its input, and adds r: sum in
+			// r's place or apart from it.
+			sum, r := n.n.Outputs[0], f.resid.v
+			if overlap(sum, m.n.Inputs[0]) || overlap(sum, r) && p.Buffers[sum] != p.Buffers[r] {
+				continue
+			}
+			f.m, normed, gain, f.rows = m, n.n.Outputs[1], n.in[2], n.out[0]
+		default:
+			continue
+		}
+		if i+2 >= len(nodes) {
+			continue
+		}
+		pn, en := &nodes[i+1], &nodes[i+2]
+		if pn.n.Op != ir.MatMul || pn.n.Inputs[0] != normed || readers[normed] != 1 || pn.in[1].dtype != cu.BF16 ||
+			!weightOnce(pn.in[1]) || !weightOnce(gain) {
+			continue
+		}
+		if epilogues[pn.n] != en.n || en.fp8Out || pn.scaledReader != nil ||
+			en.n.Op != ir.RoPEQKVWrite && en.n.Op != ir.SwiGLUPacked {
+			continue
+		}
+		if last[f.rows.v] <= i+2 || f.rows.cols%16 != 0 || f.rows.dtype != cu.BF16 || en.out[0].cols%16 != 0 {
+			continue
+		}
+		f.p, f.e = pn, en
+		if err := l.foldGain(pn.in[1], gain); err != nil {
+			return err
+		}
+		for _, nd := range []*node{f.m, f.n, f.p, f.e} {
+			if nd != nil {
+				nd.fold = f
+			}
+		}
+		f.n.kernel += " (folded into the product after it where both products run plainly)"
+	}
+	return nil
+}
+
+// foldGain folds the norm gain g into the weights w[N, K] of the product
+// reading the norm (w·g column by column), and sets g to ones, once: the
+// executables of every bucket share the weights.
+func (l *loaded) foldGain(w, g operand) error {
+	if l.foldedGains[w.p] {
+		return nil
+	}
+	rows := int(w.v.Shape[0])
+	if g.cols != w.cols || rows <= 0 {
+		return fmt.Errorf("cuda: gain of %d for weights of %d columns", g.cols, w.cols)
+	}
+	if err := l.k.FoldGain(l.stream, w.p, g.p, g.dtype, rows, w.cols); err != nil {
+		return err
+	}
+	// Marked at once: w must never be folded twice, even where setting g
+	// fails below (the executable then fails to load).
+	if l.foldedGains == nil {
+		l.foldedGains = map[cu.Ptr]bool{}
+	}
+	l.foldedGains[w.p] = true
+	if err := l.stream.Sync(); err != nil {
+		return err
+	}
+	ones := make([]float32, g.cols)
+	for i := range ones {
+		ones[i] = 1
+	}
+	b := make([]byte, g.cols*g.dtype.Size())
+	encode(ones, g.dtype, b)
+	return l.dev.Upload(g.p, b)
+}
+
+// decide sets f.on for the running step: p's way at its rows is known (it
+// has run at that shape before) and is not a GEMV running e in its
+// epilogue, and e's kernel takes the rows (kernels.MaxRMSRows).
+func (f *normFold) decide(l *loaded, x *stepState) bool {
+	p := f.p
+	mm := cu.Matmul{T: p.in[0].rows(x), K: p.in[0].cols, N: p.out[0].cols, In: l.act, Out: p.out[0].dtype}
+	ep := l.epilogueOf(x, p, mm.Out, false)
+	way, known := l.knownWay(mm, ep)
+	f.on = known && !(way.gemv && ep != nil) && mm.T <= kernels.MaxRMSRows
+	return f.on
+}
+
+// knownWay is productWay's choice for mm when it is made already (or needs
+// nothing measured): no race, nothing launched.
+func (l *loaded) knownWay(mm cu.Matmul, ep *node) (productWay, bool) {
+	if l.gemv == nil || mm.T > kernels.GEMVMaxT || l.b.Products == "cublaslt" {
+		return productWay{}, true
+	}
+	rows := mm.T
+	if rows > kernels.GEMVVectorMaxT {
+		rows = pow2(rows)
+	}
+	way, ok := l.gemvChoice[mmKey{rows, mm.K, mm.N, mm.Out == cu.F32, ep != nil}]
+	return way, ok
+}
+
+// rowRMS is what e divides the product's rows by when the norm was
+// folded.
+func (f *normFold) rowRMS() kernels.RowRMS {
+	return kernels.RowRMS{X: f.rows.p, Dim: f.rows.cols, Eps: f.eps}
+}

@@ -66,6 +66,11 @@ type Backend struct {
 	// RoPE with the cache writes) as kernels of their own instead of in the
 	// GEMV's epilogue, for comparisons.
 	NoEpilogues bool
+	// ExpertBlocks keeps a mixture's experts' matrices of GGUF files in
+	// their blocks on the device, widened a step at a time into one
+	// layer's scratch (moe.go), instead of widening them at upload. Off by
+	// default until run on a GPU (backend/cuda/NOTES.md, session 28).
+	ExpertBlocks bool
 	// FoldNorms folds the bf16 RMSNorms before the Q/K/V and gate/up
 	// products into the products around them (normfold.go) instead of
 	// running them as kernels of their own. Off by default until measured
@@ -338,6 +343,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	}
 	l := &loaded{b: b, dev: b.Device, lt: lt, stream: stream, act: act, compiled: c, gemvChoice: map[mmKey]productWay{}, algoChoice: map[algoKey]string{},
 		moeTables:    map[*ir.Node]cu.Ptr{},
+		moeWiden:     map[*ir.Node][]kernels.ExpertTable{},
 		decodeChoice: map[decodeKey]kernels.DecodePlan{}, prefillChoice: map[prefillKey]string{}, normChoice: map[normKey]bool{}, fp8: b.FP8(act)}
 	// The kernels compile (or come from the kernel cache) while the weights
 	// upload: on a cold cache a start takes the longer of the two, not
@@ -531,6 +537,9 @@ type loaded struct {
 	// moeTables holds each MoE layer's device table of its experts'
 	// weight pointers (uploadMoETables).
 	moeTables map[*ir.Node]cu.Ptr
+	// moeWiden holds, for the MoE layers with matrices in GGUF blocks,
+	// the tables the step widens them by (uploadMoETables).
+	moeWiden map[*ir.Node][]kernels.ExpertTable
 	// foldedGains marks the weights a norm's gain is folded into
 	// (markNormFolds), by their device pointer.
 	foldedGains map[cu.Ptr]bool

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 
 	"kiln/backend/cuda/cu"
@@ -36,10 +37,23 @@ func moeShape(n *ir.Node) kernels.MoE {
 // uploadMoETables checks every MoE layer of the graph against what the
 // kernels take and uploads its table of weight pointers (gate, up and down
 // of every expert, then the shared expert's), at load: no step allocates
-// device memory. The weights are uploaded (weightDTypes gives a mixture's
-// matrices the activation dtype: GGUF blocks and FP8 are widened, at 2
-// bytes an element in bf16).
+// device memory. The weights are uploaded: FP8 matrices widened to the
+// activation dtype (weightDTypes), GGUF blocks kept. A kind of matrix in
+// blocks (the experts' gate, up or down, each of the shared expert's)
+// points the table into a scratch that every layer shares, where the step
+// widens the matrices its rows were routed to (kernels.MoE.Widen) from a
+// second table of the blocks' pointers, laid out as the first: memory
+// for one layer's experts in the activation dtype instead of every
+// layer's.
 func (l *loaded) uploadMoETables() error {
+	type layer struct {
+		n          *ir.Node
+		ptrs, srcs []uint64
+		widen      []kernels.ExpertTable
+		scratch    []int // offset into the scratch of each entry of ptrs in blocks, -1 for none
+	}
+	var layers []layer
+	scratchBytes := 0
 	for _, n := range l.compiled.Graph.Nodes {
 		if n.Op != ir.MoE {
 			continue
@@ -48,29 +62,89 @@ func (l *loaded) uploadMoETables() error {
 			return err
 		}
 		a := n.Attrs
-		ptrs := make([]uint64, 3*a.Experts+3)
-		for i := 2; i < 2+3*a.Experts+3*b2i(a.Shared); i++ {
-			w, ok := l.weights[n.Inputs[i].Def]
-			if !ok {
-				return fmt.Errorf("cuda: moe weight %q was not uploaded", n.Inputs[i].Def.Attrs.Name)
+		ly := layer{n: n, ptrs: make([]uint64, 3*a.Experts+3), srcs: make([]uint64, 3*a.Experts+3), scratch: make([]int, 3*a.Experts+3)}
+		// The table's kinds: entries [first, first+count) of it, one
+		// matrix of the graph's inputs each.
+		kinds := [][2]int{{0, a.Experts}, {a.Experts, a.Experts}, {2 * a.Experts, a.Experts}}
+		if a.Shared {
+			kinds = append(kinds, [2]int{3 * a.Experts, 1}, [2]int{3*a.Experts + 1, 1}, [2]int{3*a.Experts + 2, 1})
+		}
+		input := func(j int) *ir.Value { // the graph input of table entry j
+			if j < 3*a.Experts {
+				return n.Inputs[2+3*(j%a.Experts)+j/a.Experts] // expert j%E's gate, up or down
 			}
-			if j := i - 2; j < 3*a.Experts {
-				ptrs[(j%3)*a.Experts+j/3] = uint64(w.p) // expert j/3's gate, up or down
-			} else {
-				ptrs[j] = uint64(w.p)
+			return n.Inputs[2+j]
+		}
+		at := 0
+		for _, k := range kinds {
+			var format tensor.DType
+			blocks := 0
+			for j := k[0]; j < k[0]+k[1]; j++ {
+				v := input(j)
+				w, ok := l.weights[v.Def]
+				if !ok {
+					return fmt.Errorf("cuda: moe weight %q was not uploaded", v.Def.Attrs.Name)
+				}
+				ly.ptrs[j], ly.scratch[j] = uint64(w.p), -1
+				if w.dtype != devBlocks {
+					continue
+				}
+				if blocks > 0 && w.blocks != format {
+					return fmt.Errorf("cuda: moe weight %q is %v, others of its kind %v", v.Def.Attrs.Name, w.blocks, format)
+				}
+				format = w.blocks
+				blocks++
+				ly.srcs[j], ly.scratch[j] = uint64(w.p), at
+				at += (matrixSize(v)*l.act.Size() + 255) &^ 255
+			}
+			switch blocks {
+			case 0:
+			case k[1]:
+				ly.widen = append(ly.widen, kernels.ExpertTable{Format: format, Matrices: k[1], Experts: k[1],
+					N: matrixSize(input(k[0])), Routed: k[0] < 3*a.Experts,
+					Src: cu.Ptr(8 * k[0]), Dst: cu.Ptr(8 * k[0])}) // offsets into the tables until they are placed
+			default:
+				return fmt.Errorf("cuda: moe layer n%d: %d of the %d matrices of a kind in GGUF blocks", n.ID, blocks, k[1])
 			}
 		}
-		p, err := l.alloc(8 * len(ptrs))
+		scratchBytes = max(scratchBytes, at)
+		layers = append(layers, ly)
+	}
+	var scratch cu.Ptr
+	if scratchBytes > 0 {
+		var err error
+		if scratch, err = l.alloc(scratchBytes); err != nil {
+			return fmt.Errorf("cuda: the scratch a mixture's experts are widened into (%d MiB): %w", scratchBytes>>20, err)
+		}
+	}
+	for _, ly := range layers {
+		for j, o := range ly.scratch {
+			if o >= 0 {
+				ly.ptrs[j] = uint64(scratch.Add(o))
+			}
+		}
+		p, err := l.alloc(8 * len(ly.ptrs) * 2)
 		if err != nil {
 			return err
 		}
-		if err := l.dev.Upload(p, cu.AsBytes(ptrs)); err != nil {
+		if err := l.dev.Upload(p, cu.AsBytes(append(slices.Clone(ly.ptrs), ly.srcs...))); err != nil {
 			return err
 		}
-		l.moeTables[n] = p
+		l.moeTables[ly.n] = p
+		src := p.Add(8 * len(ly.ptrs))
+		for i := range ly.widen {
+			t := &ly.widen[i]
+			t.Src, t.Dst = src.Add(int(t.Src)), p.Add(int(t.Dst))
+		}
+		if len(ly.widen) > 0 {
+			l.moeWiden[ly.n] = ly.widen
+		}
 	}
 	return nil
 }
+
+// matrixSize is the elements of weight matrix v (a static shape).
+func matrixSize(v *ir.Value) int { return int(v.Shape[0]) * int(v.Shape[1]) }
 
 func b2i(b bool) int {
 	if b {
@@ -89,11 +163,16 @@ func (l *loaded) moeOf(nd *node) (kernels.MoE, error) {
 	if nd.in[0].dtype != l.act {
 		return m, fmt.Errorf("cuda: moe of %v activations", nd.in[0].dtype)
 	}
-	for _, o := range nd.in[1:] {
+	widen := l.moeWiden[nd.n]
+	for i, o := range nd.in[1:] {
+		if o.dtype == devBlocks && widen != nil && moeMatrix(nd.n, i+1) {
+			continue // widened into the scratch its table entry points to
+		}
 		if o.dtype != l.act || o.blocks != tensor.Invalid || o.scales != 0 {
 			return m, fmt.Errorf("cuda: moe weight %s is %v (blocks %v): the expert kernels take %v matrices", o.v.Def.Attrs.Name, o.dtype, o.blocks, l.act)
 		}
 	}
+	m.Widen = widen
 	tab, ok := l.moeTables[nd.n]
 	if !ok {
 		return m, fmt.Errorf("cuda: moe node n%d has no table of its experts", nd.n.ID)

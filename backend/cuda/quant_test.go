@@ -13,6 +13,7 @@ import (
 	"kiln/bench"
 	"kiln/convert"
 	"kiln/engine"
+	"kiln/internal/testmodel"
 	"kiln/model"
 	"kiln/tensor"
 )
@@ -237,6 +238,67 @@ func TestGGUFBlocks(t *testing.T) {
 				return 1e-2, "dequantized + cuBLASLt"
 			})
 		})
+	}
+}
+
+// TestGGUFExperts runs mixtures of experts written as GGUF (Mixtral's
+// routing; Qwen2-MoE's gated shared expert), their experts' matrices and
+// the rest in Q8_0 or Q4_K_M, with the experts kept in their blocks on the
+// device (widened a step at a time into one layer's scratch, for the
+// experts the step routed rows to) against the same files widened to bf16
+// as they are uploaded (Backend.WidenBlocks), over quantSteps: the experts
+// widened on the device are bit for bit the uploaded ones, so the logits
+// differ only where the dense products do (TestGGUFBlocks' bounds).
+func TestGGUFExperts(t *testing.T) {
+	backendOf(t, "bf16")
+	for _, arch := range []string{"mixtral", "qwen2_moe"} {
+		c := model.Config{Arch: arch, HiddenSize: 256, IntermediateSize: 256, NumLayers: 2, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
+			VocabSize: 1000, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000, DType: tensor.BF16,
+			NumExperts: 8, ExpertsPerToken: 2, NormTopK: arch == "mixtral"}
+		experts := 3 * c.NumExperts
+		if arch == "qwen2_moe" {
+			c.QKVBias, c.SharedExpertSize, c.SharedExpertGate = true, 256, true
+			experts += 3
+		}
+		for _, scheme := range []string{"q8_0", "q4_k_m"} {
+			t.Run(arch+"-"+scheme, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), scheme+".gguf")
+				sc, err := convert.ParseScheme(scheme)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f, err := os.Create(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = convert.GGUF(f, testmodel.Random(c, 21), sc, nil)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				run := func(bk *cuda.Backend) [][]float32 {
+					e := openEngine(t, path, bk, engine.Options{MaxSeqs: 12})
+					return quantSteps(t, e, c.VocabSize)
+				}
+				kept := backendOf(t, "bf16")
+				kept.ExpertBlocks = true
+				got := run(kept)
+				if n := kept.Stats().BlockMatrices; n < experts*c.NumLayers {
+					t.Fatalf("%d matrices kept in their blocks, want at least the experts' %d", n, experts*c.NumLayers)
+				}
+				wide := backendOf(t, "bf16")
+				wide.WidenBlocks = true
+				want := run(wide)
+				compareSteps(t, got, want, func(i int) (float64, string) {
+					if i <= 6 && scheme == "q4_k_m" {
+						return 5e-2, "Q4_K and Q6_K GEMV, int8 x"
+					}
+					return 1e-2, "dequantized + cuBLASLt"
+				})
+			})
+		}
 	}
 }
 

@@ -130,4 +130,41 @@ func checkExperts(t *testing.T, softCap float64) {
 			t.Errorf("an FP8 expert's gate is %v, want bf16", dt)
 		}
 	}
+	// A Q8_0 expert's up matrix stays in its blocks where blocks are kept
+	// (widened a step at a time, moe.go), the router in bf16.
+	_, up, _ := c.MoEExpert(0, 0)
+	x = m.Tensors[up]
+	nb, err := tensor.Q8_0.Bytes(x.Shape.Elements())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Tensors[up] = &tensor.Tensor{Name: up, DType: tensor.Q8_0, Shape: x.Shape, Data: make([]byte, nb)}
+	if g, err = arch.Build(m, arch.Options{ContextLen: 32}); err != nil {
+		t.Fatal(err)
+	}
+	for _, blocks := range []bool{true, false} {
+		want := map[string]cu.DType{up: cu.BF16, c.MoERouter(0): cu.BF16}
+		if blocks {
+			want[up] = devBlocks
+		}
+		seen := 0
+		got := weightDTypes(g, cu.BF16, false, blocks)
+		for n, dt := range got {
+			if w, ok := want[n.Attrs.Name]; ok {
+				seen++
+				if dt != w {
+					t.Errorf("blocks %v: %s is %v, want %v", blocks, n.Attrs.Name, dt, w)
+				}
+			}
+		}
+		if seen != len(want) {
+			t.Errorf("blocks %v: %d of %v in the graph", blocks, seen, want)
+		}
+		widenExperts(g, got, cu.BF16) // without Backend.ExpertBlocks
+		for n, dt := range got {
+			if n.Attrs.Name == up && dt != cu.BF16 {
+				t.Errorf("blocks %v: widened, the expert's up matrix is %v", blocks, dt)
+			}
+		}
+	}
 }

@@ -50,24 +50,25 @@ func envBool(name string) bool {
 
 // engineFlags are the flags shared by every command that runs a model.
 type engineFlags struct {
-	tokenizer string
-	threads   int
-	ctx       int
-	reference bool
-	stack     bool
-	device    string
-	dtype     string
-	graphs    bool
-	pdl       bool
-	epilogues bool
-	foldNorms bool
-	fp8       bool
-	blocks    bool
-	kvDType   string
-	tune      string
-	artifact  string
-	kernels   string
-	tp        int
+	tokenizer    string
+	threads      int
+	ctx          int
+	reference    bool
+	stack        bool
+	device       string
+	dtype        string
+	graphs       bool
+	pdl          bool
+	epilogues    bool
+	foldNorms    bool
+	expertBlocks bool
+	fp8          bool
+	blocks       bool
+	kvDType      string
+	tune         string
+	artifact     string
+	kernels      string
+	tp           int
 }
 
 func (e *engineFlags) register(fs *flag.FlagSet) {
@@ -80,6 +81,7 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&e.pdl, "cuda-pdl", envString("KILN_CUDA_PDL", "1") != "0", "launch kernels as programmatic dependent launches on Hopper GPUs, each scheduled while the previous one finishes (KILN_CUDA_PDL=0 turns them off) [KILN_CUDA_PDL]")
 	fs.BoolVar(&e.epilogues, "cuda-epilogues", envString("KILN_CUDA_EPILOGUES", "1") != "0", "compute SwiGLU, and RoPE with the KV-cache writes, in the epilogue of the decode GEMV that produces their input (KILN_CUDA_EPILOGUES=0 runs them as kernels of their own) [KILN_CUDA_EPILOGUES]")
 	fs.BoolVar(&e.foldNorms, "cuda-fold-norms", envBool("KILN_CUDA_FOLD_NORMS"), "in bf16, fold the RMSNorm before the Q/K/V and gate/up products into them: its gain into their weights at load, its residual add into the product before it, its 1/rms into the RoPE or SwiGLU after them, so that no norm kernel runs where those products run on cuBLASLt (off by default: not yet measured on a GPU) [KILN_CUDA_FOLD_NORMS]")
+	fs.BoolVar(&e.expertBlocks, "cuda-expert-blocks", envBool("KILN_CUDA_EXPERT_BLOCKS"), "keep a GGUF mixture's experts in their blocks on the GPU too, each step widening the experts it routed rows to into one layer's scratch, instead of widening them at upload (off by default: not yet run on a GPU) [KILN_CUDA_EXPERT_BLOCKS]")
 	fs.BoolVar(&e.fp8, "cuda-fp8", envString("KILN_CUDA_FP8", "1") != "0", "keep an FP8 checkpoint's matrices in E4M3 on GPUs of compute capability 8.9 on and multiply them in FP8 (KILN_CUDA_FP8=0 widens them to the compute dtype) [KILN_CUDA_FP8]")
 	fs.BoolVar(&e.blocks, "cuda-blocks", envString("KILN_CUDA_BLOCKS", "1") != "0", "keep a GGUF file's block-quantized matrices (Q4_0 to Q8_0, IQ4_NL, Q2_K to Q6_K) in their blocks on the GPU, dequantized for each product (KILN_CUDA_BLOCKS=0 widens them to the compute dtype at upload) [KILN_CUDA_BLOCKS]")
 	fs.BoolVar(&e.graphs, "cuda-graphs", envString("KILN_CUDA_GRAPHS", "1") != "0", "replay decode steps from captured CUDA graphs (KILN_CUDA_GRAPHS=0 turns them off) [KILN_CUDA_GRAPHS]")

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"kiln/backend/cuda/cu"
 	"kiln/tensor"
 )
 
@@ -97,4 +98,84 @@ func randomBlocks(t *testing.T, rng *rand.Rand, f tensor.DType, n int) []byte {
 		}
 	}
 	return b
+}
+
+// TestDequantizeExperts widens a table of experts' matrices in one launch
+// (DequantizeExperts, as a mixture's step does), for every format of
+// DequantFormats: the matrices of the experts a step routed rows to bit for
+// bit as Dequantize widens each, those of the experts with no entry (and
+// every matrix's tail past its values) left as they were; then without
+// counts (a shared expert), every matrix widened.
+func TestDequantizeExperts(t *testing.T) {
+	d := gpu(t)
+	for _, act := range allDTypes {
+		k := kern(t, act)
+		rng := newRNG(t)
+		for _, f := range DequantFormats {
+			const experts, kinds = 5, 2 // two kinds of matrix in one table, as gate and up could be
+			n := 3 * 256
+			count := []int32{2, 0, 1, 0, 7}
+			var srcs, dsts []uint64
+			var want [][]float32
+			for range kinds * experts {
+				x := randn(rng, n, 1)
+				blocks, err := tensor.Quantize(f, x)
+				if err != nil {
+					blocks = randomBlocks(t, rng, f, n)
+				}
+				w := make([]float32, n)
+				must(t, tensor.ToF32(f, blocks, w))
+				want = append(want, roundTo(act, w))
+				pw := alloc(t, len(blocks))
+				must(t, d.Upload(pw, blocks))
+				srcs = append(srcs, uint64(pw))
+				dsts = append(dsts, uint64(outBuf(t, act, n+64)))
+			}
+			table := func(v []uint64) cu.Ptr {
+				p := alloc(t, 8*len(v))
+				must(t, d.Upload(p, cu.AsBytes(v)))
+				return p
+			}
+			tab := ExpertTable{Format: f, Src: table(srcs), Dst: table(dsts), Matrices: kinds * experts, Experts: experts, N: n, Count: upI32(t, count)}
+			must(t, k.DequantizeExperts(nil, tab))
+			check := func(routed bool) {
+				for j, p := range dsts {
+					got := down(t, act, cu.Ptr(p), n+64)
+					widened := !routed || count[j%experts] > 0
+					for i, g := range got {
+						switch {
+						case i >= n || !widened:
+							if !math.IsNaN(float64(g)) {
+								t.Fatalf("%v %v routed=%v: matrix %d (expert %d, %d entries) value %d written", act, f, routed, j, j%experts, count[j%experts], i)
+							}
+						case math.Float32bits(g) != math.Float32bits(want[j][i]):
+							t.Fatalf("%v %v routed=%v: matrix %d value %d = %v, want %v", act, f, routed, j, i, g, want[j][i])
+						}
+					}
+				}
+			}
+			check(true)
+			for _, p := range dsts {
+				poison(t, act, cu.Ptr(p), n+64)
+			}
+			tab.Count = 0
+			must(t, k.DequantizeExperts(nil, tab))
+			check(false)
+		}
+		p := alloc(t, 1<<12)
+		for _, c := range []struct {
+			what string
+			tab  ExpertTable
+		}{
+			{"f16", ExpertTable{Format: tensor.F16, Src: p, Dst: p, Matrices: 1, Experts: 1, N: 32}},
+			{"half a block", ExpertTable{Format: tensor.Q4_K, Src: p, Dst: p, Matrices: 1, Experts: 1, N: 128}},
+			{"no matrices", ExpertTable{Format: tensor.Q8_0, Src: p, Dst: p, Experts: 1, N: 32}},
+			{"no experts", ExpertTable{Format: tensor.Q8_0, Src: p, Dst: p, Matrices: 1, N: 32}},
+			{"no tables", ExpertTable{Format: tensor.Q8_0, Matrices: 1, Experts: 1, N: 32}},
+		} {
+			if err := k.DequantizeExperts(nil, c.tab); err == nil {
+				t.Errorf("%v %s: no refusal", act, c.what)
+			}
+		}
+	}
 }

@@ -681,10 +681,23 @@ __device__ __forceinline__ void dq_store(T* out, const float* y) {
 
 // dequant_run widens the groups of 32 values, a thread a group: decode(b,
 // i, y) writes group i of the block at b (GPB groups of 32 values a block
-// of BYTES bytes) into y.
+// of BYTES bytes) into y. With srcs, each row of blocks of the grid widens
+// matrix blockIdx.y of a table instead (groups each: a mixture's experts,
+// Kernels.DequantizeExperts): srcs[y] into dsts[y], skipped where count,
+// when given, counts no entry for its expert y % experts.
+#define DQ_PARAMS                                                                                                    \
+	const unsigned char *w, T *out, long long groups, const unsigned long long *srcs, const unsigned long long *dsts, \
+	    const int *count, int experts
+#define DQ_ARGS w, out, groups, srcs, dsts, count, experts
 template <int BYTES, int GPB, class F>
-__device__ __forceinline__ void dequant_run(const unsigned char* w, T* out, long long groups, F decode) {
+__device__ __forceinline__ void dequant_run(DQ_PARAMS, F decode) {
 	pdl_enter();
+	if (srcs) {
+		const int j = blockIdx.y;
+		if (count && count[j % experts] == 0) return;
+		w = (const unsigned char*)srcs[j];
+		out = (T*)dsts[j];
+	}
 	GRID_STRIDE(g, groups) {
 		float y[32];
 		decode(w + g / GPB * BYTES, (int)(g % GPB), y);
@@ -697,8 +710,8 @@ __device__ __forceinline__ unsigned u32_at(const unsigned char* p) {
 	return (unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24;
 }
 
-extern "C" __global__ void dequant_q8_0(const unsigned char* w, T* out, long long groups) {
-	dequant_run<34, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+extern "C" __global__ void dequant_q8_0(DQ_PARAMS) {
+	dequant_run<34, 1>(DQ_ARGS, [](const unsigned char* b, int, float* y) {
 		const float d = f16_at(b);
 #pragma unroll
 		for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)(signed char)b[2 + j], d);
@@ -710,8 +723,8 @@ extern "C" __global__ void dequant_q8_0(const unsigned char* w, T* out, long lon
 // kvalues_iq4nl).
 __device__ const signed char iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 template <bool NL>
-__device__ __forceinline__ void dequant_nib4(const unsigned char* w, T* out, long long groups) {
-	dequant_run<18, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+__device__ __forceinline__ void dequant_nib4(DQ_PARAMS) {
+	dequant_run<18, 1>(DQ_ARGS, [](const unsigned char* b, int, float* y) {
 		const float d = f16_at(b);
 #pragma unroll
 		for (int j = 0; j < 16; j++) {
@@ -721,12 +734,12 @@ __device__ __forceinline__ void dequant_nib4(const unsigned char* w, T* out, lon
 		}
 	});
 }
-extern "C" __global__ void dequant_q4_0(const unsigned char* w, T* out, long long groups) { dequant_nib4<false>(w, out, groups); }
-extern "C" __global__ void dequant_iq4_nl(const unsigned char* w, T* out, long long groups) { dequant_nib4<true>(w, out, groups); }
+extern "C" __global__ void dequant_q4_0(DQ_PARAMS) { dequant_nib4<false>(DQ_ARGS); }
+extern "C" __global__ void dequant_iq4_nl(DQ_PARAMS) { dequant_nib4<true>(DQ_ARGS); }
 
 // Q4_1: d, m, nibbles as Q4_0's: y = q·d + m.
-extern "C" __global__ void dequant_q4_1(const unsigned char* w, T* out, long long groups) {
-	dequant_run<20, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+extern "C" __global__ void dequant_q4_1(DQ_PARAMS) {
+	dequant_run<20, 1>(DQ_ARGS, [](const unsigned char* b, int, float* y) {
 		const float d = f16_at(b), m = f16_at(b + 2);
 #pragma unroll
 		for (int j = 0; j < 16; j++) {
@@ -740,8 +753,8 @@ extern "C" __global__ void dequant_q4_1(const unsigned char* w, T* out, long lon
 // Q5_0 and Q5_1: d (and m), 32 high bits, low nibbles as Q4_0's: y =
 // (q − 16)·d, or q·d + m.
 template <bool Q51>
-__device__ __forceinline__ void dequant_q5(const unsigned char* w, T* out, long long groups) {
-	dequant_run<Q51 ? 24 : 22, 1>(w, out, groups, [](const unsigned char* b, int, float* y) {
+__device__ __forceinline__ void dequant_q5(DQ_PARAMS) {
+	dequant_run<Q51 ? 24 : 22, 1>(DQ_ARGS, [](const unsigned char* b, int, float* y) {
 		constexpr int QH = Q51 ? 4 : 2;
 		const float d = f16_at(b), m = Q51 ? f16_at(b + 2) : 0.f;
 		const unsigned qh = u32_at(b + QH);
@@ -759,14 +772,14 @@ __device__ __forceinline__ void dequant_q5(const unsigned char* w, T* out, long 
 		}
 	});
 }
-extern "C" __global__ void dequant_q5_0(const unsigned char* w, T* out, long long groups) { dequant_q5<false>(w, out, groups); }
-extern "C" __global__ void dequant_q5_1(const unsigned char* w, T* out, long long groups) { dequant_q5<true>(w, out, groups); }
+extern "C" __global__ void dequant_q5_0(DQ_PARAMS) { dequant_q5<false>(DQ_ARGS); }
+extern "C" __global__ void dequant_q5_1(DQ_PARAMS) { dequant_q5<true>(DQ_ARGS); }
 
 // Q2_K and Q3_K: group i (0..7) of a super-block is pass i%4 (shift 2·(i%4))
 // over the 32 quant bytes of half i/4: its sub-blocks 2i and 2i+1 take
 // bytes 0..15 and 16..31 (tensor's decodeQ2_K, decodeQ3_K).
-extern "C" __global__ void dequant_q2_k(const unsigned char* w, T* out, long long groups) {
-	dequant_run<84, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+extern "C" __global__ void dequant_q2_k(DQ_PARAMS) {
+	dequant_run<84, 8>(DQ_ARGS, [](const unsigned char* b, int i, float* y) {
 		const int shift = 2 * (i & 3);
 		const unsigned char* q = b + 16 + 32 * (i >> 2);
 		const float d = f16_at(b + 80), dmin = f16_at(b + 82);
@@ -783,8 +796,8 @@ extern "C" __global__ void dequant_q2_k(const unsigned char* w, T* out, long lon
 // Q3_K's 16 6-bit scales are unpacked from 12 bytes as ggml does (kmask1,
 // kmask2); a value is its 2 low bits, less 4 unless its hmask bit (bit
 // 4·(i/4) + i%4 of the 32 hmask bytes) is set, times d·(scale − 32).
-extern "C" __global__ void dequant_q3_k(const unsigned char* w, T* out, long long groups) {
-	dequant_run<110, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+extern "C" __global__ void dequant_q3_k(DQ_PARAMS) {
+	dequant_run<110, 8>(DQ_ARGS, [](const unsigned char* b, int i, float* y) {
 		const int shift = 2 * (i & 3);
 		const unsigned char* hm = b;
 		const unsigned char* q = b + 32 + 32 * (i >> 2);
@@ -825,8 +838,8 @@ __device__ __forceinline__ void k_scale_min(int j, const unsigned char* q, int& 
 // (i even) or high (i odd) nibbles of bytes 32·(i/2).. of the quants, plus
 // bit i of qh (Q5_K).
 template <bool Q5>
-__device__ __forceinline__ void dequant_k45(const unsigned char* w, T* out, long long groups) {
-	dequant_run<Q5 ? 176 : 144, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+__device__ __forceinline__ void dequant_k45(DQ_PARAMS) {
+	dequant_run<Q5 ? 176 : 144, 8>(DQ_ARGS, [](const unsigned char* b, int i, float* y) {
 		const float d = f16_at(b), dmin = f16_at(b + 2);
 		int sc, m;
 		k_scale_min(i, b + 4, sc, m);
@@ -841,13 +854,13 @@ __device__ __forceinline__ void dequant_k45(const unsigned char* w, T* out, long
 		}
 	});
 }
-extern "C" __global__ void dequant_q4_k(const unsigned char* w, T* out, long long groups) { dequant_k45<false>(w, out, groups); }
-extern "C" __global__ void dequant_q5_k(const unsigned char* w, T* out, long long groups) { dequant_k45<true>(w, out, groups); }
+extern "C" __global__ void dequant_q4_k(DQ_PARAMS) { dequant_k45<false>(DQ_ARGS); }
+extern "C" __global__ void dequant_q5_k(DQ_PARAMS) { dequant_k45<true>(DQ_ARGS); }
 
 // Q6_K: group i (0..7) is elements 32i.. of the super-block: pass n = i/4
 // of 128, run r = i%4 (q1..q4 of tensor's decodeQ6_K).
-extern "C" __global__ void dequant_q6_k(const unsigned char* w, T* out, long long groups) {
-	dequant_run<210, 8>(w, out, groups, [](const unsigned char* b, int i, float* y) {
+extern "C" __global__ void dequant_q6_k(DQ_PARAMS) {
+	dequant_run<210, 8>(DQ_ARGS, [](const unsigned char* b, int i, float* y) {
 		const int n = i >> 2, r = i & 3;
 		const unsigned char* ql = b + 64 * n;
 		const unsigned char* qh = b + 128 + 32 * n;

@@ -449,7 +449,41 @@ func (k *Kernels) Dequantize(s *cu.Stream, out, w cu.Ptr, f tensor.DType, n int)
 		return fmt.Errorf("kernels: dequantize %d values of %v (whole blocks of %d) to %#x", n, f, f.BlockSize(), uint64(out))
 	}
 	groups := n / 32
-	return k.launchDep("dequant_"+f.String(), ewGrid(groups), cu.D1(256), 0, s, w, out, int64(groups))
+	return k.launchDep("dequant_"+f.String(), ewGrid(groups), cu.D1(256), 0, s, w, out, int64(groups), cu.Ptr(0), cu.Ptr(0), cu.Ptr(0), int32(0))
+}
+
+// ExpertTable is a table of matrices for DequantizeExperts: Matrices
+// device pointers to GGUF blocks of format Format at Src, each widened to
+// the activation dtype at the pointer in the same place of Dst (16-byte
+// aligned), N values each (whole blocks). Matrix j belongs to expert j %
+// Experts; with Count (the experts' entries of a step, moe_order's count)
+// an expert with none is skipped.
+type ExpertTable struct {
+	Format            tensor.DType
+	Src, Dst          cu.Ptr
+	Matrices, Experts int
+	N                 int
+	Count             cu.Ptr
+	// Routed (a table of MoE.Widen): Count is the step's moe_order
+	// counts, which Kernels.MoE sets.
+	Routed bool
+}
+
+// DequantizeExperts widens the matrices of table t (a mixture's experts
+// kept in their GGUF blocks) as Dequantize widens one: a launch for the
+// whole table, the matrices of experts no entry went to left as they were.
+func (k *Kernels) DequantizeExperts(s *cu.Stream, t ExpertTable) error {
+	f := t.Format
+	if !slices.Contains(DequantFormats, f) {
+		return fmt.Errorf("kernels: no dequantization of %v on the device", f)
+	}
+	if t.N <= 0 || t.N%f.BlockSize() != 0 || t.Src == 0 || t.Dst == 0 || t.Matrices <= 0 || t.Matrices > 65535 || t.Experts <= 0 {
+		return fmt.Errorf("kernels: dequantize %d matrices of %d values of %v (whole blocks of %d), %d experts", t.Matrices, t.N, f, f.BlockSize(), t.Experts)
+	}
+	groups := t.N / 32
+	g := ewGrid(groups)
+	g.Y = t.Matrices
+	return k.launchDep("dequant_"+f.String(), g, cu.D1(256), 0, s, cu.Ptr(0), cu.Ptr(0), int64(groups), t.Src, t.Dst, t.Count, int32(t.Experts))
 }
 
 // Add: out = a + b over n elements.

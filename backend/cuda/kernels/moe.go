@@ -32,6 +32,12 @@ type MoE struct {
 	// are f16 or bf16 and Dim and the widths multiples of 64.
 	Tiles       *GEMV
 	TileMinRows int
+	// Widen lists the matrices kept in GGUF blocks (a table each of a kind
+	// of matrix: the experts' gate, up or down, the shared expert's):
+	// widened into the activation dtype where Gate, Up, Down and the
+	// shared tables point, after the routing and before the products,
+	// the experts no row went to skipped (their Routed tables).
+	Widen []ExpertTable
 }
 
 // tiled reports whether the products of a step of rows rows run on the
@@ -110,6 +116,14 @@ func (k *Kernels) MoE(s *cu.Stream, m MoE, rows int, scratch cu.Ptr) error {
 	if err := k.launchDep("moe_order", cu.D1(m.E), cu.D1(32), 0, s, at(l.topIdx), int32(rows*m.K), at(l.order), at(l.start),
 		at(l.count)); err != nil {
 		return err
+	}
+	for _, t := range m.Widen {
+		if t.Routed {
+			t.Count = at(l.count)
+		}
+		if err := k.DequantizeExperts(s, t); err != nil {
+			return err
+		}
 	}
 	// The experts' products (experts tables of E, the lists), then the
 	// shared expert's (a table of one, every row: no lists).

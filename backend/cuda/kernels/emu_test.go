@@ -106,6 +106,46 @@ func TestMoEEmulated(t *testing.T) {
 	runEmulated(t, s.String())
 }
 
+// TestFoldKernelsEmulated runs the kernels of a norm folded into the
+// products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
+// row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go) and the
+// dequantization of a table of experts' matrices (dequant_run with srcs,
+// as Q8_0 and Q4_K) on the host with the same emulation, and
+// testdata/emu/fold_driver.cpp compares them with a float64 reference (the
+// dequantization with the same kernels run matrix by matrix, bit for bit).
+// The GPU tests (TestRowRMSReaders, TestFoldGain, TestDequantizeExperts)
+// check the same on the device. Skipped as TestDecodeMMAEmulated.
+func TestFoldKernelsEmulated(t *testing.T) {
+	var s strings.Builder
+	s.WriteString(readEmu(t, "prelude.h"))
+	s.WriteString(shared)
+	s.WriteString(cBetween(t, common, "__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {", "#define VEC (16 / (int)sizeof(T))\n"))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_sum("))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_max("))
+	s.WriteString(cLines(t, common, "#define GRID_STRIDE"))
+	s.WriteString(cBetween(t, common, "template <typename H> __device__ __forceinline__ unsigned pack_h2(",
+		"__device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }\n"))
+	s.WriteString(cBetween(t, common, "template <bool MAX> __device__ __forceinline__ float warp_reduce(",
+		"__device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }\n"))
+	s.WriteString(readEmu(t, "fold_prelude.h"))
+	s.WriteString(cBlock(t, common, "__device__ float row_inv_rms("))
+	s.WriteString(cBlock(t, common, "template <typename W>\n__device__ void fold_gain_impl("))
+	s.WriteString(cBlock(t, common, `extern "C" __global__ void swiglu_packed_n(`))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ void rope_pair("))
+	s.WriteString(cBlock(t, common, `extern "C" __global__ void rope_qkv_write_n(`))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float f16_at("))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ void dq_store("))
+	s.WriteString(cLines(t, common, "#define DQ_PARAMS"))
+	s.WriteString(cLines(t, common, "#define DQ_ARGS"))
+	s.WriteString(cBlock(t, common, "template <int BYTES, int GPB, class F>\n__device__ __forceinline__ void dequant_run("))
+	s.WriteString(cBlock(t, common, `extern "C" __global__ void dequant_q8_0(`))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ void k_scale_min("))
+	s.WriteString(cBlock(t, common, "template <bool Q5>\n__device__ __forceinline__ void dequant_k45("))
+	s.WriteString(cLines(t, common, `extern "C" __global__ void dequant_q4_k(`))
+	s.WriteString(readEmu(t, "fold_driver.cpp"))
+	runEmulated(t, s.String())
+}
+
 // TestMoETileEmulated runs moe_tile.cu's kernels (a mixture of experts'
 // gate/up and down products on gemv_tile.cu's tensor-core tiles, rows
 // gathered from the expert lists) on the host with the same emulation, and

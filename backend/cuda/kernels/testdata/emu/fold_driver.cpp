@@ -1,0 +1,221 @@
+// Driver of TestFoldKernelsEmulated (emu_test.go): runs, on the host, the
+// kernels of a norm folded into the products around it (swiglu_packed_n,
+// rope_qkv_write_n, fold_gain; backend/cuda/normfold.go) as kernels.go
+// launches them, against a float64 reference (every element within 2e-2
+// for bf16, 4e-3 for f16, of |ref| + the output's rms; fold_gain bit for
+// bit), and the dequantization of a table of experts' matrices
+// (dequant_q8_0 and dequant_q4_k with srcs) against the same kernels run
+// matrix by matrix, bit for bit, the matrices of experts without entries
+// left as they were. Prints one line per case and "N failed".
+#include <algorithm>
+#include <random>
+
+static const double kTol = std::is_same<T, bf16>::value ? 2e-2 : 4e-3;
+
+// launch runs body as every block of grid, blocks of threads threads.
+static void launch(dim3 grid, int threads, const std::function<void()>& body) {
+	g_threads = threads;
+	gridDim = grid;
+	blockDim = dim3{(unsigned)threads, 1, 1};
+	for (unsigned z = 0; z < grid.z; z++)
+		for (unsigned y = 0; y < grid.y; y++)
+			for (unsigned x = 0; x < grid.x; x++) run_block(dim3{x, y, z}, body);
+}
+
+// rowChunks is kernels.go's grid of the RowRMS readers.
+static dim3 rowChunks(int units, int per, int rows) { return dim3{(unsigned)std::max(1, (units + 256 * per - 1) / (256 * per)), (unsigned)rows, 1}; }
+
+// Rows of dim at a scale of their own each (0.1 to 30), as residuals.
+static std::vector<T> rows_at(std::mt19937_64& rng, int rows, int dim) {
+	std::normal_distribution<float> d;
+	std::uniform_real_distribution<double> u(0, 1);
+	std::vector<T> v((size_t)rows * dim);
+	for (int r = 0; r < rows; r++) {
+		float s = (float)(0.1 * pow(300, u(rng)));
+		for (int i = 0; i < dim; i++) v[(size_t)r * dim + i] = fromf<T>(d(rng) * s);
+	}
+	return v;
+}
+
+static std::vector<double> inv_rms(const std::vector<T>& nx, int rows, int dim, double eps) {
+	std::vector<double> inv(rows);
+	for (int r = 0; r < rows; r++) {
+		double ss = 0;
+		for (int i = 0; i < dim; i++) ss += (double)tof(nx[(size_t)r * dim + i]) * tof(nx[(size_t)r * dim + i]);
+		inv[r] = 1 / sqrt(ss / dim + eps);
+	}
+	return inv;
+}
+
+// within counts the elements of got off ref by more than kTol of |ref| +
+// rms(ref), printing the first few.
+static int within(const char* what, const std::vector<double>& ref, const T* got) {
+	double ss = 0;
+	for (double v : ref) ss += v * v;
+	const double rms = sqrt(ss / std::max<size_t>(ref.size(), 1)) + 1e-30;
+	int bad = 0;
+	double worst = 0;
+	for (size_t i = 0; i < ref.size(); i++) {
+		double g = tof(got[i]), e = fabs(g - ref[i]) / (fabs(ref[i]) + rms);
+		if (!(e <= kTol)) {
+			if (bad < 5) fprintf(stderr, "  %s [%zu] = %g, want %g\n", what, i, g, ref[i]);
+			bad++;
+			e = INFINITY;
+		}
+		worst = std::max(worst, e);
+	}
+	printf("%s: worst %.3g, %d bad\n", what, worst, bad);
+	return bad;
+}
+
+static int swiglu_case(int rows, int dim, int n, unsigned seed) {
+	std::mt19937_64 rng(seed);
+	const float eps = 1e-5f;
+	auto nx = rows_at(rng, rows, dim);
+	std::normal_distribution<float> d;
+	std::vector<T> gu((size_t)rows * 2 * n), out((size_t)rows * n);
+	for (auto& v : gu) v = fromf<T>(d(rng) * 20);
+	for (auto& v : out) v.x = 0x7fc1;
+	const int nv = n / VEC;
+	launch(rowChunks(nv, 2, rows), 256, [&] { swiglu_packed_n(gu.data(), nx.data(), dim, eps, out.data(), nv); });
+	auto inv = inv_rms(nx, rows, dim, eps);
+	std::vector<double> ref((size_t)rows * n);
+	for (int r = 0; r < rows; r++)
+		for (int c = 0; c < n; c++) {
+			double g = tof(gu[(size_t)r * 2 * n + c]) * inv[r], u = tof(gu[(size_t)r * 2 * n + n + c]) * inv[r];
+			ref[(size_t)r * n + c] = g / (1 + exp(-g)) * u;
+		}
+	char what[96];
+	snprintf(what, sizeof what, "swiglu_packed_n %dx%d over rows of %d", rows, n, dim);
+	return within(what, ref, out.data());
+}
+
+static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, unsigned seed) {
+	std::mt19937_64 rng(seed);
+	const float eps = 1e-5f;
+	const int dim = 256, maxPos = 64, nh = heads + 2 * kvHeads, half = hd / 2, width = kvHeads * hd;
+	const int nslot = rows + 5;
+	auto nx = rows_at(rng, rows, dim);
+	std::normal_distribution<float> d;
+	std::vector<T> qkv((size_t)rows * nh * hd), q((size_t)rows * heads * hd), kc((size_t)nslot * width), vc((size_t)nslot * width);
+	for (auto& v : qkv) v = fromf<T>(d(rng) * 20);
+	for (auto& v : q) v.x = 0x7fc1;
+	for (auto& v : kc) v = fromf<T>(d(rng));
+	for (auto& v : vc) v = fromf<T>(d(rng));
+	auto kc0 = kc, vc0 = vc;
+	std::vector<int> pos(rows), slots(rows), perm(nslot);
+	for (int i = 0; i < nslot; i++) perm[i] = i;
+	std::shuffle(perm.begin(), perm.end(), rng);
+	for (int t = 0; t < rows; t++) pos[t] = (int)(rng() % maxPos), slots[t] = perm[t];
+	std::vector<float> table((size_t)maxPos * hd);
+	for (int p = 0; p < maxPos; p++)
+		for (int i = 0; i < half; i++) {
+			double a = p * pow(10000.0, -2.0 * i / hd);
+			table[(size_t)p * hd + i] = (float)cos(a), table[(size_t)p * hd + half + i] = (float)sin(a);
+		}
+	launch(rowChunks(nh * half, 4, rows), 256, [&] {
+		rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads, kvHeads,
+		                 hd, interleaved);
+	});
+	auto inv = inv_rms(nx, rows, dim, eps);
+	std::vector<double> qref(q.size()), kref(kc.size()), vref(vc.size());
+	for (size_t i = 0; i < kc.size(); i++) kref[i] = tof(kc0[i]), vref[i] = tof(vc0[i]);
+	for (int t = 0; t < rows; t++)
+		for (int h = 0; h < nh; h++) {
+			const T* src = &qkv[((size_t)t * nh + h) * hd];
+			for (int i = 0; i < half; i++) {
+				int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+				double x1 = tof(src[a]) * inv[t], x2 = tof(src[b]) * inv[t];
+				double c = table[(size_t)pos[t] * hd + i], s = table[(size_t)pos[t] * hd + half + i];
+				double r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+				if (h < heads) {
+					qref[((size_t)t * heads + h) * hd + a] = r1, qref[((size_t)t * heads + h) * hd + b] = r2;
+				} else if (h < heads + kvHeads) {
+					size_t o = (size_t)slots[t] * width + (size_t)(h - heads) * hd;
+					kref[o + a] = r1, kref[o + b] = r2;
+				} else {
+					size_t o = (size_t)slots[t] * width + (size_t)(h - heads - kvHeads) * hd;
+					vref[o + 2 * i] = tof(src[2 * i]) * inv[t], vref[o + 2 * i + 1] = tof(src[2 * i + 1]) * inv[t];
+				}
+			}
+		}
+	char what[96];
+	int bad = 0;
+	snprintf(what, sizeof what, "rope_qkv_write_n q, %d rows, %d/%d heads of %d, interleaved %d", rows, heads, kvHeads, hd, interleaved);
+	bad += within(what, qref, q.data());
+	snprintf(what, sizeof what, "rope_qkv_write_n k cache, %d rows, %d/%d heads of %d, interleaved %d", rows, heads, kvHeads, hd, interleaved);
+	bad += within(what, kref, kc.data());
+	snprintf(what, sizeof what, "rope_qkv_write_n v cache, %d rows, %d/%d heads of %d, interleaved %d", rows, heads, kvHeads, hd, interleaved);
+	bad += within(what, vref, vc.data());
+	return bad;
+}
+
+static int fold_gain_case(unsigned seed) {
+	std::mt19937_64 rng(seed);
+	std::normal_distribution<float> d;
+	const int rows = 7, cols = 96;
+	std::vector<T> w((size_t)rows * cols);
+	std::vector<float> g(cols);
+	for (auto& v : w) v = fromf<T>(d(rng));
+	for (auto& v : g) v = d(rng);
+	auto w0 = w;
+	launch(dim3{2, 1, 1}, 256, [&] { fold_gain_impl<float>(w.data(), g.data(), rows, cols); });
+	int bad = 0;
+	for (int i = 0; i < rows * cols; i++)
+		if (w[i].x != fromf<T>(tof(w0[i]) * g[i % cols]).x) bad++;
+	printf("fold_gain %dx%d: %d bad\n", rows, cols, bad);
+	return bad;
+}
+
+// dequant_case widens a table of experts' matrices of random blocks (f16
+// scales finite) with counts, then without, against each matrix widened
+// alone.
+template <class K>
+static int dequant_case(const char* name, int blockBytes, const std::vector<int>& scaleOffs, K kernel, unsigned seed) {
+	std::mt19937_64 rng(seed);
+	std::normal_distribution<float> d;
+	const int experts = 3, kinds = 2, M = experts * kinds, n = 512, groups = n / 32, blocks = n / (blockBytes == 34 ? 32 : 256);
+	std::vector<std::vector<unsigned char>> src(M);
+	std::vector<std::vector<T>> dst(M), alone(M);
+	std::vector<unsigned long long> srcs(M), dsts(M);
+	for (int j = 0; j < M; j++) {
+		src[j].resize((size_t)blocks * blockBytes);
+		for (auto& b : src[j]) b = (unsigned char)rng();
+		for (int b = 0; b < blocks; b++)
+			for (int o : scaleOffs) {
+				unsigned short h = f2h(d(rng) * 0.1f);
+				src[j][(size_t)b * blockBytes + o] = (unsigned char)h, src[j][(size_t)b * blockBytes + o + 1] = (unsigned char)(h >> 8);
+			}
+		dst[j].assign(n, T{0x7fc1}), alone[j].assign(n, T{0x7fc1});
+		srcs[j] = (unsigned long long)(uintptr_t)src[j].data(), dsts[j] = (unsigned long long)(uintptr_t)dst[j].data();
+		launch(dim3{1, 1, 1}, 256, [&] { kernel(src[j].data(), alone[j].data(), (long long)groups, nullptr, nullptr, nullptr, 0); });
+	}
+	std::vector<int> count = {2, 0, 5};
+	int bad = 0;
+	for (int routed = 1; routed >= 0; routed--) {
+		for (int j = 0; j < M; j++) dst[j].assign(n, T{0x7fc1});
+		launch(dim3{1, (unsigned)M, 1}, 256,
+		       [&] { kernel(nullptr, nullptr, (long long)groups, srcs.data(), dsts.data(), routed ? count.data() : nullptr, experts); });
+		for (int j = 0; j < M; j++) {
+			bool widened = !routed || count[j % experts] > 0;
+			for (int i = 0; i < n; i++)
+				if (dst[j][i].x != (widened ? alone[j][i].x : 0x7fc1)) bad++;
+		}
+	}
+	printf("dequant_%s, a table of %d matrices of %d experts: %d bad\n", name, M, experts, bad);
+	return bad;
+}
+
+int main() {
+	g_after_wait = [](const void*) { return false; };
+	int fails = 0;
+	fails += swiglu_case(3, 256, 96, 1) != 0;
+	fails += swiglu_case(2, 512, 8 * 1100, 2) != 0; // several chunks a row
+	fails += rope_case(3, 4, 2, 64, 0, 3) != 0;
+	fails += rope_case(2, 32, 8, 128, 1, 4) != 0; // several chunks a row
+	fails += fold_gain_case(5) != 0;
+	fails += dequant_case("q8_0", 34, {0}, dequant_q8_0, 6) != 0;
+	fails += dequant_case("q4_k", 144, {0, 2}, dequant_q4_k, 7) != 0;
+	printf("%d failed\n", fails);
+	return fails != 0;
+}

@@ -63,14 +63,18 @@ func planMemory(g *ir.Graph, b Bucket) (*Plan, error) {
 	for _, o := range g.Outputs {
 		last[o] = len(g.Nodes)
 	}
-	// A product's inputs stay live through the op its epilogue may compute.
+	// A product's inputs stay live through the op its epilogue may compute
+	// (EpilogueReaders), and through the norm whose residual add it may
+	// compute (ResidualReaders).
 	index := map[*ir.Node]int{}
 	for i, n := range g.Nodes {
 		index[n] = i
 	}
-	for prod, reader := range EpilogueReaders(g) {
-		for _, in := range prod.Inputs {
-			last[in] = max(last[in], index[reader])
+	for _, readers := range []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)} {
+		for prod, reader := range readers {
+			for _, in := range prod.Inputs {
+				last[in] = max(last[in], index[reader])
+			}
 		}
 	}
 	p := &Plan{Graph: g, Bucket: b, Bindings: bind, Buffers: map[*ir.Value]Buffer{}}

@@ -45,16 +45,18 @@ func checkPlan(t *testing.T, g *ir.Graph, p *Plan) {
 			s.last = len(g.Nodes)
 		}
 	}
-	// A product's inputs live through the op its epilogue may compute.
+	// A product's inputs live through the op its epilogue may compute,
+	// and through the norm whose residual add it may compute.
 	index := map[*ir.Node]int{}
 	for i, n := range g.Nodes {
 		index[n] = i
 	}
-	epilogues := EpilogueReaders(g)
-	for prod, reader := range epilogues {
-		for _, in := range prod.Inputs {
-			if s, ok := live[in]; ok {
-				s.last = max(s.last, index[reader])
+	for _, readers := range []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)} {
+		for prod, reader := range readers {
+			for _, in := range prod.Inputs {
+				if s, ok := live[in]; ok {
+					s.last = max(s.last, index[reader])
+				}
 			}
 		}
 	}
@@ -98,15 +100,17 @@ func checkPlan(t *testing.T, g *ir.Graph, p *Plan) {
 		}
 	}
 	// In particular, no node writes over its inputs, nor an epilogue's op
-	// over its product's.
+	// or a residual's norm over its product's.
 	overlap := func(x, y Buffer) bool { return x.Offset < y.Offset+y.Bytes && y.Offset < x.Offset+x.Bytes }
-	for prod, reader := range epilogues {
-		for _, o := range reader.Outputs {
-			for _, in := range prod.Inputs {
-				bo, ok1 := p.Buffers[o]
-				bi, ok2 := p.Buffers[in]
-				if ok1 && ok2 && overlap(bo, bi) {
-					t.Errorf("%v output %v %+v overlaps input %v %+v of the product it reads", reader.Op, o, bo, in, bi)
+	for _, readers := range []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)} {
+		for prod, reader := range readers {
+			for _, o := range reader.Outputs {
+				for _, in := range prod.Inputs {
+					bo, ok1 := p.Buffers[o]
+					bi, ok2 := p.Buffers[in]
+					if ok1 && ok2 && overlap(bo, bi) {
+						t.Errorf("%v output %v %+v overlaps input %v %+v of the product it reads", reader.Op, o, bo, in, bi)
+					}
 				}
 			}
 		}

@@ -35,17 +35,38 @@ import (
 type normFold struct {
 	m, n, p, e *node // m nil: a plain RMSNorm
 	// rows are the norm's input rows p reads instead of its output
-	// (AddRMSNorm's sum, RMSNorm's x); resid AddRMSNorm's other input.
-	rows, resid operand
-	eps         float32
+	// (AddRMSNorm's sum, RMSNorm's x); resid AddRMSNorm's other input;
+	// gain the norm's gain (ones once folded into p's weights).
+	rows, resid, gain operand
+	eps               float32
 	// on: in the running step the norm did not run (decided at m, or at
 	// n without m).
 	on bool
 }
 
-// markNormFolds finds the chains above among nodes (in order, adjacent)
-// and folds their gains into their products' weights (once per weight).
-// A chain qualifies when:
+// markNormFolds marks the chains findNormFolds finds on the executable's
+// nodes, and folds their gains into their products' weights (once per
+// weight), where Backend.FoldNorms asks for it.
+func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
+	if !l.b.FoldNorms {
+		return nil
+	}
+	for _, f := range findNormFolds(nodes, p, l.act) {
+		if err := l.foldGain(f.p.in[1], f.gain); err != nil {
+			return err
+		}
+		for _, nd := range []*node{f.m, f.n, f.p, f.e} {
+			if nd != nil {
+				nd.fold = f
+			}
+		}
+		f.n.kernel += " (folded into the product after it where both products run plainly)"
+	}
+	return nil
+}
+
+// findNormFolds finds the chains above among nodes (in order, adjacent,
+// bound to plan p's buffers; activations act). A chain qualifies when:
 //   - the activations are bf16 (f16's range is too narrow for unnormalized
 //     rows), p's weight is bf16 and p has no bias;
 //   - the norm's output is read by p alone, p's by e alone (its first
@@ -56,8 +77,8 @@ type normFold struct {
 //     until then), and, with m, sum's buffer does not overlap m's input
 //     (m writes it while reading that);
 //   - the rows, and e's output rows, split into 16-byte vectors.
-func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
-	if l.act != cu.BF16 || !l.b.FoldNorms {
+func findNormFolds(nodes []node, p *compile.Plan, act cu.DType) []*normFold {
+	if act != cu.BF16 {
 		return nil
 	}
 	g := p.Graph
@@ -83,16 +104,16 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 		d := o.v.Def.Op
 		return (d == ir.Weight || d == ir.Const) && readers[o.v] == 1
 	}
+	var folds []*normFold
 	for i := range nodes {
 		f := &normFold{n: &nodes[i], eps: nodes[i].n.Attrs.Eps}
 		var normed *ir.Value
-		var gain operand
 		switch n := f.n; n.n.Op {
 		case ir.RMSNorm:
 			if n.n.Attrs.HeadDim > 0 {
 				continue
 			}
-			normed, gain, f.rows = n.n.Outputs[0], n.in[1], n.in[0]
+			normed, f.gain, f.rows = n.n.Outputs[0], n.in[1], n.in[0]
 		case ir.AddRMSNorm:
 			if i == 0 {
 				continue
@@ -115,7 +136,7 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 			if overlap(sum, m.n.Inputs[0]) || overlap(sum, r) && p.Buffers[sum] != p.Buffers[r] {
 				continue
 			}
-			f.m, normed, gain, f.rows = m, n.n.Outputs[1], n.in[2], n.out[0]
+			f.m, normed, f.gain, f.rows = m, n.n.Outputs[1], n.in[2], n.out[0]
 		default:
 			continue
 		}
@@ -124,7 +145,7 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 		}
 		pn, en := &nodes[i+1], &nodes[i+2]
 		if pn.n.Op != ir.MatMul || pn.n.Inputs[0] != normed || readers[normed] != 1 || pn.in[1].dtype != cu.BF16 ||
-			!weightOnce(pn.in[1]) || !weightOnce(gain) {
+			!weightOnce(pn.in[1]) || !weightOnce(f.gain) {
 			continue
 		}
 		if epilogues[pn.n] != en.n || en.fp8Out || pn.scaledReader != nil ||
@@ -135,17 +156,9 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 			continue
 		}
 		f.p, f.e = pn, en
-		if err := l.foldGain(pn.in[1], gain); err != nil {
-			return err
-		}
-		for _, nd := range []*node{f.m, f.n, f.p, f.e} {
-			if nd != nil {
-				nd.fold = f
-			}
-		}
-		f.n.kernel += " (folded into the product after it where both products run plainly)"
+		folds = append(folds, f)
 	}
-	return nil
+	return folds
 }
 
 // foldGain folds the norm gain g into the weights w[N, K] of the product

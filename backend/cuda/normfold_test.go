@@ -1,0 +1,101 @@
+package cuda
+
+import (
+	"testing"
+
+	"kiln/arch"
+	"kiln/backend/cuda/cu"
+	"kiln/compile"
+	"kiln/internal/testmodel"
+	"kiln/ir"
+	"kiln/model"
+)
+
+// TestFindNormFolds: on Llama's graph compiled for the GPU (the real
+// passes, and the memory plans of decode and prefill buckets), the norms
+// fold two a layer: the first layer's plain RMSNorm of the embeddings and
+// each later layer's input AddRMSNorm after the down projection, before
+// Q/K/V and RoPE with the cache writes; each post-attention AddRMSNorm
+// after the output projection, before gate/up and SwiGLU. The final norm
+// (its product the LM head) does not, nor anything in f16. No GPU needed.
+func TestFindNormFolds(t *testing.T) {
+	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 3, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
+		VocabSize: 500, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000}
+	g, err := arch.Build(testmodel.Zeros(c), arch.Options{ContextLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := compile.Compile(g, &Backend{}, compile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dts := weightDTypes(comp.Graph, cu.BF16, false, false)
+	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 64, Rows: 64}, {Tokens: 512, Rows: 8}} {
+		p, err := comp.Plan(bk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes := boundNodes(p, dts)
+		folds := findNormFolds(nodes, p, cu.BF16)
+		plain, ropes, swiglus := 0, 0, 0
+		for _, f := range folds {
+			switch {
+			case f.m == nil && f.n.n.Op == ir.RMSNorm:
+				plain++
+			case f.m == nil || f.m.n.Op != ir.MatMul || f.n.n.Op != ir.AddRMSNorm:
+				t.Errorf("%+v: a chain of %v after %v", bk, f.n.n.Op, f.m)
+			}
+			switch f.e.n.Op {
+			case ir.RoPEQKVWrite:
+				ropes++
+			case ir.SwiGLUPacked:
+				swiglus++
+			}
+			if f.p.n.Op != ir.MatMul || f.p.n.Inputs[0] != f.n.n.Outputs[len(f.n.n.Outputs)-1] {
+				t.Errorf("%+v: the product after a folded norm reads %v", bk, f.p.n.Inputs[0])
+			}
+		}
+		if plain != 1 || ropes != c.NumLayers || swiglus != c.NumLayers || len(folds) != 2*c.NumLayers {
+			t.Errorf("%+v: %d folds (%d plain, %d before RoPE, %d before SwiGLU), want %d (1, %d, %d)", bk, len(folds), plain, ropes, swiglus,
+				2*c.NumLayers, c.NumLayers, c.NumLayers)
+		}
+		if f := findNormFolds(nodes, p, cu.F16); len(f) != 0 {
+			t.Errorf("%+v: %d folds in f16", bk, len(f))
+		}
+	}
+}
+
+// boundNodes binds the nodes of plan p as Executable does, with made-up
+// device addresses: weights of dtypes dts apart from one another,
+// activations (bf16) at their buffers' offsets.
+func boundNodes(p *compile.Plan, dts map[*ir.Node]cu.DType) []node {
+	bind := func(v *ir.Value) operand {
+		o := operand{v: v, dtype: cu.BF16, cols: v.Shape.Last()}
+		switch {
+		case ir.IsState(v):
+		case v.Def.Op == ir.Weight || v.Def.Op == ir.Const:
+			o.dtype, o.p = dts[v.Def], cu.Ptr(1<<40+uint64(v.Def.ID)<<24)
+		default:
+			if b, ok := p.Buffers[v]; ok {
+				o.p = cu.Ptr(1<<32 + b.Offset)
+			}
+		}
+		return o
+	}
+	var nodes []node
+	for _, n := range p.Graph.Nodes {
+		switch n.Op {
+		case ir.Weight, ir.Const, ir.Tokens, ir.Positions:
+			continue
+		}
+		nd := node{n: n}
+		for _, v := range n.Inputs {
+			nd.in = append(nd.in, bind(v))
+		}
+		for _, v := range n.Outputs {
+			nd.out = append(nd.out, bind(v))
+		}
+		nodes = append(nodes, nd)
+	}
+	return nodes
+}

@@ -34,6 +34,78 @@ func moeShape(n *ir.Node) kernels.MoE {
 	return m
 }
 
+// moeLayout is one MoE layer's tables (uploadMoETables): ptrs, the
+// experts' matrices the kernels read (gate of every expert, then up, then
+// down, then the shared expert's three), srcs the blocks' pointers of those
+// in GGUF blocks (0 elsewhere), scratch each such entry's offset into the
+// shared scratch (-1 for none) and scratchBytes its size for the layer;
+// widen the tables of each kind in blocks, their Src and Dst still
+// offsets into srcs and ptrs.
+type moeLayout struct {
+	n            *ir.Node
+	ptrs, srcs   []uint64
+	scratch      []int
+	scratchBytes int
+	widen        []kernels.ExpertTable
+}
+
+// layoutMoE lays out MoE node n's tables from the uploaded weights (act
+// the activation dtype).
+func layoutMoE(n *ir.Node, weights map[*ir.Node]deviceTensor, act cu.DType) (moeLayout, error) {
+	if err := moeShape(n).Check(); err != nil {
+		return moeLayout{}, err
+	}
+	a := n.Attrs
+	ly := moeLayout{n: n, ptrs: make([]uint64, 3*a.Experts+3), srcs: make([]uint64, 3*a.Experts+3), scratch: make([]int, 3*a.Experts+3)}
+	for j := range ly.scratch {
+		ly.scratch[j] = -1
+	}
+	// The table's kinds: entries [first, first+count) of it, one matrix of
+	// the graph's inputs each.
+	kinds := [][2]int{{0, a.Experts}, {a.Experts, a.Experts}, {2 * a.Experts, a.Experts}}
+	if a.Shared {
+		kinds = append(kinds, [2]int{3 * a.Experts, 1}, [2]int{3*a.Experts + 1, 1}, [2]int{3*a.Experts + 2, 1})
+	}
+	input := func(j int) *ir.Value { // the graph input of table entry j
+		if j < 3*a.Experts {
+			return n.Inputs[2+3*(j%a.Experts)+j/a.Experts] // expert j%E's gate, up or down
+		}
+		return n.Inputs[2+j]
+	}
+	for _, k := range kinds {
+		var format tensor.DType
+		blocks := 0
+		for j := k[0]; j < k[0]+k[1]; j++ {
+			v := input(j)
+			w, ok := weights[v.Def]
+			if !ok {
+				return ly, fmt.Errorf("cuda: moe weight %q was not uploaded", v.Def.Attrs.Name)
+			}
+			ly.ptrs[j] = uint64(w.p)
+			if w.dtype != devBlocks {
+				continue
+			}
+			if blocks > 0 && w.blocks != format {
+				return ly, fmt.Errorf("cuda: moe weight %q is %v, others of its kind %v", v.Def.Attrs.Name, w.blocks, format)
+			}
+			format = w.blocks
+			blocks++
+			ly.srcs[j], ly.scratch[j] = uint64(w.p), ly.scratchBytes
+			ly.scratchBytes += (matrixSize(v)*act.Size() + 255) &^ 255
+		}
+		switch blocks {
+		case 0:
+		case k[1]:
+			ly.widen = append(ly.widen, kernels.ExpertTable{Format: format, Matrices: k[1], Experts: k[1],
+				N: matrixSize(input(k[0])), Routed: k[0] < 3*a.Experts,
+				Src: cu.Ptr(8 * k[0]), Dst: cu.Ptr(8 * k[0])}) // offsets into the tables until they are placed
+		default:
+			return ly, fmt.Errorf("cuda: moe layer n%d: %d of the %d matrices of a kind in GGUF blocks", n.ID, blocks, k[1])
+		}
+	}
+	return ly, nil
+}
+
 // uploadMoETables checks every MoE layer of the graph against what the
 // kernels take and uploads its table of weight pointers (gate, up and down
 // of every expert, then the shared expert's), at load: no step allocates
@@ -46,68 +118,17 @@ func moeShape(n *ir.Node) kernels.MoE {
 // for one layer's experts in the activation dtype instead of every
 // layer's.
 func (l *loaded) uploadMoETables() error {
-	type layer struct {
-		n          *ir.Node
-		ptrs, srcs []uint64
-		widen      []kernels.ExpertTable
-		scratch    []int // offset into the scratch of each entry of ptrs in blocks, -1 for none
-	}
-	var layers []layer
+	var layers []moeLayout
 	scratchBytes := 0
 	for _, n := range l.compiled.Graph.Nodes {
 		if n.Op != ir.MoE {
 			continue
 		}
-		if err := moeShape(n).Check(); err != nil {
+		ly, err := layoutMoE(n, l.weights, l.act)
+		if err != nil {
 			return err
 		}
-		a := n.Attrs
-		ly := layer{n: n, ptrs: make([]uint64, 3*a.Experts+3), srcs: make([]uint64, 3*a.Experts+3), scratch: make([]int, 3*a.Experts+3)}
-		// The table's kinds: entries [first, first+count) of it, one
-		// matrix of the graph's inputs each.
-		kinds := [][2]int{{0, a.Experts}, {a.Experts, a.Experts}, {2 * a.Experts, a.Experts}}
-		if a.Shared {
-			kinds = append(kinds, [2]int{3 * a.Experts, 1}, [2]int{3*a.Experts + 1, 1}, [2]int{3*a.Experts + 2, 1})
-		}
-		input := func(j int) *ir.Value { // the graph input of table entry j
-			if j < 3*a.Experts {
-				return n.Inputs[2+3*(j%a.Experts)+j/a.Experts] // expert j%E's gate, up or down
-			}
-			return n.Inputs[2+j]
-		}
-		at := 0
-		for _, k := range kinds {
-			var format tensor.DType
-			blocks := 0
-			for j := k[0]; j < k[0]+k[1]; j++ {
-				v := input(j)
-				w, ok := l.weights[v.Def]
-				if !ok {
-					return fmt.Errorf("cuda: moe weight %q was not uploaded", v.Def.Attrs.Name)
-				}
-				ly.ptrs[j], ly.scratch[j] = uint64(w.p), -1
-				if w.dtype != devBlocks {
-					continue
-				}
-				if blocks > 0 && w.blocks != format {
-					return fmt.Errorf("cuda: moe weight %q is %v, others of its kind %v", v.Def.Attrs.Name, w.blocks, format)
-				}
-				format = w.blocks
-				blocks++
-				ly.srcs[j], ly.scratch[j] = uint64(w.p), at
-				at += (matrixSize(v)*l.act.Size() + 255) &^ 255
-			}
-			switch blocks {
-			case 0:
-			case k[1]:
-				ly.widen = append(ly.widen, kernels.ExpertTable{Format: format, Matrices: k[1], Experts: k[1],
-					N: matrixSize(input(k[0])), Routed: k[0] < 3*a.Experts,
-					Src: cu.Ptr(8 * k[0]), Dst: cu.Ptr(8 * k[0])}) // offsets into the tables until they are placed
-			default:
-				return fmt.Errorf("cuda: moe layer n%d: %d of the %d matrices of a kind in GGUF blocks", n.ID, blocks, k[1])
-			}
-		}
-		scratchBytes = max(scratchBytes, at)
+		scratchBytes = max(scratchBytes, ly.scratchBytes)
 		layers = append(layers, ly)
 	}
 	var scratch cu.Ptr

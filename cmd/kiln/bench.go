@@ -292,6 +292,12 @@ func cmdBenchModel(args []string) error {
 			}
 			fmt.Printf("weights: %.2f GB uploaded in %.1f s (%.1f GB/s)%s; kernels ready in %.1f s, alongside\n",
 				float64(gs.Uploaded)/1e9, gs.UploadTime.Seconds(), float64(gs.Uploaded)/1e9/max(gs.UploadTime.Seconds(), 1e-9), ranks, gs.KernelTime.Seconds())
+			if gpu.FoldNorms {
+				fmt.Printf("norms folded into the products around them: %d (launches, graph captures included)\n", gs.NormFolds)
+			}
+			if gs.BlockMatrices > 0 {
+				fmt.Printf("matrices kept in their GGUF blocks: %d (a mixture's experts among them: %v)\n", gs.BlockMatrices, gpu.ExpertBlocks)
+			}
 			modules, choices := gpu.JITWork()
 			fmt.Printf("compiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",
 				modules, gpu.Device.KernelCache().Stats().BuildTime.Seconds(), choices)

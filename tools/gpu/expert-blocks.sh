@@ -30,7 +30,7 @@ for r in 1 2; do
 		KILN_CUDA_EXPERT_BLOCKS=$v timeout -s QUIT 150 $k bench model "$g" --device cuda --pp 512 --tg 32 --depth 512 --batch 1,64 --reps 1 \
 			--output "$out/experts$v-$r.json" >"$out/experts$v-$r.txt" 2>&1
 		echo "== experts in blocks $v, round $r: rc=$? in $(($(date +%s) - t1)) s"
-		grep -E '^\| (pp|tg)|weights|GiB|MiB' "$out/experts$v-$r.txt" | head -8
+		grep -E '^\| (pp|tg)|weights|GGUF blocks|GiB|MiB' "$out/experts$v-$r.txt" | head -10
 	done
 done
 echo "done at $(($(date +%s) - t0)) s"

@@ -29,7 +29,7 @@ for r in $(seq "${ROUNDS:-2}"); do
 		KILN_TUNE_DIR=/tmp/tune-fold$v KILN_CUDA_FOLD_NORMS=$v $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 64 \
 			--depth "${DEPTH:-512}" --batch "${BATCH:-64,256}" --reps 1 --output "$out/fold$v-$r.json" >"$out/fold$v-$r.txt" 2>&1
 		echo "== folds $v, round $r: rc=$? in $(($(date +%s) - t1)) s"
-		grep -E '^\| tg' "$out/fold$v-$r.txt"
+		grep -E "^\| tg|norms folded" "$out/fold$v-$r.txt"
 	done
 done
 echo "done at $(($(date +%s) - t0)) s"

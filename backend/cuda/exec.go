@@ -212,33 +212,18 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		}
 		return o, nil
 	}
-	for _, n := range p.Graph.Nodes {
-		switch n.Op {
-		case ir.Weight, ir.Const, ir.Tokens, ir.Positions:
-			continue
-		}
-		nd := node{n: n}
-		for _, v := range n.Inputs {
-			o, err := bind(v)
-			if err != nil {
-				return nil, err
-			}
-			nd.in = append(nd.in, o)
-		}
-		for _, v := range n.Outputs {
-			o, err := bind(v)
-			if err != nil {
-				return nil, err
-			}
-			nd.out = append(nd.out, o)
-		}
+	nodes, err := bindNodes(p.Graph, bind)
+	if err != nil {
+		return nil, err
+	}
+	for _, nd := range nodes {
 		if err := l.choose(&nd); err != nil {
 			return nil, err
 		}
-		if n.Op == ir.Embed {
+		if n := nd.n; n.Op == ir.Embed {
 			e.vocab = nd.in[0].vocab * max(1, n.Attrs.Ranks)
 		}
-		if n.Op == ir.Attention {
+		if nd.n.Op == ir.Attention {
 			e.attention = append(e.attention, len(e.nodes))
 		}
 		e.nodes = append(e.nodes, nd)
@@ -271,6 +256,35 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return runOnly{e}, nil
 	}
 	return e, nil
+}
+
+// bindNodes makes the nodes of g that launch kernels (not weights,
+// constants or the step's inputs), their operands bound by bind.
+func bindNodes(g *ir.Graph, bind func(*ir.Value) (operand, error)) ([]node, error) {
+	var nodes []node
+	for _, n := range g.Nodes {
+		switch n.Op {
+		case ir.Weight, ir.Const, ir.Tokens, ir.Positions:
+			continue
+		}
+		nd := node{n: n}
+		for _, v := range n.Inputs {
+			o, err := bind(v)
+			if err != nil {
+				return nil, err
+			}
+			nd.in = append(nd.in, o)
+		}
+		for _, v := range n.Outputs {
+			o, err := bind(v)
+			if err != nil {
+				return nil, err
+			}
+			nd.out = append(nd.out, o)
+		}
+		nodes = append(nodes, nd)
+	}
+	return nodes, nil
 }
 
 // runOnly hides RunSample.

@@ -35,7 +35,7 @@ func TestFindNormFolds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nodes := boundNodes(p, dts)
+		nodes := boundNodes(t, p, dts)
 		folds := findNormFolds(nodes, p, cu.BF16)
 		plain, ropes, swiglus := 0, 0, 0
 		for _, f := range folds {
@@ -68,8 +68,8 @@ func TestFindNormFolds(t *testing.T) {
 // boundNodes binds the nodes of plan p as Executable does, with made-up
 // device addresses: weights of dtypes dts apart from one another,
 // activations (bf16) at their buffers' offsets.
-func boundNodes(p *compile.Plan, dts map[*ir.Node]cu.DType) []node {
-	bind := func(v *ir.Value) operand {
+func boundNodes(t *testing.T, p *compile.Plan, dts map[*ir.Node]cu.DType) []node {
+	nodes, err := bindNodes(p.Graph, func(v *ir.Value) (operand, error) {
 		o := operand{v: v, dtype: cu.BF16, cols: v.Shape.Last()}
 		switch {
 		case ir.IsState(v):
@@ -80,22 +80,10 @@ func boundNodes(p *compile.Plan, dts map[*ir.Node]cu.DType) []node {
 				o.p = cu.Ptr(1<<32 + b.Offset)
 			}
 		}
-		return o
-	}
-	var nodes []node
-	for _, n := range p.Graph.Nodes {
-		switch n.Op {
-		case ir.Weight, ir.Const, ir.Tokens, ir.Positions:
-			continue
-		}
-		nd := node{n: n}
-		for _, v := range n.Inputs {
-			nd.in = append(nd.in, bind(v))
-		}
-		for _, v := range n.Outputs {
-			nd.out = append(nd.out, bind(v))
-		}
-		nodes = append(nodes, nd)
+		return o, nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return nodes
 }

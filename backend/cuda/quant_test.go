@@ -187,56 +187,20 @@ func TestFP8Weights(t *testing.T) {
 // Q8_0 and to Q4_K_M: Q4_K, with the output matrix and some value and down
 // projections in Q6_K) with their matrices kept in blocks on the device
 // against the same files widened to bf16 as they are uploaded
-// (Backend.WidenBlocks), over quantSteps. Dequantized on the device the
-// weights are bit for bit the widened ones, so where cuBLASLt runs the
-// logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
-// Q4_K's and Q6_K's products of at most 8 rows run on the GEMV with x rounded to int8
-// per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
+// (Backend.WidenBlocks), over quantSteps (keptAgainstWidened's bounds).
 func TestGGUFBlocks(t *testing.T) {
 	s := bench.Shape{Name: "gguf", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
 	backendOf(t, "bf16")
 	src := randomModel(t, s, tensor.BF16, 13)
 	for _, scheme := range []string{"q8_0", "q4_k_m"} {
 		t.Run(scheme, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), scheme+".gguf")
 			m, err := model.Load(src)
 			if err != nil {
 				t.Fatal(err)
 			}
-			sc, err := convert.ParseScheme(scheme)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.Create(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = convert.GGUF(f, m, sc, nil)
+			path := writeGGUF(t, m, scheme)
 			m.Close()
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			run := func(bk *cuda.Backend) [][]float32 {
-				e := openEngine(t, path, bk, engine.Options{MaxSeqs: 12})
-				return quantSteps(t, e, s.Vocab)
-			}
-			kept := backendOf(t, "bf16")
-			got := run(kept)
-			if kept.Stats().BlockMatrices == 0 {
-				t.Fatalf("no matrix was kept in its blocks")
-			}
-			wide := backendOf(t, "bf16")
-			wide.WidenBlocks = true
-			want := run(wide)
-			compareSteps(t, got, want, func(i int) (float64, string) {
-				if i <= 6 && scheme == "q4_k_m" {
-					return 5e-2, "Q4_K and Q6_K GEMV, int8 x"
-				}
-				return 1e-2, "dequantized + cuBLASLt"
-			})
+			keptAgainstWidened(t, path, s.Vocab, scheme, false, 1)
 		})
 	}
 }
@@ -262,44 +226,65 @@ func TestGGUFExperts(t *testing.T) {
 		}
 		for _, scheme := range []string{"q8_0", "q4_k_m"} {
 			t.Run(arch+"-"+scheme, func(t *testing.T) {
-				path := filepath.Join(t.TempDir(), scheme+".gguf")
-				sc, err := convert.ParseScheme(scheme)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f, err := os.Create(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, err = convert.GGUF(f, testmodel.Random(c, 21), sc, nil)
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				run := func(bk *cuda.Backend) [][]float32 {
-					e := openEngine(t, path, bk, engine.Options{MaxSeqs: 12})
-					return quantSteps(t, e, c.VocabSize)
-				}
-				kept := backendOf(t, "bf16")
-				kept.ExpertBlocks = true
-				got := run(kept)
-				if n := kept.Stats().BlockMatrices; n < experts*c.NumLayers {
-					t.Fatalf("%d matrices kept in their blocks, want at least the experts' %d", n, experts*c.NumLayers)
-				}
-				wide := backendOf(t, "bf16")
-				wide.WidenBlocks = true
-				want := run(wide)
-				compareSteps(t, got, want, func(i int) (float64, string) {
-					if i <= 6 && scheme == "q4_k_m" {
-						return 5e-2, "Q4_K and Q6_K GEMV, int8 x"
-					}
-					return 1e-2, "dequantized + cuBLASLt"
-				})
+				path := writeGGUF(t, testmodel.Random(c, 21), scheme)
+				keptAgainstWidened(t, path, c.VocabSize, scheme, true, experts*c.NumLayers)
 			})
 		}
 	}
+}
+
+// keptAgainstWidened runs the GGUF file at path (of scheme, vocab tokens)
+// over quantSteps with its matrices kept in blocks on the device (a
+// mixture's experts too with experts; at least minBlocks of them) against
+// the same file widened to bf16 at upload: dequantized on the device the
+// weights are bit for bit the widened ones, so where cuBLASLt runs the
+// logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
+// Q4_K's and Q6_K's products of at most 8 rows run on the GEMV with x
+// rounded to int8 per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
+func keptAgainstWidened(t *testing.T, path string, vocab int, scheme string, experts bool, minBlocks int) {
+	t.Helper()
+	run := func(bk *cuda.Backend) [][]float32 {
+		e := openEngine(t, path, bk, engine.Options{MaxSeqs: 12})
+		return quantSteps(t, e, vocab)
+	}
+	kept := backendOf(t, "bf16")
+	kept.ExpertBlocks = experts
+	got := run(kept)
+	if n := kept.Stats().BlockMatrices; n < minBlocks {
+		t.Fatalf("%d matrices kept in their blocks, want at least %d", n, minBlocks)
+	}
+	wide := backendOf(t, "bf16")
+	wide.WidenBlocks = true
+	want := run(wide)
+	compareSteps(t, got, want, func(i int) (float64, string) {
+		if i <= 6 && scheme == "q4_k_m" {
+			return 5e-2, "Q4_K and Q6_K GEMV, int8 x"
+		}
+		return 1e-2, "dequantized + cuBLASLt"
+	})
+}
+
+// writeGGUF writes m as a GGUF file of quantization scheme (kiln
+// quantize's) into the test's directory and returns its path.
+func writeGGUF(t *testing.T, m *model.Model, scheme string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), scheme+".gguf")
+	sc, err := convert.ParseScheme(scheme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = convert.GGUF(f, m, sc, nil)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // TestFP8KVCache runs a bf16 model (head dim 128, GQA groups of 2) over

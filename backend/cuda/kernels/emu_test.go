@@ -96,11 +96,7 @@ func TestGEMVTileEmulated(t *testing.T) {
 // TestDecodeMMAEmulated.
 func TestMoEEmulated(t *testing.T) {
 	var s strings.Builder
-	s.WriteString(readEmu(t, "prelude.h"))
-	s.WriteString(shared)
-	s.WriteString(cBetween(t, common, "__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {", "#define VEC (16 / (int)sizeof(T))\n"))
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_sum("))
-	s.WriteString(cLines(t, common, "#define GRID_STRIDE"))
+	kernelsEmuHead(t, &s)
 	s.WriteString(moe)
 	s.WriteString(readEmu(t, "moe_driver.cpp"))
 	runEmulated(t, s.String())
@@ -117,12 +113,8 @@ func TestMoEEmulated(t *testing.T) {
 // check the same on the device. Skipped as TestDecodeMMAEmulated.
 func TestFoldKernelsEmulated(t *testing.T) {
 	var s strings.Builder
-	s.WriteString(readEmu(t, "prelude.h"))
-	s.WriteString(shared)
-	s.WriteString(cBetween(t, common, "__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {", "#define VEC (16 / (int)sizeof(T))\n"))
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_sum("))
+	kernelsEmuHead(t, &s)
 	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_max("))
-	s.WriteString(cLines(t, common, "#define GRID_STRIDE"))
 	s.WriteString(cBetween(t, common, "template <typename H> __device__ __forceinline__ unsigned pack_h2(",
 		"__device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }\n"))
 	s.WriteString(cBetween(t, common, "template <bool MAX> __device__ __forceinline__ float warp_reduce(",
@@ -144,6 +136,18 @@ func TestFoldKernelsEmulated(t *testing.T) {
 	s.WriteString(cLines(t, common, `extern "C" __global__ void dequant_q4_k(`))
 	s.WriteString(readEmu(t, "fold_driver.cpp"))
 	runEmulated(t, s.String())
+}
+
+// kernelsEmuHead writes what the emulated kernels of kernels.cu start
+// from: the prelude, shared.cu, the 16-byte loads, warp_sum and
+// GRID_STRIDE.
+func kernelsEmuHead(t *testing.T, s *strings.Builder) {
+	t.Helper()
+	s.WriteString(readEmu(t, "prelude.h"))
+	s.WriteString(shared)
+	s.WriteString(cBetween(t, common, "__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {", "#define VEC (16 / (int)sizeof(T))\n"))
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_sum("))
+	s.WriteString(cLines(t, common, "#define GRID_STRIDE"))
 }
 
 // TestMoETileEmulated runs moe_tile.cu's kernels (a mixture of experts'

@@ -12,16 +12,6 @@
 
 static const double kTol = std::is_same<T, bf16>::value ? 2e-2 : 4e-3;
 
-// launch runs body as every block of grid, blocks of threads threads.
-static void launch(dim3 grid, int threads, const std::function<void()>& body) {
-	g_threads = threads;
-	gridDim = grid;
-	blockDim = dim3{(unsigned)threads, 1, 1};
-	for (unsigned z = 0; z < grid.z; z++)
-		for (unsigned y = 0; y < grid.y; y++)
-			for (unsigned x = 0; x < grid.x; x++) run_block(dim3{x, y, z}, body);
-}
-
 // rowChunks is kernels.go's grid of the RowRMS readers.
 static dim3 rowChunks(int units, int per, int rows) { return dim3{(unsigned)std::max(1, (units + 256 * per - 1) / (256 * per)), (unsigned)rows, 1}; }
 

@@ -20,16 +20,6 @@ static std::vector<T> rnd_act(std::mt19937_64& rng, size_t n, float scale) {
 	return v;
 }
 
-// launch runs body as every block of grid, blocks of threads threads.
-static void launch(dim3 grid, int threads, const std::function<void()>& body) {
-	g_threads = threads;
-	gridDim = grid;
-	blockDim = dim3{(unsigned)threads, 1, 1};
-	for (unsigned z = 0; z < grid.z; z++)
-		for (unsigned y = 0; y < grid.y; y++)
-			for (unsigned x = 0; x < grid.x; x++) run_block(dim3{x, y, z}, body);
-}
-
 static double dot(const T* a, const T* b, int n) {
 	double s = 0;
 	for (int i = 0; i < n; i++) s += (double)tof(a[i]) * tof(b[i]);

@@ -205,6 +205,16 @@ static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
 	for (auto* b : blocks) delete b;
 }
 static void run_block(dim3 idx, const std::function<void()>& body) { run_cluster(idx, 1, body); }
+// launch runs body as every block of grid, blocks of threads threads (the
+// drivers' plain launches).
+static void launch(dim3 grid, int threads, const std::function<void()>& body) {
+	g_threads = threads;
+	gridDim = grid;
+	blockDim = dim3{(unsigned)threads, 1, 1};
+	for (unsigned z = 0; z < grid.z; z++)
+		for (unsigned y = 0; y < grid.y; y++)
+			for (unsigned x = 0; x < grid.x; x++) run_block(dim3{x, y, z}, body);
+}
 // g_after_wait reports whether a copy from src must wait for pdl_enter()
 // (Q, and K/V rows of this step's keys).
 std::function<bool(const void*)> g_after_wait;

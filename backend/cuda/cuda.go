@@ -66,6 +66,9 @@ type Backend struct {
 	// RoPE with the cache writes) as kernels of their own instead of in the
 	// GEMV's epilogue, for comparisons.
 	NoEpilogues bool
+	// poisonExpertScratch fills the experts' scratch with NaN before each
+	// mixture layer (tests: nothing but what the step widens may be read).
+	poisonExpertScratch bool
 	// ExpertBlocks keeps a mixture's experts' matrices of GGUF files in
 	// their blocks on the device, widened a step at a time into one
 	// layer's scratch (moe.go), instead of widening them at upload. Off by
@@ -163,6 +166,9 @@ type Stats struct {
 	// FP8Matrices counts the matrices loads kept in E4M3 on the device
 	// (Backend.FP8), BlockMatrices those kept in GGUF blocks.
 	FP8Matrices, BlockMatrices int
+	// ExpertScratch is the device memory loads set aside for a layer's
+	// experts widened a step at a time (Backend.ExpertBlocks).
+	ExpertScratch int64
 	// DeviceTime is the stream time from a step's first operation (the
 	// batch's upload) to its last (the logits' copy), summed over steps run
 	// with Timing.
@@ -540,6 +546,10 @@ type loaded struct {
 	// moeWiden holds, for the MoE layers with matrices in GGUF blocks,
 	// the tables the step widens them by (uploadMoETables).
 	moeWiden map[*ir.Node][]kernels.ExpertTable
+	// moeScratch is where a step widens the experts kept in GGUF blocks
+	// (moeScratchBytes, one layer's; uploadMoETables).
+	moeScratch      cu.Ptr
+	moeScratchBytes int
 	// foldedGains marks the weights a norm's gain is folded into
 	// (markNormFolds), by their device pointer.
 	foldedGains map[cu.Ptr]bool

@@ -137,6 +137,8 @@ func (l *loaded) uploadMoETables() error {
 		if scratch, err = l.alloc(scratchBytes); err != nil {
 			return fmt.Errorf("cuda: the scratch a mixture's experts are widened into (%d MiB): %w", scratchBytes>>20, err)
 		}
+		l.moeScratch, l.moeScratchBytes = scratch, scratchBytes
+		l.b.stats.ExpertScratch += int64(scratchBytes)
 	}
 	for _, ly := range layers {
 		for j, o := range ly.scratch {

@@ -39,11 +39,23 @@ func TestLayoutMoE(t *testing.T) {
 	E := c.NumExperts
 	// inBlocks: the experts' gate (kind 0) and down (2), the shared up (4).
 	inBlocks := func(j int) bool { return j < 3*E && j/E != 1 || j == 3*E+1 }
-	input := func(j int) *ir.Value { // the graph input table entry j must hold
-		if j < 3*E {
-			return n.Inputs[2+3*(j%E)+j/E]
+	// The tensor each table entry must hold, by its name: the experts'
+	// gates, then their ups, then their downs, then the shared expert's.
+	names := make([]string, 3*E+3)
+	for e := range E {
+		names[e], names[E+e], names[2*E+e] = c.MoEExpert(0, e)
+	}
+	names[3*E], names[3*E+1], names[3*E+2] = c.MoEShared(0)
+	defs := map[string]*ir.Value{}
+	for _, v := range n.Inputs {
+		defs[v.Def.Attrs.Name] = v
+	}
+	input := func(j int) *ir.Value {
+		v, ok := defs[names[j]]
+		if !ok {
+			t.Fatalf("%s is not an input of the mixture", names[j])
 		}
-		return n.Inputs[2+j]
+		return v
 	}
 	entry := func(j int) *ir.Node { return input(j).Def }
 	weights := func(format func(j int) tensor.DType) map[*ir.Node]deviceTensor {

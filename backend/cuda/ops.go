@@ -222,6 +222,13 @@ func (l *loaded) choose(nd *node) error {
 		}
 		nd.kernel = fmt.Sprintf("moe (%d experts, %d a row)", m.E, m.K)
 		nd.launch = func(x *stepState, nd *node) error {
+			if l.b.poisonExpertScratch && l.moeScratchBytes > 0 {
+				// NaN in every matrix of the scratch: what the step
+				// does not widen must not be read (TestGGUFExperts).
+				if err := l.dev.Memset8(l.moeScratch, 0xff, l.moeScratchBytes, s); err != nil {
+					return err
+				}
+			}
 			return k.MoE(s, m, in[0].rows(x), x.moe)
 		}
 	case ir.GELUTanh:

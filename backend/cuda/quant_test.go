@@ -16,6 +16,7 @@ import (
 	"kiln/internal/testmodel"
 	"kiln/model"
 	"kiln/tensor"
+	"kiln/tune"
 )
 
 // quantSteps runs the steps TestFP8Weights and TestGGUFBlocks compare on
@@ -228,6 +229,29 @@ func TestGGUFExperts(t *testing.T) {
 			t.Run(arch+"-"+scheme, func(t *testing.T) {
 				path := writeGGUF(t, testmodel.Random(c, 21), scheme)
 				keptAgainstWidened(t, path, c.VocabSize, scheme, true, experts*c.NumLayers)
+				// The experts alone kept or widened, every choice its
+				// default (no timing): the same logits bit for bit, with
+				// the scratch NaN before each layer (a step reads only
+				// the experts it widened).
+				same := func(kept bool) ([][]float32, cuda.Stats) {
+					b := backendOf(t, "bf16")
+					b.ExpertBlocks, b.Tune = kept, tune.Defaults
+					if kept {
+						cuda.PoisonExpertScratch(b)
+					}
+					e := openEngine(t, path, b, engine.Options{MaxSeqs: 12})
+					return quantSteps(t, e, c.VocabSize), b.Stats()
+				}
+				got, st := same(true)
+				want, _ := same(false)
+				if st.ExpertScratch == 0 {
+					t.Fatalf("no scratch for the experts: %+v", st)
+				}
+				for i := range want {
+					if !slices.Equal(got[i], want[i]) {
+						t.Errorf("step %d: experts kept in blocks give other logits than experts widened at upload (‖Δ‖₂/‖ref‖₂ %.3g)", i, relL2(got[i], want[i]))
+					}
+				}
 			})
 		}
 	}

@@ -296,7 +296,11 @@ func cmdBenchModel(args []string) error {
 				fmt.Printf("norms folded into the products around them: %d (launches, graph captures included)\n", gs.NormFolds)
 			}
 			if gs.BlockMatrices > 0 {
-				fmt.Printf("matrices kept in their GGUF blocks: %d (a mixture's experts among them: %v)\n", gs.BlockMatrices, gpu.ExpertBlocks)
+				fmt.Printf("matrices kept in their GGUF blocks: %d", gs.BlockMatrices)
+				if gs.ExpertScratch > 0 {
+					fmt.Printf(", a mixture's experts among them (widened a step at a time into %.2f GB)", float64(gs.ExpertScratch)/1e9)
+				}
+				fmt.Println()
 			}
 			modules, choices := gpu.JITWork()
 			fmt.Printf("compiled and timed at run time: %d kernel modules (%.1f s of NVRTC, summed), %d first-use choices\n",

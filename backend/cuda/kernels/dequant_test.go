@@ -113,7 +113,7 @@ func TestDequantizeExperts(t *testing.T) {
 		rng := newRNG(t)
 		for _, f := range DequantFormats {
 			const experts, kinds = 5, 2 // two kinds of matrix in one table, as gate and up could be
-			n := 3 * 256
+			n := 64 * 256               // two blocks of threads a matrix
 			count := []int32{2, 0, 1, 0, 7}
 			var srcs, dsts []uint64
 			var want [][]float32

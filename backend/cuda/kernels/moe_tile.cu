@@ -75,7 +75,11 @@ struct MoEDownOut {
 };
 
 // grid (ceil(inter/64), E, ceil(rows/64)), block GT_THREADS: moe_gate_up's
-// h for the entries of block (·, e, z) (entry i's x row i / K).
+// h for the entries of block (·, e, z) (entry i's x row i / K). Both
+// kernels wait for the kernel before them, then leave when the expert has
+// no entries there, before gemv_tile_impl reads a weight: the experts kept
+// in GGUF blocks are widened by the kernel before (Kernels.MoE's Widen),
+// and a skipped expert's scratch holds another layer's matrix.
 extern "C" __global__ void __launch_bounds__(GT_THREADS)
     moe_tile_gate_up(const T* x, const T* const* gate, const T* const* up, const int* order, const int* start, const int* count,
                      int rows, int K, int dim, int inter, T* h) {

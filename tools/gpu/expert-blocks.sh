@@ -3,7 +3,8 @@
 # experts kept in their blocks on the device (Backend.ExpertBlocks,
 # --cuda-expert-blocks; backend/cuda/moe.go). First the tests: kernels
 # TestDequantizeExperts and TestDequantize, backend TestGGUFExperts (kept
-# against widened at upload) and TestMoEMatchesCPU; then the random
+# against widened at upload) and TestMoEMatchesCPU, with the experts'
+# products on the tiles and on the CUDA cores; then the random
 # moe-7b-a1b written as Q4_K_M (`kiln quantize`) and benchmarked with the
 # experts kept and widened at upload, taking turns (prefill 512, decode at
 # depth 512 of batch 1 and 64), with the GPU memory each takes. Logs under
@@ -13,9 +14,14 @@ source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
 kernels_test kernels-dequant -test.run 'TestDequantizeExperts|TestDequantize$'
 grep -E '^(--- |ok|FAIL|PASS)|panic' "$out/kernels-dequant.log" | head -10
-(cd backend/cuda && timeout 200 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestGGUFExperts|TestMoEMatchesCPU') >"$out/backend-experts.log" 2>&1
-echo "backend: rc=$? at $(($(date +%s) - t0)) s"
-grep -E '^\s*(--- |ok|FAIL|PASS)|panic|quant_test.go' "$out/backend-experts.log" | cut -c1-300 | head -40
+# The experts' products on the tensor-core tiles (the default) and on the
+# CUDA cores (KILN_MOE_TILE_ROWS=0).
+for tiles in 1 0; do
+	(cd backend/cuda && KILN_MOE_TILE_ROWS=$tiles timeout 200 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestGGUFExperts|TestMoEMatchesCPU') \
+		>"$out/backend-experts$tiles.log" 2>&1
+	echo "backend, tiles from $tiles rows: rc=$? at $(($(date +%s) - t0)) s"
+	grep -E '^\s*(--- |ok|FAIL|PASS)|panic|quant_test.go' "$out/backend-experts$tiles.log" | cut -c1-300 | head -30
+done
 moe=$keep/moe-7b-a1b-bf16
 [ -f "$moe/config.json" ] || $k bench model --random moe-7b-a1b --keep "$keep" --device cuda --pp 0 --tg 1 --batch 1 --reps 1 >"$out/moe-write.txt" 2>&1
 g=$keep/moe-7b-a1b-q4_k_m.gguf

@@ -32,6 +32,8 @@ if [ ! -f "$g" ]; then
 fi
 for r in 1 2; do
 	for v in 1 0; do
+		# Within the call's 600 s: no run started past BUDGET (default 480) s.
+		if [ $(($(date +%s) - t0)) -gt "${BUDGET:-480}" ]; then echo "out of time: round $r, $v skipped"; continue; fi
 		t1=$(date +%s)
 		KILN_CUDA_EXPERT_BLOCKS=$v timeout -s QUIT 150 $k bench model "$g" --device cuda --pp 512 --tg 32 --depth 512 --batch 1,64 --reps 1 \
 			--output "$out/experts$v-$r.json" >"$out/experts$v-$r.txt" 2>&1

@@ -28,7 +28,7 @@ for r in $(seq "${ROUNDS:-2}"); do
 		# Within the call's 600 s: no run started past BUDGET (default 480) s.
 		if [ $(($(date +%s) - t0)) -gt "${BUDGET:-480}" ]; then echo "out of time: round $r, $v skipped"; continue; fi
 		t1=$(date +%s)
-		KILN_TUNE_DIR=/tmp/tune-fold$v KILN_CUDA_FOLD_NORMS=$v $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 64 \
+		KILN_TUNE_DIR=/tmp/tune-fold$v KILN_CUDA_FOLD_NORMS=$v timeout -s QUIT 150 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 64 \
 			--depth "${DEPTH:-512}" --batch "${BATCH:-64,256}" --reps 1 --output "$out/fold$v-$r.json" >"$out/fold$v-$r.txt" 2>&1
 		echo "== folds $v, round $r: rc=$? in $(($(date +%s) - t1)) s"
 		grep -E "^\| tg|norms folded" "$out/fold$v-$r.txt"

@@ -30,6 +30,12 @@ func ResidualReaders(g *ir.Graph) map[*ir.Node]*ir.Node {
 	})
 }
 
+// liveThrough lists the maps of products to the readers their inputs
+// stay live through in the memory plan: EpilogueReaders, ResidualReaders.
+func liveThrough(g *ir.Graph) []map[*ir.Node]*ir.Node {
+	return []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)}
+}
+
 // soleReaders maps each MatMul of g with one output, read by exactly one
 // node for which ok holds and not a graph output, to that reader.
 func soleReaders(g *ir.Graph, ok func(reader *ir.Node, prod *ir.Value) bool) map[*ir.Node]*ir.Node {

@@ -70,7 +70,7 @@ func planMemory(g *ir.Graph, b Bucket) (*Plan, error) {
 	for i, n := range g.Nodes {
 		index[n] = i
 	}
-	for _, readers := range []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)} {
+	for _, readers := range liveThrough(g) {
 		for prod, reader := range readers {
 			for _, in := range prod.Inputs {
 				last[in] = max(last[in], index[reader])

@@ -51,7 +51,7 @@ func checkPlan(t *testing.T, g *ir.Graph, p *Plan) {
 	for i, n := range g.Nodes {
 		index[n] = i
 	}
-	for _, readers := range []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)} {
+	for _, readers := range liveThrough(g) {
 		for prod, reader := range readers {
 			for _, in := range prod.Inputs {
 				if s, ok := live[in]; ok {
@@ -102,7 +102,7 @@ func checkPlan(t *testing.T, g *ir.Graph, p *Plan) {
 	// In particular, no node writes over its inputs, nor an epilogue's op
 	// or a residual's norm over its product's.
 	overlap := func(x, y Buffer) bool { return x.Offset < y.Offset+y.Bytes && y.Offset < x.Offset+x.Bytes }
-	for _, readers := range []map[*ir.Node]*ir.Node{EpilogueReaders(g), ResidualReaders(g)} {
+	for _, readers := range liveThrough(g) {
 		for prod, reader := range readers {
 			for _, o := range reader.Outputs {
 				for _, in := range prod.Inputs {

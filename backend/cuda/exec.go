@@ -220,8 +220,8 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		if err := l.choose(&nd); err != nil {
 			return nil, err
 		}
-		if n := nd.n; n.Op == ir.Embed {
-			e.vocab = nd.in[0].vocab * max(1, n.Attrs.Ranks)
+		if nd.n.Op == ir.Embed {
+			e.vocab = nd.in[0].vocab * max(1, nd.n.Attrs.Ranks)
 		}
 		if nd.n.Op == ir.Attention {
 			e.attention = append(e.attention, len(e.nodes))

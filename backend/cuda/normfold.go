@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"kiln/backend/cuda/cu"
@@ -181,16 +182,12 @@ func (l *loaded) foldGain(w, g operand) error {
 		l.foldedGains = map[cu.Ptr]bool{}
 	}
 	l.foldedGains[w.p] = true
-	if err := l.stream.Sync(); err != nil {
-		return err
-	}
-	ones := make([]float32, g.cols)
-	for i := range ones {
-		ones[i] = 1
-	}
-	b := make([]byte, g.cols*g.dtype.Size())
-	encode(ones, g.dtype, b)
-	return l.dev.Upload(g.p, b)
+	// g's ones, after the fold on the same stream: the 32-bit word of ones
+	// of its dtype (g's bytes are whole words: findNormFolds takes rows of
+	// 16-byte vectors).
+	var one [4]byte
+	encode([]float32{1, 1, 1, 1}[:4/g.dtype.Size()], g.dtype, one[:])
+	return l.dev.Memset32(g.p, binary.LittleEndian.Uint32(one[:]), g.cols*g.dtype.Size()/4, l.stream)
 }
 
 // decide sets f.on for the running step: p's way at its rows is known (it
@@ -208,14 +205,11 @@ func (f *normFold) decide(l *loaded, x *stepState) bool {
 // knownWay is productWay's choice for mm when it is made already (or needs
 // nothing measured): no race, nothing launched.
 func (l *loaded) knownWay(mm cu.Matmul, ep *node) (productWay, bool) {
-	if l.gemv == nil || mm.T > kernels.GEMVMaxT || l.b.Products == "cublaslt" {
+	key, chosen := l.wayKey(mm, ep)
+	if !chosen || l.b.Products == "cublaslt" {
 		return productWay{}, true
 	}
-	rows := mm.T
-	if rows > kernels.GEMVVectorMaxT {
-		rows = pow2(rows)
-	}
-	way, ok := l.gemvChoice[mmKey{rows, mm.K, mm.N, mm.Out == cu.F32, ep != nil}]
+	way, ok := l.gemvChoice[key]
 	return way, ok
 }
 

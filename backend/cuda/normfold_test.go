@@ -29,7 +29,7 @@ func TestFindNormFolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dts := weightDTypes(comp.Graph, cu.BF16, false, false)
+	dts := weightDTypes(comp.Graph, cu.BF16, false, false, false)
 	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 64, Rows: 64}, {Tokens: 512, Rows: 8}} {
 		p, err := comp.Plan(bk)
 		if err != nil {

@@ -408,6 +408,20 @@ func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
 	return fmt.Errorf("%w: no epilogue for %v", kernels.ErrGEMVShape, ep.n.Op)
 }
 
+// wayKey is the key of product mm's way (its reader ep run in the GEMV's
+// epilogue or not), and whether its way is chosen at all: without the GEMV
+// or past its rows, cuBLASLt runs it.
+func (l *loaded) wayKey(mm cu.Matmul, ep *node) (mmKey, bool) {
+	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
+		return mmKey{}, false
+	}
+	rows := mm.T
+	if rows > kernels.GEMVVectorMaxT {
+		rows = pow2(rows)
+	}
+	return mmKey{rows, mm.K, mm.N, mm.Out == cu.F32, ep != nil}, true
+}
+
 // mmKey identifies a product shape for the GEMV-or-cuBLASLt choice, and
 // whether the GEMV would run its reader in the epilogue.
 type mmKey struct {
@@ -436,14 +450,11 @@ type productWay struct {
 // takes cuBLASLt (a capture cannot wait for timings; the warm-up step
 // before it measures).
 func (l *loaded) productWay(x *stepState, mm cu.Matmul, ep *node) productWay {
-	if l.gemv == nil || mm.T > kernels.GEMVMaxT {
+	key, chosen := l.wayKey(mm, ep)
+	if !chosen {
 		return productWay{}
 	}
-	rows := mm.T
-	if rows > kernels.GEMVVectorMaxT {
-		rows = pow2(rows)
-	}
-	key := mmKey{rows, mm.K, mm.N, mm.Out == cu.F32, ep != nil}
+	rows := key.t
 	if way, ok := l.gemvChoice[key]; ok {
 		return way
 	}

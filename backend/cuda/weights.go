@@ -19,13 +19,13 @@ import (
 // compute dtype for matrices read by products and embedding lookups, the
 // product's output dtype for the biases of MatMulBias (cuBLASLt's epilogue
 // takes them so), f32 for the rest (norm weights, other biases, RoPE
-// tables); a mixture of experts' matrices in act (with blocks, those in
-// GGUF blocks stay so: moe.go widens them a step at a time). With fp8, an FP8 (E4M3) matrix that only products read stays
+// tables); a mixture of experts' matrices in act (with blocks and experts,
+// those in GGUF blocks stay so: moe.go widens them a step at a time). With fp8, an FP8 (E4M3) matrix that only products read stays
 // E4M3 (fp8Product), with its scales beside it; with blocks, a GGUF matrix
 // of a format kernels.Dequantize takes that only products read stays in its
 // blocks (devBlocks). A tensor read both ways (a tied embedding) is
 // widened to act.
-func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.DType {
+func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks, experts bool) map[*ir.Node]cu.DType {
 	want := map[*ir.Node]cu.DType{}
 	output := map[*ir.Value]bool{} // the logits and what they come from, in f32
 	if chain, err := logitsChain(g); err == nil {
@@ -47,7 +47,7 @@ func weightDTypes(g *ir.Graph, act cu.DType, fp8, blocks bool) map[*ir.Node]cu.D
 			if product && i == 1 && fp8 && staysFP8(in.Def.Attrs.Tensor, output[n.Out()]) {
 				dt = cu.F8E4M3
 			}
-			if (product && i == 1 || moeMatrix(n, i)) && blocks && staysInBlocks(in.Def.Attrs.Tensor) {
+			if (product && i == 1 || experts && moeMatrix(n, i)) && blocks && staysInBlocks(in.Def.Attrs.Tensor) {
 				dt = devBlocks
 			}
 			if old, ok := want[in.Def]; ok && old != dt {
@@ -75,28 +75,13 @@ func moeMatrix(n *ir.Node, i int) bool {
 	return i >= 2 && i < 2+3*e+3*b2i(n.Attrs.Shared)
 }
 
-// widenExperts gives the experts' matrices of every mixture in want that
-// would stay in GGUF blocks the activation dtype act instead.
-func widenExperts(g *ir.Graph, want map[*ir.Node]cu.DType, act cu.DType) {
-	for _, n := range g.Nodes {
-		for i, in := range n.Inputs {
-			if moeMatrix(n, i) && want[in.Def] == devBlocks {
-				want[in.Def] = act
-			}
-		}
-	}
-}
-
 // uploadWeights copies every weight and constant the graph reads to the
 // device, converting on the host into two pinned buffers in turn so that
 // reading the file (page faults of the mapping) and converting the next
 // chunk overlap the transfer of the previous one. It returns the bytes
 // it copied.
 func (l *loaded) uploadWeights(progress io.Writer) (int64, error) {
-	want := weightDTypes(l.compiled.Graph, l.act, l.fp8, !l.b.WidenBlocks)
-	if !l.b.ExpertBlocks {
-		widenExperts(l.compiled.Graph, want, l.act)
-	}
+	want := weightDTypes(l.compiled.Graph, l.act, l.fp8, !l.b.WidenBlocks, l.b.ExpertBlocks)
 	type key struct {
 		t  *tensor.Tensor
 		dt cu.DType

@@ -95,7 +95,7 @@ func TestWeightDTypesLogits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := weightDTypes(g, cu.BF16, true, false)
+		want := weightDTypes(g, cu.BF16, true, false, false)
 		checkExperts(t, softCap)
 		for n, dt := range want {
 			switch n.Attrs.Name {
@@ -125,13 +125,14 @@ func checkExperts(t *testing.T, softCap float64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for n, dt := range weightDTypes(g, cu.BF16, true, false) {
+	for n, dt := range weightDTypes(g, cu.BF16, true, false, false) {
 		if n.Attrs.Name == gate && dt != cu.BF16 {
 			t.Errorf("an FP8 expert's gate is %v, want bf16", dt)
 		}
 	}
-	// A Q8_0 expert's up matrix stays in its blocks where blocks are kept
-	// (widened a step at a time, moe.go), the router in bf16.
+	// A Q8_0 expert's up matrix stays in its blocks where blocks and
+	// experts' blocks are kept (widened a step at a time, moe.go), the
+	// router in bf16.
 	_, up, _ := c.MoEExpert(0, 0)
 	x = m.Tensors[up]
 	nb, err := tensor.Q8_0.Bytes(x.Shape.Elements())
@@ -148,8 +149,7 @@ func checkExperts(t *testing.T, softCap float64) {
 			want[up] = devBlocks
 		}
 		seen := 0
-		got := weightDTypes(g, cu.BF16, false, blocks)
-		for n, dt := range got {
+		for n, dt := range weightDTypes(g, cu.BF16, false, blocks, true) {
 			if w, ok := want[n.Attrs.Name]; ok {
 				seen++
 				if dt != w {
@@ -160,8 +160,7 @@ func checkExperts(t *testing.T, softCap float64) {
 		if seen != len(want) {
 			t.Errorf("blocks %v: %d of %v in the graph", blocks, seen, want)
 		}
-		widenExperts(g, got, cu.BF16) // without Backend.ExpertBlocks
-		for n, dt := range got {
+		for n, dt := range weightDTypes(g, cu.BF16, false, blocks, false) { // without Backend.ExpertBlocks
 			if n.Attrs.Name == up && dt != cu.BF16 {
 				t.Errorf("blocks %v: widened, the expert's up matrix is %v", blocks, dt)
 			}

@@ -104,7 +104,8 @@ func TestMoEEmulated(t *testing.T) {
 
 // TestFoldKernelsEmulated runs the kernels of a norm folded into the
 // products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
-// row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go) and the
+// row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go), the plain
+// readers that share their code (swiglu_packed_v, rope_qkv_write) and the
 // dequantization of a table of experts' matrices (dequant_run with srcs,
 // as Q8_0 and Q4_K) on the host with the same emulation, and
 // testdata/emu/fold_driver.cpp compares them with a float64 reference (the
@@ -120,20 +121,35 @@ func TestFoldKernelsEmulated(t *testing.T) {
 	s.WriteString(cBetween(t, common, "template <bool MAX> __device__ __forceinline__ float warp_reduce(",
 		"__device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }\n"))
 	s.WriteString(readEmu(t, "fold_prelude.h"))
-	s.WriteString(cBlock(t, common, "__device__ float row_inv_rms("))
-	s.WriteString(cBlock(t, common, "template <typename W>\n__device__ void fold_gain_impl("))
-	s.WriteString(cBlock(t, common, `extern "C" __global__ void swiglu_packed_n(`))
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ void rope_pair("))
-	s.WriteString(cBlock(t, common, `extern "C" __global__ void rope_qkv_write_n(`))
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float f16_at("))
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ void dq_store("))
-	s.WriteString(cLines(t, common, "#define DQ_PARAMS"))
-	s.WriteString(cLines(t, common, "#define DQ_ARGS"))
-	s.WriteString(cBlock(t, common, "template <int BYTES, int GPB, class F>\n__device__ __forceinline__ void dequant_run("))
-	s.WriteString(cBlock(t, common, `extern "C" __global__ void dequant_q8_0(`))
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ void k_scale_min("))
-	s.WriteString(cBlock(t, common, "template <bool Q5>\n__device__ __forceinline__ void dequant_k45("))
-	s.WriteString(cLines(t, common, `extern "C" __global__ void dequant_q4_k(`))
+	// kernels.cu's definitions the kernels use, in its order.
+	for _, d := range []string{
+		"__device__ __forceinline__ float scaled_of(",
+		"__device__ __forceinline__ void load_scaled16(",
+		"__device__ float row_inv_rms(",
+		"template <typename W>\n__device__ void fold_gain_impl(",
+		"template <class L>\n__device__ __forceinline__ void swiglu_vec(",
+		`extern "C" __global__ void swiglu_packed_v(`,
+		`extern "C" __global__ void swiglu_packed_n(`,
+		"__device__ __forceinline__ void rope_pair(",
+		"template <class X, class V>\n__device__ __forceinline__ void rope_qkv_pair(",
+		`extern "C" __global__ void rope_qkv_write(`,
+		`extern "C" __global__ void rope_qkv_write_n(`,
+		"__device__ __forceinline__ float f16_at(",
+		"__device__ __forceinline__ void dq_store(",
+		"#define DQ_PARAMS",
+		"#define DQ_ARGS",
+		"template <int BYTES, int GPB, class F>\n__device__ __forceinline__ void dequant_run(",
+		`extern "C" __global__ void dequant_q8_0(`,
+		"__device__ __forceinline__ void k_scale_min(",
+		"template <bool Q5>\n__device__ __forceinline__ void dequant_k45(",
+		`extern "C" __global__ void dequant_q4_k(`,
+	} {
+		if strings.HasPrefix(d, "#define") {
+			s.WriteString(cLines(t, common, d))
+		} else {
+			s.WriteString(cBlock(t, common, d))
+		}
+	}
 	s.WriteString(readEmu(t, "fold_driver.cpp"))
 	runEmulated(t, s.String())
 }

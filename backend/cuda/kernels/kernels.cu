@@ -558,6 +558,18 @@ extern "C" __global__ void scale_rows_cols_v(const T* x, const float* sr, const 
 		store16(out + i * VEC, a);
 	}
 }
+// swiglu_vec writes the VEC outputs at column c of a row of n:
+// SiLU(gate)·up from row (gate columns, then up), load(p, col, f) reading
+// the VEC elements at p (columns col..) as the kernel sees them.
+template <class L>
+__device__ __forceinline__ void swiglu_vec(const T* row, int n, int c, T* out, L load) {
+	float a[VEC], b[VEC];
+	load(row + c, c, a);
+	load(row + n + c, n + c, b);
+#pragma unroll
+	for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
+	store16(out + c, a);
+}
 // swiglu_packed for n = nv·VEC, by 16-byte vectors (16-byte aligned operands).
 extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const float* sc, T* out, int rows, int nv) {
 	pdl_enter();
@@ -565,14 +577,8 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const f
 	int n = nv * VEC;
 	GRID_STRIDE(i, total) {
 		long long r = i / nv;
-		int c = (int)(i - r * nv) * VEC;
-		const T* row = gu + r * 2 * n;
-		float a[VEC], b[VEC];
-		load_scaled16(row + c, sr, sc, r, c, a);
-		load_scaled16(row + n + c, sr, sc, r, n + c, b);
-#pragma unroll
-		for (int j = 0; j < VEC; j++) a[j] = silu_f(a[j]) * b[j];
-		store16(out + r * n + c, a);
+		swiglu_vec(gu + r * 2 * n, n, (int)(i - r * nv) * VEC, out + r * n,
+		           [&](const T* p, int col, float* f) { load_scaled16(p, sr, sc, r, col, f); });
 	}
 }
 // swiglu_packed_v of a product whose rows are still to be divided by the
@@ -585,16 +591,12 @@ extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, fl
 	const long long r = blockIdx.y;
 	const float inv = row_inv_rms(nx + r * dim, dim, eps, sh);
 	const int n = nv * VEC;
-	const T* row = gu + r * 2 * n;
-	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x) {
-		const int c = i * VEC;
-		float a[VEC], b[VEC];
-		load16(row + c, a);
-		load16(row + n + c, b);
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x)
+		swiglu_vec(gu + r * 2 * n, n, i * VEC, out + r * n, [&](const T* p, int, float* f) {
+			load16(p, f);
 #pragma unroll
-		for (int j = 0; j < VEC; j++) a[j] = silu_f(round_t(__fmul_rn(a[j], inv))) * round_t(__fmul_rn(b[j], inv));
-		store16(out + r * n + c, a);
-	}
+			for (int j = 0; j < VEC; j++) f[j] = round_t(__fmul_rn(f[j], inv));
+		});
 }
 // swiglu_packed_v with its output in FP8 form, a block a row: each value
 // rounded to T, then the row as fp8_quant_rows would write it (q, its scale
@@ -946,6 +948,37 @@ extern "C" __global__ void rope_kv_write(const T* k, const T* v, KV* kc, KV* vc,
 	}
 }
 
+// rope_qkv_pair takes apart pair i of head h (of heads + 2·kvHeads) of a
+// token's stacked Q, K and V: x(c) is the head's element c as read (a
+// product's, scaled or not), v(c) that element as a cache element. A query
+// head's pair is rotated into qt (the token's queries), a key head's into
+// its cache slot's row ks, a value head's two elements stored into vs; cs
+// is the token's table row (cosines, then sines).
+template <class X, class V>
+__device__ __forceinline__ void rope_qkv_pair(X x, V v, int h, int i, T* qt, KV* ks, KV* vs, const float* cs, int heads, int kvHeads,
+                                              int hd, int interleaved) {
+	const int half = hd / 2;
+	if (h >= heads + kvHeads) {
+		KV* dst = vs + (long long)(h - heads - kvHeads) * hd;
+		dst[2 * i] = v(2 * i);
+		dst[2 * i + 1] = v(2 * i + 1);
+		return;
+	}
+	float c = cs[i], s = cs[half + i];
+	int a, b;
+	rope_pair(i, half, interleaved, &a, &b);
+	float x1 = x(a), x2 = x(b);
+	if (h < heads) {
+		T* dst = qt + (long long)h * hd;
+		dst[a] = fromf<T>(rot1(x1, x2, c, s));
+		dst[b] = fromf<T>(rot2(x1, x2, c, s));
+	} else {
+		KV* dst = ks + (long long)(h - heads) * hd;
+		dst[a] = kv_of(rot1(x1, x2, c, s));
+		dst[b] = kv_of(rot2(x1, x2, c, s));
+	}
+}
+
 // qkv[rows, (heads+2·kvHeads)·hd], the stacked Q, K and V of each token:
 // q heads rotated into q[rows, heads·hd], k heads rotated and v heads stored
 // into the cache slots. One thread per rotated pair (q and k) or per pair of
@@ -962,32 +995,10 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, const float* sr, const f
 		long long rh = idx / half;
 		int t = (int)(rh / nh), h = (int)(rh % nh);
 		const T* src = qkv + rh * hd;
-		const long long col = (long long)h * hd;
-		if (h >= heads + kvHeads) {
-			long long dst = (long long)slots[t] * width + (long long)(h - heads - kvHeads) * hd;
-			if (sr || sc) {
-				vc[dst + 2 * i] = kv_of(scaled_of(tof(src[2 * i]), sr, sc, t, col + 2 * i));
-				vc[dst + 2 * i + 1] = kv_of(scaled_of(tof(src[2 * i + 1]), sr, sc, t, col + 2 * i + 1));
-			} else {
-				vc[dst + 2 * i] = kv_from(src[2 * i]);
-				vc[dst + 2 * i + 1] = kv_from(src[2 * i + 1]);
-			}
-			continue;
-		}
-		int p = pos[t];
-		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
-		int a, b;
-		rope_pair(i, half, interleaved, &a, &b);
-		float x1 = scaled_of(tof(src[a]), sr, sc, t, col + a), x2 = scaled_of(tof(src[b]), sr, sc, t, col + b);
-		if (h < heads) {
-			T* dst = q + ((long long)t * heads + h) * hd;
-			dst[a] = fromf<T>(rot1(x1, x2, c, s));
-			dst[b] = fromf<T>(rot2(x1, x2, c, s));
-		} else {
-			KV* dst = kc + (long long)slots[t] * width + (long long)(h - heads) * hd;
-			dst[a] = kv_of(rot1(x1, x2, c, s));
-			dst[b] = kv_of(rot2(x1, x2, c, s));
-		}
+		const long long col = (long long)h * hd, slot = (long long)slots[t] * width;
+		rope_qkv_pair([&](int c) { return scaled_of(tof(src[c]), sr, sc, t, col + c); },
+		              [&](int c) { return sr || sc ? kv_of(scaled_of(tof(src[c]), sr, sc, t, col + c)) : kv_from(src[c]); }, h, i,
+		              q + (long long)t * heads * hd, kc + slot, vc + slot, table + (long long)pos[t] * hd, heads, kvHeads, hd, interleaved);
 	}
 }
 
@@ -1003,30 +1014,14 @@ extern "C" __global__ void rope_qkv_write_n(const T* qkv, const T* nx, int dim, 
 	const int t = blockIdx.y;
 	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
 	const int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
-	const int p = pos[t];
-	const long long slot = slots[t];
+	const long long slot = (long long)slots[t] * width;
+	const float* cs = table + (long long)pos[t] * hd;
 	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nh * half; j += gridDim.x * blockDim.x) {
-		const int h = j / half, i = j % half;
+		const int h = j / half;
 		const T* src = qkv + ((long long)t * nh + h) * hd;
-		if (h >= heads + kvHeads) {
-			KV* dst = vc + slot * width + (long long)(h - heads - kvHeads) * hd;
-			dst[2 * i] = kv_of(round_t(__fmul_rn(tof(src[2 * i]), inv)));
-			dst[2 * i + 1] = kv_of(round_t(__fmul_rn(tof(src[2 * i + 1]), inv)));
-			continue;
-		}
-		float c = table[(long long)p * hd + i], s = table[(long long)p * hd + half + i];
-		int a, b;
-		rope_pair(i, half, interleaved, &a, &b);
-		float x1 = round_t(__fmul_rn(tof(src[a]), inv)), x2 = round_t(__fmul_rn(tof(src[b]), inv));
-		if (h < heads) {
-			T* dst = q + ((long long)t * heads + h) * hd;
-			dst[a] = fromf<T>(rot1(x1, x2, c, s));
-			dst[b] = fromf<T>(rot2(x1, x2, c, s));
-		} else {
-			KV* dst = kc + slot * width + (long long)(h - heads) * hd;
-			dst[a] = kv_of(rot1(x1, x2, c, s));
-			dst[b] = kv_of(rot2(x1, x2, c, s));
-		}
+		auto x = [&](int c) { return round_t(__fmul_rn(tof(src[c]), inv)); };
+		rope_qkv_pair(x, [&](int c) { return kv_of(x(c)); }, h, j % half, q + (long long)t * heads * hd, kc + slot, vc + slot, cs, heads,
+		              kvHeads, hd, interleaved);
 	}
 }
 

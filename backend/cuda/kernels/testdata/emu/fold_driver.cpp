@@ -1,7 +1,8 @@
 // Driver of TestFoldKernelsEmulated (emu_test.go): runs, on the host, the
 // kernels of a norm folded into the products around it (swiglu_packed_n,
-// rope_qkv_write_n, fold_gain; backend/cuda/normfold.go) as kernels.go
-// launches them, against a float64 reference (every element within 2e-2
+// rope_qkv_write_n, fold_gain; backend/cuda/normfold.go), and the plain
+// readers that share their code (swiglu_packed_v, rope_qkv_write, without
+// scales), as kernels.go launches them, against a float64 reference (every element within 2e-2
 // for bf16, 4e-3 for f16, of |ref| + the output's rms; fold_gain bit for
 // bit), and the dequantization of a table of experts' matrices
 // (dequant_q8_0 and dequant_q4_k with srcs) against the same kernels run
@@ -58,7 +59,12 @@ static int within(const char* what, const std::vector<double>& ref, const T* got
 	return bad;
 }
 
-static int swiglu_case(int rows, int dim, int n, unsigned seed) {
+// ewGrid is kernels.go's grid of the elementwise kernels.
+static dim3 ewGrid(long long n) { return dim3{(unsigned)std::max(1LL, std::min((n + 255) / 256, 65535LL)), 1, 1}; }
+
+// swiglu_case runs swiglu_packed_n (folded) or swiglu_packed_v (its rows
+// not divided: inv 1).
+static int swiglu_case(int rows, int dim, int n, bool folded, unsigned seed) {
 	std::mt19937_64 rng(seed);
 	const float eps = 1e-5f;
 	auto nx = rows_at(rng, rows, dim);
@@ -67,8 +73,12 @@ static int swiglu_case(int rows, int dim, int n, unsigned seed) {
 	for (auto& v : gu) v = fromf<T>(d(rng) * 20);
 	for (auto& v : out) v.x = 0x7fc1;
 	const int nv = n / VEC;
-	launch(rowChunks(nv, 2, rows), 256, [&] { swiglu_packed_n(gu.data(), nx.data(), dim, eps, out.data(), nv); });
-	auto inv = inv_rms(nx, rows, dim, eps);
+	if (folded) {
+		launch(rowChunks(nv, 2, rows), 256, [&] { swiglu_packed_n(gu.data(), nx.data(), dim, eps, out.data(), nv); });
+	} else {
+		launch(ewGrid((long long)rows * nv), 256, [&] { swiglu_packed_v(gu.data(), nullptr, nullptr, out.data(), rows, nv); });
+	}
+	auto inv = folded ? inv_rms(nx, rows, dim, eps) : std::vector<double>(rows, 1.0);
 	std::vector<double> ref((size_t)rows * n);
 	for (int r = 0; r < rows; r++)
 		for (int c = 0; c < n; c++) {
@@ -76,11 +86,13 @@ static int swiglu_case(int rows, int dim, int n, unsigned seed) {
 			ref[(size_t)r * n + c] = g / (1 + exp(-g)) * u;
 		}
 	char what[96];
-	snprintf(what, sizeof what, "swiglu_packed_n %dx%d over rows of %d", rows, n, dim);
+	snprintf(what, sizeof what, "%s %dx%d over rows of %d", folded ? "swiglu_packed_n" : "swiglu_packed_v", rows, n, dim);
 	return within(what, ref, out.data());
 }
 
-static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, unsigned seed) {
+// rope_case runs rope_qkv_write_n (folded) or rope_qkv_write (its rows not
+// divided: inv 1).
+static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, bool folded, unsigned seed) {
 	std::mt19937_64 rng(seed);
 	const float eps = 1e-5f;
 	const int dim = 256, maxPos = 64, nh = heads + 2 * kvHeads, half = hd / 2, width = kvHeads * hd;
@@ -103,11 +115,18 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 			double a = p * pow(10000.0, -2.0 * i / hd);
 			table[(size_t)p * hd + i] = (float)cos(a), table[(size_t)p * hd + half + i] = (float)sin(a);
 		}
-	launch(rowChunks(nh * half, 4, rows), 256, [&] {
-		rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads, kvHeads,
-		                 hd, interleaved);
-	});
-	auto inv = inv_rms(nx, rows, dim, eps);
+	if (folded) {
+		launch(rowChunks(nh * half, 4, rows), 256, [&] {
+			rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
+			                 kvHeads, hd, interleaved);
+		});
+	} else {
+		launch(ewGrid((long long)rows * nh * half), 256, [&] {
+			rope_qkv_write(qkv.data(), nullptr, nullptr, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), rows, heads,
+			               kvHeads, hd, interleaved);
+		});
+	}
+	auto inv = folded ? inv_rms(nx, rows, dim, eps) : std::vector<double>(rows, 1.0);
 	std::vector<double> qref(q.size()), kref(kc.size()), vref(vc.size());
 	for (size_t i = 0; i < kc.size(); i++) kref[i] = tof(kc0[i]), vref[i] = tof(vc0[i]);
 	for (int t = 0; t < rows; t++)
@@ -131,11 +150,12 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		}
 	char what[96];
 	int bad = 0;
-	snprintf(what, sizeof what, "rope_qkv_write_n q, %d rows, %d/%d heads of %d, interleaved %d", rows, heads, kvHeads, hd, interleaved);
+	const char* name = folded ? "rope_qkv_write_n" : "rope_qkv_write";
+	snprintf(what, sizeof what, "%s q, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, qref, q.data());
-	snprintf(what, sizeof what, "rope_qkv_write_n k cache, %d rows, %d/%d heads of %d, interleaved %d", rows, heads, kvHeads, hd, interleaved);
+	snprintf(what, sizeof what, "%s k cache, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, kref, kc.data());
-	snprintf(what, sizeof what, "rope_qkv_write_n v cache, %d rows, %d/%d heads of %d, interleaved %d", rows, heads, kvHeads, hd, interleaved);
+	snprintf(what, sizeof what, "%s v cache, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, vref, vc.data());
 	return bad;
 }
@@ -199,10 +219,12 @@ static int dequant_case(const char* name, int blockBytes, const std::vector<int>
 int main() {
 	g_after_wait = [](const void*) { return false; };
 	int fails = 0;
-	fails += swiglu_case(3, 256, 96, 1) != 0;
-	fails += swiglu_case(2, 512, 8 * 1100, 2) != 0; // several chunks a row
-	fails += rope_case(3, 4, 2, 64, 0, 3) != 0;
-	fails += rope_case(2, 32, 8, 128, 1, 4) != 0; // several chunks a row
+	for (bool folded : {true, false}) {
+		fails += swiglu_case(3, 256, 96, folded, 1) != 0;
+		fails += swiglu_case(2, 512, 8 * 1100, folded, 2) != 0; // several chunks a row
+		fails += rope_case(3, 4, 2, 64, 0, folded, 3) != 0;
+		fails += rope_case(2, 32, 8, 128, 1, folded, 4) != 0; // several chunks a row
+	}
 	fails += fold_gain_case(5) != 0;
 	fails += dequant_case("q8_0", 34, {0}, dequant_q8_0, 6) != 0;
 	fails += dequant_case("q4_k", 144, {0, 2}, dequant_q4_k, 7) != 0;

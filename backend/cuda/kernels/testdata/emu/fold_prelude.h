@@ -6,6 +6,7 @@
 // do).
 typedef T KV;
 static inline KV kv_of(float v) { return fromf<T>(v); }
+static inline KV kv_from(T v) { return v; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }

@@ -71,14 +71,14 @@ type Backend struct {
 	poisonExpertScratch bool
 	// ExpertBlocks keeps a mixture's experts' matrices of GGUF files in
 	// their blocks on the device, widened a step at a time into one
-	// layer's scratch (moe.go), instead of widening them at upload. Off by
-	// default until run on a GPU (backend/cuda/NOTES.md, session 28).
+	// layer's scratch (moe.go), instead of widening them at upload: a
+	// third of the memory, at about half the speed (docs/PERF.md, issue
+	// 16), so off by default.
 	ExpertBlocks bool
-	// FoldNorms folds the bf16 RMSNorms before the Q/K/V and gate/up
-	// products into the products around them (normfold.go) instead of
-	// running them as kernels of their own. Off by default until measured
-	// on a GPU (backend/cuda/NOTES.md, session 28).
-	FoldNorms bool
+	// NoFoldNorms runs the bf16 RMSNorms before the Q/K/V and gate/up
+	// products as kernels of their own instead of folding them into the
+	// products around them (normfold.go), for comparisons.
+	NoFoldNorms bool
 	// NoFP8 widens FP8 (E4M3) matrices to the compute dtype as they are
 	// uploaded instead of keeping them in E4M3 for FP8 products (compute
 	// capability 8.9 on), for comparisons.

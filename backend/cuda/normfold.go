@@ -47,9 +47,9 @@ type normFold struct {
 
 // markNormFolds marks the chains findNormFolds finds on the executable's
 // nodes, and folds their gains into their products' weights (once per
-// weight), where Backend.FoldNorms asks for it.
+// weight), unless Backend.NoFoldNorms.
 func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
-	if !l.b.FoldNorms {
+	if l.b.NoFoldNorms {
 		return nil
 	}
 	for _, f := range findNormFolds(nodes, p, l.act) {

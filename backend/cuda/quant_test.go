@@ -201,19 +201,24 @@ func TestGGUFBlocks(t *testing.T) {
 			}
 			path := writeGGUF(t, m, scheme)
 			m.Close()
-			keptAgainstWidened(t, path, s.Vocab, scheme, false, 1)
+			keptAgainstWidened(t, path, s.Vocab, scheme)
 		})
 	}
 }
 
 // TestGGUFExperts runs mixtures of experts written as GGUF (Mixtral's
 // routing; Qwen2-MoE's gated shared expert), their experts' matrices and
-// the rest in Q8_0 or Q4_K_M, with the experts kept in their blocks on the
-// device (widened a step at a time into one layer's scratch, for the
-// experts the step routed rows to) against the same files widened to bf16
-// as they are uploaded (Backend.WidenBlocks), over quantSteps: the experts
+// the rest in Q8_0 or Q4_K_M, over quantSteps with the experts kept in
+// their blocks on the device (widened a step at a time into one layer's
+// scratch, for the experts the step routed rows to) and widened at upload,
+// every other choice the same (tune.Defaults, no timing): the experts
 // widened on the device are bit for bit the uploaded ones, so the logits
-// differ only where the dense products do (TestGGUFBlocks' bounds).
+// are too, with the scratch set to NaN before each layer (a step reads only
+// the experts it widened). A comparison with the choices timed, as
+// TestGGUFBlocks makes for dense models, does not hold here: these random
+// mixtures' routers flip near-tied experts at bf16's rounding (0.05 to
+// 0.43 between runs on the H200, 2026-11-27), while TestMoEMatchesCPU
+// checks the experts' products themselves against the CPU.
 func TestGGUFExperts(t *testing.T) {
 	backendOf(t, "bf16")
 	for _, arch := range []string{"mixtral", "qwen2_moe"} {
@@ -228,11 +233,6 @@ func TestGGUFExperts(t *testing.T) {
 		for _, scheme := range []string{"q8_0", "q4_k_m"} {
 			t.Run(arch+"-"+scheme, func(t *testing.T) {
 				path := writeGGUF(t, testmodel.Random(c, 21), scheme)
-				keptAgainstWidened(t, path, c.VocabSize, scheme, true, experts*c.NumLayers)
-				// The experts alone kept or widened, every choice its
-				// default (no timing): the same logits bit for bit, with
-				// the scratch NaN before each layer (a step reads only
-				// the experts it widened).
 				same := func(kept bool) ([][]float32, cuda.Stats) {
 					b := backendOf(t, "bf16")
 					b.ExpertBlocks, b.Tune = kept, tune.Defaults
@@ -244,8 +244,9 @@ func TestGGUFExperts(t *testing.T) {
 				}
 				got, st := same(true)
 				want, _ := same(false)
-				if st.ExpertScratch == 0 {
-					t.Fatalf("no scratch for the experts: %+v", st)
+				if st.ExpertScratch == 0 || st.BlockMatrices < experts*c.NumLayers {
+					t.Fatalf("%d matrices kept in their blocks (want at least the %d experts'), scratch %d bytes",
+						st.BlockMatrices, experts*c.NumLayers, st.ExpertScratch)
 				}
 				for i := range want {
 					if !slices.Equal(got[i], want[i]) {
@@ -258,24 +259,23 @@ func TestGGUFExperts(t *testing.T) {
 }
 
 // keptAgainstWidened runs the GGUF file at path (of scheme, vocab tokens)
-// over quantSteps with its matrices kept in blocks on the device (a
-// mixture's experts too with experts; at least minBlocks of them) against
+// over quantSteps with its matrices kept in blocks on the device (at least
+// one) against
 // the same file widened to bf16 at upload: dequantized on the device the
 // weights are bit for bit the widened ones, so where cuBLASLt runs the
 // logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
 // Q4_K's and Q6_K's products of at most 8 rows run on the GEMV with x
 // rounded to int8 per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
-func keptAgainstWidened(t *testing.T, path string, vocab int, scheme string, experts bool, minBlocks int) {
+func keptAgainstWidened(t *testing.T, path string, vocab int, scheme string) {
 	t.Helper()
 	run := func(bk *cuda.Backend) [][]float32 {
 		e := openEngine(t, path, bk, engine.Options{MaxSeqs: 12})
 		return quantSteps(t, e, vocab)
 	}
 	kept := backendOf(t, "bf16")
-	kept.ExpertBlocks = experts
 	got := run(kept)
-	if n := kept.Stats().BlockMatrices; n < minBlocks {
-		t.Fatalf("%d matrices kept in their blocks, want at least %d", n, minBlocks)
+	if n := kept.Stats().BlockMatrices; n == 0 {
+		t.Fatalf("no matrix kept in its blocks")
 	}
 	wide := backendOf(t, "bf16")
 	wide.WidenBlocks = true

@@ -26,9 +26,12 @@ func TestVerifyRejectsWrongCandidates(t *testing.T) {
 	model := randomModel(t, s, tensor.F32, 11)
 	const seqs, steps = 16, 3
 	run := func(b *cuda.Backend) [][]float32 { return decodeSteps(t, model, b, seqs, steps) }
+	// No norm folded: a step that races a product on its first use keeps
+	// the norm before it (normFold.decide), while the defaults' run folds
+	// from its first step (TestNormFolds checks the folds).
 	tuned := func(dir string) *cuda.Backend {
 		b := backendOf(t, "bf16")
-		b.Tune, b.TuneDir = tune.Cached, dir
+		b.Tune, b.TuneDir, b.NoFoldNorms = tune.Cached, dir, true
 		return b
 	}
 	entries := func(b *cuda.Backend, dir string) []tune.Entry {
@@ -95,7 +98,7 @@ func TestVerifyRejectsWrongCandidates(t *testing.T) {
 	}
 
 	defaults := backendOf(t, "bf16")
-	defaults.Products, defaults.FixedDecodePlan = "cublaslt", true
+	defaults.Products, defaults.FixedDecodePlan, defaults.NoFoldNorms = "cublaslt", true, true
 	want := run(defaults)
 	for i := range want {
 		if !slices.Equal(got[i], want[i]) {

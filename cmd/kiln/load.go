@@ -375,7 +375,7 @@ func stopTokens(m *model.Model, tok *tokenizer.Tokenizer) []int {
 // configure applies the CUDA flags to b.
 func (f *engineFlags) configure(b *cuda.Backend) {
 	b.Progress, b.NoGraphs, b.NoPDL, b.NoEpilogues, b.NoFP8, b.WidenBlocks = progressWriter(), !f.graphs, !f.pdl, !f.epilogues, !f.fp8, !f.blocks
-	b.FoldNorms, b.ExpertBlocks = f.foldNorms, f.expertBlocks
+	b.NoFoldNorms, b.ExpertBlocks = !f.foldNorms, f.expertBlocks
 	b.Tune = f.tune
 	b.ExternalDir = f.kernels
 	b.OnRace = gpuRaceProgress

@@ -170,9 +170,12 @@ func refRoPEQKV(x []float64, pos, slots []int32, tab, kc0, vc0 []float32, heads,
 // whose rows are still to be divided by the rms of another matrix's rows
 // (a norm folded into the product, backend/cuda/normfold.go): against the
 // float64 reference of SwiGLU and of RoPE with the cache writes of the
-// product so divided, at the plain readers' tolerance. Each row is drawn at
+// product so divided (each element rounded to the activation dtype, as the
+// kernels read it), at the plain readers' tolerance. Each row is drawn at
 // a scale of its own (0.1 to 30, so that another row's rms is far off) and
-// the product at scale 20, as unnormalized residuals give.
+// the product's row at that row's scale, as an unnormalized residual gives
+// (a product of one scale for all rows overflowed f16 in SwiGLU after the
+// division on the H200, 2026-11-27).
 func TestRowRMSReaders(t *testing.T) {
 	const eps = 1e-5
 	rowsAt := func(rng *rand.Rand, rows, dim int) []float32 {
@@ -196,20 +199,38 @@ func TestRowRMSReaders(t *testing.T) {
 		}
 		return inv
 	}
+	// A product of unnormalized rows: row r of the normalized product (at
+	// scale 3) times the rms of row r of the residual it was taken of.
+	productRows := func(rng *rand.Rand, inv []float64, cols int) []float32 {
+		p := randn(rng, len(inv)*cols, 3)
+		for i := range p {
+			p[i] /= float32(inv[i/cols])
+		}
+		return p
+	}
+	// The kernels read each element x of the product as x·inv rounded to
+	// the activation dtype (scaled_of's rounding, as a norm's output is).
+	divided := func(act cu.DType, p []float32, inv []float64, cols int) []float64 {
+		d := make([]float32, len(p))
+		for i, x := range p {
+			d[i] = float32(float64(x) * inv[i/cols])
+		}
+		return f64(roundTo(act, d))
+	}
 	for _, act := range allDTypes {
 		k := kern(t, act)
 		rng := newRNG(t)
 		for _, shape := range [][3]int{{1, 256, 96}, {17, 4096, 14336}, {300, 512, 1024}} {
 			rows, dim, n := shape[0], shape[1], shape[2]
 			nx := roundTo(act, rowsAt(rng, rows, dim))
-			gu := roundTo(act, randn(rng, rows*2*n, 20))
 			inv := invRMS(nx, rows, dim)
+			gu := roundTo(act, productRows(rng, inv, 2*n))
 			out := outBuf(t, act, rows*n)
 			must(t, k.SwiGLUPackedRMS(nil, out, up(t, act, gu), RowRMS{X: up(t, act, nx), Dim: dim, Eps: eps}, rows, n))
-			ref := make([]float64, rows*n)
+			ref, x := make([]float64, rows*n), divided(act, gu, inv, 2*n)
 			for r := range rows {
 				for c := range n {
-					ref[r*n+c] = silu64(float64(gu[r*2*n+c])*inv[r]) * float64(gu[r*2*n+n+c]) * inv[r]
+					ref[r*n+c] = silu64(x[r*2*n+c]) * x[r*2*n+n+c]
 				}
 			}
 			e := compare(t, "swiglu_packed_n", down(t, act, out, rows*n), ref, tol(act))
@@ -225,11 +246,8 @@ func TestRowRMSReaders(t *testing.T) {
 				nslot, slots, pos := randSlots(rng, rows, bs, maxPos)
 				nx := roundTo(act, rowsAt(rng, rows, dim))
 				inv := invRMS(nx, rows, dim)
-				qkv := roundTo(act, randn(rng, rows*cols, 20))
-				scaled := f64(qkv)
-				for i := range scaled {
-					scaled[i] *= inv[i/cols]
-				}
+				qkv := roundTo(act, productRows(rng, inv, cols))
+				scaled := divided(act, qkv, inv, cols)
 				kc0 := roundTo(act, randn(rng, nslot*width, 1))
 				vc0 := roundTo(act, randn(rng, nslot*width, 1))
 				pq, pkc, pvc := outBuf(t, act, rows*qw), up(t, act, kc0), up(t, act, vc0)

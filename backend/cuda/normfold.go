@@ -47,9 +47,11 @@ type normFold struct {
 
 // markNormFolds marks the chains findNormFolds finds on the executable's
 // nodes, and folds their gains into their products' weights (once per
-// weight), unless Backend.NoFoldNorms.
+// weight), unless Backend.NoFoldNorms, or under tensor parallelism: there
+// only the first layer's plain RMSNorm could fold (the others follow an
+// all-reduce), and no multi-GPU run has checked it yet.
 func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
-	if l.b.NoFoldNorms {
+	if l.b.NoFoldNorms || l.b.Comm != nil {
 		return nil
 	}
 	for _, f := range findNormFolds(nodes, p, l.act) {
@@ -202,8 +204,11 @@ func (f *normFold) decide(l *loaded, x *stepState) bool {
 	return f.on
 }
 
-// knownWay is productWay's choice for mm when it is made already (or needs
-// nothing measured): no race, nothing launched.
+// knownWay is productWay's choice for mm when this executable has made it
+// already (at an earlier step of that shape), or when there is no choice
+// (the product is not one productWay chooses for, or Products is
+// "cublaslt"): no race, nothing launched. A tune cache's or the defaults'
+// choice is not read here: a shape's first step keeps its norm even then.
 func (l *loaded) knownWay(mm cu.Matmul, ep *node) (productWay, bool) {
 	key, chosen := l.wayKey(mm, ep)
 	if !chosen || l.b.Products == "cublaslt" {

@@ -260,9 +260,10 @@ func TestGGUFExperts(t *testing.T) {
 
 // keptAgainstWidened runs the GGUF file at path (of scheme, vocab tokens)
 // over quantSteps with its matrices kept in blocks on the device (at least
-// one) against
-// the same file widened to bf16 at upload: dequantized on the device the
-// weights are bit for bit the widened ones, so where cuBLASLt runs the
+// one) against the same file widened to bf16 at upload, no norm folded in
+// either (the widened weights could take folds, blocks cannot): dequantized
+// on the device the weights are bit for bit the widened ones, so where
+// cuBLASLt runs the
 // logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
 // Q4_K's and Q6_K's products of at most 8 rows run on the GEMV with x
 // rounded to int8 per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
@@ -273,12 +274,13 @@ func keptAgainstWidened(t *testing.T, path string, vocab int, scheme string) {
 		return quantSteps(t, e, vocab)
 	}
 	kept := backendOf(t, "bf16")
+	kept.NoFoldNorms = true
 	got := run(kept)
 	if n := kept.Stats().BlockMatrices; n == 0 {
 		t.Fatalf("no matrix kept in its blocks")
 	}
 	wide := backendOf(t, "bf16")
-	wide.WidenBlocks = true
+	wide.WidenBlocks, wide.NoFoldNorms = true, true
 	want := run(wide)
 	compareSteps(t, got, want, func(i int) (float64, string) {
 		if i <= 6 && scheme == "q4_k_m" {

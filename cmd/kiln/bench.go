@@ -292,7 +292,7 @@ func cmdBenchModel(args []string) error {
 			}
 			fmt.Printf("weights: %.2f GB uploaded in %.1f s (%.1f GB/s)%s; kernels ready in %.1f s, alongside\n",
 				float64(gs.Uploaded)/1e9, gs.UploadTime.Seconds(), float64(gs.Uploaded)/1e9/max(gs.UploadTime.Seconds(), 1e-9), ranks, gs.KernelTime.Seconds())
-			if !gpu.NoFoldNorms {
+			if gs.NormFolds > 0 {
 				fmt.Printf("norms folded into the products around them: %d (launches, graph captures included)\n", gs.NormFolds)
 			}
 			if gs.BlockMatrices > 0 {

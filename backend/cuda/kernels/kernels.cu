@@ -96,8 +96,10 @@ __device__ __forceinline__ KV kv_from(T v) { return v; }
 // dependent launch (Kernels.launchDep): it waits until the previous kernel
 // in the stream has finished and its writes are visible, then lets the next
 // kernel launch early (that one waits in turn). Every kernel launched that
-// way calls it before touching memory. Before compute capability 9.0, or
-// after a plain launch, it costs nothing.
+// way calls it before touching memory that an earlier kernel may write;
+// what no kernel writes (weights, tables, the step's batch uploaded before
+// its first kernel) may be read before it. Before compute capability 9.0,
+// or after a plain launch, it costs nothing.
 __device__ __forceinline__ void pdl_enter() {
 #if __CUDA_ARCH__ >= 900
 	asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -14,6 +14,7 @@
 // sees the poisoned shared memory); a cp.async of Q or of this step's K/V
 // rows before pdl_enter() is an error (g_after_wait, set by the driver).
 // Not a model of timing or of the memory model.
+#undef _FORTIFY_SOURCE // its longjmp check refuses the jumps between the threads' stacks
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -94,14 +95,19 @@ static inline int window_start(int p, int window) { return (window > 0 && p - wi
 
 // ---- threads, blocks and barriers: each CUDA thread of a block is a
 // ucontext run by one OS thread; a barrier hands the others the turn
-// until all have arrived.
+// until all have arrived. A thread starts by setcontext and then switches
+// by _setjmp/_longjmp, which, unlike swapcontext, make no system call (the
+// signal mask) at every turn: most of the emulated tests' time before.
+#include <setjmp.h>
 #include <ucontext.h>
 alignas(16) unsigned char g_smem[256 << 10]; // cluster rank 0's shared memory
 static unsigned char* g_rank_smem[16] = {g_smem};
 struct Block;
 struct Copy { unsigned dst; const void* src; bool in; int group; int n = 16; }; // n: bytes read (the rest zero-filled)
 struct Thread {
-	ucontext_t uc;
+	ucontext_t uc;            // its start
+	jmp_buf jb;               // where it resumes once started
+	bool started = false;
 	dim3 idx, block;
 	int rank = 0;             // the block's rank in its cluster
 	Block* blk = nullptr;
@@ -114,10 +120,12 @@ struct Thread {
 };
 static std::vector<char> g_stacks; // the threads' stacks (64 KB each), reused block after block
 Thread* g_cur;
-ucontext_t g_sched;
+jmp_buf g_sched; // where the scheduler resumes when a thread yields or ends
 std::function<void()> g_body;
 #define threadIdx (g_cur->idx)
-static void yield_turn() { swapcontext(&g_cur->uc, &g_sched); }
+static void yield_turn() {
+	if (!_setjmp(g_cur->jb)) _longjmp(g_sched, 1);
+}
 struct Barrier {
 	int n, count = 0, gen = 0;
 	void wait() {
@@ -147,6 +155,7 @@ Barrier* g_cluster_bar;
 static void thread_entry() {
 	g_body();
 	g_cur->done = true;
+	_longjmp(g_sched, 1);
 }
 static inline unsigned char* cur_smem() { return g_rank_smem[g_cur->rank]; }
 // run_cluster runs body as the g_threads threads of each of the n blocks first,
@@ -175,7 +184,7 @@ static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
 		getcontext(&th[t].uc);
 		th[t].uc.uc_stack.ss_sp = g_stacks.data() + ((size_t)t << 16);
 		th[t].uc.uc_stack.ss_size = 64 << 10;
-		th[t].uc.uc_link = &g_sched;
+		th[t].uc.uc_link = nullptr; // thread_entry never returns
 		makecontext(&th[t].uc, thread_entry, 0);
 	}
 	for (;;) {
@@ -188,7 +197,13 @@ static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
 			g_cur = &t;
 			g_block = t.blk;
 			blockIdx = t.block;
-			swapcontext(&g_sched, &t.uc);
+			if (!_setjmp(g_sched)) {
+				if (!t.started) {
+					t.started = true;
+					setcontext(&t.uc);
+				}
+				_longjmp(t.jb, 1);
+			}
 		}
 		if (all) break;
 		if (!ran) {

@@ -296,6 +296,12 @@ func (l *loaded) choose(nd *node) error {
 		if in[2].dtype != cu.F32 {
 			return fmt.Errorf("cuda: rope table is %v", in[2].dtype)
 		}
+		if in[1].meta != 2 {
+			// The kernels (and the GEMV's RoPE epilogue) read the positions
+			// before the PDL wait: only the step's uploaded batch may be
+			// read so, never an earlier kernel's output.
+			return fmt.Errorf("cuda: rope_qkv_write's positions are not the step's uploaded positions")
+		}
 		nd.kernel = "rope_qkv_write"
 		nd.scaled = func(x *stepState, nd *node, sc kernels.ProductScales) error {
 			return x.kv.kern.RoPEQKVWrite(s, out[0].p, x.kv.k[a.Layer], x.kv.v[a.Layer], in[0].p, sc, in[1].ptr(x), x.m.At(x.m.Slots), in[2].p,

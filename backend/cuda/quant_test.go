@@ -263,8 +263,8 @@ func TestGGUFExperts(t *testing.T) {
 // one) against the same file widened to bf16 at upload, no norm folded in
 // either (the widened weights could take folds, blocks cannot): dequantized
 // on the device the weights are bit for bit the widened ones, so where
-// cuBLASLt runs the
-// logits differ only by its algorithm's rounding (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
+// cuBLASLt runs the logits differ only by its algorithm's rounding
+// (‖Δ‖₂/‖ref‖₂ ≤ 1e-2);
 // Q4_K's and Q6_K's products of at most 8 rows run on the GEMV with x
 // rounded to int8 per 32 values, as llama.cpp's MMVQ does (≤ 5e-2 there).
 func keptAgainstWidened(t *testing.T, path string, vocab int, scheme string) {

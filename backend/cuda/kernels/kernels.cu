@@ -586,9 +586,9 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const f
 // swiglu_packed_v of a product whose rows are still to be divided by the
 // rms of nx's rows (row_inv_rms; nx[rows, dim]): each element x read as
 // x·inv rounded to T, as scaled_of reads a scaled product. Grid (chunks of
-// a row, rows); 16-byte aligned operands, n = nv·VEC. A thread's first
-// gate and up vectors are loaded before the rms is reduced, so that their
-// latency hides behind the reduction's.
+// a row, rows); 16-byte aligned operands, n = nv·VEC. A thread's gate and
+// up vectors are loaded one turn ahead: the first before the rms is
+// reduced, so that their latency hides behind the reduction's.
 extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, float eps, T* out, int nv) {
 	__shared__ float sh[32];
 	pdl_enter();
@@ -602,16 +602,16 @@ extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, fl
 		load16(row + n + i * VEC, ua);
 	}
 	const float inv = row_inv_rms(nx + r * dim, dim, eps, sh);
-	for (bool first = true; i < nv; i += stride, first = false) {
-		if (!first) {
-			load16(row + i * VEC, ga);
-			load16(row + n + i * VEC, ua);
-		}
+	for (; i < nv; i += stride) {
 		swiglu_vec(row, n, i * VEC, out + r * n, [&](const T*, int col, float* f) {
 			const float* x = col < n ? ga : ua;
 #pragma unroll
 			for (int j = 0; j < VEC; j++) f[j] = round_t(__fmul_rn(x[j], inv));
 		});
+		if (i + stride < nv) {
+			load16(row + (i + stride) * VEC, ga);
+			load16(row + n + (i + stride) * VEC, ua);
+		}
 	}
 }
 // swiglu_packed_v with its output in FP8 form, a block a row: each value

@@ -277,3 +277,31 @@ func TestRandomLongContext(t *testing.T) {
 		t.Fatalf("config %+v", c)
 	}
 }
+
+// TestTPRankShapes: the shapes one rank of llama3-8b holds at TP=2 and 4
+// divide its heads, KV heads, MLP and vocabulary and keep its head width,
+// which the written config.json states (head_dim) and the loader reads.
+func TestTPRankShapes(t *testing.T) {
+	full := Shapes["llama3-8b"]
+	for n, name := range map[int]string{2: "llama3-8b-tp2-rank", 4: "llama3-8b-tp4-rank"} {
+		s := Shapes[name]
+		if s.Hidden != full.Hidden || s.Layers != full.Layers || s.Heads*n != full.Heads || s.KVHeads*n != full.KVHeads ||
+			s.FFN*n != full.FFN || s.Vocab*n != full.Vocab || s.HeadDim != full.Hidden/full.Heads {
+			t.Errorf("%s: %+v is not a 1/%d of %+v", name, s, n, full)
+		}
+	}
+	s := Shapes["llama3-8b-tp4-rank"]
+	s.Hidden, s.Layers, s.HeadDim, s.FFN, s.Vocab = 64, 1, 16, 32, 128
+	dir := t.TempDir()
+	if err := WriteRandomModel(dir, s, tensor.F32, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if c := m.Config; c.HeadDim != 16 || c.NumHeads != 8 || c.NumKVHeads != 2 {
+		t.Fatalf("config %+v: want 8 heads of 16, 2 KV heads", c)
+	}
+}

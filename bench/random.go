@@ -21,7 +21,9 @@ type Shape struct {
 	Name                                string
 	Hidden, Layers, Heads, KVHeads, FFN int
 	Vocab, Context                      int
-	Tied                                bool
+	// HeadDim is the attention heads' width (0: Hidden / Heads).
+	HeadDim int
+	Tied    bool
 	// Experts, when set, makes each MLP a mixture of that many experts of
 	// width FFN, ExpertsPerToken a token (Mixtral's layout and routing).
 	Experts, ExpertsPerToken int
@@ -37,6 +39,13 @@ var Shapes = map[string]Shape{
 	"stories110m": {Name: "stories110m", Hidden: 768, Layers: 12, Heads: 12, KVHeads: 12, FFN: 2048, Vocab: 32000, Context: 1024, Tied: true},
 	// llama3-8b: Llama 3 8B's shape.
 	"llama3-8b": {Name: "llama3-8b", Hidden: 4096, Layers: 32, Heads: 32, KVHeads: 8, FFN: 14336, Vocab: 128256, Context: 8192},
+	// llama3-8b-tp2-rank, llama3-8b-tp4-rank: what one rank of llama3-8b
+	// holds at tensor-parallel size 2 and 4 (the heads, KV heads, MLP
+	// width and vocabulary divided), run on one GPU without the
+	// collectives: the step a rank would take if its all-reduces cost
+	// nothing (tools/gpu/tp2.sh).
+	"llama3-8b-tp2-rank": {Name: "llama3-8b-tp2-rank", Hidden: 4096, Layers: 32, Heads: 16, KVHeads: 4, HeadDim: 128, FFN: 7168, Vocab: 64128, Context: 8192},
+	"llama3-8b-tp4-rank": {Name: "llama3-8b-tp4-rank", Hidden: 4096, Layers: 32, Heads: 8, KVHeads: 2, HeadDim: 128, FFN: 3584, Vocab: 32064, Context: 8192},
 	// llama3.2-1b: Llama 3.2 1B's shape (tied embeddings) with the 8B's
 	// context: a draft model of the llama3-8b shape's vocabulary.
 	"llama3.2-1b": {Name: "llama3.2-1b", Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, FFN: 8192, Vocab: 128256, Context: 8192, Tied: true},
@@ -87,9 +96,13 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	headDim := s.HeadDim
+	if headDim == 0 {
+		headDim = s.Hidden / s.Heads
+	}
 	c := model.Config{
 		Arch: "llama", HiddenSize: s.Hidden, IntermediateSize: s.FFN, NumLayers: s.Layers,
-		NumHeads: s.Heads, NumKVHeads: s.KVHeads, HeadDim: s.Hidden / s.Heads, VocabSize: s.Vocab,
+		NumHeads: s.Heads, NumKVHeads: s.KVHeads, HeadDim: headDim, VocabSize: s.Vocab,
 		TiedEmbeddings: s.Tied,
 	}
 	if s.Experts > 0 {
@@ -128,7 +141,7 @@ func WriteRandomModel(dir string, s Shape, d tensor.DType, seed uint64) error {
 	cfg := map[string]any{
 		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
 		"hidden_size": s.Hidden, "intermediate_size": s.FFN, "num_hidden_layers": s.Layers,
-		"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "vocab_size": s.Vocab,
+		"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "head_dim": headDim, "vocab_size": s.Vocab,
 		"max_position_embeddings": s.Context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
 		"tie_word_embeddings": s.Tied, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtypeName,
 	}

@@ -15,8 +15,9 @@ import (
 // process; each device's work runs on its own locked OS thread, the
 // device's worker). Where every device reaches the others' memory, the
 // all-reduces of decode steps run as one kernel over peer memory instead
-// of NCCL's (NewPeers; KILN_PEER_ALLREDUCE=0 keeps NCCL's, for
-// comparisons). Abort ends every communicator.
+// of NCCL's (NewPeers), in the Lamport form (kernels.PeerGroup). For
+// comparisons, KILN_PEER_ALLREDUCE=0 keeps NCCL's, =flags takes the flag
+// form. Abort ends every communicator.
 func OpenGroup(n int, dtype string) (*backend.Group, error) {
 	count, err := cu.DeviceCount()
 	if err != nil {
@@ -57,15 +58,21 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 		b.Comm = comms[i]
 		g.Ranks = append(g.Ranks, b)
 	}
-	if os.Getenv("KILN_PEER_ALLREDUCE") != "0" {
+	switch mode := os.Getenv("KILN_PEER_ALLREDUCE"); mode {
+	case "0":
+	case "", "flags":
 		peers, err := NewPeers(devs)
 		if err != nil {
 			CloseGroup(g)
 			return nil, err
 		}
 		for i, p := range peers {
+			p.Flags = mode == "flags"
 			bs[i].Peers = p
 		}
+	default:
+		CloseGroup(g)
+		return nil, fmt.Errorf("cuda: KILN_PEER_ALLREDUCE=%q: want 0 (NCCL's) or flags (the flag form); unset, the Lamport form", mode)
 	}
 	return g, nil
 }
@@ -89,10 +96,10 @@ func PeerCapBytes(n int) int {
 // NewPeers readies the peer all-reduce (kernels.PeerAllReduce) of a
 // group on devs, rank i on devs[i], for Backend.Peers: peer access enabled
 // both ways between every pair, and each rank's region
-// (kernels.PeerRegionBytes, zeroed) on its device. It returns nil, and
-// allocates nothing, when some pair cannot reach the other's memory (no
-// NVLink or PCIe peer path) or the group is larger than the kernels take:
-// such a group keeps NCCL's all-reduce.
+// (kernels.PeerRegionBytes, kernels.ClearPeerRegion) on its device. It
+// returns nil, and allocates nothing, when some pair cannot reach the
+// other's memory (no NVLink or PCIe peer path) or the group is larger than
+// the kernels take: such a group keeps NCCL's all-reduce.
 func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 	if len(devs) < 2 || len(devs) > kernels.PeerMaxRanks {
 		return nil, nil
@@ -117,7 +124,7 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 		p, err := d.Alloc(n)
 		if err == nil {
 			regions[i] = p
-			err = d.Memset8(p, 0, n, nil)
+			err = kernels.ClearPeerRegion(d, p, len(devs), PeerCapBytes(len(devs)), nil)
 		}
 		if err == nil {
 			err = d.Sync()

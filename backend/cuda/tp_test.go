@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,14 +30,15 @@ var (
 
 // groupOf is a tensor-parallel group of n backends of compute dtype dtype
 // on devices 0…n-1, or skips on a machine of fewer GPUs. Its all-reduces
-// run over peer memory where the devices reach each other's (as
-// cuda.OpenGroup's do; KILN_PEER_ALLREDUCE=0: NCCL's, also as OpenGroup).
+// run as cuda.OpenGroup's do under the same KILN_PEER_ALLREDUCE.
 func groupOf(t *testing.T, dtype string, n int) *backend.Group {
-	return groupWith(t, dtype, n, true)
+	return groupMode(t, dtype, n, os.Getenv("KILN_PEER_ALLREDUCE"))
 }
 
-// groupWith is groupOf with NCCL's all-reduce alone unless peers.
-func groupWith(t *testing.T, dtype string, n int, peers bool) *backend.Group {
+// groupMode is groupOf with the all-reduces as KILN_PEER_ALLREDUCE=mode
+// makes OpenGroup's: "" over peer memory (where the devices reach each
+// other's) in the Lamport form; "flags" in the flag form; "0" NCCL's alone.
+func groupMode(t *testing.T, dtype string, n int, mode string) *backend.Group {
 	t.Helper()
 	b0 := backendOf(t, dtype)
 	count, err := cu.DeviceCount()
@@ -73,8 +75,10 @@ func groupWith(t *testing.T, dtype string, n int, peers bool) *backend.Group {
 	}}
 	for i, d := range devs {
 		b := &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i]}
-		if peers && groupPeers[n] != nil && os.Getenv("KILN_PEER_ALLREDUCE") != "0" {
-			b.Peers = groupPeers[n][i]
+		if p := groupPeers[n]; p != nil && mode != "0" {
+			pg := *p[i]
+			pg.Flags = mode == "flags"
+			b.Peers = &pg
 		}
 		g.Ranks = append(g.Ranks, b)
 	}
@@ -155,15 +159,15 @@ func TestTensorParallelFixtures(t *testing.T) {
 
 // TestTensorParallelBatched: three sequences prefilled together then
 // decoded 20 steps (captured CUDA graphs, the collectives in them) over 2
-// and 4 GPUs give the CPU's logits within 1e-4 in f32; every rank replays
-// its graphs.
+// and 4 GPUs give the CPU's logits within 1e-4 in f32, with each of the
+// all-reduces (groupMode); every rank replays its graphs.
 func TestTensorParallelBatched(t *testing.T) {
 	s := bench.Shape{Name: "tp", Hidden: 512, Layers: 2, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1000, Context: 512, Tied: true}
 	for _, n := range []int{2, 4} {
-		for _, peers := range []bool{true, false} {
-			t.Run(fmt.Sprintf("tp%d/peers=%v", n, peers), func(t *testing.T) {
-				g := groupWith(t, "f32", n, peers)
-				if peers && cuda.GroupRanks(g)[0].Peers == nil {
+		for _, mode := range []string{"", "flags", "0"} {
+			t.Run(fmt.Sprintf("tp%d/mode=%q", n, mode), func(t *testing.T) {
+				g := groupMode(t, "f32", n, mode)
+				if mode != "0" && cuda.GroupRanks(g)[0].Peers == nil {
 					t.Skip("the devices do not reach each other's memory: NCCL's all-reduce alone")
 				}
 				dir := randomModel(t, s, tensor.F32, 9)
@@ -182,5 +186,41 @@ func TestTensorParallelBatched(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPeerFormsMatch: over 2 and 4 GPUs in bf16, the all-reduce over peer
+// memory in the Lamport form (the default) and in the flag form give the
+// same logits bit for bit (both sum the ranks' partials in rank order in
+// float32), through a batched prefill (whose all-reduces past the group's
+// capacity take NCCL's) and 20 decode steps replayed from graphs, under
+// tune.Defaults (the same kernels every run).
+func TestPeerFormsMatch(t *testing.T) {
+	s := bench.Shape{Name: "tp", Hidden: 512, Layers: 3, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1000, Context: 512}
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
+			dir := randomModel(t, s, tensor.BF16, 13)
+			var ref [][]float32
+			for _, mode := range []string{"", "flags"} {
+				g := groupMode(t, "bf16", n, mode)
+				bs := cuda.GroupRanks(g)
+				if bs[0].Peers == nil {
+					t.Skip("the devices do not reach each other's memory: NCCL's all-reduce alone")
+				}
+				for _, b := range bs {
+					b.Tune = tune.Defaults
+				}
+				got := batchedSteps(t, dir, g, s.Vocab)
+				if ref == nil {
+					ref = got
+					continue
+				}
+				for i := range ref {
+					if !slices.Equal(got[i], ref[i]) {
+						t.Errorf("step %d: the flag form's logits differ from the Lamport form's (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(got[i], ref[i]))
+					}
+				}
+			}
+		})
 	}
 }

@@ -16,6 +16,8 @@
 //   diag (u32 × 8)                      tests: ar_stuck's record
 //   buffers from AR_HDR:                [2 parities][ranks][cap bytes]:
 //                                       rank q's partial sums stored here
+//   Lamport buffers after them:         [3][ranks][cap bytes], every word
+//                                       LP_EMPTY when unused (below)
 //
 // A call (epoch e = ctr + 1, the same on every rank, as every rank makes the
 // same calls in the same order): each block pushes its share of the rank's
@@ -208,6 +210,137 @@ __device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank
 	}
 	ar_end(own, e);
 }
+
+// The Lamport form (TensorRT-LLM's name for it): no flags and no fences.
+// A call's buffers (epoch e % 3) hold LP_EMPTY in every 32-bit word until a
+// peer's data lands there; a rank pushes its partials into every peer's
+// buffer of its own rank, then reads its own buffers, each 16-byte vector
+// again until none of its elements is empty (the data is its own flag: an
+// element is stored whole, and the reader looks at each), and writes
+// LP_EMPTY back over what it read. An empty element is -0 in 16-bit
+// dtypes (each half of LP_EMPTY), the word LP_EMPTY itself in f32 (a
+// negative subnormal): a partial's such element is pushed, and summed by
+// its own rank, as -0 → +0 (f16, bf16) or → -0 (f32), so that every rank
+// still sums the same values.
+//
+// Why a buffer is empty again before it is written: rank j writes rank i's
+// buffer of epoch e % 3 at calls e and e + 3. Its call e + 3 follows its
+// call e + 2, which read rank i's data of call e + 2; rank i stores that
+// only inside its call e + 2, after its call e, in which it emptied the
+// buffer, had ended. A call of the flag form in between counts as a call
+// (the epoch is the same counter), and its data arriving shows the same
+// order.
+#define LP_EMPTY 0x80008000u
+
+__device__ __forceinline__ unsigned char* lp_buf(unsigned char* reg, unsigned e, int q, int ranks, long long cap) {
+	return reg + AR_HDR + (2ll * ranks + (long long)(e % 3) * ranks + q) * cap;
+}
+template <typename E> __device__ __forceinline__ bool lp_empty(unsigned w) {
+	if (sizeof(E) == 4) return w == LP_EMPTY;
+	return (w & 0xffffu) == 0x8000u || (w >> 16) == 0x8000u;
+}
+template <typename E> __device__ __forceinline__ unsigned lp_canon(unsigned w) {
+	if (sizeof(E) == 4) return w == LP_EMPTY ? 0x80000000u : w;
+	if ((w & 0xffffu) == 0x8000u) w &= 0xffff0000u;
+	if ((w >> 16) == 0x8000u) w &= 0xffffu;
+	return w;
+}
+template <typename E> __device__ __forceinline__ bool lp_empty16(uint4 v) {
+	return lp_empty<E>(v.x) || lp_empty<E>(v.y) || lp_empty<E>(v.z) || lp_empty<E>(v.w);
+}
+template <typename E> __device__ __forceinline__ uint4 lp_canon16(uint4 v) {
+	v.x = lp_canon<E>(v.x), v.y = lp_canon<E>(v.y), v.z = lp_canon<E>(v.z), v.w = lp_canon<E>(v.w);
+	return v;
+}
+__device__ __forceinline__ uint4 ar_ld_volatile(const void* p) {
+	uint4 v;
+	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+	return v;
+}
+
+// lp_push stores vector w (canonical) at byte off of this rank's buffer in
+// every peer's region.
+__device__ __forceinline__ void lp_push(const ar_regions& rg, unsigned e, int rank, int ranks, long long cap, long long off,
+                                        uint4 w) {
+#pragma unroll
+	for (int q = 0; q < AR_MAX_RANKS; q++) {
+		if (q >= ranks) break;
+		if (q != rank) *(uint4*)(lp_buf(rg.p[q], e, rank, ranks, cap) + off) = w;
+	}
+}
+
+// lp_take waits for rank q's vector at byte off of its buffer here, empties
+// it, and returns it (a peer that never comes: ar_stuck, after
+// AR_TIMEOUT_NS).
+template <typename E>
+__device__ __forceinline__ uint4 lp_take(unsigned char* own, unsigned e, int q, int ranks, long long cap, long long off) {
+	uint4* p = (uint4*)(lp_buf(own, e, q, ranks, cap) + off);
+	uint4 w = ar_ld_volatile(p);
+	if (lp_empty16<E>(w)) {
+		const unsigned long long t0 = ar_now();
+		do {
+			if (ar_now() - t0 > AR_TIMEOUT_NS) {
+				ar_stuck(own, e, 0, q);
+				break;
+			}
+			w = ar_ld_volatile(p);
+		} while (lp_empty16<E>(w));
+	}
+	uint4 empty;
+	empty.x = empty.y = empty.z = empty.w = LP_EMPTY;
+	*p = empty;
+	return w;
+}
+
+// lp_sum16 is the sum over the ranks, in rank order in float32, of a
+// 16-byte vector at byte off: mine (this rank's, canonical) and the peers'
+// from their buffers here.
+template <typename E>
+__device__ __forceinline__ void lp_sum16(float* f, uint4 mine, unsigned char* own, unsigned e, int rank, int ranks,
+                                         long long cap, long long off) {
+	constexpr int N = 16 / sizeof(E);
+#pragma unroll
+	for (int i = 0; i < N; i++) f[i] = 0.f;
+#pragma unroll
+	for (int q = 0; q < AR_MAX_RANKS; q++) {
+		if (q >= ranks) break;
+		uint4 w = q == rank ? mine : lp_take<E>(own, e, q, ranks, cap, off);
+		float g[N];
+		unpack16(w, g, (const E*)0);
+#pragma unroll
+		for (int i = 0; i < N; i++) f[i] += g[i];
+	}
+}
+
+// peer_lamport_<E>: peer_allreduce_<E>'s sums in the Lamport form. Any
+// grid of AR_THREADS-thread blocks: vector v is thread v % (grid·threads)'s
+// in both loops (dst may be src).
+template <typename E>
+__device__ void peer_lamport_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {
+	__shared__ unsigned sh;
+	const ar_regions rg = ar_pack(AR_REGION_ARGS);
+	unsigned char* own = rg.p[rank];
+	pdl_enter();
+	const unsigned e = ar_begin(own, &sh);
+	const long long stride = (long long)gridDim.x * AR_THREADS;
+	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride)
+		lp_push(rg, e, rank, ranks, cap, v * 16, lp_canon16<E>(((const uint4*)src)[v]));
+	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride) {
+		float f[16 / sizeof(E)];
+		lp_sum16<E>(f, lp_canon16<E>(((const uint4*)src)[v]), own, e, rank, ranks, cap, v * 16);
+		((uint4*)dst)[v] = pack16(f, (const E*)0);
+	}
+	ar_end(own, e);
+}
+
+#define PEER_LAMPORT(E)                                                                                           \
+	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_lamport_##E(                                    \
+	    const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {               \
+		peer_lamport_impl<E>(src, dst, nv, rank, ranks, cap, AR_REGION_ARGS);                                    \
+	}
+PEER_LAMPORT(f32)
+PEER_LAMPORT(f16)
+PEER_LAMPORT(bf16)
 
 #define PEER_ALLREDUCE(E)                                                                                         \
 	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_allreduce_##E(                                  \

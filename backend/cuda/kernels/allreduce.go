@@ -8,8 +8,8 @@ import (
 
 // The one-shot all-reduce over peer memory (allreduce.cu): every rank of a
 // tensor-parallel group in one process has a region on its own device
-// (PeerRegionBytes, zeroed before the first call) that the others' kernels
-// store into; a call passes every rank's region. Every rank must make the
+// (PeerRegionBytes, ClearPeerRegion before the first call) that the
+// others' kernels store into; a call passes every rank's region. Every rank must make the
 // same calls, of the same sizes, in the same order: a call's blocks wait
 // for the same blocks of every other rank's call.
 
@@ -27,14 +27,35 @@ const (
 )
 
 // PeerRegionBytes is the size of a rank's region for a group of ranks
-// whose calls move at most capBytes of partial sums a rank.
-func PeerRegionBytes(ranks, capBytes int) int { return peerHeader + 2*ranks*capBytes }
+// whose calls move at most capBytes of partial sums a rank: the header,
+// the flag form's two parities of buffers and the Lamport form's three
+// (allreduce.cu).
+func PeerRegionBytes(ranks, capBytes int) int { return peerHeader + 5*ranks*capBytes }
+
+// peerEmpty is LP_EMPTY, the word of an unused Lamport buffer.
+const peerEmpty = 0x80008000
+
+// ClearPeerRegion readies region p (PeerRegionBytes(ranks, capBytes) on
+// device d) for its first call: the header and the flag form's buffers
+// zero, the Lamport form's buffers empty. Queued on s.
+func ClearPeerRegion(d *cu.Device, p cu.Ptr, ranks, capBytes int, s *cu.Stream) error {
+	flags := peerHeader + 2*ranks*capBytes
+	if err := d.Memset8(p, 0, flags, s); err != nil {
+		return err
+	}
+	return d.Memset32(p+cu.Ptr(flags), peerEmpty, 3*ranks*capBytes/4, s)
+}
 
 // PeerGroup is one rank's view of the group's regions.
 type PeerGroup struct {
 	Rank     int
 	Regions  []cu.Ptr // every rank's region, rank 0's first
 	CapBytes int      // the most bytes of partial sums a call moves a rank (a multiple of 16)
+	// Flags makes PeerAllReduce take the flag form (flags released and
+	// acquired over the group, after a system-scope fence) instead of
+	// the Lamport form (the data its own flag), for comparisons; every
+	// rank of a group must take the same form.
+	Flags bool
 }
 
 func (g PeerGroup) check() error {
@@ -79,7 +100,17 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 		return fmt.Errorf("kernels: peer all-reduce of %d %v (capacity %d bytes, 16-byte aligned operands)", n, dt, g.CapBytes)
 	}
 	nv := n * dt.Size() / 16
-	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
 	args := append([]any{src, dst, int64(nv)}, g.args()...)
-	return k.launchDep("peer_allreduce_"+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
+	if g.Flags {
+		grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
+		return k.launchDep("peer_allreduce_"+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
+	}
+	grid := min(peerLamportBlocks, (nv+peerThreads-1)/peerThreads)
+	return k.launchDep("peer_lamport_"+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }
+
+// peerLamportBlocks is the most blocks of a call in the Lamport form: as
+// the flag form's, few enough that every rank's blocks fit on one device
+// at once (the tests' ranks are streams of one device), since a block
+// waits for the peers' same vectors.
+const peerLamportBlocks = PeerSlots

@@ -3,6 +3,7 @@ package kernels
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -16,10 +17,18 @@ import (
 // decode row, 64 and 256 rows, a size that leaves a block part full), in
 // place and not, on fresh random partial sums each call: every rank must
 // hold the sum in rank order in float32, rounded to the dtype, bit for bit.
-// Each call uses the other parity's buffers than the one before, and
-// blocks of calls before, so the epochs and the buffers' reuse are checked
-// too.
+// Each call uses other buffers than the one before, and blocks of calls
+// before, so the epochs and the buffers' reuse are checked too. It runs in
+// the Lamport form, in the flag form, and taking turns (the two share the
+// epochs); the partials hold zeros of both signs, which the Lamport form
+// must not take for its empty words.
 func TestPeerAllReduce(t *testing.T) {
+	for _, form := range []string{"lamport", "flags", "turns"} {
+		t.Run(form, func(t *testing.T) { peerAllReduce(t, form) })
+	}
+}
+
+func peerAllReduce(t *testing.T, form string) {
 	d := gpu(t)
 	const capBytes = 256 * 4096 * 4
 	for _, ranks := range []int{2, 3, 4, 8} {
@@ -30,27 +39,32 @@ func TestPeerAllReduce(t *testing.T) {
 			streams := make([]*cu.Stream, ranks)
 			for i := range ranks {
 				regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes))
+				must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
 				s, err := d.NewStream()
 				must(t, err)
 				t.Cleanup(func() { s.Close() })
 				streams[i] = s
 			}
-			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
+			call := 0
+			group := func(i int) PeerGroup {
+				return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, Flags: form == "flags" || form == "turns" && call%2 == 1}
+			}
 			vec := 16 / act.Size()
-			for call, c := range []struct {
+			for ci, c := range []struct {
 				rows, dim int
 				inPlace   bool
 			}{
 				{1, vec, false}, {1, 4096, false}, {64, 4096, false}, {64, 4096, true}, {256, 4096, false},
 				{3, 1000 * vec, false}, {200, 96, false}, {1, 4096, true}, {256, 1024, true}, {1, 4096, false},
 			} {
+				call = ci
 				what := fmt.Sprintf("%d ranks, %v, call %d (%d×%d, in place %v)", ranks, act, call, c.rows, c.dim, c.inPlace)
 				n := c.rows * c.dim
 				parts := make([][]float32, ranks)
 				src := make([]cu.Ptr, ranks)
 				dst := make([]cu.Ptr, ranks)
 				for i := range ranks {
-					parts[i] = roundTo(act, randn(rng, n, 1))
+					parts[i] = withZeros(roundTo(act, randn(rng, n, 1)))
 					src[i] = up(t, act, parts[i])
 					dst[i] = src[i]
 					if !c.inPlace {
@@ -87,6 +101,18 @@ func TestPeerAllReduce(t *testing.T) {
 	}
 }
 
+// withZeros sets every 16th element of x to +0 and every 16th after the
+// 7th to -0, and returns x.
+func withZeros(x []float32) []float32 {
+	for j := 0; j < len(x); j += 16 {
+		x[j] = 0
+		if j+7 < len(x) {
+			x[j+7] = float32(math.Copysign(0, -1))
+		}
+	}
+	return x
+}
+
 // TestPeerAllReduceRefuses: sizes past the capacity, unaligned operands and
 // groups the kernels do not take are errors, not launches.
 func TestPeerAllReduceRefuses(t *testing.T) {
@@ -115,7 +141,8 @@ func TestPeerAllReduceRefuses(t *testing.T) {
 // between them and dependent launches, as a step's are: each rank's
 // partial sums written by a kernel launched just before the call, the
 // sizes (hence the blocks of a call) changing from call to call, in place
-// and not, and one rank held back at times (Spin) so that the other runs
+// and not, in the Lamport form and one call in three in the flag form, and
+// one rank held back at times (Spin) so that the other runs
 // ahead into the next calls' buffers. Every call's result, checked at the
 // end, must be the sum of its own partials, and no rank may have waited
 // in vain (the regions' diagnostic word is set, so a wait past the
@@ -157,6 +184,7 @@ func backToBack(t *testing.T, rs []arRank) {
 	streams := make([]*cu.Stream, ranks)
 	for i, r := range rs {
 		regions[i] = allocOn(t, r.d, PeerRegionBytes(ranks, capBytes))
+		must(t, ClearPeerRegion(r.d, regions[i], ranks, capBytes, nil))
 		must(t, r.d.Upload(regions[i]+peerDiag, cu.AsBytes([]uint32{1})))
 		s, err := r.d.NewStream()
 		must(t, err)
@@ -166,6 +194,7 @@ func backToBack(t *testing.T, rs []arRank) {
 	type call struct {
 		rows, dim int
 		inPlace   bool
+		flags     bool        // the flag form (else the Lamport form)
 		parts     [][]float32 // each rank's partial sums, as the sum of a and b
 		a, b, src []cu.Ptr
 		dst       []cu.Ptr
@@ -173,7 +202,7 @@ func backToBack(t *testing.T, rs []arRank) {
 	var calls []*call
 	for range 60 {
 		rows := []int{1, 1, 4, 64, 17, 1, 64}[rng.IntN(7)]
-		cl := &call{rows: rows, dim: 4096, inPlace: rng.IntN(2) == 0}
+		cl := &call{rows: rows, dim: 4096, inPlace: rng.IntN(2) == 0, flags: rng.IntN(3) == 0}
 		n := rows * cl.dim
 		for _, r := range rs {
 			a, b := roundTo(cu.BF16, randn(rng, n, 1)), roundTo(cu.BF16, randn(rng, n, 1))
@@ -202,7 +231,7 @@ func backToBack(t *testing.T, rs []arRank) {
 				must(t, r.k.Spin(streams[i], 200*time.Microsecond))
 			}
 			must(t, r.k.Add(streams[i], cl.src[i], cl.a[i], cl.b[i], n))
-			g := PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes}
+			g := PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, Flags: cl.flags}
 			must(t, r.k.PeerAllReduce(streams[i], g, cl.dst[i], cl.src[i], n, cu.BF16))
 		}
 	}
@@ -239,7 +268,7 @@ func backToBack(t *testing.T, rs []arRank) {
 			ref[j] = float64(v)
 		}
 		for i, r := range rs {
-			what := fmt.Sprintf("call %d (%d rows, in place %v), rank %d", c, cl.rows, cl.inPlace, i)
+			what := fmt.Sprintf("call %d (%d rows, in place %v, flag form %v), rank %d", c, cl.rows, cl.inPlace, cl.flags, i)
 			must(t, r.d.Sync())
 			b := make([]byte, 2*n)
 			must(t, r.d.Download(b, cl.dst[i]))
@@ -287,7 +316,7 @@ func TestPeerGroupArgs(t *testing.T) {
 			t.Errorf("%+v: no error", bad)
 		}
 	}
-	if got := PeerRegionBytes(2, 1<<20); got != 4096+4<<20 {
+	if got := PeerRegionBytes(2, 1<<20); got != 4096+10<<20 {
 		t.Errorf("PeerRegionBytes(2, 1 MiB) = %d", got)
 	}
 }

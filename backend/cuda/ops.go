@@ -297,9 +297,9 @@ func (l *loaded) choose(nd *node) error {
 			return fmt.Errorf("cuda: rope table is %v", in[2].dtype)
 		}
 		if in[1].meta != 2 {
-			// The kernels (and the GEMV's RoPE epilogue) read the positions
-			// before the PDL wait: only the step's uploaded batch may be
-			// read so, never an earlier kernel's output.
+			// The GEMV's RoPE epilogue reads the positions before the PDL
+			// wait: only the step's uploaded batch may be read so, never
+			// an earlier kernel's output.
 			return fmt.Errorf("cuda: rope_qkv_write's positions are not the step's uploaded positions")
 		}
 		nd.kernel = "rope_qkv_write"

@@ -586,33 +586,19 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const f
 // swiglu_packed_v of a product whose rows are still to be divided by the
 // rms of nx's rows (row_inv_rms; nx[rows, dim]): each element x read as
 // x·inv rounded to T, as scaled_of reads a scaled product. Grid (chunks of
-// a row, rows); 16-byte aligned operands, n = nv·VEC. A thread's gate and
-// up vectors are loaded one turn ahead: the first before the rms is
-// reduced, so that their latency hides behind the reduction's.
+// a row, rows); 16-byte aligned operands, n = nv·VEC.
 extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, float eps, T* out, int nv) {
 	__shared__ float sh[32];
 	pdl_enter();
 	const long long r = blockIdx.y;
-	const int n = nv * VEC, stride = gridDim.x * blockDim.x;
-	const T* row = gu + r * 2 * n;
-	int i = blockIdx.x * blockDim.x + threadIdx.x;
-	float ga[VEC], ua[VEC]; // the gate and up vectors at column i·VEC
-	if (i < nv) {
-		load16(row + i * VEC, ga);
-		load16(row + n + i * VEC, ua);
-	}
 	const float inv = row_inv_rms(nx + r * dim, dim, eps, sh);
-	for (; i < nv; i += stride) {
-		swiglu_vec(row, n, i * VEC, out + r * n, [&](const T*, int col, float* f) {
-			const float* x = col < n ? ga : ua;
+	const int n = nv * VEC;
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x)
+		swiglu_vec(gu + r * 2 * n, n, i * VEC, out + r * n, [&](const T* p, int, float* f) {
+			load16(p, f);
 #pragma unroll
-			for (int j = 0; j < VEC; j++) f[j] = round_t(__fmul_rn(x[j], inv));
+			for (int j = 0; j < VEC; j++) f[j] = round_t(__fmul_rn(f[j], inv));
 		});
-		if (i + stride < nv) {
-			load16(row + (i + stride) * VEC, ga);
-			load16(row + n + (i + stride) * VEC, ua);
-		}
-	}
 }
 // swiglu_packed_v with its output in FP8 form, a block a row: each value
 // rounded to T, then the row as fp8_quant_rows would write it (q, its scale
@@ -1026,15 +1012,12 @@ extern "C" __global__ void rope_qkv_write_n(const T* qkv, const T* nx, int dim, 
                                             const int* pos, const int* slots, const float* table, int heads, int kvHeads,
                                             int hd, int interleaved) {
 	__shared__ float sh[32];
+	pdl_enter();
 	const int t = blockIdx.y;
+	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
 	const int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd;
-	// The token's slot and position, uploaded with the step's batch before
-	// its first kernel, are read before the PDL wait (as decode attention
-	// reads the positions), their latency off the path.
 	const long long slot = (long long)slots[t] * width;
 	const float* cs = table + (long long)pos[t] * hd;
-	pdl_enter();
-	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
 	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nh * half; j += gridDim.x * blockDim.x) {
 		const int h = j / half;
 		const T* src = qkv + ((long long)t * nh + h) * hd;

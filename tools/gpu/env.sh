@@ -94,3 +94,29 @@ tp_bench() {
 random_ids() {
 	python3 -c "import random, sys; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(int(sys.argv[1]))))" "$1"
 }
+
+# tp_serve N [again] serves the random model $bf16 (random_bf16) with kiln
+# serve --tensor-parallel-size N on port 8765 and runs kiln bench serve
+# against it at 1, 64 and 256 streams of 128/128 tokens (and 256 again
+# with "again"), one run after another (serve_run; logs, JSON and charts
+# in $work, times since $t0: both the caller's), prints the server's slow
+# steps, and stops it.
+tp_serve() {
+	local server i
+	tok=$llama3_tok
+	$k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size "$1" --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
+	server=$!
+	serve_up 90
+	echo "server up after $(($(date +%s) - t0)) s"
+	tp_serve_run serve-c1 1 16 2 30
+	tp_serve_run serve-c64 64 256 64 40
+	tp_serve_run serve-c256 256 768 256 50
+	[ "${2:-}" = again ] && tp_serve_run serve-c256-again 256 768 256 50
+	grep "slow step" "$work/serve.log" | cut -c1-400
+	kill -TERM $server
+	for i in $(seq 1 15); do kill -0 $server 2>/dev/null || break; sleep 1; done
+	kill -QUIT $server 2>/dev/null
+	wait $server
+	echo "server exit $? at $(($(date +%s) - t0)) s"
+}
+tp_serve_run() { SERVE_TIMEOUT=$5 serve_run "$1" "$2" "$3" "$4" && serve_summary "$work/$1.json"; }

@@ -45,23 +45,7 @@ if [ -n "${RANK:-}" ]; then
 fi
 python3 tools/gpu/tp_table.py "$work" "${names[@]}"
 grep -h "device is busy" "$work"/model-tp2*.txt
-if [ -z "${SKIP_SERVE:-}" ]; then
-	tok=$llama3_tok
-	$k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size 2 --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
-	server=$!
-	serve_up 90
-	echo "server up after $(($(date +%s) - t0)) s"
-	run() { SERVE_TIMEOUT=$5 serve_run "$1" "$2" "$3" "$4" && serve_summary "$work/$1.json"; }
-	run serve-c1 1 16 2 30
-	run serve-c64 64 256 64 40
-	run serve-c256 256 768 256 50
-	grep "slow step" "$work/serve.log" | cut -c1-300 | head -5
-	kill -TERM $server
-	for i in $(seq 1 15); do kill -0 $server 2>/dev/null || break; sleep 1; done
-	kill -QUIT $server 2>/dev/null
-	wait $server
-	echo "server exit $? at $(($(date +%s) - t0)) s"
-fi
+[ -z "${SKIP_SERVE:-}" ] && tp_serve 2
 # The device tool brings back a few files: everything goes in one archive.
 (cd "$work" && tar czf /tmp/logs.tgz . && rm -rf ./* && mv /tmp/logs.tgz .)
 echo "done at $(($(date +%s) - t0)) s"

@@ -31,22 +31,7 @@ timeout -s QUIT 50 $k bench model "$bf16" --device cuda --tensor-parallel-size 4
 	>"$work/profile-tp4.txt" 2>&1
 echo "profile tp4: rc=$? at $(($(date +%s) - t0)) s"
 grep -iE "all-reduce|all-gather|add_rmsnorm|step" "$work"/profile-tp4.txt | head -12
-tok=$llama3_tok
-$k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size 4 --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
-server=$!
-serve_up 60
-echo "server up after $(($(date +%s) - t0)) s"
-run() { SERVE_TIMEOUT=$5 serve_run "$1" "$2" "$3" "$4" && serve_summary "$work/$1.json"; }
-run serve-c1 1 16 2 30
-run serve-c64 64 256 64 40
-run serve-c256 256 768 256 50
-run serve-c256-again 256 768 256 50
-grep "slow step" "$work/serve.log" | cut -c1-400
-kill -TERM $server
-for i in $(seq 1 15); do kill -0 $server 2>/dev/null || break; sleep 1; done
-kill -QUIT $server 2>/dev/null
-wait $server
-echo "server exit $?"
+tp_serve 4 again
 # What time is left: TP=4 through NCCL's all-reduce, for the all-reduce's share.
 left=$((560 - ($(date +%s) - t0)))
 if [ $left -gt 30 ]; then

@@ -145,24 +145,31 @@ __device__ __forceinline__ unsigned char* ar_buf(unsigned char* reg, unsigned e,
 	return reg + AR_HDR + ((long long)(e & 1) * ranks + q) * cap;
 }
 
-// ar_sum16: the sum over the ranks, in rank order, of 16-byte vector v of
-// the partials (rank's own from src, the others' from its buffers here,
-// read past the L1, which may hold an older call's lines), into f.
-template <typename E>
-__device__ __forceinline__ void ar_sum16(float* f, const E* src, long long v, unsigned char* own, unsigned e, int rank,
-                                         int ranks, long long cap) {
+// ar_sum_ranks16 is the sum over the ranks, in rank order in float32, of
+// the 16-byte vectors of E that get(q) returns for each rank q, into f.
+template <typename E, class G> __device__ __forceinline__ void ar_sum_ranks16(float* f, int ranks, G get) {
 	constexpr int N = 16 / sizeof(E);
 #pragma unroll
 	for (int i = 0; i < N; i++) f[i] = 0.f;
 #pragma unroll
 	for (int q = 0; q < AR_MAX_RANKS; q++) {
 		if (q >= ranks) break;
-		uint4 w = q == rank ? ((const uint4*)src)[v] : ar_ld_cg((const uint4*)ar_buf(own, e, q, ranks, cap) + v);
 		float g[N];
-		unpack16(w, g, (const E*)0);
+		unpack16(get(q), g, (const E*)0);
 #pragma unroll
 		for (int i = 0; i < N; i++) f[i] += g[i];
 	}
+}
+
+// ar_sum16: the sum over the ranks of 16-byte vector v of the partials
+// (rank's own from src, the others' from its buffers here, read past the
+// L1, which may hold an older call's lines), into f.
+template <typename E>
+__device__ __forceinline__ void ar_sum16(float* f, const E* src, long long v, unsigned char* own, unsigned e, int rank,
+                                         int ranks, long long cap) {
+	ar_sum_ranks16<E>(f, ranks, [&](int q) {
+		return q == rank ? ((const uint4*)src)[v] : ar_ld_cg((const uint4*)ar_buf(own, e, q, ranks, cap) + v);
+	});
 }
 
 __device__ __forceinline__ uint4 pack16(const float* f, const float*) {
@@ -292,24 +299,12 @@ __device__ __forceinline__ uint4 lp_take(unsigned char* own, unsigned e, int q, 
 	return w;
 }
 
-// lp_sum16 is the sum over the ranks, in rank order in float32, of a
-// 16-byte vector at byte off: mine (this rank's, canonical) and the peers'
-// from their buffers here.
+// lp_sum16 is the sum over the ranks of a 16-byte vector at byte off:
+// mine (this rank's, canonical) and the peers' from their buffers here.
 template <typename E>
 __device__ __forceinline__ void lp_sum16(float* f, uint4 mine, unsigned char* own, unsigned e, int rank, int ranks,
                                          long long cap, long long off) {
-	constexpr int N = 16 / sizeof(E);
-#pragma unroll
-	for (int i = 0; i < N; i++) f[i] = 0.f;
-#pragma unroll
-	for (int q = 0; q < AR_MAX_RANKS; q++) {
-		if (q >= ranks) break;
-		uint4 w = q == rank ? mine : lp_take<E>(own, e, q, ranks, cap, off);
-		float g[N];
-		unpack16(w, g, (const E*)0);
-#pragma unroll
-		for (int i = 0; i < N; i++) f[i] += g[i];
-	}
+	ar_sum_ranks16<E>(f, ranks, [&](int q) { return q == rank ? mine : lp_take<E>(own, e, q, ranks, cap, off); });
 }
 
 // peer_lamport_<E>: peer_allreduce_<E>'s sums in the Lamport form. Any
@@ -333,22 +328,16 @@ __device__ void peer_lamport_impl(const E* src, E* dst, long long nv, int rank, 
 	ar_end(own, e);
 }
 
-#define PEER_LAMPORT(E)                                                                                           \
-	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_lamport_##E(                                    \
+// The kernels of each dtype: peer_allreduce_<E> (the flag form) and
+// peer_lamport_<E>.
+#define PEER_ALLREDUCE(E, FORM)                                                                                   \
+	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_##FORM##_##E(                                   \
 	    const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {               \
-		peer_lamport_impl<E>(src, dst, nv, rank, ranks, cap, AR_REGION_ARGS);                                    \
+		peer_##FORM##_impl<E>(src, dst, nv, rank, ranks, cap, AR_REGION_ARGS);                                   \
 	}
-PEER_LAMPORT(f32)
-PEER_LAMPORT(f16)
-PEER_LAMPORT(bf16)
-
-#define PEER_ALLREDUCE(E)                                                                                         \
-	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_allreduce_##E(                                  \
-	    const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {               \
-		peer_allreduce_impl<E>(src, dst, nv, rank, ranks, cap, AR_REGION_ARGS);                                  \
-	}
-PEER_ALLREDUCE(f32)
-PEER_ALLREDUCE(f16)
-PEER_ALLREDUCE(bf16)
+#define PEER_ALLREDUCES(E) PEER_ALLREDUCE(E, allreduce) PEER_ALLREDUCE(E, lamport)
+PEER_ALLREDUCES(f32)
+PEER_ALLREDUCES(f16)
+PEER_ALLREDUCES(bf16)
 
 #endif // KILN_PART_IS(0)

@@ -40,6 +40,9 @@ func groupOf(t *testing.T, dtype string, n int) *backend.Group {
 // other's) in the Lamport form; "flags" in the flag form; "0" NCCL's alone.
 func groupMode(t *testing.T, dtype string, n int, mode string) *backend.Group {
 	t.Helper()
+	if mode != "" && mode != "flags" && mode != "0" {
+		t.Fatalf("KILN_PEER_ALLREDUCE=%q: want 0 or flags, or unset (as OpenGroup)", mode)
+	}
 	b0 := backendOf(t, dtype)
 	count, err := cu.DeviceCount()
 	if err != nil {
@@ -192,9 +195,9 @@ func TestTensorParallelBatched(t *testing.T) {
 // TestPeerFormsMatch: over 2 and 4 GPUs in bf16, the all-reduce over peer
 // memory in the Lamport form (the default) and in the flag form give the
 // same logits bit for bit (both sum the ranks' partials in rank order in
-// float32), through a batched prefill (whose all-reduces past the group's
-// capacity take NCCL's) and 20 decode steps replayed from graphs, under
-// tune.Defaults (the same kernels every run).
+// float32), through a batched prefill and 20 decode steps replayed from
+// graphs (every all-reduce within the group's capacity: all over peer
+// memory), under tune.Defaults (the same kernels every run).
 func TestPeerFormsMatch(t *testing.T) {
 	s := bench.Shape{Name: "tp", Hidden: 512, Layers: 3, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1000, Context: 512}
 	for _, n := range []int{2, 4} {

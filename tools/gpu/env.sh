@@ -106,7 +106,12 @@ tp_serve() {
 	tok=$llama3_tok
 	$k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size "$1" --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
 	server=$!
-	serve_up 90
+	if ! serve_up 90; then
+		echo "the server did not come up in 90 s:"
+		tail -20 "$work/serve.log"
+		kill -QUIT $server 2>/dev/null
+		return 1
+	fi
 	echo "server up after $(($(date +%s) - t0)) s"
 	tp_serve_run serve-c1 1 16 2 30
 	tp_serve_run serve-c64 64 256 64 40

@@ -16,11 +16,12 @@
 //   diag (u32 × 8)                      tests: ar_stuck's record
 //   buffers from AR_HDR:                [2 parities][ranks][cap bytes]:
 //                                       rank q's partial sums stored here
-//   Lamport buffers after them:         [3][ranks][cap bytes], every word
-//                                       LP_EMPTY when unused (below)
+//   Lamport buffers after them:         [2 parities][ranks][cap bytes],
+//                                       every word LP_EMPTY when unused
+//                                       (the Lamport form, below)
 //
-// A call (epoch e = ctr + 1, the same on every rank, as every rank makes the
-// same calls in the same order): each block pushes its share of the rank's
+// A call of the flag form (epoch e = ctr + 1, the same on every rank, as
+// every rank makes the same calls in the same order): each block pushes its share of the rank's
 // partial sums into every peer's buffer of parity e % 2 and source rank,
 // then, after a system-scope fence and a barrier, releases flag e into each
 // peer's flags[b][rank] (st.release.sys); it waits until its own
@@ -219,7 +220,7 @@ __device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank
 }
 
 // The Lamport form (TensorRT-LLM's name for it): no flags and no fences.
-// A call's buffers (epoch e % 3) hold LP_EMPTY in every 32-bit word until a
+// A call's buffers (parity e % 2) hold LP_EMPTY in every 32-bit word until a
 // peer's data lands there; a rank pushes its partials into every peer's
 // buffer of its own rank, then reads its own buffers, each 16-byte vector
 // again until none of its elements is empty (the data is its own flag: an
@@ -228,19 +229,21 @@ __device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank
 // dtypes (each half of LP_EMPTY), the word LP_EMPTY itself in f32 (a
 // negative subnormal): a partial's such element is pushed, and summed by
 // its own rank, as -0 → +0 (f16, bf16) or → -0 (f32), so that every rank
-// still sums the same values.
+// still sums the same values (in f32 the sum then takes -0 for that
+// subnormal).
 //
 // Why a buffer is empty again before it is written: rank j writes rank i's
-// buffer of epoch e % 3 at calls e and e + 3. Its call e + 3 follows its
-// call e + 2, which read rank i's data of call e + 2; rank i stores that
-// only inside its call e + 2, after its call e, in which it emptied the
-// buffer, had ended. A call of the flag form in between counts as a call
-// (the epoch is the same counter), and its data arriving shows the same
-// order.
+// buffer of parity e % 2 at calls e and e + 2. Its call e + 2 follows its
+// call e + 1, which read rank i's data of call e + 1; rank i stores that
+// only inside its call e + 1, after its call e, in which it emptied the
+// buffer, had ended (each of its kernels waits for the one before). A
+// call of the flag form in between counts as a call (the epoch is the same
+// counter), and its data arriving shows the same order. The parity, not
+// e % 3, also survives the counter's wrap past 2³² (2³² is even).
 #define LP_EMPTY 0x80008000u
 
 __device__ __forceinline__ unsigned char* lp_buf(unsigned char* reg, unsigned e, int q, int ranks, long long cap) {
-	return reg + AR_HDR + (2ll * ranks + (long long)(e % 3) * ranks + q) * cap;
+	return reg + AR_HDR + (2ll * ranks + (long long)(e & 1) * ranks + q) * cap;
 }
 template <typename E> __device__ __forceinline__ bool lp_empty(unsigned w) {
 	if (sizeof(E) == 4) return w == LP_EMPTY;
@@ -278,7 +281,9 @@ __device__ __forceinline__ void lp_push(const ar_regions& rg, unsigned e, int ra
 
 // lp_take waits for rank q's vector at byte off of its buffer here, empties
 // it, and returns it (a peer that never comes: ar_stuck, after
-// AR_TIMEOUT_NS).
+// AR_TIMEOUT_NS; in the tests that record it instead of trapping, a late
+// peer's vector is then left in the buffer, and the region's later calls
+// are not to be trusted).
 template <typename E>
 __device__ __forceinline__ uint4 lp_take(unsigned char* own, unsigned e, int q, int ranks, long long cap, long long off) {
 	uint4* p = (uint4*)(lp_buf(own, e, q, ranks, cap) + off);

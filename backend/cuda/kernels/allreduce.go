@@ -28,9 +28,9 @@ const (
 
 // PeerRegionBytes is the size of a rank's region for a group of ranks
 // whose calls move at most capBytes of partial sums a rank: the header,
-// the flag form's two parities of buffers and the Lamport form's three
+// the flag form's two parities of buffers and the Lamport form's two
 // (allreduce.cu).
-func PeerRegionBytes(ranks, capBytes int) int { return peerHeader + 5*ranks*capBytes }
+func PeerRegionBytes(ranks, capBytes int) int { return peerHeader + 4*ranks*capBytes }
 
 // peerEmpty is LP_EMPTY, the word of an unused Lamport buffer.
 const peerEmpty = 0x80008000
@@ -43,7 +43,7 @@ func ClearPeerRegion(d *cu.Device, p cu.Ptr, ranks, capBytes int, s *cu.Stream) 
 	if err := d.Memset8(p, 0, flags, s); err != nil {
 		return err
 	}
-	return d.Memset32(p+cu.Ptr(flags), peerEmpty, 3*ranks*capBytes/4, s)
+	return d.Memset32(p+cu.Ptr(flags), peerEmpty, 2*ranks*capBytes/4, s)
 }
 
 // PeerGroup is one rank's view of the group's regions.

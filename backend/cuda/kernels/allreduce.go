@@ -9,9 +9,10 @@ import (
 // The one-shot all-reduce over peer memory (allreduce.cu): every rank of a
 // tensor-parallel group in one process has a region on its own device
 // (PeerRegionBytes, ClearPeerRegion before the first call) that the
-// others' kernels store into; a call passes every rank's region. Every rank must make the
-// same calls, of the same sizes, in the same order: a call's blocks wait
-// for the same blocks of every other rank's call.
+// others' kernels store into; a call passes every rank's region. Every
+// rank must make the same calls, of the same sizes, in the same order: a
+// call's blocks wait for the same blocks (flag form) or vectors (Lamport
+// form) of every other rank's call.
 
 // PeerMaxRanks is the largest group the kernels take (AR_MAX_RANKS).
 const PeerMaxRanks = 8

@@ -262,16 +262,7 @@ func TestExpertBytes(t *testing.T) {
 func TestRandomLongContext(t *testing.T) {
 	s := Shapes["llama3.1-8b"]
 	s.Hidden, s.Layers, s.Heads, s.KVHeads, s.FFN, s.Vocab = 64, 1, 4, 2, 32, 128
-	dir := t.TempDir()
-	if err := WriteRandomModel(dir, s, tensor.F32, 1); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	c := m.Config
+	c := writtenConfig(t, s)
 	if c.MaxPositions != 131072 || c.RopeTheta != 500000 || c.RopeScaling.Type != "llama3" || c.RopeScaling.Factor != 8 ||
 		c.RopeScaling.OriginalMaxPositions != 8192 {
 		t.Fatalf("config %+v", c)
@@ -292,6 +283,15 @@ func TestTPRankShapes(t *testing.T) {
 	}
 	s := Shapes["llama3-8b-tp4-rank"]
 	s.Hidden, s.Layers, s.HeadDim, s.FFN, s.Vocab = 64, 1, 16, 32, 128
+	if c := writtenConfig(t, s); c.HeadDim != 16 || c.NumHeads != 8 || c.NumKVHeads != 2 {
+		t.Fatalf("config %+v: want 8 heads of 16, 2 KV heads", c)
+	}
+}
+
+// writtenConfig writes a random f32 model of shape s and returns the
+// config the loader reads back from it.
+func writtenConfig(t *testing.T, s Shape) model.Config {
+	t.Helper()
 	dir := t.TempDir()
 	if err := WriteRandomModel(dir, s, tensor.F32, 1); err != nil {
 		t.Fatal(err)
@@ -301,7 +301,5 @@ func TestTPRankShapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	if c := m.Config; c.HeadDim != 16 || c.NumHeads != 8 || c.NumKVHeads != 2 {
-		t.Fatalf("config %+v: want 8 heads of 16, 2 KV heads", c)
-	}
+	return m.Config
 }

@@ -58,23 +58,39 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 		b.Comm = comms[i]
 		g.Ranks = append(g.Ranks, b)
 	}
-	switch mode := os.Getenv("KILN_PEER_ALLREDUCE"); mode {
-	case "0":
-	case "", "flags":
+	usePeers, flags, err := PeerForm(os.Getenv("KILN_PEER_ALLREDUCE"))
+	if err != nil {
+		CloseGroup(g)
+		return nil, err
+	}
+	if usePeers {
 		peers, err := NewPeers(devs)
 		if err != nil {
 			CloseGroup(g)
 			return nil, err
 		}
 		for i, p := range peers {
-			p.Flags = mode == "flags"
+			p.Flags = flags
 			bs[i].Peers = p
 		}
-	default:
-		CloseGroup(g)
-		return nil, fmt.Errorf("cuda: KILN_PEER_ALLREDUCE=%q: want 0 (NCCL's) or flags (the flag form); unset, the Lamport form", mode)
 	}
 	return g, nil
+}
+
+// PeerForm reads a value of KILN_PEER_ALLREDUCE: whether a group's
+// all-reduces go over peer memory where they can (all but "0", NCCL's
+// alone), and in the flag form ("flags") rather than the Lamport form
+// (unset).
+func PeerForm(mode string) (peers, flags bool, err error) {
+	switch mode {
+	case "":
+		return true, false, nil
+	case "flags":
+		return true, true, nil
+	case "0":
+		return false, false, nil
+	}
+	return false, false, fmt.Errorf("cuda: KILN_PEER_ALLREDUCE=%q: want 0 (NCCL's) or flags (the flag form); unset, the Lamport form", mode)
 }
 
 // PeerCapBytes is the most bytes of partial sums a rank's all-reduce may

@@ -40,8 +40,9 @@ func groupOf(t *testing.T, dtype string, n int) *backend.Group {
 // other's) in the Lamport form; "flags" in the flag form; "0" NCCL's alone.
 func groupMode(t *testing.T, dtype string, n int, mode string) *backend.Group {
 	t.Helper()
-	if mode != "" && mode != "flags" && mode != "0" {
-		t.Fatalf("KILN_PEER_ALLREDUCE=%q: want 0 or flags, or unset (as OpenGroup)", mode)
+	usePeers, flags, err := cuda.PeerForm(mode)
+	if err != nil {
+		t.Fatal(err)
 	}
 	b0 := backendOf(t, dtype)
 	count, err := cu.DeviceCount()
@@ -78,9 +79,9 @@ func groupMode(t *testing.T, dtype string, n int, mode string) *backend.Group {
 	}}
 	for i, d := range devs {
 		b := &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i]}
-		if p := groupPeers[n]; p != nil && mode != "0" {
+		if p := groupPeers[n]; p != nil && usePeers {
 			pg := *p[i]
-			pg.Flags = mode == "flags"
+			pg.Flags = flags
 			b.Peers = &pg
 		}
 		g.Ranks = append(g.Ranks, b)

@@ -78,13 +78,14 @@ tp_env() {
 
 # tp_bench NAME TP BATCHES LIMIT [VAR=value...] runs kiln bench model on
 # the random bf16 model $bf16 (random_bf16) at tensor-parallel size TP
-# (prefill 2048, decode 64 tokens at depth 512 of each batch in BATCHES, 2
-# repetitions; within LIMIT s, VAR=value set) into $out/model-NAME.json and
-# .txt, and prints its exit status and the seconds since $t0.
+# (prefill ${PP:-2048}, decode 64 tokens at depth 512 of each batch in
+# BATCHES, 2 repetitions; within LIMIT s, VAR=value set; the kiln binary
+# ${KILN_BIN:-$k}) into $out/model-NAME.json and .txt, and prints its exit
+# status and the seconds since $t0.
 tp_bench() {
 	local name=$1 n=$2 batches=$3 limit=$4
 	shift 4
-	env "$@" timeout -s QUIT "$limit" $k bench model "$bf16" --device cuda --tensor-parallel-size "$n" --pp 2048 --tg 64 --depth 512 \
+	env "$@" timeout -s QUIT "$limit" ${KILN_BIN:-$k} bench model "$bf16" --device cuda --tensor-parallel-size "$n" --pp "${PP:-2048}" --tg 64 --depth 512 \
 		--batch "$batches" --reps 2 --output "$out/model-$name.json" >"$out/model-$name.txt" 2>&1
 	echo "bench model $name: rc=$? at $(($(date +%s) - t0)) s"
 }

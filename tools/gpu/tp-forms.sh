@@ -22,9 +22,7 @@ b=${BATCH:-1,64}
 bench() { # name tp mode [binary]
 	local v=$3
 	[ "$v" = default ] && v=
-	env KILN_PEER_ALLREDUCE=$v timeout -s QUIT 70 ${4:-$k} bench model "$bf16" --device cuda --tensor-parallel-size "$2" --pp 0 --tg 64 \
-		--depth 512 --batch "$b" --reps 2 --output "$out/model-$1.json" >"$out/model-$1.txt" 2>&1
-	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
+	PP=0 KILN_BIN=${4:-$k} tp_bench "$1" "$2" "$b" 70 KILN_PEER_ALLREDUCE=$v
 	grep -E "^\| tg|device is busy" "$out/model-$1.txt" | sed 's/^/    /'
 }
 names=()

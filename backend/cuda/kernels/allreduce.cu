@@ -21,8 +21,9 @@
 //                                       (the Lamport form, below)
 //
 // A call of the flag form (epoch e = ctr + 1, the same on every rank, as
-// every rank makes the same calls in the same order): each block pushes its share of the rank's
-// partial sums into every peer's buffer of parity e % 2 and source rank,
+// every rank makes the same calls in the same order): each block pushes its
+// share of the rank's partial sums into every peer's buffer of parity
+// e % 2 and source rank,
 // then, after a system-scope fence and a barrier, releases flag e into each
 // peer's flags[b][rank] (st.release.sys); it waits until its own
 // flags[b][q] reach e for every peer q (ld.acquire.sys), and sums the
@@ -242,8 +243,10 @@ __device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank
 // e % 3, also survives the counter's wrap past 2³² (2³² is even).
 #define LP_EMPTY 0x80008000u
 
+// lp_buf: rank q's Lamport buffer of parity e % 2 in region reg, past the
+// flag form's (ar_buf's) two parities.
 __device__ __forceinline__ unsigned char* lp_buf(unsigned char* reg, unsigned e, int q, int ranks, long long cap) {
-	return reg + AR_HDR + (2ll * ranks + (long long)(e & 1) * ranks + q) * cap;
+	return ar_buf(reg, e, q, ranks, cap) + 2ll * ranks * cap;
 }
 template <typename E> __device__ __forceinline__ bool lp_empty(unsigned w) {
 	if (sizeof(E) == 4) return w == LP_EMPTY;

@@ -40,11 +40,11 @@ const peerEmpty = 0x80008000
 // device d) for its first call: the header and the flag form's buffers
 // zero, the Lamport form's buffers empty. Queued on s.
 func ClearPeerRegion(d *cu.Device, p cu.Ptr, ranks, capBytes int, s *cu.Stream) error {
-	flags := peerHeader + 2*ranks*capBytes
+	flags := peerHeader + 2*ranks*capBytes // where the Lamport buffers start
 	if err := d.Memset8(p, 0, flags, s); err != nil {
 		return err
 	}
-	return d.Memset32(p+cu.Ptr(flags), peerEmpty, 2*ranks*capBytes/4, s)
+	return d.Memset32(p+cu.Ptr(flags), peerEmpty, (PeerRegionBytes(ranks, capBytes)-flags)/4, s)
 }
 
 // PeerGroup is one rank's view of the group's regions.

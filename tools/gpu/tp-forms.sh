@@ -5,7 +5,7 @@
 # depth 512, batches $BATCH, default 1,64) with KILN_PEER_ALLREDUCE unset
 # (the Lamport form) and =flags (the flag form, as before session 30) (or
 # the forms $FORMS names), $ROUNDS rounds (default 2), then TP=1 once, and
-# a profiled TP=2 batch-1 decode of each form
+# a profiled TP=2 batch-1 decode of each of those forms
 # (SKIP_PROFILE=1: none). With .devbin/kiln-base (BASE=<rev>
 # tools/gpu/build.sh) each round also runs TP=2 by that kiln ("base"), so
 # that a machine's own spread shows against the code's. Each run's host
@@ -38,7 +38,7 @@ for r in $(seq "${ROUNDS:-2}"); do
 done
 bench tp1 1 default
 python3 tools/gpu/tp_table.py "$out" "${names[@]}" tp1
-for m in $([ -z "${SKIP_PROFILE:-}" ] && echo default flags); do
+for m in $([ -z "${SKIP_PROFILE:-}" ] && echo ${FORMS:-default flags}); do
 	v=$m
 	[ "$v" = default ] && v=
 	env KILN_PEER_ALLREDUCE=$v timeout -s QUIT 50 $k bench model "$bf16" --device cuda --tensor-parallel-size 2 --pp 0 --tg 16 --depth 512 \

@@ -3,7 +3,8 @@
 # TP=2). In one call:
 #   - the kernels' tests named by $KTESTS (default the peer all-reduce's)
 #     and the tensor-parallel tests (TestTensorParallel*,
-#     TestPeerFormsMatch) unless SKIP_TESTS=1;
+#     TestPeerFormsMatch) unless SKIP_TESTS=1 (TESTS_ONLY=1: nothing
+#     more, the logs in tests.tgz);
 #   - kiln bench model on the random bf16 Llama-3-8B shape (prefill 2048,
 #     decode at depth 512) at TP=2 (the all-reduce over peer memory in the
 #     Lamport form), TP=2 in the flag form (KILN_PEER_ALLREDUCE=flags, as
@@ -31,6 +32,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 	(cd backend/cuda && timeout 120 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestTensorParallel|TestPeerFormsMatch') >"$work/tp-tests.log" 2>&1
 	echo "tensor-parallel tests: rc=$? at $(($(date +%s) - t0)) s, subtests passed $(grep -c -- '--- PASS: Test[A-Za-z]*/' "$work/tp-tests.log"), failed $(grep -c -- '--- FAIL: Test[A-Za-z]*/' "$work/tp-tests.log")"
 	grep -E '^(--- FAIL|FAIL|ok)|--- FAIL|differ' "$work/tp-tests.log" | head -16
+fi
+if [ -n "${TESTS_ONLY:-}" ]; then
+	(cd "$work" && tar czf /tmp/tests.tgz . && rm -rf ./* && mv /tmp/tests.tgz .)
+	exit 0
 fi
 random_bf16
 echo "model at $(($(date +%s) - t0)) s"

@@ -76,6 +76,10 @@ tp_env() {
 	{ nvidia-smi -L; nvidia-smi topo -m; } >"$out/env.txt" 2>&1
 }
 
+# pack_out NAME moves everything under $out into the archive $out/NAME:
+# the device tool brings back only a few files.
+pack_out() { (cd "$out" && tar czf "/tmp/$1" . && rm -rf ./* && mv "/tmp/$1" .); }
+
 # tp_bench NAME TP BATCHES LIMIT [VAR=value...] runs kiln bench model on
 # the random bf16 model $bf16 (random_bf16) at tensor-parallel size TP
 # (prefill ${PP:-2048}, decode 64 tokens at depth 512 of each batch in

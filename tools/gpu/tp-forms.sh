@@ -46,4 +46,4 @@ for m in $([ -z "${SKIP_PROFILE:-}" ] && echo ${FORMS:-default flags}); do
 	echo "profile $m: rc=$? at $(($(date +%s) - t0)) s"
 	grep -iE "all-reduce|add_rmsnorm|step" "$out/profile-$m.txt" | head -8
 done
-(cd "$out" && tar czf /tmp/logs.tgz . && rm -rf ./* && mv /tmp/logs.tgz .)
+pack_out logs.tgz

@@ -34,7 +34,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 	grep -E '^(--- FAIL|FAIL|ok)|--- FAIL|differ' "$work/tp-tests.log" | head -16
 fi
 if [ -n "${TESTS_ONLY:-}" ]; then
-	(cd "$work" && tar czf /tmp/tests.tgz . && rm -rf ./* && mv /tmp/tests.tgz .)
+	pack_out tests.tgz
 	exit 0
 fi
 random_bf16
@@ -53,6 +53,5 @@ fi
 python3 tools/gpu/tp_table.py "$work" "${names[@]}"
 grep -h "device is busy" "$work"/model-tp2*.txt
 [ -z "${SKIP_SERVE:-}" ] && tp_serve 2
-# The device tool brings back a few files: everything goes in one archive.
-(cd "$work" && tar czf /tmp/logs.tgz . && rm -rf ./* && mv /tmp/logs.tgz .)
+pack_out logs.tgz
 echo "done at $(($(date +%s) - t0)) s"

@@ -83,11 +83,31 @@ __device__ __forceinline__ unsigned long long ar_now() {
 	return t;
 }
 
-// ar_begin: the call's epoch (every thread of the block gets it).
-__device__ __forceinline__ unsigned ar_begin(unsigned char* own, unsigned* sh) {
-	if (threadIdx.x == 0) *sh = *(volatile unsigned*)(own + 4 * AR_SLOTS * AR_MAX_RANKS) + 1;
+// ar_call is what a call's kernel works from: every rank's region, this
+// rank's own, the call's epoch, and the grid-stride loops' first vector
+// and stride (vector v is thread v % stride's in every loop of the call).
+struct ar_call {
+	ar_regions rg;
+	unsigned char* own;
+	unsigned e;
+	long long v0, stride;
+};
+
+// ar_start begins a call of rank: waits for the previous kernel
+// (pdl_enter), then reads the epoch (one thread; every thread of the
+// block gets it).
+__device__ __forceinline__ ar_call ar_start(int rank, AR_REGION_PARAMS) {
+	__shared__ unsigned sh;
+	ar_call c;
+	c.rg = ar_pack(AR_REGION_ARGS);
+	c.own = c.rg.p[rank];
+	pdl_enter();
+	if (threadIdx.x == 0) sh = *(volatile unsigned*)(c.own + 4 * AR_SLOTS * AR_MAX_RANKS) + 1;
 	__syncthreads();
-	return *sh;
+	c.e = sh;
+	c.v0 = (long long)blockIdx.x * AR_THREADS + threadIdx.x;
+	c.stride = (long long)gridDim.x * AR_THREADS;
+	return c;
 }
 
 // ar_stuck: a peer's flag has not come for AR_TIMEOUT_NS (its launch
@@ -197,27 +217,22 @@ __device__ __forceinline__ uint4 pack16(const float* f, const f16*) { return pac
 template <typename E>
 __device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap,
                                     AR_REGION_PARAMS) {
-	__shared__ unsigned sh;
-	const ar_regions rg = ar_pack(AR_REGION_ARGS);
-	unsigned char* own = rg.p[rank];
-	pdl_enter();
-	const unsigned e = ar_begin(own, &sh);
-	const long long stride = (long long)gridDim.x * AR_THREADS;
-	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride) {
+	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	for (long long v = c.v0; v < nv; v += c.stride) {
 		uint4 w = ((const uint4*)src)[v];
 #pragma unroll
 		for (int q = 0; q < AR_MAX_RANKS; q++) {
 			if (q >= ranks) break;
-			if (q != rank) ((uint4*)ar_buf(rg.p[q], e, rank, ranks, cap))[v] = w;
+			if (q != rank) ((uint4*)ar_buf(c.rg.p[q], c.e, rank, ranks, cap))[v] = w;
 		}
 	}
-	ar_exchange(rg, rank, ranks, e);
-	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride) {
+	ar_exchange(c.rg, rank, ranks, c.e);
+	for (long long v = c.v0; v < nv; v += c.stride) {
 		float f[16 / sizeof(E)];
-		ar_sum16<E>(f, src, v, own, e, rank, ranks, cap);
+		ar_sum16<E>(f, src, v, c.own, c.e, rank, ranks, cap);
 		((uint4*)dst)[v] = pack16(f, (const E*)0);
 	}
-	ar_end(own, e);
+	ar_end(c.own, c.e);
 }
 
 // The Lamport form (TensorRT-LLM's name for it): no flags and no fences.
@@ -320,20 +335,15 @@ __device__ __forceinline__ void lp_sum16(float* f, uint4 mine, unsigned char* ow
 // in both loops (dst may be src).
 template <typename E>
 __device__ void peer_lamport_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {
-	__shared__ unsigned sh;
-	const ar_regions rg = ar_pack(AR_REGION_ARGS);
-	unsigned char* own = rg.p[rank];
-	pdl_enter();
-	const unsigned e = ar_begin(own, &sh);
-	const long long stride = (long long)gridDim.x * AR_THREADS;
-	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride)
-		lp_push(rg, e, rank, ranks, cap, v * 16, lp_canon16<E>(((const uint4*)src)[v]));
-	for (long long v = (long long)blockIdx.x * AR_THREADS + threadIdx.x; v < nv; v += stride) {
+	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	for (long long v = c.v0; v < nv; v += c.stride)
+		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, lp_canon16<E>(((const uint4*)src)[v]));
+	for (long long v = c.v0; v < nv; v += c.stride) {
 		float f[16 / sizeof(E)];
-		lp_sum16<E>(f, lp_canon16<E>(((const uint4*)src)[v]), own, e, rank, ranks, cap, v * 16);
+		lp_sum16<E>(f, lp_canon16<E>(((const uint4*)src)[v]), c.own, c.e, rank, ranks, cap, v * 16);
 		((uint4*)dst)[v] = pack16(f, (const E*)0);
 	}
-	ar_end(own, e);
+	ar_end(c.own, c.e);
 }
 
 // The kernels of each dtype: peer_allreduce_<E> (the flag form) and

@@ -102,16 +102,14 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	}
 	nv := n * dt.Size() / 16
 	args := append([]any{src, dst, int64(nv)}, g.args()...)
+	// At most PeerSlots blocks in either form: the flag form has that many
+	// flags a rank, and in both a block waits for the peers' same blocks
+	// or vectors, so every rank's blocks must fit on one device at once
+	// (the tests' ranks are streams of one device).
+	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
+	name := "peer_lamport_"
 	if g.Flags {
-		grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
-		return k.launchDep("peer_allreduce_"+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
+		name = "peer_allreduce_"
 	}
-	grid := min(peerLamportBlocks, (nv+peerThreads-1)/peerThreads)
-	return k.launchDep("peer_lamport_"+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
+	return k.launchDep(name+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }
-
-// peerLamportBlocks is the most blocks of a call in the Lamport form: as
-// the flag form's, few enough that every rank's blocks fit on one device
-// at once (the tests' ranks are streams of one device), since a block
-// waits for the peers' same vectors.
-const peerLamportBlocks = PeerSlots

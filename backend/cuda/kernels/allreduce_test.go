@@ -87,18 +87,7 @@ func peerAllReduce(t *testing.T, form string) {
 				for _, s := range streams {
 					must(t, s.Sync())
 				}
-				reduced := make([]float32, n)
-				for j := range reduced {
-					var acc float32
-					for i := range ranks {
-						acc += parts[i][j]
-					}
-					reduced[j] = acc
-				}
-				ref := make([]float64, n)
-				for j, v := range roundTo(act, reduced) {
-					ref[j] = float64(v)
-				}
+				ref := rankSum(act, parts)
 				for i := range ranks {
 					compare(t, what+fmt.Sprintf(", rank %d's sum", i), down(t, act, dst[i], n), ref, 0)
 				}
@@ -108,6 +97,24 @@ func peerAllReduce(t *testing.T, form string) {
 			}
 		}
 	}
+}
+
+// rankSum is what every rank's all-reduce must hold: the ranks' partials
+// summed in rank order in float32, rounded to dt.
+func rankSum(dt cu.DType, parts [][]float32) []float64 {
+	reduced := make([]float32, len(parts[0]))
+	for j := range reduced {
+		var acc float32
+		for _, p := range parts {
+			acc += p[j]
+		}
+		reduced[j] = acc
+	}
+	ref := make([]float64, len(reduced))
+	for j, v := range roundTo(dt, reduced) {
+		ref[j] = float64(v)
+	}
+	return ref
 }
 
 // withZeros sets every 16th element of x to +0 and every 16th after the
@@ -271,18 +278,7 @@ func backToBack(t *testing.T, rs []arRank) {
 	}
 	for c, cl := range calls {
 		n := cl.rows * cl.dim
-		reduced := make([]float32, n)
-		for j := range reduced {
-			var acc float32
-			for i := range ranks {
-				acc += cl.parts[i][j]
-			}
-			reduced[j] = acc
-		}
-		ref := make([]float64, n)
-		for j, v := range roundTo(cu.BF16, reduced) {
-			ref[j] = float64(v)
-		}
+		ref := rankSum(cu.BF16, cl.parts)
 		for i, r := range rs {
 			what := fmt.Sprintf("call %d (%d rows, in place %v, flag form %v), rank %d", c, cl.rows, cl.inPlace, cl.flags, i)
 			must(t, r.d.Sync())

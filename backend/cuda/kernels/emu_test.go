@@ -105,7 +105,8 @@ func TestMoEEmulated(t *testing.T) {
 // TestFoldKernelsEmulated runs the kernels of a norm folded into the
 // products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
 // row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go), the plain
-// readers that share their code (swiglu_packed_v, rope_qkv_write) and the
+// readers that share their code (swiglu_packed_v, rope_qkv_write,
+// rope_qkv_write_r) and the
 // dequantization of a table of experts' matrices (dequant_run with srcs,
 // as Q8_0 and Q4_K) on the host with the same emulation, and
 // testdata/emu/fold_driver.cpp compares them with a float64 reference (the
@@ -124,6 +125,8 @@ func TestFoldKernelsEmulated(t *testing.T) {
 	// kernels.cu's definitions the kernels use, in its order.
 	for _, d := range []string{
 		"__device__ __forceinline__ float scaled_of(",
+		"__device__ __forceinline__ void col_scales16(",
+		"__device__ __forceinline__ void scale16(",
 		"__device__ __forceinline__ void load_scaled16(",
 		"__device__ float row_inv_rms(",
 		"template <typename W>\n__device__ void fold_gain_impl(",
@@ -133,6 +136,8 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		"__device__ __forceinline__ void rope_pair(",
 		"template <class X, class V>\n__device__ __forceinline__ void rope_qkv_pair(",
 		`extern "C" __global__ void rope_qkv_write(`,
+		"#define ROPE_P",
+		`extern "C" __global__ void rope_qkv_write_r(`,
 		`extern "C" __global__ void rope_qkv_write_n(`,
 		"__device__ __forceinline__ float f16_at(",
 		"__device__ __forceinline__ void dq_store(",

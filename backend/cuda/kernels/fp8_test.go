@@ -283,7 +283,8 @@ func TestGEMVF8Speed(t *testing.T) {
 // scales that QuantizeRowsE4M3 writes from the output of the plain kernel
 // (and AddRMSNorm's sum), for every activation dtype, on the register path
 // for few rows and many, and past it (rows too long: the plain kernel and
-// the quantization); SwiGLU's one kernel from 256 rows.
+// the quantization); SwiGLU's one kernel from 256 rows; from 1,024 rows the
+// kernels of a block for several rows (an odd last block among them).
 func TestE4M3Writers(t *testing.T) {
 	d := fp8Device(t)
 	rng := newRNG(t)
@@ -308,7 +309,7 @@ func TestE4M3Writers(t *testing.T) {
 	for _, act := range allDTypes {
 		k := kern(t, act)
 		es := act.Size()
-		for _, sh := range [][2]int{{3, 4096}, {300, 4096}, {5, 14336}, {256, 14336}, {9, 96}, {4, 16400}, {260, 16400}} {
+		for _, sh := range [][2]int{{3, 4096}, {300, 4096}, {1027, 4096}, {5, 14336}, {256, 14336}, {1025, 14336}, {9, 96}, {4, 16400}, {260, 16400}, {1030, 16400}} {
 			rows, dim := sh[0], sh[1]
 			what := fmt.Sprintf("%v %d×%d", act, rows, dim)
 			x, r := up(t, act, roundTo(act, randn(rng, rows*dim, 2))), up(t, act, roundTo(act, randn(rng, rows*dim, 2)))

@@ -145,20 +145,30 @@ __device__ __forceinline__ float scaled_of(float x, const float* sr, const float
 	return tof(fromf<T>(__fmul_rn(x, f)));
 }
 
+// col_scales16 is the VEC column scales of an FP8 product at columns c..
+// (sc 16-byte aligned; null: ones).
+__device__ __forceinline__ void col_scales16(const float* sc, int c, float* f) {
+#pragma unroll
+	for (int j = 0; j < VEC; j += 4) {
+		float4 s4 = sc ? *(const float4*)(sc + c + j) : f4(1.f, 1.f, 1.f, 1.f);
+		f[j] = s4.x, f[j + 1] = s4.y, f[j + 2] = s4.z, f[j + 3] = s4.w;
+	}
+}
+// scale16 is load_scaled16's arithmetic on VEC loaded elements f of a row
+// whose scale is fr, the columns' scales cs.
+__device__ __forceinline__ void scale16(float* f, float fr, const float* cs) {
+#pragma unroll
+	for (int j = 0; j < VEC; j++) f[j] = tof(fromf<T>(__fmul_rn(f[j], fr * cs[j])));
+}
+
 // load_scaled16 is load16 of VEC elements of an FP8 product at row r,
 // columns c.. (sc, when not null, 16-byte aligned), each as scaled_of reads it.
 __device__ __forceinline__ void load_scaled16(const T* p, const float* sr, const float* sc, long long r, int c, float* f) {
 	load16(p, f);
 	if (!sr && !sc) return;
-	const float fr = sr ? sr[r] : 1.f;
-#pragma unroll
-	for (int j = 0; j < VEC; j += 4) {
-		float4 s4 = sc ? *(const float4*)(sc + c + j) : f4(1.f, 1.f, 1.f, 1.f);
-		f[j] = tof(fromf<T>(__fmul_rn(f[j], fr * s4.x)));
-		f[j + 1] = tof(fromf<T>(__fmul_rn(f[j + 1], fr * s4.y)));
-		f[j + 2] = tof(fromf<T>(__fmul_rn(f[j + 2], fr * s4.z)));
-		f[j + 3] = tof(fromf<T>(__fmul_rn(f[j + 3], fr * s4.w)));
-	}
+	float cs[VEC];
+	col_scales16(sc, c, cs);
+	scale16(f, sr ? sr[r] : 1.f, cs);
 }
 
 
@@ -391,6 +401,97 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 	}
 }
 
+// add_rmsnorm_vq for the many rows of a prefill: ROWS_N rows a block (grid
+// ⌈rows/ROWS_N⌉, the block norm_vec_impl's), a thread the same 16-byte
+// columns of each row as norm_vec_impl's thread, so that a column's scales
+// and weights are loaded once for the block's rows and all its rows' loads
+// are in flight together; the sums, then the normalized values, rounded to
+// T, wait in shared memory (ROWS_N·dim elements of T, dynamic). The same
+// bytes as norm_vec_impl's add and FP8 form: each row's squares summed in
+// the same order over the same threads. sum may alias x or r (each thread
+// reads its own elements before writing them); qs may be sr.
+#define ROWS_N 4
+template <typename W>
+__device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
+                                float* qs, int rows, int dim, float eps) {
+	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC]
+	__shared__ float sh[32];
+	pdl_enter();
+	const int nv = dim / VEC;
+	const long long r0 = (long long)blockIdx.x * ROWS_N;
+	long long base[ROWS_N];
+	float fr[ROWS_N], ss[ROWS_N];
+#pragma unroll
+	for (int k = 0; k < ROWS_N; k++) {
+		const long long rk = r0 + k < rows ? r0 + k : rows - 1; // a last block's spare rows repeat the last
+		base[k] = rk * dim;
+		fr[k] = sr ? sr[rk] : 1.f;
+		ss[k] = 0.f;
+	}
+	const bool scaled = sr || sc;
+	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+		const int c = i * VEC;
+		uint4 xa[ROWS_N], ra[ROWS_N];
+#pragma unroll
+		for (int k = 0; k < ROWS_N; k++) {
+			xa[k] = *(const uint4*)(x + base[k] + c);
+			ra[k] = *(const uint4*)(r + base[k] + c);
+		}
+		float cs[VEC];
+		col_scales16(sc, c, cs);
+#pragma unroll
+		for (int k = 0; k < ROWS_N; k++) {
+			float v[VEC], b[VEC];
+			unpack16(xa[k], v, (const T*)0);
+			unpack16(ra[k], b, (const T*)0);
+			if (scaled) scale16(v, fr[k], cs);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				v[j] = round_t(v[j] + b[j]);
+				ss[k] += v[j] * v[j];
+			}
+			if (r0 + k < rows) store16(sum + base[k] + c, v);
+			store16((T*)&held[k * nv + i], v);
+		}
+	}
+	float scale[ROWS_N], m[ROWS_N];
+#pragma unroll
+	for (int k = 0; k < ROWS_N; k++) {
+		scale[k] = 1.0f / sqrtf(block_sum(ss[k], sh) / (float)dim + eps);
+		m[k] = 0.f;
+	}
+	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+		const int c = i * VEC;
+		float wj[VEC];
+#pragma unroll
+		for (int j = 0; j < VEC; j++) wj[j] = tof(w[c + j]);
+#pragma unroll
+		for (int k = 0; k < ROWS_N; k++) {
+			float v[VEC];
+			unpack16(held[k * nv + i], v, (const T*)0);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				v[j] = round_t(v[j] * scale[k] * wj[j]);
+				m[k] = fmaxf(m[k], fabsf(v[j]));
+			}
+			store16((T*)&held[k * nv + i], v);
+		}
+	}
+	float s[ROWS_N];
+#pragma unroll
+	for (int k = 0; k < ROWS_N; k++) s[k] = e4m3_scale(block_max(m[k], sh));
+#pragma unroll
+	for (int k = 0; k < ROWS_N; k++) {
+		if (r0 + k >= rows) break;
+		if (threadIdx.x == 0) qs[r0 + k] = s[k];
+		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+			float v[VEC];
+			unpack16(held[k * nv + i], v, (const T*)0);
+			store_e4m3(q + base[k] + i * VEC, v, s[k]);
+		}
+	}
+}
+
 // ---------------------------------------------------------------- add_bias
 
 template <typename W>
@@ -449,6 +550,11 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 		add_rmsnorm_impl<W>(x, r, sr, sc, w, sum, normed, rows, dim, eps);                                         \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
+	extern "C" __global__ void add_rmsnorm_rq_w##W(const T* x, const T* r, const float* sr, const float* sc,      \
+	                                               const W* w, T* sum, unsigned char* q, float* qs, int rows,        \
+	                                               int dim, float eps) {                                            \
+		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \
+	}                                                                                                              \
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
 		add_bias_impl<W>(x, b, out, rows, cols);                                                                   \
@@ -631,6 +737,74 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 	for (int i = 0; i < NORM_MAXV; i++) {
 		int c = (threadIdx.x + i * blockDim.x) * VEC;
 		if (c < n) store_e4m3(q + r * n + c, v[i], s);
+	}
+}
+
+// swiglu_packed_q for the many rows of a prefill: ROWS_Q rows a block
+// (grid ⌈rows/ROWS_Q⌉, a thread a 16-byte column of the output at a time),
+// so that a column's scales are loaded once for the block's rows, and all
+// its rows' loads are in flight together; each value, rounded to T, waits
+// in shared memory (ROWS_Q·n elements of T, dynamic) for its row's
+// maximum. The same bytes as swiglu_packed_q (every value and maximum
+// computed alike; qs may be sr, each row's read before it is written).
+#define ROWS_Q 2
+extern "C" __global__ void swiglu_packed_qr(const T* gu, const float* sr, const float* sc, unsigned char* q, float* qs, int rows,
+                                            int nv) {
+	extern __shared__ uint4 held[]; // [ROWS_Q][nv]
+	__shared__ float sh[32];
+	pdl_enter();
+	const int n = nv * VEC;
+	const long long r0 = (long long)blockIdx.x * ROWS_Q;
+	const T* row[ROWS_Q];
+	float fr[ROWS_Q], m[ROWS_Q];
+#pragma unroll
+	for (int k = 0; k < ROWS_Q; k++) {
+		const long long rk = r0 + k < rows ? r0 + k : rows - 1; // a last block's spare row repeats the last
+		row[k] = gu + rk * 2 * n;
+		fr[k] = sr ? sr[rk] : 1.f;
+		m[k] = 0.f;
+	}
+	const bool scaled = sr || sc;
+	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+		const int c = i * VEC;
+		uint4 g[ROWS_Q], u[ROWS_Q];
+#pragma unroll
+		for (int k = 0; k < ROWS_Q; k++) {
+			g[k] = *(const uint4*)(row[k] + c);
+			u[k] = *(const uint4*)(row[k] + n + c);
+		}
+		float cg[VEC], cu[VEC];
+		col_scales16(sc, c, cg);
+		col_scales16(sc, n + c, cu);
+#pragma unroll
+		for (int k = 0; k < ROWS_Q; k++) {
+			float a[VEC], b[VEC];
+			unpack16(g[k], a, (const T*)0);
+			unpack16(u[k], b, (const T*)0);
+			if (scaled) {
+				scale16(a, fr[k], cg);
+				scale16(b, fr[k], cu);
+			}
+#pragma unroll
+			for (int j = 0; j < VEC; j++) {
+				a[j] = round_t(silu_f(a[j]) * b[j]);
+				m[k] = fmaxf(m[k], fabsf(a[j]));
+			}
+			store16((T*)&held[k * nv + i], a);
+		}
+	}
+	float s[ROWS_Q];
+#pragma unroll
+	for (int k = 0; k < ROWS_Q; k++) s[k] = e4m3_scale(block_max(m[k], sh));
+#pragma unroll
+	for (int k = 0; k < ROWS_Q; k++) {
+		if (r0 + k >= rows) break;
+		if (threadIdx.x == 0) qs[r0 + k] = s[k];
+		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+			float a[VEC];
+			unpack16(held[k * nv + i], a, (const T*)0);
+			store_e4m3(q + (r0 + k) * n + i * VEC, a, s[k]);
+		}
 	}
 }
 
@@ -1001,6 +1175,57 @@ extern "C" __global__ void rope_qkv_write(const T* qkv, const float* sr, const f
 		rope_qkv_pair([&](int c) { return scaled_of(tof(src[c]), sr, sc, t, col + c); },
 		              [&](int c) { return sr || sc ? kv_of(scaled_of(tof(src[c]), sr, sc, t, col + c)) : kv_from(src[c]); }, h, i,
 		              q + (long long)t * heads * hd, kc + slot, vc + slot, table + (long long)pos[t] * hd, heads, kvHeads, hd, interleaved);
+	}
+}
+
+// rope_qkv_write by rows: grid (chunks of a row's pairs, rows), the token's
+// slot and position read once a block and no 64-bit division a pair (the
+// grid-stride form streamed an FP8 prefill's 2,048 rows at 0.56 TB/s,
+// docs/PERF.md issue 16, session 32). The same values as rope_qkv_write.
+#define ROPE_P 4
+extern "C" __global__ void rope_qkv_write_r(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,
+                                            const int* pos, const int* slots, const float* table, int heads, int kvHeads,
+                                            int hd, int interleaved) {
+	pdl_enter();
+	const int t = blockIdx.y;
+	const int half = hd / 2, nh = heads + 2 * kvHeads, width = kvHeads * hd, pairs = nh * half;
+	const long long slot = (long long)slots[t] * width;
+	const float* cs = table + (long long)pos[t] * hd;
+	const T* row = qkv + (long long)t * nh * hd;
+	const float fr = sr ? sr[t] : 1.f;
+	const int stride = blockDim.x * ROPE_P;
+	// ROPE_P pairs a thread, their elements (a spare pair repeats the last)
+	// and column scales loaded before any is used: the two elements a pair
+	// of rope_qkv_pair reads, (a, b) of a query or key head, (2i, 2i+1) of
+	// a value head.
+	for (int j0 = blockIdx.x * stride + threadIdx.x; j0 < pairs; j0 += gridDim.x * stride) {
+		T e[ROPE_P][2];
+		float f[ROPE_P][2];
+		int ca[ROPE_P];
+#pragma unroll
+		for (int p = 0; p < ROPE_P; p++) {
+			const int j = imin(j0 + p * blockDim.x, pairs - 1), h = j / half, i = j % half;
+			int a = 2 * i, b = 2 * i + 1;
+			if (h < heads + kvHeads) rope_pair(i, half, interleaved, &a, &b);
+			ca[p] = a;
+			const int col = h * hd;
+			e[p][0] = row[col + a];
+			e[p][1] = row[col + b];
+			f[p][0] = fr * (sc ? sc[col + a] : 1.f);
+			f[p][1] = fr * (sc ? sc[col + b] : 1.f);
+		}
+#pragma unroll
+		for (int p = 0; p < ROPE_P; p++) {
+			const int j = j0 + p * blockDim.x, h = j / half;
+			if (j >= pairs) break;
+			// scaled_of's arithmetic with the loaded scales.
+			auto x = [&](int c) {
+				const int w = c != ca[p];
+				return sr || sc ? tof(fromf<T>(__fmul_rn(tof(e[p][w]), f[p][w]))) : tof(e[p][w]);
+			};
+			rope_qkv_pair(x, [&](int c) { return sr || sc ? kv_of(x(c)) : kv_from(e[p][c != ca[p]]); }, h, j % half,
+			              q + (long long)t * heads * hd, kc + slot, vc + slot, cs, heads, kvHeads, hd, interleaved);
+		}
 	}
 }
 

@@ -395,6 +395,14 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 		return err
 	}
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
+		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared {
+			name := "add_rmsnorm_rq" + wsuffix(wt)
+			if err := k.raiseShared(name, shared); err != nil {
+				return err
+			}
+			return k.launchDep(name, cu.D1((rows+normRowsQ-1)/normRowsQ), block, shared, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales,
+				int32(rows), int32(dim), eps)
+		}
 		return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales, int32(rows), int32(dim), eps)
 	}
 	if err := k.AddRMSNorm(s, sum, normed, x, r, xs, w, wt, rows, dim, eps); err != nil {
@@ -604,14 +612,38 @@ func (k *Kernels) FoldGain(s *cu.Stream, w, g cu.Ptr, gt cu.DType, rows, cols in
 // slower with it than with the two kernels; batch 256 and prefill gained).
 const swigluE4M3MinRows = 256
 
+// The FP8-form writers' kernels for the many rows of a prefill (at least
+// prefillRowsQ; kernels.cu's swiglu_packed_qr, add_rmsnorm_rq_w*): a block
+// takes swigluRowsQ (ROWS_Q) or normRowsQ (ROWS_N) rows, holding their
+// values in at most maxRowsShared bytes of shared memory. A block a row
+// streamed the FP8 prefill's rows at 0.8–1.0 TB/s (Nsight Compute, H200,
+// docs/PERF.md issue 16, session 32): each column's scales read again for
+// every row, and a thread's loads waiting for one another.
+const (
+	prefillRowsQ  = 1024
+	swigluRowsQ   = 2
+	normRowsQ     = 4
+	maxRowsShared = 160 << 10
+)
+
 // SwiGLUPackedE4M3 is SwiGLUPacked with its output in FP8 form: one kernel,
-// a block a row, for at least swigluE4M3MinRows rows that fit the norms'
-// register path, else SwiGLUPacked into out and QuantizeRowsE4M3 of it.
+// a block for two rows from prefillRowsQ rows on, a block a row for at
+// least swigluE4M3MinRows rows that fit the norms' register path, else
+// SwiGLUPacked into out and QuantizeRowsE4M3 of it.
 func (k *Kernels) SwiGLUPackedE4M3(s *cu.Stream, q E4M3Rows, out, gu cu.Ptr, sc ProductScales, rows, n int) error {
 	if err := checkRows("swiglu_packed", rows, 2*n); err != nil {
 		return err
 	}
-	if v := k.vec(); rows >= swigluE4M3MinRows && n%16 == 0 && n/v <= normMaxVectors*256 && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
+	v := k.vec()
+	if shared := swigluRowsQ * n * k.Act.Size(); rows >= prefillRowsQ && n%16 == 0 && shared <= maxRowsShared && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
+		nv := n / v
+		if err := k.raiseShared("swiglu_packed_qr", shared); err != nil {
+			return err
+		}
+		return k.launchDep("swiglu_packed_qr", cu.D1((rows+swigluRowsQ-1)/swigluRowsQ), cu.D1(min(256, (nv+31)/32*32)), shared, s,
+			gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(rows), int32(nv))
+	}
+	if rows >= swigluE4M3MinRows && n%16 == 0 && n/v <= normMaxVectors*256 && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
 		nv := n / v
 		return k.launchDep("swiglu_packed_q", cu.D1(rows), cu.D1(min(256, (nv+31)/32*32)), 0, s, gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(nv))
 	}
@@ -679,9 +711,17 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
+	if rows <= MaxRMSRows {
+		return k.launchDep("rope_qkv_write_r", rowChunks((heads+2*kvHeads)*headDim/2, ropePairs, rows), cu.D1(256), 0, s, qkv, sc.Rows, sc.Cols,
+			q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
+	}
 	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table,
 		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
+
+// ropePairs is ROPE_P in kernels.cu: the pairs a thread of rope_qkv_write_r
+// takes at a time.
+const ropePairs = 4
 
 // RoPEQKVWriteRMS is RoPEQKVWrite of a product qkv whose rows are still
 // to be divided by the rms of nx's: each element read as x/rms rounded to

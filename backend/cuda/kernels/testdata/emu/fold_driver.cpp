@@ -1,8 +1,9 @@
 // Driver of TestFoldKernelsEmulated (emu_test.go): runs, on the host, the
 // kernels of a norm folded into the products around it (swiglu_packed_n,
 // rope_qkv_write_n, fold_gain; backend/cuda/normfold.go), and the plain
-// readers that share their code (swiglu_packed_v, rope_qkv_write, without
-// scales), as kernels.go launches them, against a float64 reference (every element within 2e-2
+// readers that share their code (swiglu_packed_v, rope_qkv_write and
+// rope_qkv_write_r, without scales), as kernels.go launches them, against a
+// float64 reference (every element within 2e-2
 // for bf16, 4e-3 for f16, of |ref| + the output's rms; fold_gain bit for
 // bit), and the dequantization of a table of experts' matrices
 // (dequant_q8_0 and dequant_q4_k with srcs) against the same kernels run
@@ -90,9 +91,9 @@ static int swiglu_case(int rows, int dim, int n, bool folded, unsigned seed) {
 	return within(what, ref, out.data());
 }
 
-// rope_case runs rope_qkv_write_n (folded) or rope_qkv_write (its rows not
-// divided: inv 1).
-static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, bool folded, unsigned seed) {
+// rope_case runs rope_qkv_write_n (folded), else rope_qkv_write or, with
+// byRows, rope_qkv_write_r (their rows not divided: inv 1).
+static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, bool folded, unsigned seed, bool byRows = false) {
 	std::mt19937_64 rng(seed);
 	const float eps = 1e-5f;
 	const int dim = 256, maxPos = 64, nh = heads + 2 * kvHeads, half = hd / 2, width = kvHeads * hd;
@@ -118,6 +119,11 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 	if (folded) {
 		launch(rowChunks(nh * half, 4, rows), 256, [&] {
 			rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
+			                 kvHeads, hd, interleaved);
+		});
+	} else if (byRows) {
+		launch(rowChunks(nh * half, 4, rows), 256, [&] {
+			rope_qkv_write_r(qkv.data(), nullptr, nullptr, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
 			                 kvHeads, hd, interleaved);
 		});
 	} else {
@@ -150,7 +156,7 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		}
 	char what[96];
 	int bad = 0;
-	const char* name = folded ? "rope_qkv_write_n" : "rope_qkv_write";
+	const char* name = folded ? "rope_qkv_write_n" : byRows ? "rope_qkv_write_r" : "rope_qkv_write";
 	snprintf(what, sizeof what, "%s q, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, qref, q.data());
 	snprintf(what, sizeof what, "%s k cache, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
@@ -225,6 +231,9 @@ int main() {
 		fails += rope_case(3, 4, 2, 64, 0, folded, 3) != 0;
 		fails += rope_case(2, 32, 8, 128, 1, folded, 4) != 0; // several chunks a row
 	}
+	fails += rope_case(3, 4, 2, 64, 0, false, 3, true) != 0;
+	fails += rope_case(2, 32, 8, 128, 1, false, 4, true) != 0; // several blocks a row
+	fails += rope_case(2, 32, 8, 128, 0, false, 8, true) != 0;
 	fails += fold_gain_case(5) != 0;
 	fails += dequant_case("q8_0", 34, {0}, dequant_q8_0, 6) != 0;
 	fails += dequant_case("q4_k", 144, {0, 2}, dequant_q4_k, 7) != 0;

@@ -115,15 +115,10 @@ func TestMoEEmulated(t *testing.T) {
 // check the same on the device. Skipped as TestDecodeMMAEmulated.
 func TestFoldKernelsEmulated(t *testing.T) {
 	var s strings.Builder
-	kernelsEmuHead(t, &s)
-	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_max("))
-	s.WriteString(cBetween(t, common, "template <typename H> __device__ __forceinline__ unsigned pack_h2(",
-		"__device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }\n"))
-	s.WriteString(cBetween(t, common, "template <bool MAX> __device__ __forceinline__ float warp_reduce(",
-		"__device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }\n"))
+	kernelsEmuRows(t, &s)
 	s.WriteString(readEmu(t, "fold_prelude.h"))
 	// kernels.cu's definitions the kernels use, in its order.
-	for _, d := range []string{
+	s.WriteString(cPieces(t, common,
 		"__device__ __forceinline__ float scaled_of(",
 		"__device__ __forceinline__ void col_scales16(",
 		"__device__ __forceinline__ void scale16(",
@@ -147,16 +142,45 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		`extern "C" __global__ void dequant_q8_0(`,
 		"__device__ __forceinline__ void k_scale_min(",
 		"template <bool Q5>\n__device__ __forceinline__ void dequant_k45(",
-		`extern "C" __global__ void dequant_q4_k(`,
-	} {
-		if strings.HasPrefix(d, "#define") {
-			s.WriteString(cLines(t, common, d))
-		} else {
-			s.WriteString(cBlock(t, common, d))
-		}
-	}
+		`extern "C" __global__ void dequant_q4_k(`))
 	s.WriteString(readEmu(t, "fold_driver.cpp"))
 	runEmulated(t, s.String())
+}
+
+// TestFP8WritersEmulated runs the FP8-form writers that take several rows
+// a block (kernels.cu's add_norm_rows_q and swiglu_packed_qr, the path
+// AddRMSNormE4M3 and SwiGLUPackedE4M3 take from prefillRowsQ rows) and the
+// one-row-a-block kernels they stand in for (norm_vec_impl's FP8 form,
+// swiglu_packed_q) on the host with the same emulation (their dynamic
+// shared memory mapped to the running block's, e4m3x2 by
+// testdata/emu/fp8_prelude.h), and testdata/emu/fp8_driver.cpp compares
+// their outputs byte for byte. The GPU test (TestE4M3Writers) checks the
+// same on the device. Skipped as TestDecodeMMAEmulated.
+func TestFP8WritersEmulated(t *testing.T) {
+	var s strings.Builder
+	kernelsEmuRows(t, &s)
+	s.WriteString(readEmu(t, "fp8_prelude.h"))
+	s.WriteString(cPieces(t, common,
+		"__device__ __forceinline__ float e4m3_scale(",
+		"__device__ __forceinline__ void store_e4m3(",
+		"template <int R>\n__device__ __forceinline__ void store_held_e4m3(",
+		"__device__ __forceinline__ void col_scales16(",
+		"__device__ __forceinline__ void scale16(",
+		"__device__ __forceinline__ void load_scaled16(",
+		"#define NORM_MAXV",
+		"template <typename W, bool PREW, bool Q = false>\n__device__ void norm_vec_impl(",
+		"#define ROWS_N",
+		"template <typename W>\n__device__ void add_norm_rows_q(",
+		`extern "C" __global__ void swiglu_packed_q(`,
+		"#define ROWS_Q",
+		`extern "C" __global__ void swiglu_packed_qr(`))
+	const ext = "extern __shared__ uint4 held[];"
+	src := s.String()
+	if strings.Count(src, ext) != 2 {
+		t.Fatalf("kernels.cu: not two %q", ext)
+	}
+	src = strings.ReplaceAll(src, ext, "uint4* const held = (uint4*)cur_smem();")
+	runEmulated(t, src+readEmu(t, "fp8_driver.cpp"))
 }
 
 // kernelsEmuHead writes what the emulated kernels of kernels.cu start
@@ -169,6 +193,19 @@ func kernelsEmuHead(t *testing.T, s *strings.Builder) {
 	s.WriteString(cBetween(t, common, "__device__ __forceinline__ void unpack16(uint4 v, float* f, const float*) {", "#define VEC (16 / (int)sizeof(T))\n"))
 	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_sum("))
 	s.WriteString(cLines(t, common, "#define GRID_STRIDE"))
+}
+
+// kernelsEmuRows writes kernelsEmuHead and what the kernels of a row at a
+// time add: warp_max, the 16-byte stores, round_t and the block
+// reductions.
+func kernelsEmuRows(t *testing.T, s *strings.Builder) {
+	t.Helper()
+	kernelsEmuHead(t, s)
+	s.WriteString(cBlock(t, common, "__device__ __forceinline__ float warp_max("))
+	s.WriteString(cBetween(t, common, "template <typename H> __device__ __forceinline__ unsigned pack_h2(",
+		"__device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }\n"))
+	s.WriteString(cBetween(t, common, "template <bool MAX> __device__ __forceinline__ float warp_reduce(",
+		"__device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }\n"))
 }
 
 // TestMoETileEmulated runs moe_tile.cu's kernels (a mixture of experts'
@@ -410,6 +447,21 @@ func cBlock(t *testing.T, src, marker string) string {
 	}
 	t.Fatalf("%q: no closing brace", marker)
 	return ""
+}
+
+// cPieces is the pieces of src that markers start, in order: a #define's
+// lines (cLines), else a definition's block (cBlock).
+func cPieces(t *testing.T, src string, markers ...string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, m := range markers {
+		if strings.HasPrefix(m, "#define") {
+			b.WriteString(cLines(t, src, m))
+		} else {
+			b.WriteString(cBlock(t, src, m))
+		}
+	}
+	return b.String()
 }
 
 // cBetween is src from marker start through the first end after it.

@@ -218,6 +218,28 @@ __device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, flo
 	}
 }
 
+// store_held_e4m3 ends the FP8-form writers that take R rows a block (rows
+// r0.. of nv 16-byte vectors, those past rows spare): each row's scale from
+// the block's maximum m[k] of it into qs, and its values, rounded to T and
+// held in shared memory at held[k·nv ..], as E4M3 codes into q.
+template <int R>
+__device__ __forceinline__ void store_held_e4m3(const uint4* held, const float (&m)[R], float* sh, unsigned char* q, float* qs,
+                                                long long r0, int rows, int nv) {
+	float s[R];
+#pragma unroll
+	for (int k = 0; k < R; k++) s[k] = e4m3_scale(block_max(m[k], sh));
+#pragma unroll
+	for (int k = 0; k < R; k++) {
+		if (r0 + k >= rows) break;
+		if (threadIdx.x == 0) qs[r0 + k] = s[k];
+		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+			float v[VEC];
+			unpack16(held[k * nv + i], v, (const T*)0);
+			store_e4m3(q + ((r0 + k) * nv + i) * VEC, v, s[k]);
+		}
+	}
+}
+
 __device__ __forceinline__ int window_start(int p, int window) {
 	return (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
 }
@@ -477,19 +499,7 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 			store16((T*)&held[k * nv + i], v);
 		}
 	}
-	float s[ROWS_N];
-#pragma unroll
-	for (int k = 0; k < ROWS_N; k++) s[k] = e4m3_scale(block_max(m[k], sh));
-#pragma unroll
-	for (int k = 0; k < ROWS_N; k++) {
-		if (r0 + k >= rows) break;
-		if (threadIdx.x == 0) qs[r0 + k] = s[k];
-		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-			float v[VEC];
-			unpack16(held[k * nv + i], v, (const T*)0);
-			store_e4m3(q + base[k] + i * VEC, v, s[k]);
-		}
-	}
+	store_held_e4m3<ROWS_N>(held, m, sh, q, qs, r0, rows, nv);
 }
 
 // ---------------------------------------------------------------- add_bias
@@ -793,19 +803,7 @@ extern "C" __global__ void swiglu_packed_qr(const T* gu, const float* sr, const 
 			store16((T*)&held[k * nv + i], a);
 		}
 	}
-	float s[ROWS_Q];
-#pragma unroll
-	for (int k = 0; k < ROWS_Q; k++) s[k] = e4m3_scale(block_max(m[k], sh));
-#pragma unroll
-	for (int k = 0; k < ROWS_Q; k++) {
-		if (r0 + k >= rows) break;
-		if (threadIdx.x == 0) qs[r0 + k] = s[k];
-		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-			float a[VEC];
-			unpack16(held[k * nv + i], a, (const T*)0);
-			store_e4m3(q + (r0 + k) * n + i * VEC, a, s[k]);
-		}
-	}
+	store_held_e4m3<ROWS_Q>(held, m, sh, q, qs, r0, rows, nv);
 }
 
 // ---------------------------------------------------------------- FP8 activations

@@ -116,9 +116,10 @@ type ModelResult struct {
 	// clocks drift as it warms, so each run is compared with its own
 	// moment).
 	PeakFraction float64 `json:"peak_fraction,omitempty"`
-	// DeviceBusy is the fraction of a decode step's wall time during which
-	// the device ran the step (DeviceTime); the rest is spent outside it
-	// (host work, launches, synchronisation): OutsideSeconds per step.
+	// DeviceBusy is the fraction of a step's wall time (a decode step's, or
+	// the whole prefill's) during which the device ran the step
+	// (DeviceTime); the rest is spent outside it (host work, launches,
+	// synchronisation): OutsideSeconds per step (per prefill).
 	DeviceBusy     float64 `json:"device_busy_fraction,omitempty"`
 	OutsideSeconds float64 `json:"outside_seconds_per_step,omitempty"`
 	// BytesPerStep is the memory a decode step must read: the weights as
@@ -179,7 +180,7 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 		prompt := randomTokens(o.PromptTokens)
 		res := ModelResult{Test: fmt.Sprintf("pp%d", o.PromptTokens), Batch: 1, Tokens: o.PromptTokens}
 		flopsPerToken := prefillFLOPsPerToken(m, o.PromptTokens)
-		var peaks, fractions []float64
+		var peaks, fractions, busy, outside []float64
 		for i := 0; i <= o.Reps; i++ { // the first run warms up and is discarded
 			o.progress(res, i)
 			peak := 0.0
@@ -190,6 +191,10 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 				}
 			}
 			seq := e.NewSequence()
+			var dev0 time.Duration
+			if o.DeviceTime != nil {
+				dev0 = o.DeviceTime()
+			}
 			start := time.Now()
 			if _, err := e.Prefill(seq, prompt, false); err != nil {
 				return nil, err
@@ -198,6 +203,11 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			e.Free(seq)
 			if i == 0 {
 				continue
+			}
+			if o.DeviceTime != nil {
+				dev := o.DeviceTime() - dev0
+				busy = append(busy, dev.Seconds()/el.Seconds())
+				outside = append(outside, (el - dev).Seconds())
 			}
 			rate := float64(o.PromptTokens) / el.Seconds()
 			res.Samples = append(res.Samples, rate)
@@ -223,6 +233,7 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			}
 		}
 		res.TokensPerSec, res.StdDev = meanStd(res.Samples)
+		res.DeviceBusy, res.OutsideSeconds = median(busy), median(outside)
 		res.FLOPS = res.TokensPerSec * flopsPerToken
 		if len(peaks) > 0 {
 			rep.PeakFLOPS, res.PeakFraction = median(peaks), median(fractions)

@@ -131,6 +131,29 @@ func TestPeakFractionPerRepetition(t *testing.T) {
 	}
 }
 
+// TestPrefillDeviceBusy: the prompt-processing test reports the share of
+// each timed prefill's wall time the device reported (here a clock running
+// at half speed: about half), and the rest, per prefill, as outside.
+func TestPrefillDeviceBusy(t *testing.T) {
+	m, e := tinyEngine(t)
+	t0 := time.Now()
+	half := func() time.Duration { return time.Since(t0) / 2 }
+	rep, err := RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, Reps: 3, DeviceTime: half})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Results[0]
+	if r.DeviceBusy < 0.45 || r.DeviceBusy > 0.6 {
+		t.Errorf("device busy %g of a prefill, want about 0.5", r.DeviceBusy)
+	}
+	if per := 1 / r.TokensPerSec * 16; r.OutsideSeconds < 0.3*per || r.OutsideSeconds > 0.6*per {
+		t.Errorf("%g s outside a prefill of about %g s, want about half", r.OutsideSeconds, per)
+	}
+	if rep, err = RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, Reps: 1}); err != nil || rep.Results[0].DeviceBusy != 0 {
+		t.Errorf("without a device clock: busy %v, %v", rep.Results[0].DeviceBusy, err)
+	}
+}
+
 // TestProfileHook checks that ModelOptions.Profile is called once per
 // generation test, after its timed repetitions, with the test's label, and
 // that the steps it runs succeed within the cache the tests size.

@@ -94,6 +94,23 @@ tp_bench() {
 	echo "bench model $name: rc=$? at $(($(date +%s) - t0)) s"
 }
 
+# ncu is Nsight Compute's command on the GPU machine (empty: none).
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+
+# ncu_prefill NAME MODEL LIMIT profiles a 2048-token prefill of MODEL under
+# Nsight Compute (within LIMIT s), kernel by kernel: duration and DRAM
+# bytes, caches flushed between kernels, clocks left alone; into
+# $out/NAME.csv and .txt, and prints its exit status and
+# tools/gpu/ncu_steps.py's summary with each kernel's DRAM rate (also in
+# $out/NAME.summary).
+ncu_prefill() {
+	timeout "$3" "$ncu" --clock-control none --cache-control all --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+		--csv --print-units base --log-file "$out/$1.csv" $k bench model "$2" --device cuda --reps 1 --cuda-graphs=false \
+		--pp 2048 --tg 0 >"$out/$1.txt" 2>&1
+	echo "$1 ncu: rc=$?"
+	python3 tools/gpu/ncu_steps.py "$out/$1.csv" --bytes | tee "$out/$1.summary"
+}
+
 # random_ids N prints N random token ids from 1,000 to 99,999, comma-
 # separated, the same every time (the speculative scripts' prompts).
 random_ids() {

@@ -15,11 +15,6 @@ grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/fp8-ktests.log" | head
 OUT=$out/bench ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64,256} VARIANTS="${VARIANTS:-bf16 fp8 fp8-base}" tools/gpu/fp8-bench.sh
 echo "bench done at $(($(date +%s) - t0)) s"
 if [ $(($(date +%s) - t0)) -lt 470 ]; then
-	ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-	timeout $((560 - ($(date +%s) - t0))) "$ncu" --clock-control none --cache-control all --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-		--csv --print-units base --log-file "$out/fp8.csv" $k bench model "$keep/llama3-8b-fp8" --device cuda --reps 1 --cuda-graphs=false \
-		--pp 2048 --tg 0 >"$out/fp8-ncu.txt" 2>&1
-	echo "fp8 ncu: rc=$? at $(($(date +%s) - t0)) s"
-	python3 tools/gpu/ncu_steps.py "$out/fp8.csv" --bytes | tee "$out/fp8.summary" | grep -A16 "prefill step"
+	ncu_prefill fp8 "$keep/llama3-8b-fp8" $((560 - ($(date +%s) - t0))) | sed -n '/ncu: rc=/p; /prefill step/,$p'
 fi
 pack_out logs.tgz

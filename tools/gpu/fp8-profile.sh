@@ -7,7 +7,6 @@
 # where the FP8 prefill's time goes beside its products (issue 16's 1.6×).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-profile.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
 t0=$(date +%s)
 random_bf16
@@ -21,10 +20,6 @@ for m in bf16 fp8; do
 	$k bench model "$dir" --device cuda --pp 2048 --tg 1 --batch 1 --reps 2 >"$out/$m-bench.txt" 2>&1
 	echo "$m bench: rc=$? at $(($(date +%s) - t0)) s"
 	grep -E '^\| pp' "$out/$m-bench.txt"
-	timeout 240 "$ncu" --clock-control none --cache-control all --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-		--csv --print-units base --log-file "$out/$m.csv" $k bench model "$dir" --device cuda --reps 1 --cuda-graphs=false \
-		--pp 2048 --tg 0 >"$out/$m.txt" 2>&1
-	echo "$m ncu: rc=$? at $(($(date +%s) - t0)) s"
-	python3 tools/gpu/ncu_steps.py "$out/$m.csv" --bytes | tee "$out/$m.summary" | head -40
+	ncu_prefill "$m" "$dir" 240 | head -40
 done
 pack_out logs.tgz

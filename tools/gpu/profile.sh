@@ -11,7 +11,6 @@
 #   tools/gpu/profile.sh [prefill] [decode1] [decode16] [decode256@128]   (default the first three)
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/profile.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
 # Make the model once (and compile the kernels) outside the profiler.
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 64 --tg 2 --batch 1 --reps 1 >"$out/warm.txt" 2>&1

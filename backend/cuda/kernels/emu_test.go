@@ -106,7 +106,8 @@ func TestMoEEmulated(t *testing.T) {
 // products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
 // row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go), the plain
 // readers that share their code (swiglu_packed_v, rope_qkv_write,
-// rope_qkv_write_r) and the
+// rope_qkv_write_r; the RoPE readers also with an FP8 product's scales)
+// and the
 // dequantization of a table of experts' matrices (dequant_run with srcs,
 // as Q8_0 and Q4_K) on the host with the same emulation, and
 // testdata/emu/fold_driver.cpp compares them with a float64 reference (the
@@ -119,6 +120,7 @@ func TestFoldKernelsEmulated(t *testing.T) {
 	s.WriteString(readEmu(t, "fold_prelude.h"))
 	// kernels.cu's definitions the kernels use, in its order.
 	s.WriteString(cPieces(t, common,
+		"__device__ __forceinline__ float scale_round(",
 		"__device__ __forceinline__ float scaled_of(",
 		"__device__ __forceinline__ void col_scales16(",
 		"__device__ __forceinline__ void scale16(",
@@ -159,10 +161,13 @@ func TestFoldKernelsEmulated(t *testing.T) {
 func TestFP8WritersEmulated(t *testing.T) {
 	var s strings.Builder
 	kernelsEmuRows(t, &s)
+	s.WriteString(readEmu(t, "fold_prelude.h"))
 	s.WriteString(readEmu(t, "fp8_prelude.h"))
 	s.WriteString(cPieces(t, common,
+		"__device__ __forceinline__ float scale_round(",
 		"__device__ __forceinline__ float e4m3_scale(",
 		"__device__ __forceinline__ void store_e4m3(",
+		"template <int R>\n__device__ __forceinline__ void block_rows(",
 		"template <int R>\n__device__ __forceinline__ void store_held_e4m3(",
 		"__device__ __forceinline__ void col_scales16(",
 		"__device__ __forceinline__ void scale16(",

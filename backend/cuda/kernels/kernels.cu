@@ -139,10 +139,11 @@ __device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }
 // (swiglu_packed, rope_qkv_write) take when given the scales instead. With
 // neither scale, x as it is. The multiplication is never contracted into
 // a reader's next addition (__fmul_rn), so that f32 rounds as in two kernels.
+// scale_round is that product and rounding for the two scales' product f.
+__device__ __forceinline__ float scale_round(float x, float f) { return tof(fromf<T>(__fmul_rn(x, f))); }
 __device__ __forceinline__ float scaled_of(float x, const float* sr, const float* sc, long long r, long long c) {
 	if (!sr && !sc) return x;
-	float f = (sr ? sr[r] : 1.f) * (sc ? sc[c] : 1.f);
-	return tof(fromf<T>(__fmul_rn(x, f)));
+	return scale_round(x, (sr ? sr[r] : 1.f) * (sc ? sc[c] : 1.f));
 }
 
 // col_scales16 is the VEC column scales of an FP8 product at columns c..
@@ -158,7 +159,7 @@ __device__ __forceinline__ void col_scales16(const float* sc, int c, float* f) {
 // whose scale is fr, the columns' scales cs.
 __device__ __forceinline__ void scale16(float* f, float fr, const float* cs) {
 #pragma unroll
-	for (int j = 0; j < VEC; j++) f[j] = tof(fromf<T>(__fmul_rn(f[j], fr * cs[j])));
+	for (int j = 0; j < VEC; j++) f[j] = scale_round(f[j], fr * cs[j]);
 }
 
 // load_scaled16 is load16 of VEC elements of an FP8 product at row r,
@@ -215,6 +216,18 @@ __device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, flo
 		*(uint2*)q = w;
 	} else {
 		*(unsigned*)q = p[0] | (unsigned)p[1] << 16;
+	}
+}
+
+// block_rows starts the FP8-form writers that take R rows a block from
+// row r0: each row's index (a last block's spare rows repeat the last row)
+// and scale (sr's; 1 without).
+template <int R>
+__device__ __forceinline__ void block_rows(long long r0, int rows, const float* sr, long long (&rk)[R], float (&fr)[R]) {
+#pragma unroll
+	for (int k = 0; k < R; k++) {
+		rk[k] = r0 + k < rows ? r0 + k : rows - 1;
+		fr[k] = sr ? sr[rk[k]] : 1.f;
 	}
 }
 
@@ -443,13 +456,9 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 	const long long r0 = (long long)blockIdx.x * ROWS_N;
 	long long base[ROWS_N];
 	float fr[ROWS_N], ss[ROWS_N];
+	block_rows<ROWS_N>(r0, rows, sr, base, fr);
 #pragma unroll
-	for (int k = 0; k < ROWS_N; k++) {
-		const long long rk = r0 + k < rows ? r0 + k : rows - 1; // a last block's spare rows repeat the last
-		base[k] = rk * dim;
-		fr[k] = sr ? sr[rk] : 1.f;
-		ss[k] = 0.f;
-	}
+	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
@@ -765,15 +774,12 @@ extern "C" __global__ void swiglu_packed_qr(const T* gu, const float* sr, const 
 	pdl_enter();
 	const int n = nv * VEC;
 	const long long r0 = (long long)blockIdx.x * ROWS_Q;
+	long long rk[ROWS_Q];
 	const T* row[ROWS_Q];
 	float fr[ROWS_Q], m[ROWS_Q];
+	block_rows<ROWS_Q>(r0, rows, sr, rk, fr);
 #pragma unroll
-	for (int k = 0; k < ROWS_Q; k++) {
-		const long long rk = r0 + k < rows ? r0 + k : rows - 1; // a last block's spare row repeats the last
-		row[k] = gu + rk * 2 * n;
-		fr[k] = sr ? sr[rk] : 1.f;
-		m[k] = 0.f;
-	}
+	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
 	const bool scaled = sr || sc;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
@@ -1216,10 +1222,10 @@ extern "C" __global__ void rope_qkv_write_r(const T* qkv, const float* sr, const
 		for (int p = 0; p < ROPE_P; p++) {
 			const int j = j0 + p * blockDim.x, h = j / half;
 			if (j >= pairs) break;
-			// scaled_of's arithmetic with the loaded scales.
+			// scaled_of with the loaded scales.
 			auto x = [&](int c) {
 				const int w = c != ca[p];
-				return sr || sc ? tof(fromf<T>(__fmul_rn(tof(e[p][w]), f[p][w]))) : tof(e[p][w]);
+				return sr || sc ? scale_round(tof(e[p][w]), f[p][w]) : tof(e[p][w]);
 			};
 			rope_qkv_pair(x, [&](int c) { return sr || sc ? kv_of(x(c)) : kv_from(e[p][c != ca[p]]); }, h, j % half,
 			              q + (long long)t * heads * hd, kc + slot, vc + slot, cs, heads, kvHeads, hd, interleaved);

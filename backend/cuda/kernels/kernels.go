@@ -303,10 +303,15 @@ func (k *Kernels) normKernel(name string, wt cu.DType, rows, dim int, fp8 bool, 
 		if fp8 {
 			v += "q"
 		}
-		return name + v + wsuffix(wt), cu.D1(min(256, (nv+31)/32*32)), true
+		return name + v + wsuffix(wt), rowBlock(nv), true
 	}
 	return name + wsuffix(wt), normBlock(dim), false
 }
+
+// rowBlock is the block of the kernels that take a row of nv 16-byte
+// vectors a block (or several rows, a thread the same vectors of each): a
+// thread a vector, in whole warps, at most 256.
+func rowBlock(nv int) cu.Dim3 { return cu.D1(min(256, (nv+31)/32*32)) }
 
 // NormRegisterPath reports whether the norms of rows of dim over the
 // operands at ptrs take the register path ("_v"), where NormPrefetch
@@ -396,11 +401,11 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 	}
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
 		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared {
-			name := "add_rmsnorm_rq" + wsuffix(wt)
-			if err := k.raiseShared(name, shared); err != nil {
+			rq := "add_rmsnorm_rq" + wsuffix(wt)
+			if err := k.raiseShared(rq, shared); err != nil {
 				return err
 			}
-			return k.launchDep(name, cu.D1((rows+normRowsQ-1)/normRowsQ), block, shared, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales,
+			return k.launchDep(rq, cu.D1((rows+normRowsQ-1)/normRowsQ), block, shared, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales,
 				int32(rows), int32(dim), eps)
 		}
 		return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales, int32(rows), int32(dim), eps)
@@ -640,12 +645,12 @@ func (k *Kernels) SwiGLUPackedE4M3(s *cu.Stream, q E4M3Rows, out, gu cu.Ptr, sc 
 		if err := k.raiseShared("swiglu_packed_qr", shared); err != nil {
 			return err
 		}
-		return k.launchDep("swiglu_packed_qr", cu.D1((rows+swigluRowsQ-1)/swigluRowsQ), cu.D1(min(256, (nv+31)/32*32)), shared, s,
+		return k.launchDep("swiglu_packed_qr", cu.D1((rows+swigluRowsQ-1)/swigluRowsQ), rowBlock(nv), shared, s,
 			gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(rows), int32(nv))
 	}
 	if rows >= swigluE4M3MinRows && n%16 == 0 && n/v <= normMaxVectors*256 && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
 		nv := n / v
-		return k.launchDep("swiglu_packed_q", cu.D1(rows), cu.D1(min(256, (nv+31)/32*32)), 0, s, gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(nv))
+		return k.launchDep("swiglu_packed_q", cu.D1(rows), rowBlock(nv), 0, s, gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(nv))
 	}
 	if err := k.SwiGLUPacked(s, out, gu, sc, rows, n); err != nil {
 		return err

@@ -2,7 +2,8 @@
 // kernels of a norm folded into the products around it (swiglu_packed_n,
 // rope_qkv_write_n, fold_gain; backend/cuda/normfold.go), and the plain
 // readers that share their code (swiglu_packed_v, rope_qkv_write and
-// rope_qkv_write_r, without scales), as kernels.go launches them, against a
+// rope_qkv_write_r, without scales, and the two RoPE readers with an FP8
+// product's scales), as kernels.go launches them, against a
 // float64 reference (every element within 2e-2
 // for bf16, 4e-3 for f16, of |ref| + the output's rms; fold_gain bit for
 // bit), and the dequantization of a table of experts' matrices
@@ -92,8 +93,11 @@ static int swiglu_case(int rows, int dim, int n, bool folded, unsigned seed) {
 }
 
 // rope_case runs rope_qkv_write_n (folded), else rope_qkv_write or, with
-// byRows, rope_qkv_write_r (their rows not divided: inv 1).
-static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, bool folded, unsigned seed, bool byRows = false) {
+// byRows, rope_qkv_write_r (their rows not divided: inv 1; with scaled,
+// the rows an FP8 product's, each element read times its row's and
+// column's scales).
+static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, bool folded, unsigned seed, bool byRows = false,
+                     bool scaled = false) {
 	std::mt19937_64 rng(seed);
 	const float eps = 1e-5f;
 	const int dim = 256, maxPos = 64, nh = heads + 2 * kvHeads, half = hd / 2, width = kvHeads * hd;
@@ -106,6 +110,12 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 	for (auto& v : kc) v = fromf<T>(d(rng));
 	for (auto& v : vc) v = fromf<T>(d(rng));
 	auto kc0 = kc, vc0 = vc;
+	std::uniform_real_distribution<double> u(0, 1);
+	std::vector<float> sr(rows), sc((size_t)nh * hd);
+	for (auto& v : sr) v = (float)std::ldexp(1 + u(rng), (int)(rng() % 3) - 1);
+	for (auto& v : sc) v = (float)std::ldexp(1 + u(rng), (int)(rng() % 3) - 1);
+	const float* psr = scaled ? sr.data() : nullptr;
+	const float* psc = scaled ? sc.data() : nullptr;
 	std::vector<int> pos(rows), slots(rows), perm(nslot);
 	for (int i = 0; i < nslot; i++) perm[i] = i;
 	std::shuffle(perm.begin(), perm.end(), rng);
@@ -123,12 +133,12 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		});
 	} else if (byRows) {
 		launch(rowChunks(nh * half, 4, rows), 256, [&] {
-			rope_qkv_write_r(qkv.data(), nullptr, nullptr, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
+			rope_qkv_write_r(qkv.data(), psr, psc, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
 			                 kvHeads, hd, interleaved);
 		});
 	} else {
 		launch(ewGrid((long long)rows * nh * half), 256, [&] {
-			rope_qkv_write(qkv.data(), nullptr, nullptr, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), rows, heads,
+			rope_qkv_write(qkv.data(), psr, psc, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), rows, heads,
 			               kvHeads, hd, interleaved);
 		});
 	}
@@ -140,7 +150,8 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 			const T* src = &qkv[((size_t)t * nh + h) * hd];
 			for (int i = 0; i < half; i++) {
 				int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-				double x1 = tof(src[a]) * inv[t], x2 = tof(src[b]) * inv[t];
+				auto at = [&](int c) { return tof(src[c]) * inv[t] * (scaled ? (double)sr[t] * sc[(size_t)h * hd + c] : 1.0); };
+				double x1 = at(a), x2 = at(b);
 				double c = table[(size_t)pos[t] * hd + i], s = table[(size_t)pos[t] * hd + half + i];
 				double r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
 				if (h < heads) {
@@ -150,13 +161,14 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 					kref[o + a] = r1, kref[o + b] = r2;
 				} else {
 					size_t o = (size_t)slots[t] * width + (size_t)(h - heads - kvHeads) * hd;
-					vref[o + 2 * i] = tof(src[2 * i]) * inv[t], vref[o + 2 * i + 1] = tof(src[2 * i + 1]) * inv[t];
+					vref[o + 2 * i] = at(2 * i), vref[o + 2 * i + 1] = at(2 * i + 1);
 				}
 			}
 		}
 	char what[96];
 	int bad = 0;
 	const char* name = folded ? "rope_qkv_write_n" : byRows ? "rope_qkv_write_r" : "rope_qkv_write";
+	if (scaled) name = byRows ? "rope_qkv_write_r, scaled," : "rope_qkv_write, scaled,";
 	snprintf(what, sizeof what, "%s q, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, qref, q.data());
 	snprintf(what, sizeof what, "%s k cache, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
@@ -234,6 +246,9 @@ int main() {
 	fails += rope_case(3, 4, 2, 64, 0, false, 3, true) != 0;
 	fails += rope_case(2, 32, 8, 128, 1, false, 4, true) != 0; // several blocks a row
 	fails += rope_case(2, 32, 8, 128, 0, false, 8, true) != 0;
+	fails += rope_case(3, 4, 2, 64, 0, false, 9, true, true) != 0;
+	fails += rope_case(2, 32, 8, 128, 1, false, 10, true, true) != 0;
+	fails += rope_case(3, 4, 2, 64, 0, false, 11, false, true) != 0;
 	fails += fold_gain_case(5) != 0;
 	fails += dequant_case("q8_0", 34, {0}, dequant_q8_0, 6) != 0;
 	fails += dequant_case("q4_k", 144, {0, 2}, dequant_q4_k, 7) != 0;

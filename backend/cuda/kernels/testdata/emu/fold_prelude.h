@@ -1,9 +1,9 @@
-// For TestFoldKernelsEmulated (emu_test.go): what kernels.cu's folded-norm
-// and dequantization kernels use beyond prelude.h and the pieces of
-// kernels.cu the test takes: the cache's element as the activation dtype
-// (kernels.cu without KV_F8), and the unfused float operations (a host
-// compiler without -ffast-math rounds each one as the device's _rn forms
-// do).
+// For TestFoldKernelsEmulated and TestFP8WritersEmulated (emu_test.go):
+// what kernels.cu's folded-norm, dequantization and FP8-form writing
+// kernels use beyond prelude.h and the pieces of kernels.cu the tests take:
+// the cache's element as the activation dtype (kernels.cu without KV_F8),
+// and the unfused float operations (a host compiler without -ffast-math
+// rounds each one as the device's _rn forms do).
 typedef T KV;
 static inline KV kv_of(float v) { return fromf<T>(v); }
 static inline KV kv_from(T v) { return v; }

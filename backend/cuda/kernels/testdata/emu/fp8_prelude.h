@@ -1,10 +1,8 @@
 // For TestFP8WritersEmulated (emu_test.go): what kernels.cu's FP8-form
-// writers use beyond prelude.h and the pieces of kernels.cu the test takes:
-// the unfused float operations (a host compiler without -ffast-math rounds
-// each one as the device's _rn forms do) and e4m3x2, whose device form is
-// PTX (cvt.rn.satfinite.e4m3x2.f32): here E4M3 rounded to nearest even,
-// saturated at ±448, NaN as 0x7f.
-static inline float __fmul_rn(float a, float b) { return a * b; }
+// writers use beyond prelude.h, fold_prelude.h and the pieces of kernels.cu
+// the test takes: __fdiv_rn (unfused, as fold_prelude.h's), and e4m3x2,
+// whose device form is PTX (cvt.rn.satfinite.e4m3x2.f32): here E4M3
+// rounded to nearest even, saturated at ±448, NaN as 0x7f.
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline unsigned char e4m3_host(float f) {
 	const unsigned char sign = std::signbit(f) ? 0x80 : 0;

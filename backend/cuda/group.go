@@ -94,20 +94,14 @@ func PeerForm(mode string) (peers, flags bool, err error) {
 }
 
 // PeerCapBytes is the most bytes of partial sums a rank's all-reduce may
-// move through peer memory (kernels.PeerAllReduce) in a group of n ranks;
-// larger ones (prefill's) go through NCCL. The kernel pushes a rank's
-// partials to each of the n-1 others, where NCCL's ring moves 2(n-1)/n
-// of them: the same bytes over two ranks, so up to 256 rows of 8,192
-// bf16 activations; twice as many over four, where NCCL's ring was already
-// faster at 2 MiB (256 rows of the 8B shape: docs/PERF.md, "Tensor
-// parallelism", session 24), so up to 512 KiB (vLLM's bound for its
-// one-shot all-reduce over more than two GPUs).
-func PeerCapBytes(n int) int {
-	if n <= 2 {
-		return 4 << 20
-	}
-	return 512 << 10
-}
+// move through peer memory (kernels.PeerAllReduce) in a group of any size;
+// larger ones (prefill's) go through NCCL. 4 MiB: 512 rows of 4,096 bf16
+// activations (the 8B shape's decode at 128 sequences a GPU over four),
+// 256 of 8,192. Over more than two ranks, sums past
+// kernels.PeerOneShotBytes go in two shots, which push as many bytes as
+// NCCL's ring; in one shot, NCCL's ring was already faster at 2 MiB over
+// four ranks (docs/PERF.md, "Tensor parallelism", session 24).
+const PeerCapBytes = 4 << 20
 
 // NewPeers readies the peer all-reduce (kernels.PeerAllReduce) of a
 // group on devs, rank i on devs[i], for Backend.Peers: peer access enabled
@@ -135,12 +129,12 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 		}
 	}
 	regions := make([]cu.Ptr, len(devs))
-	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes(len(devs)))
+	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes)
 	for i, d := range devs {
 		p, err := d.Alloc(n)
 		if err == nil {
 			regions[i] = p
-			err = kernels.ClearPeerRegion(d, p, len(devs), PeerCapBytes(len(devs)), nil)
+			err = kernels.ClearPeerRegion(d, p, len(devs), PeerCapBytes, nil)
 		}
 		if err == nil {
 			err = d.Sync()
@@ -156,7 +150,7 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 	}
 	gs := make([]*kernels.PeerGroup, len(devs))
 	for i := range devs {
-		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes(len(devs))}
+		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes}
 	}
 	return gs, nil
 }

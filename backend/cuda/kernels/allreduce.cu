@@ -297,15 +297,11 @@ __device__ __forceinline__ void lp_push(const ar_regions& rg, unsigned e, int ra
 	}
 }
 
-// lp_take waits for rank q's vector at byte off of its buffer here, empties
-// it, and returns it (a peer that never comes: ar_stuck, after
-// AR_TIMEOUT_NS; in the tests that record it instead of trapping, a late
-// peer's vector is then left in the buffer, and the region's later calls
-// are not to be trusted).
+// lp_ready is w, loaded from p (rank q's vector in a buffer here), once
+// none of its elements is empty: until then it loads p again. It empties
+// p. (A peer that never comes: ar_stuck, after AR_TIMEOUT_NS.)
 template <typename E>
-__device__ __forceinline__ uint4 lp_take(unsigned char* own, unsigned e, int q, int ranks, long long cap, long long off) {
-	uint4* p = (uint4*)(lp_buf(own, e, q, ranks, cap) + off);
-	uint4 w = ar_ld_volatile(p);
+__device__ __forceinline__ uint4 lp_ready(uint4 w, uint4* p, unsigned char* own, unsigned e, int q) {
 	if (lp_empty16<E>(w)) {
 		const unsigned long long t0 = ar_now();
 		do {
@@ -320,6 +316,17 @@ __device__ __forceinline__ uint4 lp_take(unsigned char* own, unsigned e, int q, 
 	empty.x = empty.y = empty.z = empty.w = LP_EMPTY;
 	*p = empty;
 	return w;
+}
+
+// lp_take waits for rank q's vector at byte off of its buffer here, empties
+// it, and returns it (a peer that never comes: ar_stuck, after
+// AR_TIMEOUT_NS; in the tests that record it instead of trapping, a late
+// peer's vector is then left in the buffer, and the region's later calls
+// are not to be trusted).
+template <typename E>
+__device__ __forceinline__ uint4 lp_take(unsigned char* own, unsigned e, int q, int ranks, long long cap, long long off) {
+	uint4* p = (uint4*)(lp_buf(own, e, q, ranks, cap) + off);
+	return lp_ready<E>(ar_ld_volatile(p), p, own, e, q);
 }
 
 // lp_sum16 is the sum over the ranks of a 16-byte vector at byte off:
@@ -346,14 +353,97 @@ __device__ void peer_lamport_impl(const E* src, E* dst, long long nv, int rank, 
 	ar_end(c.own, c.e);
 }
 
-// The kernels of each dtype: peer_allreduce_<E> (the flag form) and
-// peer_lamport_<E>.
+// The two-shot Lamport form (peer_lamport2_<E>), for groups of more than
+// two ranks and sums past kernels.PeerOneShotBytes: the one-shot form
+// pushes a rank's whole partials to each of the n-1 others, this one
+// 2(n-1)/n of them, as NCCL's ring does, in one kernel. The vectors fall
+// in n chunks of cv = ⌈nv/n⌉ (every chunk holds some: the caller passes
+// nv ≥ n²), chunk q rank q's to sum:
+//   1. a rank pushes its partials of each other rank q's chunk into rank
+//      q's buffer of the pushing rank (lp_buf), at the vector's offset;
+//   2. it sums its own chunk, its partials and the peers' (taken from its
+//      buffers, emptied), in rank order in float32 as the one-shot form,
+//      rounds the sum to E, canonical (-0 → +0, so that it is never
+//      empty), stores it in dst and pushes it into every peer's buffer of
+//      its own rank at the same offsets: those of its own chunk, which no
+//      peer's step 1 wrote there;
+//   3. it takes every other chunk's sums from its buffers of their owners.
+// Every word a call stores is emptied by the same call, and in every call
+// each rank reads data of every other rank's same call (step 2 takes
+// their partials, step 3 their sums), so the one-shot form's reasoning
+// for the parities holds for both forms' calls in any order. Vector v is
+// thread v % (grid·threads)'s in steps 1 and 3, which read and write it
+// (dst may be src); step 2's vectors, its own chunk's, are no other
+// step's. Loads are issued LP2_UNROLL vectors (steps 1, 3) or all ranks
+// (step 2) at a time before any is used, to keep many in flight.
+#define LP2_UNROLL 4
+template <typename E>
+__device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap,
+                                   AR_REGION_PARAMS) {
+	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	const uint4* s = (const uint4*)src;
+	uint4* d = (uint4*)dst;
+	const long long cv = (nv + ranks - 1) / ranks;
+	for (long long v0 = c.v0; v0 < nv; v0 += LP2_UNROLL * c.stride) {
+		uint4 w[LP2_UNROLL];
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			if (v < nv) w[u] = s[v];
+		}
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			const int q = (int)(v / cv);
+			if (v < nv && q != rank) *(uint4*)(lp_buf(c.rg.p[q], c.e, rank, ranks, cap) + v * 16) = lp_canon16<E>(w[u]);
+		}
+	}
+	const long long hi = nv < (rank + 1) * cv ? nv : (rank + 1) * cv;
+	for (long long v = rank * cv + c.v0; v < hi; v += c.stride) {
+		uint4 w[AR_MAX_RANKS];
+#pragma unroll
+		for (int q = 0; q < AR_MAX_RANKS; q++) {
+			if (q >= ranks) break;
+			w[q] = q == rank ? lp_canon16<E>(s[v]) : ar_ld_volatile(lp_buf(c.own, c.e, q, ranks, cap) + v * 16);
+		}
+		float f[16 / sizeof(E)];
+		ar_sum_ranks16<E>(f, ranks, [&](int q) {
+			return q == rank ? w[q] : lp_ready<E>(w[q], (uint4*)(lp_buf(c.own, c.e, q, ranks, cap) + v * 16), c.own, c.e, q);
+		});
+		const uint4 sum = lp_canon16<E>(pack16(f, (const E*)0));
+		d[v] = sum;
+		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, sum);
+	}
+	for (long long v0 = c.v0; v0 < nv; v0 += LP2_UNROLL * c.stride) {
+		uint4 w[LP2_UNROLL];
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			const int q = (int)(v / cv);
+			if (v < nv && q != rank) w[u] = ar_ld_volatile(lp_buf(c.own, c.e, q, ranks, cap) + v * 16);
+		}
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			const int q = (int)(v / cv);
+			if (v < nv && q != rank) d[v] = lp_ready<E>(w[u], (uint4*)(lp_buf(c.own, c.e, q, ranks, cap) + v * 16), c.own, c.e, q);
+		}
+	}
+	ar_end(c.own, c.e);
+}
+
+// The kernels of each dtype: peer_allreduce_<E> (the flag form),
+// peer_lamport_<E> and peer_lamport2_<E>. Every form keeps at least 4
+// blocks a multiprocessor (64 registers a thread at most), so that eight
+// ranks' grids of AR_SLOTS blocks fit one device of 128 multiprocessors or
+// more at once, as the tests' ranks (streams of one device) must: a block
+// waits for the other ranks' blocks.
 #define PEER_ALLREDUCE(E, FORM)                                                                                   \
-	extern "C" __global__ void __launch_bounds__(AR_THREADS) peer_##FORM##_##E(                                   \
+	extern "C" __global__ void __launch_bounds__(AR_THREADS, 4) peer_##FORM##_##E(                                \
 	    const E* src, E* dst, long long nv, int rank, int ranks, long long cap, AR_REGION_PARAMS) {               \
 		peer_##FORM##_impl<E>(src, dst, nv, rank, ranks, cap, AR_REGION_ARGS);                                   \
 	}
-#define PEER_ALLREDUCES(E) PEER_ALLREDUCE(E, allreduce) PEER_ALLREDUCE(E, lamport)
+#define PEER_ALLREDUCES(E) PEER_ALLREDUCE(E, allreduce) PEER_ALLREDUCE(E, lamport) PEER_ALLREDUCE(E, lamport2)
 PEER_ALLREDUCES(f32)
 PEER_ALLREDUCES(f16)
 PEER_ALLREDUCES(bf16)

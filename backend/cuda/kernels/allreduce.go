@@ -27,6 +27,14 @@ const (
 	peerRegionArg = PeerMaxRanks
 )
 
+// PeerOneShotBytes is the most bytes of partial sums a call of a group of
+// more than two ranks sums in one shot in the Lamport form; past it, in
+// two (peer_lamport2: a reduce-scatter and an all-gather in one kernel,
+// 2(n-1)/n of the partials pushed instead of n-1 times them; vLLM's and
+// TensorRT-LLM's custom all-reduces make the same switch near this size).
+// Over two ranks both forms push the same bytes, and one shot waits once.
+const PeerOneShotBytes = 512 << 10
+
 // PeerRegionBytes is the size of a rank's region for a group of ranks
 // whose calls move at most capBytes of partial sums a rank: the header,
 // the flag form's two parities of buffers and the Lamport form's two
@@ -90,6 +98,14 @@ func (g PeerGroup) PeerAllReduceFits(dst, src cu.Ptr, n int, dt cu.DType) bool {
 	return b > 0 && b%16 == 0 && b <= g.CapBytes && aligned16(dst, src)
 }
 
+// TwoShot reports whether a call moving bytes of partial sums a rank sums
+// in two shots (PeerOneShotBytes): in the Lamport form, over more than two
+// ranks, past PeerOneShotBytes (where every rank's chunk holds vectors).
+func (g PeerGroup) TwoShot(bytes int) bool {
+	n := len(g.Regions)
+	return !g.Flags && n > 2 && bytes > PeerOneShotBytes && bytes/16 >= n*n
+}
+
 // PeerAllReduce queues on s dst = the sum over the group's ranks of n
 // elements of dt at src (dst may be src), in rank order in float32 (every
 // rank gets the same bits).
@@ -108,8 +124,11 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	// (the tests' ranks are streams of one device).
 	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
 	name := "peer_lamport_"
-	if g.Flags {
+	switch {
+	case g.Flags:
 		name = "peer_allreduce_"
+	case g.TwoShot(n * dt.Size()):
+		name = "peer_lamport2_"
 	}
 	return k.launchDep(name+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }

@@ -22,6 +22,9 @@ import (
 // the Lamport form, in the flag form, and taking turns (the two share the
 // epochs); the partials hold zeros of both signs and, in f32, the Lamport
 // form's empty word, none of which it may take for an empty element.
+// Past PeerOneShotBytes, groups of more than two ranks sum in two shots
+// (the 256-row calls, 131×4000 whose vectors split unevenly over the
+// ranks, 512×2048 in place, and in f32 the 64-row ones).
 func TestPeerAllReduce(t *testing.T) {
 	for _, form := range []string{"lamport", "flags", "turns"} {
 		t.Run(form, func(t *testing.T) { peerAllReduce(t, form) })
@@ -34,6 +37,7 @@ func peerAllReduce(t *testing.T, form string) {
 	for _, ranks := range []int{2, 3, 4, 8} {
 		for _, act := range allDTypes {
 			k := kern(t, act)
+			residentPeerBlocks(t, d, k, act, ranks)
 			rng := newRNG(t)
 			regions := make([]cu.Ptr, ranks)
 			streams := make([]*cu.Stream, ranks)
@@ -56,6 +60,7 @@ func peerAllReduce(t *testing.T, form string) {
 			}{
 				{1, vec, false}, {1, 4096, false}, {64, 4096, false}, {64, 4096, true}, {256, 4096, false},
 				{3, 1000 * vec, false}, {200, 96, false}, {1, 4096, true}, {256, 1024, true}, {1, 4096, false},
+				{131, 4000, false}, {512, 2048, true}, {64, 4096, false},
 			} {
 				call = ci
 				what := fmt.Sprintf("%d ranks, %v, call %d (%d×%d, in place %v)", ranks, act, call, c.rows, c.dim, c.inPlace)
@@ -85,7 +90,9 @@ func peerAllReduce(t *testing.T, form string) {
 					must(t, k.PeerAllReduce(streams[i], group(i), dst[i], src[i], n, act))
 				}
 				for _, s := range streams {
-					must(t, s.Sync())
+					if err := s.Sync(); err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
 				}
 				ref := rankSum(act, parts)
 				for i := range ranks {
@@ -95,6 +102,25 @@ func peerAllReduce(t *testing.T, form string) {
 					return
 				}
 			}
+		}
+	}
+}
+
+// residentPeerBlocks fails the test unless every form's kernel keeps the
+// blocks of ranks grids of PeerSlots blocks on device d at once: the
+// test's ranks are streams of d, and a block waits for the other ranks'.
+func residentPeerBlocks(t *testing.T, d *cu.Device, k *Kernels, dt cu.DType, ranks int) {
+	t.Helper()
+	for _, form := range []string{"peer_allreduce_", "peer_lamport_", "peer_lamport2_"} {
+		name := form + cname(dt)
+		m, err := k.module(name)
+		must(t, err)
+		f, err := m.Function(name)
+		must(t, err)
+		per, err := f.Occupancy(peerThreads, 0)
+		must(t, err)
+		if per*d.SMs < ranks*PeerSlots {
+			t.Fatalf("%s: %d blocks a multiprocessor, %d on the device: not the %d of %d ranks at once", name, per, per*d.SMs, ranks*PeerSlots, ranks)
 		}
 	}
 }
@@ -153,7 +179,8 @@ func TestPeerAllReduceRefuses(t *testing.T) {
 }
 
 // TestPeerAllReduceBackToBack: on two devices with peer access (skipped
-// on one), calls queued one after another with no wait on the host
+// on one), and where there are more on all of them (up to eight, the
+// calls of 200 and 512 rows then in two shots), calls queued one after another with no wait on the host
 // between them and dependent launches, as a step's are: each rank's
 // partial sums written by a kernel launched just before the call, the
 // sizes (hence the blocks of a call) changing from call to call, in place
@@ -168,23 +195,36 @@ func TestPeerAllReduceRefuses(t *testing.T) {
 // not promise: TestPeerAllReduce covers one device, a call at a time.
 func TestPeerAllReduceBackToBack(t *testing.T) {
 	d := gpu(t)
-	if n, err := cu.DeviceCount(); err != nil || n < 2 {
+	count, err := cu.DeviceCount()
+	if err != nil || count < 2 {
 		t.Skipf("one GPU (%v)", err)
 	}
-	k := kern(t, cu.BF16)
-	d1, err := cu.Open(1)
-	must(t, err)
-	t.Cleanup(func() { d1.Close() })
-	for _, pair := range [][2]*cu.Device{{d, d1}, {d1, d}} {
-		ok, err := pair[0].EnablePeerAccess(pair[1])
+	rs := []arRank{{d: d, k: kern(t, cu.BF16)}}
+	for i := 1; i < min(count, PeerMaxRanks); i++ {
+		di, err := cu.Open(i)
 		must(t, err)
-		if !ok {
-			t.Skip("the two devices do not reach each other's memory")
+		t.Cleanup(func() { di.Close() })
+		ki, err := New(di, cu.BF16)
+		must(t, err)
+		rs = append(rs, arRank{d: di, k: ki})
+	}
+	for _, a := range rs {
+		for _, b := range rs {
+			if a.d == b.d {
+				continue
+			}
+			ok, err := a.d.EnablePeerAccess(b.d)
+			must(t, err)
+			if !ok {
+				t.Skip("the devices do not reach each other's memory")
+			}
 		}
 	}
-	k1, err := New(d1, cu.BF16)
-	must(t, err)
-	backToBack(t, []arRank{{d: d, k: k}, {d: d1, k: k1}})
+	t.Run("2 ranks", func(t *testing.T) { backToBack(t, rs[:2]) })
+	if len(rs) > 2 {
+		// Every device, the larger calls in two shots.
+		t.Run(fmt.Sprintf("%d ranks", len(rs)), func(t *testing.T) { backToBack(t, rs) })
+	}
 }
 
 // arRank is one rank of backToBack: its device and kernels.
@@ -197,7 +237,7 @@ type arRank struct {
 const wrapStart = 1<<32 - 16
 
 func backToBack(t *testing.T, rs []arRank) {
-	const capBytes = 64 * 4096 * 2
+	const capBytes = 512 * 4096 * 2
 	ranks := len(rs)
 	rng := newRNG(t)
 	regions := make([]cu.Ptr, ranks)
@@ -224,7 +264,7 @@ func backToBack(t *testing.T, rs []arRank) {
 	}
 	var calls []*call
 	for range 60 {
-		rows := []int{1, 1, 4, 64, 17, 1, 64}[rng.IntN(7)]
+		rows := []int{1, 1, 4, 64, 17, 1, 64, 512, 200}[rng.IntN(9)]
 		cl := &call{rows: rows, dim: 4096, inPlace: rng.IntN(2) == 0, flags: rng.IntN(3) == 0}
 		n := rows * cl.dim
 		for _, r := range rs {
@@ -292,8 +332,8 @@ func backToBack(t *testing.T, rs []arRank) {
 	}
 }
 
-// TestPeerGroupArgs (no GPU): what a call may move, and the arguments the
-// kernel takes after its operands (rank, ranks, capacity, the regions r0…r7,
+// TestPeerGroupArgs (no GPU): what a call may move, which calls take two
+// shots, and the arguments the kernel takes after its operands (rank, ranks, capacity, the regions r0…r7,
 // null past the group).
 func TestPeerGroupArgs(t *testing.T) {
 	g := PeerGroup{Rank: 1, Regions: []cu.Ptr{0x1000, 0x2000, 0x3000}, CapBytes: 4096}
@@ -326,6 +366,21 @@ func TestPeerGroupArgs(t *testing.T) {
 	for _, bad := range []PeerGroup{{Rank: 3, Regions: g.Regions, CapBytes: 4096}, {Regions: g.Regions, CapBytes: 100}, {Regions: make([]cu.Ptr, 9), CapBytes: 4096}} {
 		if bad.check() == nil {
 			t.Errorf("%+v: no error", bad)
+		}
+	}
+	for _, c := range []struct {
+		ranks, bytes int
+		flags, want  bool
+	}{
+		{2, 4 << 20, false, false},
+		{3, PeerOneShotBytes, false, false},
+		{3, PeerOneShotBytes + 16, false, true},
+		{8, 4 << 20, false, true},
+		{4, 4 << 20, true, false}, // the flag form has one shot only
+	} {
+		g := PeerGroup{Regions: make([]cu.Ptr, c.ranks), Flags: c.flags}
+		if got := g.TwoShot(c.bytes); got != c.want {
+			t.Errorf("%d ranks (flag form %v): two shots for %d bytes %v, want %v", c.ranks, c.flags, c.bytes, got, c.want)
 		}
 	}
 	if got := PeerRegionBytes(2, 1<<20); got != 4096+8<<20 {

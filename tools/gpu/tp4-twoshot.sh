@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine of four GPUs after tools/gpu/build.sh here (issue 20,
+# TP=4 weak scaling at 128 sequences a GPU, the two-shot all-reduce): the
+# kernels' peer all-reduce tests (TestPeer*: one device's streams as 2 to 8
+# ranks, and back to back over 2 and over all GPUs), the tensor-parallel
+# tests of backend/cuda; then kiln bench model on the random
+# Llama-3-8B-shaped bf16 model at TP=4 (peer all-reduces: two shots past
+# 512 KiB), TP=1, and TP=4 with NCCL's all-reduce (same call), and a
+# profiled TP=4 batch-512 decode. Logs in logs.tgz.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp4-twoshot.sh",
+#   carry [".devpack"], kind nvidia-h100-x4 (or nvidia-h200-x4)
+source "$(dirname "$0")/env.sh"
+tp_env
+work=$out
+t0=$(date +%s)
+if [ -z "${SKIP_TESTS:-}" ]; then
+	(cd backend/cuda/kernels && timeout 200 ../../../.devbin/backend_cuda_kernels.test -test.v -test.count=1 -test.run 'TestPeer') >"$work/kernels.log" 2>&1
+	echo "kernels tests: rc=$? at $(($(date +%s) - t0)) s"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- (PASS|FAIL)|made|waited' "$work/kernels.log" | head -30
+	(cd backend/cuda && timeout 150 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestTensorParallel|TestPeerFormsMatch') >"$work/backend.log" 2>&1
+	echo "backend tests: rc=$? at $(($(date +%s) - t0)) s"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)' "$work/backend.log" | head -10
+fi
+random_bf16
+echo "model at $(($(date +%s) - t0)) s"
+PP=0
+tp_bench tp4-peer 4 1,64,128,256,512 100
+tp_bench tp1 1 1,64,128 80
+tp_bench tp4-nccl 4 256,512 60 KILN_PEER_ALLREDUCE=0
+python3 tools/gpu/tp_table.py "$work" tp1 tp4-peer tp4-nccl
+timeout -s QUIT 80 $k bench model "$bf16" --device cuda --tensor-parallel-size 4 --pp 0 --tg 16 --depth 512 --batch 512 --reps 1 --profile \
+	>"$work/profile-tp4-b512.txt" 2>&1
+echo "profile tp4 b512: rc=$? at $(($(date +%s) - t0)) s"
+sed -n '/^| kernel/,/^| total/p' "$work/profile-tp4-b512.txt" | head -8
+(cd "$work" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' * && find . -maxdepth 1 -type f ! -name logs.tgz ! -name '*.json' -delete)

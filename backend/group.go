@@ -74,37 +74,49 @@ type groupLoaded struct {
 // cannot run steps any more (the process must start again).
 var ErrGroupAborted = errors.New("tensor-parallel group aborted")
 
-// each runs f for every rank at once and returns the first failure; when
-// steps is set, a failure aborts the group's collectives (the other ranks
-// may be waiting in one for the rank that failed) and the group fails every
-// step after.
+// each runs f for every rank at once and returns the first failure (the
+// first in time: a rank whose collective another rank's failure aborted
+// fails after it); when steps is set, a failure aborts the group's
+// collectives (the other ranks may be waiting in one for the rank that
+// failed) and the group fails every step after.
 func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 	if steps && l.failed != nil {
 		return l.failed
 	}
-	errs := make([]error, len(l.g.Ranks))
-	var wg sync.WaitGroup
-	var once sync.Once
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first = -1
+		errs  = make([]error, len(l.g.Ranks))
+	)
 	for r := range errs {
 		wg.Go(func() {
-			errs[r] = f(r)
-			if errs[r] != nil && steps && l.g.Abort != nil {
-				once.Do(func() { l.g.Abort(errs[r]) })
+			err := f(r)
+			if err == nil {
+				return
+			}
+			mu.Lock()
+			errs[r] = err
+			isFirst := first < 0
+			if isFirst {
+				first = r
+			}
+			mu.Unlock()
+			if isFirst && steps && l.g.Abort != nil {
+				l.g.Abort(err)
 			}
 		})
 	}
 	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			err = fmt.Errorf("rank %d: %w", r, err)
-			if steps && l.g.Abort != nil {
-				l.failed = fmt.Errorf("%w: %w", ErrGroupAborted, err)
-				return l.failed
-			}
-			return err
-		}
+	if first < 0 {
+		return nil
 	}
-	return nil
+	err := fmt.Errorf("rank %d: %w", first, errs[first])
+	if steps && l.g.Abort != nil {
+		l.failed = fmt.Errorf("%w: %w", ErrGroupAborted, err)
+		return l.failed
+	}
+	return err
 }
 
 func (l *groupLoaded) Close() error {
@@ -225,7 +237,6 @@ func (kv *groupKV) CopyBlocks(pairs [][2]int32) error {
 type groupExec struct {
 	l     *groupLoaded
 	ranks []Executable
-	ids   [][]int32 // the other ranks' ids, never read
 }
 
 func (x *groupExec) Kernels() []string { return x.ranks[0].Kernels() }
@@ -238,56 +249,35 @@ func (x *groupExec) cache(kv KVCache) (*groupKV, error) {
 	return g, nil
 }
 
-// Run runs the step on every rank; rank 0 copies the logits (the others,
-// when they can, choose greedy ids on their device instead of copying the
-// logits to the host).
+// Run runs the step on every rank; rank 0 copies the logits, the others
+// run it with nil logits (every rank's step the same, only the copy left
+// out: their collectives must match rank 0's).
 func (x *groupExec) Run(b *Batch, kv KVCache, logits []float32) error {
 	g, err := x.cache(kv)
 	if err != nil {
 		return err
 	}
-	greedy := make([]SampleParams, len(b.Rows))
-	scratch := x.scratch(len(b.Rows))
 	return x.l.each(true, func(r int) error {
 		if r == 0 {
 			return x.ranks[0].Run(b, g.ranks[0], logits)
-		}
-		if s, ok := x.ranks[r].(SamplingExecutable); ok {
-			return s.RunSample(b, g.ranks[r], greedy, scratch[r])
 		}
 		return x.ranks[r].Run(b, g.ranks[r], nil)
 	})
 }
 
-// scratch is each rank's ids buffer of n (made before the ranks run).
-func (x *groupExec) scratch(n int) [][]int32 {
-	if x.ids == nil {
-		x.ids = make([][]int32, len(x.ranks))
-	}
-	for r := range x.ids {
-		if cap(x.ids[r]) < n {
-			x.ids[r] = make([]int32, n)
-		}
-		x.ids[r] = x.ids[r][:n]
-	}
-	return x.ids
-}
-
 type samplingGroupExec struct{ *groupExec }
 
-// RunSample runs the step on every rank, each choosing the same ids from
-// the same logits and draws; rank 0's are returned.
+// RunSample runs the step on every rank, each given ids, params and the
+// draws whole: each rank writes the ids of the rows it samples, no two
+// ranks the same row (a rank may sample every row, a share of them, or
+// none; CUDA ranks split the rows where they reach each other's memory,
+// else rank 0 samples them all).
 func (x *samplingGroupExec) RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error {
 	g, err := x.cache(kv)
 	if err != nil {
 		return err
 	}
-	scratch := x.scratch(len(ids))
 	return x.l.each(true, func(r int) error {
-		out := ids
-		if r > 0 {
-			out = scratch[r]
-		}
-		return x.ranks[r].(SamplingExecutable).RunSample(b, g.ranks[r], params, out)
+		return x.ranks[r].(SamplingExecutable).RunSample(b, g.ranks[r], params, ids)
 	})
 }

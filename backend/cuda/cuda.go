@@ -162,7 +162,11 @@ type Stats struct {
 	// the activations a kernel wrote in FP8 form for the FP8 product after
 	// it (no quantization of their own).
 	FP8Scaled, FP8Written int
-	LastFailure           error // the latest capture failure
+	// SampledShares counts the sampled steps of a tensor-parallel rank
+	// that chose the ids of its share of the rows alone, from the rows the
+	// step's peer scatter brought it (kernels.PeerScatterRows).
+	SampledShares int
+	LastFailure   error // the latest capture failure
 	// FP8Matrices counts the matrices loads kept in E4M3 on the device
 	// (Backend.FP8), BlockMatrices those kept in GGUF blocks.
 	FP8Matrices, BlockMatrices int

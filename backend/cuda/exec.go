@@ -79,6 +79,9 @@ type stepState struct {
 	// gather is the arena's scratch of a tensor-parallel all-gather of
 	// several rows (gatherBytes); moe the MoE layers' (moeBytes).
 	gather, moe cu.Ptr
+	// sampling: the step's ids are chosen on the device (RunSample), so
+	// its logits need not reach every rank whole (node.scatterRows).
+	sampling bool
 }
 
 // unlessFused marks the kernel of a node a GEMV may compute in its
@@ -99,6 +102,7 @@ type graphKey struct {
 	t, s, r, tiles, ctx int
 	kv                  *kvCache
 	copyLogits          bool // ends with the logits' copy to the host
+	sampling            bool // its ids chosen on the device (stepState.sampling)
 }
 
 // graphState is a decode composition's graph: seen once (run directly, as a
@@ -133,6 +137,11 @@ type node struct {
 	// and which the GEMV computes in its epilogue when it runs the product
 	// (compile.EpilogueReaders).
 	epilogue *node
+	// scatterRows (the all-gather of a tensor-parallel rank's logits, the
+	// step's output, on a group with peer memory): in sampled steps each
+	// rank gets only the rows it samples, whole (kernels.PeerScatterRows),
+	// instead of every row.
+	scatterRows bool
 	// fold: the chain of a norm folded into the product after it that
 	// the node is part of (markNormFolds; nil: none).
 	fold *normFold
@@ -148,6 +157,9 @@ type executable struct {
 	nodes  []node
 	output operand
 	vocab  int // rows of the embedding table: token ids must be below it
+	// scatter is the node that exchanges the logits by rows in sampled
+	// steps (node.scatterRows; nil: none).
+	scatter *node
 
 	// Per-step buffers: the packed batch (pinned and on the device), grown
 	// on demand (dropping the graphs), and the logits' pinned copy. The
@@ -245,6 +257,11 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 		return nil, err
 	}
 	e.output = out
+	if last := &e.nodes[len(e.nodes)-1]; l.b.Peers != nil && last.n.Op == ir.AllGather && last.out[0].p == out.p && last.in[0].dtype == cu.F32 {
+		last.scatterRows = true
+		last.kernel += " (sampled steps: peer scatter by rows)"
+		e.scatter = last
+	}
 	// The logits' pinned copy is sized for the bucket once: captured graphs
 	// write to it.
 	if e.outHost, err = l.dev.AllocHost(4 * p.Bucket.Rows * out.cols); err != nil {
@@ -299,8 +316,13 @@ func (e *executable) Kernels() []string {
 }
 
 // Run implements backend.Executable. The whole step is queued from the
-// device's worker thread, and waits only for the logits.
+// device's worker thread, and waits only for the logits. Nil logits (a
+// tensor-parallel rank other than the one whose logits the group returns)
+// run the step without copying them.
 func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32) error {
+	if logits == nil {
+		return e.step(b, kv, nil, nil)
+	}
 	vocab := e.output.cols
 	if len(logits) < len(b.Rows)*vocab {
 		return fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(logits), len(b.Rows), vocab)
@@ -313,7 +335,11 @@ func (e *executable) Run(b *backend.Batch, kv backend.KVCache, logits []float32)
 }
 
 // RunSample implements backend.SamplingExecutable: the step's logits stay on
-// the device, where each row's token is chosen; only the ids come back.
+// the device, where each row's token is chosen; only the ids come back. A
+// rank of a tensor-parallel group writes the ids of the rows it samples:
+// with peer memory, its share of them (kernels.PeerRowShare), the step's
+// scatter having brought it those rows whole; without, rank 0 samples
+// every row and the other ranks none (backend.Group's contract).
 func (e *executable) RunSample(b *backend.Batch, kv backend.KVCache, params []backend.SampleParams, ids []int32) error {
 	r := len(b.Rows)
 	if len(params) != r || len(ids) < r {
@@ -337,9 +363,21 @@ func (e *executable) RunSample(b *backend.Batch, kv backend.KVCache, params []ba
 			e.hist = append(e.hist, e.entries[at:at+len(p.History)])
 			at += len(p.History)
 		}
-		out, err := s.SampleIDs(e.l.stream, e.output.p, r, e.output.cols, e.sp, e.hist, ids[:0])
-		if err == nil && len(out) != r {
-			err = fmt.Errorf("cuda: sampler returned %d ids for %d rows", len(out), r)
+		lo, hi, logits := 0, r, e.output.p
+		if p, sc := e.l.b.Peers, e.scatter; sc != nil && p.PeerScatterFits(sc.in[0].p, r, sc.in[0].cols) {
+			// The step's scatter left this rank's rows in its staging.
+			lo, hi = kernels.PeerRowShare(r, p.Rank, len(p.Regions))
+			logits = p.PeerStaging()
+			e.l.b.stats.SampledShares++
+		} else if c := e.l.b.Comm; c != nil && c.Rank > 0 {
+			return nil // rank 0 samples every row for the group
+		}
+		if hi == lo {
+			return nil
+		}
+		out, err := s.SampleIDs(e.l.stream, logits, hi-lo, e.output.cols, e.sp[lo:hi], e.hist[lo:hi], ids[lo:lo])
+		if err == nil && len(out) != hi-lo {
+			err = fmt.Errorf("cuda: sampler returned %d ids for %d rows", len(out), hi-lo)
 		}
 		return err
 	}, nil)
@@ -369,7 +407,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 	d := e.l.dev
 	err = d.Do(func() error {
 		x := &stepState{kv: cache, decode: decodeStep(b), gather: e.arena.Add(gatherOffset(e.plan)),
-			moe: e.arena.Add(moeOffset(e.plan))}
+			moe: e.arena.Add(moeOffset(e.plan)), sampling: sample != nil}
 		if e.l.b.Profile {
 			x.prof = []string{}
 		}
@@ -385,7 +423,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 		if err := e.upload(m, x); err != nil {
 			return err
 		}
-		key := graphKey{copyLogits: sample == nil}
+		key := graphKey{copyLogits: done != nil, sampling: x.sampling}
 		if x.decode {
 			pm := *m
 			pm.MaxPos = contextBucket(m.MaxPos) - 1
@@ -393,7 +431,7 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 			if err := e.decodeWorkspace(x); err != nil {
 				return err
 			}
-			key = graphKey{t: m.T, s: m.S, r: m.R, tiles: m.Tiles, ctx: pm.MaxPos + 1, kv: cache, copyLogits: sample == nil}
+			key = graphKey{t: m.T, s: m.S, r: m.R, tiles: m.Tiles, ctx: pm.MaxPos + 1, kv: cache, copyLogits: key.copyLogits, sampling: x.sampling}
 		}
 		if err := e.launch(x, key, 4*r*e.output.cols); err != nil {
 			return err

@@ -103,10 +103,18 @@ func PeerForm(mode string) (peers, flags bool, err error) {
 // four ranks (docs/PERF.md, "Tensor parallelism", session 24).
 const PeerCapBytes = 4 << 20
 
-// NewPeers readies the peer all-reduce (kernels.PeerAllReduce) of a
-// group on devs, rank i on devs[i], for Backend.Peers: peer access enabled
-// both ways between every pair, and each rank's region
-// (kernels.PeerRegionBytes, kernels.ClearPeerRegion) on its device. It
+// PeerStagingBytes is the staging each rank's region holds for the
+// logits' exchange by rows (kernels.PeerScatterRows): a rank's share of a
+// sampled step's rows, whole, in f32: 128 rows of Llama 3's 128,256-token
+// vocabulary (a decode of 512 sequences over four GPUs, 256 over two).
+// Steps with more go through NCCL's all-gather.
+const PeerStagingBytes = 64 << 20
+
+// NewPeers readies the peer all-reduce (kernels.PeerAllReduce) and the
+// logits' exchange by rows (kernels.PeerScatterRows) of a group on devs,
+// rank i on devs[i], for Backend.Peers: peer access enabled both ways
+// between every pair, and each rank's region (kernels.PeerRegionBytes,
+// kernels.ClearPeerRegion, and PeerStagingBytes of staging) on its device. It
 // returns nil, and allocates nothing, when some pair cannot reach the
 // other's memory (no NVLink or PCIe peer path) or the group is larger than
 // the kernels take: such a group keeps NCCL's all-reduce.
@@ -129,7 +137,7 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 		}
 	}
 	regions := make([]cu.Ptr, len(devs))
-	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes)
+	n := kernels.PeerRegionBytes(len(devs), PeerCapBytes) + PeerStagingBytes
 	for i, d := range devs {
 		p, err := d.Alloc(n)
 		if err == nil {
@@ -150,7 +158,7 @@ func NewPeers(devs []*cu.Device) ([]*kernels.PeerGroup, error) {
 	}
 	gs := make([]*kernels.PeerGroup, len(devs))
 	for i := range devs {
-		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes}
+		gs[i] = &kernels.PeerGroup{Rank: i, Regions: regions, CapBytes: PeerCapBytes, StagingBytes: PeerStagingBytes}
 	}
 	return gs, nil
 }

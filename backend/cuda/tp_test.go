@@ -228,3 +228,74 @@ func TestPeerFormsMatch(t *testing.T) {
 		})
 	}
 }
+
+// TestTensorParallelSampledRows: over 2 and 4 GPUs with peer memory, seven
+// sequences with as many sampling settings (greedy, temperatures, top-k,
+// top-p, min-p, penalties), prefilled then decoded 20 steps, choose the
+// same tokens when each rank samples its share of the rows on the device
+// (the logits exchanged by rows, kernels.PeerScatterRows; 7 rows split 4
+// / 3 or 2 / 2 / 2 / 1) as when the logits are gathered whole and sampled
+// on the host from the same seeds (engine.StepSampleLogits): the device
+// sampler reproduces engine.Sampler (TestDeviceSampling), so any row that
+// reached the wrong rank, or params or history of another row, shows.
+func TestTensorParallelSampledRows(t *testing.T) {
+	s := bench.Shape{Name: "tps", Hidden: 256, Layers: 2, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1024, Context: 256}
+	settings := []engine.SamplingParams{
+		{},
+		{Temperature: 0.8, Seed: 1},
+		{Temperature: 1.2, TopK: 40, Seed: 2},
+		{Temperature: 1, TopP: 0.9, Seed: 3},
+		{Temperature: 0.7, TopK: 100, TopP: 0.95, MinP: 0.02, Seed: 4},
+		{Temperature: 1, RepetitionPenalty: 1.3, FrequencyPenalty: 0.5, PresencePenalty: 0.3, Seed: 5},
+		{RepetitionPenalty: 1.5},
+	}
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
+			g := groupOf(t, "f32", n)
+			if cuda.GroupRanks(g)[0].Peers == nil {
+				t.Skip("the devices do not reach each other's memory: NCCL's all-gather alone")
+			}
+			dir := randomModel(t, s, tensor.F32, 21)
+			gen := func(host bool) [][]int {
+				e := openEngine(t, dir, g, engine.Options{MaxSeqs: len(settings)})
+				var items []engine.Item
+				var samplers []*engine.Sampler
+				for i, p := range settings {
+					prompt := []int{1, 17 + i, 400, 17, 9 + 3*i}
+					items = append(items, engine.Item{Seq: e.NewSequence(), Tokens: prompt})
+					samplers = append(samplers, engine.NewSampler(p, s.Vocab, prompt))
+				}
+				out := make([][]int, len(items))
+				for range 21 {
+					var ids []int
+					var err error
+					if host {
+						ids, _, err = e.StepSampleLogits(items, samplers)
+					} else {
+						ids, err = e.StepSample(items, samplers)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, id := range ids {
+						out[i] = append(out[i], id)
+						samplers[i].Accept(id)
+						items[i].Tokens = []int{id}
+					}
+				}
+				return out
+			}
+			before := cuda.GroupRanks(g)[n-1].Stats().SampledShares
+			device := gen(false)
+			if got := cuda.GroupRanks(g)[n-1].Stats().SampledShares - before; got != 21 {
+				t.Errorf("the last rank sampled its share in %d of 21 steps", got)
+			}
+			host := gen(true)
+			for i := range settings {
+				if !slices.Equal(device[i], host[i]) {
+					t.Errorf("%+v:\ndevice %v\n  host %v", settings[i], device[i], host[i])
+				}
+			}
+		})
+	}
+}

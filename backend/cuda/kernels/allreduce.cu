@@ -432,6 +432,44 @@ __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank,
 	ar_end(c.own, c.e);
 }
 
+// peer_scatter_rows: the rows of the logits, each to the rank that samples
+// it. x[rows, n] is this rank's vocabulary shard of the logits (f32,
+// columns rank·n… of the whole, n a multiple of 4); rank q samples rows
+// [q·share, (q+1)·share), share = ⌈rows/ranks⌉, and holds them whole in
+// its staging (AR_HDR + 4·ranks·cap bytes into its region): [share][ranks·n]
+// f32. Each rank stores its columns of each row into the staging of the
+// row's rank (its own by local stores), then, after a system-scope fence,
+// exchanges this block's flag with every peer (ar_exchange): once every
+// block has, every peer's stores into this rank's staging are done, so the
+// kernels after this one read the whole rows. The staging is not written
+// again until the next call's scatter, which every rank reaches only after
+// the step's collectives after this one, so after this rank's reads of it.
+extern "C" __global__ void __launch_bounds__(AR_THREADS, 4) peer_scatter_rows(const float* x, int rows, int n, int rank,
+                                                                               int ranks, long long cap, AR_REGION_PARAMS) {
+	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	const int share = (rows + ranks - 1) / ranks, nv = n / 4;
+	const long long total = (long long)rows * nv, rowV = (long long)ranks * nv;
+	const uint4* src = (const uint4*)x;
+	for (long long v0 = c.v0; v0 < total; v0 += LP2_UNROLL * c.stride) {
+		uint4 w[LP2_UNROLL];
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			if (v < total) w[u] = src[v];
+		}
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			if (v >= total) break;
+			const int r = (int)(v / nv), q = r / share;
+			uint4* staging = (uint4*)(c.rg.p[q] + AR_HDR + 4ll * ranks * cap);
+			staging[(long long)(r - q * share) * rowV + (long long)rank * nv + (v - (long long)r * nv)] = w[u];
+		}
+	}
+	ar_exchange(c.rg, rank, ranks, c.e);
+	ar_end(c.own, c.e);
+}
+
 // The kernels of each dtype: peer_allreduce_<E> (the flag form),
 // peer_lamport_<E> and peer_lamport2_<E>. Every form keeps at least 4
 // blocks a multiprocessor (64 registers a thread at most), so that eight

@@ -60,6 +60,9 @@ type PeerGroup struct {
 	Rank     int
 	Regions  []cu.Ptr // every rank's region, rank 0's first
 	CapBytes int      // the most bytes of partial sums a call moves a rank (a multiple of 16)
+	// StagingBytes is the staging for PeerScatterRows that each region
+	// holds past its PeerRegionBytes (0: none).
+	StagingBytes int
 	// Flags makes PeerAllReduce take the flag form (flags released and
 	// acquired over the group, after a system-scope fence) instead of
 	// the Lamport form (the data its own flag), for comparisons; every
@@ -131,4 +134,47 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 		name = "peer_lamport2_"
 	}
 	return k.launchDep(name+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
+}
+
+// PeerRowShare is the rows [lo, hi) of a step's rows that rank samples
+// after PeerScatterRows: ⌈rows/ranks⌉ a rank, the last ranks' fewer or
+// none.
+func PeerRowShare(rows, rank, ranks int) (lo, hi int) {
+	share := (rows + ranks - 1) / ranks
+	return min(rows, rank*share), min(rows, (rank+1)*share)
+}
+
+// PeerScatterFits reports whether PeerScatterRows takes rows of a shard of
+// n f32 logits a rank: the staging holds a rank's share of the rows whole
+// (ranks·n columns), n is a multiple of 4, and src is 16-byte aligned.
+func (g PeerGroup) PeerScatterFits(src cu.Ptr, rows, n int) bool {
+	ranks := len(g.Regions)
+	share := (rows + ranks - 1) / ranks
+	return rows > 0 && n > 0 && n%4 == 0 && aligned16(src) && share*ranks*n*4 <= g.StagingBytes
+}
+
+// PeerStaging is this rank's staging: after PeerScatterRows, the rows
+// PeerRowShare gives it, whole, [hi-lo][ranks·n] f32.
+func (g PeerGroup) PeerStaging() cu.Ptr {
+	return g.Regions[g.Rank] + cu.Ptr(PeerRegionBytes(len(g.Regions), g.CapBytes))
+}
+
+// PeerScatterRows queues on s the vocabulary-parallel logits' exchange by
+// rows (allreduce.cu's peer_scatter_rows): src[rows, n] is this rank's
+// shard (f32, columns rank·n… of the whole); when every rank's call is done,
+// each rank's staging (PeerStaging) holds its rows (PeerRowShare) whole.
+// A rank receives (ranks−1)/ranks² of the whole logits, where an all-gather
+// brings it (ranks−1)/ranks of them. Every rank must make the call, as
+// with PeerAllReduce.
+func (k *Kernels) PeerScatterRows(s *cu.Stream, g PeerGroup, src cu.Ptr, rows, n int) error {
+	if err := g.check(); err != nil {
+		return err
+	}
+	if !g.PeerScatterFits(src, rows, n) {
+		return fmt.Errorf("kernels: peer scatter of %d rows of %d logits (staging %d bytes, 16-byte aligned shard)", rows, n, g.StagingBytes)
+	}
+	nv := rows * n / 4
+	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
+	args := append([]any{src, int32(rows), int32(n)}, g.args()...)
+	return k.launchDep("peer_scatter_rows", cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }

@@ -155,6 +155,88 @@ func withZeros(x []float32) []float32 {
 	return x
 }
 
+// TestPeerScatterRows: the logits' exchange by rows over groups of 2 to 8
+// ranks (streams of the one test device, as in TestPeerAllReduce), for
+// row counts below, at and above the ranks and shards of several widths,
+// each call on fresh random f32 shards (holding the Lamport form's empty
+// word, which this exchange moves as it is), with a one-shot all-reduce
+// between calls (the two share the epochs): each rank's staging must hold
+// its rows of the whole logits (every rank's columns in rank order), bit
+// for bit.
+func TestPeerScatterRows(t *testing.T) {
+	d := gpu(t)
+	k := kern(t, cu.BF16)
+	const capBytes = 1 << 16
+	for _, ranks := range []int{2, 3, 4, 8} {
+		residentPeerBlocks(t, d, k, cu.BF16, ranks)
+		m, err := k.module("peer_scatter_rows")
+		must(t, err)
+		f, err := m.Function("peer_scatter_rows")
+		must(t, err)
+		if per, err := f.Occupancy(peerThreads, 0); err != nil || per*d.SMs < ranks*PeerSlots {
+			t.Fatalf("peer_scatter_rows: %d blocks a multiprocessor (%v): not %d ranks' at once", per, err, ranks)
+		}
+		rng := newRNG(t)
+		const staging = 2 << 20
+		regions := make([]cu.Ptr, ranks)
+		streams := make([]*cu.Stream, ranks)
+		for i := range ranks {
+			regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes)+staging)
+			must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
+			s, err := d.NewStream()
+			must(t, err)
+			t.Cleanup(func() { s.Close() })
+			streams[i] = s
+		}
+		for ci, c := range []struct{ rows, n int }{{1, 128}, {3, 1000}, {8, 4}, {17, 1000}, {ranks, 256}, {200, 64}, {64, 2000}} {
+			what := fmt.Sprintf("%d ranks, call %d (%d rows of %d a rank)", ranks, ci, c.rows, c.n)
+			shards := make([][]float32, ranks)
+			src := make([]cu.Ptr, ranks)
+			for i := range ranks {
+				shards[i] = randn(rng, c.rows*c.n, 1)
+				shards[i][rng.IntN(len(shards[i]))] = math.Float32frombits(peerEmpty)
+				src[i] = up(t, cu.F32, shards[i])
+			}
+			sums := make([]cu.Ptr, ranks)
+			for i := range ranks {
+				sums[i] = up(t, cu.BF16, randn(rng, 64, 1))
+			}
+			must(t, d.Sync())
+			for i := range ranks {
+				g := PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, StagingBytes: staging}
+				if !g.PeerScatterFits(src[i], c.rows, c.n) {
+					t.Fatalf("%s: does not fit", what)
+				}
+				must(t, k.PeerScatterRows(streams[i], g, src[i], c.rows, c.n))
+				must(t, k.PeerAllReduce(streams[i], g, sums[i], sums[i], 64, cu.BF16))
+			}
+			for _, s := range streams {
+				if err := s.Sync(); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+			}
+			for q := range ranks {
+				g := PeerGroup{Rank: q, Regions: regions, CapBytes: capBytes, StagingBytes: staging}
+				lo, hi := PeerRowShare(c.rows, q, ranks)
+				if hi == lo {
+					continue
+				}
+				got := down(t, cu.F32, g.PeerStaging(), (hi-lo)*ranks*c.n)
+				for r := lo; r < hi; r++ {
+					for i := range ranks {
+						for j := range c.n {
+							want, have := shards[i][r*c.n+j], got[((r-lo)*ranks+i)*c.n+j]
+							if math.Float32bits(want) != math.Float32bits(have) {
+								t.Fatalf("%s: rank %d's row %d, rank %d's column %d: %v, want %v", what, q, r, i, j, have, want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestPeerAllReduceRefuses: sizes past the capacity, unaligned operands and
 // groups the kernels do not take are errors, not launches.
 func TestPeerAllReduceRefuses(t *testing.T) {
@@ -333,7 +415,8 @@ func backToBack(t *testing.T, rs []arRank) {
 }
 
 // TestPeerGroupArgs (no GPU): what a call may move, which calls take two
-// shots, and the arguments the kernel takes after its operands (rank, ranks, capacity, the regions r0…r7,
+// shots, the rows each rank samples after a scatter and what fits its
+// staging, and the arguments the kernel takes after its operands (rank, ranks, capacity, the regions r0…r7,
 // null past the group).
 func TestPeerGroupArgs(t *testing.T) {
 	g := PeerGroup{Rank: 1, Regions: []cu.Ptr{0x1000, 0x2000, 0x3000}, CapBytes: 4096}
@@ -382,6 +465,28 @@ func TestPeerGroupArgs(t *testing.T) {
 		if got := g.TwoShot(c.bytes); got != c.want {
 			t.Errorf("%d ranks (flag form %v): two shots for %d bytes %v, want %v", c.ranks, c.flags, c.bytes, got, c.want)
 		}
+	}
+	for _, c := range []struct{ rows, ranks, rank, lo, hi int }{
+		{512, 4, 0, 0, 128}, {512, 4, 3, 384, 512}, {5, 4, 1, 2, 4}, {5, 4, 2, 4, 5}, {5, 4, 3, 5, 5}, {1, 2, 1, 1, 1}, {1, 2, 0, 0, 1},
+	} {
+		if lo, hi := PeerRowShare(c.rows, c.rank, c.ranks); lo != c.lo || hi != c.hi {
+			t.Errorf("PeerRowShare(%d, %d, %d) = [%d, %d), want [%d, %d)", c.rows, c.rank, c.ranks, lo, hi, c.lo, c.hi)
+		}
+	}
+	sg := PeerGroup{Rank: 1, Regions: []cu.Ptr{0x100000, 0x200000}, CapBytes: 4096, StagingBytes: 8 * 2 * 100 * 4}
+	for _, c := range []struct {
+		src     cu.Ptr
+		rows, n int
+		want    bool
+	}{
+		{0x1000, 16, 100, true}, {0x1000, 15, 100, true}, {0x1000, 17, 100, false}, {0x1008, 4, 100, false}, {0x1000, 4, 98, false}, {0x1000, 0, 100, false},
+	} {
+		if got := sg.PeerScatterFits(c.src, c.rows, c.n); got != c.want {
+			t.Errorf("scatter fits(%#x, %d rows, %d) = %v, want %v", c.src, c.rows, c.n, got, c.want)
+		}
+	}
+	if got, want := sg.PeerStaging(), cu.Ptr(0x200000+PeerRegionBytes(2, 4096)); got != want {
+		t.Errorf("staging at %#x, want %#x", got, want)
 	}
 	if got := PeerRegionBytes(2, 1<<20); got != 4096+8<<20 {
 		t.Errorf("PeerRegionBytes(2, 1 MiB) = %d", got)

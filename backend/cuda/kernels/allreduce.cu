@@ -63,6 +63,9 @@ __device__ __forceinline__ ar_regions ar_pack(AR_REGION_PARAMS) {
 	return r;
 }
 
+// ---- The PTX the kernels below use, each in a helper of its own
+// (testdata/emu/peer_prelude.h has their host forms for
+// TestPeerKernelsEmulated).
 __device__ __forceinline__ void ar_st_release(unsigned* p, unsigned v) {
 	asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -82,6 +85,18 @@ __device__ __forceinline__ unsigned long long ar_now() {
 	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
 	return t;
 }
+// ar_ld_volatile loads 16 bytes at p from memory every time (no cache of
+// an earlier load).
+__device__ __forceinline__ uint4 ar_ld_volatile(const void* p) {
+	uint4 v;
+	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+	return v;
+}
+// ar_fence_sys orders this thread's stores before its later ones for
+// every device (__threadfence_system).
+__device__ __forceinline__ void ar_fence_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
+__device__ __forceinline__ void ar_trap() { asm volatile("trap;"); }
+// ---- end of the PTX
 
 // ar_call is what a call's kernel works from: every rank's region, this
 // rank's own, the call's epoch, and the grid-stride loops' first vector
@@ -118,7 +133,7 @@ __device__ __forceinline__ ar_call ar_start(int rank, AR_REGION_PARAMS) {
 #define AR_DIAG (4 * AR_SLOTS * AR_MAX_RANKS + 8)
 __device__ void ar_stuck(unsigned char* own, unsigned e, unsigned seen, int q) {
 	unsigned* d = (unsigned*)(own + AR_DIAG);
-	if (*(volatile unsigned*)d == 0) asm volatile("trap;");
+	if (*(volatile unsigned*)d == 0) ar_trap();
 	if (atomicAdd(d + 1, 1u) == 0) {
 		d[2] = e, d[3] = seen, d[4] = blockIdx.x, d[5] = q, d[6] = *(volatile unsigned*)(own + 4 * AR_SLOTS * AR_MAX_RANKS);
 	}
@@ -131,7 +146,7 @@ __device__ void ar_stuck(unsigned char* own, unsigned e, unsigned seen, int q) {
 // than leaning on one thread's release being cumulative, through a block
 // barrier, for the other threads' stores to another device.
 __device__ __forceinline__ void ar_exchange(const ar_regions& rg, int rank, int ranks, unsigned e) {
-	asm volatile("fence.sc.sys;" ::: "memory"); // __threadfence_system
+	ar_fence_sys();
 	__syncthreads();
 	int q = threadIdx.x;
 	if (q < ranks && q != rank) {
@@ -280,11 +295,6 @@ template <typename E> __device__ __forceinline__ uint4 lp_canon16(uint4 v) {
 	v.x = lp_canon<E>(v.x), v.y = lp_canon<E>(v.y), v.z = lp_canon<E>(v.z), v.w = lp_canon<E>(v.w);
 	return v;
 }
-__device__ __forceinline__ uint4 ar_ld_volatile(const void* p) {
-	uint4 v;
-	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-	return v;
-}
 
 // lp_push stores vector w (canonical) at byte off of this rank's buffer in
 // every peer's region.
@@ -374,9 +384,34 @@ __device__ void peer_lamport_impl(const E* src, E* dst, long long nv, int rank, 
 // for the parities holds for both forms' calls in any order. Vector v is
 // thread v % (grid·threads)'s in steps 1 and 3, which read and write it
 // (dst may be src); step 2's vectors, its own chunk's, are no other
-// step's. Loads are issued LP2_UNROLL vectors (steps 1, 3) or all ranks
-// (step 2) at a time before any is used, to keep many in flight.
+// step's. Loads are issued LP2_UNROLL vectors (steps 1, 3: ar_stream) or
+// all ranks (step 2) at a time before any is used, to keep many in flight.
 #define LP2_UNROLL 4
+// ar_stream runs put(v, load(v)) for each vector v < n of this thread (v %
+// (grid·threads) its own, as in every loop of a call), LP2_UNROLL at a
+// time: their loads first, so that they are in flight together, then the
+// puts.
+template <class L, class P>
+__device__ __forceinline__ void ar_stream(const ar_call& c, long long n, L load, P put) {
+	for (long long v0 = c.v0; v0 < n; v0 += LP2_UNROLL * c.stride) {
+		uint4 w[LP2_UNROLL];
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			if (v < n) w[u] = load(v);
+		}
+#pragma unroll
+		for (int u = 0; u < LP2_UNROLL; u++) {
+			const long long v = v0 + u * c.stride;
+			if (v < n) put(v, w[u]);
+		}
+	}
+}
+__device__ __forceinline__ uint4 ar_zero16() {
+	uint4 v;
+	v.x = v.y = v.z = v.w = 0;
+	return v;
+}
 template <typename E>
 __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap,
                                    AR_REGION_PARAMS) {
@@ -384,20 +419,11 @@ __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank,
 	const uint4* s = (const uint4*)src;
 	uint4* d = (uint4*)dst;
 	const long long cv = (nv + ranks - 1) / ranks;
-	for (long long v0 = c.v0; v0 < nv; v0 += LP2_UNROLL * c.stride) {
-		uint4 w[LP2_UNROLL];
-#pragma unroll
-		for (int u = 0; u < LP2_UNROLL; u++) {
-			const long long v = v0 + u * c.stride;
-			if (v < nv) w[u] = s[v];
-		}
-#pragma unroll
-		for (int u = 0; u < LP2_UNROLL; u++) {
-			const long long v = v0 + u * c.stride;
-			const int q = (int)(v / cv);
-			if (v < nv && q != rank) *(uint4*)(lp_buf(c.rg.p[q], c.e, rank, ranks, cap) + v * 16) = lp_canon16<E>(w[u]);
-		}
-	}
+	ar_stream(c, nv, [&](long long v) { return s[v]; },
+	          [&](long long v, uint4 w) {
+		          const int q = (int)(v / cv);
+		          if (q != rank) *(uint4*)(lp_buf(c.rg.p[q], c.e, rank, ranks, cap) + v * 16) = lp_canon16<E>(w);
+	          });
 	const long long hi = nv < (rank + 1) * cv ? nv : (rank + 1) * cv;
 	for (long long v = rank * cv + c.v0; v < hi; v += c.stride) {
 		uint4 w[AR_MAX_RANKS];
@@ -414,21 +440,12 @@ __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank,
 		d[v] = sum;
 		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, sum);
 	}
-	for (long long v0 = c.v0; v0 < nv; v0 += LP2_UNROLL * c.stride) {
-		uint4 w[LP2_UNROLL];
-#pragma unroll
-		for (int u = 0; u < LP2_UNROLL; u++) {
-			const long long v = v0 + u * c.stride;
-			const int q = (int)(v / cv);
-			if (v < nv && q != rank) w[u] = ar_ld_volatile(lp_buf(c.own, c.e, q, ranks, cap) + v * 16);
-		}
-#pragma unroll
-		for (int u = 0; u < LP2_UNROLL; u++) {
-			const long long v = v0 + u * c.stride;
-			const int q = (int)(v / cv);
-			if (v < nv && q != rank) d[v] = lp_ready<E>(w[u], (uint4*)(lp_buf(c.own, c.e, q, ranks, cap) + v * 16), c.own, c.e, q);
-		}
-	}
+	const auto sums = [&](long long v) { return (uint4*)(lp_buf(c.own, c.e, (int)(v / cv), ranks, cap) + v * 16); };
+	ar_stream(c, nv, [&](long long v) { return (int)(v / cv) != rank ? ar_ld_volatile(sums(v)) : ar_zero16(); },
+	          [&](long long v, uint4 w) {
+		          const int q = (int)(v / cv);
+		          if (q != rank) d[v] = lp_ready<E>(w, sums(v), c.own, c.e, q);
+	          });
 	ar_end(c.own, c.e);
 }
 
@@ -450,22 +467,12 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS, 4) peer_scatter_rows(co
 	const int share = (rows + ranks - 1) / ranks, nv = n / 4;
 	const long long total = (long long)rows * nv, rowV = (long long)ranks * nv;
 	const uint4* src = (const uint4*)x;
-	for (long long v0 = c.v0; v0 < total; v0 += LP2_UNROLL * c.stride) {
-		uint4 w[LP2_UNROLL];
-#pragma unroll
-		for (int u = 0; u < LP2_UNROLL; u++) {
-			const long long v = v0 + u * c.stride;
-			if (v < total) w[u] = src[v];
-		}
-#pragma unroll
-		for (int u = 0; u < LP2_UNROLL; u++) {
-			const long long v = v0 + u * c.stride;
-			if (v >= total) break;
-			const int r = (int)(v / nv), q = r / share;
-			uint4* staging = (uint4*)(c.rg.p[q] + AR_HDR + 4ll * ranks * cap);
-			staging[(long long)(r - q * share) * rowV + (long long)rank * nv + (v - (long long)r * nv)] = w[u];
-		}
-	}
+	ar_stream(c, total, [&](long long v) { return src[v]; },
+	          [&](long long v, uint4 w) {
+		          const int r = (int)(v / nv), q = r / share;
+		          uint4* staging = (uint4*)(c.rg.p[q] + AR_HDR + 4ll * ranks * cap);
+		          staging[(long long)(r - q * share) * rowV + (long long)rank * nv + (v - (long long)r * nv)] = w;
+	          });
 	ar_exchange(c.rg, rank, ranks, c.e);
 	ar_end(c.own, c.e);
 }

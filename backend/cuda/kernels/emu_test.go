@@ -188,6 +188,33 @@ func TestFP8WritersEmulated(t *testing.T) {
 	runEmulated(t, src+readEmu(t, "fp8_driver.cpp"))
 }
 
+// TestPeerKernelsEmulated runs allreduce.cu's kernels (the one-shot and
+// two-shot Lamport forms, the flag form, the logits' exchange by rows) on
+// the host: testdata/emu/peer_prelude.h stands in for the file's PTX
+// helpers, every rank's call runs at once (prelude.h's threads, each
+// rank's blocks in one cluster with the others'), and
+// testdata/emu/peer_driver.cpp checks the sums, that every Lamport buffer
+// is empty again after each call, and the scatter's staging, for groups of
+// 2 to 8 ranks and a sequence of calls taking turns between the forms. It
+// checks the kernels' indexing, chunks, epochs and parities; the memory
+// model over NVLink is the GPU tests' (TestPeerAllReduce*,
+// TestPeerScatterRows). Skipped as TestDecodeMMAEmulated.
+func TestPeerKernelsEmulated(t *testing.T) {
+	var s strings.Builder
+	kernelsEmuHead(t, &s)
+	s.WriteString(readEmu(t, "peer_prelude.h"))
+	const start, end = "#if KILN_PART_IS(0)\n", "#endif // KILN_PART_IS(0)"
+	body := cBetween(t, allReduce, start, end)
+	body = strings.TrimSuffix(strings.TrimPrefix(body, start), end+"\n")
+	body = strings.Replace(body, cBetween(t, body, "// ---- The PTX", "// ---- end of the PTX"), "", 1)
+	const sh = "__shared__ unsigned sh;"
+	if strings.Count(body, sh) != 1 {
+		t.Fatalf("allreduce.cu: not one %q", sh)
+	}
+	s.WriteString(strings.Replace(body, sh, "unsigned& sh = *(unsigned*)cur_smem();", 1))
+	runEmulated(t, s.String()+readEmu(t, "peer_driver.cpp"))
+}
+
 // kernelsEmuHead writes what the emulated kernels of kernels.cu start
 // from: the prelude, shared.cu, the 16-byte loads, warp_sum and
 // GRID_STRIDE.

@@ -158,6 +158,10 @@ static void thread_entry() {
 	_longjmp(g_sched, 1);
 }
 static inline unsigned char* cur_smem() { return g_rank_smem[g_cur->rank]; }
+// g_cluster_grid, when set, makes run_cluster's block r block r %
+// g_cluster_grid: several grids of that many blocks (the ranks of a peer
+// all-reduce, each its own launch on the device) run as one cluster.
+static int g_cluster_grid = 0;
 // run_cluster runs body as the g_threads threads of each of the n blocks first,
 // first + (1, 0, 0), ... of one cluster (n ≤ 16; n = 1: one block) until
 // all return. Ranks past 0 get shared memory poisoned with 0xff bytes.
@@ -179,7 +183,7 @@ static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
 	for (int t = 0; t < nt; t++) {
 		th[t].rank = t / bt;
 		th[t].idx = dim3{(unsigned)(t % bt), 0, 0};
-		th[t].block = dim3{first.x + (unsigned)th[t].rank, first.y, first.z};
+		th[t].block = dim3{first.x + (unsigned)(g_cluster_grid ? th[t].rank % g_cluster_grid : th[t].rank), first.y, first.z};
 		th[t].blk = blocks[th[t].rank];
 		getcontext(&th[t].uc);
 		th[t].uc.uc_stack.ss_sp = g_stacks.data() + ((size_t)t << 16);

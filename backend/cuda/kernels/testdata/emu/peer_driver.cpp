@@ -1,0 +1,191 @@
+// Driver of TestPeerKernelsEmulated (emu_test.go): runs allreduce.cu's
+// kernels on the host for groups of 2, 3, 4 and 8 ranks, every rank's call
+// at once (G blocks a rank, one cluster of prelude.h's threads), as
+// kernels.go launches them: a sequence of calls on the same regions that
+// takes turns between the one-shot Lamport form, the flag form, the
+// two-shot form (over more than two ranks) and the logits' exchange by
+// rows, in f32, f16 and bf16, in place and not, with vector counts that
+// leave the two-shot chunks uneven and the last grid stride part full.
+// Every rank's all-reduce must hold the ranks' partials summed in rank
+// order in float32, rounded to the dtype (-0 and +0 alike); after every
+// Lamport call every word of every region's Lamport buffers must be empty
+// again; a scatter must leave each rank's rows of the whole logits in its
+// staging, bit for bit. Prints one line per group and dtype and "N failed".
+#include <random>
+
+static const int G = 2;                  // blocks of a rank's call
+static const long long CAP = 64 << 10;   // bytes of partial sums a call moves at most
+static const long long STAGING = 64 << 10; // the scatter's staging
+static const unsigned LP_EMPTY_WORD = LP_EMPTY;
+
+struct Group {
+	int ranks;
+	std::vector<std::vector<unsigned char>> mem;
+	unsigned char* reg(int q) { return q < ranks ? mem[q].data() : nullptr; }
+};
+#define REGS(g) g.reg(0), g.reg(1), g.reg(2), g.reg(3), g.reg(4), g.reg(5), g.reg(6), g.reg(7)
+
+// make_group allocates and clears the regions as kernels.ClearPeerRegion:
+// the header and the flag form's buffers zero, the Lamport buffers empty.
+static Group make_group(int ranks) {
+	Group g{ranks, {}};
+	g.mem.resize(ranks);
+	for (auto& m : g.mem) {
+		m.assign(AR_HDR + 4ll * ranks * CAP + STAGING, 0);
+		unsigned* w = (unsigned*)(m.data() + AR_HDR + 2ll * ranks * CAP);
+		for (long long i = 0; i < 2ll * ranks * CAP / 4; i++) w[i] = LP_EMPTY;
+	}
+	return g;
+}
+
+// launch_ranks runs call(rank) for every rank at once.
+static void launch_ranks(int ranks, const std::function<void(int)>& call) {
+	g_threads = AR_THREADS;
+	gridDim = dim3{(unsigned)G, 1, 1};
+	blockDim = dim3{AR_THREADS, 1, 1};
+	g_cluster_grid = G;
+	run_cluster(dim3{0, 0, 0}, ranks * G, [&] { call(g_cur->rank / G); });
+	g_cluster_grid = 0;
+}
+
+// full_lamport counts the words of the regions' Lamport buffers that a
+// call left full.
+static long long full_lamport(Group& g) {
+	long long n = 0;
+	for (auto& m : g.mem) {
+		const unsigned* w = (const unsigned*)(m.data() + AR_HDR + 2ll * g.ranks * CAP);
+		for (long long i = 0; i < 2ll * g.ranks * CAP / 4; i++) n += w[i] != LP_EMPTY;
+	}
+	return n;
+}
+
+template <typename E> struct Kernels;
+template <> struct Kernels<f32> {
+	static constexpr auto one = &peer_lamport_f32, flags = &peer_allreduce_f32, two = &peer_lamport2_f32;
+	static constexpr const char* name = "f32";
+};
+template <> struct Kernels<f16> {
+	static constexpr auto one = &peer_lamport_f16, flags = &peer_allreduce_f16, two = &peer_lamport2_f16;
+	static constexpr const char* name = "f16";
+};
+template <> struct Kernels<bf16> {
+	static constexpr auto one = &peer_lamport_bf16, flags = &peer_allreduce_bf16, two = &peer_lamport2_bf16;
+	static constexpr const char* name = "bf16";
+};
+
+template <typename E> static unsigned bits(E v) {
+	unsigned b = 0;
+	memcpy(&b, &v, sizeof(E));
+	return b;
+}
+// pushed is a partial's value as the kernels sum it: an empty-looking
+// element is pushed as -0 → +0 (16-bit) or the empty f32 word as -0.
+template <typename E> static float pushed(E v) {
+	if (sizeof(E) == 2 && bits(v) == 0x8000u) return 0.f;
+	if (sizeof(E) == 4 && bits(v) == LP_EMPTY) return -0.f;
+	return tof(v);
+}
+
+// allreduce_case runs one all-reduce of nv vectors on every rank (form 0:
+// one shot, 1: flags, 2: two shots) and checks the sums and, for the
+// Lamport forms, the buffers.
+template <typename E>
+static int allreduce_case(Group& g, std::mt19937_64& rng, int form, long long nv, bool inPlace) {
+	const int ranks = g.ranks;
+	const long long n = nv * 16 / sizeof(E);
+	std::normal_distribution<float> d;
+	std::vector<std::vector<E>> part(ranks), out(ranks);
+	for (int q = 0; q < ranks; q++) {
+		part[q].resize(n);
+		for (long long i = 0; i < n; i++) {
+			float v = d(rng);
+			if (i % 16 == 0) v = 0.f;
+			if (i % 16 == 7) v = -0.f;
+			part[q][i] = fromf<E>(v);
+			if (sizeof(E) == 4 && q == 0 && i % 64 == 11) memcpy(&part[q][i], &LP_EMPTY_WORD, 4);
+		}
+		out[q] = inPlace ? part[q] : std::vector<E>(n);
+	}
+	std::vector<float> want(n);
+	for (long long i = 0; i < n; i++) {
+		float acc = 0.f;
+		for (int q = 0; q < ranks; q++) acc += pushed(part[q][i]);
+		want[i] = tof(fromf<E>(acc));
+	}
+	auto k = form == 0 ? Kernels<E>::one : form == 1 ? Kernels<E>::flags : Kernels<E>::two;
+	launch_ranks(ranks, [&](int r) {
+		const E* src = inPlace ? out[r].data() : part[r].data();
+		k(src, out[r].data(), nv, r, ranks, CAP, REGS(g));
+	});
+	int bad = 0;
+	for (int q = 0; q < ranks; q++)
+		for (long long i = 0; i < n; i++)
+			if (!(tof(out[q][i]) == want[i])) {
+				if (bad < 3) fprintf(stderr, "  form %d, %lld vectors, rank %d, element %lld: %g, want %g\n", form, nv, q, i, tof(out[q][i]), want[i]);
+				bad++;
+			}
+	if (form != 1) {
+		const long long full = full_lamport(g);
+		if (full) {
+			fprintf(stderr, "  form %d, %lld vectors: %lld Lamport words left full\n", form, nv, full);
+			bad++;
+		}
+	}
+	return bad;
+}
+
+// scatter_case exchanges rows of n f32 logits a rank and checks every
+// rank's staging.
+static int scatter_case(Group& g, std::mt19937_64& rng, int rows, int n) {
+	const int ranks = g.ranks, share = (rows + ranks - 1) / ranks;
+	std::normal_distribution<float> d;
+	std::vector<std::vector<float>> shard(ranks, std::vector<float>((size_t)rows * n));
+	for (auto& s : shard)
+		for (auto& x : s) x = d(rng);
+	launch_ranks(ranks, [&](int r) { peer_scatter_rows(shard[r].data(), rows, n, r, ranks, CAP, REGS(g)); });
+	int bad = 0;
+	for (int q = 0; q < ranks; q++) {
+		const float* staging = (const float*)(g.mem[q].data() + AR_HDR + 4ll * ranks * CAP);
+		for (int row = q * share; row < rows && row < (q + 1) * share; row++)
+			for (int from = 0; from < ranks; from++)
+				for (int c = 0; c < n; c++) {
+					const float got = staging[((size_t)(row - q * share) * ranks + from) * n + c], want = shard[from][(size_t)row * n + c];
+					if (memcmp(&got, &want, 4) != 0) {
+						if (bad < 3) fprintf(stderr, "  scatter of %d rows: rank %d's row %d, rank %d's column %d: %g, want %g\n", rows, q, row, from, c, got, want);
+						bad++;
+					}
+				}
+	}
+	return bad;
+}
+
+template <typename E> static int group_case(int ranks, unsigned seed) {
+	std::mt19937_64 rng(seed);
+	Group g = make_group(ranks);
+	const int two = ranks > 2 ? 2 : 0; // the two-shot form takes more than two ranks
+	int bad = 0;
+	bad += allreduce_case<E>(g, rng, 0, 37, false);
+	bad += allreduce_case<E>(g, rng, 1, 300, true);
+	bad += allreduce_case<E>(g, rng, two, 1001, false); // uneven chunks
+	bad += scatter_case(g, rng, 5, 36);
+	bad += allreduce_case<E>(g, rng, two, 2500, true); // the last unrolled stride part full
+	bad += allreduce_case<E>(g, rng, 0, 600, true);
+	bad += scatter_case(g, rng, ranks, 8);
+	bad += allreduce_case<E>(g, rng, two, (long long)ranks * ranks, false); // the fewest vectors the two-shot form takes
+	bad += allreduce_case<E>(g, rng, 1, 64, false);
+	printf("%d ranks, %s: %d wrong\n", ranks, Kernels<E>::name, bad);
+	return bad;
+}
+
+int main() {
+	g_after_wait = [](const void*) { return false; };
+	int fails = 0;
+	unsigned seed = 1;
+	for (int ranks : {2, 3, 4, 8}) {
+		fails += group_case<f32>(ranks, seed++) != 0;
+		fails += group_case<f16>(ranks, seed++) != 0;
+		fails += group_case<bf16>(ranks, seed++) != 0;
+	}
+	printf("%d failed\n", fails);
+	return fails != 0;
+}

@@ -516,6 +516,18 @@ func TestGraphsMatchDirect(t *testing.T) {
 	}
 }
 
+// samplingSettings are the sampling tests' settings: greedy, temperature,
+// top-k, top-p, min-p, the penalties, and a penalty under greedy choice.
+var samplingSettings = []engine.SamplingParams{
+	{},
+	{Temperature: 0.8, Seed: 1},
+	{Temperature: 1.2, TopK: 40, Seed: 2},
+	{Temperature: 1, TopP: 0.9, Seed: 3},
+	{Temperature: 0.7, TopK: 100, TopP: 0.95, MinP: 0.02, Seed: 4},
+	{Temperature: 1, RepetitionPenalty: 1.3, FrequencyPenalty: 0.5, PresencePenalty: 0.3, Seed: 5},
+	{RepetitionPenalty: 1.5},
+}
+
 // TestDeviceSampling generates with several sampling settings, choosing each
 // token on the GPU and, from the same logits, on the host: the same seed must
 // give the same tokens (the device sampler reproduces engine.Sampler given
@@ -523,15 +535,7 @@ func TestGraphsMatchDirect(t *testing.T) {
 func TestDeviceSampling(t *testing.T) {
 	s := bench.Shape{Name: "s", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 3000, Context: 256}
 	dir := randomModel(t, s, tensor.F32, 5)
-	settings := []engine.SamplingParams{
-		{},
-		{Temperature: 0.8, Seed: 1},
-		{Temperature: 1.2, TopK: 40, Seed: 2},
-		{Temperature: 1, TopP: 0.9, Seed: 3},
-		{Temperature: 0.7, TopK: 100, TopP: 0.95, MinP: 0.02, Seed: 4},
-		{Temperature: 1, RepetitionPenalty: 1.3, FrequencyPenalty: 0.5, PresencePenalty: 0.3, Seed: 5},
-		{RepetitionPenalty: 1.5},
-	}
+	settings := samplingSettings
 	gen := func(host bool) [][]int {
 		b := backendOf(t, "f32")
 		b.HostSampling = host

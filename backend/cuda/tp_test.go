@@ -240,15 +240,7 @@ func TestPeerFormsMatch(t *testing.T) {
 // reached the wrong rank, or params or history of another row, shows.
 func TestTensorParallelSampledRows(t *testing.T) {
 	s := bench.Shape{Name: "tps", Hidden: 256, Layers: 2, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1024, Context: 256}
-	settings := []engine.SamplingParams{
-		{},
-		{Temperature: 0.8, Seed: 1},
-		{Temperature: 1.2, TopK: 40, Seed: 2},
-		{Temperature: 1, TopP: 0.9, Seed: 3},
-		{Temperature: 0.7, TopK: 100, TopP: 0.95, MinP: 0.02, Seed: 4},
-		{Temperature: 1, RepetitionPenalty: 1.3, FrequencyPenalty: 0.5, PresencePenalty: 0.3, Seed: 5},
-		{RepetitionPenalty: 1.5},
-	}
+	settings := samplingSettings
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
 			g := groupOf(t, "f32", n)

@@ -52,6 +52,30 @@ kernels_test() {
 	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
 }
 
+# backend_test NAME ARGS... runs backend/cuda's test binary with ARGS in its
+# directory (within 200 s) into $out/NAME.log and prints its exit status
+# and time.
+backend_test() {
+	local name=$1 t0
+	shift
+	t0=$(date +%s)
+	(cd backend/cuda && timeout 200 ../../.devbin/backend_cuda.test -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
+	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
+}
+
+# tp_tests [PATTERN] runs the kernels' peer tests (TestPeer*) unless
+# SKIP_KERNELS is set, then backend/cuda's tensor-parallel tests
+# (TestTensorParallel*, TestPeerFormsMatch, and PATTERN's), each into its
+# log under $out, and prints their exit status and failures.
+tp_tests() {
+	if [ -z "${SKIP_KERNELS:-}" ]; then
+		kernels_test kernels -test.run 'TestPeer'
+		grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- (PASS|FAIL|SKIP)|made|waited' "$out/kernels.log" | head -30
+	fi
+	backend_test backend -test.run "TestTensorParallel|TestPeerFormsMatch${1:+|$1}"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- FAIL' "$out/backend.log" | head -10
+}
+
 # serve_up waits (up to ${1:-300} s) for the kiln serve on port 8765.
 serve_up() {
 	local i

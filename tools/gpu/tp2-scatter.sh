@@ -14,13 +14,7 @@ source "$(dirname "$0")/env.sh"
 tp_env
 work=$out
 t0=$(date +%s)
-if [ -z "${SKIP_KERNELS:-}" ]; then
-	kernels_test kernels -test.run 'TestPeer'
-	grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- (PASS|FAIL|SKIP)|made|waited' "$work/kernels.log" | head -20
-fi
-(cd backend/cuda && timeout 200 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestTensorParallel|TestPeerFormsMatch|TestDeviceSampling') >"$work/backend.log" 2>&1
-echo "backend tests: rc=$? at $(($(date +%s) - t0)) s"
-grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- FAIL|SampledRows|device |  host ' "$work/backend.log" | head -20
+tp_tests TestDeviceSampling
 random_bf16
 for r in $(seq "${ROUNDS:-2}"); do
 	tp_bench tp2-r$r 2 1,64,128,256 60

@@ -1,27 +1,22 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine of four GPUs after tools/gpu/build.sh here (issue 20,
-# TP=4 weak scaling at 128 sequences a GPU, the two-shot all-reduce): the
+# TP=4 weak scaling at 128 sequences a GPU: the two-shot all-reduce and the
+# logits exchanged by rows): the
 # kernels' peer all-reduce tests (TestPeer*: one device's streams as 2 to 8
 # ranks, and back to back over 2 and over all GPUs), the tensor-parallel
 # tests of backend/cuda; then kiln bench model on the random
 # Llama-3-8B-shaped bf16 model at TP=4 (peer all-reduces: two shots past
 # 512 KiB), TP=1, TP=4 with NCCL's all-reduce and TP=4 with 32 NCCL
-# channels (same call); TP=2 batch 1 against kiln-base, taking turns, where
-# it was built; and a profiled TP=4 batch-512 decode. Logs in logs.tgz.
+# channels (same call); where kiln-base was built (BASE=<rev>), TP=4 on it
+# and TP=2 batch 1 against it, taking turns; and a profiled TP=4 batch-512
+# decode. Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp4-twoshot.sh",
 #   carry [".devpack"], kind nvidia-h100-x4 (or nvidia-h200-x4)
 source "$(dirname "$0")/env.sh"
 tp_env
 work=$out
 t0=$(date +%s)
-if [ -z "${SKIP_TESTS:-}" ]; then
-	(cd backend/cuda/kernels && timeout 200 ../../../.devbin/backend_cuda_kernels.test -test.v -test.count=1 -test.run 'TestPeer') >"$work/kernels.log" 2>&1
-	echo "kernels tests: rc=$? at $(($(date +%s) - t0)) s"
-	grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- (PASS|FAIL)|made|waited' "$work/kernels.log" | head -30
-	(cd backend/cuda && timeout 150 ../../.devbin/backend_cuda.test -test.v -test.count=1 -test.run 'TestTensorParallel|TestPeerFormsMatch') >"$work/backend.log" 2>&1
-	echo "backend tests: rc=$? at $(($(date +%s) - t0)) s"
-	grep -E '^(--- FAIL|FAIL|ok|PASS)' "$work/backend.log" | head -10
-fi
+[ -z "${SKIP_TESTS:-}" ] && tp_tests
 random_bf16
 echo "model at $(($(date +%s) - t0)) s"
 tp_bench tp4-peer 4 1,64,128,256,512 100
@@ -32,6 +27,8 @@ python3 tools/gpu/tp_table.py "$work" tp1 tp4-peer tp4-nccl tp4-ch32
 # The one-shot form's kernels now keep 4 blocks a multiprocessor: TP=2
 # batch 1 against kiln-base (BASE=<rev> tools/gpu/build.sh), taking turns.
 if [ -x .devbin/kiln-base ]; then
+	PP=0 KILN_BIN=.devbin/kiln-base tp_bench tp4-base 4 256,512 60
+	python3 tools/gpu/tp_table.py "$work" tp4-base
 	for r in 1 2; do
 		PP=0 tp_bench tp2-r$r 2 1 40
 		PP=0 KILN_BIN=.devbin/kiln-base tp_bench tp2-base-r$r 2 1 40

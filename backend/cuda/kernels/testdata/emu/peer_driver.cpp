@@ -10,7 +10,9 @@
 // order in float32, rounded to the dtype (-0 and +0 alike); after every
 // Lamport call every word of every region's Lamport buffers must be empty
 // again; a scatter must leave each rank's rows of the whole logits in its
-// staging, bit for bit. Prints one line per group and dtype and "N failed".
+// staging, bit for bit. Then the same forms back to back, each rank running
+// ahead of the others as its stream lets it (sequence_case). Prints one
+// line per group and dtype and "N failed".
 #include <random>
 
 static const int G = 2;                  // blocks of a rank's call
@@ -177,6 +179,114 @@ template <typename E> static int group_case(int ranks, unsigned seed) {
 	return bad;
 }
 
+// sequence_case runs a sequence of calls on every rank back to back, as a
+// rank's stream runs them: each rank's blocks go from one call to the next
+// as soon as all of them have finished the call before (a barrier of the
+// rank's threads), so that a rank runs ahead of the others into the next
+// calls' buffers and flags; before some calls one rank is held back a
+// while. The forms take turns at random, a scatter always followed by an
+// all-reduce (as a step's collectives follow its sampling), and every
+// rank's snapshot of its staging is taken right after its scatter. Every
+// result is checked at the end, and the Lamport buffers must be empty.
+template <typename E> static int sequence_case(int ranks, unsigned seed) {
+	std::mt19937_64 rng(seed);
+	std::normal_distribution<float> d;
+	Group g = make_group(ranks);
+	struct Call {
+		int form; // 0 one shot, 1 flags, 2 two shots, 3 scatter
+		long long nv;
+		int rows, n;
+		bool inPlace;
+		int held, turns; // the rank held back before the call, and for how many turns
+		std::vector<std::vector<E>> part, out;
+		std::vector<std::vector<float>> shard, snap;
+		std::vector<float> want;
+	};
+	std::vector<Call> calls(40);
+	for (size_t k = 0; k < calls.size(); k++) {
+		Call& c = calls[k];
+		c.form = (int)(rng() % 4);
+		if (c.form == 2 && ranks <= 2) c.form = 0;
+		if (k > 0 && calls[k - 1].form == 3 && c.form == 3) c.form = 1;
+		if (k + 1 == calls.size() && c.form == 3) c.form = 0;
+		const long long sizes[] = {1, 37, (long long)ranks * ranks, 600, 1001, 2500};
+		c.nv = sizes[rng() % 6];
+		if (c.form == 2 && c.nv < (long long)ranks * ranks) c.nv = (long long)ranks * ranks;
+		c.inPlace = rng() % 2;
+		c.held = (int)(rng() % ranks), c.turns = rng() % 3 == 0 ? (int)(rng() % 200) : 0;
+		if (c.form == 3) {
+			c.rows = 1 + (int)(rng() % 9), c.n = 4 * (1 + (int)(rng() % 20));
+			c.shard.assign(ranks, std::vector<float>((size_t)c.rows * c.n));
+			for (auto& sh : c.shard)
+				for (auto& x : sh) x = d(rng);
+			c.snap.assign(ranks, std::vector<float>((size_t)c.rows * ranks * c.n));
+			continue;
+		}
+		const long long n = c.nv * 16 / sizeof(E);
+		c.part.resize(ranks);
+		for (auto& p : c.part) {
+			p.resize(n);
+			for (long long i = 0; i < n; i++) p[i] = fromf<E>(i % 16 == 7 ? -0.f : d(rng));
+		}
+		c.out.resize(ranks);
+		for (int q = 0; q < ranks; q++) c.out[q] = c.inPlace ? c.part[q] : std::vector<E>(n);
+		c.want.resize(n);
+		for (long long i = 0; i < n; i++) {
+			float acc = 0.f;
+			for (int q = 0; q < ranks; q++) acc += pushed(c.part[q][i]);
+			c.want[i] = tof(fromf<E>(acc));
+		}
+	}
+	std::vector<Barrier> stream(ranks, Barrier{G * AR_THREADS});
+	launch_ranks(ranks, [&](int r) {
+		for (auto& c : calls) {
+			if (c.held == r)
+				for (int i = 0; i < c.turns; i++) yield_turn();
+			switch (c.form) {
+			case 3:
+				peer_scatter_rows(c.shard[r].data(), c.rows, c.n, r, ranks, CAP, REGS(g));
+				break;
+			default: {
+				auto k = c.form == 0 ? Kernels<E>::one : c.form == 1 ? Kernels<E>::flags : Kernels<E>::two;
+				const E* src = c.inPlace ? c.out[r].data() : c.part[r].data();
+				k(src, c.out[r].data(), c.nv, r, ranks, CAP, REGS(g));
+			}
+			}
+			stream[r].wait();
+			if (c.form == 3 && threadIdx.x == 0 && blockIdx.x == 0)
+				memcpy(c.snap[r].data(), g.mem[r].data() + AR_HDR + 4ll * ranks * CAP, c.snap[r].size() * 4);
+		}
+	});
+	int bad = 0;
+	for (size_t k = 0; k < calls.size(); k++) {
+		Call& c = calls[k];
+		if (c.form == 3) {
+			const int share = (c.rows + ranks - 1) / ranks;
+			for (int q = 0; q < ranks; q++)
+				for (int row = q * share; row < c.rows && row < (q + 1) * share; row++)
+					for (int from = 0; from < ranks; from++)
+						for (int col = 0; col < c.n; col++)
+							if (memcmp(&c.snap[q][((size_t)(row - q * share) * ranks + from) * c.n + col], &c.shard[from][(size_t)row * c.n + col], 4) != 0) {
+								if (bad < 3) fprintf(stderr, "  call %zu (scatter of %d rows): rank %d's row %d differs\n", k, c.rows, q, row);
+								bad++;
+							}
+			continue;
+		}
+		for (int q = 0; q < ranks; q++)
+			for (size_t i = 0; i < c.want.size(); i++)
+				if (!(tof(c.out[q][i]) == c.want[i])) {
+					if (bad < 3) fprintf(stderr, "  call %zu (form %d, %lld vectors), rank %d, element %zu: %g, want %g\n", k, c.form, c.nv, q, i, tof(c.out[q][i]), c.want[i]);
+					bad++;
+				}
+	}
+	if (const long long full = full_lamport(g)) {
+		fprintf(stderr, "  %lld Lamport words left full\n", full);
+		bad++;
+	}
+	printf("%d ranks, %s, %zu calls back to back: %d wrong\n", ranks, Kernels<E>::name, calls.size(), bad);
+	return bad;
+}
+
 int main() {
 	g_after_wait = [](const void*) { return false; };
 	int fails = 0;
@@ -185,6 +295,8 @@ int main() {
 		fails += group_case<f32>(ranks, seed++) != 0;
 		fails += group_case<f16>(ranks, seed++) != 0;
 		fails += group_case<bf16>(ranks, seed++) != 0;
+		fails += sequence_case<f32>(ranks, seed++) != 0;
+		fails += sequence_case<bf16>(ranks, seed++) != 0;
 	}
 	printf("%d failed\n", fails);
 	return fails != 0;

@@ -37,8 +37,11 @@ func (l *loaded) choose(nd *node) error {
 		}
 	case ir.AllReduce:
 		nd.kernel = "nccl all-reduce"
-		if l.b.Peers != nil {
-			nd.kernel = fmt.Sprintf("peer all-reduce (nccl past %d bytes)", l.b.Peers.CapBytes)
+		if p := l.b.Peers; p != nil {
+			nd.kernel = fmt.Sprintf("peer all-reduce (nccl past %d bytes)", p.CapBytes)
+			if p.TwoShot(p.CapBytes) {
+				nd.kernel = fmt.Sprintf("peer all-reduce (two shots past %d bytes, nccl past %d)", kernels.PeerOneShotBytes, p.CapBytes)
+			}
 		}
 		nd.launch = func(x *stepState, nd *node) error {
 			n := in[0].rows(x) * in[0].cols

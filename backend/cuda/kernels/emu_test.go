@@ -215,44 +215,6 @@ func TestPeerKernelsEmulated(t *testing.T) {
 	runEmulated(t, s.String()+readEmu(t, "peer_driver.cpp"))
 }
 
-// TestPeerSourceClang compiles allreduce.cu to PTX for sm_80 with clang's
-// CUDA front end (testdata/emu/clang_shim.h declares what NVRTC and the rest
-// of the kernels' source give it), so that a syntax or type error NVRTC
-// would refuse on the GPU, where part 0 of the kernels would then fail to
-// compile, shows without one. Skipped without clang++ or with -short.
-func TestPeerSourceClang(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short")
-	}
-	clang, err := exec.LookPath("clang++")
-	if err != nil {
-		t.Skip("no clang++")
-	}
-	dir := t.TempDir()
-	src, ptx := filepath.Join(dir, "allreduce.cu"), filepath.Join(dir, "allreduce.ptx")
-	if err := os.WriteFile(src, []byte(allReduce), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	shim, err := filepath.Abs("testdata/emu/clang_shim.h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, act := range []string{"f32", "bf16"} {
-		out, err := exec.Command(clang, "-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_80", "-nocudainc", "-nocudalib",
-			"-std=c++17", "-DACT="+act, "-include", shim, "-O1", "-w", "-S", src, "-o", ptx).CombinedOutput()
-		if err != nil {
-			t.Fatalf("ACT=%s: %v\n%s", act, err, out)
-		}
-		b, err := os.ReadFile(ptx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := strings.Count(string(b), ".entry"); n != 10 {
-			t.Errorf("ACT=%s: %d kernels in the PTX, want 10 (three forms in three dtypes, the scatter)", act, n)
-		}
-	}
-}
-
 // kernelsEmuHead writes what the emulated kernels of kernels.cu start
 // from: the prelude, shared.cu, the 16-byte loads, warp_sum and
 // GRID_STRIDE.

@@ -72,3 +72,10 @@ mkdir -p .devpack
 rm -f .devpack/bin.tar.xz
 tar cJf .devpack/bin.tar.xz .devbin
 echo "packed .devpack/bin.tar.xz ($(du -h .devpack/bin.tar.xz | cut -f1))"
+# The device tool carries at most 64 MiB: the tracked tree and the pack.
+tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+pack=$(stat -c %s .devpack/bin.tar.xz)
+if [ $((tree + pack)) -gt $((64 << 20)) ]; then
+	echo "warning: the tree ($((tree >> 20)) MiB) and the pack ($((pack >> 20)) MiB) pass the device tool's 64 MiB:" \
+		"repack what the script needs, e.g. XZ_OPT=-9 tar cJf .devpack/bin.tar.xz --exclude=.devbin/data --exclude=.devbin/shared/corpora .devbin" >&2
+fi

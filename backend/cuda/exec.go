@@ -95,6 +95,14 @@ func (x *stepState) noteProduct(mm cu.Matmul, kernel string) {
 	}
 }
 
+// scatters reports whether the node (an all-gather of the logits) sends a
+// sampled step's rows of rows to the ranks that sample them (PeerScatterRows)
+// rather than gathering them: the one decision of both the node's launch
+// and RunSample, which reads the rows where the scatter left them.
+func (nd *node) scatters(p *kernels.PeerGroup, rows int) bool {
+	return nd.scatterRows && p.PeerScatterFits(nd.in[0].p, rows, nd.in[0].cols)
+}
+
 // graphKey identifies the steps one captured graph can replay: the same
 // composition (so the same packed offsets, grids and product shapes), the
 // same context bucket and the same cache.
@@ -364,7 +372,7 @@ func (e *executable) RunSample(b *backend.Batch, kv backend.KVCache, params []ba
 			at += len(p.History)
 		}
 		lo, hi, logits := 0, r, e.output.p
-		if p, sc := e.l.b.Peers, e.scatter; sc != nil && p.PeerScatterFits(sc.in[0].p, r, sc.in[0].cols) {
+		if p := e.l.b.Peers; e.scatter != nil && e.scatter.scatters(p, r) {
 			// The step's scatter left this rank's rows in its staging.
 			lo, hi = kernels.PeerRowShare(r, p.Rank, len(p.Regions))
 			logits = p.PeerStaging()

@@ -57,9 +57,9 @@ func (l *loaded) choose(nd *node) error {
 		nd.kernel = "nccl all-gather"
 		nd.launch = func(x *stepState, nd *node) error {
 			rows, n := in[0].rows(x), in[0].cols
-			if p := l.b.Peers; nd.scatterRows && x.sampling && p.PeerScatterFits(in[0].p, rows, n) {
+			if x.sampling && nd.scatters(l.b.Peers, rows) {
 				x.ran = "peer scatter of the logits by rows"
-				return k.PeerScatterRows(s, *p, in[0].p, rows, n)
+				return k.PeerScatterRows(s, *l.b.Peers, in[0].p, rows, n)
 			}
 			if rows == 1 { // rank-major is row-major
 				return l.b.Comm.AllGather(out[0].p, in[0].p, n, in[0].dtype, s)

@@ -121,8 +121,8 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	}
 	nv := n * dt.Size() / 16
 	args := append([]any{src, dst, int64(nv)}, g.args()...)
-	// At most PeerSlots blocks in either form: the flag form has that many
-	// flags a rank, and in both a block waits for the peers' same blocks
+	// At most PeerSlots blocks in every form: the flag form has that many
+	// flags a rank, and in each a block waits for the peers' same blocks
 	// or vectors, so every rank's blocks must fit on one device at once
 	// (the tests' ranks are streams of one device).
 	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
@@ -149,7 +149,7 @@ func PeerRowShare(rows, rank, ranks int) (lo, hi int) {
 // (ranks·n columns), n is a multiple of 4, and src is 16-byte aligned.
 func (g PeerGroup) PeerScatterFits(src cu.Ptr, rows, n int) bool {
 	ranks := len(g.Regions)
-	share := (rows + ranks - 1) / ranks
+	_, share := PeerRowShare(rows, 0, ranks)
 	return rows > 0 && n > 0 && n%4 == 0 && aligned16(src) && share*ranks*n*4 <= g.StagingBytes
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"kiln/backend"
 	"kiln/backend/cuda/cu"
@@ -69,8 +70,14 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 			CloseGroup(g)
 			return nil, err
 		}
+		blocks, err := PeerBlocks(os.Getenv("KILN_PEER_BLOCKS"), devs[0].SMs)
+		if err != nil {
+			CloseGroup(g)
+			return nil, err
+		}
 		for i, p := range peers {
 			p.Flags = flags
+			p.Blocks = blocks
 			bs[i].Peers = p
 		}
 	}
@@ -91,6 +98,28 @@ func PeerForm(mode string) (peers, flags bool, err error) {
 		return false, false, nil
 	}
 	return false, false, fmt.Errorf("cuda: KILN_PEER_ALLREDUCE=%q: want 0 (NCCL's) or flags (the flag form); unset, the Lamport form", mode)
+}
+
+// PeerBlocks reads a value of KILN_PEER_BLOCKS, the most blocks a call of
+// the Lamport forms takes (kernels.PeerGroup.Blocks) on devices of sms
+// multiprocessors: unset or "2sm", two a multiprocessor; "sm" one, or a
+// number from 1 to 4 a multiprocessor (the kernels keep 4 resident, and
+// every rank's blocks must be at once). Two a multiprocessor moved a
+// 4 MiB sum over four H200 in 30.7 µs where kernels.PeerSlots (64) took
+// 39.3, and TP=4 decoded 7.7% more at 512 sequences (docs/PERF.md,
+// "Tensor parallelism", session 34).
+func PeerBlocks(v string, sms int) (int, error) {
+	switch v {
+	case "sm":
+		return sms, nil
+	case "", "2sm":
+		return 2 * sms, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 4*sms {
+		return 0, fmt.Errorf("cuda: KILN_PEER_BLOCKS=%q: want sm, 2sm or 1 to %d blocks", v, 4*sms)
+	}
+	return n, nil
 }
 
 // PeerCapBytes is the most bytes of partial sums a rank's all-reduce may

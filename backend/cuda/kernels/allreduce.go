@@ -63,6 +63,12 @@ type PeerGroup struct {
 	// StagingBytes is the staging for PeerScatterRows that each region
 	// holds past its PeerRegionBytes (0: none).
 	StagingBytes int
+	// Blocks is the most blocks a call of the Lamport forms takes (0:
+	// PeerSlots; the flag form and PeerScatterRows, whose flags are a
+	// block's, take at most PeerSlots). A block waits for the peers'
+	// vectors, so every rank's grid must be resident on its device at
+	// once: NewPeers gives each device's multiprocessors.
+	Blocks int
 	// Flags makes PeerAllReduce take the flag form (flags released and
 	// acquired over the group, after a system-scope fence) instead of
 	// the Lamport form (the data its own flag), for comparisons; every
@@ -121,11 +127,16 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	}
 	nv := n * dt.Size() / 16
 	args := append([]any{src, dst, int64(nv)}, g.args()...)
-	// At most PeerSlots blocks in every form: the flag form has that many
-	// flags a rank, and in each a block waits for the peers' same blocks
-	// or vectors, so every rank's blocks must fit on one device at once
-	// (the tests' ranks are streams of one device).
-	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
+	// At most PeerSlots blocks in the flag form, which has that many
+	// flags a rank, g.Blocks in the Lamport forms: in each a block waits
+	// for the peers' same blocks or vectors, so every rank's blocks must
+	// fit on its device at once (the tests' ranks are streams of one
+	// device).
+	blocks := PeerSlots
+	if g.Blocks > 0 && !g.Flags {
+		blocks = g.Blocks
+	}
+	grid := min(blocks, (nv+peerThreads-1)/peerThreads)
 	name := "peer_lamport_"
 	switch {
 	case g.Flags:

@@ -265,7 +265,8 @@ func TestPeerAllReduceRefuses(t *testing.T) {
 // calls of 200 and 512 rows then in two shots), calls queued one after another with no wait on the host
 // between them and dependent launches, as a step's are: each rank's
 // partial sums written by a kernel launched just before the call, the
-// sizes (hence the blocks of a call) changing from call to call, in place
+// sizes and grids (PeerSlots blocks, or PeerGroup.Blocks of one or two a
+// multiprocessor) changing from call to call, in place
 // and not, in the Lamport form and one call in three in the flag form, and
 // one rank held back at times (Spin) so that the other runs
 // ahead into the next calls' buffers, the call counter wrapping past 2³²
@@ -276,32 +277,7 @@ func TestPeerAllReduceRefuses(t *testing.T) {
 // kernels would have to fit on it at once, which back-to-back calls do
 // not promise: TestPeerAllReduce covers one device, a call at a time.
 func TestPeerAllReduceBackToBack(t *testing.T) {
-	d := gpu(t)
-	count, err := cu.DeviceCount()
-	if err != nil || count < 2 {
-		t.Skipf("one GPU (%v)", err)
-	}
-	rs := []arRank{{d: d, k: kern(t, cu.BF16)}}
-	for i := 1; i < min(count, PeerMaxRanks); i++ {
-		di, err := cu.Open(i)
-		must(t, err)
-		t.Cleanup(func() { di.Close() })
-		ki, err := New(di, cu.BF16)
-		must(t, err)
-		rs = append(rs, arRank{d: di, k: ki})
-	}
-	for _, a := range rs {
-		for _, b := range rs {
-			if a.d == b.d {
-				continue
-			}
-			ok, err := a.d.EnablePeerAccess(b.d)
-			must(t, err)
-			if !ok {
-				t.Skip("the devices do not reach each other's memory")
-			}
-		}
-	}
+	rs := peerRanks(t)
 	t.Run("2 ranks", func(t *testing.T) { backToBack(t, rs[:2]) })
 	if len(rs) > 2 {
 		// Every device, the larger calls in two shots.
@@ -340,6 +316,7 @@ func backToBack(t *testing.T, rs []arRank) {
 		rows, dim int
 		inPlace   bool
 		flags     bool        // the flag form (else the Lamport form)
+		blocks    int         // PeerGroup.Blocks (0: PeerSlots)
 		parts     [][]float32 // each rank's partial sums, as the sum of a and b
 		a, b, src []cu.Ptr
 		dst       []cu.Ptr
@@ -348,6 +325,7 @@ func backToBack(t *testing.T, rs []arRank) {
 	for range 60 {
 		rows := []int{1, 1, 4, 64, 17, 1, 64, 512, 200}[rng.IntN(9)]
 		cl := &call{rows: rows, dim: 4096, inPlace: rng.IntN(2) == 0, flags: rng.IntN(3) == 0}
+		cl.blocks = []int{0, rs[0].d.SMs, 2 * rs[0].d.SMs}[rng.IntN(3)]
 		n := rows * cl.dim
 		for _, r := range rs {
 			a, b := roundTo(cu.BF16, randn(rng, n, 1)), roundTo(cu.BF16, randn(rng, n, 1))
@@ -376,7 +354,7 @@ func backToBack(t *testing.T, rs []arRank) {
 				must(t, r.k.Spin(streams[i], 200*time.Microsecond))
 			}
 			must(t, r.k.Add(streams[i], cl.src[i], cl.a[i], cl.b[i], n))
-			g := PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, Flags: cl.flags}
+			g := PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, Flags: cl.flags, Blocks: cl.blocks}
 			must(t, r.k.PeerAllReduce(streams[i], g, cl.dst[i], cl.src[i], n, cu.BF16))
 		}
 	}
@@ -402,7 +380,7 @@ func backToBack(t *testing.T, rs []arRank) {
 		n := cl.rows * cl.dim
 		ref := rankSum(cu.BF16, cl.parts)
 		for i, r := range rs {
-			what := fmt.Sprintf("call %d (%d rows, in place %v, flag form %v), rank %d", c, cl.rows, cl.inPlace, cl.flags, i)
+			what := fmt.Sprintf("call %d (%d rows, in place %v, flag form %v, blocks %d), rank %d", c, cl.rows, cl.inPlace, cl.flags, cl.blocks, i)
 			must(t, r.d.Sync())
 			b := make([]byte, 2*n)
 			must(t, r.d.Download(b, cl.dst[i]))

@@ -166,7 +166,11 @@ type Stats struct {
 	// that chose the ids of its share of the rows alone, from the rows the
 	// step's peer scatter brought it (kernels.PeerScatterRows).
 	SampledShares int
-	LastFailure   error // the latest capture failure
+	// PeerNorms counts the all-reduces (launches, captures included) that
+	// ran the residual add and RMSNorm after them in their kernel
+	// (peernorm.go).
+	PeerNorms   int
+	LastFailure error // the latest capture failure
 	// FP8Matrices counts the matrices loads kept in E4M3 on the device
 	// (Backend.FP8), BlockMatrices those kept in GGUF blocks.
 	FP8Matrices, BlockMatrices int

@@ -150,6 +150,11 @@ type node struct {
 	// rank gets only the rows it samples, whole (kernels.PeerScatterRows),
 	// instead of every row.
 	scatterRows bool
+	// peerNorm (all-reduces): the AddRMSNorm after it, which its kernel
+	// runs where it takes the step (markPeerNorms, runPeerNorm; nil:
+	// none), with the rank's blocks in step where peerNormSync.
+	peerNorm     *node
+	peerNormSync bool
 	// fold: the chain of a norm folded into the product after it that
 	// the node is part of (markNormFolds; nil: none).
 	fold *normFold
@@ -252,6 +257,7 @@ func (l *loaded) Executable(p *compile.Plan) (backend.Executable, error) {
 	if err := l.markNormFolds(e.nodes, p); err != nil {
 		return nil, err
 	}
+	l.markPeerNorms(e.nodes, p)
 	epilogues := compile.EpilogueReaders(p.Graph)
 	for i := 0; i+1 < len(e.nodes); i++ {
 		if nd, next := &e.nodes[i], &e.nodes[i+1]; epilogues[nd.n] == next.n && l.gemv != nil && !l.b.NoEpilogues {

@@ -16,9 +16,10 @@ import (
 // process; each device's work runs on its own locked OS thread, the
 // device's worker). Where every device reaches the others' memory, the
 // all-reduces of decode steps run as one kernel over peer memory instead
-// of NCCL's (NewPeers), in the Lamport form (kernels.PeerGroup). For
-// comparisons, KILN_PEER_ALLREDUCE=0 keeps NCCL's, =flags takes the flag
-// form. Abort ends every communicator.
+// of NCCL's (NewPeers), in the Lamport form (kernels.PeerGroup), the
+// residual add and RMSNorm after each in its kernel. For comparisons,
+// KILN_PEER_ALLREDUCE=0 keeps NCCL's, =flags takes the flag form, =apart
+// the add and norm apart (PeerForm). Abort ends every communicator.
 func OpenGroup(n int, dtype string) (*backend.Group, error) {
 	count, err := cu.DeviceCount()
 	if err != nil {
@@ -59,12 +60,12 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 		b.Comm = comms[i]
 		g.Ranks = append(g.Ranks, b)
 	}
-	usePeers, flags, err := PeerForm(os.Getenv("KILN_PEER_ALLREDUCE"))
+	mode, err := PeerForm(os.Getenv("KILN_PEER_ALLREDUCE"))
 	if err != nil {
 		CloseGroup(g)
 		return nil, err
 	}
-	if usePeers {
+	if mode.Peers {
 		peers, err := NewPeers(devs)
 		if err != nil {
 			CloseGroup(g)
@@ -76,7 +77,7 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 			return nil, err
 		}
 		for i, p := range peers {
-			p.Flags = flags
+			p.Flags, p.Apart = mode.Flags, mode.Apart
 			p.Blocks = blocks
 			bs[i].Peers = p
 		}
@@ -84,20 +85,33 @@ func OpenGroup(n int, dtype string) (*backend.Group, error) {
 	return g, nil
 }
 
-// PeerForm reads a value of KILN_PEER_ALLREDUCE: whether a group's
-// all-reduces go over peer memory where they can (all but "0", NCCL's
-// alone), and in the flag form ("flags") rather than the Lamport form
-// (unset).
-func PeerForm(mode string) (peers, flags bool, err error) {
+// PeerMode is how a group's all-reduces run (KILN_PEER_ALLREDUCE).
+type PeerMode struct {
+	// Peers: over peer memory where they can (else NCCL's alone).
+	Peers bool
+	// Flags: in the flag form rather than the Lamport form.
+	Flags bool
+	// Apart: the residual add and RMSNorm after an all-reduce in a kernel
+	// of their own (kernels.PeerGroup.Apart), not in the all-reduce's.
+	Apart bool
+}
+
+// PeerForm reads a value of KILN_PEER_ALLREDUCE: unset, over peer memory
+// in the Lamport form, the add and norm after each all-reduce in its
+// kernel; "apart" the same with the add and norm apart; "flags" the flag
+// form (the add and norm apart); "0" NCCL's alone.
+func PeerForm(mode string) (PeerMode, error) {
 	switch mode {
 	case "":
-		return true, false, nil
+		return PeerMode{Peers: true}, nil
+	case "apart":
+		return PeerMode{Peers: true, Apart: true}, nil
 	case "flags":
-		return true, true, nil
+		return PeerMode{Peers: true, Flags: true}, nil
 	case "0":
-		return false, false, nil
+		return PeerMode{}, nil
 	}
-	return false, false, fmt.Errorf("cuda: KILN_PEER_ALLREDUCE=%q: want 0 (NCCL's) or flags (the flag form); unset, the Lamport form", mode)
+	return PeerMode{}, fmt.Errorf("cuda: KILN_PEER_ALLREDUCE=%q: want 0 (NCCL's), flags (the flag form) or apart (the add and norm after an all-reduce apart); unset, the Lamport form with them", mode)
 }
 
 // PeerBlocks reads a value of KILN_PEER_BLOCKS, the most blocks a call of

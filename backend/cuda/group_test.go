@@ -11,13 +11,17 @@ import (
 // KILN_PEER_BLOCKS take, and the clear errors of the others.
 func TestPeerSettings(t *testing.T) {
 	for _, c := range []struct {
-		v            string
-		peers, flags bool
-		ok           bool
-	}{{"", true, false, true}, {"flags", true, true, true}, {"0", false, false, true}, {"1", false, false, false}, {"nccl", false, false, false}} {
-		peers, flags, err := cuda.PeerForm(c.v)
-		if (err == nil) != c.ok || err == nil && (peers != c.peers || flags != c.flags) {
-			t.Errorf("PeerForm(%q) = %v, %v, %v; want %v, %v, ok %v", c.v, peers, flags, err, c.peers, c.flags, c.ok)
+		v    string
+		want cuda.PeerMode
+		ok   bool
+	}{
+		{"", cuda.PeerMode{Peers: true}, true}, {"apart", cuda.PeerMode{Peers: true, Apart: true}, true},
+		{"flags", cuda.PeerMode{Peers: true, Flags: true}, true}, {"0", cuda.PeerMode{}, true},
+		{"1", cuda.PeerMode{}, false}, {"nccl", cuda.PeerMode{}, false},
+	} {
+		got, err := cuda.PeerForm(c.v)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("PeerForm(%q) = %+v, %v; want %+v, ok %v", c.v, got, err, c.want, c.ok)
 		}
 	}
 	for _, c := range []struct {

@@ -5,6 +5,7 @@ import (
 
 	"kiln/arch"
 	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
 	"kiln/compile"
 	"kiln/internal/testmodel"
 	"kiln/ir"
@@ -86,4 +87,60 @@ func boundNodes(t *testing.T, p *compile.Plan, dts map[*ir.Node]cu.DType) []node
 		t.Fatal(err)
 	}
 	return nodes
+}
+
+// TestMarkPeerNorms: on a rank's graph of Llama sharded over two (the real
+// passes and the plans of decode and prefill buckets), with peer memory,
+// the all-reduce after each attention and MLP but the last layer's MLP
+// (the final RMSNorm, no add, follows it) runs the AddRMSNorm after it in
+// its kernel, and the embedding's (a plain RMSNorm follows) does not: two
+// a layer, less one; without peer memory, none. No GPU needed.
+func TestMarkPeerNorms(t *testing.T) {
+	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 3, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
+		VocabSize: 500, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000}
+	g, err := arch.Build(testmodel.Zeros(c), arch.Options{ContextLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A communicator (never used) makes the backend take the collectives.
+	comp, err := compile.Compile(g, &Backend{Comm: &cu.Comm{}}, compile.Options{Shard: compile.Shard{Rank: 1, Ranks: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dts := weightDTypes(comp.Graph, cu.BF16, false, false, false)
+	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 512, Rows: 8}} {
+		p, err := comp.Plan(bk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, peers := range []bool{true, false} {
+			l := &loaded{b: &Backend{}, act: cu.BF16}
+			if peers {
+				l.b.Peers = &kernels.PeerGroup{}
+			}
+			nodes := boundNodes(t, p, dts)
+			l.markPeerNorms(nodes, p)
+			reduces, marked := 0, 0
+			for i := range nodes {
+				nd := &nodes[i]
+				if nd.n.Op == ir.AllReduce {
+					reduces++
+				}
+				if nd.peerNorm == nil {
+					continue
+				}
+				marked++
+				if nd.n.Op != ir.AllReduce || nd.peerNorm != &nodes[i+1] || nd.peerNorm.n.Op != ir.AddRMSNorm {
+					t.Errorf("%+v: %v marked with %v", bk, nd.n.Op, nd.peerNorm.n.Op)
+				}
+			}
+			want := 0
+			if peers {
+				want = 2*c.NumLayers - 1
+			}
+			if reduces != 2*c.NumLayers+1 || marked != want {
+				t.Errorf("%+v, peers %v: %d of %d all-reduces run the norm after them, want %d of %d", bk, peers, marked, reduces, want, 2*c.NumLayers+1)
+			}
+		}
+	}
 }

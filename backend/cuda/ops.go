@@ -46,6 +46,9 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			n := in[0].rows(x) * in[0].cols
 			if p := l.b.Peers; p != nil {
+				if ok, err := l.runPeerNorm(x, nd); ok || err != nil {
+					return err
+				}
 				if p.PeerAllReduceFits(out[0].p, in[0].p, n, in[0].dtype) {
 					return k.PeerAllReduce(s, *p, out[0].p, in[0].p, n, in[0].dtype)
 				}

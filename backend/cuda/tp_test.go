@@ -37,10 +37,11 @@ func groupOf(t *testing.T, dtype string, n int) *backend.Group {
 
 // groupMode is groupOf with the all-reduces as KILN_PEER_ALLREDUCE=mode
 // makes OpenGroup's: "" over peer memory (where the devices reach each
-// other's) in the Lamport form; "flags" in the flag form; "0" NCCL's alone.
+// other's) in the Lamport form with the add and norm after it; "apart"
+// without; "flags" in the flag form; "0" NCCL's alone.
 func groupMode(t *testing.T, dtype string, n int, mode string) *backend.Group {
 	t.Helper()
-	usePeers, flags, err := cuda.PeerForm(mode)
+	pm, err := cuda.PeerForm(mode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +80,9 @@ func groupMode(t *testing.T, dtype string, n int, mode string) *backend.Group {
 	}}
 	for i, d := range devs {
 		b := &cuda.Backend{Device: d, DType: dtype, Tune: tune.Off, Comm: comms[i]}
-		if p := groupPeers[n]; p != nil && usePeers {
+		if p := groupPeers[n]; p != nil && pm.Peers {
 			pg := *p[i]
-			pg.Flags = flags
+			pg.Flags, pg.Apart = pm.Flags, pm.Apart
 			b.Peers = &pg
 		}
 		g.Ranks = append(g.Ranks, b)
@@ -194,18 +195,22 @@ func TestTensorParallelBatched(t *testing.T) {
 }
 
 // TestPeerFormsMatch: over 2 and 4 GPUs in bf16, the all-reduce over peer
-// memory in the Lamport form (the default) and in the flag form give the
-// same logits bit for bit (both sum the ranks' partials in rank order in
-// float32), through a batched prefill and 20 decode steps replayed from
-// graphs (every all-reduce within the group's capacity: all over peer
-// memory), under tune.Defaults (the same kernels every run).
+// memory in the Lamport form with the residual add and RMSNorm after it in
+// its kernel where it takes two shots (the default), apart from it, and in
+// the flag form give the same logits bit for bit (each sums the ranks'
+// partials in rank order in float32, and the norm its row's squares in
+// the same order), through a batched prefill (203 rows of 1,536: two shots
+// over four ranks) and 20 decode steps replayed from graphs (every
+// all-reduce within the group's capacity: all over peer memory), under
+// tune.Defaults (the same kernels every run). The default must have run
+// the norms in its kernel over four.
 func TestPeerFormsMatch(t *testing.T) {
-	s := bench.Shape{Name: "tp", Hidden: 512, Layers: 3, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1000, Context: 512}
+	s := bench.Shape{Name: "tp", Hidden: 1536, Layers: 3, Heads: 12, KVHeads: 4, FFN: 384, Vocab: 1000, Context: 512}
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
 			dir := randomModel(t, s, tensor.BF16, 13)
 			var ref [][]float32
-			for _, mode := range []string{"", "flags"} {
+			for _, mode := range []string{"", "apart", "flags"} {
 				g := groupMode(t, "bf16", n, mode)
 				bs := cuda.GroupRanks(g)
 				if bs[0].Peers == nil {
@@ -215,13 +220,18 @@ func TestPeerFormsMatch(t *testing.T) {
 					b.Tune = tune.Defaults
 				}
 				got := batchedSteps(t, dir, g, s.Vocab)
+				// Over four ranks the prefill's all-reduces take two shots,
+				// which run the norm (over two, none do).
+				if norms := bs[0].Stats().PeerNorms; (mode == "" && n > 2) != (norms > 0) {
+					t.Errorf("KILN_PEER_ALLREDUCE=%q over %d: %d all-reduces ran the norm after them", mode, n, norms)
+				}
 				if ref == nil {
 					ref = got
 					continue
 				}
 				for i := range ref {
 					if !slices.Equal(got[i], ref[i]) {
-						t.Errorf("step %d: the flag form's logits differ from the Lamport form's (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(got[i], ref[i]))
+						t.Errorf("step %d: KILN_PEER_ALLREDUCE=%q's logits differ from the default's (‖Δ‖₂/‖ref‖₂ = %.3g)", i, mode, relL2(got[i], ref[i]))
 					}
 				}
 			}

@@ -131,6 +131,9 @@ __device__ __forceinline__ ar_call ar_start(int rank, AR_REGION_PARAMS) {
 // call, the flag it saw, its block and the peer at AR_DIAG + 4… and goes
 // on (its sums are then wrong).
 #define AR_DIAG (4 * AR_SLOTS * AR_MAX_RANKS + 8)
+// AR_ARRIVE: the blocks of the rank's call that reached ar_rank_sync (the
+// call's last block sets it back to 0, ar_end).
+#define AR_ARRIVE (AR_DIAG + 32)
 __device__ void ar_stuck(unsigned char* own, unsigned e, unsigned seen, int q) {
 	unsigned* d = (unsigned*)(own + AR_DIAG);
 	if (*(volatile unsigned*)d == 0) ar_trap();
@@ -173,6 +176,7 @@ __device__ __forceinline__ void ar_end(unsigned char* own, unsigned e) {
 	__threadfence();
 	if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
 		ctr[1] = 0;
+		*(unsigned*)(own + AR_ARRIVE) = 0;
 		*(volatile unsigned*)ctr = e;
 	}
 }
@@ -449,6 +453,137 @@ __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank,
 	ar_end(c.own, c.e);
 }
 
+// The two-shot form with the residual add and RMSNorm that follow a
+// tensor-parallel all-reduce in the same kernel (peer_lamport2_norm_w<W>):
+// for a step's rows[rows, dim] of T, what peer_lamport2_<T> into x, then
+// add_rmsnorm_v_w<W> compute: x = the sum over the ranks of src in rank
+// order in float32, rounded to T; sum = x + r rounded to T; normed =
+// RMSNorm(sum, w). The rows fall in chunks of ⌈rows/ranks⌉, rank q's to
+// sum (every rank's norm needs whole rows):
+//   1. a rank pushes its partials (canonical) of each other rank's rows
+//      into that owner's buffer of the pushing rank;
+//   2. it sums its own rows' vectors (its partials and the peers', taken
+//      from its buffers), in rank order in float32 as peer_lamport2,
+//      adds r, and stores each vector's sum (canonical, so that every rank
+//      holds the same bits) into every rank's buffer of its own rank, its
+//      own region's included;
+//   3. it takes every row's sums from its buffers of their owners, a row a
+//      block (block b rows b, b + grid, …; thread t the row's vectors t,
+//      t + AR_THREADS, …, PN_MAXV at most: rows of up to
+//      PN_MAXV·AR_THREADS vectors), held in registers while the block sums
+//      their squares as norm_vec_impl does (every rank the same bits), and
+//      writes sum and normed.
+// Steps 1 and 2 take their vectors as peer_lamport2's steps do; the
+// buffers' offsets, the parities and the emptying are its (a vector's
+// offset is its index in the rows · 16; every word a call stores it
+// empties). src and r are read in steps 1 and 2 only, and a vector of sum
+// or normed is written in step 3 only once its sum, which its partials and
+// r's vector went into, has come: sum and normed may lie exactly on src or
+// r. Where they overlap src otherwise (the memory plan reused the
+// partials' buffer), sync makes every block of the rank finish step 2
+// before step 3 (ar_rank_sync); r they must not overlap otherwise (as
+// add_rmsnorm's own kernel needs).
+#define PN_MAXV 4
+__device__ void ar_rank_sync(unsigned char* own, unsigned e) {
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		unsigned* n = (unsigned*)(own + AR_ARRIVE);
+		atomicAdd(n, 1u);
+		const unsigned long long t0 = ar_now();
+		unsigned seen;
+		while ((seen = ar_ld_acquire(n)) < gridDim.x) {
+			if (ar_now() - t0 > AR_TIMEOUT_NS) {
+				ar_stuck(own, e, seen, -1);
+				break;
+			}
+		}
+	}
+	__syncthreads();
+}
+// pn_store writes the row's sums s (its thread's vectors) into sum and
+// their RMSNorm into normed.
+template <typename W>
+__device__ __forceinline__ void pn_store(const uint4* s, const W* w, T* sum, T* normed, long long row, int dim, float eps,
+                                         float* sh) {
+	const int nv = dim / VEC;
+	float ss = 0.f;
+#pragma unroll
+	for (int i = 0; i < PN_MAXV; i++) {
+		const int c = threadIdx.x + i * AR_THREADS;
+		if (c < nv) {
+			float f[VEC];
+			unpack16(s[i], f, (const T*)0);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) ss += f[j] * f[j];
+		}
+	}
+	ss = block_sum(ss, sh);
+	const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+	uint4* s4 = (uint4*)(sum + row * dim);
+#pragma unroll
+	for (int i = 0; i < PN_MAXV; i++) {
+		const int c = threadIdx.x + i * AR_THREADS;
+		if (c < nv) {
+			s4[c] = s[i];
+			float f[VEC], o[VEC];
+			unpack16(s[i], f, (const T*)0);
+#pragma unroll
+			for (int j = 0; j < VEC; j++) o[j] = f[j] * scale * tof(w[c * VEC + j]);
+			store16(normed + row * dim + c * VEC, o);
+		}
+	}
+}
+template <typename W>
+__device__ void peer_lamport2_norm_impl(const T* src, const T* r, const W* w, T* sum, T* normed, int rows, int dim, float eps,
+                                        int sync, int rank, int ranks, long long cap, AR_REGION_PARAMS) {
+	__shared__ float pn_sh[32];
+	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	const uint4* s4 = (const uint4*)src;
+	const long long nv = dim / VEC, total = rows * nv;
+	const int rs = (rows + ranks - 1) / ranks; // rows a chunk
+	const long long lo = rank * rs < rows ? (long long)rank * rs : rows, hi = lo + rs < rows ? lo + rs : rows;
+	const auto slot = [&](unsigned char* reg, int q, long long v) { return (uint4*)(lp_buf(reg, c.e, q, ranks, cap) + v * 16); };
+	// 1. The partials of the others' rows pushed to their owners.
+	ar_stream(c, total, [&](long long v) { return s4[v]; },
+	          [&](long long v, uint4 x) {
+		          const int q = (int)(v / nv / rs);
+		          if (q != rank) *slot(c.rg.p[q], rank, v) = lp_canon16<T>(x);
+	          });
+	// 2. This rank's rows summed, r added, and pushed to every rank.
+	for (long long v = lo * nv + c.v0; v < hi * nv; v += c.stride) {
+		uint4 p[AR_MAX_RANKS];
+#pragma unroll
+		for (int q = 0; q < AR_MAX_RANKS; q++) {
+			if (q >= ranks) break;
+			p[q] = q == rank ? lp_canon16<T>(s4[v]) : ar_ld_volatile(slot(c.own, q, v));
+		}
+		float f[VEC], b[VEC];
+		ar_sum_ranks16<T>(f, ranks, [&](int q) { return q == rank ? p[q] : lp_ready<T>(p[q], slot(c.own, q, v), c.own, c.e, q); });
+		load16(r + v * VEC, b);
+#pragma unroll
+		for (int j = 0; j < VEC; j++) f[j] = round_t(round_t(f[j]) + b[j]);
+		const uint4 x = lp_canon16<T>(pack16(f, (const T*)0));
+		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, x);
+		*slot(c.own, rank, v) = x;
+	}
+	if (sync) ar_rank_sync(c.own, c.e);
+	// 3. Every row's sums taken, a row a block, and normalized.
+	for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+		const int q = (int)(row / rs);
+		uint4 s[PN_MAXV];
+#pragma unroll
+		for (int i = 0; i < PN_MAXV; i++)
+			if (threadIdx.x + i * AR_THREADS < nv) s[i] = ar_ld_volatile(slot(c.own, q, row * nv + threadIdx.x + i * AR_THREADS));
+#pragma unroll
+		for (int i = 0; i < PN_MAXV; i++) {
+			const long long v = row * nv + threadIdx.x + i * AR_THREADS;
+			if (threadIdx.x + i * AR_THREADS < nv) s[i] = lp_ready<T>(s[i], slot(c.own, q, v), c.own, c.e, q);
+		}
+		pn_store<W>(s, w, sum, normed, row, dim, eps, pn_sh);
+	}
+	ar_end(c.own, c.e);
+}
+
 // peer_scatter_rows: the rows of the logits, each to the rank that samples
 // it. x[rows, n] is this rank's vocabulary shard of the logits (f32,
 // columns rank·n… of the whole, n a multiple of 4); rank q samples rows
@@ -492,5 +627,16 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS, 4) peer_scatter_rows(co
 PEER_ALLREDUCES(f32)
 PEER_ALLREDUCES(f16)
 PEER_ALLREDUCES(bf16)
+
+// The two-shot form with the add and norm after it, of weight dtype W.
+#define PEER_NORMS(W)                                                                                                 \
+	extern "C" __global__ void __launch_bounds__(AR_THREADS, 4)                                                       \
+	    peer_lamport2_norm_w##W(const T* src, const T* r, const W* w, T* sum, T* normed, int rows, int dim, float eps, \
+	                            int sync, int rank, int ranks, long long cap, AR_REGION_PARAMS) {                     \
+		peer_lamport2_norm_impl<W>(src, r, w, sum, normed, rows, dim, eps, sync, rank, ranks, cap, AR_REGION_ARGS);   \
+	}
+PEER_NORMS(f32)
+PEER_NORMS(f16)
+PEER_NORMS(bf16)
 
 #endif // KILN_PART_IS(0)

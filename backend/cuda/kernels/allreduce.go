@@ -69,6 +69,9 @@ type PeerGroup struct {
 	// vectors, so every rank's grid must be resident on its device at
 	// once: NewPeers gives each device's multiprocessors.
 	Blocks int
+	// Apart keeps the residual add and RMSNorm after an all-reduce in a
+	// kernel of their own (PeerAllReduceNormFits false), for comparisons.
+	Apart bool
 	// Flags makes PeerAllReduce take the flag form (flags released and
 	// acquired over the group, after a system-scope fence) instead of
 	// the Lamport form (the data its own flag), for comparisons; every
@@ -95,6 +98,15 @@ func (g PeerGroup) args() []any {
 		a = append(a, p)
 	}
 	return a
+}
+
+// blocks is the most blocks a call takes: PeerSlots in the flag form,
+// Blocks (or PeerSlots) in the Lamport forms.
+func (g PeerGroup) blocks() int {
+	if g.Blocks > 0 && !g.Flags {
+		return g.Blocks
+	}
+	return PeerSlots
 }
 
 // PeerAllReduceFits reports whether PeerAllReduce takes n elements of dt at
@@ -132,11 +144,7 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	// for the peers' same blocks or vectors, so every rank's blocks must
 	// fit on its device at once (the tests' ranks are streams of one
 	// device).
-	blocks := PeerSlots
-	if g.Blocks > 0 && !g.Flags {
-		blocks = g.Blocks
-	}
-	grid := min(blocks, (nv+peerThreads-1)/peerThreads)
+	grid := min(g.blocks(), (nv+peerThreads-1)/peerThreads)
 	name := "peer_lamport_"
 	switch {
 	case g.Flags:
@@ -188,4 +196,44 @@ func (k *Kernels) PeerScatterRows(s *cu.Stream, g PeerGroup, src cu.Ptr, rows, n
 	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
 	args := append([]any{src, int32(rows), int32(n)}, g.args()...)
 	return k.launchDep("peer_scatter_rows", cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
+}
+
+// pnMaxVectors is the most 16-byte vectors a row of PeerAllReduceNorm may
+// hold (PN_MAXV·AR_THREADS).
+const pnMaxVectors = 4 * peerThreads
+
+// PeerAllReduceNormFits reports whether PeerAllReduceNorm takes rows of dim
+// at the pointers ptrs: the Lamport form (not Apart) taking two shots
+// (TwoShot; in one shot, where a block sums a row to normalize it, the
+// kernel was slower than the all-reduce and the norm apart: docs/PERF.md,
+// "Tensor parallelism", session 34), rows of 16-byte vectors (at most
+// pnMaxVectors), the partials within the capacity, every pointer 16-byte
+// aligned.
+func (k *Kernels) PeerAllReduceNormFits(g PeerGroup, rows, dim int, ptrs ...cu.Ptr) bool {
+	v, b := k.vec(), rows*dim*k.Act.Size()
+	return !g.Flags && !g.Apart && g.TwoShot(b) && rows > 0 && dim%v == 0 && dim/v <= pnMaxVectors && b <= g.CapBytes && aligned16(ptrs...)
+}
+
+// PeerAllReduceNorm queues on s, in one kernel (allreduce.cu's
+// peer_lamport2_norm_w*), what PeerAllReduce of the partials src[rows,
+// dim] into x, then AddRMSNorm(sum, normed, x, r, w) compute: every rank
+// gets the same bits. Each of sum and normed may lie exactly on src or r,
+// or apart from them; where one overlaps src otherwise, sync must be set
+// (the rank's blocks then all read src before any writes). Every rank must
+// make the same calls, as with PeerAllReduce.
+func (k *Kernels) PeerAllReduceNorm(s *cu.Stream, g PeerGroup, sum, normed, src, r, w cu.Ptr, wt cu.DType, rows, dim int, eps float32, sync bool) error {
+	if err := g.check(); err != nil {
+		return err
+	}
+	if !k.PeerAllReduceNormFits(g, rows, dim, sum, normed, src, r) {
+		return fmt.Errorf("kernels: peer all-reduce and norm of %d×%d %v (two shots, capacity %d bytes, 16-byte aligned operands)", rows, dim, k.Act, g.CapBytes)
+	}
+	nv := rows * dim / k.vec()
+	grid := min(g.blocks(), (nv+peerThreads-1)/peerThreads)
+	var syncArg int32
+	if sync {
+		syncArg = 1
+	}
+	args := append([]any{src, r, w, sum, normed, int32(rows), int32(dim), eps, syncArg}, g.args()...)
+	return k.launchDep("peer_lamport2_norm"+wsuffix(wt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }

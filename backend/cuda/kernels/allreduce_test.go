@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -106,13 +107,159 @@ func peerAllReduce(t *testing.T, form string) {
 	}
 }
 
+// TestPeerAllReduceNorm: the two-shot all-reduce with the residual add and
+// RMSNorm after it in one kernel (PeerAllReduceNorm), over groups of 3, 4
+// and 8 ranks as streams of the one test device (TestPeerAllReduce's way),
+// for each compute dtype: 131 uneven rows of 4000, 256 of 4096, 512 of
+// 2048, 300 of 1024 and 200 of 1536, the sum apart, over r or over the
+// partials, the norm over the partials or over a part of them a third of
+// the rows further on (with sync), gains of every dtype, each call on
+// fresh random partials between calls of PeerAllReduce (the two share the
+// epochs). Every rank's sum must be the ranks' partials summed in rank
+// order in float32, rounded, plus r, rounded (-0 and +0 alike); its norm
+// that of the sum within tol; every rank the same bits; and both equal in
+// value to what PeerAllReduce then AddRMSNorm give.
+func TestPeerAllReduceNorm(t *testing.T) {
+	d := gpu(t)
+	const capBytes = 256 * 4096 * 4
+	const eps = float32(1e-5)
+	for _, ranks := range []int{3, 4, 8} {
+		for _, act := range allDTypes {
+			k := kern(t, act)
+			residentPeerBlocks(t, d, k, act, ranks)
+			rng := newRNG(t)
+			regions := make([]cu.Ptr, ranks)
+			streams := make([]*cu.Stream, ranks)
+			for i := range ranks {
+				regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes))
+				must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
+				s, err := d.NewStream()
+				must(t, err)
+				t.Cleanup(func() { s.Close() })
+				streams[i] = s
+			}
+			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
+			for ci, c := range []struct {
+				rows, dim int
+				alias     int // 0 apart, 1 sum over r, 2 sum over src, 3 normed over src, 4 normed over src rows/3 rows on
+				wt        cu.DType
+			}{
+				{131, 4000, 2, cu.F32}, {256, 4096, 1, cu.BF16}, {300, 1024, 3, cu.F16}, {512, 2048, 0, act},
+				{256, 4096, 4, cu.F32}, {200, 1536, 4, act},
+			} {
+				what := fmt.Sprintf("%d ranks, %v, call %d (%d×%d, alias %d, gain %v)", ranks, act, ci, c.rows, c.dim, c.alias, c.wt)
+				n := c.rows * c.dim
+				w := roundTo(c.wt, randn(rng, c.dim, 1))
+				pw := up(t, c.wt, w)
+				r := roundTo(act, randn(rng, n, 1))
+				parts := make([][]float32, ranks)
+				src, rs, sums, normed := make([]cu.Ptr, ranks), make([]cu.Ptr, ranks), make([]cu.Ptr, ranks), make([]cu.Ptr, ranks)
+				for i := range ranks {
+					parts[i] = withZeros(roundTo(act, randn(rng, n, 1)))
+					src[i], rs[i] = up(t, act, parts[i]), up(t, act, r)
+					sums[i], normed[i] = outBuf(t, act, n), outBuf(t, act, n)
+					switch c.alias {
+					case 1:
+						sums[i] = rs[i]
+					case 2:
+						sums[i] = src[i]
+					case 3:
+						normed[i] = src[i]
+					case 4:
+						// src's buffer reused from a third of its rows on.
+						shift := c.rows / 3 * c.dim
+						whole := alloc(t, (n+shift)*act.Size())
+						must(t, d.Upload(whole, encode(act, parts[i])))
+						src[i], normed[i] = whole, whole+cu.Ptr(shift*act.Size())
+					}
+				}
+				must(t, d.Sync())
+				for i := range ranks {
+					must(t, k.PeerAllReduceNorm(streams[i], group(i), sums[i], normed[i], src[i], rs[i], pw, c.wt, c.rows, c.dim, eps, c.alias == 4))
+				}
+				for _, s := range streams {
+					if err := s.Sync(); err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+				}
+				x := rankSum(act, parts)
+				sum := make([]float32, n)
+				for j := range sum {
+					sum[j] = float32(x[j] + float64(r[j]))
+				}
+				roundTo(act, sum)
+				refSum, refNorm := f64(sum), refRMSNorm(f64(sum), w, c.rows, c.dim, eps)
+				var first []byte
+				for i := range ranks {
+					compare(t, what+fmt.Sprintf(", rank %d's sum", i), down(t, act, sums[i], n), refSum, 0)
+					e := compare(t, what+fmt.Sprintf(", rank %d's norm", i), down(t, act, normed[i], n), refNorm, tol(act))
+					if i == 0 {
+						report(t, act, fmt.Sprintf("peer all-reduce + norm, %d ranks, %d×%d", ranks, c.rows, c.dim), e)
+					}
+					b := make([]byte, n*act.Size())
+					must(t, d.Download(b, normed[i]))
+					if i == 0 {
+						first = b
+					} else if !bytes.Equal(b, first) {
+						t.Errorf("%s: rank %d's norm is not rank 0's bit for bit", what, i)
+					}
+				}
+				// The same partials through PeerAllReduce, then AddRMSNorm.
+				// Every upload first, and every rank's all-reduce before
+				// any norm: an upload waits for the device, and so may a
+				// kernel's first launch (CUDA's lazy loading), where a
+				// rank's all-reduce waits for the others'.
+				xs := make([]cu.Ptr, ranks)
+				for i := range ranks {
+					xs[i] = outBuf(t, act, n)
+					rs[i], sums[i], normed[i], src[i] = up(t, act, r), outBuf(t, act, n), outBuf(t, act, n), up(t, act, parts[i])
+				}
+				must(t, d.Sync())
+				for i := range ranks {
+					must(t, k.PeerAllReduce(streams[i], group(i), xs[i], src[i], n, act))
+				}
+				for i := range ranks {
+					must(t, k.AddRMSNorm(streams[i], sums[i], normed[i], xs[i], rs[i], ProductScales{}, pw, c.wt, c.rows, c.dim, eps))
+				}
+				for _, s := range streams {
+					must(t, s.Sync())
+				}
+				got := down(t, act, normed[0], n)
+				for i := range ranks {
+					compare(t, what+fmt.Sprintf(", rank %d's sum apart", i), down(t, act, sums[i], n), refSum, 0)
+				}
+				// Through the same float32 steps: the same values.
+				if err := compareExact(got, first, act); err != "" {
+					t.Errorf("%s: the norm in one kernel and apart: %s", what, err)
+				}
+				if t.Failed() {
+					return
+				}
+			}
+		}
+	}
+}
+
+// compareExact compares values got with the encoding b of the same count
+// of dt, in value (-0 equals +0): "" when all are equal, else the first
+// difference.
+func compareExact(got []float32, b []byte, dt cu.DType) string {
+	want := decode(dt, b)
+	for j := range got {
+		if got[j] != want[j] {
+			return fmt.Sprintf("element %d: %g apart, %g in one kernel", j, got[j], want[j])
+		}
+	}
+	return ""
+}
+
 // residentPeerBlocks fails the test unless every form's kernel keeps the
 // blocks of ranks grids of PeerSlots blocks on device d at once: the
 // test's ranks are streams of d, and a block waits for the other ranks'.
 func residentPeerBlocks(t *testing.T, d *cu.Device, k *Kernels, dt cu.DType, ranks int) {
 	t.Helper()
-	for _, form := range []string{"peer_allreduce_", "peer_lamport_", "peer_lamport2_"} {
-		name := form + cname(dt)
+	for _, name := range []string{"peer_allreduce_" + cname(dt), "peer_lamport_" + cname(dt), "peer_lamport2_" + cname(dt),
+		"peer_lamport2_norm_wf32"} {
 		m, err := k.module(name)
 		must(t, err)
 		f, err := m.Function(name)
@@ -397,6 +544,28 @@ func backToBack(t *testing.T, rs []arRank) {
 // staging, and the arguments the kernel takes after its operands (rank, ranks, capacity, the regions r0…r7,
 // null past the group).
 func TestPeerGroupArgs(t *testing.T) {
+	// Which calls run the add and norm after them in two shots.
+	bk := &Kernels{Act: cu.BF16}
+	three := PeerGroup{Rank: 0, Regions: []cu.Ptr{0x1000, 0x2000, 0x3000}, CapBytes: 4 << 20}
+	for _, c := range []struct {
+		g         PeerGroup
+		rows, dim int
+		p         cu.Ptr
+		want      bool
+	}{
+		{three, 256, 4096, 0x100, true},
+		{three, 64, 4096, 0x100, false},   // 512 KiB: one shot
+		{three, 1024, 4096, 0x100, false}, // past the capacity
+		{three, 128, 8200, 0x100, false},  // 1,025 vectors a row
+		{three, 256, 4096, 0x108, false},  // unaligned
+		{PeerGroup{Rank: 0, Regions: three.Regions[:2], CapBytes: 4 << 20}, 256, 4096, 0x100, false}, // two ranks: one shot
+		{PeerGroup{Rank: 0, Regions: three.Regions, CapBytes: 4 << 20, Apart: true}, 256, 4096, 0x100, false},
+		{PeerGroup{Rank: 0, Regions: three.Regions, CapBytes: 4 << 20, Flags: true}, 256, 4096, 0x100, false},
+	} {
+		if got := bk.PeerAllReduceNormFits(c.g, c.rows, c.dim, c.p, 0x200); got != c.want {
+			t.Errorf("norm fits(%d ranks, apart %v, flags %v, %d×%d at %#x) = %v, want %v", len(c.g.Regions), c.g.Apart, c.g.Flags, c.rows, c.dim, c.p, got, c.want)
+		}
+	}
 	g := PeerGroup{Rank: 1, Regions: []cu.Ptr{0x1000, 0x2000, 0x3000}, CapBytes: 4096}
 	for _, c := range []struct {
 		dst, src cu.Ptr

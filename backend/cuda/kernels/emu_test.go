@@ -201,7 +201,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 // TestPeerScatterRows). Skipped as TestDecodeMMAEmulated.
 func TestPeerKernelsEmulated(t *testing.T) {
 	var s strings.Builder
-	kernelsEmuHead(t, &s)
+	kernelsEmuRows(t, &s)
 	s.WriteString(readEmu(t, "peer_prelude.h"))
 	const start, end = "#if KILN_PART_IS(0)\n", "#endif // KILN_PART_IS(0)"
 	body := cBetween(t, allReduce, start, end)
@@ -211,7 +211,12 @@ func TestPeerKernelsEmulated(t *testing.T) {
 	if strings.Count(body, sh) != 1 {
 		t.Fatalf("allreduce.cu: not one %q", sh)
 	}
-	s.WriteString(strings.Replace(body, sh, "unsigned& sh = *(unsigned*)cur_smem();", 1))
+	body = strings.Replace(body, sh, "unsigned& sh = *(unsigned*)cur_smem();", 1)
+	const pnSh = "__shared__ float pn_sh[32];"
+	if strings.Count(body, pnSh) != 1 {
+		t.Fatalf("allreduce.cu: not one %q", pnSh)
+	}
+	s.WriteString(strings.Replace(body, pnSh, "float* const pn_sh = (float*)(cur_smem() + 16);", 1))
 	runEmulated(t, s.String()+readEmu(t, "peer_driver.cpp"))
 }
 

@@ -13,7 +13,9 @@
 // staging, bit for bit. Then the same forms back to back, each rank running
 // ahead of the others as its stream lets it (sequence_case). Prints one
 // line per group and dtype and "N failed".
+#include <cmath>
 #include <random>
+#include <type_traits>
 
 static const int G = 2;                  // blocks of a rank's call
 static const long long CAP = 64 << 10;   // bytes of partial sums a call moves at most
@@ -161,6 +163,89 @@ static int scatter_case(Group& g, std::mt19937_64& rng, int rows, int n) {
 	return bad;
 }
 
+template <typename W> struct NormKernels;
+template <> struct NormKernels<f32> {
+	static constexpr auto two = &peer_lamport2_norm_wf32;
+};
+template <> struct NormKernels<f16> {
+	static constexpr auto two = &peer_lamport2_norm_wf16;
+};
+template <> struct NormKernels<bf16> {
+	static constexpr auto two = &peer_lamport2_norm_wbf16;
+};
+
+// norm_case runs the two-shot all-reduce with the residual add and RMSNorm
+// after it (peer_lamport2_norm) of rows×dim of T on every rank, the
+// sum written apart (alias 0), over r (1) or over src (2), normed over
+// src (3) or over src a third of the rows on (4, with sync), and checks each rank's sum (x + r, x the ranks' partials
+// summed in rank order and rounded, bit for bit but for the sign of
+// zero), its norm (within 2⁻⁷ of the float64 norm of that sum, relative),
+// that every rank holds the same bits, and the Lamport buffers.
+template <typename W> static int norm_case(Group& g, std::mt19937_64& rng, int rows, int dim, int alias) {
+	const int ranks = g.ranks;
+	const size_t n = (size_t)rows * dim;
+	const float eps = 1e-5f;
+	std::normal_distribution<float> d;
+	std::vector<std::vector<T>> part(ranks), sum(ranks), normed(ranks);
+	std::vector<T> r(n);
+	std::vector<W> w(dim);
+	for (auto& x : r) x = fromf<T>(d(rng));
+	for (auto& x : w) x = fromf<W>(1 + 0.5f * d(rng));
+	for (int q = 0; q < ranks; q++) {
+		part[q].resize(n);
+		for (size_t i = 0; i < n; i++) part[q][i] = fromf<T>(i % 16 == 7 ? -0.f : d(rng));
+	}
+	std::vector<float> want(n);
+	for (size_t i = 0; i < n; i++) {
+		float acc = 0.f;
+		for (int q = 0; q < ranks; q++) acc += pushed(part[q][i]);
+		want[i] = tof(fromf<T>(tof(fromf<T>(acc)) + tof(r[i])));
+	}
+	auto k = NormKernels<W>::two;
+	// src[q] holds the partials and, past them, a third of the rows more
+	// for alias 4's norm.
+	const size_t shift = (size_t)(rows / 3) * dim;
+	std::vector<std::vector<T>> rr(ranks, r), src(part);
+	for (auto& x : src) x.resize(n + shift);
+	for (int q = 0; q < ranks; q++) sum[q].assign(n, fromf<T>(0.f)), normed[q].assign(n, fromf<T>(0.f));
+	launch_ranks(ranks, [&](int q) {
+		T* s = alias == 1 ? rr[q].data() : alias == 2 ? src[q].data() : sum[q].data();
+		T* o = alias == 3 ? src[q].data() : alias == 4 ? src[q].data() + shift : normed[q].data();
+		k(src[q].data(), rr[q].data(), w.data(), s, o, rows, dim, eps, alias == 4, q, ranks, CAP, REGS(g));
+	});
+	for (int q = 0; q < ranks; q++)
+		if (alias == 4) normed[q].assign(src[q].begin() + shift, src[q].end());
+	int bad = 0;
+	for (int q = 0; q < ranks; q++) {
+		const std::vector<T>& s = alias == 1 ? rr[q] : alias == 2 ? src[q] : sum[q];
+		const std::vector<T>& o = alias == 3 ? src[q] : normed[q]; // alias 4: copied into normed
+		for (int row = 0; row < rows; row++) {
+			double ss = 0;
+			for (int c = 0; c < dim; c++) ss += (double)want[(size_t)row * dim + c] * want[(size_t)row * dim + c];
+			const double scale = 1 / std::sqrt(ss / dim + eps);
+			for (int c = 0; c < dim; c++) {
+				const size_t i = (size_t)row * dim + c;
+				const double wn = want[i] * scale * tof(w[c]);
+				if (!(tof(s[i]) == want[i]) || !(std::fabs(tof(o[i]) - wn) <= std::fabs(wn) / 128 + 1e-6)) {
+					if (bad < 3)
+						fprintf(stderr, "  norm (%d×%d, alias %d), rank %d, element %zu: sum %g, want %g; norm %g, want %g\n", rows, dim,
+						        alias, q, i, tof(s[i]), want[i], tof(o[i]), wn);
+					bad++;
+				}
+				if (q > 0 && memcmp(&o[i], &(alias == 3 ? src[0] : normed[0])[i], sizeof(T)) != 0) {
+					if (bad < 3) fprintf(stderr, "  norm (%d×%d): rank %d's element %zu is not rank 0's\n", rows, dim, q, i);
+					bad++;
+				}
+			}
+		}
+	}
+	if (const long long full = full_lamport(g)) {
+		fprintf(stderr, "  norm (%d×%d): %lld Lamport words left full\n", rows, dim, full);
+		bad++;
+	}
+	return bad;
+}
+
 template <typename E> static int group_case(int ranks, unsigned seed) {
 	std::mt19937_64 rng(seed);
 	Group g = make_group(ranks);
@@ -175,6 +260,24 @@ template <typename E> static int group_case(int ranks, unsigned seed) {
 	bad += scatter_case(g, rng, ranks, 8);
 	bad += allreduce_case<E>(g, rng, two, (long long)ranks * ranks, false); // the fewest vectors the two-shot form takes
 	bad += allreduce_case<E>(g, rng, 1, 64, false);
+	if (std::is_same<E, T>::value) {
+		// The two-shot form with the add and norm (over two ranks too,
+		// which kernels.go does not ask of it), between the others: rows
+		// of fewer vectors than a block's threads, of more (2400: 300 or
+		// 150 vectors), of PN_MAXV·AR_THREADS (bf16), fewer rows than
+		// ranks.
+		const int most = VEC * PN_MAXV * AR_THREADS;
+		bad += norm_case<f32>(g, rng, 1, 2400, 0);
+		bad += norm_case<T>(g, rng, 7, 2400, 1);
+		bad += allreduce_case<E>(g, rng, 0, 37, true);
+		bad += norm_case<f32>(g, rng, 40, 96, 2);
+		bad += norm_case<f32>(g, rng, 3, 96, 3);
+		bad += norm_case<T>(g, rng, 1, 96, 0);
+		bad += norm_case<f32>(g, rng, (int)(CAP / (most * sizeof(T))), most, 1);
+		bad += norm_case<T>(g, rng, 30, 96, 4);
+		bad += norm_case<f32>(g, rng, 12, 2400, 4);
+		bad += allreduce_case<E>(g, rng, two, 1001, false);
+	}
 	printf("%d ranks, %s: %d wrong\n", ranks, Kernels<E>::name, bad);
 	return bad;
 }

@@ -1,0 +1,92 @@
+package cuda
+
+import (
+	"kiln/compile"
+	"kiln/ir"
+)
+
+// The residual add and RMSNorm after a tensor-parallel all-reduce, run by
+// the all-reduce's kernel over peer memory (kernels.PeerAllReduceNorm):
+// the norm needs the whole sum, which each rank holds (one shot) or
+// receives (two shots, where the owner of each row sums and normalizes it
+// before sending it back) inside the all-reduce anyway. TP=1 runs the
+// same norms folded into the products around them (normfold.go), which
+// the all-reduce between them prevents here.
+
+// markPeerNorms marks each all-reduce whose output only the AddRMSNorm
+// right after it reads (as one of its two inputs; its normed output not
+// written in FP8 form, the norm not folded), on a group with peer memory:
+// its launch runs the norm where the kernel takes it (runPeerNorm). The
+// kernel's threads read a vector of the partials and of r and write the
+// same vector of sum and normed, the rows in any order: where the norm's
+// outputs in plan p lie neither apart from the partials nor exactly on
+// them, the call must sync (kernels.PeerAllReduceNorm), and they must lie
+// apart from r or on it (as the norm's own kernel needs).
+func (l *loaded) markPeerNorms(nodes []node, p *compile.Plan) {
+	if l.b.Peers == nil {
+		return
+	}
+	g := p.Graph
+	apartOrOn := func(a, b *ir.Value) bool {
+		x, okx := p.Buffers[a]
+		y, oky := p.Buffers[b]
+		return okx && oky && (x == y || x.Offset+x.Bytes <= y.Offset || y.Offset+y.Bytes <= x.Offset)
+	}
+	readers := map[*ir.Value]int{}
+	for i := range nodes {
+		for _, v := range nodes[i].n.Inputs {
+			readers[v]++
+		}
+	}
+	for _, v := range g.Outputs {
+		readers[v]++
+	}
+	for i := 0; i+1 < len(nodes); i++ {
+		ar, nn := &nodes[i], &nodes[i+1]
+		if ar.n.Op != ir.AllReduce || nn.n.Op != ir.AddRMSNorm || nn.fp8Out || nn.fold != nil || ar.in[0].dtype != l.act {
+			continue
+		}
+		x := ar.n.Outputs[0]
+		if readers[x] != 1 || nn.n.Inputs[0] != x && nn.n.Inputs[1] != x {
+			continue
+		}
+		r := nn.n.Inputs[0]
+		if r == x {
+			r = nn.n.Inputs[1]
+		}
+		apart, sync := true, false
+		for _, out := range nn.n.Outputs {
+			apart = apart && apartOrOn(out, r)
+			sync = sync || !apartOrOn(out, ar.n.Inputs[0])
+		}
+		if !apart {
+			continue
+		}
+		ar.peerNorm, ar.peerNormSync = nn, sync
+		ar.kernel += " (+ the add_rmsnorm after it where it fits)"
+		nn.kernel += " (in the peer all-reduce's kernel where it fits)"
+	}
+}
+
+// runPeerNorm launches all-reduce node ar and the norm after it
+// (node.peerNorm) as one kernel when it takes the step's rows, and reports
+// whether it did: the norm's node is then done (stepState.done).
+func (l *loaded) runPeerNorm(x *stepState, ar *node) (bool, error) {
+	nn, p := ar.peerNorm, l.b.Peers
+	if nn == nil || p == nil {
+		return false, nil
+	}
+	rows, dim := ar.in[0].rows(x), ar.in[0].cols
+	r := nn.in[0]
+	if nn.n.Inputs[0] == ar.n.Outputs[0] {
+		r = nn.in[1]
+	}
+	sum, normed, w := nn.out[0], nn.out[1], nn.in[2]
+	if !l.k.PeerAllReduceNormFits(*p, rows, dim, sum.p, normed.p, ar.in[0].p, r.p) {
+		return false, nil
+	}
+	x.done = nn
+	x.ran = "peer all-reduce + add_rmsnorm (one kernel)"
+	l.b.stats.PeerNorms++
+	return true, l.k.PeerAllReduceNorm(l.stream, *p, sum.p, normed.p, ar.in[0].p, r.p, w.p, w.dtype, rows, dim, nn.n.Attrs.Eps, ar.peerNormSync)
+}

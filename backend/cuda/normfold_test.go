@@ -20,12 +20,7 @@ import (
 // after the output projection, before gate/up and SwiGLU. The final norm
 // (its product the LM head) does not, nor anything in f16. No GPU needed.
 func TestFindNormFolds(t *testing.T) {
-	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 3, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
-		VocabSize: 500, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000}
-	g, err := arch.Build(testmodel.Zeros(c), arch.Options{ContextLen: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, g := smallLlama(t)
 	comp, err := compile.Compile(g, &Backend{}, compile.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -96,12 +91,7 @@ func boundNodes(t *testing.T, p *compile.Plan, dts map[*ir.Node]cu.DType) []node
 // its kernel, and the embedding's (a plain RMSNorm follows) does not: two
 // a layer, less one; without peer memory, none. No GPU needed.
 func TestMarkPeerNorms(t *testing.T) {
-	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 3, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
-		VocabSize: 500, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000}
-	g, err := arch.Build(testmodel.Zeros(c), arch.Options{ContextLen: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, g := smallLlama(t)
 	// A communicator (never used) makes the backend take the collectives.
 	comp, err := compile.Compile(g, &Backend{Comm: &cu.Comm{}}, compile.Options{Shard: compile.Shard{Rank: 1, Ranks: 2}})
 	if err != nil {
@@ -143,4 +133,16 @@ func TestMarkPeerNorms(t *testing.T) {
 			}
 		}
 	}
+}
+
+// smallLlama is a Llama of 3 layers (zero weights) and its graph.
+func smallLlama(t *testing.T) (model.Config, *ir.Graph) {
+	t.Helper()
+	c := model.Config{Arch: "llama", HiddenSize: 256, IntermediateSize: 512, NumLayers: 3, NumHeads: 4, NumKVHeads: 2, HeadDim: 64,
+		VocabSize: 500, MaxPositions: 512, RMSNormEps: 1e-5, RopeTheta: 10000}
+	g, err := arch.Build(testmodel.Zeros(c), arch.Options{ContextLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, g
 }

@@ -40,16 +40,7 @@ func peerAllReduce(t *testing.T, form string) {
 			k := kern(t, act)
 			residentPeerBlocks(t, d, k, act, ranks)
 			rng := newRNG(t)
-			regions := make([]cu.Ptr, ranks)
-			streams := make([]*cu.Stream, ranks)
-			for i := range ranks {
-				regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes))
-				must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
-				s, err := d.NewStream()
-				must(t, err)
-				t.Cleanup(func() { s.Close() })
-				streams[i] = s
-			}
+			regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
 			call := 0
 			group := func(i int) PeerGroup {
 				return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, Flags: form == "flags" || form == "turns" && call%2 == 1}
@@ -128,16 +119,7 @@ func TestPeerAllReduceNorm(t *testing.T) {
 			k := kern(t, act)
 			residentPeerBlocks(t, d, k, act, ranks)
 			rng := newRNG(t)
-			regions := make([]cu.Ptr, ranks)
-			streams := make([]*cu.Stream, ranks)
-			for i := range ranks {
-				regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes))
-				must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
-				s, err := d.NewStream()
-				must(t, err)
-				t.Cleanup(func() { s.Close() })
-				streams[i] = s
-			}
+			regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
 			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
 			for ci, c := range []struct {
 				rows, dim int
@@ -253,6 +235,24 @@ func compareExact(got []float32, b []byte, dt cu.DType) string {
 	return ""
 }
 
+// oneDeviceRanks readies ranks ranks as streams of device d, each with a
+// region (cleared) for calls of at most capBytes and staging bytes of
+// staging past it.
+func oneDeviceRanks(t *testing.T, d *cu.Device, ranks, capBytes, staging int) ([]cu.Ptr, []*cu.Stream) {
+	t.Helper()
+	regions := make([]cu.Ptr, ranks)
+	streams := make([]*cu.Stream, ranks)
+	for i := range ranks {
+		regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes)+staging)
+		must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
+		s, err := d.NewStream()
+		must(t, err)
+		t.Cleanup(func() { s.Close() })
+		streams[i] = s
+	}
+	return regions, streams
+}
+
 // residentPeerBlocks fails the test unless every form's kernel keeps the
 // blocks of ranks grids of PeerSlots blocks on device d at once: the
 // test's ranks are streams of d, and a block waits for the other ranks'.
@@ -325,16 +325,7 @@ func TestPeerScatterRows(t *testing.T) {
 		}
 		rng := newRNG(t)
 		const staging = 2 << 20
-		regions := make([]cu.Ptr, ranks)
-		streams := make([]*cu.Stream, ranks)
-		for i := range ranks {
-			regions[i] = alloc(t, PeerRegionBytes(ranks, capBytes)+staging)
-			must(t, ClearPeerRegion(d, regions[i], ranks, capBytes, nil))
-			s, err := d.NewStream()
-			must(t, err)
-			t.Cleanup(func() { s.Close() })
-			streams[i] = s
-		}
+		regions, streams := oneDeviceRanks(t, d, ranks, capBytes, staging)
 		for ci, c := range []struct{ rows, n int }{{1, 128}, {3, 1000}, {8, 4}, {17, 1000}, {ranks, 256}, {200, 64}, {64, 2000}} {
 			what := fmt.Sprintf("%d ranks, call %d (%d rows of %d a rank)", ranks, ci, c.rows, c.n)
 			shards := make([][]float32, ranks)

@@ -152,9 +152,8 @@ type node struct {
 	scatterRows bool
 	// peerNorm (all-reduces): the AddRMSNorm after it, which its kernel
 	// runs where it takes the step (markPeerNorms, runPeerNorm; nil:
-	// none), with the rank's blocks in step where peerNormSync.
-	peerNorm     *node
-	peerNormSync bool
+	// none).
+	peerNorm *peerNorm
 	// fold: the chain of a norm folded into the product after it that
 	// the node is part of (markNormFolds; nil: none).
 	fold *normFold

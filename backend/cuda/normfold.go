@@ -85,16 +85,14 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType) []*normFold {
 		return nil
 	}
 	g := p.Graph
-	readers := map[*ir.Value]int{}
+	readers := readerCounts(nodes, g)
 	last := map[*ir.Value]int{} // the last node (index into nodes) reading each value
 	for i := range nodes {
 		for _, v := range nodes[i].n.Inputs {
-			readers[v]++
 			last[v] = i
 		}
 	}
 	for _, v := range g.Outputs {
-		readers[v]++
 		last[v] = len(nodes)
 	}
 	epilogues := compile.EpilogueReaders(g)
@@ -222,4 +220,19 @@ func (l *loaded) knownWay(mm cu.Matmul, ep *node) (productWay, bool) {
 // folded.
 func (f *normFold) rowRMS() kernels.RowRMS {
 	return kernels.RowRMS{X: f.rows.p, Dim: f.rows.cols, Eps: f.eps}
+}
+
+// readerCounts is how many of nodes read each value, the graph's outputs
+// counting as one more reader each.
+func readerCounts(nodes []node, g *ir.Graph) map[*ir.Value]int {
+	readers := map[*ir.Value]int{}
+	for i := range nodes {
+		for _, v := range nodes[i].n.Inputs {
+			readers[v]++
+		}
+	}
+	for _, v := range g.Outputs {
+		readers[v]++
+	}
+	return readers
 }

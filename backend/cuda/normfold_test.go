@@ -120,8 +120,8 @@ func TestMarkPeerNorms(t *testing.T) {
 					continue
 				}
 				marked++
-				if nd.n.Op != ir.AllReduce || nd.peerNorm != &nodes[i+1] || nd.peerNorm.n.Op != ir.AddRMSNorm {
-					t.Errorf("%+v: %v marked with %v", bk, nd.n.Op, nd.peerNorm.n.Op)
+				if nn := nd.peerNorm.norm; nd.n.Op != ir.AllReduce || nn != &nodes[i+1] || nn.n.Op != ir.AddRMSNorm {
+					t.Errorf("%+v: %v marked with %v", bk, nd.n.Op, nn.n.Op)
 				}
 			}
 			want := 0

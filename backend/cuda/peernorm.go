@@ -26,21 +26,12 @@ func (l *loaded) markPeerNorms(nodes []node, p *compile.Plan) {
 	if l.b.Peers == nil {
 		return
 	}
-	g := p.Graph
 	apartOrOn := func(a, b *ir.Value) bool {
 		x, okx := p.Buffers[a]
 		y, oky := p.Buffers[b]
 		return okx && oky && (x == y || x.Offset+x.Bytes <= y.Offset || y.Offset+y.Bytes <= x.Offset)
 	}
-	readers := map[*ir.Value]int{}
-	for i := range nodes {
-		for _, v := range nodes[i].n.Inputs {
-			readers[v]++
-		}
-	}
-	for _, v := range g.Outputs {
-		readers[v]++
-	}
+	readers := readerCounts(nodes, p.Graph)
 	for i := 0; i+1 < len(nodes); i++ {
 		ar, nn := &nodes[i], &nodes[i+1]
 		if ar.n.Op != ir.AllReduce || nn.n.Op != ir.AddRMSNorm || nn.fp8Out || nn.fold != nil || ar.in[0].dtype != l.act {
@@ -50,37 +41,46 @@ func (l *loaded) markPeerNorms(nodes []node, p *compile.Plan) {
 		if readers[x] != 1 || nn.n.Inputs[0] != x && nn.n.Inputs[1] != x {
 			continue
 		}
-		r := nn.n.Inputs[0]
-		if r == x {
-			r = nn.n.Inputs[1]
+		k := 0 // the residual's input
+		if nn.n.Inputs[0] == x {
+			k = 1
 		}
-		apart, sync := true, false
+		r := nn.n.Inputs[k]
+		pn := &peerNorm{norm: nn, resid: nn.in[k]}
+		apart := true
 		for _, out := range nn.n.Outputs {
 			apart = apart && apartOrOn(out, r)
-			sync = sync || !apartOrOn(out, ar.n.Inputs[0])
+			pn.sync = pn.sync || !apartOrOn(out, ar.n.Inputs[0])
 		}
 		if !apart {
 			continue
 		}
-		ar.peerNorm, ar.peerNormSync = nn, sync
+		ar.peerNorm = pn
 		ar.kernel += " (+ the add_rmsnorm after it where it fits)"
 		nn.kernel += " (in the peer all-reduce's kernel where it fits)"
 	}
+}
+
+// peerNorm is the AddRMSNorm after an all-reduce that the all-reduce's
+// kernel runs (markPeerNorms): its node, its residual input (the one that
+// is not the all-reduce's output), and whether the call must sync
+// (kernels.PeerAllReduceNorm).
+type peerNorm struct {
+	norm  *node
+	resid operand
+	sync  bool
 }
 
 // runPeerNorm launches all-reduce node ar and the norm after it
 // (node.peerNorm) as one kernel when it takes the step's rows, and reports
 // whether it did: the norm's node is then done (stepState.done).
 func (l *loaded) runPeerNorm(x *stepState, ar *node) (bool, error) {
-	nn, p := ar.peerNorm, l.b.Peers
-	if nn == nil || p == nil {
+	pn, p := ar.peerNorm, l.b.Peers
+	if pn == nil || p == nil {
 		return false, nil
 	}
 	rows, dim := ar.in[0].rows(x), ar.in[0].cols
-	r := nn.in[0]
-	if nn.n.Inputs[0] == ar.n.Outputs[0] {
-		r = nn.in[1]
-	}
+	nn, r := pn.norm, pn.resid
 	sum, normed, w := nn.out[0], nn.out[1], nn.in[2]
 	if !l.k.PeerAllReduceNormFits(*p, rows, dim, sum.p, normed.p, ar.in[0].p, r.p) {
 		return false, nil
@@ -88,5 +88,5 @@ func (l *loaded) runPeerNorm(x *stepState, ar *node) (bool, error) {
 	x.done = nn
 	x.ran = "peer all-reduce + add_rmsnorm (one kernel)"
 	l.b.stats.PeerNorms++
-	return true, l.k.PeerAllReduceNorm(l.stream, *p, sum.p, normed.p, ar.in[0].p, r.p, w.p, w.dtype, rows, dim, nn.n.Attrs.Eps, ar.peerNormSync)
+	return true, l.k.PeerAllReduceNorm(l.stream, *p, sum.p, normed.p, ar.in[0].p, r.p, w.p, w.dtype, rows, dim, nn.n.Attrs.Eps, pn.sync)
 }

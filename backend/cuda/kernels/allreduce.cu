@@ -416,6 +416,21 @@ __device__ __forceinline__ uint4 ar_zero16() {
 	v.x = v.y = v.z = v.w = 0;
 	return v;
 }
+// lp2_sum16 is step 2's sum over the ranks of vector v of this rank's
+// chunk: mine (this rank's partial, canonical) and the peers' from its
+// buffers (their loads issued together, then each waited for and
+// emptied), in rank order in float32, into f.
+template <typename E>
+__device__ __forceinline__ void lp2_sum16(float* f, uint4 mine, const ar_call& c, long long v, int rank, int ranks, long long cap) {
+	const auto buf = [&](int q) { return (uint4*)(lp_buf(c.own, c.e, q, ranks, cap) + v * 16); };
+	uint4 w[AR_MAX_RANKS];
+#pragma unroll
+	for (int q = 0; q < AR_MAX_RANKS; q++) {
+		if (q >= ranks) break;
+		w[q] = q == rank ? mine : ar_ld_volatile(buf(q));
+	}
+	ar_sum_ranks16<E>(f, ranks, [&](int q) { return q == rank ? w[q] : lp_ready<E>(w[q], buf(q), c.own, c.e, q); });
+}
 template <typename E>
 __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank, int ranks, long long cap,
                                    AR_REGION_PARAMS) {
@@ -430,16 +445,8 @@ __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank,
 	          });
 	const long long hi = nv < (rank + 1) * cv ? nv : (rank + 1) * cv;
 	for (long long v = rank * cv + c.v0; v < hi; v += c.stride) {
-		uint4 w[AR_MAX_RANKS];
-#pragma unroll
-		for (int q = 0; q < AR_MAX_RANKS; q++) {
-			if (q >= ranks) break;
-			w[q] = q == rank ? lp_canon16<E>(s[v]) : ar_ld_volatile(lp_buf(c.own, c.e, q, ranks, cap) + v * 16);
-		}
 		float f[16 / sizeof(E)];
-		ar_sum_ranks16<E>(f, ranks, [&](int q) {
-			return q == rank ? w[q] : lp_ready<E>(w[q], (uint4*)(lp_buf(c.own, c.e, q, ranks, cap) + v * 16), c.own, c.e, q);
-		});
+		lp2_sum16<E>(f, lp_canon16<E>(s[v]), c, v, rank, ranks, cap);
 		const uint4 sum = lp_canon16<E>(pack16(f, (const E*)0));
 		d[v] = sum;
 		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, sum);
@@ -551,14 +558,8 @@ __device__ void peer_lamport2_norm_impl(const T* src, const T* r, const W* w, T*
 	          });
 	// 2. This rank's rows summed, r added, and pushed to every rank.
 	for (long long v = lo * nv + c.v0; v < hi * nv; v += c.stride) {
-		uint4 p[AR_MAX_RANKS];
-#pragma unroll
-		for (int q = 0; q < AR_MAX_RANKS; q++) {
-			if (q >= ranks) break;
-			p[q] = q == rank ? lp_canon16<T>(s4[v]) : ar_ld_volatile(slot(c.own, q, v));
-		}
 		float f[VEC], b[VEC];
-		ar_sum_ranks16<T>(f, ranks, [&](int q) { return q == rank ? p[q] : lp_ready<T>(p[q], slot(c.own, q, v), c.own, c.e, q); });
+		lp2_sum16<T>(f, lp_canon16<T>(s4[v]), c, v, rank, ranks, cap);
 		load16(r + v * VEC, b);
 #pragma unroll
 		for (int j = 0; j < VEC; j++) f[j] = round_t(round_t(f[j]) + b[j]);
@@ -575,10 +576,9 @@ __device__ void peer_lamport2_norm_impl(const T* src, const T* r, const W* w, T*
 		for (int i = 0; i < PN_MAXV; i++)
 			if (threadIdx.x + i * AR_THREADS < nv) s[i] = ar_ld_volatile(slot(c.own, q, row * nv + threadIdx.x + i * AR_THREADS));
 #pragma unroll
-		for (int i = 0; i < PN_MAXV; i++) {
-			const long long v = row * nv + threadIdx.x + i * AR_THREADS;
-			if (threadIdx.x + i * AR_THREADS < nv) s[i] = lp_ready<T>(s[i], slot(c.own, q, v), c.own, c.e, q);
-		}
+		for (int i = 0; i < PN_MAXV; i++)
+			if (threadIdx.x + i * AR_THREADS < nv)
+				s[i] = lp_ready<T>(s[i], slot(c.own, q, row * nv + threadIdx.x + i * AR_THREADS), c.own, c.e, q);
 		pn_store<W>(s, w, sum, normed, row, dim, eps, pn_sh);
 	}
 	ar_end(c.own, c.e);

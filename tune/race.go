@@ -24,6 +24,18 @@ type Result struct {
 	Noise  float64
 	Errs   []error
 	Best   int
+	times  [][]float64
+}
+
+// Beats reports whether candidate i beat candidate j as Race requires of a
+// candidate to replace the default: both ran, every timing of i is below
+// every timing of j, and i's median is below j's by MinGain.
+func (r Result) Beats(i, j int) bool {
+	if i < 0 || j < 0 || i >= len(r.times) || j >= len(r.times) || len(r.times[i]) == 0 || len(r.times[j]) == 0 ||
+		r.Errs[i] != nil || r.Errs[j] != nil {
+		return false
+	}
+	return slices.Max(r.times[i]) < slices.Min(r.times[j]) && r.Median[i] < (1-MinGain)*r.Median[j]
 }
 
 // Race times n candidates, candidate 0 being the default: Rounds rounds,
@@ -41,7 +53,7 @@ type Result struct {
 // others is kept.
 func Race(n int, time func(i int) (float64, error)) Result {
 	times := make([][]float64, n)
-	r := Result{Median: make([]float64, n), Errs: make([]error, n), Best: -1}
+	r := Result{Median: make([]float64, n), Errs: make([]error, n), Best: -1, times: times}
 	for range Rounds {
 		for i := range n {
 			if r.Errs[i] != nil {
@@ -68,7 +80,7 @@ func Race(n int, time func(i int) (float64, error)) Result {
 		r.Noise = slices.Max(times[0]) - slices.Min(times[0])
 		r.Best = 0
 		for i := 1; i < n; i++ {
-			if ran(i) && slices.Max(times[i]) < slices.Min(times[0]) && r.Median[i] < (1-MinGain)*r.Median[0] && r.Median[i] < r.Median[r.Best] {
+			if r.Beats(i, 0) && r.Median[i] < r.Median[r.Best] {
 				r.Best = i
 			}
 		}

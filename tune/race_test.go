@@ -54,6 +54,35 @@ func TestRace(t *testing.T) {
 	}
 }
 
+// TestBeats: Beats holds between any two candidates as Race's test holds
+// against the default (every timing below, the median by MinGain), and
+// never for a candidate that failed or is out of range.
+func TestBeats(t *testing.T) {
+	ts := map[int][]float64{0: {10, 10, 10, 10, 10}, 1: {8, 8.5, 8, 8, 8}, 2: {7, 8.2, 7, 7, 7}, 3: {7.9, 7.9, 7.9, 7.9, 7.9}}
+	calls := map[int]int{}
+	r := Race(5, func(i int) (float64, error) {
+		if ts[i] == nil {
+			return 0, errors.New("launch refused")
+		}
+		v := ts[i][calls[i]%len(ts[i])]
+		calls[i]++
+		return v, nil
+	})
+	for _, c := range []struct {
+		i, j int
+		want bool
+	}{
+		{1, 0, true}, {2, 0, true}, {3, 0, true}, {0, 1, false},
+		{2, 1, false}, // overlapping timings
+		{3, 1, false}, // below every timing but by less than MinGain
+		{4, 0, false}, {0, 4, false}, {1, 5, false}, {-1, 0, false},
+	} {
+		if got := r.Beats(c.i, c.j); got != c.want {
+			t.Errorf("Beats(%d, %d) = %v, want %v (medians %v)", c.i, c.j, got, c.want, r.Median)
+		}
+	}
+}
+
 // TestParseMode: the --tune values, "" the default.
 func TestParseMode(t *testing.T) {
 	for in, want := range map[string]string{"": Cached, "cached": Cached, "off": Off, "full": Full, "defaults": Defaults} {

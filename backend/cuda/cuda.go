@@ -14,6 +14,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,6 +63,10 @@ type Backend struct {
 	// "external" takes the first external kernel that takes a product and
 	// passes its check against cuBLASLt (for tests of external kernels).
 	Products string
+	// VectorWay, when set (KILN_CUDA_VECTOR_WAY: kernels.WayCUDACores or
+	// kernels.WayTensorCores), runs every product of at most
+	// kernels.GEMVVectorMaxT rows that the GEMV takes that way, untimed.
+	VectorWay string
 	// NoEpilogues runs the ops that take a GEMV's product apart (SwiGLU;
 	// RoPE with the cache writes) as kernels of their own instead of in the
 	// GEMV's epilogue, for comparisons.
@@ -238,11 +243,15 @@ func Open(ordinal int, dtype string) (*Backend, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
+	way := os.Getenv("KILN_CUDA_VECTOR_WAY")
+	if way != "" && way != kernels.WayCUDACores && way != kernels.WayTensorCores {
+		return nil, fmt.Errorf("KILN_CUDA_VECTOR_WAY %q: want %q or %q", way, kernels.WayCUDACores, kernels.WayTensorCores)
+	}
 	d, err := cu.Open(ordinal)
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{Device: d, DType: dtype}, nil
+	return &Backend{Device: d, DType: dtype, VectorWay: way}, nil
 }
 
 // Close releases the device. Everything loaded on it must be closed first.

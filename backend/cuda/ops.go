@@ -474,6 +474,10 @@ func (l *loaded) productWay(x *stepState, mm cu.Matmul, ep *node) productWay {
 	if way, ok := l.gemvChoice[key]; ok {
 		return way
 	}
+	if way, ok := l.forcedVectorWay(mm); ok {
+		l.gemvChoice[key] = way
+		return way
+	}
 	epi := ""
 	if ep != nil {
 		epi = ep.kernel
@@ -503,6 +507,21 @@ func (l *loaded) productWay(x *stepState, mm cu.Matmul, ep *node) productWay {
 	}
 	l.gemvChoice[key] = way
 	return way
+}
+
+// forcedVectorWay makes product mm of at most kernels.GEMVVectorMaxT rows
+// run the GEMV's way Backend.VectorWay, without a race or the tune cache,
+// where that is set and the GEMV takes the product (ok false otherwise):
+// to compare the ways inside a step, where a way's loads before its
+// programmatic-launch wait count and the race's back-to-back timings do
+// not show them.
+func (l *loaded) forcedVectorWay(mm cu.Matmul) (productWay, bool) {
+	if l.b.VectorWay == "" || mm.T > kernels.GEMVVectorMaxT ||
+		l.gemv.Check(mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32) != nil ||
+		l.gemv.SetVectorWay(mm.T, mm.K, mm.N, l.b.VectorWay) != nil {
+		return productWay{}, false
+	}
+	return productWay{gemv: true}, true
 }
 
 // externalsFor lists the external kernels that take product mm for up to

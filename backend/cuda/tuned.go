@@ -183,6 +183,25 @@ func (r raceResult) line(cands []candidate) string {
 	return fmt.Sprintf("%s (medians of %d interleaved rounds, noise %.1f µs)", strings.TrimSuffix(b.String(), ","), tune.Rounds, r.us(-1))
 }
 
+// keepDefaultWay is the candidate raceGEMV keeps of r, a race of
+// cuBLASLt (0), then the GEMV's ways (1 to ways, the default way first),
+// then others: r.Best, unless that is a way other than the default and the
+// default way is fit to be kept (it beat cuBLASLt) but r.Best did not beat
+// it as Race requires against cuBLASLt. A race times each way back to
+// back, where a product's loads before its programmatic-launch wait
+// overlap its own previous run; inside a step they overlap a kernel bound
+// by latency (attention, a norm, an all-reduce), and there the ways rank
+// otherwise: at one row on an H200, every vector product on tensor cores
+// gave 224 tokens/s against the CUDA cores' 238 (TP=2: 370 against 378),
+// where the races had kept the output projection on tensor cores by less
+// than their noise (docs/PERF.md, Tensor parallelism, session 35).
+func keepDefaultWay(r tune.Result, ways int) int {
+	if ways > 1 && r.Best > 1 && r.Best <= ways && r.Beats(1, 0) && !r.Beats(r.Best, 1) {
+		return 1
+	}
+	return r.Best
+}
+
 // raceGEMV decides how product mm (with ep, the reader the GEMV can run
 // in its epilogue) runs, for up to rows rows: cuBLASLt with the algorithm
 // it would run (followed by ep's own kernel) is the default, raced against
@@ -291,6 +310,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	was, wasSet := l.gemv.TileSplit(mm.T, mm.K, mm.N)
 	wasWay, wasWaySet := l.gemv.VectorWay(mm.T, mm.K, mm.N)
 	r := l.race(cands)
+	r.Best = keepDefaultWay(r.Result, len(ways))
 	if l.b.Products == "external" {
 		// Forced: the first external kernel that passed its check.
 		for i := gemvs; i < len(cands); i++ {

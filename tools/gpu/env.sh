@@ -171,3 +171,36 @@ tp_serve() {
 	echo "server exit $? at $(($(date +%s) - t0)) s"
 }
 tp_serve_run() { SERVE_TIMEOUT=$5 serve_run "$1" "$2" "$3" "$4" && serve_summary "$work/$1.json"; }
+
+# ktrace_build builds the kernel tracer tools/gpu/ktrace/ktrace.c against
+# the machine's CUPTI into /tmp/libktrace.so.
+ktrace_build() {
+	local inc lib rec
+	inc=$(dirname "$(find / -name cupti_activity.h -path '*include*' 2>/dev/null | head -1)")
+	lib=$(dirname "$(find / -name 'libcupti.so*' 2>/dev/null | head -1)")
+	rec=$(grep -ho 'CUpti_ActivityKernel[0-9]*' "$inc"/cupti_activity*.h | sort -V | tail -1)
+	echo "cupti: $inc $lib $rec"
+	gcc -O2 -shared -fPIC -I"$inc" -I/usr/local/cuda/include -DKREC="$rec" tools/gpu/ktrace/ktrace.c -L"$lib" -lcupti -lpthread \
+		-Wl,-rpath,"$lib" -o /tmp/libktrace.so
+}
+
+# trace NAME TP MODEL-ARGS... runs kiln bench model (${KILN_BIN:-$k}) at
+# batch ${B:-1}, depth 512, 64 tokens, under the tracer (ktrace_build)
+# into $work/NAME.csv, then untraced (the tracer's own cost), and prints
+# both runs' tokens/s and each device's summary by tools/gpu/ktrace/ktrace.py
+# (the first ${LINES_MAX:-60} lines; all in $work/NAME-dD.summary).
+trace() {
+	local name=$1 n=$2 bin=${KILN_BIN:-$k}
+	shift 2
+	CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$work/$name.csv" timeout -s QUIT 120 $bin bench model "$@" --device cuda \
+		--tensor-parallel-size "$n" --pp 0 --tg 64 --depth 512 --batch "${B:-1}" --reps 1 >"$work/$name.txt" 2>&1
+	echo "$name traced: rc=$? at $(($(date +%s) - t0)) s; $(grep -h '^| tg' "$work/$name.txt" | tail -1 | cut -c1-80)"
+	timeout -s QUIT 120 $bin bench model "$@" --device cuda --tensor-parallel-size "$n" --pp 0 --tg 64 --depth 512 --batch "${B:-1}" \
+		--reps 1 >"$work/$name-plain.txt" 2>&1
+	echo "$name plain: rc=$?; $(grep -h '^| tg' "$work/$name-plain.txt" | tail -1 | cut -c1-80)"
+	for d in $(seq 0 $((n - 1))); do
+		echo "== $name device $d"
+		python3 tools/gpu/ktrace/ktrace.py "$work/$name.csv" --device "$d" --layer >"$work/$name-d$d.summary"
+		head -"${LINES_MAX:-60}" "$work/$name-d$d.summary"
+	done
+}

@@ -539,7 +539,6 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, int K, int
 	const int pt = threadIdx.x & 7, pn = n0 + (threadIdx.x >> 3);
 	const bool stores = threadIdx.x < 8 * OUTS && pt < TT && pn < N;
 	if (stores) pre = e.pre(pt, pn);
-	pdl_wait();
 	const int k8 = K / 8; // 16-byte columns per row
 	const long long r0 = e.row(imin(n0 + g, N - 1), 0);
 	const long long r1 = E::ROWS == 1 ? e.row(imin(n0 + g + 8, N - 1), 0) : e.row(imin(n0 + g, N - 1), 1);
@@ -550,15 +549,23 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, int K, int
 
 	constexpr int GS = 4 * U; // 16-byte columns per group
 	const int gfull = k8 / GS;
+	// A warp's first group of weights is loaded before the wait, as the
+	// CUDA-core kernels do: in a step the kernel before is often bound by
+	// latency (attention, a norm, an all-reduce), and these loads then use
+	// the memory it leaves idle.
+	uint4 a[U], b[U], xv[U];
 	if (warp < gfull) {
-		uint4 a[U], b[U], xv[U];
 #pragma unroll
 		for (int j = 0; j < U; j++) {
 			const int col = warp * GS + 4 * j;
 			a[j] = ldw<LM>(w0 + col);
 			b[j] = ldw<LM>(w1 + col);
-			xv[j] = ldx(xr + col);
 		}
+	}
+	pdl_wait(); // x is the previous kernel's output
+	if (warp < gfull) {
+#pragma unroll
+		for (int j = 0; j < U; j++) xv[j] = ldx(xr + warp * GS + 4 * j);
 		for (int gi = warp; gi < gfull; gi += WARPS) {
 			const int ng = gi + WARPS;
 			uint4 na[U], nb[U], nx[U];

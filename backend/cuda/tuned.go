@@ -302,6 +302,12 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		run := func() error { return e.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N) }
 		cands = append(cands, candidate{name: e.Spec.ChoiceName(), run: then(run), check: run})
 	}
+	if len(ways) > 0 {
+		for i := range cands {
+			cands[i].check = cands[i].checker()
+			cands[i].run = l.afterLatency(cands[i].run)
+		}
+	}
 	l.forTrials(tk, cands)
 	l.verifyProduct(mm, cands)
 	// The fused candidates set the split their launch takes, and the
@@ -360,7 +366,11 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	if r.Best > 0 {
 		kept = cands[r.Best].name
 	}
-	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
+	after := ""
+	if len(ways) > 0 {
+		after = fmt.Sprintf(" (each after a %v kernel)", raceLatency)
+	}
+	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s%s:%s: %s kept", mm.T, mm.K, mm.N, what, after, r.line(cands), kept))
 	if r.Best >= 0 && l.b.Products == "" {
 		name := choice.name()
 		if way.ext != nil {
@@ -369,6 +379,29 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		l.keep(tk, name, gemvChoice{}.name(), r, cands)
 	}
 	return way
+}
+
+// raceLatency is how long the kernel bound by latency runs that each
+// candidate of a vector product's race follows (afterLatency).
+const raceLatency = 4 * time.Microsecond
+
+// afterLatency runs run after a kernel that holds the stream for
+// raceLatency and lets run's kernels launch as it starts
+// (kernels.SpinDep). In a decode step a vector product follows attention,
+// a norm or an all-reduce, kernels bound by latency, and a GEMV's loads
+// before its programmatic-launch wait overlap them; timed back to back
+// they would overlap the product's own previous run, and the race would
+// rank the ways otherwise than the step does (docs/PERF.md, Tensor
+// parallelism, session 35: tensor cores kept by the race, 3% slower in the
+// step). Every candidate follows the same kernel, cuBLASLt's too, which
+// cannot start before it ends, as in a step.
+func (l *loaded) afterLatency(run func() error) func() error {
+	return func() error {
+		if err := l.k.SpinDep(l.stream, raceLatency); err != nil {
+			return err
+		}
+		return run()
+	}
 }
 
 // withWay runs f with the vector products of mm's shape set to way.

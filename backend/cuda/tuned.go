@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -183,23 +184,22 @@ func (r raceResult) line(cands []candidate) string {
 	return fmt.Sprintf("%s (medians of %d interleaved rounds, noise %.1f µs)", strings.TrimSuffix(b.String(), ","), tune.Rounds, r.us(-1))
 }
 
-// keepDefaultWay is the candidate raceGEMV keeps of r, a race of
-// cuBLASLt (0), then the GEMV's ways (1 to ways, the default way first),
-// then others: r.Best, unless that is a way other than the default and the
-// default way is fit to be kept (it beat cuBLASLt) but r.Best did not beat
-// it as Race requires against cuBLASLt. A race times each way back to
-// back, where a product's loads before its programmatic-launch wait
-// overlap its own previous run; inside a step they overlap a kernel bound
-// by latency (attention, a norm, an all-reduce), and there the ways rank
-// otherwise: at one row on an H200, every vector product on tensor cores
-// gave 224 tokens/s against the CUDA cores' 238 (TP=2: 370 against 378),
-// where the races had kept the output projection on tensor cores by less
-// than their noise (docs/PERF.md, Tensor parallelism, session 35).
-func keepDefaultWay(r tune.Result, ways int) int {
-	if ways > 1 && r.Best > 1 && r.Best <= ways && r.Beats(1, 0) && !r.Beats(r.Best, 1) {
-		return 1
+// racedWays are the ways of a vector product of t rows that its race
+// times: ways (the GEMV's, kernels.VectorWays), but at one row the CUDA
+// cores' alone. A race times each way back to back, and at one row the
+// tensor cores' kernel won some of them by less than a microsecond (the
+// Llama-3-8B shape's output projection on an H200, also when each run
+// followed a 4 µs kernel bound by latency: docs/attempts/race-after-latency.diff),
+// yet lost inside every step measured: every product of the model at one
+// row on tensor cores gave 223–224 tokens/s against the CUDA cores'
+// 237–238 (TP=2: 370 against 377–379), and the output projection alone
+// on tensor cores, as the races kept it, 229–233 (docs/PERF.md, Tensor
+// parallelism, session 35).
+func racedWays(ways []string, t int) []string {
+	if t == 1 && slices.Contains(ways, kernels.WayCUDACores) {
+		return []string{kernels.WayCUDACores}
 	}
-	return r.Best
+	return ways
 }
 
 // raceGEMV decides how product mm (with ep, the reader the GEMV can run
@@ -283,7 +283,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	// runs, as the tile candidates their split.
 	var ways []string
 	if fits && len(splits) == 0 {
-		ways = l.gemv.VectorWays(mm.T)
+		ways = racedWays(l.gemv.VectorWays(mm.T), mm.T)
 		for i, w := range ways {
 			c := gemv(0)
 			if i > 0 {
@@ -302,12 +302,6 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		run := func() error { return e.Run(l.stream, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N) }
 		cands = append(cands, candidate{name: e.Spec.ChoiceName(), run: then(run), check: run})
 	}
-	if len(ways) > 0 {
-		for i := range cands {
-			cands[i].check = cands[i].checker()
-			cands[i].run = l.afterLatency(cands[i].run)
-		}
-	}
 	l.forTrials(tk, cands)
 	l.verifyProduct(mm, cands)
 	// The fused candidates set the split their launch takes, and the
@@ -316,7 +310,6 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	was, wasSet := l.gemv.TileSplit(mm.T, mm.K, mm.N)
 	wasWay, wasWaySet := l.gemv.VectorWay(mm.T, mm.K, mm.N)
 	r := l.race(cands)
-	r.Best = keepDefaultWay(r.Result, len(ways))
 	if l.b.Products == "external" {
 		// Forced: the first external kernel that passed its check.
 		for i := gemvs; i < len(cands); i++ {
@@ -366,11 +359,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	if r.Best > 0 {
 		kept = cands[r.Best].name
 	}
-	after := ""
-	if len(ways) > 0 {
-		after = fmt.Sprintf(" (each after a %v kernel)", raceLatency)
-	}
-	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s%s:%s: %s kept", mm.T, mm.K, mm.N, what, after, r.line(cands), kept))
+	l.b.raced(fmt.Sprintf("T=%d K=%d N=%d%s:%s: %s kept", mm.T, mm.K, mm.N, what, r.line(cands), kept))
 	if r.Best >= 0 && l.b.Products == "" {
 		name := choice.name()
 		if way.ext != nil {
@@ -379,29 +368,6 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 		l.keep(tk, name, gemvChoice{}.name(), r, cands)
 	}
 	return way
-}
-
-// raceLatency is how long the kernel bound by latency runs that each
-// candidate of a vector product's race follows (afterLatency).
-const raceLatency = 4 * time.Microsecond
-
-// afterLatency runs run after a kernel that holds the stream for
-// raceLatency and lets run's kernels launch as it starts
-// (kernels.SpinDep). In a decode step a vector product follows attention,
-// a norm or an all-reduce, kernels bound by latency, and a GEMV's loads
-// before its programmatic-launch wait overlap them; timed back to back
-// they would overlap the product's own previous run, and the race would
-// rank the ways otherwise than the step does (docs/PERF.md, Tensor
-// parallelism, session 35: tensor cores kept by the race, 3% slower in the
-// step). Every candidate follows the same kernel, cuBLASLt's too, which
-// cannot start before it ends, as in a step.
-func (l *loaded) afterLatency(run func() error) func() error {
-	return func() error {
-		if err := l.k.SpinDep(l.stream, raceLatency); err != nil {
-			return err
-		}
-		return run()
-	}
 }
 
 // withWay runs f with the vector products of mm's shape set to way.

@@ -1,10 +1,10 @@
 package cuda
 
 import (
+	"slices"
 	"testing"
 
 	"kiln/backend/cuda/kernels"
-	"kiln/tune"
 )
 
 // TestTuneChoiceNames: the cache's names of GEMV-or-cuBLASLt choices read
@@ -37,32 +37,25 @@ func TestTuneChoiceNames(t *testing.T) {
 	}
 }
 
-// TestKeepDefaultWay: a race of cuBLASLt, the two vector ways (the default
-// first) and a tile split keeps the other way only when it beats the
-// default way as the race requires against cuBLASLt, or when the default
-// way did not beat cuBLASLt; other winners are kept as the race chose.
-func TestKeepDefaultWay(t *testing.T) {
+// TestRacedWays: a product of one row races the CUDA cores' way alone;
+// of more rows, every way the GEMV offers, in its order.
+func TestRacedWays(t *testing.T) {
+	both := []string{kernels.WayTensorCores, kernels.WayCUDACores}
 	for _, c := range []struct {
-		name  string
-		times [][]float64
-		ways  int
-		want  int
+		ways []string
+		t    int
+		want []string
 	}{
-		{"other way within the default way's noise", [][]float64{{20, 20, 20, 20, 20}, {10, 11, 10, 10, 10}, {9.5, 10.5, 9.5, 9.5, 9.5}}, 2, 1},
-		{"other way clearly faster", [][]float64{{20, 20, 20, 20, 20}, {10, 10.2, 10, 10, 10}, {8, 8.1, 8, 8, 8}}, 2, 2},
-		{"default way did not beat cuBLASLt", [][]float64{{10, 10, 10, 10, 10}, {9.9, 10.5, 9.9, 9.9, 9.9}, {8, 8, 8, 8, 8}}, 2, 2},
-		{"cuBLASLt kept", [][]float64{{5, 5, 5, 5, 5}, {6, 6, 6, 6, 6}, {7, 7, 7, 7, 7}}, 2, 0},
-		{"default way kept", [][]float64{{20, 20, 20, 20, 20}, {8, 8, 8, 8, 8}, {9, 9, 9, 9, 9}}, 2, 1},
-		{"one way only", [][]float64{{20, 20, 20, 20, 20}, {8, 9, 8, 8, 8}, {7.9, 7.9, 7.9, 7.9, 7.9}}, 1, 2},
+		{both, 1, []string{kernels.WayCUDACores}},
+		{[]string{kernels.WayCUDACores, kernels.WayTensorCores}, 1, []string{kernels.WayCUDACores}},
+		{both, 2, both},
+		{both, 8, both},
+		{[]string{kernels.WayCUDACores}, 1, []string{kernels.WayCUDACores}},
+		{[]string{kernels.WayTensorCores}, 1, []string{kernels.WayTensorCores}},
+		{nil, 1, nil},
 	} {
-		calls := make([]int, len(c.times))
-		r := tune.Race(len(c.times), func(i int) (float64, error) {
-			v := c.times[i][calls[i]%len(c.times[i])]
-			calls[i]++
-			return v, nil
-		})
-		if got := keepDefaultWay(r, c.ways); got != c.want {
-			t.Errorf("%s: kept %d, want %d (race's best %d, medians %v)", c.name, got, c.want, r.Best, r.Median)
+		if got := racedWays(c.ways, c.t); !slices.Equal(got, c.want) {
+			t.Errorf("racedWays(%q, %d) = %q, want %q", c.ways, c.t, got, c.want)
 		}
 	}
 }

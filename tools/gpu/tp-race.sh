@@ -4,9 +4,10 @@
 # model at TP=1 and TP=2, this tree against kiln-base, two rounds taking
 # turns, each binary's races as they choose on a fresh machine (a vector
 # product's other way now kept only when it beats the default way in
-# every timing), TP=4 once, with traced steps (tools/gpu/ktrace) of this
-# tree's TP=1 and TP=2; then kiln serve --tensor-parallel-size 4 under
-# kiln bench serve at 1, 64 and 256 streams, one run after another.
+# every timing), TP=4 once (four GPUs), with traced steps (tools/gpu/ktrace) of this
+# tree's TP=1 and TP=2; then, on four GPUs, kiln serve
+# --tensor-parallel-size 4 under kiln bench serve at 1, 64 and 256
+# streams, one run after another.
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-race.sh",
 #   carry [".devpack"], kind nvidia-h200-x4
@@ -23,10 +24,11 @@ for r in 1 2; do
 		PP=0 KILN_BIN=.devbin/kiln-base tp_bench tp$n-base-r$r $n 1 60
 	done
 done
-PP=0 tp_bench tp4 4 1,64 60
+gpus=$(nvidia-smi -L | wc -l)
+[ "$gpus" -ge 4 ] && PP=0 tp_bench tp4 4 1,64 60
 python3 tools/gpu/tp_table.py "$work" tp1-r1 tp1-base-r1 tp2-r1 tp2-base-r1 tp1-r2 tp1-base-r2 tp2-r2 tp2-base-r2 tp4
 grep -h "T≤1 K\|T=1 K" "$work"/model-tp1-r1.txt "$work"/model-tp2-r1.txt | cut -c1-220
 LINES_MAX=14 trace tp1 1 "$bf16"
 LINES_MAX=14 trace tp2 2 "$bf16"
-tp_serve 4
+[ "$gpus" -ge 4 ] && tp_serve 4
 (cd "$work" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' --exclude '*.csv' * && find . -maxdepth 1 -type f ! -name logs.tgz ! -name '*.json' -delete)

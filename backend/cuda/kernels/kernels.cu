@@ -608,20 +608,6 @@ extern "C" __global__ void spin_ns(unsigned long long ns) {
 	} while (t - t0 < ns);
 }
 
-// spin_dep_ns is spin_ns as a step's kernel bound by latency: launched as
-// a programmatic dependent launch (Kernels.SpinDep), it lets the next
-// kernel launch as it starts, so that what that one does before its own
-// wait (a GEMV's first weights) overlaps the spin as it would overlap
-// attention or a norm in a step (the vector products' races).
-extern "C" __global__ void spin_dep_ns(unsigned long long ns) {
-	pdl_enter();
-	unsigned long long t0, t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-	do {
-		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	} while (t - t0 < ns);
-}
-
 // grid (rows, ranks), block 256: out[r, k·n + c] = in[k, r, c] (f32): a
 // tensor-parallel all-gather's rank-major logits laid out by rows.
 extern "C" __global__ void interleave_ranks(const float* in, float* out, int rows, int n, int ranks) {

@@ -512,16 +512,6 @@ func (k *Kernels) Spin(s *cu.Stream, d time.Duration) error {
 	return k.launch("spin_ns", cu.D1(1), cu.D1(1), 0, s, uint64(d.Nanoseconds()))
 }
 
-// SpinDep is Spin launched as a programmatic dependent launch: the next
-// kernel may launch as it starts and do what it does before its own wait
-// while it spins.
-func (k *Kernels) SpinDep(s *cu.Stream, d time.Duration) error {
-	if d < 0 {
-		return fmt.Errorf("kernels: spin of %v", d)
-	}
-	return k.launchDep("spin_dep_ns", cu.D1(1), cu.D1(1), 0, s, uint64(d.Nanoseconds()))
-}
-
 // Mul: out = a · b over n elements.
 func (k *Kernels) Mul(s *cu.Stream, out, a, b cu.Ptr, n int) error {
 	return k.launchDep("mul", ewGrid(n), cu.D1(256), 0, s, a, b, out, int64(n))

@@ -2,15 +2,14 @@
 # Runs on a GPU machine of four GPUs after BASE=<rev> tools/gpu/build.sh
 # here (issue 20): batch-1 decode of the random Llama-3-8B-shaped bf16
 # model at TP=1 and TP=2, this tree against kiln-base, two rounds taking
-# turns, each binary's races as they choose on a fresh machine (a vector
-# product's other way now kept only when it beats the default way in
-# every timing), TP=4 once (four GPUs), with traced steps (tools/gpu/ktrace) of this
-# tree's TP=1 and TP=2; then, on four GPUs, kiln serve
+# turns, each binary's races as they choose on a fresh machine, TP=4 once
+# (four GPUs), traced steps (tools/gpu/ktrace) of this tree's TP=1 and
+# TP=2; then, on four GPUs, kiln serve
 # --tensor-parallel-size 4 under kiln bench serve at 1, 64 and 256
 # streams, one run after another.
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-race.sh",
-#   carry [".devpack"], kind nvidia-h200-x4
+#   carry [".devpack"], kind nvidia-h200-x4 (or x2: no TP=4)
 source "$(dirname "$0")/env.sh"
 tp_env
 work=$out

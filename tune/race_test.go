@@ -5,6 +5,20 @@ import (
 	"testing"
 )
 
+// timings times candidate i by ts[i], one value a call in turn; a
+// candidate without values fails.
+func timings(ts map[int][]float64) func(int) (float64, error) {
+	calls := map[int]int{}
+	return func(i int) (float64, error) {
+		if ts[i] == nil {
+			return 0, errors.New("launch refused")
+		}
+		v := ts[i][calls[i]%len(ts[i])]
+		calls[i]++
+		return v, nil
+	}
+}
+
 // TestRace: the default is kept unless every timing of a candidate beats
 // every timing of the default, and then the fastest such by median (not
 // the fastest candidate when its timings overlap the default's); one slow
@@ -12,17 +26,6 @@ import (
 // a failing default leaves the fastest other; a candidate whose every
 // timing beats the default's by less than MinGain is not kept.
 func TestRace(t *testing.T) {
-	seq := func(ts map[int][]float64) func(int) (float64, error) {
-		calls := map[int]int{}
-		return func(i int) (float64, error) {
-			if ts[i] == nil {
-				return 0, errors.New("launch refused")
-			}
-			v := ts[i][calls[i]%len(ts[i])]
-			calls[i]++
-			return v, nil
-		}
-	}
 	// Five timings a candidate, one a round (Rounds).
 	for _, c := range []struct {
 		name  string
@@ -47,7 +50,7 @@ func TestRace(t *testing.T) {
 		for i := range c.times {
 			n = max(n, i+1)
 		}
-		r := Race(n, seq(c.times))
+		r := Race(n, timings(c.times))
 		if r.Best != c.best || r.Noise < c.noise-1e-9 || r.Noise > c.noise+1e-9 {
 			t.Errorf("%s: best %d noise %g (want %d, %g); medians %v, errors %v", c.name, r.Best, r.Noise, c.best, c.noise, r.Median, r.Errs)
 		}
@@ -59,15 +62,7 @@ func TestRace(t *testing.T) {
 // never for a candidate that failed or is out of range.
 func TestBeats(t *testing.T) {
 	ts := map[int][]float64{0: {10, 10, 10, 10, 10}, 1: {8, 8.5, 8, 8, 8}, 2: {7, 8.2, 7, 7, 7}, 3: {7.9, 7.9, 7.9, 7.9, 7.9}}
-	calls := map[int]int{}
-	r := Race(5, func(i int) (float64, error) {
-		if ts[i] == nil {
-			return 0, errors.New("launch refused")
-		}
-		v := ts[i][calls[i]%len(ts[i])]
-		calls[i]++
-		return v, nil
-	})
+	r := Race(5, timings(ts))
 	for _, c := range []struct {
 		i, j int
 		want bool

@@ -27,10 +27,10 @@ type Result struct {
 	times  [][]float64
 }
 
-// Beats reports whether candidate i beat candidate j as Race requires of a
+// beats reports whether candidate i beat candidate j as Race requires of a
 // candidate to replace the default: both ran, every timing of i is below
 // every timing of j, and i's median is below j's by MinGain.
-func (r Result) Beats(i, j int) bool {
+func (r Result) beats(i, j int) bool {
 	if i < 0 || j < 0 || i >= len(r.times) || j >= len(r.times) || len(r.times[i]) == 0 || len(r.times[j]) == 0 ||
 		r.Errs[i] != nil || r.Errs[j] != nil {
 		return false
@@ -80,7 +80,7 @@ func Race(n int, time func(i int) (float64, error)) Result {
 		r.Noise = slices.Max(times[0]) - slices.Min(times[0])
 		r.Best = 0
 		for i := 1; i < n; i++ {
-			if r.Beats(i, 0) && r.Median[i] < r.Median[r.Best] {
+			if r.beats(i, 0) && r.Median[i] < r.Median[r.Best] {
 				r.Best = i
 			}
 		}

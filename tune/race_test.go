@@ -57,7 +57,7 @@ func TestRace(t *testing.T) {
 	}
 }
 
-// TestBeats: Beats holds between any two candidates as Race's test holds
+// TestBeats: beats holds between any two candidates as Race's test holds
 // against the default (every timing below, the median by MinGain), and
 // never for a candidate that failed or is out of range.
 func TestBeats(t *testing.T) {
@@ -72,8 +72,8 @@ func TestBeats(t *testing.T) {
 		{3, 1, false}, // below every timing but by less than MinGain
 		{4, 0, false}, {0, 4, false}, {1, 5, false}, {-1, 0, false},
 	} {
-		if got := r.Beats(c.i, c.j); got != c.want {
-			t.Errorf("Beats(%d, %d) = %v, want %v (medians %v)", c.i, c.j, got, c.want, r.Median)
+		if got := r.beats(c.i, c.j); got != c.want {
+			t.Errorf("beats(%d, %d) = %v, want %v (medians %v)", c.i, c.j, got, c.want, r.Median)
 		}
 	}
 }

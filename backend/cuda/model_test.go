@@ -535,13 +535,12 @@ var samplingSettings = []engine.SamplingParams{
 func TestDeviceSampling(t *testing.T) {
 	s := bench.Shape{Name: "s", Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2, FFN: 512, Vocab: 3000, Context: 256}
 	dir := randomModel(t, s, tensor.F32, 5)
-	settings := samplingSettings
 	gen := func(host bool) [][]int {
 		b := backendOf(t, "f32")
 		b.HostSampling = host
 		e := openEngine(t, dir, b, engine.Options{})
 		var all [][]int
-		for _, p := range settings {
+		for _, p := range samplingSettings {
 			p.MaxTokens = 40
 			var ids []int
 			if _, err := e.Generate([]int{1, 17, 400, 17, 9}, p, func(id int) bool {
@@ -555,9 +554,9 @@ func TestDeviceSampling(t *testing.T) {
 		return all
 	}
 	device, host := gen(false), gen(true)
-	for i := range settings {
+	for i := range samplingSettings {
 		if !slices.Equal(device[i], host[i]) {
-			t.Errorf("%+v:\ndevice %v\n  host %v", settings[i], device[i], host[i])
+			t.Errorf("%+v:\ndevice %v\n  host %v", samplingSettings[i], device[i], host[i])
 		}
 	}
 }

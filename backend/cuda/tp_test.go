@@ -250,7 +250,6 @@ func TestPeerFormsMatch(t *testing.T) {
 // reached the wrong rank, or params or history of another row, shows.
 func TestTensorParallelSampledRows(t *testing.T) {
 	s := bench.Shape{Name: "tps", Hidden: 256, Layers: 2, Heads: 8, KVHeads: 4, FFN: 384, Vocab: 1024, Context: 256}
-	settings := samplingSettings
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
 			g := groupOf(t, "f32", n)
@@ -259,10 +258,10 @@ func TestTensorParallelSampledRows(t *testing.T) {
 			}
 			dir := randomModel(t, s, tensor.F32, 21)
 			gen := func(host bool) [][]int {
-				e := openEngine(t, dir, g, engine.Options{MaxSeqs: len(settings)})
+				e := openEngine(t, dir, g, engine.Options{MaxSeqs: len(samplingSettings)})
 				var items []engine.Item
 				var samplers []*engine.Sampler
-				for i, p := range settings {
+				for i, p := range samplingSettings {
 					prompt := []int{1, 17 + i, 400, 17, 9 + 3*i}
 					items = append(items, engine.Item{Seq: e.NewSequence(), Tokens: prompt})
 					samplers = append(samplers, engine.NewSampler(p, s.Vocab, prompt))
@@ -293,9 +292,9 @@ func TestTensorParallelSampledRows(t *testing.T) {
 				t.Errorf("the last rank sampled its share in %d of 21 steps", got)
 			}
 			host := gen(true)
-			for i := range settings {
+			for i := range samplingSettings {
 				if !slices.Equal(device[i], host[i]) {
-					t.Errorf("%+v:\ndevice %v\n  host %v", settings[i], device[i], host[i])
+					t.Errorf("%+v:\ndevice %v\n  host %v", samplingSettings[i], device[i], host[i])
 				}
 			}
 		})

@@ -41,27 +41,20 @@ serve_summary() {
 	python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print('requests', s['requests'], 'errors', s['errors'], 'out tok/s %.0f' % s['output_tokens_per_s'], 'ttft', s['ttft'], 'itl', s['itl'], 'tpot', s['tpot'])" "$1" 2>&1 | head -3
 }
 
-# kernels_test NAME ARGS... runs the kernels package's test binary with ARGS
-# in its directory (within 200 s) into $out/NAME.log and prints its exit
-# status and time.
-kernels_test() {
-	local name=$1 t0
-	shift
+# pkg_test DIR NAME ARGS... runs package DIR's test binary (tools/gpu/build.sh
+# names it after DIR) with ARGS in DIR (within 200 s) into $out/NAME.log
+# and prints its exit status and time; kernels_test is the kernels
+# package's, backend_test backend/cuda's.
+pkg_test() {
+	local dir=$1 name=$2 t0 bin
+	shift 2
+	bin=$PWD/.devbin/$(echo "$dir" | tr / _).test
 	t0=$(date +%s)
-	(cd backend/cuda/kernels && timeout 200 ../../../.devbin/backend_cuda_kernels.test -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
+	(cd "$dir" && timeout 200 "$bin" -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
 	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
 }
-
-# backend_test NAME ARGS... runs backend/cuda's test binary with ARGS in its
-# directory (within 200 s) into $out/NAME.log and prints its exit status
-# and time.
-backend_test() {
-	local name=$1 t0
-	shift
-	t0=$(date +%s)
-	(cd backend/cuda && timeout 200 ../../.devbin/backend_cuda.test -test.v -test.count=1 "$@") >"$out/$name.log" 2>&1
-	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
-}
+kernels_test() { pkg_test backend/cuda/kernels "$@"; }
+backend_test() { pkg_test backend/cuda "$@"; }
 
 # tp_tests [PATTERN] runs the kernels' peer tests (TestPeer*) unless
 # SKIP_KERNELS is set, then backend/cuda's tensor-parallel tests
@@ -190,13 +183,13 @@ ktrace_build() {
 # both runs' tokens/s and each device's summary by tools/gpu/ktrace/ktrace.py
 # (the first ${LINES_MAX:-60} lines; all in $work/NAME-dD.summary).
 trace() {
-	local name=$1 n=$2 bin=${KILN_BIN:-$k}
+	local name=$1 n=$2
 	shift 2
-	CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$work/$name.csv" timeout -s QUIT 120 $bin bench model "$@" --device cuda \
-		--tensor-parallel-size "$n" --pp 0 --tg 64 --depth 512 --batch "${B:-1}" --reps 1 >"$work/$name.txt" 2>&1
+	local run=(timeout -s QUIT 120 "${KILN_BIN:-$k}" bench model "$@" --device cuda --tensor-parallel-size "$n" --pp 0 --tg 64
+		--depth 512 --batch "${B:-1}" --reps 1)
+	CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$work/$name.csv" "${run[@]}" >"$work/$name.txt" 2>&1
 	echo "$name traced: rc=$? at $(($(date +%s) - t0)) s; $(grep -h '^| tg' "$work/$name.txt" | tail -1 | cut -c1-80)"
-	timeout -s QUIT 120 $bin bench model "$@" --device cuda --tensor-parallel-size "$n" --pp 0 --tg 64 --depth 512 --batch "${B:-1}" \
-		--reps 1 >"$work/$name-plain.txt" 2>&1
+	"${run[@]}" >"$work/$name-plain.txt" 2>&1
 	echo "$name plain: rc=$?; $(grep -h '^| tg' "$work/$name-plain.txt" | tail -1 | cut -c1-80)"
 	for d in $(seq 0 $((n - 1))); do
 		echo "== $name device $d"

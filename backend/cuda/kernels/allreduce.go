@@ -109,6 +109,10 @@ func (g PeerGroup) blocks() int {
 	return PeerSlots
 }
 
+// peerGrid is the grid of a call over nv 16-byte vectors, a thread each,
+// of at most most blocks.
+func peerGrid(nv, most int) int { return min(most, (nv+peerThreads-1)/peerThreads) }
+
 // PeerAllReduceFits reports whether PeerAllReduce takes n elements of dt at
 // src and dst.
 func (g PeerGroup) PeerAllReduceFits(dst, src cu.Ptr, n int, dt cu.DType) bool {
@@ -144,7 +148,7 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	// for the peers' same blocks or vectors, so every rank's blocks must
 	// fit on its device at once (the tests' ranks are streams of one
 	// device).
-	grid := min(g.blocks(), (nv+peerThreads-1)/peerThreads)
+	grid := peerGrid(nv, g.blocks())
 	name := "peer_lamport_"
 	switch {
 	case g.Flags:
@@ -193,7 +197,7 @@ func (k *Kernels) PeerScatterRows(s *cu.Stream, g PeerGroup, src cu.Ptr, rows, n
 		return fmt.Errorf("kernels: peer scatter of %d rows of %d logits (staging %d bytes, 16-byte aligned shard)", rows, n, g.StagingBytes)
 	}
 	nv := rows * n / 4
-	grid := min(PeerSlots, (nv+peerThreads-1)/peerThreads)
+	grid := peerGrid(nv, PeerSlots)
 	args := append([]any{src, int32(rows), int32(n)}, g.args()...)
 	return k.launchDep("peer_scatter_rows", cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }
@@ -229,7 +233,7 @@ func (k *Kernels) PeerAllReduceNorm(s *cu.Stream, g PeerGroup, sum, normed, src,
 		return fmt.Errorf("kernels: peer all-reduce and norm of %d×%d %v (two shots, capacity %d bytes, 16-byte aligned operands)", rows, dim, k.Act, g.CapBytes)
 	}
 	nv := rows * dim / k.vec()
-	grid := min(g.blocks(), (nv+peerThreads-1)/peerThreads)
+	grid := peerGrid(nv, g.blocks())
 	var syncArg int32
 	if sync {
 		syncArg = 1

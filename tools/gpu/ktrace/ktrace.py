@@ -82,7 +82,6 @@ def main():
     print(f"| idle between kernels | | | {idle / k / 1e3:.1f} | {idle / k / wall:.1%} |")
     if "--layer" in args:
         s = kept[len(kept) // 2]
-        names = [r[2] for r in s]
         per = max(1, (n - 8) // 32)
         mid = len(s) // 2
         print("\none step's kernels around its middle (name, start µs, duration, exposed, idle before):")

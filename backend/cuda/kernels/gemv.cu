@@ -118,6 +118,15 @@ __device__ __forceinline__ float rnd(float v, const f16*) {
 }
 __device__ __forceinline__ float rnd(float v) { return rnd(v, (const T*)0); }
 
+// ld1 loads one element as a float.
+__device__ __forceinline__ float ld1(const float* p) { return *p; }
+__device__ __forceinline__ float ld1(const bf16* p) { return __uint_as_float((unsigned)p->x << 16); }
+__device__ __forceinline__ float ld1(const f16* p) {
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->x));
+	return f;
+}
+
 // ---------------------------------------------------------------- epilogues
 
 // Every epilogue E: ROWS weight rows an output; units(), its number of
@@ -146,6 +155,24 @@ struct OutStore {
 		long long o = (long long)t * N + n;
 		if (outF32) store((float*)out + o, s);
 		else store((T*)out + o, s);
+	}
+};
+
+// AddStore: out[t·N + n] = sum + add[t·N + n] (of ACT), rounded once: a
+// folded norm's residual added by the product before it (GEMV.RunFolded).
+struct AddStore {
+	T* out;
+	int N;
+	const T* add;
+	static constexpr int ROWS = 1;
+	static constexpr bool LATE = false, GATHER = false;
+	struct Pre {};
+	__device__ __forceinline__ int units() const { return N; }
+	__device__ __forceinline__ long long row(int n, int) const { return n; }
+	__device__ __forceinline__ Pre pre(int, int) const { return Pre{}; }
+	__device__ __forceinline__ void put(const Pre&, int t, int n, float s, float) const {
+		const long long o = (long long)t * N + n;
+		store(out + o, s + ld1(add + o));
 	}
 };
 
@@ -238,9 +265,10 @@ __device__ __forceinline__ uint4 ldx(const uint4* p) {
 }
 
 // dot adds x[·][k]·w[r][k] over the VEC elements of one 16-byte column k
-// (wv[r]: the rows' raw weights there) to acc[t][r].
-template <int TT, int R>
-__device__ __forceinline__ void dot(float (&acc)[TT][R], const uint4 (&wv)[R], const uint4* x, int kv, int k) {
+// (wv[r]: the rows' raw weights there) to acc[t][r], and with NORM the
+// squares of x[t][k] to ss[t].
+template <int TT, int R, bool NORM>
+__device__ __forceinline__ void dot(float (&acc)[TT][R], float (&ss)[TT], const uint4 (&wv)[R], const uint4* x, int kv, int k) {
 	float wf[R][VEC];
 #pragma unroll
 	for (int r = 0; r < R; r++) unpack(wv[r], wf[r], (const T*)0);
@@ -252,14 +280,20 @@ __device__ __forceinline__ void dot(float (&acc)[TT][R], const uint4 (&wv)[R], c
 		for (int r = 0; r < R; r++)
 #pragma unroll
 			for (int e = 0; e < VEC; e++) acc[t][r] = fmaf(xf[e], wf[r][e], acc[t][r]);
+		if (NORM)
+#pragma unroll
+			for (int e = 0; e < VEC; e++) ss[t] = fmaf(xf[e], xf[e], ss[t]);
 	}
 }
 
 // gemv_impl: every warp computes the outputs n0 .. n0 + R/E::ROWS - 1 of
 // epilogue e from their R weight rows (output n0 + r is row r, paired with
-// row r + R/2 when E::ROWS is 2).
-template <int TT, int R, int U, int LM, class E>
-__device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E& e) {
+// row r + R/2 when E::ROWS is 2). NORM: a norm folded in (its gain in w, x
+// its input rows), each warp also sums the squares of the x rows it
+// streams whole and multiplies its sums by each row's 1/rms, 1/sqrt(Σx²/K
+// + eps), before the epilogue.
+template <int TT, int R, int U, int LM, bool NORM = false, class E>
+__device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E& e, float eps = 0.f) {
 	static_assert(R % E::ROWS == 0, "rows per warp");
 	constexpr int OUTS = R / E::ROWS; // outputs per warp
 	if (!E::LATE) pdl_trigger();
@@ -273,11 +307,13 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 #pragma unroll
 	for (int r = 0; r < R; r++) wr[r] = (const uint4*)w + e.row(imin(n0 + r % OUTS, N - 1), r / OUTS) * kv + lane;
 
-	float acc[TT][R];
+	float acc[TT][R], ss[TT];
 #pragma unroll
-	for (int t = 0; t < TT; t++)
+	for (int t = 0; t < TT; t++) {
+		ss[t] = 0.f;
 #pragma unroll
 		for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+	}
 
 	constexpr int STEP = 32 * U;
 	const int full = kv / STEP; // groups of U columns per lane without bounds checks
@@ -305,7 +341,7 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 					for (int r = 0; r < R; r++) nxt[u][r] = ldw<LM>(wr[r] + base + STEP + u * 32);
 			}
 #pragma unroll
-			for (int u = 0; u < U; u++) dot<TT, R>(acc, cur[u], xv, kv, base + u * 32 + lane);
+			for (int u = 0; u < U; u++) dot<TT, R, NORM>(acc, ss, cur[u], xv, kv, base + u * 32 + lane);
 			if (i + 1 < full) {
 #pragma unroll
 				for (int u = 0; u < U; u++)
@@ -319,7 +355,7 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 		uint4 cur[R];
 #pragma unroll
 		for (int r = 0; r < R; r++) cur[r] = ldw<LM>(wr[r] + k);
-		dot<TT, R>(acc, cur, xv, kv, k + lane);
+		dot<TT, R, NORM>(acc, ss, cur, xv, kv, k + lane);
 	}
 	if (E::LATE) pdl_trigger();
 
@@ -331,6 +367,16 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 #pragma unroll
 			for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
 			acc[t][r] = v;
+		}
+	if (NORM)
+#pragma unroll
+		for (int t = 0; t < TT; t++) {
+			float v = ss[t];
+#pragma unroll
+			for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+			const float inv = 1.f / sqrtf(v / (float)K + eps);
+#pragma unroll
+			for (int r = 0; r < R; r++) acc[t][r] *= inv;
 		}
 #pragma unroll
 	for (int t = 0; t < TT; t++)
@@ -357,6 +403,28 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 	    const T* x, const T* w, int K, T* q, T* kc, T* vc, const int* pos, const int* slots, const float* table, \
 	    int heads, int kvHeads, int hd, int interleaved) {                                                     \
 		gemv_impl<TT, R, U, LM>(x, w, K, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
+	}
+// The same with a norm folded in (GEMV.RunFolded, kernels of their own so
+// that the plain ones keep their registers): gemv_add_… adds the norm's
+// residual (AddStore), gemv_norm_…, gemv_swiglu_norm_… and gemv_rope_norm_…
+// apply its 1/rms.
+#define GEMV_FOLD(TT, R, U, LM)                                                                                    \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                 \
+	    gemv_add_##TT##_##R##_##U##_##LM(const T* x, const T* w, T* out, int K, int N, const T* add) {        \
+		gemv_impl<TT, R, U, LM>(x, w, K, AddStore{out, N, add});                                           \
+	}                                                                                                          \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_##TT##_##R##_##U##_##LM(             \
+	    const T* x, const T* w, void* out, int K, int N, int outF32, float eps) {                             \
+		gemv_impl<TT, R, U, LM, true>(x, w, K, OutStore{out, N, outF32}, eps);                             \
+	}                                                                                                          \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                 \
+	    gemv_swiglu_norm_##TT##_##R##_##U##_##LM(const T* x, const T* w, T* out, int K, int F, float eps) {   \
+		gemv_impl<TT, R, U, LM, true>(x, w, K, SwiGLUOut{out, F}, eps);                                    \
+	}                                                                                                          \
+	extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_rope_norm_##TT##_##R##_##U##_##LM(        \
+	    const T* x, const T* w, int K, T* q, T* kc, T* vc, const int* pos, const int* slots, const float* table, \
+	    int heads, int kvHeads, int hd, int interleaved, float eps) {                                          \
+		gemv_impl<TT, R, U, LM, true>(x, w, K, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}, eps); \
 	}
 
 // ---------------------------------------------------------------- FP8 weights
@@ -651,6 +719,8 @@ __device__ __forceinline__ void gemv_mma_impl(const T* x, const T* w, int K, int
 GEMV_CC(1)
 GEMV_EPI(1, 2, 4, 1) GEMV_EPI(2, 2, 4, 1) GEMV_EPI(3, 2, 4, 1) GEMV_EPI(4, 2, 4, 1)
 GEMV_EPI(5, 4, 4, 1) GEMV_EPI(6, 4, 4, 1) GEMV_EPI(7, 4, 4, 1) GEMV_EPI(8, 4, 4, 1)
+GEMV_FOLD(1, 2, 4, 1) GEMV_FOLD(2, 2, 4, 1) GEMV_FOLD(3, 2, 4, 1) GEMV_FOLD(4, 2, 4, 1)
+GEMV_FOLD(5, 4, 4, 1) GEMV_FOLD(6, 4, 4, 1) GEMV_FOLD(7, 4, 4, 1) GEMV_FOLD(8, 4, 4, 1)
 // FP8 weights (gemvF8Cfg in gemv.go).
 GEMV_F8(1, 2, 4, 1) GEMV_F8(2, 2, 4, 1) GEMV_F8(3, 2, 4, 1) GEMV_F8(4, 2, 4, 1)
 GEMV_F8(5, 2, 4, 1) GEMV_F8(6, 2, 4, 1) GEMV_F8(7, 2, 4, 1) GEMV_F8(8, 2, 4, 1)

@@ -231,6 +231,10 @@ type gemvCfg struct {
 	kq     string
 	blocks int
 	sh     int
+	// fold: the CUDA-core kernels with a norm folded in (Fold):
+	// "add_" (gemv_add_…, the residual added) or "norm_" (gemv_norm_…,
+	// gemv_swiglu_norm_…, gemv_rope_norm_…: the 1/rms applied).
+	fold string
 }
 
 func (c gemvCfg) name() string {
@@ -249,7 +253,7 @@ func (c gemvCfg) name() string {
 	if c.kq != "" {
 		return fmt.Sprintf("gemv_%s_%d", c.kq, c.t)
 	}
-	return fmt.Sprintf("gemv_%s%d_%d_%d_%d", c.epi.prefix(), c.t, c.r, c.u, c.lm)
+	return fmt.Sprintf("gemv_%s%s%d_%d_%d_%d", c.epi.prefix(), c.fold, c.t, c.r, c.u, c.lm)
 }
 
 // grid is the launch grid for n outputs.
@@ -453,21 +457,85 @@ func (g *GEMV) Check(out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
 // stream); out is f32 when outF32, else the activation dtype. It can be
 // captured into a CUDA graph.
 func (g *GEMV) Run(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	return g.RunFolded(s, out, x, w, t, k, n, outF32, Fold{})
+}
+
+// Fold is a norm folded into the CUDA-core products around it (GEMV.Folds
+// tells which products take one), so that the norm's kernel does not run:
+//   - Add, for the product before the norm: a residual of the activation
+//     dtype ([t,n]) added to each sum before the store, out = x·wᵀ + Add
+//     rounded once (the norm's input rows, as the norm's add would write
+//     them); not with Eps;
+//   - Eps > 0, for the product after it: x holds the norm's input rows
+//     and w the norm's gain folded in (w·diag(g)), and each sum is
+//     multiplied by its row's 1/rms, 1/sqrt(Σx²/k + Eps), before the
+//     store or the epilogue.
+//
+// The zero Fold is neither.
+type Fold struct {
+	Add cu.Ptr
+	Eps float32
+}
+
+// Folds reports whether the products of t rows (1 to GEMVVectorMaxT), k
+// columns and n outputs run on the CUDA-core kernels, which take a Fold,
+// as the vector way set for them (SetVectorWay) or the default has it.
+func (g *GEMV) Folds(t, k, n int) bool {
+	if t < 1 || t > GEMVVectorMaxT {
+		return false
+	}
+	c := g.cfgFor(t, k, n)
+	return !c.mma && !c.tile
+}
+
+// checkFold checks fold f for a product of t rows, k columns and n outputs
+// (epi: into an epilogue, which takes no Add).
+func (g *GEMV) checkFold(f Fold, t, k, n int, outF32, epi bool) error {
+	switch {
+	case f == Fold{}:
+		return nil
+	case !g.Folds(t, k, n):
+		return fmt.Errorf("%w: a folded norm at %d rows (the CUDA-core kernels take it, not %s)", ErrGEMVShape, t, g.cfgFor(t, k, n).name())
+	case f.Eps < 0 || math.IsNaN(float64(f.Eps)):
+		return fmt.Errorf("%w: a folded norm's eps %g", ErrGEMVShape, f.Eps)
+	case f.Add != 0 && (outF32 || epi || f.Eps != 0):
+		return fmt.Errorf("%w: a residual added to an f32 product, an epilogue's or a normed one", ErrGEMVShape)
+	case uint64(f.Add)%uint64(g.Act.Size()) != 0:
+		return fmt.Errorf("%w: the residual (%#x) not aligned to its elements", ErrGEMVShape, uint64(f.Add))
+	}
+	return nil
+}
+
+// RunFolded is Run with a norm folded in (f; see Fold), on the CUDA-core
+// kernels; where they do not take the product (Folds), an error wrapping
+// ErrGEMVShape before anything is queued.
+func (g *GEMV) RunFolded(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool, f Fold) error {
 	if err := g.Check(out, x, w, t, k, n, outF32); err != nil {
 		return err
 	}
-	return g.run(s, g.cfgFor(t, k, n), out, x, w, t, k, n, outF32)
+	if err := g.checkFold(f, t, k, n, outF32, false); err != nil {
+		return err
+	}
+	return g.run(s, g.cfgFor(t, k, n), out, x, w, t, k, n, outF32, f)
 }
 
 // run launches configuration c on a checked product of t rows (c.t for
-// the CUDA-core kernels).
-func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+// the CUDA-core kernels, which alone take a fold f).
+func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF32 bool, f Fold) error {
 	if c.tile {
 		c = g.split(c, n, k)
 		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32), int32(c.splits))
 	}
 	if c.mma {
 		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
+	}
+	switch {
+	case f.Add != 0:
+		c.fold = "add_"
+		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), f.Add)
+	case f.Eps > 0:
+		c.fold = "norm_"
+		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), b2i(outF32), f.Eps)
 	}
 	return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), b2i(outF32))
 }
@@ -548,7 +616,7 @@ func (g *GEMV) RunTileSplits(st *cu.Stream, s int, out, x, w cu.Ptr, t, k, n int
 	if !slices.Contains(g.TileSplits(t, k, n), s) {
 		return fmt.Errorf("%w: %d rows with K split %d ways", ErrGEMVShape, t, s)
 	}
-	return g.run(st, tileCfg(t, s), out, x, w, t, k, n, outF32)
+	return g.run(st, tileCfg(t, s), out, x, w, t, k, n, outF32, Fold{})
 }
 
 // function is kernel c of the module, looked up once, allowed the dynamic
@@ -802,13 +870,16 @@ func (g *GEMV) kqBlocks(c gemvCfg) (int, error) {
 // gate/up weight w[2f,k]: the product of Run with the SwiGLU of
 // Kernels.SwiGLUPacked in its epilogue (both halves rounded to the
 // activation dtype first, as Run's store would), so that decode steps skip
-// that kernel. out is of the activation dtype. It can be captured into a
-// CUDA graph.
-func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int) error {
+// that kernel. out is of the activation dtype. normEps > 0: a norm folded
+// in (Fold's Eps; 0: none). It can be captured into a CUDA graph.
+func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int, normEps float32) error {
 	if f <= 0 || f > math.MaxInt32/2 {
 		return fmt.Errorf("%w: swiglu of %d columns", ErrGEMVShape, f)
 	}
 	if err := g.Check(out, x, w, t, k, 2*f, false); err != nil {
+		return err
+	}
+	if err := g.checkFold(Fold{Eps: normEps}, t, k, 2*f, false, true); err != nil {
 		return err
 	}
 	c := g.cfgFor(t, k, 2*f)
@@ -819,6 +890,10 @@ func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int) error {
 	}
 	if c.mma {
 		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t))
+	}
+	if normEps > 0 {
+		c.fold = "norm_"
+		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), normEps)
 	}
 	return g.launch(s, c, t, f, x, w, out, int32(k), int32(f))
 }
@@ -833,6 +908,8 @@ type RoPEQKV struct {
 	Q, KCache, VCache, Pos, Slots, Table cu.Ptr
 	Heads, KVHeads, HeadDim              int
 	Interleaved                          bool
+	// NormEps > 0: a norm folded into the product (Fold's Eps; 0: none).
+	NormEps float32
 }
 
 // RunRoPEQKV queues the product x[t,k]·w[n,k]ᵀ of the stacked Q/K/V weight
@@ -852,6 +929,9 @@ func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error 
 	if err := g.Check(r.Q, x, w, t, k, n, false); err != nil {
 		return err
 	}
+	if err := g.checkFold(Fold{Eps: r.NormEps}, t, k, n, false, true); err != nil {
+		return err
+	}
 	c := g.cfgFor(t, k, n)
 	c.epi = epiRoPE
 	args := []any{r.Q, r.KCache, r.VCache, r.Pos, r.Slots, r.Table, int32(r.Heads), int32(r.KVHeads), int32(r.HeadDim), b2i(r.Interleaved)}
@@ -861,6 +941,10 @@ func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error 
 	}
 	if c.mma {
 		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t)}, args...)...)
+	}
+	if r.NormEps > 0 {
+		c.fold = "norm_"
+		args = append(args, r.NormEps)
 	}
 	return g.launch(s, c, t, n/2, append([]any{x, w, int32(k)}, args...)...)
 }

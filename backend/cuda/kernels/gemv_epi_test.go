@@ -81,7 +81,7 @@ func TestGEMVSwiGLU(t *testing.T) {
 				what := fmt.Sprintf("%v gemv_swiglu %s k=%d f=%d T=%d", act, sh.name, k, f, rows)
 				total := rows*f + f + 64
 				out := outBuf(t, act, total)
-				must(t, g.RunSwiGLU(nil, out, px, pw, rows, k, f))
+				must(t, g.RunSwiGLU(nil, out, px, pw, rows, k, f, 0))
 				got := bytesOf(t, act, out, total)
 				n := rows * f * act.Size()
 				vals := decode(act, got[:n])
@@ -179,10 +179,10 @@ func TestGEMVEpilogueErrors(t *testing.T) {
 		what string
 		err  error
 	}{
-		{"swiglu f 0", g.RunSwiGLU(nil, p, p, p, 1, 64, 0)},
-		{"swiglu 65 rows", g.RunSwiGLU(nil, p, p, p, 65, 64, 8)},
-		{"swiglu 9 rows, k 72", g.RunSwiGLU(nil, p, p, p, 9, 72, 8)},
-		{"swiglu k 12", g.RunSwiGLU(nil, p, p, p, 1, 12, 8)},
+		{"swiglu f 0", g.RunSwiGLU(nil, p, p, p, 1, 64, 0, 0)},
+		{"swiglu 65 rows", g.RunSwiGLU(nil, p, p, p, 65, 64, 8, 0)},
+		{"swiglu 9 rows, k 72", g.RunSwiGLU(nil, p, p, p, 9, 72, 8, 0)},
+		{"swiglu k 12", g.RunSwiGLU(nil, p, p, p, 1, 12, 8, 0)},
 		{"rope odd head dim", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, KVHeads: 1, HeadDim: 7}, p, p, 1, 64)},
 		{"rope no kv heads", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, HeadDim: 8}, p, p, 1, 64)},
 		{"rope null table", g.RunRoPEQKV(nil, RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Heads: 2, KVHeads: 1, HeadDim: 8}, p, p, 1, 64)},

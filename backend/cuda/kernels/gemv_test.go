@@ -122,7 +122,7 @@ func gemvCase(tb testing.TB, g *GEMV, c gemvCfg, x, w cu.Ptr, k, n int, outF32 b
 	total := (rows+1)*n + 64
 	out := outBuf(tb, odt, total)
 	must(tb, g.Check(out, x, w, rows, k, n, outF32))
-	must(tb, g.run(nil, c, out, x, w, rows, k, n, outF32))
+	must(tb, g.run(nil, c, out, x, w, rows, k, n, outF32, Fold{}))
 	must(tb, d.Sync())
 	raw := make([]byte, total*odt.Size())
 	must(tb, d.Download(raw, out))
@@ -450,7 +450,7 @@ func TestGEMVSpeed(t *testing.T) {
 			per := max(3, min(50, int(1.5e-3/(float64(bytes)/3e12))))
 			gbs := func(ms float64) float64 { return float64(bytes) / (ms * 1e-3) / 1e9 }
 			timeCfg := func(c gemvCfg, rows, reps int) float64 {
-				return gpuTime(t, per, reps, func(i int) error { return g.run(nil, c, out, x, ws[i%nbuf], rows, k, n, false) })
+				return gpuTime(t, per, reps, func(i int) error { return g.run(nil, c, out, x, ws[i%nbuf], rows, k, n, false, Fold{}) })
 			}
 			for _, rows := range speedRows(t) {
 				must(t, g.Check(out, x, ws[0], rows, k, n, false))

@@ -14,6 +14,7 @@ import (
 	"kiln/backend/cpu"
 	"kiln/backend/cuda"
 	"kiln/backend/cuda/cu"
+	"kiln/backend/cuda/kernels"
 	"kiln/bench"
 	"kiln/engine"
 	"kiln/internal/hffixture"
@@ -727,8 +728,8 @@ func TestNormFolds(t *testing.T) {
 		}
 		m.Tensors[name] = tensor.FromF32(name, w.Shape, v)
 	}
-	const seqs, steps = 20, 12
-	run := func(bk backend.Backend) [][]float32 {
+	const steps = 12
+	run := func(bk backend.Backend, seqs int) [][]float32 {
 		e, err := engine.New(m, bk, engine.Options{MaxSeqs: seqs})
 		if err != nil {
 			t.Fatal(err)
@@ -755,7 +756,7 @@ func TestNormFolds(t *testing.T) {
 		}
 		return out
 	}
-	ref := run(&cpu.Backend{})
+	ref := run(&cpu.Backend{}, 20)
 	var direct, plain [][]float32
 	for _, v := range []struct{ fold, graphs, raced, noPDL bool }{
 		{false, true, false, false}, {true, false, false, false}, {true, false, false, true}, {true, true, false, false}, {true, true, true, false},
@@ -766,7 +767,7 @@ func TestNormFolds(t *testing.T) {
 			// The same kernels every run (no timing-dependent choice).
 			b.Products, b.Tune = "cublaslt", tune.Defaults
 		}
-		got := run(b)
+		got := run(b, 20)
 		errs := make([]float64, len(ref))
 		for i := range ref {
 			errs[i] = relL2(got[i], ref[i])
@@ -806,6 +807,47 @@ func TestNormFolds(t *testing.T) {
 				if !slices.Equal(direct[i], got[i]) {
 					t.Errorf("%+v, step %d: logits differ from direct launches with PDL (‖Δ‖₂/‖ref‖₂ = %.3g)", v, i, relL2(got[i], direct[i]))
 				}
+			}
+		}
+	}
+	// The GEMV's CUDA-core kernels take the fold at up to 8 rows (the
+	// residual added by the output and down products, the 1/rms applied
+	// by Q/K/V and gate/up with RoPE and SwiGLU in their epilogues): 4
+	// sequences, every product on the GEMV's CUDA cores. Every decode step
+	// after the first (whose products' ways are not yet known when the
+	// chains are decided) folds both norms of every layer; the logits stay
+	// within the same bound of the CPU's, and the captured graphs give the
+	// direct launches' logits bit for bit.
+	ref4 := run(&cpu.Backend{}, 4)
+	var gemvDirect [][]float32
+	for _, graphs := range []bool{false, true} {
+		b := backendOf(t, "bf16")
+		b.NoGraphs = !graphs
+		b.Products, b.Tune, b.VectorWay = "gemv", tune.Defaults, kernels.WayCUDACores
+		got := run(b, 4)
+		errs := make([]float64, len(ref4))
+		for i := range ref4 {
+			errs[i] = relL2(got[i], ref4[i])
+		}
+		st := b.Stats()
+		t.Logf("the GEMV's CUDA cores, graphs %v: %d norms folded, %d graph replays; steps' ‖Δ‖₂/‖ref‖₂: %.3g", graphs, st.NormFolds, st.GraphReplays, errs)
+		sorted := slices.Sorted(slices.Values(errs))
+		if med, worst := sorted[len(sorted)/2], sorted[len(sorted)-1]; !(med <= 1.5e-2 && worst <= 4e-2) {
+			t.Errorf("the GEMV, graphs %v: median step ‖Δ‖₂/‖ref‖₂ %.3g (limit 1.5e-2), worst %.3g (limit 4e-2)", graphs, med, worst)
+		}
+		if !graphs {
+			if want := 2 * c.NumLayers * (steps - 1); st.NormFolds < want {
+				t.Errorf("the GEMV: %d norms folded, want at least %d", st.NormFolds, want)
+			}
+			gemvDirect = got
+			continue
+		}
+		if st.GraphReplays == 0 {
+			t.Errorf("the GEMV: no graph replayed")
+		}
+		for i := range gemvDirect {
+			if !slices.Equal(gemvDirect[i], got[i]) {
+				t.Errorf("the GEMV, step %d: logits with graphs differ from direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(got[i], gemvDirect[i]))
 			}
 		}
 	}

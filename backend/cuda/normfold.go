@@ -29,9 +29,14 @@ import (
 //   - e divides each row of y by rms(sum), computing it from sum's row
 //     (kernels.RowRMS).
 //
-// Elsewhere (a GEMV running e in its epilogue, a product on the GEMV or an
-// external kernel for m) the norm runs with its unit gain and p reads its
-// output: the same values, rounded once more. A plain RMSNorm (the first
+// The GEMV's CUDA-core kernels (up to kernels.GEMVVectorMaxT rows) take
+// the fold too (kernels.Fold): as m they add r to their sums and write
+// sum; as p, plain or running e in their epilogue, they sum the squares of
+// the sum rows they stream and multiply their sums by 1/rms, and e (when
+// not in their epilogue) runs as after the norm. Elsewhere (another GEMV
+// running e in its epilogue, another GEMV kernel or an external kernel for
+// m) the norm runs with its unit gain and p reads its output: the same
+// values, rounded once more. A plain RMSNorm (the first
 // layer's, of the embeddings) folds the same way without m.
 type normFold struct {
 	m, n, p, e *node // m nil: a plain RMSNorm
@@ -41,8 +46,17 @@ type normFold struct {
 	rows, resid, gain operand
 	eps               float32
 	// on: in the running step the norm did not run (decided at m, or at
-	// n without m).
-	on bool
+	// n without m); normed: p's GEMV applied the 1/rms (kernels.Fold), so
+	// e runs as it would after the norm.
+	on, normed bool
+}
+
+// normedBy records, when p's GEMV applied the 1/rms (yes), that e need
+// not. f may be nil.
+func (f *normFold) normedBy(yes bool) {
+	if f != nil && yes {
+		f.normed = true
+	}
 }
 
 // markNormFolds marks the chains findNormFolds finds on the executable's
@@ -192,13 +206,16 @@ func (l *loaded) foldGain(w, g operand) error {
 
 // decide sets f.on for the running step: p's way at its rows is known (it
 // has run at that shape before) and is not a GEMV running e in its
-// epilogue, and e's kernel takes the rows (kernels.MaxRMSRows).
+// epilogue unless the GEMV's CUDA-core kernels, which apply the 1/rms
+// themselves (kernels.GEMV.Folds), run it, and e's kernel takes the rows
+// (kernels.MaxRMSRows).
 func (f *normFold) decide(l *loaded, x *stepState) bool {
 	p := f.p
 	mm := cu.Matmul{T: p.in[0].rows(x), K: p.in[0].cols, N: p.out[0].cols, In: l.act, Out: p.out[0].dtype}
 	ep := l.epilogueOf(x, p, mm.Out, false)
 	way, known := l.knownWay(mm, ep)
-	f.on = known && !(way.gemv && ep != nil) && mm.T <= kernels.MaxRMSRows
+	keeps := !(way.gemv && ep != nil) || l.gemv.Folds(mm.T, mm.K, mm.N)
+	f.on = known && keeps && mm.T <= kernels.MaxRMSRows
 	return f.on
 }
 

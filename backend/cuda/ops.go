@@ -160,13 +160,21 @@ func (l *loaded) choose(nd *node) error {
 				f.on = false // until the plain product below decides
 			case f.p == nd && f.on:
 				mm.X = f.rows.p // the norm's rows, its gain in w
+				f.normed = false
 			}
 			ep := l.epilogueOf(x, nd, mm.Out, bias != nil)
 			way := l.productWay(x, mm, ep)
 			gemv := way.gemv
+			// A folded norm's 1/rms applied by the GEMV (its CUDA-core
+			// kernels), rather than by the reader after it.
+			var normEps float32
+			if f != nil && f.p == nd && f.on && gemv && l.gemv.Folds(mm.T, mm.K, mm.N) {
+				normEps = f.eps
+			}
 			if gemv && ep != nil {
-				err := l.gemvEpilogue(x, nd.epilogue, mm)
+				err := l.gemvEpilogue(x, nd.epilogue, mm, normEps)
 				if err == nil {
+					f.normedBy(normEps > 0)
 					x.noteProduct(mm, "gemv")
 					x.done = nd.epilogue
 					l.b.stats.Epilogues++
@@ -184,8 +192,16 @@ func (l *loaded) choose(nd *node) error {
 				x.noteProduct(mm, "external "+way.ext.Spec.Name)
 				err = way.ext.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N)
 			case gemv:
-				x.noteProduct(mm, "gemv")
-				err = l.gemv.Run(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32)
+				fold := kernels.Fold{Eps: normEps}
+				what := "gemv"
+				if f != nil && f.m == nd && mm.Out == l.act && l.gemv.Folds(mm.T, mm.K, mm.N) && f.decide(l, x) {
+					// The norm's residual added here, into its sum.
+					fold.Add, mm.Dst = f.resid.p, f.rows.p
+					what = "gemv + a folded norm's residual"
+				}
+				x.noteProduct(mm, what)
+				err = l.gemv.RunFolded(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32, fold)
+				f.normedBy(err == nil && normEps > 0)
 			case epilogue:
 				mm.Bias = bias.p
 				mm.Algo = l.algorithm(x, mm)
@@ -362,7 +378,9 @@ func (l *loaded) choose(nd *node) error {
 					l.b.stats.NormFolds++
 					return nil
 				case f.e:
-					return nd.rms(x, nd, f.rowRMS())
+					if !f.normed {
+						return nd.rms(x, nd, f.rowRMS())
+					}
 				}
 			}
 			return nd.scaled(x, nd, kernels.ProductScales{})
@@ -402,7 +420,7 @@ func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
 // sole reader, compile.EpilogueReaders) in its epilogue, writing ep's
 // outputs instead of the product. Shapes the epilogue does not take get an
 // error wrapping kernels.ErrGEMVShape before anything is queued.
-func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
+func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul, normEps float32) error {
 	if mm.Out != l.act {
 		return fmt.Errorf("%w: product of %v", kernels.ErrGEMVShape, mm.Out)
 	}
@@ -412,13 +430,14 @@ func (l *loaded) gemvEpilogue(x *stepState, ep *node, mm cu.Matmul) error {
 		if 2*ep.out[0].cols != mm.N {
 			return fmt.Errorf("%w: swiglu of %d columns from %d", kernels.ErrGEMVShape, ep.out[0].cols, mm.N)
 		}
-		return l.gemv.RunSwiGLU(mm.Stream, ep.out[0].p, mm.X, mm.W, mm.T, mm.K, ep.out[0].cols)
+		return l.gemv.RunSwiGLU(mm.Stream, ep.out[0].p, mm.X, mm.W, mm.T, mm.K, ep.out[0].cols, normEps)
 	case ir.RoPEQKVWrite:
 		if (a.Heads+2*a.KVHeads)*a.HeadDim != mm.N {
 			return fmt.Errorf("%w: rope of %d columns from %d", kernels.ErrGEMVShape, (a.Heads+2*a.KVHeads)*a.HeadDim, mm.N)
 		}
 		r := kernels.RoPEQKV{Q: ep.out[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer], Pos: ep.in[1].ptr(x),
-			Slots: x.m.At(x.m.Slots), Table: ep.in[2].p, Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Interleaved: a.Interleaved}
+			Slots: x.m.At(x.m.Slots), Table: ep.in[2].p, Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Interleaved: a.Interleaved,
+			NormEps: normEps}
 		return l.gemv.RunRoPEQKV(mm.Stream, r, mm.X, mm.W, mm.T, mm.K)
 	}
 	return fmt.Errorf("%w: no epilogue for %v", kernels.ErrGEMVShape, ep.n.Op)

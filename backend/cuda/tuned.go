@@ -219,7 +219,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 	if fused {
 		// The GEMV takes the epilogue for this shape, or the race is between
 		// the plain products.
-		err := l.gemvEpilogue(x, ep, mm)
+		err := l.gemvEpilogue(x, ep, mm, 0)
 		if errors.Is(err, kernels.ErrGEMVShape) {
 			fused = false
 		}
@@ -271,7 +271,7 @@ func (l *loaded) raceGEMV(x *stepState, mm cu.Matmul, rows int, fits bool, ep *n
 				if s > 0 {
 					l.gemv.SetTileSplits(mm.T, mm.K, mm.N, s)
 				}
-				return l.gemvEpilogue(x, ep, mm)
+				return l.gemvEpilogue(x, ep, mm, 0)
 			}, check: plain(s)}
 		case ep != nil:
 			return candidate{name: name, run: then(plain(s)), check: plain(s)}

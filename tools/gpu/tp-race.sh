@@ -6,7 +6,9 @@
 # (four GPUs), traced steps (tools/gpu/ktrace) of this tree's TP=1 and
 # TP=2; then, on four GPUs, kiln serve
 # --tensor-parallel-size 4 under kiln bench serve at 1, 64 and 256
-# streams, one run after another.
+# streams, one run after another. TESTS=1: the tensor-parallel tests
+# first (env.sh's tp_tests, without the kernels' with SKIP_KERNELS=1);
+# NOTRACE=1: no traces.
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-race.sh",
 #   carry [".devpack"], kind nvidia-h200-x4 (or x2: no TP=4)
@@ -14,7 +16,8 @@ source "$(dirname "$0")/env.sh"
 tp_env
 work=$out
 t0=$(date +%s)
-ktrace_build || exit 1
+[ -n "${TESTS:-}" ] && tp_tests
+[ -n "${NOTRACE:-}" ] || ktrace_build || exit 1
 random_bf16
 echo "model at $(($(date +%s) - t0)) s"
 for r in 1 2; do
@@ -27,7 +30,9 @@ gpus=$(nvidia-smi -L | wc -l)
 [ "$gpus" -ge 4 ] && PP=0 tp_bench tp4 4 1,64 60
 python3 tools/gpu/tp_table.py "$work" tp1-r1 tp1-base-r1 tp2-r1 tp2-base-r1 tp1-r2 tp1-base-r2 tp2-r2 tp2-base-r2 tp4
 grep -h "T≤1 K\|T=1 K" "$work"/model-tp1-r1.txt "$work"/model-tp2-r1.txt | cut -c1-220
-LINES_MAX=14 trace tp1 1 "$bf16"
-LINES_MAX=14 trace tp2 2 "$bf16"
+if [ -z "${NOTRACE:-}" ]; then
+	LINES_MAX=14 trace tp1 1 "$bf16"
+	LINES_MAX=14 trace tp2 2 "$bf16"
+fi
 [ "$gpus" -ge 4 ] && tp_serve 4
 (cd "$work" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' --exclude '*.csv' * && find . -maxdepth 1 -type f ! -name logs.tgz ! -name '*.json' -delete)

@@ -45,6 +45,9 @@ type normFold struct {
 	// gain the norm's gain (ones once folded into p's weights).
 	rows, resid, gain operand
 	eps               float32
+	// sync: m is an all-reduce whose sum overlaps its partials otherwise
+	// than exactly (kernels.PeerAllReduceAdd's sync).
+	sync bool
 	// on: in the running step the norm did not run (decided at m, or at
 	// n without m); normed: p's GEMV applied the 1/rms (kernels.Fold), so
 	// e runs as it would after the norm.
@@ -61,14 +64,17 @@ func (f *normFold) normedBy(yes bool) {
 
 // markNormFolds marks the chains findNormFolds finds on the executable's
 // nodes, and folds their gains into their products' weights (once per
-// weight), unless Backend.NoFoldNorms, or under tensor parallelism: there
-// only the first layer's plain RMSNorm could fold (the others follow an
-// all-reduce), and no multi-GPU run has checked it yet.
+// weight), unless Backend.NoFoldNorms. Under tensor parallelism only over
+// two ranks with peer memory: there the norms follow all-reduces, which
+// add the residual in the one-shot form (kernels.PeerAllReduceAdd); over
+// more ranks the two-shot form runs the norm in its own kernel instead
+// (markPeerNorms), and NCCL's all-reduce adds nothing.
 func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
-	if l.b.NoFoldNorms || l.b.Comm != nil {
+	peerAdd := l.b.Peers != nil && len(l.b.Peers.Regions) == 2
+	if l.b.NoFoldNorms || l.b.Comm != nil && !peerAdd {
 		return nil
 	}
-	for _, f := range findNormFolds(nodes, p, l.act) {
+	for _, f := range findNormFolds(nodes, p, l.act, peerAdd) {
 		if err := l.foldGain(f.p.in[1], f.gain); err != nil {
 			return err
 		}
@@ -83,7 +89,8 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 }
 
 // findNormFolds finds the chains above among nodes (in order, adjacent,
-// bound to plan p's buffers; activations act). A chain qualifies when:
+// bound to plan p's buffers; activations act; peerAdd: m may be an
+// all-reduce, which then adds r). A chain qualifies when:
 //   - the activations are bf16 (f16's range is too narrow for unnormalized
 //     rows), p's weight is bf16 and p has no bias;
 //   - the norm's output is read by p alone, p's by e alone (its first
@@ -94,7 +101,7 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 //     until then), and, with m, sum's buffer does not overlap m's input
 //     (m writes it while reading that);
 //   - the rows, and e's output rows, split into 16-byte vectors.
-func findNormFolds(nodes []node, p *compile.Plan, act cu.DType) []*normFold {
+func findNormFolds(nodes []node, p *compile.Plan, act cu.DType, peerAdd bool) []*normFold {
 	if act != cu.BF16 {
 		return nil
 	}
@@ -115,6 +122,11 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType) []*normFold {
 		y, oky := p.Buffers[b]
 		return !okx || !oky || x.Offset < y.Offset+y.Bytes && y.Offset < x.Offset+x.Bytes
 	}
+	apartOrOn := func(a, b *ir.Value) bool {
+		x, okx := p.Buffers[a]
+		y, oky := p.Buffers[b]
+		return okx && oky && (x == y || !overlap(a, b))
+	}
 	weightOnce := func(o operand) bool {
 		d := o.v.Def.Op
 		return (d == ir.Weight || d == ir.Const) && readers[o.v] == 1
@@ -134,7 +146,8 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType) []*normFold {
 				continue
 			}
 			m := &nodes[i-1]
-			if m.n.Op != ir.MatMul || m.in[1].dtype != cu.BF16 || m.scaledReader != nil || readers[m.n.Outputs[0]] != 1 {
+			reduce := peerAdd && m.n.Op == ir.AllReduce && m.in[0].dtype == act
+			if !reduce && (m.n.Op != ir.MatMul || m.in[1].dtype != cu.BF16 || m.scaledReader != nil) || readers[m.n.Outputs[0]] != 1 {
 				continue
 			}
 			switch m.n.Outputs[0] {
@@ -148,7 +161,17 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType) []*normFold {
 			// m writes sum while it reads its input, and adds r: sum in
 			// r's place or apart from it.
 			sum, r := n.n.Outputs[0], f.resid.v
-			if overlap(sum, m.n.Inputs[0]) || overlap(sum, r) && p.Buffers[sum] != p.Buffers[r] {
+			switch {
+			case reduce:
+				// The all-reduce's threads each read a vector of its
+				// partials and of r and write the same vector of sum;
+				// over the partials otherwise, every block of the rank
+				// reads before any writes (sync).
+				if !apartOrOn(sum, r) {
+					continue
+				}
+				f.sync = !apartOrOn(sum, m.n.Inputs[0])
+			case overlap(sum, m.n.Inputs[0]) || overlap(sum, r) && p.Buffers[sum] != p.Buffers[r]:
 				continue
 			}
 			f.m, normed, f.gain, f.rows = m, n.n.Outputs[1], n.in[2], n.out[0]

@@ -32,7 +32,7 @@ func TestFindNormFolds(t *testing.T) {
 			t.Fatal(err)
 		}
 		nodes := boundNodes(t, p, dts)
-		folds := findNormFolds(nodes, p, cu.BF16)
+		folds := findNormFolds(nodes, p, cu.BF16, false)
 		plain, ropes, swiglus := 0, 0, 0
 		for _, f := range folds {
 			switch {
@@ -55,7 +55,7 @@ func TestFindNormFolds(t *testing.T) {
 			t.Errorf("%+v: %d folds (%d plain, %d before RoPE, %d before SwiGLU), want %d (1, %d, %d)", bk, len(folds), plain, ropes, swiglus,
 				2*c.NumLayers, c.NumLayers, c.NumLayers)
 		}
-		if f := findNormFolds(nodes, p, cu.F16); len(f) != 0 {
+		if f := findNormFolds(nodes, p, cu.F16, false); len(f) != 0 {
 			t.Errorf("%+v: %d folds in f16", bk, len(f))
 		}
 	}
@@ -130,6 +130,60 @@ func TestMarkPeerNorms(t *testing.T) {
 			}
 			if reduces != 2*c.NumLayers+1 || marked != want {
 				t.Errorf("%+v, peers %v: %d of %d all-reduces run the norm after them, want %d of %d", bk, peers, marked, reduces, want, 2*c.NumLayers+1)
+			}
+		}
+	}
+}
+
+// TestFindNormFoldsPeers: on a rank's graph of Llama sharded over two (the
+// real passes, decode and prefill buckets), with all-reduces that add the
+// residual (peerAdd), the norms fold as at TP=1: the first layer's plain
+// RMSNorm (after the embedding's all-reduce), and the AddRMSNorms after an
+// all-reduce (m) before Q/K/V or gate/up, two a layer less one, the sum on
+// r or apart from it, and on the partials or apart from them unless the
+// chain says sync (this plan puts a sum partly over the partials); the
+// final norm (before the LM head) does not. Without peerAdd only the plain
+// RMSNorm folds. No GPU needed.
+func TestFindNormFoldsPeers(t *testing.T) {
+	c, g := smallLlama(t)
+	comp, err := compile.Compile(g, &Backend{Comm: &cu.Comm{}}, compile.Options{Shard: compile.Shard{Rank: 1, Ranks: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dts := weightDTypes(comp.Graph, cu.BF16, false, false, false)
+	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 512, Rows: 8}} {
+		p, err := comp.Plan(bk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, peerAdd := range []bool{true, false} {
+			nodes := boundNodes(t, p, dts)
+			folds := findNormFolds(nodes, p, cu.BF16, peerAdd)
+			plain, reduces := 0, 0
+			for _, f := range folds {
+				switch {
+				case f.m == nil && f.n.n.Op == ir.RMSNorm:
+					plain++
+				case f.m != nil && f.m.n.Op == ir.AllReduce && f.n.n.Op == ir.AddRMSNorm:
+					reduces++
+					sum := p.Buffers[f.n.n.Outputs[0]]
+					for i, v := range []*ir.Value{f.m.n.Inputs[0], f.resid.v} {
+						b := p.Buffers[v]
+						partly := b != sum && b.Offset < sum.Offset+sum.Bytes && sum.Offset < b.Offset+b.Bytes
+						if i == 0 && partly != f.sync || i == 1 && partly {
+							t.Errorf("%+v: a folded all-reduce's sum %+v over %+v (the partials: %v), sync %v", bk, sum, b, i == 0, f.sync)
+						}
+					}
+				default:
+					t.Errorf("%+v: a chain of %v after %v", bk, f.n.n.Op, f.m)
+				}
+			}
+			want := 0
+			if peerAdd {
+				want = 2*c.NumLayers - 1
+			}
+			if plain != 1 || reduces != want {
+				t.Errorf("%+v, peerAdd %v: %d plain and %d after an all-reduce, want 1 and %d", bk, peerAdd, plain, reduces, want)
 			}
 		}
 	}

@@ -46,6 +46,15 @@ func (l *loaded) choose(nd *node) error {
 		nd.launch = func(x *stepState, nd *node) error {
 			n := in[0].rows(x) * in[0].cols
 			if p := l.b.Peers; p != nil {
+				if f := nd.fold; f != nil && f.m == nd {
+					// The norm's residual added here, into its sum, where
+					// the one-shot form runs and the product after the
+					// norm takes the rest (normFold.decide).
+					f.on = false
+					if p.PeerAddFits(f.rows.p, in[0].p, f.resid.p, n, in[0].dtype, f.sync) && f.decide(l, x) {
+						return k.PeerAllReduceAdd(s, *p, f.rows.p, in[0].p, f.resid.p, n, in[0].dtype, f.sync)
+					}
+				}
 				if ok, err := l.runPeerNorm(x, nd); ok || err != nil {
 					return err
 				}

@@ -217,7 +217,10 @@ func TestPeerFormsMatch(t *testing.T) {
 					t.Skip("the devices do not reach each other's memory: NCCL's all-reduce alone")
 				}
 				for _, b := range bs {
-					b.Tune = tune.Defaults
+					// The norms apart from the all-reduce in every form
+					// (folded, the one-shot form adds the residual and the
+					// flag form does not).
+					b.Tune, b.NoFoldNorms = tune.Defaults, true
 				}
 				got := batchedSteps(t, dir, g, s.Vocab)
 				// Over four ranks the prefill's all-reduces take two shots,

@@ -628,6 +628,7 @@ PEER_ALLREDUCES(f32)
 PEER_ALLREDUCES(f16)
 PEER_ALLREDUCES(bf16)
 
+
 // The two-shot form with the add and norm after it, of weight dtype W.
 #define PEER_NORMS(W)                                                                                                 \
 	extern "C" __global__ void __launch_bounds__(AR_THREADS, 4)                                                       \
@@ -638,5 +639,50 @@ PEER_ALLREDUCES(bf16)
 PEER_NORMS(f32)
 PEER_NORMS(f16)
 PEER_NORMS(bf16)
+
+// peer_lamport_add_<E>: peer_lamport_<E> with r (nv vectors of E, the same
+// on every rank) added to each sum, in float32 after the ranks' partials,
+// before the store into dst: a norm's residual add, folded into the
+// all-reduce before it (GEMV.RunFolded applies the norm's 1/rms in the
+// product after it). dst may lie on src or r, or apart from both; where
+// it overlaps src otherwise (the memory plan reused the partials' buffer),
+// sync has every thread keep its partials and r in registers (at most
+// AR_ADD_MAXV vectors a thread) and every block of the rank push before
+// any stores (ar_rank_sync).
+#define AR_ADD_MAXV 4
+template <typename E>
+__device__ void peer_lamport_add_impl(const E* src, const E* r, E* dst, long long nv, int sync, int rank, int ranks,
+                                      long long cap, AR_REGION_PARAMS) {
+	constexpr int N = 16 / sizeof(E);
+	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	uint4 mine[AR_ADD_MAXV], rv[AR_ADD_MAXV];
+	int k = 0;
+	for (long long v = c.v0; v < nv; v += c.stride, k++) {
+		const uint4 m = lp_canon16<E>(((const uint4*)src)[v]);
+		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, m);
+		if (sync && k < AR_ADD_MAXV) mine[k] = m, rv[k] = ((const uint4*)r)[v];
+	}
+	if (sync) ar_rank_sync(c.own, c.e);
+	k = 0;
+	for (long long v = c.v0; v < nv; v += c.stride, k++) {
+		float f[N], g[N];
+		const bool kept = sync && k < AR_ADD_MAXV;
+		unpack16(kept ? rv[k] : ((const uint4*)r)[v], g, (const E*)0);
+		lp_sum16<E>(f, kept ? mine[k] : lp_canon16<E>(((const uint4*)src)[v]), c.own, c.e, rank, ranks, cap, v * 16);
+#pragma unroll
+		for (int i = 0; i < N; i++) f[i] += g[i];
+		((uint4*)dst)[v] = pack16(f, (const E*)0);
+	}
+	ar_end(c.own, c.e);
+}
+#define PEER_ADD(E)                                                                                               \
+	extern "C" __global__ void __launch_bounds__(AR_THREADS, 4) peer_lamport_add_##E(                             \
+	    const E* src, const E* r, E* dst, long long nv, int sync, int rank, int ranks, long long cap,              \
+	    AR_REGION_PARAMS) {                                                                                       \
+		peer_lamport_add_impl<E>(src, r, dst, nv, sync, rank, ranks, cap, AR_REGION_ARGS);                       \
+	}
+PEER_ADD(f32)
+PEER_ADD(f16)
+PEER_ADD(bf16)
 
 #endif // KILN_PART_IS(0)

@@ -159,6 +159,43 @@ func (k *Kernels) PeerAllReduce(s *cu.Stream, g PeerGroup, dst, src cu.Ptr, n in
 	return k.launchDep(name+cname(dt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }
 
+// peerAddMaxV is the most vectors a thread of PeerAllReduceAdd keeps with
+// sync (AR_ADD_MAXV).
+const peerAddMaxV = 4
+
+// PeerAddFits reports whether PeerAllReduceAdd takes n elements of dt at
+// dst, src and r (sync: dst overlaps src otherwise than on it): the
+// one-shot Lamport form runs such a call, and with sync its threads keep
+// every vector they take.
+func (g PeerGroup) PeerAddFits(dst, src, r cu.Ptr, n int, dt cu.DType, sync bool) bool {
+	nv := n * dt.Size() / 16
+	return !g.Flags && !g.TwoShot(n*dt.Size()) && g.PeerAllReduceFits(dst, src, n, dt) && aligned16(r) &&
+		(!sync || nv <= peerAddMaxV*peerThreads*peerGrid(nv, g.blocks()))
+}
+
+// PeerAllReduceAdd is PeerAllReduce with r (n elements of dt, the same on
+// every rank) added to each sum, in float32 after the ranks' partials,
+// before the store into dst: a norm's residual add, folded into the
+// all-reduce before it. dst may lie on src or r, or apart from both;
+// where it overlaps src otherwise, sync must be set (every block of the
+// rank pushes its partials before any stores). The one-shot Lamport form
+// alone takes it (PeerAddFits).
+func (k *Kernels) PeerAllReduceAdd(s *cu.Stream, g PeerGroup, dst, src, r cu.Ptr, n int, dt cu.DType, sync bool) error {
+	if err := g.check(); err != nil {
+		return err
+	}
+	if !g.PeerAddFits(dst, src, r, n, dt, sync) {
+		return fmt.Errorf("kernels: peer all-reduce with an add of %d %v (the one-shot Lamport form, capacity %d bytes, 16-byte aligned operands)", n, dt, g.CapBytes)
+	}
+	nv := n * dt.Size() / 16
+	var syncArg int32
+	if sync {
+		syncArg = 1
+	}
+	args := append([]any{src, r, dst, int64(nv), syncArg}, g.args()...)
+	return k.launchDep("peer_lamport_add_"+cname(dt), cu.D1(peerGrid(nv, g.blocks())), cu.D1(peerThreads), 0, s, args...)
+}
+
 // PeerRowShare is the rows [lo, hi) of a step's rows that rank samples
 // after PeerScatterRows: ⌈rows/ranks⌉ a rank, the last ranks' fewer or
 // none.

@@ -615,3 +615,103 @@ func TestPeerGroupArgs(t *testing.T) {
 		t.Errorf("PeerRegionBytes(2, 1 MiB) = %d", got)
 	}
 }
+
+// TestPeerAllReduceAdd: the one-shot Lamport all-reduce with a residual
+// added (PeerAllReduceAdd), over groups of 2, 3 and 4 ranks as streams of
+// the one test device (TestPeerAllReduce's way), each dtype: a decode row,
+// 8 and 64 rows of 4096, 200 of 96, the sum apart, over r, over the
+// partials, or over the partials shifted by 40 vectors (with sync), each on
+// fresh random partials and residuals, taking turns with PeerAllReduce
+// (the two share the epochs). Every rank must hold the partials summed in
+// rank order in float32 plus r, rounded once, bit for bit. Calls the
+// one-shot form does not take are refused.
+func TestPeerAllReduceAdd(t *testing.T) {
+	d := gpu(t)
+	const capBytes = 64 * 4096 * 4
+	for _, ranks := range []int{2, 3, 4} {
+		for _, act := range allDTypes {
+			k := kern(t, act)
+			residentPeerBlocks(t, d, k, act, ranks)
+			rng := newRNG(t)
+			regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
+			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
+			for ci, c := range []struct {
+				rows, dim int
+				over      string // where the sum goes: "apart", "r" or "src"
+			}{
+				{1, 4096, "apart"}, {8, 4096, "r"}, {64, 4096, "src"}, {1, 4096, "shifted"}, {200, 96, "apart"}, {8, 4096, "shifted"},
+				{8, 4096, "src"},
+			} {
+				n := c.rows * c.dim
+				sync := c.over == "shifted"
+				if !group(0).PeerAddFits(1<<20, 1<<20, 1<<20, n, act, sync) {
+					continue // two shots: refused below
+				}
+				what := fmt.Sprintf("%d ranks, %v, call %d (%d×%d, sum over %s)", ranks, act, ci, c.rows, c.dim, c.over)
+				r := roundTo(act, randn(rng, n, 1))
+				parts := make([][]float32, ranks)
+				src, rp, dst := make([]cu.Ptr, ranks), make([]cu.Ptr, ranks), make([]cu.Ptr, ranks)
+				for i := range ranks {
+					parts[i] = withZeros(roundTo(act, randn(rng, n, 1)))
+					src[i], rp[i] = up(t, act, parts[i]), up(t, act, r)
+					switch c.over {
+					case "apart":
+						dst[i] = outBuf(t, act, n)
+					case "r":
+						dst[i] = rp[i]
+					case "shifted":
+						// The partials 40 vectors into a buffer, the sum at its start.
+						shift := 40 * 16 / act.Size()
+						buf := outBuf(t, act, n+shift)
+						src[i] = buf.Add(shift * act.Size())
+						must(t, d.CopyDtoD(src[i], up(t, act, parts[i]), n*act.Size(), nil))
+						dst[i] = buf
+					default:
+						dst[i] = src[i]
+					}
+				}
+				must(t, d.Sync())
+				for i := range ranks {
+					must(t, k.PeerAllReduceAdd(streams[i], group(i), dst[i], src[i], rp[i], n, act, sync))
+				}
+				for _, s := range streams {
+					if err := s.Sync(); err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+				}
+				ref := rankSum(act, append(parts, r))
+				for i := range ranks {
+					compare(t, what+fmt.Sprintf(", rank %d's sum", i), down(t, act, dst[i], n), ref, 0)
+				}
+				// A plain call between.
+				for i := range ranks {
+					must(t, k.PeerAllReduce(streams[i], group(i), rp[i], rp[i], n, act))
+				}
+				for _, s := range streams {
+					must(t, s.Sync())
+				}
+				if t.Failed() {
+					return
+				}
+			}
+		}
+	}
+	// Refused: the flag form, two shots, a misaligned residual.
+	k := kern(t, cu.BF16)
+	p := alloc(t, 1<<20)
+	regions := []cu.Ptr{p, p, p}
+	for _, c := range []struct {
+		what string
+		g    PeerGroup
+		r    cu.Ptr
+		n    int
+	}{
+		{"flags", PeerGroup{Regions: regions[:2], CapBytes: capBytes, Flags: true}, p, 4096},
+		{"two shots", PeerGroup{Regions: regions, CapBytes: capBytes}, p, 128 * 4096},
+		{"r misaligned", PeerGroup{Regions: regions[:2], CapBytes: capBytes}, p.Add(2), 4096},
+	} {
+		if err := k.PeerAllReduceAdd(nil, c.g, p, p, c.r, c.n, cu.BF16, false); err == nil {
+			t.Errorf("%s: no error", c.what)
+		}
+	}
+}

@@ -91,18 +91,9 @@ func boundNodes(t *testing.T, p *compile.Plan, dts map[*ir.Node]cu.DType) []node
 // its kernel, and the embedding's (a plain RMSNorm follows) does not: two
 // a layer, less one; without peer memory, none. No GPU needed.
 func TestMarkPeerNorms(t *testing.T) {
-	c, g := smallLlama(t)
-	// A communicator (never used) makes the backend take the collectives.
-	comp, err := compile.Compile(g, &Backend{Comm: &cu.Comm{}}, compile.Options{Shard: compile.Shard{Rank: 1, Ranks: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dts := weightDTypes(comp.Graph, cu.BF16, false, false, false)
-	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 512, Rows: 8}} {
-		p, err := comp.Plan(bk)
-		if err != nil {
-			t.Fatal(err)
-		}
+	c, plans, dts := shardedLlamaPlans(t)
+	for _, p := range plans {
+		bk := p.Bucket
 		for _, peers := range []bool{true, false} {
 			l := &loaded{b: &Backend{}, act: cu.BF16}
 			if peers {
@@ -145,17 +136,9 @@ func TestMarkPeerNorms(t *testing.T) {
 // final norm (before the LM head) does not. Without peerAdd only the plain
 // RMSNorm folds. No GPU needed.
 func TestFindNormFoldsPeers(t *testing.T) {
-	c, g := smallLlama(t)
-	comp, err := compile.Compile(g, &Backend{Comm: &cu.Comm{}}, compile.Options{Shard: compile.Shard{Rank: 1, Ranks: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dts := weightDTypes(comp.Graph, cu.BF16, false, false, false)
-	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 512, Rows: 8}} {
-		p, err := comp.Plan(bk)
-		if err != nil {
-			t.Fatal(err)
-		}
+	c, plans, dts := shardedLlamaPlans(t)
+	for _, p := range plans {
+		bk := p.Bucket
 		for _, peerAdd := range []bool{true, false} {
 			nodes := boundNodes(t, p, dts)
 			folds := findNormFolds(nodes, p, cu.BF16, peerAdd)
@@ -187,6 +170,27 @@ func TestFindNormFoldsPeers(t *testing.T) {
 			}
 		}
 	}
+}
+
+// shardedLlamaPlans is smallLlama compiled as rank 1 of 2 (a communicator,
+// never used, makes the backend take the collectives) and planned for a
+// decode and a prefill bucket, with its weights' dtypes for boundNodes.
+func shardedLlamaPlans(t *testing.T) (model.Config, []*compile.Plan, map[*ir.Node]cu.DType) {
+	t.Helper()
+	c, g := smallLlama(t)
+	comp, err := compile.Compile(g, &Backend{Comm: &cu.Comm{}}, compile.Options{Shard: compile.Shard{Rank: 1, Ranks: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plans []*compile.Plan
+	for _, bk := range []compile.Bucket{{Tokens: 1, Rows: 1}, {Tokens: 512, Rows: 8}} {
+		p, err := comp.Plan(bk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans = append(plans, p)
+	}
+	return c, plans, weightDTypes(comp.Graph, cu.BF16, false, false, false)
 }
 
 // smallLlama is a Llama of 3 layers (zero weights) and its graph.

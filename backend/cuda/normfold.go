@@ -54,14 +54,6 @@ type normFold struct {
 	on, normed bool
 }
 
-// normedBy records, when p's GEMV applied the 1/rms (yes), that e need
-// not. f may be nil.
-func (f *normFold) normedBy(yes bool) {
-	if f != nil && yes {
-		f.normed = true
-	}
-}
-
 // markNormFolds marks the chains findNormFolds finds on the executable's
 // nodes, and folds their gains into their products' weights (once per
 // weight), unless Backend.NoFoldNorms. Under tensor parallelism only over

@@ -183,7 +183,9 @@ func (l *loaded) choose(nd *node) error {
 			if gemv && ep != nil {
 				err := l.gemvEpilogue(x, nd.epilogue, mm, normEps)
 				if err == nil {
-					f.normedBy(normEps > 0)
+					if normEps > 0 { // f is p's chain
+						f.normed = true
+					}
 					x.noteProduct(mm, "gemv")
 					x.done = nd.epilogue
 					l.b.stats.Epilogues++
@@ -210,7 +212,9 @@ func (l *loaded) choose(nd *node) error {
 				}
 				x.noteProduct(mm, what)
 				err = l.gemv.RunFolded(s, mm.Dst, mm.X, mm.W, mm.T, mm.K, mm.N, mm.Out == cu.F32, fold)
-				f.normedBy(err == nil && normEps > 0)
+				if err == nil && normEps > 0 {
+					f.normed = true
+				}
 			case epilogue:
 				mm.Bias = bias.p
 				mm.Algo = l.algorithm(x, mm)

@@ -188,11 +188,7 @@ func (k *Kernels) PeerAllReduceAdd(s *cu.Stream, g PeerGroup, dst, src, r cu.Ptr
 		return fmt.Errorf("kernels: peer all-reduce with an add of %d %v (the one-shot Lamport form, capacity %d bytes, 16-byte aligned operands)", n, dt, g.CapBytes)
 	}
 	nv := n * dt.Size() / 16
-	var syncArg int32
-	if sync {
-		syncArg = 1
-	}
-	args := append([]any{src, r, dst, int64(nv), syncArg}, g.args()...)
+	args := append([]any{src, r, dst, int64(nv), b2i(sync)}, g.args()...)
 	return k.launchDep("peer_lamport_add_"+cname(dt), cu.D1(peerGrid(nv, g.blocks())), cu.D1(peerThreads), 0, s, args...)
 }
 
@@ -271,10 +267,6 @@ func (k *Kernels) PeerAllReduceNorm(s *cu.Stream, g PeerGroup, sum, normed, src,
 	}
 	nv := rows * dim / k.vec()
 	grid := peerGrid(nv, g.blocks())
-	var syncArg int32
-	if sync {
-		syncArg = 1
-	}
-	args := append([]any{src, r, w, sum, normed, int32(rows), int32(dim), eps, syncArg}, g.args()...)
+	args := append([]any{src, r, w, sum, normed, int32(rows), int32(dim), eps, b2i(sync)}, g.args()...)
 	return k.launchDep("peer_lamport2_norm"+wsuffix(wt), cu.D1(grid), cu.D1(peerThreads), 0, s, args...)
 }

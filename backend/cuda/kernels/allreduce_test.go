@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -37,10 +38,7 @@ func peerAllReduce(t *testing.T, form string) {
 	const capBytes = 256 * 4096 * 4
 	for _, ranks := range []int{2, 3, 4, 8} {
 		for _, act := range allDTypes {
-			k := kern(t, act)
-			residentPeerBlocks(t, d, k, act, ranks)
-			rng := newRNG(t)
-			regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
+			k, rng, regions, streams := streamRanks(t, d, act, ranks, capBytes)
 			call := 0
 			group := func(i int) PeerGroup {
 				return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes, Flags: form == "flags" || form == "turns" && call%2 == 1}
@@ -116,10 +114,7 @@ func TestPeerAllReduceNorm(t *testing.T) {
 	const eps = float32(1e-5)
 	for _, ranks := range []int{3, 4, 8} {
 		for _, act := range allDTypes {
-			k := kern(t, act)
-			residentPeerBlocks(t, d, k, act, ranks)
-			rng := newRNG(t)
-			regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
+			k, rng, regions, streams := streamRanks(t, d, act, ranks, capBytes)
 			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
 			for ci, c := range []struct {
 				rows, dim int
@@ -218,6 +213,19 @@ func TestPeerAllReduceNorm(t *testing.T) {
 			}
 		}
 	}
+}
+
+// streamRanks readies ranks ranks in dtype act as streams of device d
+// (oneDeviceRanks, for calls of at most capBytes): the kernels (every
+// rank's blocks checked to fit the device at once, residentPeerBlocks), a
+// fresh generator, the regions and the streams.
+func streamRanks(t *testing.T, d *cu.Device, act cu.DType, ranks, capBytes int) (*Kernels, *rand.Rand, []cu.Ptr, []*cu.Stream) {
+	t.Helper()
+	k := kern(t, act)
+	residentPeerBlocks(t, d, k, act, ranks)
+	rng := newRNG(t)
+	regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
+	return k, rng, regions, streams
 }
 
 // oneDeviceRanks readies ranks ranks as streams of device d, each with a
@@ -630,10 +638,7 @@ func TestPeerAllReduceAdd(t *testing.T) {
 	const capBytes = 64 * 4096 * 4
 	for _, ranks := range []int{2, 3, 4} {
 		for _, act := range allDTypes {
-			k := kern(t, act)
-			residentPeerBlocks(t, d, k, act, ranks)
-			rng := newRNG(t)
-			regions, streams := oneDeviceRanks(t, d, ranks, capBytes, 0)
+			k, rng, regions, streams := streamRanks(t, d, act, ranks, capBytes)
 			group := func(i int) PeerGroup { return PeerGroup{Rank: i, Regions: regions, CapBytes: capBytes} }
 			for ci, c := range []struct {
 				rows, dim int

@@ -118,12 +118,12 @@ __device__ __forceinline__ float rnd(float v, const f16*) {
 }
 __device__ __forceinline__ float rnd(float v) { return rnd(v, (const T*)0); }
 
-// ld1 loads one element as a float.
-__device__ __forceinline__ float ld1(const float* p) { return *p; }
-__device__ __forceinline__ float ld1(const bf16* p) { return __uint_as_float((unsigned)p->x << 16); }
-__device__ __forceinline__ float ld1(const f16* p) {
+// tof widens one element to a float (kernels.cu's, for this module).
+__device__ __forceinline__ float tof(float v) { return v; }
+__device__ __forceinline__ float tof(bf16 v) { return __uint_as_float((unsigned)v.x << 16); }
+__device__ __forceinline__ float tof(f16 v) {
 	float f;
-	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p->x));
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
 	return f;
 }
 
@@ -172,7 +172,7 @@ struct AddStore {
 	__device__ __forceinline__ Pre pre(int, int) const { return Pre{}; }
 	__device__ __forceinline__ void put(const Pre&, int t, int n, float s, float) const {
 		const long long o = (long long)t * N + n;
-		store(out + o, s + ld1(add + o));
+		store(out + o, s + tof(add[o]));
 	}
 };
 
@@ -404,10 +404,11 @@ __device__ __forceinline__ void gemv_impl(const T* x, const T* w, int K, const E
 	    int heads, int kvHeads, int hd, int interleaved) {                                                     \
 		gemv_impl<TT, R, U, LM>(x, w, K, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
 	}
-// The same with a norm folded in (GEMV.RunFolded, kernels of their own so
-// that the plain ones keep their registers): gemv_add_… adds the norm's
-// residual (AddStore), gemv_norm_…, gemv_swiglu_norm_… and gemv_rope_norm_…
-// apply its 1/rms.
+// The same with a norm folded in (GEMV.RunFolded): gemv_add_… adds the
+// norm's residual (AddStore), gemv_norm_…, gemv_swiglu_norm_… and
+// gemv_rope_norm_… apply its 1/rms. Kernels of their own: one kernel with
+// both forms behind a run-time branch slowed the plain form (docs/PERF.md,
+// issue 15, session 36).
 #define GEMV_FOLD(TT, R, U, LM)                                                                                    \
 	extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                 \
 	    gemv_add_##TT##_##R##_##U##_##LM(const T* x, const T* w, T* out, int K, int N, const T* add) {        \

@@ -422,9 +422,6 @@ static inline float rnd(float v, const float*) { return v; }
 static inline float rnd(float v, const bf16*) { return bf2f(f2bf(v)); }
 static inline float rnd(float v, const f16*) { return h2f(f2h(v)); }
 static inline float rnd(float v) { return rnd(v, (const T*)0); }
-static inline float ld1(const float* p) { return *p; }
-static inline float ld1(const bf16* p) { return bf2f(p->x); }
-static inline float ld1(const f16* p) { return h2f(p->x); }
 
 // ---- wgmma (gemv_tile.cu built with GEMV_WGMMA): each thread computes its
 // own accumulator elements (wg_mma's layout in wgmma.cu) from shared memory

@@ -67,8 +67,8 @@ func (k Key) less(o Key) bool {
 }
 
 // Entry is one tuned decision: the candidate kept and the timings that
-// chose it. A choice other than the default beat it in every timing
-// (Race's rule); NoiseUs is the spread of the default's timings; Rejected
+// chose it. A choice other than the default beat it in every timing but
+// its own slowest (Race's rule); NoiseUs is the spread of the default's timings; Rejected
 // lists the candidates that failed verification or crashed, with why.
 type Entry struct {
 	Key

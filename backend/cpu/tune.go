@@ -156,7 +156,7 @@ type TuneResult struct {
 // checked against the default tiling's product on fresh random inputs
 // (‖Δ‖₂ ≤ 1e-5·‖ref‖₂: the tilings change only the order of sums), then
 // the candidates race (tune.Race: kept only if faster than the default in
-// every timing) on copies of the matrix rotated past the caches, as
+// every timing but its own slowest) on copies of the matrix rotated past the caches, as
 // a model's steps find their weights. Each candidate's check and timings
 // run as trials of trials (nil: none), the journal of a tuner in a child
 // process (tune.Supervise). progress receives a line a race.

@@ -490,8 +490,8 @@ type productWay struct {
 // kernels.GEMVVectorMaxT, beyond a power-of-two bucket of rows, as the
 // tile kernels are built for) is seen, the tune cache's choice for it,
 // else the choice of a race on the stream (raceGEMV: cuBLASLt the
-// default, the GEMV or an external kernel kept only if it beats it in
-// every timing). With ep, the product's reader that the GEMV runs in its
+// default, the GEMV or an external kernel kept only if it beats it as
+// tune.Race requires). With ep, the product's reader that the GEMV runs in its
 // epilogue (gemvEpilogue), the GEMV's time is that of the fused kernel
 // and the others' that of the product followed by ep's own kernel: what
 // each way costs the step. Inside a graph capture an unmeasured shape
@@ -623,7 +623,7 @@ type algoKey struct {
 // whole workspace, and under kiln tune those within smaller workspaces)
 // race on the step's operands (writing the product's own output before
 // the product runs) against the heuristic's first choice, which is kept
-// unless one beats it in every timing (race); each is first checked
+// unless one beats it as tune.Race requires (race); each is first checked
 // against the first choice (verifyProduct). The choice is kept by its
 // configuration, found again among each product's candidates (algoIndex).
 // Rows up to kernels.GEMVVectorMaxT, captures (which cannot wait for

@@ -138,7 +138,8 @@ func (c candidate) checker() func() error {
 type raceResult struct{ tune.Result }
 
 // race races cands on the stream (tune.Race: cands[0] the default, kept
-// unless another beats it in every timing), each timing one timeOn; a
+// unless another beats it in every timing but its own slowest), each
+// timing one timeOn; a
 // candidate verify rejected fails without running.
 func (l *loaded) race(cands []candidate) raceResult {
 	r := raceResult{tune.Race(len(cands), func(i int) (float64, error) {

@@ -2,7 +2,8 @@
 # Runs on a GPU machine of four GPUs after BASE=<rev> tools/gpu/build.sh
 # here (issue 20): batch-1 decode of the random Llama-3-8B-shaped bf16
 # model at TP=1 and TP=2, this tree against kiln-base, two rounds taking
-# turns, each binary's races as they choose on a fresh machine, TP=4 once
+# turns, each run's races as they choose on a fresh machine (a tune cache
+# of its own a run), TP=4 once
 # (four GPUs), traced steps (tools/gpu/ktrace) of this tree's TP=1 and
 # TP=2; then, on four GPUs, kiln serve
 # --tensor-parallel-size 4 under kiln bench serve at 1, 64 and 256
@@ -22,14 +23,16 @@ random_bf16
 echo "model at $(($(date +%s) - t0)) s"
 for r in 1 2; do
 	for n in 1 2; do
-		PP=0 tp_bench tp$n-r$r $n 1 60
-		PP=0 KILN_BIN=.devbin/kiln-base tp_bench tp$n-base-r$r $n 1 60
+		PP=0 tp_bench tp$n-r$r $n 1 60 KILN_TUNE_DIR=/tmp/tune-tp$n-r$r
+		PP=0 KILN_BIN=.devbin/kiln-base tp_bench tp$n-base-r$r $n 1 60 KILN_TUNE_DIR=/tmp/tune-tp$n-base-r$r
 	done
 done
 gpus=$(nvidia-smi -L | wc -l)
 [ "$gpus" -ge 4 ] && PP=0 tp_bench tp4 4 1,64 60
 python3 tools/gpu/tp_table.py "$work" tp1-r1 tp1-base-r1 tp2-r1 tp2-base-r1 tp1-r2 tp1-base-r2 tp2-r2 tp2-base-r2 tp4
-grep -h "T≤1 K\|T=1 K" "$work"/model-tp1-r1.txt "$work"/model-tp2-r1.txt | cut -c1-220
+for f in tp1-r1 tp1-r2 tp2-r1 tp2-r2 tp1-base-r1 tp1-base-r2 tp2-base-r1 tp2-base-r2; do
+	echo "== $f: $(grep -h "T=1 K" "$work/model-$f.txt" | grep -v "gemv kept" | cut -c1-200)"
+done
 if [ -z "${NOTRACE:-}" ]; then
 	LINES_MAX=14 trace tp1 1 "$bf16"
 	LINES_MAX=14 trace tp2 2 "$bf16"

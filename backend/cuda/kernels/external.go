@@ -19,7 +19,7 @@ import (
 // generator) and offered to the same gate as kiln's own candidates: each
 // is compiled with NVRTC for the device, checked against the default's
 // result on fresh random inputs before it may be timed, raced, and kept
-// only if it beats the default in every timing (backend/cuda: raceGEMV).
+// only if it beats the default as tune.Race requires (backend/cuda: raceGEMV).
 // A directory holds them, a kernel as two files, NAME.cu (its CUDA C++
 // source) and NAME.json (its manifest); docs/EXTERNAL_KERNELS.md
 // describes the format.

@@ -8,8 +8,14 @@ latest end before it, so that time hidden under an earlier kernel's run
 (programmatic dependent launches, graph replays) is not counted. Idle time
 between kernels is its own line; exposed and idle times add up to the
 step. With --layer, the kernels of one step's middle layer in order.
+With --skew (a trace of several devices, whose CUPTI timestamps share one
+clock): each device's steps against device 0's, paired in order: the
+median offset of each step's start (its embedding gather) and end, and
+how long its first collective (the first kernel named peer_… or nccl…)
+ran, which is where a device that started early waits.
 
     python3 ktrace.py FILE.csv [--device N] [--last N] [--layer]
+    python3 ktrace.py FILE.csv --skew N   (N devices)
 """
 import sys
 from collections import Counter, OrderedDict, defaultdict
@@ -50,10 +56,40 @@ def account(step):
         yield name, start - t0, end - start, exposed, idle
 
 
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def skew(path, devices, last):
+    """Prints each device's step starts and ends against device 0's."""
+    per = [steps_of(records(path, d))[-last:] for d in range(devices)]
+    n = min(len(p) for p in per)
+    if n == 0:
+        print("no steps")
+        return
+    print(f"{n} steps paired in order on {devices} devices (µs; offsets against device 0's step)")
+    print("| device | start offset | end offset | first collective's run | its name |")
+    print("|---|---|---|---|---|")
+    for d, steps in enumerate(per):
+        starts, ends, waits, names = [], [], [], set()
+        for a, b in zip(per[0][-n:], steps[-n:]):
+            starts.append(b[0][0] - a[0][0])
+            ends.append(b[-1][1] - a[-1][1])
+            first = next((r for r in b if r[2].startswith(("peer_", "nccl", "ncclDevKernel"))), None)
+            if first:
+                waits.append(first[1] - first[0])
+                names.add(first[2][:40])
+        print(f"| {d} | {median(starts) / 1e3:.1f} | {median(ends) / 1e3:.1f} | {median(waits) / 1e3:.1f} | {', '.join(sorted(names))} |")
+
+
 def main():
     args = sys.argv[1:]
     path = args[0]
     opt = lambda k, d: int(args[args.index(k) + 1]) if k in args else d
+    if "--skew" in args:
+        skew(path, opt("--skew", 2), opt("--last", 40))
+        return
     recs = records(path, opt("--device", 0))
     steps = steps_of(recs)[-opt("--last", 40):]
     if not steps:

@@ -803,37 +803,44 @@ func TestNormFolds(t *testing.T) {
 			}
 		}
 	}
-	// The GEMV's CUDA-core kernels take the fold at up to 8 rows (the
-	// residual added by the output and down products, the 1/rms applied
-	// by Q/K/V and gate/up with RoPE and SwiGLU in their epilogues): 4
-	// sequences, every product on the GEMV's CUDA cores. Every decode step
+	// The GEMV's CUDA-core kernels take the fold at up to 8 rows, its tile
+	// kernels past them (the residual added by the output and down
+	// products, the 1/rms applied by Q/K/V and gate/up with RoPE and
+	// SwiGLU in their epilogues): 4 sequences (the CUDA cores) and 20 (the
+	// tile kernels), every decode product on the GEMV. Every decode step
 	// after the first (whose products' ways are not yet known when the
 	// chains are decided) folds both norms of every layer; the logits stay
 	// within the same bound of the CPU's, and the captured graphs give the
 	// direct launches' logits bit for bit.
-	ref4 := run(&cpu.Backend{}, 4)
-	var gemvDirect [][]float32
-	for _, graphs := range []bool{false, true} {
-		b := backendOf(t, "bf16")
-		b.NoGraphs = !graphs
-		b.Products, b.Tune, b.VectorWay = "gemv", tune.Defaults, kernels.WayCUDACores
-		got := run(b, 4)
-		errs := boundedSteps(t, fmt.Sprintf("the GEMV, graphs %v", graphs), got, ref4)
-		st := b.Stats()
-		t.Logf("the GEMV's CUDA cores, graphs %v: %d norms folded, %d graph replays; steps' ‖Δ‖₂/‖ref‖₂: %.3g", graphs, st.NormFolds, st.GraphReplays, errs)
-		if !graphs {
-			if want := 2 * c.NumLayers * (steps - 1); st.NormFolds < want {
-				t.Errorf("the GEMV: %d norms folded, want at least %d", st.NormFolds, want)
+	for _, seqs := range []int{4, 20} {
+		refN := ref
+		if seqs != 20 {
+			refN = run(&cpu.Backend{}, seqs)
+		}
+		var gemvDirect [][]float32
+		for _, graphs := range []bool{false, true} {
+			b := backendOf(t, "bf16")
+			b.NoGraphs = !graphs
+			b.Products, b.Tune, b.VectorWay = "gemv", tune.Defaults, kernels.WayCUDACores
+			got := run(b, seqs)
+			what := fmt.Sprintf("the GEMV, %d sequences, graphs %v", seqs, graphs)
+			errs := boundedSteps(t, what, got, refN)
+			st := b.Stats()
+			t.Logf("%s: %d norms folded, %d graph replays; steps' ‖Δ‖₂/‖ref‖₂: %.3g", what, st.NormFolds, st.GraphReplays, errs)
+			if !graphs {
+				if want := 2 * c.NumLayers * (steps - 1); st.NormFolds < want {
+					t.Errorf("%s: %d norms folded, want at least %d", what, st.NormFolds, want)
+				}
+				gemvDirect = got
+				continue
 			}
-			gemvDirect = got
-			continue
-		}
-		if st.GraphReplays == 0 {
-			t.Errorf("the GEMV: no graph replayed")
-		}
-		for i := range gemvDirect {
-			if !slices.Equal(gemvDirect[i], got[i]) {
-				t.Errorf("the GEMV, step %d: logits with graphs differ from direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", i, relL2(got[i], gemvDirect[i]))
+			if st.GraphReplays == 0 {
+				t.Errorf("%s: no graph replayed", what)
+			}
+			for i := range gemvDirect {
+				if !slices.Equal(gemvDirect[i], got[i]) {
+					t.Errorf("%s, step %d: logits with graphs differ from direct launches (‖Δ‖₂/‖ref‖₂ = %.3g)", what, i, relL2(got[i], gemvDirect[i]))
+				}
 			}
 		}
 	}

@@ -180,9 +180,10 @@ ktrace_build() {
 # trace NAME TP MODEL-ARGS... runs kiln bench model (${KILN_BIN:-$k}) at
 # batch ${B:-1}, depth 512, 64 tokens, untraced, then under the tracer
 # (ktrace_build) into $work/NAME.csv, both with the tune cache
-# /tmp/tune-trace-NAME (new): the untraced run's races choose and the traced
-# run takes their choices (races under the tracer, whose launches are
-# slower, chose differently: session 37). It prints both runs' tokens/s,
+# $TRACE_TUNE_DIR, else /tmp/tune-trace-NAME (new): the untraced run's
+# races choose (or the cache's choices stand) and the traced run takes
+# them (races under the tracer, whose launches are slower, chose
+# differently: session 37). It prints both runs' tokens/s,
 # each device's summary by tools/gpu/ktrace/ktrace.py (the first
 # ${LINES_MAX:-60} lines; all in $work/NAME-dD.summary) and, over several
 # devices, their steps' skew (ktrace.py --skew).
@@ -191,10 +192,11 @@ trace() {
 	shift 2
 	local run=(timeout -s QUIT 120 "${KILN_BIN:-$k}" bench model "$@" --device cuda --tensor-parallel-size "$n" --pp 0 --tg 64
 		--depth 512 --batch "${B:-1}" --reps 1)
-	rm -rf "/tmp/tune-trace-$name"
-	KILN_TUNE_DIR=/tmp/tune-trace-$name "${run[@]}" >"$work/$name-plain.txt" 2>&1
+	local tune=${TRACE_TUNE_DIR:-/tmp/tune-trace-$name}
+	[ -n "${TRACE_TUNE_DIR:-}" ] || rm -rf "$tune"
+	KILN_TUNE_DIR=$tune "${run[@]}" >"$work/$name-plain.txt" 2>&1
 	echo "$name plain: rc=$?; $(grep -h '^| tg' "$work/$name-plain.txt" | tail -1 | cut -c1-80)"
-	KILN_TUNE_DIR=/tmp/tune-trace-$name CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$work/$name.csv" "${run[@]}" >"$work/$name.txt" 2>&1
+	KILN_TUNE_DIR=$tune CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$work/$name.csv" "${run[@]}" >"$work/$name.txt" 2>&1
 	echo "$name traced: rc=$? at $(($(date +%s) - t0)) s; $(grep -h '^| tg' "$work/$name.txt" | tail -1 | cut -c1-80)"
 	for d in $(seq 0 $((n - 1))); do
 		echo "== $name device $d"

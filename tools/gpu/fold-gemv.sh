@@ -7,13 +7,14 @@
 # Llama-3-8B-shaped bf16 model by kiln as of <rev> (.devbin/kiln-base) and
 # this tree's in turns, ROUNDS (2) rounds of `kiln bench model --pp 0 --tg
 # 64 --depth 512 --batch $BATCH (1,4,64) --reps 2`, each run with a tune
-# cache of its own, then a kernel timeline of this tree's batch-1 step
-# (env.sh's trace, with the choices of the first round's run). Logs in
-# logs.tgz.
+# cache of its own, then a kernel timeline of this tree's step at batch
+# $TRACE_B (1; env.sh's trace, with the choices of the first round's run).
+# Since session 37 also the tile kernels' folds (TestGEMVTileFold, and
+# TestNormFolds' 20 sequences). Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fold-gemv.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 [ -x .devbin/kiln-base ] || { echo "no .devbin/kiln-base: run BASE=<rev> tools/gpu/build.sh" >&2; exit 2; }
-kernels_test gemv-fold -test.run 'TestGEMVFold|TestGEMV$|TestGEMVSwiGLU|TestGEMVRoPEQKV|TestGEMVEpilogueErrors'
+kernels_test gemv-fold -test.run 'TestGEMVFold|TestGEMVTileFold|TestGEMV$|TestGEMVSwiGLU|TestGEMVRoPEQKV|TestGEMVEpilogueErrors'
 grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)|gemv fold|\.go:[0-9]+: .*(differs|want)' "$out/gemv-fold.log" | head -40
 backend_test model-fold -test.run 'TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures'
 grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)|GEMV|\.go:[0-9]+: .*(differ|want|limit)' "$out/model-fold.log" | head -30
@@ -29,5 +30,6 @@ for r in $(seq "${ROUNDS:-2}"); do
 	done
 done
 t0=$(date +%s)
-ktrace_build && work=$out && KILN_TUNE_DIR=/tmp/tune-new-1 LINES_MAX=24 KILN_BIN=.devbin/kiln B=1 trace new-b1 1 "$bf16"
-(cd "$out" && tar czf logs.tgz --exclude logs.tgz * && find . -maxdepth 1 -type f ! -name logs.tgz -delete)
+tb=${TRACE_B:-1}
+ktrace_build && work=$out && TRACE_TUNE_DIR=/tmp/tune-new-1 LINES_MAX=24 KILN_BIN=.devbin/kiln B=$tb trace new-b$tb 1 "$bf16"
+(cd "$out" && tar czf logs.tgz --exclude logs.tgz --exclude '*.csv' * && find . -maxdepth 1 -type f ! -name logs.tgz -delete)

@@ -263,9 +263,7 @@ func TestMoETileEmulated(t *testing.T) {
 			s.WriteString(readEmu(t, "prelude.h"))
 			s.WriteString("\n#define GEMV_MMA 1\n" + build.defines)
 			s.WriteString(shared)
-			for _, st := range []string{"struct OutStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
-				s.WriteString(cBlock(t, gemvFile, st) + ";\n")
-			}
+			s.WriteString(gemvEpilogues(t))
 			const ext = "extern __shared__ __align__(128) unsigned char gt_smem[];"
 			s.WriteString(strings.Replace(gemvTile, ext, "unsigned char* const gt_smem = cur_smem();", 1))
 			s.WriteString(moeTile)
@@ -379,6 +377,16 @@ func runEmulated(t *testing.T, src string) {
 	}
 }
 
+// gemvEpilogues is gemv.cu's epilogues the tile kernels take.
+func gemvEpilogues(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	for _, st := range []string{"struct OutStore {", "struct AddStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
+		b.WriteString(cBlock(t, gemvFile, st) + ";\n")
+	}
+	return b.String()
+}
+
 // gemvEmuSource assembles the emulated tile kernels: the prelude, the
 // defines, shared.cu, gemv.cu's epilogues, gemv_tile.cu with its dynamic
 // shared memory mapped to the running block's, and the driver.
@@ -388,9 +396,7 @@ func gemvEmuSource(t *testing.T, defines string) string {
 	s.WriteString(readEmu(t, "prelude.h"))
 	s.WriteString("\n#define GEMV_MMA 1\n#define GEMV_TILE_SWEEP 1\n" + defines)
 	s.WriteString(shared)
-	for _, st := range []string{"struct OutStore {", "struct SwiGLUOut {", "struct RoPEOut {"} {
-		s.WriteString(cBlock(t, gemvFile, st) + ";\n")
-	}
+	s.WriteString(gemvEpilogues(t))
 	const ext = "extern __shared__ __align__(128) unsigned char gt_smem[];"
 	if strings.Count(gemvTile, ext) != 1 {
 		t.Fatalf("gemv_tile.cu: no single %q", ext)

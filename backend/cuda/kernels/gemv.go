@@ -231,9 +231,10 @@ type gemvCfg struct {
 	kq     string
 	blocks int
 	sh     int
-	// fold: the CUDA-core kernels with a norm folded in (Fold):
-	// "add_" (gemv_add_…, the residual added) or "norm_" (gemv_norm_…,
-	// gemv_swiglu_norm_…, gemv_rope_norm_…: the 1/rms applied).
+	// fold: the CUDA-core and tile kernels with a norm folded in (Fold):
+	// "add_" (gemv_add_…, gemv_tile_add_…: the residual added) or "norm_"
+	// (gemv_norm_…, gemv_swiglu_norm_…, gemv_rope_norm_…, and gemv_tile_…'s:
+	// the 1/rms applied).
 	fold string
 }
 
@@ -242,7 +243,7 @@ func (c gemvCfg) name() string {
 		return fmt.Sprintf("gemv_tile_r64_%s%d_%d_%d_%d", c.epi.prefix(), c.nt, c.bk, c.stages, c.pf)
 	}
 	if c.tile {
-		return fmt.Sprintf("gemv_tile_%s%d_%d_%d_%d", c.epi.prefix(), c.nt, c.bk, c.stages, c.pf)
+		return fmt.Sprintf("gemv_tile_%s%s%d_%d_%d_%d", c.epi.prefix(), c.fold, c.nt, c.bk, c.stages, c.pf)
 	}
 	if c.mma {
 		return fmt.Sprintf("gemv_mma_%s%d_%d_%d", c.epi.prefix(), c.u, c.warps, c.lm)
@@ -460,8 +461,9 @@ func (g *GEMV) Run(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) err
 	return g.RunFolded(s, out, x, w, t, k, n, outF32, Fold{})
 }
 
-// Fold is a norm folded into the CUDA-core products around it (GEMV.Folds
-// tells which products take one), so that the norm's kernel does not run:
+// Fold is a norm folded into the products around it that run on the
+// CUDA-core kernels or the tile kernels (GEMV.Folds tells which products
+// take one), so that the norm's kernel does not run:
 //   - Add, for the product before the norm: a residual of the activation
 //     dtype ([t,n]) added to each sum before the store, out = x·wᵀ + Add
 //     rounded once (the norm's input rows, as the norm's add would write
@@ -477,15 +479,15 @@ type Fold struct {
 	Eps float32
 }
 
-// Folds reports whether the products of t rows (1 to GEMVVectorMaxT), k
-// columns and n outputs run on the CUDA-core kernels, which take a Fold,
-// as the vector way set for them (SetVectorWay) or the default has it.
+// Folds reports whether the products of t rows (1 to GEMVMaxT), k columns
+// and n outputs run on the CUDA-core kernels or the tile kernels (past
+// GEMVVectorMaxT rows), which take a Fold, as the vector way set for them
+// (SetVectorWay) or the default has it.
 func (g *GEMV) Folds(t, k, n int) bool {
-	if t < 1 || t > GEMVVectorMaxT {
+	if t < 1 || t > GEMVMaxT {
 		return false
 	}
-	c := g.cfgFor(t, k, n)
-	return !c.mma && !c.tile
+	return !g.cfgFor(t, k, n).mma
 }
 
 // checkFold checks fold f for a product of t rows, k columns and n outputs
@@ -495,7 +497,7 @@ func (g *GEMV) checkFold(f Fold, t, k, n int, outF32, epi bool) error {
 	case f == Fold{}:
 		return nil
 	case !g.Folds(t, k, n):
-		return fmt.Errorf("%w: a folded norm at %d rows (the CUDA-core kernels take it, not %s)", ErrGEMVShape, t, g.cfgFor(t, k, n).name())
+		return fmt.Errorf("%w: a folded norm at %d rows (the CUDA-core and tile kernels take it, not %s)", ErrGEMVShape, t, g.cfgFor(t, k, n).name())
 	case f.Eps < 0 || math.IsNaN(float64(f.Eps)):
 		return fmt.Errorf("%w: a folded norm's eps %g", ErrGEMVShape, f.Eps)
 	case f.Add != 0 && (outF32 || epi || f.Eps != 0):
@@ -520,10 +522,18 @@ func (g *GEMV) RunFolded(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 boo
 }
 
 // run launches configuration c on a checked product of t rows (c.t for
-// the CUDA-core kernels, which alone take a fold f).
+// the CUDA-core kernels; those and the tile kernels take a fold f).
 func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF32 bool, f Fold) error {
 	if c.tile {
 		c = g.split(c, n, k)
+		switch {
+		case f.Add != 0:
+			c.fold = "add_"
+			return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), int32(c.splits), f.Add)
+		case f.Eps > 0:
+			c.fold = "norm_"
+			return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32), int32(c.splits), f.Eps)
+		}
 		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32), int32(c.splits))
 	}
 	if c.mma {
@@ -886,6 +896,10 @@ func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int, normEps fl
 	c.epi = epiSwiGLU
 	if c.tile {
 		c = g.split(c, f, k)
+		if normEps > 0 {
+			c.fold = "norm_"
+			return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t), int32(c.splits), normEps)
+		}
 		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t), int32(c.splits))
 	}
 	if c.mma {
@@ -937,6 +951,10 @@ func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error 
 	args := []any{r.Q, r.KCache, r.VCache, r.Pos, r.Slots, r.Table, int32(r.Heads), int32(r.KVHeads), int32(r.HeadDim), b2i(r.Interleaved)}
 	if c.tile {
 		c = g.split(c, n/2, k)
+		if r.NormEps > 0 {
+			c.fold = "norm_"
+			args = append(args, r.NormEps)
+		}
 		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t), int32(c.splits)}, args...)...)
 	}
 	if c.mma {

@@ -92,6 +92,86 @@ func TestGEMVFold(t *testing.T) {
 	}
 }
 
+// TestGEMVTileFold: the tile kernels with a norm folded in (more than
+// GEMVVectorMaxT rows, f16 and bf16), as TestGEMVFold checks the CUDA-core
+// kernels, at 9 to 64 rows and every split of K TileSplits offers (the
+// squares of x's rows summed over the splits as the products are): Eps
+// against the float64 product of each row divided by its rms, Add against
+// the product plus the residual, the SwiGLU and RoPE epilogues with
+// NormEps bit for bit the folded product followed by SwiGLUPacked and
+// RoPEQKVWrite.
+func TestGEMVTileFold(t *testing.T) {
+	const eps = 1e-5
+	for _, act := range []cu.DType{cu.F16, cu.BF16} {
+		g := gemvMod(t, act, false)
+		kk := kern(t, act)
+		rng := newRNG(t)
+		for _, sh := range []gemvShape{{"llama3-8b q/k/v", 4096, 6144}, {"odd, tiles", 192, 301}} {
+			k, n := sh.k, sh.n
+			xs := roundTo(act, randn(rng, GEMVMaxT*k, 3))
+			ws, wb := gemvRand(rng.Uint64(), n*k, act)
+			px, pw := up(t, act, xs), alloc(t, len(wb))
+			must(t, gpu(t).Upload(pw, wb))
+			prod := gemvRef(xs, ws, GEMVMaxT, k, n)
+			adds := roundTo(act, randn(rng, GEMVMaxT*n, 1))
+			padd := up(t, act, adds)
+			worst := 0.0
+			for _, rows := range []int{9, 16, 40, 64} {
+				if !g.Folds(rows, k, n) {
+					t.Fatalf("%v: %d rows on the tile kernels do not fold", act, rows)
+				}
+				inv := make([]float64, rows)
+				for r := range inv {
+					ss := 0.0
+					for _, v := range xs[r*k : (r+1)*k] {
+						ss += float64(v) * float64(v)
+					}
+					inv[r] = 1 / math.Sqrt(ss/float64(k)+eps)
+				}
+				normed, added := make([]float64, rows*n), make([]float64, rows*n)
+				for i := range normed {
+					normed[i] = prod[i] * inv[i/n]
+					added[i] = prod[i] + float64(adds[i])
+				}
+				for _, splits := range g.TileSplits(rows, k, n) {
+					g.SetTileSplits(rows, k, n, splits)
+					what := fmt.Sprintf("%v gemv tile fold %s k=%d n=%d T=%d splits %d", act, sh.name, k, n, rows, splits)
+					total := rows*n + n + 64
+					out := outBuf(t, act, total)
+					must(t, g.RunFolded(nil, out, px, pw, rows, k, n, false, Fold{Eps: eps}))
+					got := bytesOf(t, act, out, total)
+					worst = max(worst, compare(t, what+" eps", decode(act, got[:rows*n*act.Size()]), normed, tol(act)))
+					checkPoisonTail(t, what+" eps", got, rows*n*act.Size(), act)
+					scaled := got[:rows*n*act.Size()]
+
+					out2 := outBuf(t, act, total)
+					must(t, g.RunFolded(nil, out2, px, pw, rows, k, n, false, Fold{Add: padd}))
+					got2 := bytesOf(t, act, out2, total)
+					worst = max(worst, compare(t, what+" add", decode(act, got2[:rows*n*act.Size()]), added, tol(act)))
+					checkPoisonTail(t, what+" add", got2, rows*n*act.Size(), act)
+
+					f := n / 2
+					g.SetTileSplits(rows, k, 2*f, splits)
+					sw := outBuf(t, act, rows*f)
+					must(t, g.RunSwiGLU(nil, sw, px, pw, rows, k, f, eps))
+					prodBuf, sw2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
+					must(t, g.RunFolded(nil, prodBuf, px, pw, rows, k, 2*f, false, Fold{Eps: eps}))
+					must(t, kk.SwiGLUPacked(nil, sw2, prodBuf, ProductScales{}, rows, f))
+					if a, b := bytesOf(t, act, sw, rows*f), bytesOf(t, act, sw2, rows*f); !bytes.Equal(a, b) {
+						t.Errorf("%s: swiglu with the norm differs from the folded product + swiglu_packed", what)
+					}
+					if sh.n == 6144 {
+						checkFoldedRoPE(t, g, kk, act, px, pw, scaled, rows, k, eps)
+					}
+					g.ForgetTileSplits(rows, k, n)
+					g.ForgetTileSplits(rows, k, 2*f)
+				}
+			}
+			report(t, act, fmt.Sprintf("gemv tile fold %s k=%d n=%d T=9..64, every split", sh.name, k, n), worst)
+		}
+	}
+}
+
 // checkFoldedRoPE runs RunRoPEQKV with NormEps on Llama-3-8B's heads (32/8
 // of 128, n = 6144 outputs) and RoPEQKVWrite on scaled (the bytes of
 // RunFolded with that eps) and requires the same q, k cache and v cache.
@@ -125,28 +205,30 @@ func checkFoldedRoPE(t *testing.T, g *GEMV, kk *Kernels, act cu.DType, px, pw cu
 	}
 }
 
-// TestGEMVFoldRefuses: a fold where the CUDA-core kernels do not run (the
-// tensor cores' way, the tile kernels' rows), a residual added to an f32
-// product, into an epilogue or with an eps, and a negative eps are refused with
-// ErrGEMVShape before anything is queued.
+// TestGEMVFoldRefuses: a fold where neither the CUDA-core kernels nor the
+// tile kernels run (the tensor cores' way), a residual added to an f32
+// product, into an epilogue or with an eps, and a negative eps (also at
+// the tile kernels' rows) are refused with ErrGEMVShape before anything is
+// queued.
 func TestGEMVFoldRefuses(t *testing.T) {
 	act := cu.BF16
 	g := gemvMod(t, act, false)
 	p := alloc(t, 1<<20)
 	must(t, g.SetVectorWay(2, 64, 64, WayTensorCores))
-	r := RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, KVHeads: 1, HeadDim: 16, NormEps: 1e-5}
+	r := RoPEQKV{Q: p, KCache: p, VCache: p, Pos: p, Slots: p, Table: p, Heads: 2, KVHeads: 1, HeadDim: 16, NormEps: -1}
 	for _, c := range []struct {
 		what string
 		err  error
 	}{
 		{"tensor cores", g.RunFolded(nil, p, p, p, 2, 64, 64, false, Fold{Eps: 1e-5})},
-		{"tile rows", g.RunFolded(nil, p, p, p, 16, 64, 64, false, Fold{Add: p})},
+		{"tile rows, add and eps", g.RunFolded(nil, p, p, p, 16, 64, 64, false, Fold{Add: p, Eps: 1e-5})},
+		{"tile rows, add to f32", g.RunFolded(nil, p, p, p, 16, 64, 64, true, Fold{Add: p})},
 		{"add to f32", g.RunFolded(nil, p, p, p, 1, 64, 64, true, Fold{Add: p})},
 		{"negative eps", g.RunFolded(nil, p, p, p, 1, 64, 64, false, Fold{Eps: -1})},
 		{"add misaligned", g.RunFolded(nil, p, p, p, 1, 64, 64, false, Fold{Add: p.Add(1)})},
 		{"add and eps", g.RunFolded(nil, p, p, p, 1, 64, 64, false, Fold{Add: p, Eps: 1e-5})},
-		{"swiglu, tile rows", g.RunSwiGLU(nil, p, p, p, 16, 64, 32, 1e-5)},
-		{"rope, tile rows", g.RunRoPEQKV(nil, r, p, p, 16, 64)},
+		{"swiglu, tile rows, negative eps", g.RunSwiGLU(nil, p, p, p, 16, 64, 32, -1)},
+		{"rope, tile rows, negative eps", g.RunRoPEQKV(nil, r, p, p, 16, 64)},
 	} {
 		if !errors.Is(c.err, ErrGEMVShape) {
 			t.Errorf("%s: err %v, want ErrGEMVShape", c.what, c.err)

@@ -40,6 +40,15 @@
 // PDL: the weights of the first ST-1 stages are requested before
 // the wait for the previous kernel (no kernel writes them), x after it.
 //
+// A folded norm (GEMV.RunFolded, as the CUDA-core kernels take it): the
+// residual added by the epilogue (AddStore, gemv_tile_add_…), or, NORM,
+// x the norm's input rows and its gain in w: each block also sums the
+// squares of the x rows of its range of K as their stages land, the
+// cluster's partial sums are added as the products' are, and the sums are
+// multiplied by each row's 1/rms, 1/sqrt(Σx²/K + eps), before the
+// epilogue (gemv_tile_norm_…, gemv_tile_swiglu_norm_…,
+// gemv_tile_rope_norm_…).
+//
 // Tile rows and outputs: OutStore's output n0 + r is tile row r; a paired
 // epilogue's (E::ROWS 2) outputs j0..j0+R/2−1 take tile rows 0..R/2−1 and
 // their partner rows R/2..R−1. Rows past the epilogue's outputs are zero-filled
@@ -66,10 +75,14 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
 }
 
 // gt_partial4 loads partial sums i..i+3 (i a multiple of 4) of cluster
-// block rank r.
+// block rank r; gt_partial one.
 __device__ __forceinline__ float4 gt_partial4(const float* red, int i, int r, int splits) {
 	if (splits == 1) return *(const float4*)(red + i);
 	return lds_cluster4(dsmem(red + i, r));
+}
+__device__ __forceinline__ float gt_partial(const float* red, int i, int r, int splits) {
+	if (splits == 1) return red[i];
+	return lds_cluster(dsmem(red + i, r));
 }
 
 // gt_store sums each output's partials over the cluster's splits blocks (at
@@ -79,20 +92,24 @@ __device__ __forceinline__ float4 gt_partial4(const float* red, int i, int r, in
 // token, r·threads + tid, then every splits·threads further; a group's
 // partials from every rank (and their partner rows') are requested before
 // any is summed, so the latency of distributed shared memory is paid once
-// a group, not once a partial.
-template <int OUTS, class E>
+// a group, not once a partial. NORM: ssq[t] are the partial sums of the
+// squares of x row t, summed over the splits in rank order too, and the
+// sums are multiplied by 1/sqrt(Σx²/K + eps).
+template <int OUTS, bool NORM, class E>
 __device__ __forceinline__ void gt_store(const float* red, int RS, int rank, int splits, int tid, int threads, int TT, int n0,
-                                         int units, const E& e) {
+                                         int units, const E& e, const float* ssq, int K, float eps) {
 	constexpr int G = OUTS / 4;
 	for (int idx = rank * threads + tid; idx < G * TT; idx += splits * threads) {
 		const int t = idx / G, o = 4 * (idx % G);
 		if (n0 + o >= units) continue;
 		float4 a[8], b[8];
+		float q[8];
 #pragma unroll
 		for (int r = 0; r < 8; r++)
 			if (r < splits) {
 				a[r] = gt_partial4(red, t * RS + o, r, splits);
 				if (E::ROWS == 2) b[r] = gt_partial4(red, t * RS + o + OUTS, r, splits);
+				if (NORM) q[r] = gt_partial(ssq, t, r, splits);
 			}
 		float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -101,6 +118,15 @@ __device__ __forceinline__ void gt_store(const float* red, int RS, int rank, int
 				s[0] += a[r].x, s[1] += a[r].y, s[2] += a[r].z, s[3] += a[r].w;
 				if (E::ROWS == 2) s2[0] += b[r].x, s2[1] += b[r].y, s2[2] += b[r].z, s2[3] += b[r].w;
 			}
+		if (NORM) {
+			float v = 0.f;
+#pragma unroll
+			for (int r = 0; r < 8; r++)
+				if (r < splits) v += q[r];
+			const float inv = 1.f / sqrtf(v / (float)K + eps);
+#pragma unroll
+			for (int j = 0; j < 4; j++) s[j] *= inv, s2[j] *= inv;
+		}
 #pragma unroll
 		for (int j = 0; j < 4; j++) {
 			const int n = n0 + o + j;
@@ -126,8 +152,8 @@ template <class E> __device__ __forceinline__ const T* gt_xrow(const E& e, const
 // the rows, twice as many tiles for a product, so fewer splits of K to fill
 // the device): MT = R/64 m64 tiles for wgmma, MT m16 tiles a warp for
 // mma.sync (warp v: rows 16·MT·v on).
-template <int NT, int BK, int ST, int PF, class E, int R = GT_ROWS>
-__device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, int TT, int splits, const E& e) {
+template <int NT, int BK, int ST, int PF, class E, int R = GT_ROWS, bool NORM = false>
+__device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, int TT, int splits, const E& e, float eps = 0.f) {
 	extern __shared__ __align__(128) unsigned char gt_smem[];
 	static_assert(R == 64 || R == 128, "tiles of 64 or 128 rows");
 	constexpr int MT = R / 64;
@@ -137,6 +163,11 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	constexpr int RSTEP = GT_THREADS / CH; // rows a round of copies covers
 	constexpr int WLOADS = R / RSTEP, XLOADS = XROWS / RSTEP;
 	static_assert(XLOADS >= 1 && XROWS % RSTEP == 0 && R % RSTEP == 0 && GT_THREADS % CH == 0, "w and x chunks a thread");
+	// NORM: thread tid sums the squares of x row tid / XT, XC of its chunks
+	// a stage (XT threads a row, adjacent lanes).
+	constexpr int XT = GT_THREADS / XROWS, XC = CH / XT;
+	static_assert(!NORM || (GT_THREADS % XROWS == 0 && XT <= 32 && CH % XT == 0), "x chunks a thread for the squares");
+	float ss = 0.f;
 	if (!E::LATE) pdl_trigger();
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int rank = blockIdx.x % splits, tile = blockIdx.x / splits;
@@ -222,6 +253,18 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		}
 		cp_commit();
 		const unsigned wb = sb + (i % ST) * SBYTES, xb = wb + WBYTES;
+		if constexpr (NORM) {
+#pragma unroll
+			for (int c = 0; c < XC; c++) {
+				const uint4 v = *(const uint4*)(smem + (xb - sb) + gt_off<BK>(tid / XT, (tid % XT) * XC + c));
+				const T* h = (const T*)&v;
+#pragma unroll
+				for (int j = 0; j < 8; j++) {
+					const float f = tof(h[j]);
+					ss += f * f;
+				}
+			}
+		}
 #ifdef GEMV_WGMMA
 		if constexpr (WG) {
 			wg_fence();
@@ -261,6 +304,12 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 	__syncthreads();
 	constexpr int RS = R + 4;
 	float* red = (float*)smem;
+	float* const ssq = red + XROWS * RS; // NORM: x rows' partial sums of squares
+	if constexpr (NORM) {
+#pragma unroll
+		for (int o = XT / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+		if (tid % XT == 0) ssq[tid / XT] = ss;
+	}
 	const int g = lane >> 2, q = lane & 3;
 #pragma unroll
 	for (int m = 0; m < MT; m++)
@@ -274,7 +323,7 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		}
 	if (splits > 1) cluster_sync();
 	else __syncthreads();
-	gt_store<OUTS>(red, RS, rank, splits, tid, GT_THREADS, TT, n0, units, e);
+	gt_store<OUTS, NORM>(red, RS, rank, splits, tid, GT_THREADS, TT, n0, units, e, ssq, K, eps);
 	if (splits > 1) cluster_sync(); // no block leaves while others read its partials
 }
 
@@ -298,12 +347,38 @@ __device__ __forceinline__ void gemv_tile_impl(const T* x, const T* w, int K, in
 		gemv_tile_impl<NT, BK, ST, PF>(x, w, K, TT, splits,                                                 \
 		                               RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}); \
 	}
+// The same with a norm folded in (GEMV.RunFolded, RunSwiGLU and
+// RunRoPEQKV with a norm's eps): gemv_tile_add_… adds the norm's residual
+// (AddStore), gemv_tile_norm_…, gemv_tile_swiglu_norm_… and
+// gemv_tile_rope_norm_… apply its 1/rms.
+#define GEMV_TILE_FOLD(NT, BK, ST, PF)                                                                             \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_add_##NT##_##BK##_##ST##_##PF(          \
+	    const T* x, const T* w, T* out, int K, int N, int TT, int splits, const T* add) {                      \
+		gemv_tile_impl<NT, BK, ST, PF>(x, w, K, TT, splits, AddStore{out, N, add});                         \
+	}                                                                                                           \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_norm_##NT##_##BK##_##ST##_##PF(         \
+	    const T* x, const T* w, void* out, int K, int N, int TT, int outF32, int splits, float eps) {          \
+		gemv_tile_impl<NT, BK, ST, PF, OutStore, GT_ROWS, true>(x, w, K, TT, splits, OutStore{out, N, outF32}, eps); \
+	}                                                                                                           \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_swiglu_norm_##NT##_##BK##_##ST##_##PF(  \
+	    const T* x, const T* w, T* out, int K, int F, int TT, int splits, float eps) {                         \
+		gemv_tile_impl<NT, BK, ST, PF, SwiGLUOut, GT_ROWS, true>(x, w, K, TT, splits, SwiGLUOut{out, F}, eps); \
+	}                                                                                                           \
+	extern "C" __global__ void __launch_bounds__(GT_THREADS) gemv_tile_rope_norm_##NT##_##BK##_##ST##_##PF(    \
+	    const T* x, const T* w, int K, int TT, int splits, T* q, T* kc, T* vc, const int* pos, const int* slots, \
+	    const float* table, int heads, int kvHeads, int hd, int interleaved, float eps) {                       \
+		gemv_tile_impl<NT, BK, ST, PF, RoPEOut, GT_ROWS, true>(                                             \
+		    x, w, K, TT, splits, RoPEOut{q, kc, vc, pos, slots, table, heads, kvHeads, hd, interleaved}, eps); \
+	}
 // The configuration gemv.go uses (tileBK, tileStages, tilePF); the tile
 // kernels are part 2 of the GEMV module (KILN_PART_IS).
 #if KILN_PART_IS(2)
 GEMV_TILE(2, 64, 4, 1)
 GEMV_TILE(4, 64, 4, 1)
 GEMV_TILE(8, 64, 4, 1)
+GEMV_TILE_FOLD(2, 64, 4, 1)
+GEMV_TILE_FOLD(4, 64, 4, 1)
+GEMV_TILE_FOLD(8, 64, 4, 1)
 #if defined(GEMV_SWEEP) || defined(GEMV_TILE_SWEEP)
 // The others the benchmark compares (gemvSweep in gemv_test.go).
 #define GEMV_TILE_OTHERS(NT)                                                                                       \

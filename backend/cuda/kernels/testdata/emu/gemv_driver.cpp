@@ -162,6 +162,57 @@ static void rope(int TT, int K, int H, int KH, int hd, int splits, bool il) {
 	for (size_t i = 0; i < vc.size(); i++) check(wv.c_str(), (int)i, tof(vc[i]), vr[i], tol_act());
 }
 
+// folded runs the tile kernels with a norm folded in: gemv_tile_norm_…
+// (x rows of rms about 3, against the product divided by each row's rms),
+// gemv_tile_add_… (against the product plus a residual, rounded once) and
+// gemv_tile_swiglu_norm_… (against SwiGLU of the divided product).
+static void folded(int TT, int K, int N, int splits) {
+	const int nt = nt_for(TT), total = TT * N + 64, tiles = (N + 127) / 128;
+	const float eps = 1e-5f;
+	auto x = rand_act((size_t)TT * K, 3), w = rand_act((size_t)N * K, 1 / sqrtf((float)K)), add = rand_act((size_t)TT * N, 1);
+	auto ref = product(x, w, TT, K, N);
+	std::vector<double> inv(TT);
+	for (int t = 0; t < TT; t++) {
+		double ss = 0;
+		for (int k = 0; k < K; k++) ss += (double)tof(x[(size_t)t * K + k]) * tof(x[(size_t)t * K + k]);
+		inv[t] = 1 / sqrt(ss / K + eps);
+	}
+	std::vector<T> on(total, fromf<T>(NAN)), oa(total, fromf<T>(NAN));
+	launch(tiles, splits, x.data(), x.size() * sizeof(T), [&] {
+		auto fn = nt == 2 ? gemv_tile_norm_2_64_4_1 : nt == 4 ? gemv_tile_norm_4_64_4_1 : gemv_tile_norm_8_64_4_1;
+		fn(x.data(), w.data(), on.data(), K, N, TT, 0, splits, eps);
+	});
+	launch(tiles, splits, x.data(), x.size() * sizeof(T), [&] {
+		auto fa = nt == 2 ? gemv_tile_add_2_64_4_1 : nt == 4 ? gemv_tile_add_4_64_4_1 : gemv_tile_add_8_64_4_1;
+		fa(x.data(), w.data(), oa.data(), K, N, TT, splits, add.data());
+	});
+	char what[128];
+	snprintf(what, sizeof what, "gemv_tile_norm/add_%d T=%d K=%d N=%d splits=%d", nt, TT, K, N, splits);
+	for (int i = 0; i < total; i++) {
+		if (i >= TT * N) {
+			if ((!std::isnan(tof(on[i])) || !std::isnan(tof(oa[i]))) && g_fail++ < 10) fprintf(stderr, "%s: element %d past the product written\n", what, i);
+			continue;
+		}
+		check(what, i, tof(on[i]), rnd64(ref[i] * inv[i / N]), tol_act());
+		check(what, i, tof(oa[i]), rnd64(ref[i] + tof(add[i])), tol_act());
+	}
+	const int F = N / 2, ftotal = TT * F + 64;
+	std::vector<T> os(ftotal, fromf<T>(NAN));
+	launch((F + 63) / 64, splits, x.data(), x.size() * sizeof(T), [&] {
+		auto fs = nt == 2 ? gemv_tile_swiglu_norm_2_64_4_1 : nt == 4 ? gemv_tile_swiglu_norm_4_64_4_1 : gemv_tile_swiglu_norm_8_64_4_1;
+		fs(x.data(), w.data(), os.data(), K, F, TT, splits, eps);
+	});
+	for (int i = 0; i < ftotal; i++) {
+		if (i >= TT * F) {
+			if (!std::isnan(tof(os[i])) && g_fail++ < 10) fprintf(stderr, "%s swiglu: element %d past the output written\n", what, i);
+			continue;
+		}
+		const int t = i / F, j = i % F;
+		double g = rnd64(ref[(size_t)t * N + j] * inv[t]), u = rnd64(ref[(size_t)t * N + F + j] * inv[t]);
+		check(what, i, tof(os[i]), rnd64(g / (1 + exp(-g)) * u), tol_act());
+	}
+}
+
 int main() {
 	struct P { int nt, TT, K, N, splits; };
 	for (P p : {P{2, 9, 192, 200, 1}, P{2, 16, 448, 128, 3}, P{2, 3, 64, 37, 1}, P{4, 17, 64, 37, 2}, P{4, 32, 192, 256, 2},
@@ -183,6 +234,13 @@ int main() {
 		rope(20, 128, 2, 1, 64, 2, il);
 		rope(64, 192, 3, 1, 32, 1, il);
 	}
+	// A norm folded in: the three tile widths, K split over 1 to 5 blocks
+	// (a block without a stage among them), outputs that fill part of a tile.
+	folded(9, 192, 200, 1);
+	folded(16, 448, 130, 3);
+	folded(24, 64, 256, 2);
+	folded(33, 192, 128, 5);
+	folded(64, 256, 260, 2);
 	printf("gemv tile kernels (%s): worst relative error %.3g, %d failures\n", std::is_same<T, bf16>::value ? "bf16" : "f16", g_worst,
 	       g_fail);
 	return g_fail ? 1 : 0;

@@ -10,9 +10,11 @@ between kernels is its own line; exposed and idle times add up to the
 step. With --layer, the kernels of one step's middle layer in order.
 With --skew (a trace of several devices, whose CUPTI timestamps share one
 clock): each device's steps against device 0's, paired in order: the
-median offset of each step's start (its embedding gather) and end, and
-how long its first collective (the first kernel named peer_… or nccl…)
-ran, which is where a device that started early waits.
+median offset of each step's start (its embedding gather) and end, how
+long its first collective (the first kernel named peer_… or nccl…) ran,
+which is where a device that started early waits, and the device's idle
+time between its steps (the host's turn: the step's results read, the
+next step's batch uploaded and its graph launched).
 
     python3 ktrace.py FILE.csv [--device N] [--last N] [--layer]
     python3 ktrace.py FILE.csv --skew N   (N devices)
@@ -69,10 +71,11 @@ def skew(path, devices, last):
         print("no steps")
         return
     print(f"{n} steps paired in order on {devices} devices (µs; offsets against device 0's step)")
-    print("| device | start offset | end offset | first collective's run | its name |")
-    print("|---|---|---|---|---|")
+    print("| device | start offset | end offset | first collective's run | its name | idle between steps |")
+    print("|---|---|---|---|---|---|")
     for d, steps in enumerate(per):
         starts, ends, waits, names = [], [], [], set()
+        gaps = [b[0][0] - a[-1][1] for a, b in zip(steps, steps[1:])]
         for a, b in zip(per[0][-n:], steps[-n:]):
             starts.append(b[0][0] - a[0][0])
             ends.append(b[-1][1] - a[-1][1])
@@ -80,7 +83,8 @@ def skew(path, devices, last):
             if first:
                 waits.append(first[1] - first[0])
                 names.add(first[2][:40])
-        print(f"| {d} | {median(starts) / 1e3:.1f} | {median(ends) / 1e3:.1f} | {median(waits) / 1e3:.1f} | {', '.join(sorted(names))} |")
+        print(f"| {d} | {median(starts) / 1e3:.1f} | {median(ends) / 1e3:.1f} | {median(waits) / 1e3:.1f} | {', '.join(sorted(names))} "
+              f"| {median(gaps) / 1e3:.1f} |")
 
 
 def main():

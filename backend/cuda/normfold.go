@@ -56,13 +56,14 @@ type normFold struct {
 
 // markNormFolds marks the chains findNormFolds finds on the executable's
 // nodes, and folds their gains into their products' weights (once per
-// weight), unless Backend.NoFoldNorms. Under tensor parallelism only over
-// two ranks with peer memory: there the norms follow all-reduces, which
-// add the residual in the one-shot form (kernels.PeerAllReduceAdd); over
-// more ranks the two-shot form runs the norm in its own kernel instead
-// (markPeerNorms), and NCCL's all-reduce adds nothing.
+// weight), unless Backend.NoFoldNorms. Under tensor parallelism only with
+// peer memory: there the norms follow all-reduces, which add the residual
+// in the one-shot form (kernels.PeerAllReduceAdd); a call that takes two
+// shots runs the norm in its own kernel instead where it is marked
+// (markPeerNorms; with its unit gain), and NCCL's all-reduce adds nothing
+// (the norm then runs as a kernel of its own).
 func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
-	peerAdd := l.b.Peers != nil && len(l.b.Peers.Regions) == 2
+	peerAdd := l.b.Peers != nil
 	if l.b.NoFoldNorms || l.b.Comm != nil && !peerAdd {
 		return nil
 	}

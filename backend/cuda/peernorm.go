@@ -15,7 +15,9 @@ import (
 
 // markPeerNorms marks each all-reduce whose output only the AddRMSNorm
 // right after it reads (as one of its two inputs; its normed output not
-// written in FP8 form, the norm not folded), on a group with peer memory:
+// written in FP8 form), on a group with peer memory (a norm folded into
+// the products around it runs here in the steps where the all-reduce does
+// not add its residual, with its unit gain):
 // its launch runs the norm where the kernel takes it (runPeerNorm). The
 // kernel's threads read a vector of the partials and of r and write the
 // same vector of sum and normed, the rows in any order: where the norm's
@@ -34,7 +36,7 @@ func (l *loaded) markPeerNorms(nodes []node, p *compile.Plan) {
 	readers := readerCounts(nodes, p.Graph)
 	for i := 0; i+1 < len(nodes); i++ {
 		ar, nn := &nodes[i], &nodes[i+1]
-		if ar.n.Op != ir.AllReduce || nn.n.Op != ir.AddRMSNorm || nn.fp8Out || nn.fold != nil || ar.in[0].dtype != l.act {
+		if ar.n.Op != ir.AllReduce || nn.n.Op != ir.AddRMSNorm || nn.fp8Out || ar.in[0].dtype != l.act {
 			continue
 		}
 		x := ar.n.Outputs[0]

@@ -29,14 +29,15 @@ import (
 //   - e divides each row of y by rms(sum), computing it from sum's row
 //     (kernels.RowRMS).
 //
-// The GEMV's CUDA-core kernels (up to kernels.GEMVVectorMaxT rows) take
-// the fold too (kernels.Fold): as m they add r to their sums and write
-// sum; as p, plain or running e in their epilogue, they sum the squares of
-// the sum rows they stream and multiply their sums by 1/rms, and e (when
-// not in their epilogue) runs as after the norm. Elsewhere (another GEMV
-// running e in its epilogue, another GEMV kernel or an external kernel for
-// m) the norm runs with its unit gain and p reads its output: the same
-// values, rounded once more. A plain RMSNorm (the first
+// The GEMV's CUDA-core kernels (up to kernels.GEMVVectorMaxT rows) and
+// its tile kernels (up to kernels.GEMVMaxT) take the fold too
+// (kernels.Fold): as m they add r to their sums and write sum; as p, plain
+// or running e in their epilogue, they sum the squares of the sum rows
+// they stream and multiply their sums by 1/rms, and e (when not in their
+// epilogue) runs as after the norm. Elsewhere (the GEMV's tensor-core
+// kernels running e in their epilogue, or an external kernel for m) the
+// norm runs with its unit gain and p reads its output: the same values,
+// rounded once more. A plain RMSNorm (the first
 // layer's, of the embeddings) folds the same way without m.
 type normFold struct {
 	m, n, p, e *node // m nil: a plain RMSNorm
@@ -222,9 +223,9 @@ func (l *loaded) foldGain(w, g operand) error {
 
 // decide sets f.on for the running step: p's way at its rows is known (it
 // has run at that shape before) and is not a GEMV running e in its
-// epilogue unless the GEMV's CUDA-core kernels, which apply the 1/rms
-// themselves (kernels.GEMV.Folds), run it, and e's kernel takes the rows
-// (kernels.MaxRMSRows).
+// epilogue unless the GEMV's CUDA-core or tile kernels, which apply the
+// 1/rms themselves (kernels.GEMV.Folds), run it, and e's kernel takes the
+// rows (kernels.MaxRMSRows).
 func (f *normFold) decide(l *loaded, x *stepState) bool {
 	p := f.p
 	mm := cu.Matmul{T: p.in[0].rows(x), K: p.in[0].cols, N: p.out[0].cols, In: l.act, Out: p.out[0].dtype}

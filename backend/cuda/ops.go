@@ -175,7 +175,7 @@ func (l *loaded) choose(nd *node) error {
 			way := l.productWay(x, mm, ep)
 			gemv := way.gemv
 			// A folded norm's 1/rms applied by the GEMV (its CUDA-core
-			// kernels), rather than by the reader after it.
+			// or tile kernels), rather than by the reader after it.
 			var normEps float32
 			if f != nil && f.p == nd && f.on && gemv && l.gemv.Folds(mm.T, mm.K, mm.N) {
 				normEps = f.eps

@@ -80,12 +80,14 @@ var ErrGroupAborted = errors.New("tensor-parallel group aborted")
 // first in time: a rank whose collective another rank's failure aborted
 // fails after it); when steps is set, a failure aborts the group's
 // collectives (the other ranks may be waiting in one for the rank that
-// failed) and the group fails every step after. Each rank runs on a
-// goroutine of its own, which the caller waits for by polling before it
-// blocks (awaitRanks): a caller parked on a wait group took a wake of its
-// thread on every step (a TP=2 batch-1 step spent 59–63 µs outside the
-// devices against TP=1's 25: docs/PERF.md, Tensor parallelism, session
-// 37).
+// failed) and the group fails every step after. Rank 0 runs on the
+// caller's goroutine and the others on goroutines of their own, which the
+// caller then waits for by polling before it blocks (awaitRanks): rank 0's
+// step is the group's longest (it samples or copies the logits), so the
+// others are done by then, and a caller parked on a wait group took a wake
+// of its thread on every step (a TP=2 batch-1 step spent 54 µs outside
+// the devices against TP=1's 25: docs/PERF.md, Tensor parallelism,
+// session 37).
 func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 	if steps && l.failed != nil {
 		return l.failed
@@ -113,8 +115,8 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 			l.g.Abort(err)
 		}
 	}
-	pending.Store(int32(len(errs)))
-	for r := range errs {
+	pending.Store(int32(len(errs) - 1))
+	for r := 1; r < len(errs); r++ {
 		go func() {
 			run(r)
 			if pending.Add(-1) == 0 {
@@ -122,6 +124,7 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 			}
 		}()
 	}
+	run(0)
 	awaitRanks(&pending, done)
 	if first < 0 {
 		return nil
@@ -149,8 +152,9 @@ func awaitRanks(pending *atomic.Int32, done <-chan struct{}) {
 	}
 }
 
-// rankSpin bounds awaitRanks's polling: longer than a decode step.
-const rankSpin = 20 * time.Millisecond
+// rankSpin bounds awaitRanks's polling: longer than the ranks' steps
+// differ by, far shorter than a step.
+const rankSpin = 500 * time.Microsecond
 
 func (l *groupLoaded) Close() error {
 	var errs []error

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"kiln/compile"
 	"kiln/ir"
@@ -80,52 +78,36 @@ var ErrGroupAborted = errors.New("tensor-parallel group aborted")
 // first in time: a rank whose collective another rank's failure aborted
 // fails after it); when steps is set, a failure aborts the group's
 // collectives (the other ranks may be waiting in one for the rank that
-// failed) and the group fails every step after. Rank 0 runs on the
-// caller's goroutine and the others on goroutines of their own, which the
-// caller then waits for by polling before it blocks (awaitRanks): rank 0's
-// step is the group's longest (it samples or copies the logits), so the
-// others are done by then, and a caller parked on a wait group took a wake
-// of its thread on every step (a TP=2 batch-1 step spent 54 µs outside
-// the devices against TP=1's 25: docs/PERF.md, Tensor parallelism,
-// session 37).
+// failed) and the group fails every step after.
 func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 	if steps && l.failed != nil {
 		return l.failed
 	}
 	var (
-		mu      sync.Mutex
-		first   = -1
-		errs    = make([]error, len(l.g.Ranks))
-		pending atomic.Int32
-		done    = make(chan struct{})
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first = -1
+		errs  = make([]error, len(l.g.Ranks))
 	)
-	run := func(r int) {
-		err := f(r)
-		if err == nil {
-			return
-		}
-		mu.Lock()
-		errs[r] = err
-		isFirst := first < 0
-		if isFirst {
-			first = r
-		}
-		mu.Unlock()
-		if isFirst && steps && l.g.Abort != nil {
-			l.g.Abort(err)
-		}
-	}
-	pending.Store(int32(len(errs) - 1))
-	for r := 1; r < len(errs); r++ {
-		go func() {
-			run(r)
-			if pending.Add(-1) == 0 {
-				close(done)
+	for r := range errs {
+		wg.Go(func() {
+			err := f(r)
+			if err == nil {
+				return
 			}
-		}()
+			mu.Lock()
+			errs[r] = err
+			isFirst := first < 0
+			if isFirst {
+				first = r
+			}
+			mu.Unlock()
+			if isFirst && steps && l.g.Abort != nil {
+				l.g.Abort(err)
+			}
+		})
 	}
-	run(0)
-	awaitRanks(&pending, done)
+	wg.Wait()
 	if first < 0 {
 		return nil
 	}
@@ -136,25 +118,6 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 	}
 	return err
 }
-
-// awaitRanks waits until pending is zero (done is closed then), polling
-// for up to rankSpin before it blocks on done.
-func awaitRanks(pending *atomic.Int32, done <-chan struct{}) {
-	if pending.Load() == 0 {
-		return
-	}
-	start := time.Now()
-	for i := 0; pending.Load() != 0; i++ {
-		if i%64 == 0 && time.Since(start) > rankSpin {
-			<-done
-			return
-		}
-	}
-}
-
-// rankSpin bounds awaitRanks's polling: longer than the ranks' steps
-// differ by, far shorter than a step.
-const rankSpin = 500 * time.Microsecond
 
 func (l *groupLoaded) Close() error {
 	var errs []error

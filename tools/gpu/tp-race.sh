@@ -32,6 +32,7 @@ gpus=$(nvidia-smi -L | wc -l)
 python3 tools/gpu/tp_table.py "$work" tp1-r1 tp1-base-r1 tp2-r1 tp2-base-r1 tp1-r2 tp1-base-r2 tp2-r2 tp2-base-r2 tp4
 for f in tp1-r1 tp1-r2 tp2-r1 tp2-r2 tp1-base-r1 tp1-base-r2 tp2-base-r1 tp2-base-r2; do
 	echo "== $f: $(grep -h "T=1 K" "$work/model-$f.txt" | grep -v "gemv kept" | cut -c1-200)"
+	grep -h "outside device work" "$work/model-$f.txt" | sed 's/^tg64@d512 //'
 done
 if [ -z "${NOTRACE:-}" ]; then
 	LINES_MAX=14 trace tp1 1 "$bf16"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"kiln/backend/cuda/cu"
@@ -28,13 +29,7 @@ func TestGEMVFold(t *testing.T) {
 		rng := newRNG(t)
 		for _, sh := range []gemvShape{{"llama3-8b q/k/v", 4096, 6144}, {"odd", 96, 301}, {"tiny", 136, 6}} {
 			k, n := sh.k, sh.n
-			xs := roundTo(act, randn(rng, GEMVVectorMaxT*k, 3))
-			ws, wb := gemvRand(rng.Uint64(), n*k, act)
-			px, pw := up(t, act, xs), alloc(t, len(wb))
-			must(t, gpu(t).Upload(pw, wb))
-			prod := gemvRef(xs, ws, GEMVVectorMaxT, k, n)
-			adds := roundTo(act, randn(rng, GEMVVectorMaxT*n, 1))
-			padd := up(t, act, adds)
+			f := newFoldCase(t, g, kk, act, rng, GEMVVectorMaxT, k, n, eps)
 			worst := 0.0
 			for rows := 1; rows <= GEMVVectorMaxT; rows++ {
 				if act != cu.F32 {
@@ -44,48 +39,7 @@ func TestGEMVFold(t *testing.T) {
 				if !g.Folds(rows, k, n) {
 					t.Fatalf("%v: %d rows on the CUDA cores do not fold", act, rows)
 				}
-				what := fmt.Sprintf("%v gemv fold %s k=%d n=%d T=%d", act, sh.name, k, n, rows)
-				inv := make([]float64, rows)
-				for r := range inv {
-					ss := 0.0
-					for _, v := range xs[r*k : (r+1)*k] {
-						ss += float64(v) * float64(v)
-					}
-					inv[r] = 1 / math.Sqrt(ss/float64(k)+eps)
-				}
-				normed, added := make([]float64, rows*n), make([]float64, rows*n)
-				for i := range normed {
-					normed[i] = prod[i] * inv[i/n]
-					added[i] = prod[i] + float64(adds[i])
-				}
-				total := rows*n + n + 64
-				out := outBuf(t, act, total)
-				must(t, g.RunFolded(nil, out, px, pw, rows, k, n, false, Fold{Eps: eps}))
-				got := bytesOf(t, act, out, total)
-				worst = max(worst, compare(t, what+" eps", decode(act, got[:rows*n*act.Size()]), normed, tol(act)))
-				checkPoisonTail(t, what+" eps", got, rows*n*act.Size(), act)
-				scaled := got[:rows*n*act.Size()]
-
-				out2 := outBuf(t, act, total)
-				must(t, g.RunFolded(nil, out2, px, pw, rows, k, n, false, Fold{Add: padd}))
-				got2 := bytesOf(t, act, out2, total)
-				worst = max(worst, compare(t, what+" add", decode(act, got2[:rows*n*act.Size()]), added, tol(act)))
-				checkPoisonTail(t, what+" add", got2, rows*n*act.Size(), act)
-
-				// SwiGLU of the first 2f outputs' rows, folded, against
-				// RunFolded + SwiGLUPacked.
-				f := n / 2
-				sw := outBuf(t, act, rows*f)
-				must(t, g.RunSwiGLU(nil, sw, px, pw, rows, k, f, eps))
-				prodBuf, sw2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
-				must(t, g.RunFolded(nil, prodBuf, px, pw, rows, k, 2*f, false, Fold{Eps: eps}))
-				must(t, kk.SwiGLUPacked(nil, sw2, prodBuf, ProductScales{}, rows, f))
-				if a, b := bytesOf(t, act, sw, rows*f), bytesOf(t, act, sw2, rows*f); !bytes.Equal(a, b) {
-					t.Errorf("%s: swiglu with the norm differs from the folded product + swiglu_packed", what)
-				}
-				if sh.n == 6144 {
-					checkFoldedRoPE(t, g, kk, act, px, pw, scaled, rows, k, eps)
-				}
+				worst = max(worst, f.check(t, fmt.Sprintf("%v gemv fold %s k=%d n=%d T=%d", act, sh.name, k, n, rows), rows))
 			}
 			report(t, act, fmt.Sprintf("gemv fold %s k=%d n=%d T=1..%d", sh.name, k, n, GEMVVectorMaxT), worst)
 		}
@@ -108,68 +62,111 @@ func TestGEMVTileFold(t *testing.T) {
 		rng := newRNG(t)
 		for _, sh := range []gemvShape{{"llama3-8b q/k/v", 4096, 6144}, {"odd, tiles", 192, 301}} {
 			k, n := sh.k, sh.n
-			xs := roundTo(act, randn(rng, GEMVMaxT*k, 3))
-			ws, wb := gemvRand(rng.Uint64(), n*k, act)
-			px, pw := up(t, act, xs), alloc(t, len(wb))
-			must(t, gpu(t).Upload(pw, wb))
-			prod := gemvRef(xs, ws, GEMVMaxT, k, n)
-			adds := roundTo(act, randn(rng, GEMVMaxT*n, 1))
-			padd := up(t, act, adds)
+			f := newFoldCase(t, g, kk, act, rng, GEMVMaxT, k, n, eps)
 			worst := 0.0
 			for _, rows := range []int{9, 16, 40, 64} {
 				if !g.Folds(rows, k, n) {
 					t.Fatalf("%v: %d rows on the tile kernels do not fold", act, rows)
 				}
-				inv := make([]float64, rows)
-				for r := range inv {
-					ss := 0.0
-					for _, v := range xs[r*k : (r+1)*k] {
-						ss += float64(v) * float64(v)
-					}
-					inv[r] = 1 / math.Sqrt(ss/float64(k)+eps)
-				}
-				normed, added := make([]float64, rows*n), make([]float64, rows*n)
-				for i := range normed {
-					normed[i] = prod[i] * inv[i/n]
-					added[i] = prod[i] + float64(adds[i])
-				}
 				for _, splits := range g.TileSplits(rows, k, n) {
 					g.SetTileSplits(rows, k, n, splits)
-					what := fmt.Sprintf("%v gemv tile fold %s k=%d n=%d T=%d splits %d", act, sh.name, k, n, rows, splits)
-					total := rows*n + n + 64
-					out := outBuf(t, act, total)
-					must(t, g.RunFolded(nil, out, px, pw, rows, k, n, false, Fold{Eps: eps}))
-					got := bytesOf(t, act, out, total)
-					worst = max(worst, compare(t, what+" eps", decode(act, got[:rows*n*act.Size()]), normed, tol(act)))
-					checkPoisonTail(t, what+" eps", got, rows*n*act.Size(), act)
-					scaled := got[:rows*n*act.Size()]
-
-					out2 := outBuf(t, act, total)
-					must(t, g.RunFolded(nil, out2, px, pw, rows, k, n, false, Fold{Add: padd}))
-					got2 := bytesOf(t, act, out2, total)
-					worst = max(worst, compare(t, what+" add", decode(act, got2[:rows*n*act.Size()]), added, tol(act)))
-					checkPoisonTail(t, what+" add", got2, rows*n*act.Size(), act)
-
-					f := n / 2
-					g.SetTileSplits(rows, k, 2*f, splits)
-					sw := outBuf(t, act, rows*f)
-					must(t, g.RunSwiGLU(nil, sw, px, pw, rows, k, f, eps))
-					prodBuf, sw2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
-					must(t, g.RunFolded(nil, prodBuf, px, pw, rows, k, 2*f, false, Fold{Eps: eps}))
-					must(t, kk.SwiGLUPacked(nil, sw2, prodBuf, ProductScales{}, rows, f))
-					if a, b := bytesOf(t, act, sw, rows*f), bytesOf(t, act, sw2, rows*f); !bytes.Equal(a, b) {
-						t.Errorf("%s: swiglu with the norm differs from the folded product + swiglu_packed", what)
-					}
-					if sh.n == 6144 {
-						checkFoldedRoPE(t, g, kk, act, px, pw, scaled, rows, k, eps)
-					}
+					worst = max(worst, f.check(t, fmt.Sprintf("%v gemv tile fold %s k=%d n=%d T=%d splits %d", act, sh.name, k, n, rows, splits), rows))
 					g.ForgetTileSplits(rows, k, n)
-					g.ForgetTileSplits(rows, k, 2*f)
 				}
 			}
 			report(t, act, fmt.Sprintf("gemv tile fold %s k=%d n=%d T=9..64, every split", sh.name, k, n), worst)
 		}
 	}
+}
+
+// foldCase is a product's operands for the folded forms' checks: x (rows
+// of xs, at px), w (at pw), their float64 product prod, and a residual
+// (adds, at padd), for products of k columns and n outputs.
+type foldCase struct {
+	g      *GEMV
+	kk     *Kernels
+	act    cu.DType
+	xs     []float32
+	prod   []float64
+	adds   []float32
+	px, pw cu.Ptr
+	padd   cu.Ptr
+	k, n   int
+	eps    float32
+}
+
+// newFoldCase draws the operands of a foldCase of up to rows rows: x of
+// rms about 3 (far from 1, so that a missing or doubled 1/rms shows), w,
+// and a residual, rounded to act.
+func newFoldCase(t *testing.T, g *GEMV, kk *Kernels, act cu.DType, rng *rand.Rand, rows, k, n int, eps float32) foldCase {
+	t.Helper()
+	xs := roundTo(act, randn(rng, rows*k, 3))
+	ws, wb := gemvRand(rng.Uint64(), n*k, act)
+	pw := alloc(t, len(wb))
+	must(t, gpu(t).Upload(pw, wb))
+	adds := roundTo(act, randn(rng, rows*n, 1))
+	return foldCase{g: g, kk: kk, act: act, xs: xs, prod: gemvRef(xs, ws, rows, k, n), adds: adds, px: up(t, act, xs), pw: pw,
+		padd: up(t, act, adds), k: k, n: n, eps: eps}
+}
+
+// check runs the folded forms on the first rows of x, as the way set for
+// them runs: Eps against the float64 product of each row divided by its
+// rms, rsqrt(mean(x²) + eps); Add against the product plus the residual;
+// the SwiGLU epilogue (and, at Llama-3's 6144 outputs, the RoPE one) with
+// NormEps bit for bit the folded product followed by SwiGLUPacked
+// (RoPEQKVWrite). It returns the worst error.
+func (c foldCase) check(t *testing.T, what string, rows int) float64 {
+	t.Helper()
+	act, k, n := c.act, c.k, c.n
+	inv := rowInvRMS(c.xs, rows, k, float64(c.eps))
+	normed, added := make([]float64, rows*n), make([]float64, rows*n)
+	for i := range normed {
+		normed[i] = c.prod[i] * inv[i/n]
+		added[i] = c.prod[i] + float64(c.adds[i])
+	}
+	total := rows*n + n + 64
+	out := outBuf(t, act, total)
+	must(t, c.g.RunFolded(nil, out, c.px, c.pw, rows, k, n, false, Fold{Eps: c.eps}))
+	got := bytesOf(t, act, out, total)
+	worst := compare(t, what+" eps", decode(act, got[:rows*n*act.Size()]), normed, tol(act))
+	checkPoisonTail(t, what+" eps", got, rows*n*act.Size(), act)
+	scaled := got[:rows*n*act.Size()]
+
+	out2 := outBuf(t, act, total)
+	must(t, c.g.RunFolded(nil, out2, c.px, c.pw, rows, k, n, false, Fold{Add: c.padd}))
+	got2 := bytesOf(t, act, out2, total)
+	worst = max(worst, compare(t, what+" add", decode(act, got2[:rows*n*act.Size()]), added, tol(act)))
+	checkPoisonTail(t, what+" add", got2, rows*n*act.Size(), act)
+
+	// SwiGLU of the first 2f outputs' rows, folded, against RunFolded +
+	// SwiGLUPacked.
+	f := n / 2
+	sw := outBuf(t, act, rows*f)
+	must(t, c.g.RunSwiGLU(nil, sw, c.px, c.pw, rows, k, f, c.eps))
+	prodBuf, sw2 := outBuf(t, act, rows*2*f), outBuf(t, act, rows*f)
+	must(t, c.g.RunFolded(nil, prodBuf, c.px, c.pw, rows, k, 2*f, false, Fold{Eps: c.eps}))
+	must(t, c.kk.SwiGLUPacked(nil, sw2, prodBuf, ProductScales{}, rows, f))
+	if a, b := bytesOf(t, act, sw, rows*f), bytesOf(t, act, sw2, rows*f); !bytes.Equal(a, b) {
+		t.Errorf("%s: swiglu with the norm differs from the folded product + swiglu_packed", what)
+	}
+	if n == 6144 {
+		checkFoldedRoPE(t, c.g, c.kk, act, c.px, c.pw, scaled, rows, k, c.eps)
+	}
+	return worst
+}
+
+// rowInvRMS is each of the first rows rows of x (rows of dim)'s
+// 1/sqrt(mean(x²) + eps), in float64.
+func rowInvRMS(x []float32, rows, dim int, eps float64) []float64 {
+	inv := make([]float64, rows)
+	for r := range inv {
+		ss := 0.0
+		for _, v := range x[r*dim : (r+1)*dim] {
+			ss += float64(v) * float64(v)
+		}
+		inv[r] = 1 / math.Sqrt(ss/float64(dim)+eps)
+	}
+	return inv
 }
 
 // checkFoldedRoPE runs RunRoPEQKV with NormEps on Llama-3-8B's heads (32/8

@@ -188,17 +188,6 @@ func TestRowRMSReaders(t *testing.T) {
 		}
 		return x
 	}
-	invRMS := func(nx []float32, rows, dim int) []float64 {
-		inv := make([]float64, rows)
-		for r := range inv {
-			ss := 0.0
-			for _, v := range nx[r*dim : (r+1)*dim] {
-				ss += float64(v) * float64(v)
-			}
-			inv[r] = 1 / math.Sqrt(ss/float64(dim)+eps)
-		}
-		return inv
-	}
 	// A product of unnormalized rows: row r of the normalized product (at
 	// scale 3) times the rms of row r of the residual it was taken of.
 	productRows := func(rng *rand.Rand, inv []float64, cols int) []float32 {
@@ -223,7 +212,7 @@ func TestRowRMSReaders(t *testing.T) {
 		for _, shape := range [][3]int{{1, 256, 96}, {17, 4096, 14336}, {300, 512, 1024}} {
 			rows, dim, n := shape[0], shape[1], shape[2]
 			nx := roundTo(act, rowsAt(rng, rows, dim))
-			inv := invRMS(nx, rows, dim)
+			inv := rowInvRMS(nx, rows, dim, eps)
 			gu := roundTo(act, productRows(rng, inv, 2*n))
 			out := outBuf(t, act, rows*n)
 			must(t, k.SwiGLUPackedRMS(nil, out, up(t, act, gu), RowRMS{X: up(t, act, nx), Dim: dim, Eps: eps}, rows, n))
@@ -245,7 +234,7 @@ func TestRowRMSReaders(t *testing.T) {
 			for _, rows := range testRows {
 				nslot, slots, pos := randSlots(rng, rows, bs, maxPos)
 				nx := roundTo(act, rowsAt(rng, rows, dim))
-				inv := invRMS(nx, rows, dim)
+				inv := rowInvRMS(nx, rows, dim, eps)
 				qkv := roundTo(act, productRows(rng, inv, cols))
 				scaled := divided(act, qkv, inv, cols)
 				kc0 := roundTo(act, randn(rng, nslot*width, 1))

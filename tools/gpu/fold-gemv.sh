@@ -17,10 +17,10 @@
 source "$(dirname "$0")/env.sh"
 [ -x .devbin/kiln-base ] || { echo "no .devbin/kiln-base: run BASE=<rev> tools/gpu/build.sh" >&2; exit 2; }
 if [ -z "${NOTESTS:-}" ]; then
-kernels_test gemv-fold -test.run 'TestGEMVFold|TestGEMVTileFold|TestGEMV$|TestGEMVSwiGLU|TestGEMVRoPEQKV|TestGEMVEpilogueErrors'
-grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)|gemv fold|\.go:[0-9]+: .*(differs|want)' "$out/gemv-fold.log" | head -40
-backend_test model-fold -test.run 'TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures'
-grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)|GEMV|\.go:[0-9]+: .*(differ|want|limit)' "$out/model-fold.log" | head -30
+	kernels_test gemv-fold -test.run 'TestGEMVFold|TestGEMVTileFold|TestGEMV$|TestGEMVSwiGLU|TestGEMVRoPEQKV|TestGEMVEpilogueErrors'
+	grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)|gemv fold|\.go:[0-9]+: .*(differs|want)' "$out/gemv-fold.log" | head -40
+	backend_test model-fold -test.run 'TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures'
+	grep -E -- '^(--- |    --- )(FAIL|PASS)|^(ok|FAIL)|GEMV|\.go:[0-9]+: .*(differ|want|limit)' "$out/model-fold.log" | head -30
 fi
 random_bf16
 for r in $(seq "${ROUNDS:-2}"); do

@@ -479,6 +479,18 @@ type Fold struct {
 	Eps float32
 }
 
+// kernel is the fold's infix in a kernel's name (gemvCfg.fold) and the
+// arguments the folded kernels take last.
+func (f Fold) kernel() (string, []any) {
+	switch {
+	case f.Add != 0:
+		return "add_", []any{f.Add}
+	case f.Eps > 0:
+		return "norm_", []any{f.Eps}
+	}
+	return "", nil
+}
+
 // Folds reports whether the products of t rows (1 to GEMVMaxT), k columns
 // and n outputs run on the CUDA-core kernels or the tile kernels (past
 // GEMVVectorMaxT rows), which take a Fold, as the vector way set for them
@@ -509,8 +521,8 @@ func (g *GEMV) checkFold(f Fold, t, k, n int, outF32, epi bool) error {
 }
 
 // RunFolded is Run with a norm folded in (f; see Fold), on the CUDA-core
-// kernels; where they do not take the product (Folds), an error wrapping
-// ErrGEMVShape before anything is queued.
+// or tile kernels; where neither takes the product (Folds), an error
+// wrapping ErrGEMVShape before anything is queued.
 func (g *GEMV) RunFolded(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool, f Fold) error {
 	if err := g.Check(out, x, w, t, k, n, outF32); err != nil {
 		return err
@@ -522,32 +534,26 @@ func (g *GEMV) RunFolded(s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 boo
 }
 
 // run launches configuration c on a checked product of t rows (c.t for
-// the CUDA-core kernels; those and the tile kernels take a fold f).
+// the CUDA-core kernels; those and the tile kernels take a fold f, whose
+// residual form has no outF32).
 func (g *GEMV) run(s *cu.Stream, c gemvCfg, out, x, w cu.Ptr, t, k, n int, outF32 bool, f Fold) error {
-	if c.tile {
-		c = g.split(c, n, k)
-		switch {
-		case f.Add != 0:
-			c.fold = "add_"
-			return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), int32(c.splits), f.Add)
-		case f.Eps > 0:
-			c.fold = "norm_"
-			return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32), int32(c.splits), f.Eps)
-		}
-		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32), int32(c.splits))
-	}
 	if c.mma {
 		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), int32(t), b2i(outF32))
 	}
-	switch {
-	case f.Add != 0:
-		c.fold = "add_"
-		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), f.Add)
-	case f.Eps > 0:
-		c.fold = "norm_"
-		return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), b2i(outF32), f.Eps)
+	var tail []any
+	c.fold, tail = f.kernel()
+	args := []any{x, w, out, int32(k), int32(n)}
+	if c.tile {
+		c = g.split(c, n, k)
+		args = append(args, int32(t))
 	}
-	return g.launch(s, c, t, n, x, w, out, int32(k), int32(n), b2i(outF32))
+	if f.Add == 0 {
+		args = append(args, b2i(outF32))
+	}
+	if c.tile {
+		args = append(args, int32(c.splits))
+	}
+	return g.launch(s, c, t, n, append(args, tail...)...)
 }
 
 // split sets the splits of tile configuration c for n outputs of k
@@ -894,22 +900,16 @@ func (g *GEMV) RunSwiGLU(s *cu.Stream, out, x, w cu.Ptr, t, k, f int, normEps fl
 	}
 	c := g.cfgFor(t, k, 2*f)
 	c.epi = epiSwiGLU
-	if c.tile {
-		c = g.split(c, f, k)
-		if normEps > 0 {
-			c.fold = "norm_"
-			return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t), int32(c.splits), normEps)
-		}
-		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t), int32(c.splits))
-	}
 	if c.mma {
 		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), int32(t))
 	}
-	if normEps > 0 {
-		c.fold = "norm_"
-		return g.launch(s, c, t, f, x, w, out, int32(k), int32(f), normEps)
+	var tail []any
+	c.fold, tail = Fold{Eps: normEps}.kernel()
+	if c.tile {
+		c = g.split(c, f, k)
+		return g.launch(s, c, t, f, append([]any{x, w, out, int32(k), int32(f), int32(t), int32(c.splits)}, tail...)...)
 	}
-	return g.launch(s, c, t, f, x, w, out, int32(k), int32(f))
+	return g.launch(s, c, t, f, append([]any{x, w, out, int32(k), int32(f)}, tail...)...)
 }
 
 // RoPEQKV is where RunRoPEQKV puts the stacked Q/K/V product, as
@@ -949,20 +949,15 @@ func (g *GEMV) RunRoPEQKV(s *cu.Stream, r RoPEQKV, x, w cu.Ptr, t, k int) error 
 	c := g.cfgFor(t, k, n)
 	c.epi = epiRoPE
 	args := []any{r.Q, r.KCache, r.VCache, r.Pos, r.Slots, r.Table, int32(r.Heads), int32(r.KVHeads), int32(r.HeadDim), b2i(r.Interleaved)}
-	if c.tile {
-		c = g.split(c, n/2, k)
-		if r.NormEps > 0 {
-			c.fold = "norm_"
-			args = append(args, r.NormEps)
-		}
-		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t), int32(c.splits)}, args...)...)
-	}
 	if c.mma {
 		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t)}, args...)...)
 	}
-	if r.NormEps > 0 {
-		c.fold = "norm_"
-		args = append(args, r.NormEps)
+	var tail []any
+	c.fold, tail = Fold{Eps: r.NormEps}.kernel()
+	args = append(args, tail...)
+	if c.tile {
+		c = g.split(c, n/2, k)
+		return g.launch(s, c, t, n/2, append([]any{x, w, int32(k), int32(t), int32(c.splits)}, args...)...)
 	}
 	return g.launch(s, c, t, n/2, append([]any{x, w, int32(k)}, args...)...)
 }

@@ -177,12 +177,7 @@ func checkFoldedRoPE(t *testing.T, g *GEMV, kk *Kernels, act cu.DType, px, pw cu
 	const heads, kvHeads, hd, maxPos = 32, 8, 128, 4096
 	rng := newRNG(t)
 	qw, width := heads*hd, kvHeads*hd
-	nslot := rows + 5
-	perm := rng.Perm(nslot)
-	slots, pos := make([]int32, rows), make([]int32, rows)
-	for i := range slots {
-		slots[i], pos[i] = int32(perm[i]), int32(rng.IntN(maxPos))
-	}
+	nslot, slots, pos := randSlots(rng, rows, 1, maxPos)
 	pslots, ppos := upI32(t, slots), upI32(t, pos)
 	ptab := up(t, cu.F32, ropeTable(maxPos, hd, 500000))
 	kc0, vc0 := roundTo(act, randn(rng, nslot*width, 1)), roundTo(act, randn(rng, nslot*width, 1))

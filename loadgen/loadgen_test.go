@@ -431,3 +431,44 @@ func TestHistogram(t *testing.T) {
 		t.Error("a histogram of zero weight was accepted")
 	}
 }
+
+// TestPromptsDistinct: beyond the shared prefix no two prompts begin with
+// the same words (a KV cache's prefix blocks would serve them) within a
+// run, nor between runs of other seeds, from the built-in sentence and
+// from a larger corpus; the same seed sends the same prompts.
+func TestPromptsDistinct(t *testing.T) {
+	big := make([]string, 20000)
+	for i := range big {
+		big[i] = fmt.Sprintf("w%d", i)
+	}
+	for _, corpus := range []string{"", strings.Join(big, " ")} {
+		prompts := func(seed uint64) []string {
+			w := Workload{PromptTokens: Dist{Mean: 128}, OutputTokens: Dist{Mean: 1}, Corpus: corpus}
+			if err := w.prepare(); err != nil {
+				t.Fatal(err)
+			}
+			r := rand.New(rand.NewPCG(seed, 99))
+			var ps []string
+			for range 2000 {
+				q := w.next(r)
+				if q.inputTokens < 128 || q.inputTokens > 130 {
+					t.Fatalf("a prompt of %d tokens, want 128", q.inputTokens)
+				}
+				ps = append(ps, q.prompt)
+			}
+			return ps
+		}
+		a, b := prompts(1), prompts(2)
+		if !slices.Equal(a, prompts(1)) {
+			t.Errorf("corpus of %d bytes: the same seed sent other prompts", len(corpus))
+		}
+		starts := map[string]int{}
+		for i, p := range append(a, b...) {
+			head := strings.Join(strings.Fields(p)[:12], " ")
+			if j, ok := starts[head]; ok {
+				t.Fatalf("corpus of %d bytes: prompts %d and %d both begin %q", len(corpus), j, i, head)
+			}
+			starts[head] = i
+		}
+	}
+}

@@ -87,12 +87,12 @@ func (d Dist) draw(r *rand.Rand) int {
 }
 
 // Workload describes the requests: prompt and output lengths, the text
-// prompts are cut from, and how much of each prompt is a prefix shared by
+// prompts are drawn from, and how much of each prompt is a prefix shared by
 // all requests.
 type Workload struct {
 	PromptTokens, OutputTokens Dist
-	// Corpus is the text prompts are built from (words taken in order,
-	// wrapping around); empty: a built-in pangram text.
+	// Corpus is the text prompts are built from (see next); empty: a
+	// built-in pangram text.
 	Corpus string
 	// SharedPrefix is the fraction (0..1) of each prompt that is the same
 	// for every request (it exercises prefix caches).
@@ -155,8 +155,11 @@ type request struct {
 	inputTokens, outputTokens int
 }
 
-// next draws a request. Words are taken from the corpus in order, so
-// consecutive prompts differ; the shared prefix always starts the corpus.
+// next draws a request. Beyond the shared prefix (the corpus's first
+// words, in order) a prompt is the corpus's words drawn at random with r,
+// so no two prompts share a prefix a KV cache could reuse, within a run or
+// between runs of other seeds (as vLLM's random prompts); runs of the same
+// seed send the same prompts.
 func (w *Workload) next(r *rand.Rand) request {
 	if len(w.Dataset) > 0 {
 		it := w.Dataset[w.cursor%len(w.Dataset)]
@@ -169,31 +172,24 @@ func (w *Workload) next(r *rand.Rand) request {
 	}
 	n := w.PromptTokens.draw(r)
 	shared := int(math.Round(w.SharedPrefix * float64(n)))
-	prefix := w.take(shared, 0)
-	rest := w.take(n-shared, -1)
+	prefix := w.take(shared, func(i int) string { return w.words[i%len(w.words)] })
+	rest := w.take(n-shared, func(int) string { return w.words[r.IntN(len(w.words))] })
 	prompt := strings.TrimSpace(prefix + " " + rest)
 	return request{prompt: prompt, inputTokens: w.count(prompt), outputTokens: w.OutputTokens.draw(r)}
 }
 
-// take builds text of about n tokens from the corpus, starting at word
-// from (-1: where the last take stopped).
-func (w *Workload) take(n, from int) string {
+// take builds text of about n tokens from word(0), word(1), ….
+func (w *Workload) take(n int, word func(int) string) string {
 	if n <= 0 {
 		return ""
 	}
-	at := w.cursor
-	if from >= 0 {
-		at = from
-	}
 	var b strings.Builder
-	words := 0
-	for {
-		if words > 0 {
+	for i := 0; ; i++ {
+		if i > 0 {
 			b.WriteByte(' ')
 		}
-		b.WriteString(w.words[at%len(w.words)])
-		at++
-		words++
+		b.WriteString(word(i))
+		words := i + 1
 		if w.Tokens == nil && (words*4+2)/3 >= n {
 			break
 		}
@@ -203,9 +199,6 @@ func (w *Workload) take(n, from int) string {
 		if words > 64*n+64 {
 			break
 		}
-	}
-	if from < 0 {
-		w.cursor = at % len(w.words)
 	}
 	return b.String()
 }

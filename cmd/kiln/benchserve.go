@@ -30,7 +30,7 @@ func cmdBenchServe(args []string) error {
 	warmup := fs.Int("warmup", 0, "first requests left out of the figures")
 	prompt := fs.String("prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD, lognormal:MEAN:STD or hist:COUNT=WEIGHT,...")
 	output := fs.String("output-tokens", "128", "output length, same forms (ignore_eos is sent so servers that support it generate exactly that)")
-	corpus := fs.String("corpus", "", "text file prompts are cut from (default: a built-in sentence)")
+	corpus := fs.String("corpus", "", "text file whose words prompts are drawn from (default: a built-in sentence)")
 	shared := fs.Float64("shared-prefix", 0, "fraction of each prompt shared by all requests (0..1)")
 	profile := fs.String("profile", "", "a built-in workload (chat, rag, code) for the lengths and shared prefix not given by flags")
 	dataset := fs.String("dataset", "", `JSONL file of prompts, one {"prompt": "...", "output_tokens": N} per line (output_tokens optional)`)
@@ -44,7 +44,7 @@ func cmdBenchServe(args []string) error {
 	htmlOut := fs.String("html", "", "write a self-contained HTML report with charts to this file")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
-	seed := fs.Uint64("seed", 1, "seed of the workload")
+	seed := fs.Uint64("seed", 1, "seed of the workload: its prompts and lengths (runs of one seed send the same prompts)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -79,9 +79,12 @@ serve_up() {
 # serve_run NAME CONCURRENCY REQUESTS WARMUP runs kiln bench serve against
 # it (128-token prompts in tokenizer $tok, 128 output tokens; within
 # ${SERVE_TIMEOUT:-120} s) into $work/NAME.json, .html and .txt, and prints
-# its exit status and the seconds since $t0.
+# its exit status and the seconds since $t0. Each run draws its prompts
+# with a seed of its own (serve_seed counts them), so no run's prompts are
+# in the server's prefix cache from an earlier run.
 serve_run() {
-	timeout "${SERVE_TIMEOUT:-120}" $k bench serve --url http://127.0.0.1:8765 --concurrency "$2" --num-requests "$3" --warmup "$4" \
+	serve_seed=$((${serve_seed:-0} + 1))
+	timeout "${SERVE_TIMEOUT:-120}" $k bench serve --url http://127.0.0.1:8765 --concurrency "$2" --num-requests "$3" --warmup "$4" --seed "$serve_seed" \
 		--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$work/$1.json" --html "$work/$1.html" >"$work/$1.txt" 2>&1
 	echo "$1: rc=$? at $(($(date +%s) - t0)) s"
 }

@@ -17,7 +17,7 @@ type metrics struct {
 	prefixQueries, prefixHits prometheus.Counter
 }
 
-func newMetrics(s *Scheduler, jitWork func() int64) *metrics {
+func newMetrics(s *Scheduler, jitWork func() int64, counters []Counter) *metrics {
 	reg := prometheus.NewRegistry()
 	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 	hist := func(name, help string) prometheus.Histogram {
@@ -75,6 +75,9 @@ func newMetrics(s *Scheduler, jitWork func() int64) *metrics {
 			}
 			return float64(jitWork())
 		}))
+	for _, c := range counters {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.Name, Help: c.Help}, c.Value))
+	}
 	return m
 }
 

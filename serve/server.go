@@ -43,6 +43,16 @@ type Options struct {
 	// timed at run time (kiln:jit_fallback_total: what an ahead-of-time
 	// artifact did not hold); nil: none (the CPU).
 	JITWork func() int64
+	// Counters are the backend's own counters, exported as they are (the
+	// GPU's CUDA graphs captured and replayed, say).
+	Counters []Counter
+}
+
+// Counter is a cumulative count a backend keeps, read when /metrics is
+// asked (Value must be safe to call from any goroutine).
+type Counter struct {
+	Name, Help string
+	Value      func() float64
 }
 
 // Server is the HTTP API over a Scheduler.
@@ -64,7 +74,7 @@ func NewServer(s *Scheduler, o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{s: s, o: o, m: newMetrics(s, o.JITWork), created: time.Now().Unix()}
+	return &Server{s: s, o: o, m: newMetrics(s, o.JITWork, o.Counters), created: time.Now().Unix()}
 }
 
 // SetReady marks the model loaded (or not) for /health.

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -656,6 +658,31 @@ func TestStreamEveryToken(t *testing.T) {
 		if text.String() != want || usage <= 0 || tokens != usage || empty == 0 {
 			t.Errorf("%s: %d token chunks (%d without text) for %d completion tokens, text %q, want %q and some held back",
 				path, tokens, empty, usage, text.String(), want)
+		}
+	}
+}
+
+// TestMetricsCounters: a backend's own counters (Options.Counters) are
+// served as they read when /metrics is asked.
+func TestMetricsCounters(t *testing.T) {
+	e := stories(t, 8, 0)
+	s := runScheduler(t, e, Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 64})
+	var n atomic.Int64
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	v := NewServer(s, Options{ModelName: "stories", Log: quiet,
+		Counters: []Counter{{Name: "kiln:test_things_total", Help: "Things.", Value: func() float64 { return float64(n.Load()) }}}})
+	ts := httptest.NewServer(v.Handler())
+	defer ts.Close()
+	for _, want := range []int64{0, 7} {
+		n.Store(want)
+		resp, err := http.Get(ts.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if line := fmt.Sprintf("kiln:test_things_total %d", want); !strings.Contains(string(data), line) {
+			t.Errorf("/metrics lacks %q", line)
 		}
 	}
 }

@@ -136,8 +136,16 @@ type Backend struct {
 	profIndex    map[string]int // Stats.Profile's entry of each name
 	tuneOnce     sync.Once
 	tuned        *tune.Cache
-	tuneInMemory bool         // the tune cache is an artifact's (StartFrom): never written
-	races        atomic.Int64 // first-use races run (JITWork, Stats.Raced.Races)
+	tuneInMemory bool            // the tune cache is an artifact's (StartFrom): never written
+	races        atomic.Int64    // first-use races run (JITWork, Stats.Raced.Races)
+	graphWork    [3]atomic.Int64 // steps, graph captures and replays (GraphWork)
+}
+
+// GraphWork counts b's steps since it opened, the CUDA graphs it captured
+// and the steps it replayed from one (the rest ran kernel by kernel), as
+// Stats does. Safe to call from any goroutine.
+func (b *Backend) GraphWork() (steps, captures, replays int64) {
+	return b.graphWork[0].Load(), b.graphWork[1].Load(), b.graphWork[2].Load()
 }
 
 // RaceCounts counts first-use races: the races run, the candidates they

@@ -34,7 +34,14 @@ type ModelOptions struct {
 	// llama-bench's depth.
 	Depth int
 	Reps  int // repetitions of each test (at least 1)
-	Seed  uint64
+	// MixedChunk, when set, adds to every generation-test step a prompt
+	// chunk of this many tokens (a new sequence's whole prompt, freed after
+	// the step), as a server's continuous batching mixes a new request's
+	// prefill into the running decodes: the test is named
+	// "tg128+pp256", and its figures are the decoded tokens' rate, the
+	// prompt tokens' (PromptTokensPerSec) and the model FLOP/s of both.
+	MixedChunk int
+	Seed       uint64
 	// Memory measures the bandwidth decode is compared with (nil: this
 	// machine's host memory).
 	Memory Memory
@@ -109,8 +116,12 @@ type ModelResult struct {
 	Samples      []float64 `json:"samples_tokens_per_s"`
 	// FLOPS is prompt processing's model FLOP/s: the products' 2·N·K per
 	// token (the logits' only for the last token) plus causal attention's
-	// 4·heads·headDim per key, over the measured time.
+	// 4·heads·headDim per key, over the measured time; in a mixed test
+	// (ModelOptions.MixedChunk) the decoded tokens' and the chunks'.
 	FLOPS float64 `json:"flops_per_s,omitempty"`
+	// PromptTokensPerSec is a mixed test's prompt tokens a second, beside
+	// the decoded tokens of TokensPerSec.
+	PromptTokensPerSec float64 `json:"prompt_tokens_per_s,omitempty"`
 	// PeakFraction is the median over repetitions of each one's model
 	// FLOP/s over the GEMM rate measured just before it (the device's
 	// clocks drift as it warms, so each run is compared with its own
@@ -262,6 +273,10 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	if o.Depth > 0 {
 		res.Test += fmt.Sprintf("@d%d", o.Depth)
 	}
+	chunk := o.MixedChunk
+	if chunk > 0 {
+		res.Test += fmt.Sprintf("+pp%d", chunk)
+	}
 	spec := e.KVSpec()
 	kvElem := o.KVElemBytes
 	switch {
@@ -274,10 +289,11 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	}
 	// Every rank of a group caches its share of the KV heads.
 	kvPerToken := float64(2*spec.Layers*spec.KVHeads*spec.HeadDim*kvElem) * o.devices()
-	items := make([]engine.Item, batch)
+	items := make([]engine.Item, batch, batch+1)
 	toks := make([]int, batch)
-	// Greedy choice, on the device when the backend samples there.
-	samplers := make([]*engine.Sampler, batch)
+	// Greedy choice, on the device when the backend samples there (the
+	// chunk's token is sampled too, as a prompt's last is).
+	samplers := make([]*engine.Sampler, batch+1)
 	for i := range samplers {
 		samplers[i] = engine.NewSampler(engine.SamplingParams{}, e.Vocab(), nil)
 	}
@@ -301,10 +317,19 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 			dev0 = o.DeviceTime()
 		}
 		step := func() error {
+			items = items[:batch]
 			for s := range items {
 				items[s] = engine.Item{Seq: seqs[s], Tokens: toks[s : s+1]}
 				kvBytes += float64(seqs[s].Len()+1) * kvPerToken
 			}
+			if chunk == 0 {
+				ids, err := e.StepSample(items, samplers[:batch])
+				copy(toks, ids)
+				return err
+			}
+			prompt := e.NewSequence()
+			defer e.Free(prompt)
+			items = append(items, engine.Item{Seq: prompt, Tokens: randomTokens(chunk)})
 			ids, err := e.StepSample(items, samplers)
 			copy(toks, ids)
 			return err
@@ -355,9 +380,22 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		}
 	}
 	res.TokensPerSec, res.StdDev = meanStd(res.Samples)
+	res.DeviceBusy, res.OutsideSeconds = median(busy), median(outside)
+	if chunk > 0 {
+		// A mixed step is bound by its arithmetic, not by what it reads:
+		// its model FLOP/s instead of a roofline share. A decoded token
+		// costs a prompt token of its context's length, less the causal
+		// mean (the key count's half) and plus the logits.
+		steps := res.TokensPerSec / float64(batch)
+		res.PromptTokensPerSec = steps * float64(chunk)
+		ctx := o.Depth + o.GenTokens/2
+		decode := prefillFLOPsPerToken(m, 1) + 4*float64(m.Config.NumLayers*m.Config.NumHeads*m.Config.HeadDim)*float64(ctx)
+		res.FLOPS = res.TokensPerSec*decode + res.PromptTokensPerSec*prefillFLOPsPerToken(m, chunk)
+		res.BytesPerStep = 0
+		return res, nil
+	}
 	res.Bandwidth = res.BytesPerStep * res.TokensPerSec / float64(batch)
 	res.Roofline, res.ReadFraction = median(roof), median(read)
-	res.DeviceBusy, res.OutsideSeconds = median(busy), median(outside)
 	return res, nil
 }
 

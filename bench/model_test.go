@@ -326,3 +326,43 @@ func writtenConfig(t *testing.T, s Shape) model.Config {
 	defer m.Close()
 	return m.Config
 }
+
+// TestMixedSteps: with MixedChunk every generation step also prefills a
+// new prompt of that many tokens: the test is named for it, its prompt
+// rate is the chunk per step, its FLOP/s counts both kinds of token, and
+// no roofline is claimed (such a step is bound by its arithmetic); every
+// chunk's sequence is freed.
+func TestMixedSteps(t *testing.T) {
+	dir := t.TempDir()
+	if err := WriteRandomModel(dir, Shapes["tiny"], tensor.BF16, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	free := e.FreeBlocks()
+	rep, err := RunModel(e, m, "cpu", 0, ModelOptions{GenTokens: 4, Batches: []int{2}, Depth: 3, Reps: 1, MixedChunk: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Results[0]
+	if r.Test != "tg4@d3+pp12" || r.Batch != 2 {
+		t.Fatalf("result %+v", r)
+	}
+	if got, want := r.PromptTokensPerSec, 6*r.TokensPerSec; math.Abs(got-want) > 1e-9*want || got <= 0 {
+		t.Errorf("prompt tokens/s %g, want 12 a step beside 2 decoded: %g", got, want)
+	}
+	if r.FLOPS <= 0 || r.Roofline != 0 || r.BytesPerStep != 0 {
+		t.Errorf("FLOP/s %g, roofline %g, bytes a step %g", r.FLOPS, r.Roofline, r.BytesPerStep)
+	}
+	if e.FreeBlocks() != free {
+		t.Errorf("%d blocks free after the test, %d before", e.FreeBlocks(), free)
+	}
+}

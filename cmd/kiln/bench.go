@@ -50,6 +50,7 @@ func cmdBenchModel(args []string) error {
 	tg := fs.Int("tg", 128, "tokens generated per sequence in the generation test (0: skip)")
 	batches := fs.String("batch", "1,4", "sequences decoding together in the generation test, comma-separated")
 	depth := fs.Int("depth", 0, "context each generation-test sequence holds before decoding (prefilled, untimed)")
+	mixed := fs.Int("mixed", 0, "add to every generation-test step a new prompt of this many tokens, as a server mixes prefills into running decodes (0: decode alone)")
 	reps := fs.Int("reps", 3, "repetitions of each test, after one warm-up")
 	keep := fs.String("keep", "", "write the --random model into this directory and keep it (reused when it is already there)")
 	random := fs.String("random", "", "benchmark a random-weight model of this shape instead of MODEL ("+bench.ShapeNames()+")")
@@ -168,7 +169,10 @@ func cmdBenchModel(args []string) error {
 		}
 		fmt.Fprintf(os.Stderr, "kiln: the model's context is %d: --pp %d, --tg %d\n", m.Config.MaxPositions, *pp, *tg)
 	}
-	ctx := max(*pp, *depth+gen) + 1
+	if *mixed < 0 {
+		return fmt.Errorf("--mixed %d: want a prompt chunk of 0 or more tokens", *mixed)
+	}
+	ctx := max(*pp, *depth+gen, *mixed) + 1
 	if ef.ctx > 0 {
 		ctx = ef.ctx
 	}
@@ -178,8 +182,12 @@ func cmdBenchModel(args []string) error {
 	// The cache holds what the tests need at once: the prompt of pp, or
 	// every generation sequence at its depth plus tg.
 	blocks := func(tokens int) int { return (tokens + 15) / 16 }
-	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+gen+1))
-	eo := engine.Options{ContextLen: ctx, MaxSeqs: maxBatch, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be)}
+	kvBlocks := max(blocks(*pp+1), maxBatch*blocks(*depth+gen+1)+blocks(*mixed))
+	seqs := maxBatch
+	if *mixed > 0 {
+		seqs++ // the prompt chunk's
+	}
+	eo := engine.Options{ContextLen: ctx, MaxSeqs: seqs, BlockSize: 16, KVBlocks: kvBlocks, Buckets: bucketsFor(be)}
 	if err := ef.kvCache(&eo); err != nil {
 		return err
 	}
@@ -189,7 +197,10 @@ func cmdBenchModel(args []string) error {
 	}
 	defer e.Close()
 	start = append(start, e.Startup...)
-	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth}
+	if most := e.MaxStepTokens(); *mixed > 0 && maxBatch+*mixed > most {
+		return fmt.Errorf("--mixed %d with batch %d: a step of %d tokens, the engine takes %d", *mixed, maxBatch, maxBatch+*mixed, most)
+	}
+	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth, MixedChunk: *mixed}
 	// Progress on a terminal: one line redrawn as each repetition starts.
 	if w := progressWriter(); w != nil {
 		opts.Progress = func(test string) { fmt.Fprintf(w, "\r\033[K%s", test) }
@@ -363,6 +374,9 @@ func printModelReport(r *bench.ModelReport) {
 	for _, x := range r.Results {
 		if x.DeviceBusy > 0 {
 			fmt.Printf("\n%s batch %d: the device is busy %.1f%% of a step; %.1f µs per step outside device work", x.Test, x.Batch, 100*x.DeviceBusy, 1e6*x.OutsideSeconds)
+		}
+		if x.PromptTokensPerSec > 0 {
+			fmt.Printf("\n%s batch %d: %.2f prompt tokens/s beside the decoded tokens; %.1f µs a step", x.Test, x.Batch, x.PromptTokensPerSec, 1e6*float64(x.Batch)/x.TokensPerSec)
 		}
 		if x.FLOPS > 0 {
 			fmt.Printf("\n%s: %.2f TFLOP/s of model FLOPs", x.Test, x.FLOPS/1e12)

@@ -30,12 +30,12 @@ func TestDecodeStep(t *testing.T) {
 		{[]int{1}, true},
 		{[]int{1, 1, 1}, true},
 		{[]int{2}, true},
-		{[]int{5}, true},                        // a verifying step of 4 drafts
-		{[]int{5, 9, 1}, true},                  // several
-		{[]int{decodeMaxRun}, true},             // the longest run
-		{[]int{decodeMaxRun + 1}, false},        // a prefill chunk
-		{[]int{100, 1, 1, 1, 1}, false},         // a chunk among decoders
-		{append([]int{100}, make99()...), true}, // two a sequence on average
+		{[]int{5}, true},                         // a verifying step of 4 drafts
+		{[]int{5, 9, 1}, true},                   // several
+		{[]int{decodeMaxRun}, true},              // the longest run
+		{[]int{decodeMaxRun + 1}, false},         // a prefill chunk
+		{[]int{100, 1, 1, 1, 1}, false},          // a chunk among decoders
+		{append([]int{100}, make99()...), false}, // a chunk among decoders, two a sequence on average
 	} {
 		if got := decodeStep(batch(c.runs...)); got != c.want {
 			t.Errorf("runs %v: decode %v, want %v", c.runs, got, c.want)

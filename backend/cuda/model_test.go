@@ -266,38 +266,47 @@ func TestBatchedMatchesCPU(t *testing.T) {
 }
 
 // batchedSteps runs the model at dir on bk: prompts of 70, 3 and 130
-// tokens in one step, then 20 decode steps of the three sequences; it
-// returns every step's logits.
+// tokens in one step, 10 decode steps of the three sequences, a mixed step
+// (their decodes and a fourth sequence's prompt of 40 tokens: decode
+// attention for the first, prefill attention for the chunk), then 10 decode
+// steps of the four; it returns every step's logits.
 func batchedSteps(t *testing.T, dir string, bk backend.Backend, vocab int) [][]float32 {
-	return batchedStepsOn(t, openEngine(t, dir, bk, engine.Options{MaxSeqs: 3}), vocab)
+	return batchedStepsOn(t, openEngine(t, dir, bk, engine.Options{MaxSeqs: 4}), vocab)
 }
 
-// batchedStepsOn is batchedSteps on engine e (of 3 sequences at least).
+// batchedStepsOn is batchedSteps on engine e (of 4 sequences at least).
 func batchedStepsOn(t *testing.T, e *engine.Engine, vocab int) [][]float32 {
-	seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence()}
+	seqs := []*engine.Sequence{e.NewSequence(), e.NewSequence(), e.NewSequence(), e.NewSequence()}
 	var out [][]float32
 	var items []engine.Item
-	for i, n := range []int{70, 3, 130} {
+	prompt := func(i, n int) engine.Item {
 		toks := make([]int, n)
 		for j := range toks {
 			toks[j] = (j*7 + i*13) % vocab
 		}
-		items = append(items, engine.Item{Seq: seqs[i], Tokens: toks})
+		return engine.Item{Seq: seqs[i], Tokens: toks}
 	}
-	l, err := e.Step(items)
-	if err != nil {
-		t.Fatal(err)
+	for i, n := range []int{70, 3, 130} {
+		items = append(items, prompt(i, n))
 	}
-	out = append(out, slices.Clone(l))
-	for step := 0; step < 20; step++ {
-		for i := range items {
-			items[i].Tokens = []int{(step*31 + i*5) % vocab}
-		}
+	step := func(items []engine.Item) {
 		l, err := e.Step(items)
 		if err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, slices.Clone(l))
+	}
+	step(items)
+	for s := 0; s < 21; s++ {
+		for i := range items {
+			items[i].Tokens = []int{(s*31 + i*5) % vocab}
+		}
+		if s == 10 {
+			step(append(slices.Clone(items), prompt(3, 40)))
+			items = append(items, engine.Item{Seq: seqs[3]})
+			continue
+		}
+		step(items)
 	}
 	return out
 }
@@ -404,7 +413,7 @@ func matchesCPU(t *testing.T, m *model.Model, gpu backend.Backend, limit float64
 func stepErrors(t *testing.T, m *model.Model, gpu backend.Backend) []float64 {
 	t.Helper()
 	run := func(bk backend.Backend) [][]float32 {
-		e, err := engine.New(m, bk, engine.Options{MaxSeqs: 3})
+		e, err := engine.New(m, bk, engine.Options{MaxSeqs: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -361,10 +361,13 @@ func (l *loaded) choose(nd *node) error {
 		nd.kernel = fmt.Sprintf("decode_attn_%d | %s_%d", a.HeadDim, prefill, a.HeadDim)
 		nd.launch = func(x *stepState, nd *node) error {
 			at := l.attn(x, nd)
-			if x.decode {
-				return x.kv.kern.DecodeAttention(s, at, x.m, nd.plan, x.ws, x.counters) // planned by decodeWorkspace
+			if x.decode || x.mixed {
+				// Planned by decodeWorkspace.
+				if err := x.kv.kern.DecodeAttention(s, at, x.dm, nd.plan, x.ws, x.counters); err != nil || x.decode {
+					return err
+				}
 			}
-			return x.kv.kern.PrefillAttentionWith(s, at, x.m, l.prefillVariant(x, nd, at))
+			return x.kv.kern.PrefillAttentionWith(s, at, x.pm, l.prefillVariant(x, nd, at))
 		}
 	case ir.SelectRows:
 		nd.kernel = "select_rows"
@@ -749,7 +752,7 @@ func (l *loaded) prefillVariant(x *stepState, nd *node, at kernels.Attn) string 
 	}
 	cands := make([]candidate, len(vs))
 	for i, v := range vs {
-		cands[i] = candidate{name: v, run: func() error { return x.kv.kern.PrefillAttentionWith(l.stream, at, x.m, v) }}
+		cands[i] = candidate{name: v, run: func() error { return x.kv.kern.PrefillAttentionWith(l.stream, at, x.pm, v) }}
 	}
 	l.forTrials(tk, cands)
 	l.verifyAttention(at, x.m.T, nd.in[0].dtype, cands)
@@ -803,10 +806,10 @@ func (l *loaded) decodePlan(x *stepState, nd *node) (kernels.DecodePlan, error) 
 		}
 		cs := make([]candidate, len(cands))
 		for i, p := range cands {
-			cs[i] = candidate{name: p.String(), run: func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.m, p, x.ws, x.counters) }}
+			cs[i] = candidate{name: p.String(), run: func() error { return x.kv.kern.DecodeAttention(l.stream, at, x.dm, p, x.ws, x.counters) }}
 		}
 		l.forTrials(tk, cs)
-		l.verifyAttention(at, x.m.T, nd.in[0].dtype, cs)
+		l.verifyAttention(at, x.dm.T, nd.in[0].dtype, cs)
 		r := l.race(cs)
 		for i, err := range r.Errs {
 			// A cluster the device cannot place (a launch error, not a

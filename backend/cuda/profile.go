@@ -97,6 +97,8 @@ func (nd *node) profileName(x *stepState) string {
 		return x.ran + " + " + strings.TrimSuffix(nd.scaledReader.kernel, unlessFused)
 	case x.ran != "":
 		return x.ran
+	case nd.n.Op == ir.Attention && x.mixed:
+		return fmt.Sprintf("decode attention (%v) and prefill attention, %d/%d heads ×%d", nd.plan, nd.n.Attrs.Heads, nd.n.Attrs.KVHeads, nd.n.Attrs.HeadDim)
 	case nd.n.Op == ir.Attention && x.decode:
 		return fmt.Sprintf("decode attention, %d/%d heads ×%d (%v)", nd.n.Attrs.Heads, nd.n.Attrs.KVHeads, nd.n.Attrs.HeadDim, nd.plan)
 	case nd.n.Op == ir.Attention:

@@ -104,6 +104,36 @@ func Pack(b *backend.Batch, spec backend.KVSpec) (*Meta, error) {
 	return m, nil
 }
 
+// DecodePrefix is the number of the batch's first tokens that are each
+// their sequence's only token of the step (decoding sequences), up to the
+// first that is not: the rows a mixed step's decode attention takes
+// (SplitDecode).
+func (m *Meta) DecodePrefix() int {
+	seq := m.Data[m.SeqIndex : m.SeqIndex+m.T]
+	d := 0
+	for d < m.T && seq[d] == int32(d) && (d+1 == m.T || seq[d+1] != int32(d)) {
+		d++
+	}
+	return d
+}
+
+// SplitDecode splits a batch whose first d tokens (0 < d < T, at most
+// DecodePrefix) are decoding sequences into what decode attention takes,
+// those d tokens (their largest position as MaxPos), and what prefill
+// attention takes, the tiles of the other tokens (their tile lists start
+// after the first d tiles, one a decoding sequence). Both keep the
+// batch's token and sequence indices and its arrays, so the attention
+// kernels read and write the rows they did over the whole batch.
+func (m *Meta) SplitDecode(d int) (dec, pre *Meta) {
+	dm, pm := *m, *m
+	dm.T, dm.S, dm.Tiles, dm.MaxPos = d, d, d, 0
+	for _, p := range m.Data[m.Positions : m.Positions+d] {
+		dm.MaxPos = max(dm.MaxPos, int(p))
+	}
+	pm.TileTok0, pm.TileCount, pm.Tiles = m.TileTok0+d, m.TileCount+d, m.Tiles-d
+	return &dm, &pm
+}
+
 // DevMeta is a Meta uploaded to the device at Base.
 type DevMeta struct {
 	*Meta

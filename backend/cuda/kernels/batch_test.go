@@ -274,3 +274,61 @@ func TestDecodePlanForBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitDecode: a mixed step's decoding sequences (each one token, at
+// the batch's front) go to decode attention and its prompt chunks' tiles
+// to prefill attention; batches that do not start with a decoding
+// sequence have no decode prefix.
+func TestSplitDecode(t *testing.T) {
+	spec := backend.KVSpec{Layers: 1, Blocks: 64, BlockSize: 16, KVHeads: 1, HeadDim: 8}
+	pack := func(runs ...int) *Meta {
+		b := &backend.Batch{}
+		for s, n := range runs {
+			blocks := []int32{int32(8 * s), int32(8*s + 1), int32(8*s + 2), int32(8*s + 3), int32(8*s + 4), int32(8*s + 5), int32(8*s + 6), int32(8*s + 7)}
+			b.Seqs = append(b.Seqs, backend.Seq{Blocks: blocks[:(10*s+n+15)/16], Len: 10*s + n})
+			for j := range n {
+				b.Tokens = append(b.Tokens, 1)
+				b.Positions = append(b.Positions, int32(10*s+j))
+				b.SeqIndex = append(b.SeqIndex, int32(s))
+			}
+			b.Rows = append(b.Rows, int32(len(b.Tokens)-1))
+		}
+		m, err := Pack(b, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for _, c := range []struct {
+		runs []int
+		want int
+	}{
+		{[]int{1, 1, 1, 40}, 3},
+		{[]int{1, 1, 1, 1}, 4},
+		{[]int{40, 1, 1}, 0},
+		{[]int{1, 2, 1}, 1},
+		{[]int{1, 1, 100, 1}, 2},
+	} {
+		m := pack(c.runs...)
+		d := m.DecodePrefix()
+		if d != c.want {
+			t.Errorf("runs %v: decode prefix %d, want %d", c.runs, d, c.want)
+			continue
+		}
+		if d == 0 || d == m.T {
+			continue
+		}
+		dec, pre := m.SplitDecode(d)
+		if dec.T != d || dec.Tiles != d || dec.MaxPos != 10*(d-1) {
+			t.Errorf("runs %v: decode part T %d tiles %d max position %d", c.runs, dec.T, dec.Tiles, dec.MaxPos)
+		}
+		tok0 := m.Data[pre.TileTok0 : pre.TileTok0+pre.Tiles]
+		var count int32
+		for _, n := range m.Data[pre.TileCount : pre.TileCount+pre.Tiles] {
+			count += n
+		}
+		if pre.Tiles != m.Tiles-d || tok0[0] != int32(d) || int(count) != m.T-d || pre.T != m.T {
+			t.Errorf("runs %v: prefill part %d tiles from token %d, %d tokens (of %d)", c.runs, pre.Tiles, tok0[0], count, m.T)
+		}
+	}
+}

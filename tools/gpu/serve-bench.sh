@@ -6,8 +6,9 @@
 # bursty streams showed up, issue 15; each run's prompts are its own, and a
 # last 256-stream run repeats the first's, which the prefix cache serves),
 # beside the offline batched decode of the same shape (kiln bench model --tg
-# 128 --depth 128 --batch 256, and batch 64 at depth 512). Writes $OUT/serve.tgz (JSON, HTML charts, logs,
-# the server's metrics) and prints a summary table last.
+# 128 --depth 128 --batch 256, the same with a 256-token prompt in every
+# step, and batch 64 at depth 512). Writes $OUT/serve.tgz (JSON, HTML
+# charts, logs, the server's metrics) and prints a summary table last.
 # The random model has no tokenizer: prompts are encoded with Llama 3's
 # (tools/gpu/env.sh: kiln refuses another vocabulary's); the server
 # streams every token as a chunk, text or not.
@@ -20,6 +21,11 @@ $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 -
 	--output "$work/offline256.json" >"$work/offline256.txt" 2>&1
 $k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 512 --batch 64 --reps 2 \
 	--output "$work/offline64.json" >"$work/offline64.txt" 2>&1
+# The same load offline: every step 256 decodes and a 256-token prompt,
+# about what a 128/128 workload at 256 streams asks (a prompt token for
+# each output token).
+$k bench model --random llama3-8b --keep "$keep" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 2 \
+	--output "$work/offline-mixed.json" >"$work/offline-mixed.txt" 2>&1
 echo "offline done in $(($(date +%s) - t0)) s"
 model="$keep/llama3-8b-bf16"
 [ -d "$model" ] || model=$(ls -d "$keep"/llama3-8b-* | head -1)
@@ -54,7 +60,7 @@ echo "server exit $?"
 grep -E 'kv cache|KV cache' "$work/serve.log" | head -3
 # The warm-up, and the steps that stalled every stream (kiln serve's log).
 grep -E 'warmed up|slow step' "$work/serve.log" | cut -c1-400
-grep -E '^\| tg' "$work/offline256.txt" "$work/offline64.txt"
+grep -E '^\| tg|prompt tokens/s' "$work/offline256.txt" "$work/offline64.txt" "$work/offline-mixed.txt"
 python3 - "$work" <<'PY'
 import json, sys, os
 w = sys.argv[1]

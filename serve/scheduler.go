@@ -29,6 +29,11 @@ type Config struct {
 	// MaxNumBatchedTokens is the per-step token budget, shared by decoding
 	// sequences (one token each) and prompt chunks.
 	MaxNumBatchedTokens int
+	// DecodePrefillTokens bounds the prompt tokens of a step in which
+	// sequences decode: at most max(DecodePrefillTokens, 2 × the decoding
+	// sequences), so that a new request's prefill stretches the running
+	// streams' step by a bounded share (0: no bound but the budget's).
+	DecodePrefillTokens int
 	// MaxQueuedRequests and MaxQueuedTokens bound the waiting queue (in
 	// requests, and in prompt tokens); over them Submit refuses.
 	MaxQueuedRequests, MaxQueuedTokens int
@@ -861,6 +866,10 @@ func (s *Scheduler) gather() {
 		}
 		s.drafting = drafting
 		drafted := len(drafting) > 0 && s.addDrafts(drafting, spec, &budget, &need)
+		prompts := budget // the prompt tokens the step may still take
+		if decoding > 0 && s.cfg.DecodePrefillTokens > 0 {
+			prompts = min(prompts, max(s.cfg.DecodePrefillTokens, 2*decoding))
+		}
 		for _, r := range s.running {
 			left := len(r.tokens) - r.cached
 			if len(r.followers) > 0 {
@@ -869,8 +878,9 @@ func (s *Scheduler) gather() {
 			if len(s.items) >= seqs {
 				break
 			}
-			if left > 1 && budget > 0 || len(r.followers) > 0 && left > 0 && budget > 0 {
-				add(r, min(left, budget))
+			if n := min(left, budget, prompts); n > 0 && (left > 1 || len(r.followers) > 0) {
+				add(r, n)
+				prompts -= n
 			}
 		}
 		if need <= s.e.FreeBlocks() || len(s.running) <= 1 {

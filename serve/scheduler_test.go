@@ -317,6 +317,55 @@ func TestChunkedPrefillKeepsDecoding(t *testing.T) {
 	}
 }
 
+// TestDecodingBoundsPrefill: while a sequence decodes, a step takes at
+// most DecodePrefillTokens of a new prompt (the budget allows more); with
+// none decoding, the budget's worth.
+func TestDecodingBoundsPrefill(t *testing.T) {
+	e := stories(t, 3, 0)
+	s, err := NewScheduler(e, Config{MaxNumSeqs: 3, MaxNumBatchedTokens: 128, DecodePrefillTokens: 24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := func(n int) []int {
+		p := make([]int, n)
+		for i := range p {
+			p[i] = 1 + (i*7)%500
+		}
+		return p
+	}
+	first := &Request{Prompt: long(300), Params: engine.SamplingParams{MaxTokens: 100, IgnoreStop: true}}
+	if err := s.Submit(first); err != nil {
+		t.Fatal(err)
+	}
+	s.step()
+	if n := len(s.items[0].Tokens); n != 128 {
+		t.Errorf("with nothing decoding the prompt took %d tokens of the step, want the budget's 128", n)
+	}
+	for first.generated == 0 {
+		s.step()
+	}
+	b := &Request{Prompt: long(200), Params: engine.SamplingParams{MaxTokens: 1}}
+	if err := s.Submit(b); err != nil {
+		t.Fatal(err)
+	}
+	for steps := 0; b.generated == 0; steps++ {
+		before := first.generated
+		s.step()
+		prompt := 0
+		for _, it := range s.items {
+			if it.Seq != first.seq {
+				prompt += len(it.Tokens)
+			}
+		}
+		if prompt > 24 || first.generated != before+1 {
+			t.Fatalf("step %d: %d prompt tokens beside the decoding stream (want at most 24), %d tokens to it", steps, prompt, first.generated-before)
+		}
+		if steps > 20 {
+			t.Fatal("the prompt did not finish")
+		}
+	}
+}
+
 // TestGroupForks: the n choices of one prompt compute the prompt once (the
 // others fork its blocks, copying the shared partial block on write), and
 // each choice generates what it would alone.

@@ -38,6 +38,7 @@ func cmdServe(args []string) error {
 	blockSize := fs.Int("block-size", envInt("KILN_BLOCK_SIZE", 16), "tokens per KV-cache block, 1 to 256: smaller blocks waste less of the last block, larger ones mean shorter block tables [KILN_BLOCK_SIZE]")
 	maxSeqs := fs.Int("max-num-seqs", envInt("KILN_MAX_NUM_SEQS", 32), "most sequences in the running batch [KILN_MAX_NUM_SEQS]")
 	maxTokens := fs.Int("max-num-batched-tokens", envInt("KILN_MAX_NUM_BATCHED_TOKENS", 0), "tokens per step, decode and prompt chunks together (0: the largest step the engine takes) [KILN_MAX_NUM_BATCHED_TOKENS]")
+	decodePrefill := fs.Int("decode-prefill-tokens", envInt("KILN_DECODE_PREFILL_TOKENS", 256), "while sequences decode, a step's prompt tokens are at most the larger of this and twice the decoding sequences, so new prompts stall running streams boundedly (0: only --max-num-batched-tokens bounds them) [KILN_DECODE_PREFILL_TOKENS]")
 	maxQueued := fs.Int("max-queued-requests", envInt("KILN_MAX_QUEUED_REQUESTS", 1024), "waiting requests beyond which new ones get 429 [KILN_MAX_QUEUED_REQUESTS]")
 	maxQueuedTokens := fs.Int("max-queued-tokens", envInt("KILN_MAX_QUEUED_TOKENS", 1<<20), "waiting prompt tokens beyond which new requests get 429 [KILN_MAX_QUEUED_TOKENS]")
 	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: from --kv-cache-fraction) [KILN_KV_CACHE_TOKENS]")
@@ -55,8 +56,8 @@ func cmdServe(args []string) error {
 	if len(pos) > 1 {
 		return fmt.Errorf("give at most one MODEL")
 	}
-	if *maxSeqs < 1 || *maxTokens < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 || *kvFraction < 0 || *kvFraction > 1 {
-		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --max-queued-*, --kv-cache-tokens >= 0; --kv-cache-fraction in [0, 1]; --port in 0..65535")
+	if *maxSeqs < 1 || *maxTokens < 0 || *decodePrefill < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 || *kvFraction < 0 || *kvFraction > 1 {
+		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --decode-prefill-tokens, --max-queued-*, --kv-cache-tokens >= 0; --kv-cache-fraction in [0, 1]; --port in 0..65535")
 	}
 	if *blockSize < 1 || *blockSize > 256 {
 		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
@@ -127,7 +128,7 @@ func cmdServe(args []string) error {
 			})
 		}
 	}
-	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget,
+	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget, DecodePrefillTokens: *decodePrefill,
 		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens, SlowStep: slowStepLog(log, gpu)})
 	if err != nil {
 		return err
@@ -135,7 +136,7 @@ func cmdServe(args []string) error {
 	spec := e.KVSpec()
 	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", e.ContextLen(),
 		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "kv_cache_mib", e.KVBytes()>>20,
-		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget)
+		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget, "decode_prefill_tokens", *decodePrefill)
 	log.Info("startup", loaded...)
 	opts := serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log}
 	if gpu != nil {

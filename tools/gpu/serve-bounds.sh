@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after tools/gpu/build.sh here: kiln serve on the
-# Llama-3-8B-shaped random bf16 model with each per-step token budget of
-# ${BUDGETS:-"0 1024 512 384"} (--max-num-batched-tokens; 0: the server's
-# default), a server a budget, under kiln bench serve at 256 and then 64
-# streams of 128/128 tokens (every run's prompts its own: serve_run), and
-# prints a table of throughput, TTFT, ITL and TPOT a budget and run.
-#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-budget.sh", carry [".devpack"]
+# Llama-3-8B-shaped random bf16 model with each of the step bounds
+# ${BOUNDS:-"256 0"} (--decode-prefill-tokens: a step's prompt tokens while
+# sequences decode; 0: the step budget alone) and the step budget
+# ${BUDGET:-0} (--max-num-batched-tokens; 0: the server's default), a
+# server a bound, under kiln bench serve at 256, 64 and 1 streams of
+# 128/128 tokens (every run's prompts its own: serve_run), and prints a
+# table of throughput, TTFT, ITL and TPOT, and the server's steps, CUDA
+# graphs and time outside its steps, a bound and run.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-bounds.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 tok=$llama3_tok
 work=$(mktemp -d)
@@ -16,36 +19,39 @@ random_bf16
 snap() {
 	echo "$1 $(metric kiln:cuda_steps_total) $(metric kiln:cuda_graph_captures_total) $(metric kiln:cuda_graph_replays_total) $(metric kiln:engine_step_seconds_total) $(metric kiln:scheduler_loop_seconds_total)" >>"$work/snaps.txt"
 }
-for b in ${BUDGETS:-0 1024 512 384}; do
-	$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --max-num-batched-tokens "$b" --port 8765 >"$work/serve-$b.log" 2>&1 &
+for b in ${BOUNDS:-256 0}; do
+	$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --max-num-batched-tokens "${BUDGET:-0}" --decode-prefill-tokens "$b" \
+		--port 8765 >"$work/serve-$b.log" 2>&1 &
 	server=$!
 	if ! serve_up 300; then
-		echo "budget $b: the server did not come up"
+		echo "bound $b: the server did not come up"
 		tail -5 "$work/serve-$b.log"
 		kill -QUIT $server 2>/dev/null
 		continue
 	fi
-	echo "budget $b: server up at $(($(date +%s) - t0)) s"
+	echo "bound $b: server up at $(($(date +%s) - t0)) s"
 	snap "b$b-c256-start"
 	SERVE_TIMEOUT=100 serve_run "b$b-c256" 256 1792 256
 	snap "b$b-c256-end"
 	SERVE_TIMEOUT=60 serve_run "b$b-c64" 64 512 64
 	snap "b$b-c64-end"
+	SERVE_TIMEOUT=60 serve_run "b$b-c1" 1 24 2
+	snap "b$b-c1-end"
 	grep -E 'warmed up|slow step' "$work/serve-$b.log" | cut -c1-300
 	kill -TERM $server
 	wait $server
 done
-python3 - "$work" ${BUDGETS:-0 1024 512 384} <<'PY'
+python3 - "$work" ${BOUNDS:-256 0} <<'PY'
 import json, sys, os
 w = sys.argv[1]
 snaps = {}
 for line in open(os.path.join(w, "snaps.txt")):
     f = line.split()
     snaps[f[0]] = [float(x) if x else 0.0 for x in f[1:]]
-print("| budget | streams | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms | ITL p50 ÷ TPOT | ITL p99 ÷ TPOT | errors | steps | graph captures | replays | mean step ms | outside steps |")
+print("| bound | streams | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms | ITL p50 ÷ TPOT | ITL p99 ÷ TPOT | errors | steps | graph captures | replays | mean step ms | outside steps |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for b in sys.argv[2:]:
-    for c, before in (("256", "c256-start"), ("64", "c256-end")):
+    for c, before in (("256", "c256-start"), ("64", "c256-end"), ("1", "c64-end")):
         a, z = snaps.get(f"b{b}-{before}"), snaps.get(f"b{b}-c{c}-end")
         extra = ""
         if a and z and len(a) == 5 and len(z) == 5:

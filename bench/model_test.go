@@ -71,8 +71,14 @@ func TestModelBudget(t *testing.T) {
 	}
 }
 
-// tinyEngine is a CPU engine on a random model of the tiny shape.
+// tinyEngine is a CPU engine of 2 sequences on a random model of the tiny
+// shape; tinySeqsEngine of seqs.
 func tinyEngine(t *testing.T) (*model.Model, *engine.Engine) {
+	t.Helper()
+	return tinySeqsEngine(t, 2)
+}
+
+func tinySeqsEngine(t *testing.T, seqs int) (*model.Model, *engine.Engine) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := WriteRandomModel(dir, Shapes["tiny"], tensor.BF16, 1); err != nil {
@@ -86,7 +92,7 @@ func tinyEngine(t *testing.T) (*model.Model, *engine.Engine) {
 	if m.Config.DType != tensor.BF16 || m.Config.TiedEmbeddings {
 		t.Fatalf("random model is %v tied=%v", m.Config.DType, m.Config.TiedEmbeddings)
 	}
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: 2})
+	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: seqs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,20 +339,7 @@ func writtenConfig(t *testing.T, s Shape) model.Config {
 // no roofline is claimed (such a step is bound by its arithmetic); every
 // chunk's sequence is freed.
 func TestMixedSteps(t *testing.T) {
-	dir := t.TempDir()
-	if err := WriteRandomModel(dir, Shapes["tiny"], tensor.BF16, 1); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	e, err := engine.New(m, &cpu.Backend{}, engine.Options{ContextLen: 32, MaxSeqs: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	m, e := tinySeqsEngine(t, 3)
 	free := e.FreeBlocks()
 	rep, err := RunModel(e, m, "cpu", 0, ModelOptions{GenTokens: 4, Batches: []int{2}, Depth: 3, Reps: 1, MixedChunk: 12})
 	if err != nil {

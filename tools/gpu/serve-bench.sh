@@ -63,11 +63,10 @@ grep -E 'warmed up|slow step' "$work/serve.log" | cut -c1-400
 grep -E '^\| tg|prompt tokens/s' "$work/offline256.txt" "$work/offline64.txt" "$work/offline-mixed.txt"
 python3 - "$work" <<'PY'
 import json, sys, os
+sys.path.insert(0, "tools/gpu")
+from snaps import load
 w = sys.argv[1]
-snaps = {}
-for line in open(os.path.join(w, "snaps.txt")):
-    f = line.split()
-    snaps[f[0]] = [float(x) if x else 0.0 for x in f[1:]]
+snaps = load(w)
 print("| run | out tok/s | TTFT p50/p99 ms | ITL p50/p99 ms | TPOT p50/p99 ms | ITL p50/TPOT p50 | ITL p99/TPOT p50 | errors | outside steps | KV empty | OOM retries | preemptions | prompt tokens from the prefix cache |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name in ["c256", "c64", "c1", "c256b", "c256same", "c256old"]:

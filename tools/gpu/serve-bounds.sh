@@ -43,11 +43,10 @@ for b in ${BOUNDS:-256 0}; do
 done
 python3 - "$work" ${BOUNDS:-256 0} <<'PY'
 import json, sys, os
+sys.path.insert(0, "tools/gpu")
+from snaps import load
 w = sys.argv[1]
-snaps = {}
-for line in open(os.path.join(w, "snaps.txt")):
-    f = line.split()
-    snaps[f[0]] = [float(x) if x else 0.0 for x in f[1:]]
+snaps = load(w)
 print("| bound | streams | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms | ITL p50 ÷ TPOT | ITL p99 ÷ TPOT | errors | steps | graph captures | replays | mean step ms | outside steps |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for b in sys.argv[2:]:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after tools/gpu/build.sh here: the steady state of
+# serving 256 streams of 128/128 tokens, where the closed loop's start and
+# end weigh less than in serve-bench.sh's runs: ${REQUESTS:-5120} requests
+# (the first 256 left out) on kiln serve with each bound of ${BOUNDS:-"256
+# 512"} (--decode-prefill-tokens), a server a bound, beside the same load
+# offline (kiln bench model --mixed 256 at 256 sequences, depth 128). Prints
+# the offline rate, each run's summary and the server's steps, generated
+# tokens and step time over the run.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/serve-long.sh", carry [".devpack"]
+source "$(dirname "$0")/env.sh"
+tok=$llama3_tok
+work=$(mktemp -d)
+t0=$(date +%s)
+random_bf16
+$k bench model "$bf16" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$work/offline.txt" 2>&1
+grep -E '^\| tg|prompt tokens/s' "$work/offline.txt"
+counters() { echo "steps $(metric kiln:cuda_steps_total), tokens $(metric kiln:generation_tokens_total), step seconds $(metric kiln:engine_step_seconds_total)"; }
+for b in ${BOUNDS:-256 512}; do
+	$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --decode-prefill-tokens "$b" --port 8765 >"$work/serve-$b.log" 2>&1 &
+	server=$!
+	if ! serve_up 300; then
+		echo "bound $b: the server did not come up"
+		tail -5 "$work/serve-$b.log"
+		kill -QUIT $server 2>/dev/null
+		continue
+	fi
+	echo "bound $b: server up at $(($(date +%s) - t0)) s; $(counters)"
+	SERVE_TIMEOUT=200 serve_run "long-$b" 256 "${REQUESTS:-5120}" 256
+	echo "bound $b: $(counters)"
+	serve_summary "$work/long-$b.json"
+	kill -TERM $server
+	wait $server
+done
+mkdir -p "$out"
+tar czf "$out/long.tgz" -C "$work" .

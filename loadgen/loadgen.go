@@ -63,8 +63,12 @@ type Result struct {
 	ITL          []time.Duration `json:"itl_ns"`
 	InputTokens  int             `json:"input_tokens"`
 	OutputTokens int             `json:"output_tokens"`
-	Error        string          `json:"error,omitempty"` // "http 429", "timeout", "broken stream", ...
-	Warmup       bool            `json:"warmup,omitempty"`
+	// CachedTokens are the prompt tokens the server reports it found in its
+	// prefix cache (usage.prompt_tokens_details.cached_tokens); -1: not
+	// reported.
+	CachedTokens int    `json:"cached_tokens"`
+	Error        string `json:"error,omitempty"` // "http 429", "timeout", "broken stream", ...
+	Warmup       bool   `json:"warmup,omitempty"`
 }
 
 // TPOT is the mean time per output token after the first.
@@ -230,7 +234,7 @@ type gen struct {
 
 // do sends one streaming request and times its tokens.
 func (g *gen) do(ctx context.Context, q request, planned time.Duration, start time.Time) Result {
-	r := Result{Scheduled: planned, InputTokens: q.inputTokens}
+	r := Result{Scheduled: planned, InputTokens: q.inputTokens, CachedTokens: -1}
 	body := map[string]any{"model": g.cfg.Model, "max_tokens": q.outputTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "temperature": 0, "ignore_eos": true, "min_tokens": q.outputTokens}
 	if g.cfg.Chat {
@@ -288,8 +292,11 @@ func (g *gen) do(ctx context.Context, q request, planned time.Duration, start ti
 				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
+				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails *struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
 			} `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(payload), &ev); err != nil {
@@ -300,6 +307,9 @@ func (g *gen) do(ctx context.Context, q request, planned time.Duration, start ti
 			usageOut = ev.Usage.CompletionTokens
 			if ev.Usage.PromptTokens > 0 {
 				r.InputTokens = ev.Usage.PromptTokens
+			}
+			if d := ev.Usage.PromptTokensDetails; d != nil {
+				r.CachedTokens = d.CachedTokens
 			}
 		}
 		// A chunk brings a token when it has text, or when it is neither

@@ -472,3 +472,35 @@ func TestPromptsDistinct(t *testing.T) {
 		}
 	}
 }
+
+// TestCachedPromptShare: the prompt tokens a server reports it found in its
+// prefix cache (usage.prompt_tokens_details.cached_tokens) are summed over
+// the measured requests into their share of the prompt tokens; a server
+// that does not say leaves the share unknown, not zero.
+func TestCachedPromptShare(t *testing.T) {
+	serve := func(usage string) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":%s}\n\ndata: [DONE]\n\n", usage)
+		}))
+	}
+	run := func(ts *httptest.Server) Summary {
+		defer ts.Close()
+		res, err := Run(context.Background(), Config{URL: ts.URL, Concurrency: 2, NumRequests: 6, Warmup: 2,
+			Workload: Workload{PromptTokens: Dist{Mean: 16}, OutputTokens: Dist{Mean: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Summarize(res, SLO{}, Cost{})
+	}
+	s := run(serve(`{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":15}}`))
+	if c := s.CachedPromptShare; c == nil || *c != 0.75 {
+		t.Errorf("cached share %v, want 0.75 (15 of 20 tokens a request)", c)
+	}
+	s = run(serve(`{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}`))
+	if c := s.CachedPromptShare; c == nil || *c != 0 {
+		t.Errorf("cached share %v, want 0", c)
+	}
+	if s := run(serve(`{"prompt_tokens":20,"completion_tokens":1}`)); s.CachedPromptShare != nil {
+		t.Errorf("cached share %v from a server that does not report it", *s.CachedPromptShare)
+	}
+}

@@ -56,6 +56,11 @@ type Summary struct {
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
 	GoodputPerS      float64 `json:"goodput_requests_per_s"` // requests meeting the SLO, per second
 	CostPer1kTokens  float64 `json:"cost_per_1k_output_tokens,omitempty"`
+	// CachedPromptShare is the share of the prompt tokens the server
+	// found in its prefix cache, over the requests whose usage says
+	// (prompt_tokens_details.cached_tokens); nil when none does. A high
+	// share means the figures are not those of new prompts.
+	CachedPromptShare *float64 `json:"cached_prompt_share,omitempty"`
 
 	TTFT Stats `json:"ttft"`
 	ITL  Stats `json:"itl"`
@@ -71,7 +76,7 @@ func Summarize(results []Result, slo SLO, cost Cost) Summary {
 	s := Summary{Errors: map[string]int{}}
 	var ttft, itl, tpot, e2e, send []time.Duration
 	var first, last time.Time
-	var in, out, good int
+	var in, out, good, cachedIn, cached int
 	for _, r := range results {
 		if r.Warmup {
 			continue
@@ -90,6 +95,10 @@ func Summarize(results []Result, slo SLO, cost Cost) Summary {
 		}
 		in += r.InputTokens
 		out += r.OutputTokens
+		if r.CachedTokens >= 0 {
+			cachedIn += r.InputTokens
+			cached += r.CachedTokens
+		}
 		ttft = append(ttft, r.TTFT)
 		e2e = append(e2e, r.E2E)
 		itl = append(itl, r.ITL...)
@@ -118,6 +127,10 @@ func Summarize(results []Result, slo SLO, cost Cost) Summary {
 	if cost.GPUHourPrice > 0 && s.OutputTokensPerS > 0 {
 		perSecond := cost.GPUHourPrice * float64(max(cost.GPUs, 1)) / 3600
 		s.CostPer1kTokens = perSecond / s.OutputTokensPerS * 1000
+	}
+	if cachedIn > 0 {
+		share := float64(cached) / float64(cachedIn)
+		s.CachedPromptShare = &share
 	}
 	s.TTFT, s.ITL, s.TPOT, s.E2E, s.SendDelay = statsOf(ttft), statsOf(itl), statsOf(tpot), statsOf(e2e), statsOf(send)
 	if math.IsNaN(s.TTFT.P50) {

@@ -357,6 +357,12 @@ func printServeSummary(s loadgen.Summary) {
 	if s.CostPer1kTokens > 0 {
 		fmt.Printf(", %.5f per 1,000 output tokens", s.CostPer1kTokens)
 	}
+	if c := s.CachedPromptShare; c != nil {
+		fmt.Printf("\nprompt tokens the server found in its prefix cache: %.1f%%", 100**c)
+		if *c > 0.5 {
+			fmt.Printf(" (most of them: these are not the figures of new prompts)")
+		}
+	}
 	fmt.Printf("\n\n| ms | mean | p50 | p90 | p95 | p99 | max |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range []struct {
 		name string

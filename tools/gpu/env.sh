@@ -76,6 +76,33 @@ serve_up() {
 	return 1
 }
 
+# serve_start LOG WAIT ARGS... starts kiln serve ARGS on port 8765 (its
+# output in LOG, its pid in $server) and waits for it up to WAIT s: 0 once
+# it answers; else it prints why, stops it and returns 1.
+serve_start() {
+	local log=$1 wait=$2
+	shift 2
+	$k serve "$@" --port 8765 >"$log" 2>&1 &
+	server=$!
+	if ! serve_up "$wait"; then
+		echo "the server did not come up in $wait s:"
+		tail -20 "$log"
+		kill -QUIT $server 2>/dev/null
+		return 1
+	fi
+	echo "server up after $(($(date +%s) - t0)) s"
+}
+
+# serve_bound BOUND MODEL ARGS... starts kiln serve on MODEL (serve_start:
+# Llama 3's tokenizer $tok, 256 sequences, ARGS) with
+# --decode-prefill-tokens BOUND, its log $work/serve-BOUND.log.
+serve_bound() {
+	local b=$1 model=$2
+	shift 2
+	echo "bound $b:"
+	serve_start "$work/serve-$b.log" 300 "$model" --tokenizer "$tok" --device cuda --max-num-seqs 256 --decode-prefill-tokens "$b" "$@"
+}
+
 # serve_run NAME CONCURRENCY REQUESTS WARMUP runs kiln bench serve against
 # it (128-token prompts in tokenizer $tok, 128 output tokens; within
 # ${SERVE_TIMEOUT:-120} s) into $work/NAME.json, .html and .txt, and prints
@@ -146,15 +173,7 @@ random_ids() {
 tp_serve() {
 	local server i
 	tok=$llama3_tok
-	$k serve "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size "$1" --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
-	server=$!
-	if ! serve_up 90; then
-		echo "the server did not come up in 90 s:"
-		tail -20 "$work/serve.log"
-		kill -QUIT $server 2>/dev/null
-		return 1
-	fi
-	echo "server up after $(($(date +%s) - t0)) s"
+	serve_start "$work/serve.log" 90 "$bf16" --tokenizer "$tok" --device cuda --tensor-parallel-size "$1" --max-num-seqs 256 || return 1
 	tp_serve_run serve-c1 1 16 2 30
 	tp_serve_run serve-c64 64 256 64 40
 	tp_serve_run serve-c256 256 768 256 50

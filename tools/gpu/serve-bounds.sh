@@ -20,16 +20,7 @@ snap() {
 	echo "$1 $(metric kiln:cuda_steps_total) $(metric kiln:cuda_graph_captures_total) $(metric kiln:cuda_graph_replays_total) $(metric kiln:engine_step_seconds_total) $(metric kiln:scheduler_loop_seconds_total)" >>"$work/snaps.txt"
 }
 for b in ${BOUNDS:-256 0}; do
-	$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --max-num-batched-tokens "${BUDGET:-0}" --decode-prefill-tokens "$b" \
-		--port 8765 >"$work/serve-$b.log" 2>&1 &
-	server=$!
-	if ! serve_up 300; then
-		echo "bound $b: the server did not come up"
-		tail -5 "$work/serve-$b.log"
-		kill -QUIT $server 2>/dev/null
-		continue
-	fi
-	echo "bound $b: server up at $(($(date +%s) - t0)) s"
+	serve_bound "$b" "$bf16" --max-num-batched-tokens "${BUDGET:-0}" || continue
 	snap "b$b-c256-start"
 	SERVE_TIMEOUT=100 serve_run "b$b-c256" 256 1792 256
 	snap "b$b-c256-end"

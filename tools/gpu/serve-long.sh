@@ -17,15 +17,8 @@ $k bench model "$bf16" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --m
 grep -E '^\| tg|prompt tokens/s' "$work/offline.txt"
 counters() { echo "steps $(metric kiln:cuda_steps_total), tokens $(metric kiln:generation_tokens_total), step seconds $(metric kiln:engine_step_seconds_total)"; }
 for b in ${BOUNDS:-256 512}; do
-	$k serve "$bf16" --tokenizer "$tok" --device cuda --max-num-seqs 256 --decode-prefill-tokens "$b" --port 8765 >"$work/serve-$b.log" 2>&1 &
-	server=$!
-	if ! serve_up 300; then
-		echo "bound $b: the server did not come up"
-		tail -5 "$work/serve-$b.log"
-		kill -QUIT $server 2>/dev/null
-		continue
-	fi
-	echo "bound $b: server up at $(($(date +%s) - t0)) s; $(counters)"
+	serve_bound "$b" "$bf16" || continue
+	echo "bound $b: $(counters)"
 	SERVE_TIMEOUT=200 serve_run "long-$b" 256 "${REQUESTS:-5120}" 256
 	echo "bound $b: $(counters)"
 	serve_summary "$work/long-$b.json"

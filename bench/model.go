@@ -300,7 +300,10 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	var roof, read, busy, outside []float64
 	for i := 0; i <= o.Reps; i++ {
 		o.progress(res, i)
-		copyRate, readRate := mem.CopyRate(3)*o.devices(), mem.ReadRate(3)*o.devices()
+		var copyRate, readRate float64 // measured before each repetition (a mixed test has no roofline)
+		if chunk == 0 {
+			copyRate, readRate = mem.CopyRate(3)*o.devices(), mem.ReadRate(3)*o.devices()
+		}
 		seqs := make([]*engine.Sequence, batch)
 		for s := range seqs {
 			seqs[s] = e.NewSequence()
@@ -372,6 +375,9 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		}
 		rate := float64(batch*o.GenTokens) / el.Seconds()
 		res.Samples = append(res.Samples, rate)
+		if chunk > 0 {
+			continue
+		}
 		res.BytesPerStep = float64(weightBytesPerStep(m, batch, o)) + kvBytes/float64(o.GenTokens)
 		bw := res.BytesPerStep * rate / float64(batch)
 		roof = append(roof, bw/copyRate)
@@ -391,7 +397,6 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		ctx := o.Depth + o.GenTokens/2
 		decode := prefillFLOPsPerToken(m, 1) + 4*float64(m.Config.NumLayers*m.Config.NumHeads*m.Config.HeadDim)*float64(ctx)
 		res.FLOPS = res.TokensPerSec*decode + res.PromptTokensPerSec*prefillFLOPsPerToken(m, chunk)
-		res.BytesPerStep = 0
 		return res, nil
 	}
 	res.Bandwidth = res.BytesPerStep * res.TokensPerSec / float64(batch)

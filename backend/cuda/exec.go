@@ -443,9 +443,11 @@ func (e *executable) step(b *backend.Batch, kv backend.KVCache, sample, done fun
 		}
 		key := graphKey{copyLogits: done != nil, sampling: x.sampling}
 		x.dm, x.pm = x.m, x.m
-		if d := m.DecodePrefix(); !x.decode && d > 0 && d < m.T {
-			dec, pre := m.SplitDecode(d)
-			x.mixed, x.dm, x.pm = true, kernels.DevMeta{Meta: dec, Base: x.m.Base}, kernels.DevMeta{Meta: pre, Base: x.m.Base}
+		if !x.decode {
+			if d := m.DecodePrefix(); d > 0 && d < m.T {
+				dec, pre := m.SplitDecode(d)
+				x.mixed, x.dm, x.pm = true, kernels.DevMeta{Meta: dec, Base: x.m.Base}, kernels.DevMeta{Meta: pre, Base: x.m.Base}
+			}
 		}
 		if x.decode || x.mixed {
 			pm := *x.dm.Meta
@@ -713,9 +715,9 @@ const decodeMaxRun = 16
 // graphs): no sequence with more than decodeMaxRun tokens in the step.
 // Other steps take prefill attention, kernel by kernel: a mixed step's
 // decoding sequences at the batch's front take decode attention, its
-// prompt chunks prefill attention (kernels.Meta.SplitDecode; a chunk's
-// tokens under decode attention cost a 256-token chunk beside 256
-// decoding sequences 0.7 ms more a step, H200, session 38). ReserveSteps
+// prompt chunks prefill attention (kernels.Meta.SplitDecode: a chunk's
+// tokens under decode attention, each its own query row, cost more;
+// docs/PERF.md, issue 15, session 38). ReserveSteps
 // reserves the decode workspace of every bucket of up to decodeMaxRun
 // tokens a sequence accordingly.
 func decodeStep(b *backend.Batch) bool {

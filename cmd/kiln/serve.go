@@ -144,16 +144,13 @@ func cmdServe(args []string) error {
 			modules, choices := gpu.JITWork()
 			return modules + choices
 		}
-		work := func(i int) func() float64 {
-			return func() float64 {
-				steps, captures, replays := gpu.GraphWork()
-				return float64([]int64{steps, captures, replays}[i])
-			}
-		}
 		opts.Counters = []serve.Counter{
-			{Name: "kiln:cuda_steps_total", Help: "Engine steps the GPU ran (rank 0's with tensor parallelism).", Value: work(0)},
-			{Name: "kiln:cuda_graph_captures_total", Help: "CUDA graphs captured: a decode step's composition seen a second time.", Value: work(1)},
-			{Name: "kiln:cuda_graph_replays_total", Help: "Steps replayed from a captured CUDA graph (the others ran kernel by kernel).", Value: work(2)},
+			{Name: "kiln:cuda_steps_total", Help: "Engine steps the GPU ran (rank 0's with tensor parallelism).",
+				Value: func() float64 { steps, _, _ := gpu.GraphWork(); return float64(steps) }},
+			{Name: "kiln:cuda_graph_captures_total", Help: "CUDA graphs captured: a decode step's composition seen a second time.",
+				Value: func() float64 { _, captures, _ := gpu.GraphWork(); return float64(captures) }},
+			{Name: "kiln:cuda_graph_replays_total", Help: "Steps replayed from a captured CUDA graph (the others ran kernel by kernel).",
+				Value: func() float64 { _, _, replays := gpu.GraphWork(); return float64(replays) }},
 		}
 	}
 	if t, err := chatTemplate(m, isDemo(pos)); err != nil {

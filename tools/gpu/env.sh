@@ -199,6 +199,17 @@ ktrace_build() {
 		-Wl,-rpath,"$lib" -o /tmp/libktrace.so
 }
 
+# trace_setup readies a tracing script: tp_env, $work the output folder,
+# $t0 now, the tracer built (ktrace_build) and the random model ($bf16:
+# random_bf16); 1 when the tracer does not build.
+trace_setup() {
+	tp_env
+	work=$out
+	t0=$(date +%s)
+	ktrace_build || return 1
+	random_bf16
+}
+
 # trace NAME TP MODEL-ARGS... runs kiln bench model (${KILN_BIN:-$k}) at
 # batch ${B:-1}, depth 512, 64 tokens, untraced, then under the tracer
 # (ktrace_build) into $work/NAME.csv, both with the tune cache

@@ -10,11 +10,7 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/ktrace.sh",
 #   carry [".devpack"], kind nvidia-h200-x2
 source "$(dirname "$0")/env.sh"
-tp_env
-work=$out
-t0=$(date +%s)
-ktrace_build || exit 1
-random_bf16
+trace_setup || exit 1
 echo "model at $(($(date +%s) - t0)) s"
 trace tp1 1 "$bf16"
 trace tp2 2 "$bf16"

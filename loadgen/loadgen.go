@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -103,7 +102,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		n := max(cfg.Concurrency, 256)
 		client = &http.Client{Transport: &http.Transport{MaxIdleConns: n, MaxIdleConnsPerHost: n, MaxConnsPerHost: 0, IdleConnTimeout: 90 * time.Second}}
 	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, 99))
+	rng := newRand(cfg.Seed)
 	g := &gen{cfg: cfg, client: client, url: endpoint(cfg.URL, cfg.Chat)}
 	start := time.Now()
 	var deadline time.Time

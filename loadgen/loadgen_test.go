@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -502,5 +503,49 @@ func TestCachedPromptShare(t *testing.T) {
 	}
 	if s := run(serve(`{"prompt_tokens":20,"completion_tokens":1}`)); s.CachedPromptShare != nil {
 		t.Errorf("cached share %v from a server that does not report it", *s.CachedPromptShare)
+	}
+}
+
+// TestPromptsAsSent: Prompts(n, seed) are the prompts and output lengths
+// Run sends with that seed, warm-up requests included, so an in-process
+// run can take the same load as a served one.
+func TestPromptsAsSent(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[string]int{} // prompt → max_tokens
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Prompt    string `json:"prompt"`
+			MaxTokens int    `json:"max_tokens"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		mu.Lock()
+		sent[body.Prompt] = body.MaxTokens
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer ts.Close()
+	work := Workload{PromptTokens: Dist{Kind: "uniform", Min: 8, Max: 40}, OutputTokens: Dist{Kind: "uniform", Min: 1, Max: 9}}
+	if _, err := Run(context.Background(), Config{URL: ts.URL, Concurrency: 3, NumRequests: 20, Warmup: 4, Seed: 7, Workload: work}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := work.Prompts(20, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sent) != len(ps) {
+		t.Fatalf("Run sent %d distinct prompts, Prompts drew %d", len(sent), len(ps))
+	}
+	for i, p := range ps {
+		if out, ok := sent[p.Text]; !ok || out != p.OutputTokens {
+			t.Fatalf("prompt %d (%d output tokens) was not sent so (sent: %v, max_tokens %d)", i, p.OutputTokens, ok, out)
+		}
+	}
+	other, _ := work.Prompts(20, 8)
+	if other[0].Text == ps[0].Text {
+		t.Errorf("seeds 7 and 8 drew the same first prompt")
 	}
 }

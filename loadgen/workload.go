@@ -149,6 +149,30 @@ var Profiles = map[string]Workload{
 		OutputTokens: Dist{Kind: "lognormal", Mean: 64, Std: 48, Min: 4, Max: 512}, SharedPrefix: 0.5},
 }
 
+// Prompt is a request's prompt text and output length.
+type Prompt struct {
+	Text         string
+	OutputTokens int
+}
+
+// Prompts draws the first n requests that Run sends with seed: the same
+// load for an in-process run (kiln bench throughput) as for a served one.
+func (w *Workload) Prompts(n int, seed uint64) ([]Prompt, error) {
+	if err := w.prepare(); err != nil {
+		return nil, err
+	}
+	rng := newRand(seed)
+	out := make([]Prompt, n)
+	for i := range out {
+		q := w.next(rng)
+		out[i] = Prompt{Text: q.prompt, OutputTokens: q.outputTokens}
+	}
+	return out, nil
+}
+
+// newRand is the source of a run's requests.
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 99)) }
+
 // request is one request to send.
 type request struct {
 	prompt                    string

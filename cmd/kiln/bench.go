@@ -33,13 +33,15 @@ func cmdBench(args []string) error {
 			return cmdBenchCompare(args[1:])
 		case "spec":
 			return cmdBenchSpec(args[1:])
+		case "throughput":
+			return cmdBenchThroughput(args[1:])
 		}
 	}
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 		fmt.Print(benchUsage)
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("want a subcommand: kiln bench model, serve, compare or spec (kiln help bench)")
+	return fmt.Errorf("want a subcommand: kiln bench model, serve, throughput, compare or spec (kiln help bench)")
 }
 
 func cmdBenchModel(args []string) error {

@@ -52,6 +52,9 @@ var docs = map[string]commandDoc{
 	"bench serve": {"bench serve [--url URL] [--concurrency N] [--num-requests N] [flags]",
 		"Drives an OpenAI-compatible server (kiln serve, vLLM, ...) with a load and reports throughput, TTFT, ITL and TPOT percentiles.",
 		[]string{`kiln bench serve --url http://127.0.0.1:8000 --concurrency 16 --num-requests 200 --html report.html`}},
+	"bench throughput": {"bench throughput [MODEL] [--num-requests 1000] [--prompt-tokens 128] [--output-tokens 128] [--max-num-seqs N] [flags]",
+		"Measures offline throughput as vLLM's bench throughput: every request handed to kiln serve's scheduler at once, in process, with kiln bench serve's prompts of the same --seed; set the scheduler's flags as for kiln serve.",
+		[]string{`kiln bench throughput ./model --device cuda --max-num-seqs 256 --num-requests 5120`}},
 	"bench compare": {"bench compare BASE.json NEW.json", "Compares two kiln bench serve runs and flags regressions.",
 		[]string{`kiln bench compare before.json after.json`}},
 	"bench spec": {"bench spec [MODEL] [--ids 1,2,3 | --prompt TEXT] [--tg 256] [--num-speculative-tokens 4] [--accept 1,0.8,0.6]",
@@ -72,7 +75,7 @@ var docs = map[string]commandDoc{
 
 // takesModel lists the commands whose help explains MODEL.
 var takesModel = map[string]bool{"run": true, "chat": true, "logits": true, "inspect": true, "perplexity": true, "quantize": true,
-	"bench model": true, "bench spec": true, "tune": true, "compile": true, "serve": true}
+	"bench model": true, "bench spec": true, "bench throughput": true, "tune": true, "compile": true, "serve": true}
 
 // printHelp writes fs's command help: synopsis, description, MODEL,
 // examples, then the flags.
@@ -154,7 +157,7 @@ func completion(args []string) error {
 	fi
 	local cmd=${COMP_WORDS[1]}
 	if [ "$cmd" = bench ] && [ "$COMP_CWORD" -eq 2 ]; then
-		COMPREPLY=($(compgen -W "model serve compare spec" -- "$cur"))
+		COMPREPLY=($(compgen -W "model serve throughput compare spec" -- "$cur"))
 		return
 	fi
 	[ "$cmd" = bench ] && cmd="bench ${COMP_WORDS[2]}"
@@ -172,7 +175,7 @@ _kiln() {
 	if (( CURRENT == 2 )); then
 		compadd %s
 	elif [[ ${words[2]} == bench && CURRENT == 3 ]]; then
-		compadd model serve compare spec
+		compadd model serve throughput compare spec
 	elif [[ ${words[CURRENT]} == -* ]]; then
 		local cmd=${words[2]}
 		[[ $cmd == bench ]] && cmd="bench ${words[3]}"
@@ -185,7 +188,7 @@ compdef _kiln kiln
 `, cmds)
 	case "fish":
 		fmt.Printf("complete -c kiln -f -n '__fish_use_subcommand' -a '%s'\n", cmds)
-		fmt.Printf("complete -c kiln -f -n '__fish_seen_subcommand_from bench' -a 'model serve compare spec'\n")
+		fmt.Printf("complete -c kiln -f -n '__fish_seen_subcommand_from bench' -a 'model serve throughput compare spec'\n")
 		for _, n := range names {
 			if n == "bench" || n == "help" || n == "version" || n == "completion" {
 				continue

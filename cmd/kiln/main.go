@@ -43,9 +43,10 @@ description, examples and flags.
 const benchUsage = `usage:
   kiln bench model [MODEL | --random SHAPE] [flags]   speed of a model against the hardware's limits
   kiln bench serve [--url URL] [flags]                load on an OpenAI-compatible server
+  kiln bench throughput [MODEL] [flags]               offline throughput: every request at once, in process
   kiln bench compare BASE.json NEW.json               regressions between two bench serve runs
   kiln bench spec [MODEL] [flags]                     speculative decoding at acceptance rates it sets
-Run "kiln help bench model" (serve, compare, spec) for the flags.
+Run "kiln help bench model" (serve, throughput, compare, spec) for the flags.
 `
 
 var commands = map[string]func(args []string) error{

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"kiln/loadgen"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -103,6 +104,9 @@ func TestBadInputIsOneLine(t *testing.T) {
 		{"logits", bin, "--ids", "1,99999"},
 		{"bench", "serve", "--url", "http://127.0.0.1:1", "--concurrency", "1", "--num-requests", "2"},
 		{"bench", "serve", "--concurrency", "1", "--num-requests", "2", "--prompt-tokens", "zipf:3"},
+		{"bench", "throughput", "--num-requests", "0"},
+		{"bench", "throughput", "--output-tokens", "zipf:3"},
+		{"bench", "throughput", "--max-num-seqs", "0"},
 		{"bench", "serve", "--concurrency", "1", "--num-requests", "2", "--budget", garbage},
 		{"bench", "compare", garbage, garbage},
 		{"bench", "compare", garbage},
@@ -1030,5 +1034,34 @@ func TestBenchSpec(t *testing.T) {
 	}
 	if _, stderr, code := kiln(t, "bench", "spec", "--accept", "0.5,x"); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 		t.Errorf("--accept 0.5,x: exit %d, stderr %q: want one line and a failure", code, stderr)
+	}
+}
+
+// TestBenchThroughput: every request runs to its length through serve's
+// scheduler in process, many a step, and the report's figures agree with
+// one another.
+func TestBenchThroughput(t *testing.T) {
+	out, stderr, code := kiln(t, "bench", "throughput", "--num-requests", "24", "--warmup-requests", "4", "--max-num-seqs", "8",
+		"--prompt-tokens", "16", "--output-tokens", "12", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var r throughputReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	t.Logf("%+v", r)
+	if r.Requests != 24 || r.Warmup != 4 || r.OutputTokens != 24*12 || r.PromptTokens < 24*16 {
+		t.Fatalf("requests %d (warm-up %d), output tokens %d, prompt tokens %d: want 24 (4), 288, at least 384",
+			r.Requests, r.Warmup, r.OutputTokens, r.PromptTokens)
+	}
+	if r.OutputPerStep <= 4 || r.OutputPerStep > 8 || r.Preemptions != 0 {
+		t.Errorf("%.1f output tokens a step, %d preemptions: want 4 to 8 (8 running), none", r.OutputPerStep, r.Preemptions)
+	}
+	if r.CachedPrompt > 0.1 {
+		t.Errorf("%.0f%% of prompt tokens from the prefix cache: want prompts of their own", 100*r.CachedPrompt)
+	}
+	if want := float64(r.OutputTokens) / r.Seconds; math.Abs(r.OutputPerSec-want) > 1e-6*want || r.StepMs <= 0 {
+		t.Errorf("output %.1f tok/s over %.3f s, %.2f ms a step: want %.1f, a step time", r.OutputPerSec, r.Seconds, r.StepMs, want)
 	}
 }

@@ -35,16 +35,10 @@ func cmdServe(args []string) error {
 	port := fs.Int("port", envInt("KILN_PORT", 8000), "port to listen on [KILN_PORT]")
 	name := fs.String("served-model-name", envString("KILN_SERVED_MODEL_NAME", ""), "the model's name in the API (default: the model's directory or file name) [KILN_SERVED_MODEL_NAME]")
 	apiKey := fs.String("api-key", envString("KILN_API_KEY", ""), "require this key as a Bearer token [KILN_API_KEY]")
-	blockSize := fs.Int("block-size", envInt("KILN_BLOCK_SIZE", 16), "tokens per KV-cache block, 1 to 256: smaller blocks waste less of the last block, larger ones mean shorter block tables [KILN_BLOCK_SIZE]")
-	maxSeqs := fs.Int("max-num-seqs", envInt("KILN_MAX_NUM_SEQS", 32), "most sequences in the running batch [KILN_MAX_NUM_SEQS]")
-	maxTokens := fs.Int("max-num-batched-tokens", envInt("KILN_MAX_NUM_BATCHED_TOKENS", 0), "tokens per step, decode and prompt chunks together (0: the largest step the engine takes) [KILN_MAX_NUM_BATCHED_TOKENS]")
-	decodePrefill := fs.Int("decode-prefill-tokens", envInt("KILN_DECODE_PREFILL_TOKENS", 256), "while sequences decode, a step's prompt tokens are at most the larger of this and twice the decoding sequences, so new prompts stall running streams boundedly (0: only --max-num-batched-tokens bounds them) [KILN_DECODE_PREFILL_TOKENS]")
+	var schf schedFlags
+	schf.register(fs)
 	maxQueued := fs.Int("max-queued-requests", envInt("KILN_MAX_QUEUED_REQUESTS", 1024), "waiting requests beyond which new ones get 429 [KILN_MAX_QUEUED_REQUESTS]")
 	maxQueuedTokens := fs.Int("max-queued-tokens", envInt("KILN_MAX_QUEUED_TOKENS", 1<<20), "waiting prompt tokens beyond which new requests get 429 [KILN_MAX_QUEUED_TOKENS]")
-	kvTokens := fs.Int("kv-cache-tokens", envInt("KILN_KV_CACHE_TOKENS", 0), "KV cache size in tokens, shared by all sequences (0: from --kv-cache-fraction) [KILN_KV_CACHE_TOKENS]")
-	kvFraction := fs.Float64("kv-cache-fraction", envFloat("KILN_KV_CACHE_FRACTION", 0), "fraction of the memory left after the weights and activations that the KV cache may take, at most a full context for each of --max-num-seqs (0: 0.9 on a GPU, 0.5 on the CPU) [KILN_KV_CACHE_FRACTION]")
-	warm := fs.Bool("warmup", envString("KILN_WARMUP", "1") != "0", "on a GPU, run a prompt chunk of each step size and decode batches of 1 to 8, 16, 32, … --max-num-seqs sequences at each context length's power of two before serving, so that first-use kernel timings and graph captures do not stall the first streams (KILN_WARMUP=0 turns it off) [KILN_WARMUP]")
-	prefix := fs.Bool("enable-prefix-caching", envString("KILN_PREFIX_CACHING", "1") != "0", "share the KV blocks of common prompt prefixes between requests (KILN_PREFIX_CACHING=0 turns it off) [KILN_PREFIX_CACHING]")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may take to finish")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -56,11 +50,11 @@ func cmdServe(args []string) error {
 	if len(pos) > 1 {
 		return fmt.Errorf("give at most one MODEL")
 	}
-	if *maxSeqs < 1 || *maxTokens < 0 || *decodePrefill < 0 || *maxQueued < 0 || *maxQueuedTokens < 0 || *kvTokens < 0 || *port < 0 || *port > 65535 || *kvFraction < 0 || *kvFraction > 1 {
-		return fmt.Errorf("--max-num-seqs must be >= 1; --max-num-batched-tokens, --decode-prefill-tokens, --max-queued-*, --kv-cache-tokens >= 0; --kv-cache-fraction in [0, 1]; --port in 0..65535")
+	if err := schf.check(); err != nil {
+		return err
 	}
-	if *blockSize < 1 || *blockSize > 256 {
-		return fmt.Errorf("--block-size %d: want 1 to 256 tokens", *blockSize)
+	if *maxQueued < 0 || *maxQueuedTokens < 0 || *port < 0 || *port > 65535 {
+		return fmt.Errorf("--max-queued-* must be >= 0; --port in 0..65535")
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// The port first: a clash fails now, not after the model loads
@@ -79,14 +73,7 @@ func cmdServe(args []string) error {
 	if *name == "" {
 		*name = modelName(m.Path, isDemo(pos))
 	}
-	ctxLen := ef.ctx // 0: the model's own, bounded by memory
-	o := engine.Options{ContextLen: ctxLen, MaxSeqs: *maxSeqs, BlockSize: *blockSize, KVCacheFraction: *kvFraction, PrefixCaching: *prefix}
-	if *kvTokens > 0 {
-		o.KVBlocks = (*kvTokens + *blockSize - 1) / *blockSize
-	}
-	if o.KVCacheFraction == 0 {
-		o.KVCacheFraction = autoKVFraction // set for the backend that opens
-	}
+	o := schf.engineOptions(ef.ctx)
 	closeDraft, err := sf.openDraft(&o)
 	if err != nil {
 		return err
@@ -109,34 +96,27 @@ func cmdServe(args []string) error {
 		loaded = append(loaded, "weights_gb", fmt.Sprintf("%.2f", float64(gs.Uploaded)/1e9), "upload_s", fmt.Sprintf("%.1f", gs.UploadTime.Seconds()),
 			"kernels_s", fmt.Sprintf("%.1f", gs.KernelTime.Seconds()), "kernel_modules_compiled", st.Compiled, "nvrtc_s", fmt.Sprintf("%.1f", st.BuildTime.Seconds()))
 	}
-	budget := *maxTokens
-	if budget == 0 {
-		budget = e.MaxStepTokens()
-	}
+	budget := schf.budget(e)
 	speculation, err := sf.speculation(e)
 	if err != nil {
 		return err
 	}
-	if *warm && gpu != nil {
-		// The warm-up only moves first-use work earlier: a step of it that
-		// fails (out of memory at a shape the server would shrink) is
-		// logged, and the server starts as it would without it.
-		err := logWarm(log, gpu, "warmed up", func() (engine.WarmStats, error) { return e.Warm(*maxSeqs, budget, e.ContextLen()) })
-		if speculation != nil && err == nil {
-			logWarm(log, gpu, "warmed up speculation", func() (engine.WarmStats, error) {
-				return warmSpeculation(e, speculation, min(sf.disableAboveSeq, *maxSeqs), e.ContextLen(), true)
-			})
-		}
+	if schf.warmUp(log, e) && speculation != nil {
+		logWarm(log, gpu, "warmed up speculation", func() (engine.WarmStats, error) {
+			return warmSpeculation(e, speculation, min(sf.disableAboveSeq, schf.maxSeqs), e.ContextLen(), true)
+		})
 	}
-	sched, err := serve.NewScheduler(e.Engine, serve.Config{Speculation: speculation, SpeculateMaxSeqs: sf.disableAboveSeq, MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: budget, DecodePrefillTokens: *decodePrefill,
-		MaxQueuedRequests: *maxQueued, MaxQueuedTokens: *maxQueuedTokens, SlowStep: slowStepLog(log, gpu)})
+	cfg := schf.config(e)
+	cfg.Speculation, cfg.SpeculateMaxSeqs = speculation, sf.disableAboveSeq
+	cfg.MaxQueuedRequests, cfg.MaxQueuedTokens, cfg.SlowStep = *maxQueued, *maxQueuedTokens, slowStepLog(log, gpu)
+	sched, err := serve.NewScheduler(e.Engine, cfg)
 	if err != nil {
 		return err
 	}
 	spec := e.KVSpec()
 	log.Info("model loaded", "model", *name, "backend", e.backend.Name(), "context", e.ContextLen(),
 		"kv_cache_blocks", spec.Blocks, "kv_cache_tokens", spec.Blocks*spec.BlockSize, "kv_cache_mib", e.KVBytes()>>20,
-		"max_num_seqs", *maxSeqs, "max_num_batched_tokens", budget, "decode_prefill_tokens", *decodePrefill)
+		"max_num_seqs", schf.maxSeqs, "max_num_batched_tokens", budget, "decode_prefill_tokens", schf.decodePrefill)
 	log.Info("startup", loaded...)
 	opts := serve.Options{ModelName: *name, Tokenizer: tok, StopTokens: stopTokens(m, tok), APIKey: *apiKey, Log: log}
 	if gpu != nil {

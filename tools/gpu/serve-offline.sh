@@ -19,6 +19,7 @@ tok=$llama3_tok
 work=$(mktemp -d)
 t0=$(date +%s)
 n=${REQUESTS:-5120}
+serve_seed=${serve_seed:-0}
 counters() { echo "steps $(metric kiln:cuda_steps_total), tokens $(metric kiln:generation_tokens_total), step seconds $(metric kiln:engine_step_seconds_total)"; }
 random_bf16
 for f in ${FORMATS:-bf16}; do

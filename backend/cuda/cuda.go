@@ -578,6 +578,9 @@ type loaded struct {
 	// foldedGains marks the weights a norm's gain is folded into
 	// (markNormFolds), by their device pointer.
 	foldedGains map[cu.Ptr]bool
+	// gainCopies: norm gains in the activation dtype for K-quant products
+	// that multiply x by them (normFold.gainX), by the gain's pointer.
+	gainCopies map[cu.Ptr]cu.Ptr
 
 	// Step memory every executable shares (stepmem.go): the activation
 	// arena, and the decode attention workspace (wsCounters bytes of split

@@ -3,6 +3,7 @@ package cuda
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"kiln/backend/cuda/cu"
 	"kiln/backend/cuda/kernels"
@@ -39,6 +40,12 @@ import (
 // norm runs with its unit gain and p reads its output: the same values,
 // rounded once more. A plain RMSNorm (the first
 // layer's, of the embeddings) folds the same way without m.
+//
+// Products of weights in GGUF K-quant blocks (Q4_K, Q6_K) fold too, in
+// decode steps the K-quant GEMV runs (kernels.BlocksFold): as m it adds r;
+// as p the gain cannot go into its blocks, so it stays a vector (of the
+// activation dtype: gainX), by which p multiplies sum's rows before it
+// rounds them to int8, and e divides by rms(sum) as after cuBLASLt.
 type normFold struct {
 	m, n, p, e *node // m nil: a plain RMSNorm
 	// rows are the norm's input rows p reads instead of its output
@@ -53,6 +60,9 @@ type normFold struct {
 	// n without m); normed: p's GEMV applied the 1/rms (kernels.Fold), so
 	// e runs as it would after the norm.
 	on, normed bool
+	// gainX: p's weights are K-quant blocks (blocksOf), which multiply x
+	// by gainX itself: the norm's gain in the activation dtype.
+	gainX cu.Ptr
 }
 
 // markNormFolds marks the chains findNormFolds finds on the executable's
@@ -69,7 +79,13 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 		return nil
 	}
 	for _, f := range findNormFolds(nodes, p, l.act, peerAdd) {
-		if err := l.foldGain(f.p.in[1], f.gain); err != nil {
+		var err error
+		if blocksOf(f.p) {
+			f.gainX, err = l.gainAsAct(f.gain)
+		} else {
+			err = l.foldGain(f.p.in[1], f.gain)
+		}
+		if err != nil {
 			return err
 		}
 		for _, nd := range []*node{f.m, f.n, f.p, f.e} {
@@ -86,7 +102,8 @@ func (l *loaded) markNormFolds(nodes []node, p *compile.Plan) error {
 // bound to plan p's buffers; activations act; peerAdd: m may be an
 // all-reduce, which then adds r). A chain qualifies when:
 //   - the activations are bf16 (f16's range is too narrow for unnormalized
-//     rows), p's weight is bf16 and p has no bias;
+//     rows), m's and p's weights are bf16 or K-quant blocks (blocksOf) and
+//     p has no bias;
 //   - the norm's output is read by p alone, p's by e alone (its first
 //     input), and m's by the norm alone; the gain and p's weights are read
 //     by nothing else;
@@ -141,7 +158,7 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType, peerAdd bool) []
 			}
 			m := &nodes[i-1]
 			reduce := peerAdd && m.n.Op == ir.AllReduce && m.in[0].dtype == act
-			if !reduce && (m.n.Op != ir.MatMul || m.in[1].dtype != cu.BF16 || m.scaledReader != nil) || readers[m.n.Outputs[0]] != 1 {
+			if !reduce && (m.n.Op != ir.MatMul || m.in[1].dtype != cu.BF16 && !blocksOf(m) || m.scaledReader != nil) || readers[m.n.Outputs[0]] != 1 {
 				continue
 			}
 			switch m.n.Outputs[0] {
@@ -176,7 +193,7 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType, peerAdd bool) []
 			continue
 		}
 		pn, en := &nodes[i+1], &nodes[i+2]
-		if pn.n.Op != ir.MatMul || pn.n.Inputs[0] != normed || readers[normed] != 1 || pn.in[1].dtype != cu.BF16 ||
+		if pn.n.Op != ir.MatMul || pn.n.Inputs[0] != normed || readers[normed] != 1 || pn.in[1].dtype != cu.BF16 && !blocksOf(pn) ||
 			!weightOnce(pn.in[1]) || !weightOnce(f.gain) {
 			continue
 		}
@@ -191,6 +208,61 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType, peerAdd bool) []
 		folds = append(folds, f)
 	}
 	return folds
+}
+
+// blocksFoldRows is the most rows at which norms fold into K-quant
+// products: on the H200 (Q4_K_M, Llama-3-8B shape, docs/PERF.md session
+// 39) the folds gained 1–2% at one row and lost 4% at eight.
+const blocksFoldRows = 4
+
+// blocksOf reports whether product nd's weights are GGUF blocks the
+// K-quant GEMV reads (kernels.TakesBlocks), which fold a norm in decode
+// steps (kernels.BlocksFold).
+func blocksOf(nd *node) bool {
+	w := nd.in[1]
+	return w.dtype == devBlocks && kernels.TakesBlocks(w.blocks)
+}
+
+// gainAsAct is the norm gain g in the activation dtype, for a K-quant p to
+// multiply x by (normFold.gainX): g itself, or a copy of it rounded (once
+// per gain: the executables of every bucket share it).
+func (l *loaded) gainAsAct(g operand) (cu.Ptr, error) {
+	if g.dtype == l.act {
+		return g.p, nil
+	}
+	if p, ok := l.gainCopies[g.p]; ok {
+		return p, nil
+	}
+	raw := make([]byte, g.cols*g.dtype.Size())
+	if err := l.stream.Sync(); err != nil {
+		return 0, err
+	}
+	if err := l.dev.Download(raw, g.p); err != nil {
+		return 0, err
+	}
+	vals := make([]float32, g.cols)
+	switch g.dtype {
+	case cu.F32:
+		for i := range vals {
+			vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+	default:
+		return 0, fmt.Errorf("cuda: a folded norm's gain of %v", g.dtype)
+	}
+	out := make([]byte, g.cols*l.act.Size())
+	encode(vals, l.act, out)
+	p, err := l.alloc(len(out))
+	if err != nil {
+		return 0, err
+	}
+	if err := l.dev.Upload(p, out); err != nil {
+		return 0, err
+	}
+	if l.gainCopies == nil {
+		l.gainCopies = map[cu.Ptr]cu.Ptr{}
+	}
+	l.gainCopies[g.p] = p
+	return p, nil
 }
 
 // foldGain folds the norm gain g into the weights w[N, K] of the product
@@ -229,6 +301,12 @@ func (l *loaded) foldGain(w, g operand) error {
 func (f *normFold) decide(l *loaded, x *stepState) bool {
 	p := f.p
 	mm := cu.Matmul{T: p.in[0].rows(x), K: p.in[0].cols, N: p.out[0].cols, In: l.act, Out: p.out[0].dtype}
+	if f.gainX != 0 {
+		// p's K-quant GEMV takes the gain; beyond it p dequantizes its
+		// blocks for cuBLASLt, which would not.
+		f.on = mm.T <= blocksFoldRows && l.gemv.TakesBlocksProduct(p.in[1].blocks, mm.T, mm.K, mm.N)
+		return f.on
+	}
 	ep := l.epilogueOf(x, p, mm.Out, false)
 	way, known := l.knownWay(mm, ep)
 	keeps := !(way.gemv && ep != nil) || l.gemv.Folds(mm.T, mm.K, mm.N)

@@ -153,13 +153,34 @@ func (l *loaded) chooseBlocks(nd *node, s *cu.Stream) error {
 	if gemv {
 		kernel = fmt.Sprintf("%v blocks: gemv (T ≤ %d) | dequantized rows + cuBLASLt", w.blocks, kernels.GEMVVectorMaxT)
 	}
-	l.bindWeightProduct(nd, s, kernel, func(x *stepState, _ *node, t, k, n int, bias *operand) (bool, error) {
+	l.bindWeightProduct(nd, s, kernel, func(x *stepState, nd *node, t, k, n int, bias *operand) (bool, error) {
+		if f := nd.fold; f != nil && f.p == nd && f.on {
+			// The norm did not run: its rows, times its gain here, and
+			// its 1/rms applied by the reader (normFold.decide took this
+			// product for the K-quant GEMV).
+			f.normed = false
+			x.noteProduct(cu.Matmul{T: t, K: k, N: n}, fmt.Sprintf("gemv %v + a folded norm's gain", w.blocks))
+			return false, l.gemv.RunBlocksFolded(s, w.blocks, out[0].p, f.rows.p, w.p, t, k, n, out[0].dtype == cu.F32, kernels.BlocksFold{Gain: f.gainX})
+		}
 		if t <= kernels.GEMVVectorMaxT && gemv {
-			err := l.gemv.RunBlocks(s, w.blocks, out[0].p, in[0].p, w.p, t, k, n, out[0].dtype == cu.F32)
+			dst, fold, what := out[0].p, kernels.BlocksFold{}, fmt.Sprintf("gemv %v", w.blocks)
+			if f := nd.fold; f != nil && f.m == nd {
+				f.on = false
+				if bias == nil && out[0].dtype == l.act && f.decide(l, x) {
+					// The norm's residual added here, into its sum.
+					dst, fold.Add, what = f.rows.p, f.resid.p, what+" + a folded norm's residual"
+				}
+			}
+			err := l.gemv.RunBlocksFolded(s, w.blocks, dst, in[0].p, w.p, t, k, n, out[0].dtype == cu.F32, fold)
 			if err == nil || !errors.Is(err, kernels.ErrGEMVShape) {
-				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, fmt.Sprintf("gemv %v", w.blocks))
+				x.noteProduct(cu.Matmul{T: t, K: k, N: n}, what)
 				return false, err
 			}
+			if fold.Add != 0 {
+				nd.fold.on = false // the norm runs after the plain product below
+			}
+		} else if f := nd.fold; f != nil && f.m == nd {
+			f.on = false
 		}
 		es, oes := l.act.Size(), out[0].dtype.Size()
 		rows := min(n, dqChunkRows(k, es))

@@ -341,3 +341,38 @@ func TestFP8KVCache(t *testing.T) {
 	t.Log("against the CPU's FP8 cache:")
 	compareSteps(t, got, cpuFP8, func(int) (float64, string) { return 5e-2, "bf16 compute, codes of bf16 keys" })
 }
+
+// TestGGUFBlocksFoldNorms runs a Q4_K_M file (Q4_K and Q6_K matrices kept
+// in their blocks) over quantSteps with the norms folded into the K-quant
+// products around them (kernels.BlocksFold: the residual added by the
+// product before the norm, x times the gain in the product after it, the
+// 1/rms applied by RoPE or SwiGLU) and without, every other choice the
+// same: the steps the K-quant GEMV takes (at most 8 rows) fold, and their
+// logits stay within the int8 x's bound of the unfolded ones (x rounded to
+// int8 from the unnormalized rows times the gain rather than from the
+// norm's bf16 output); the other steps run the same kernels.
+func TestGGUFBlocksFoldNorms(t *testing.T) {
+	s := bench.Shape{Name: "gguf", Hidden: 512, Layers: 2, Heads: 4, KVHeads: 2, FFN: 768, Vocab: 1000, Context: 512}
+	backendOf(t, "bf16")
+	m, err := model.Load(randomModel(t, s, tensor.BF16, 13))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := writeGGUF(t, m, "q4_k_m")
+	m.Close()
+	run := func(fold bool) ([][]float32, cuda.Stats) {
+		b := backendOf(t, "bf16")
+		b.NoFoldNorms, b.Tune = !fold, tune.Defaults
+		e := openEngine(t, path, b, engine.Options{MaxSeqs: 12})
+		return quantSteps(t, e, s.Vocab), b.Stats()
+	}
+	got, st := run(true)
+	want, base := run(false)
+	if st.NormFolds == 0 || base.NormFolds != 0 {
+		t.Fatalf("norms folded: %d with folds, %d without: want some, none", st.NormFolds, base.NormFolds)
+	}
+	t.Logf("%d norms folded", st.NormFolds)
+	compareSteps(t, got, want, func(i int) (float64, string) {
+		return 5e-2, "Q4_K and Q6_K GEMV, int8 x of the folded rows"
+	})
+}

@@ -280,7 +280,9 @@ func TestMoETileEmulated(t *testing.T) {
 // tensor.Quantize decoded by tensor.ToF32, x rounded to the activation
 // dtype and then to int8 per 32 values as the kernel does (q8x), 1 to 8
 // rows, rows of whole and partial units of super-blocks (Q6_K rows and
-// units off the 16-byte grid), grids of fewer warps than rows. It checks the ring's order (each copy lands only at the
+// units off the 16-byte grid), grids of fewer warps than rows, and the
+// folded forms (x times a norm's gain before it is rounded; a residual
+// added by AddStore). It checks the ring's order (each copy lands only at the
 // cp.async.wait_group that must complete it), the shared-memory layout of
 // x, the lanes' shares of a super-block and the stores; the GPU test
 // (TestGEMVBlocks) checks the same on the device. Skipped as
@@ -319,7 +321,19 @@ func TestGEMVKQEmulated(t *testing.T) {
 			put([]int32{format, int32(c.k), int32(c.n), int32(c.grid), int32(len(q))})
 			put(q)
 			put(x)
-			put(weightOnlyRef(q8x(x), f64(wf), c.k, c.n))
+			ref := weightOnlyRef(q8x(x), f64(wf), c.k, c.n)
+			put(ref)
+			// The folded forms: x times a norm's gain before it is rounded
+			// (in float, as kq_quantize multiplies), and a residual added.
+			gain := roundTo(act, randn(rng, c.k, 0.5))
+			xg := make([]float32, len(x))
+			for i := range x {
+				xg[i] = x[i] * gain[i%c.k]
+			}
+			add := roundTo(act, randn(rng, GEMVVectorMaxT*c.n, 1))
+			put(gain)
+			put(weightOnlyRef(q8x(xg), f64(wf), c.k, c.n))
+			put(add)
 		}
 		must(t, os.WriteFile(filepath.Join(dir, "kq_"+cname(act)+".bin"), b.Bytes(), 0o644))
 	}
@@ -327,6 +341,7 @@ func TestGEMVKQEmulated(t *testing.T) {
 	s.WriteString(readEmu(t, "prelude.h"))
 	fmt.Fprintf(&s, "\n#define KQ_DATA %q\n", dir)
 	s.WriteString(cBlock(t, gemvFile, "struct OutStore {") + ";\n")
+	s.WriteString(cBlock(t, gemvFile, "struct AddStore {") + ";\n")
 	s.WriteString(readEmu(t, "kq.h"))
 	s.WriteString(cBetween(t, gemvKQ, "#define KQ_WARPS", "// ---- PTX helpers"))
 	const ext = "extern __shared__ __align__(16) unsigned char kq_smem[];"

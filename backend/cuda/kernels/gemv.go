@@ -234,7 +234,8 @@ type gemvCfg struct {
 	// fold: the CUDA-core and tile kernels with a norm folded in (Fold):
 	// "add_" (gemv_add_…, gemv_tile_add_…: the residual added) or "norm_"
 	// (gemv_norm_…, gemv_swiglu_norm_…, gemv_rope_norm_…, and gemv_tile_…'s:
-	// the 1/rms applied).
+	// the 1/rms applied); the K-quant kernels' (BlocksFold): "add_" or
+	// "gain_" (gemv_<kq>_gain_<t>: x times the gain).
 	fold string
 }
 
@@ -252,7 +253,7 @@ func (c gemvCfg) name() string {
 		return fmt.Sprintf("gemv_f8_%d_%d_%d_%d", c.t, c.r, c.u, c.lm)
 	}
 	if c.kq != "" {
-		return fmt.Sprintf("gemv_%s_%d", c.kq, c.t)
+		return fmt.Sprintf("gemv_%s_%s%d", c.kq, c.fold, c.t)
 	}
 	return fmt.Sprintf("gemv_%s%s%d_%d_%d_%d", c.epi.prefix(), c.fold, c.t, c.r, c.u, c.lm)
 }
@@ -789,6 +790,22 @@ func TakesBlocks(f tensor.DType) bool {
 	return ok
 }
 
+// TakesBlocksProduct reports whether RunBlocks runs a product of t rows, k
+// columns and n outputs by weights of GGUF format f (its operands aside).
+func (g *GEMV) TakesBlocksProduct(f tensor.DType, t, k, n int) bool {
+	kf, ok := kqFormats[f]
+	return g != nil && ok && t >= 1 && t <= GEMVVectorMaxT && k > 0 && n > 0 && k%256 == 0 &&
+		int64(k)*int64(t) <= math.MaxInt32 && int64(n)*int64(t) <= math.MaxInt32 && kqShared(kf.bb, 1, k) <= g.kqLimit()
+}
+
+// kqLimit is the shared memory a K-quant launch may take.
+func (g *GEMV) kqLimit() int {
+	if g.kqSharedLimit > 0 {
+		return g.kqSharedLimit
+	}
+	return g.D.SharedPerBlock
+}
+
 // RunBlocks queues out[t,n] = x[t,k]·w[n,k]ᵀ for weights w in GGUF's Q4_K
 // or Q6_K (format; each row k/256 super-blocks of Q4KBlockBytes or
 // Q6KBlockBytes, as tensor.Q4_K and tensor.Q6_K store them), for decode
@@ -803,11 +820,39 @@ func TakesBlocks(f tensor.DType) bool {
 // products and formats get an error wrapping ErrGEMVShape before anything
 // is queued. It can be captured into a CUDA graph.
 func (g *GEMV) RunBlocks(s *cu.Stream, format tensor.DType, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	return g.RunBlocksFolded(s, format, out, x, w, t, k, n, outF32, BlocksFold{})
+}
+
+// BlocksFold is a norm folded into the K-quant products around it (the
+// gain cannot be folded into blocks of weights as Fold's products take it):
+// Add, the residual added to the product before the norm (out = x·wᵀ +
+// Add, of the activation dtype, Add of out's shape; it may be out), or
+// Gain, the norm's gain (k values of the activation dtype, 16-byte
+// aligned) by which the product after the norm multiplies x, column by
+// column, before it rounds x to int8: x·diag(Gain)·wᵀ, the rows' 1/rms
+// left to the product's reader. At most one of them.
+type BlocksFold struct {
+	Add, Gain cu.Ptr
+}
+
+// RunBlocksFolded is RunBlocks with a norm folded in (f; see BlocksFold),
+// on the same kernels' gemv_<format>_add_<t> and gemv_<format>_gain_<t>
+// forms; a fold it does not take is an error wrapping ErrGEMVShape before
+// anything is queued.
+func (g *GEMV) RunBlocksFolded(s *cu.Stream, format tensor.DType, out, x, w cu.Ptr, t, k, n int, outF32 bool, fold BlocksFold) error {
 	f, err := g.checkBlocks(format, out, x, w, t, k, n, outF32)
 	if err != nil {
 		return err
 	}
-	return g.runKQuant(f, s, out, x, w, t, k, n, outF32)
+	switch {
+	case fold.Add != 0 && fold.Gain != 0:
+		return fmt.Errorf("%w: a K-quant product with both a residual and a gain folded in", ErrGEMVShape)
+	case fold.Add != 0 && (outF32 || uint64(fold.Add)%uint64(g.Act.Size()) != 0):
+		return fmt.Errorf("%w: a residual (%#x) added to an f32 product, or not aligned to its elements", ErrGEMVShape, uint64(fold.Add))
+	case fold.Gain%16 != 0:
+		return fmt.Errorf("%w: the gain (%#x) must be 16-byte aligned", ErrGEMVShape, uint64(fold.Gain))
+	}
+	return g.runKQuant(f, s, out, x, w, t, k, n, outF32, fold)
 }
 
 // checkBlocks checks a K-quant product of t rows by weights of format
@@ -827,11 +872,8 @@ func (g *GEMV) checkBlocks(format tensor.DType, out, x, w cu.Ptr, t, k, n int, o
 // launches of consecutive rows of x as the device's shared memory per
 // block allows, each on a grid that stays resident (its warps loop over
 // the rows of w).
-func (g *GEMV) runKQuant(f kqFormat, s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
-	limit := g.D.SharedPerBlock
-	if g.kqSharedLimit > 0 {
-		limit = g.kqSharedLimit
-	}
+func (g *GEMV) runKQuant(f kqFormat, s *cu.Stream, out, x, w cu.Ptr, t, k, n int, outF32 bool, fold BlocksFold) error {
+	limit := g.kqLimit()
 	per := t
 	for per > 0 && kqShared(f.bb, per, k) > limit {
 		per--
@@ -845,13 +887,22 @@ func (g *GEMV) runKQuant(f kqFormat, s *cu.Stream, out, x, w cu.Ptr, t, k, n int
 	}
 	for t0 := 0; t0 < t; t0 += per {
 		c := gemvCfg{t: min(per, t-t0), kq: f.kq}
+		args := []any{x.Add(t0 * k * g.Act.Size()), w, out.Add(t0 * n * oes), int32(k), int32(n)}
+		switch {
+		case fold.Add != 0:
+			c.fold, args = "add_", append(args, fold.Add.Add(t0*n*oes))
+		case fold.Gain != 0:
+			c.fold, args = "gain_", append(args, b2i(outF32), fold.Gain)
+		default:
+			args = append(args, b2i(outF32))
+		}
 		c.sh = kqShared(f.bb, c.t, k)
 		blocks, err := g.kqBlocks(c)
 		if err != nil {
 			return err
 		}
 		c.blocks = min(blocks, (n+kqWarps-1)/kqWarps)
-		if err := g.launch(s, c, c.t, n, x.Add(t0*k*g.Act.Size()), w, out.Add(t0*n*oes), int32(k), int32(n), b2i(outF32)); err != nil {
+		if err := g.launch(s, c, c.t, n, args...); err != nil {
 			return err
 		}
 	}

@@ -221,8 +221,10 @@ __device__ __forceinline__ void kq_round8(const float (&v)[8], int i, int rowPie
 // piece), 4 threads a group of 32. Each round loads KQ_XP pieces a thread
 // before it rounds any, so that their L2 round trips overlap (TT·K/8 is a
 // multiple of 32: every warp runs a piece's shuffles whole).
+// With a gain g (a folded norm's, K values; null: none) each value is
+// multiplied by its column's gain, in float, before it is rounded.
 #define KQ_XP 4
-__device__ __forceinline__ void kq_quantize(const T* x, int TT, int K, signed char* xq, float* xs, int xrow, int srow) {
+__device__ __forceinline__ void kq_quantize(const T* x, const T* g, int TT, int K, signed char* xq, float* xs, int xrow, int srow) {
 	const int pieces = TT * K / 8, rowPieces = K / 8, nt = blockDim.x;
 	for (int base = threadIdx.x; base < pieces; base += KQ_XP * nt) {
 		uint4 raw[KQ_XP][8 / VEC];
@@ -232,9 +234,18 @@ __device__ __forceinline__ void kq_quantize(const T* x, int TT, int K, signed ch
 #pragma unroll
 		for (int p = 0; p < KQ_XP; p++) {
 			if (base + p * nt >= pieces) break;
+			const int i = base + p * nt;
 			float v[8];
 			unpack8(raw[p], v);
-			kq_round8(v, base + p * nt, rowPieces, xq, xs, xrow, srow);
+			if (g) {
+				uint4 graw[8 / VEC];
+				float gv[8];
+				ld8(g + 8LL * (i % rowPieces), graw);
+				unpack8(graw, gv);
+#pragma unroll
+				for (int k = 0; k < 8; k++) v[k] *= gv[k];
+			}
+			kq_round8(v, i, rowPieces, xq, xs, xrow, srow);
 		}
 	}
 }
@@ -245,8 +256,10 @@ __device__ __forceinline__ void kq_quantize(const T* x, int TT, int K, signed ch
 #define KQ_UNIT(BB) (8 * (BB) + ((BB) % 16 ? 16 : 0))
 #define KQ_RING(BB) (KQ_WARPS * KQ_STAGES * KQ_UNIT(BB))
 
-template <class F, int TT>
-__device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w, int K, const OutStore& e) {
+// E stores the sums: OutStore, or AddStore (a folded norm's residual
+// added); gain, when set, is a folded norm's gain (kq_quantize).
+template <class F, int TT, class E>
+__device__ __forceinline__ void gemv_kq_impl(const T* x, const T* gain, const unsigned char* w, int K, const E& e) {
 	extern __shared__ __align__(16) unsigned char kq_smem[];
 	pdl_trigger();
 	constexpr int UNIT = 8 * F::BB, STAGE = KQ_UNIT(F::BB);
@@ -282,7 +295,7 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 #pragma unroll
 	for (int u = 0; u < KQ_STAGES - 1; u++) issue();
 	pdl_wait(); // x is the previous kernel's output
-	kq_quantize(x, TT, K, xq, xs, xrow, srow);
+	kq_quantize(x, gain, TT, K, xq, xs, xrow, srow);
 	__syncthreads();
 	float acc[TT];
 #pragma unroll
@@ -301,7 +314,7 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 				float v = acc[t];
 #pragma unroll
 				for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-				if (lane == t) e.put(OutStore::Pre{}, t, n, v, 0.f);
+				if (lane == t) e.put(typename E::Pre{}, t, n, v, 0.f);
 				acc[t] = 0.f;
 			}
 			g = 0, n += nw;
@@ -314,11 +327,21 @@ __device__ __forceinline__ void gemv_kq_impl(const T* x, const unsigned char* w,
 // ---- KQ_END
 
 // The kernels gemv.go launches: gemv_<format>_<T> for the formats q4k
-// (KQ4K) and q6k (KQ6K).
+// (KQ4K) and q6k (KQ6K); gemv_<format>_add_<T> adds a folded norm's
+// residual to the sums (AddStore), gemv_<format>_gain_<T> multiplies x by a
+// folded norm's gain before rounding it (GEMV.RunBlocksFolded).
 #define GEMV_KQ(NAME, FMT, TT)                                                                                  \
 	extern "C" __global__ void __launch_bounds__(32 * KQ_WARPS)                                                    \
 	    gemv_##NAME##_##TT(const T* x, const unsigned char* w, void* out, int K, int N, int outF32) {              \
-		gemv_kq_impl<FMT, TT>(x, w, K, OutStore{out, N, outF32});                                                 \
+		gemv_kq_impl<FMT, TT>(x, nullptr, w, K, OutStore{out, N, outF32});                                        \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(32 * KQ_WARPS)                                                    \
+	    gemv_##NAME##_add_##TT(const T* x, const unsigned char* w, T* out, int K, int N, const T* add) {           \
+		gemv_kq_impl<FMT, TT>(x, nullptr, w, K, AddStore{out, N, add});                                           \
+	}                                                                                                              \
+	extern "C" __global__ void __launch_bounds__(32 * KQ_WARPS)                                                    \
+	    gemv_##NAME##_gain_##TT(const T* x, const unsigned char* w, void* out, int K, int N, int outF32, const T* g) { \
+		gemv_kq_impl<FMT, TT>(x, g, w, K, OutStore{out, N, outF32});                                              \
 	}
 #define GEMV_KQ_ALL(NAME, FMT) \
 	GEMV_KQ(NAME, FMT, 1) GEMV_KQ(NAME, FMT, 2) GEMV_KQ(NAME, FMT, 3) GEMV_KQ(NAME, FMT, 4) \

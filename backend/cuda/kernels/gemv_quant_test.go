@@ -210,6 +210,89 @@ func TestGEMVBlocks(t *testing.T) {
 	}
 }
 
+// TestGEMVBlocksFolded: RunBlocksFolded's forms (Q4_K and Q6_K weights,
+// bf16 and f16) against float64 references, 1 to 8 rows, three rows a
+// launch too: with a norm's gain, x (unnormalized sums, of unit scale)
+// times the gain column by column in float, then rounded to int8 per 32
+// (q8x); with a residual, the plain product plus the addend (out of the
+// activation dtype), also into the addend's own place. Folds it cannot
+// take are refused with ErrGEMVShape.
+func TestGEMVBlocksFolded(t *testing.T) {
+	d := gpu(t)
+	for _, act := range []cu.DType{cu.BF16, cu.F16} {
+		g := gemvMod(t, act, false)
+		rng := newRNG(t)
+		for _, f := range []struct {
+			dt tensor.DType
+			bb int
+		}{{tensor.Q4_K, Q4KBlockBytes}, {tensor.Q6_K, Q6KBlockBytes}} {
+			for _, sh := range []gemvShape{{"O", 4096, 4096}, {"nine blocks", 2304, 77}} {
+				k, n := sh.k, sh.n
+				x := roundTo(act, randn(rng, GEMVVectorMaxT*k, 1))
+				gain := roundTo(act, randn(rng, k, 0.5))
+				q, err := tensor.Quantize(f.dt, randn(rng, n*k, 1))
+				must(t, err)
+				wf := make([]float32, n*k)
+				must(t, tensor.ToF32(f.dt, q, wf))
+				pw := alloc(t, len(q))
+				must(t, d.Upload(pw, q))
+				px, pg := up(t, act, x), up(t, act, gain)
+				xg := make([]float32, len(x))
+				for i := range x {
+					xg[i] = x[i] * gain[i%k]
+				}
+				refGain := weightOnlyRef(q8x(xg), f64(wf), k, n)
+				runGain := func(out cu.Ptr, rows int, outF32 bool) error {
+					return g.RunBlocksFolded(nil, f.dt, out, px, pw, rows, k, n, outF32, BlocksFold{Gain: pg})
+				}
+				checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v gain %s k=%d n=%d", f.dt, act, sh.name, k, n), n, refGain, runGain)
+				g.kqSharedLimit = kqShared(f.bb, 3, k)
+				checkWeightOnly(t, act, fmt.Sprintf("gemv %v %v gain, 3 rows a launch, %s", f.dt, act, sh.name), n, refGain, runGain)
+				g.kqSharedLimit = 0
+
+				ref := weightOnlyRef(q8x(x), f64(wf), k, n)
+				add := roundTo(act, randn(rng, GEMVVectorMaxT*n, 1))
+				refAdd := make([]float64, len(ref))
+				for i := range ref {
+					refAdd[i] = ref[i] + float64(add[i])
+				}
+				worst := 0.0
+				for rows := 1; rows <= GEMVVectorMaxT; rows++ {
+					for _, inPlace := range []bool{false, true} {
+						padd := up(t, act, add)
+						out := outBuf(t, act, (rows+1)*n+64)
+						if inPlace {
+							out = padd
+						}
+						must(t, g.RunBlocksFolded(nil, f.dt, out, px, pw, rows, k, n, false, BlocksFold{Add: padd}))
+						must(t, d.Sync())
+						raw := make([]byte, rows*n*act.Size())
+						must(t, d.Download(raw, out))
+						what := fmt.Sprintf("gemv %v %v residual %s T=%d in place %v", f.dt, act, sh.name, rows, inPlace)
+						worst = max(worst, compare(t, what, decode(act, raw), refAdd[:rows*n], gemvTol(act, false)))
+					}
+				}
+				t.Logf("gemv %v %v residual %s: T=1..8 max err %.3g (tol %.0e)", f.dt, act, sh.name, worst, gemvTol(act, false))
+			}
+		}
+		p := alloc(t, 1<<16)
+		for _, c := range []struct {
+			what   string
+			outF32 bool
+			fold   BlocksFold
+		}{
+			{"a residual and a gain", false, BlocksFold{Add: p, Gain: p}},
+			{"a residual into f32", true, BlocksFold{Add: p}},
+			{"a residual off its elements", false, BlocksFold{Add: p + 1}},
+			{"a gain off 16 bytes", false, BlocksFold{Gain: p + 8}},
+		} {
+			if err := g.RunBlocksFolded(nil, tensor.Q4_K, p, p, p, 1, 256, 8, c.outF32, c.fold); !errors.Is(err, ErrGEMVShape) {
+				t.Errorf("%v %s: err %v, want ErrGEMVShape", act, c.what, err)
+			}
+		}
+	}
+}
+
 // TestGEMVBlocksSpeed times RunBlocks (Q4_K and Q6_K weights; x's
 // quantization included) against the bf16 GEMV (Run) on a Llama-3-8B's
 // decode products at 1, 4 and 8 rows, weights rotated past the L2, each as

@@ -50,14 +50,11 @@ func cmdBenchServe(args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	pd, err := parseDist(*prompt)
+	w, err := parseWorkload(*prompt, *output, *corpus)
 	if err != nil {
-		return fmt.Errorf("--prompt-tokens: %w", err)
+		return err
 	}
-	od, err := parseDist(*output)
-	if err != nil {
-		return fmt.Errorf("--output-tokens: %w", err)
-	}
+	w.SharedPrefix = *shared
 	var budget *loadgen.Budget // checked against every run of a sweep
 	if *budgetFile != "" {
 		text, err := os.ReadFile(*budgetFile)
@@ -68,7 +65,6 @@ func cmdBenchServe(args []string) error {
 			return err
 		}
 	}
-	w := loadgen.Workload{PromptTokens: pd, OutputTokens: od, SharedPrefix: *shared}
 	if *profile != "" {
 		p, ok := loadgen.Profiles[*profile]
 		if !ok {
@@ -90,13 +86,6 @@ func cmdBenchServe(args []string) error {
 			return err
 		}
 		w.Dataset = items
-	}
-	if *corpus != "" {
-		text, err := os.ReadFile(*corpus)
-		if err != nil {
-			return err
-		}
-		w.Corpus = string(text)
 	}
 	if *tokFile != "" {
 		tok, err := loadTokenizerFile(*tokFile)
@@ -382,4 +371,27 @@ func profileNote(profile, dataset string) string {
 		s += ", dataset " + dataset
 	}
 	return s
+}
+
+// parseWorkload is the workload of the --prompt-tokens and --output-tokens
+// distributions (parseDist's forms), its prompts drawn from the words of
+// the corpus file ("": the built-in sentence).
+func parseWorkload(prompt, output, corpus string) (loadgen.Workload, error) {
+	pd, err := parseDist(prompt)
+	if err != nil {
+		return loadgen.Workload{}, fmt.Errorf("--prompt-tokens: %w", err)
+	}
+	od, err := parseDist(output)
+	if err != nil {
+		return loadgen.Workload{}, fmt.Errorf("--output-tokens: %w", err)
+	}
+	w := loadgen.Workload{PromptTokens: pd, OutputTokens: od}
+	if corpus != "" {
+		text, err := os.ReadFile(corpus)
+		if err != nil {
+			return loadgen.Workload{}, err
+		}
+		w.Corpus = string(text)
+	}
+	return w, nil
 }

@@ -74,21 +74,9 @@ func cmdBenchThroughput(args []string) error {
 	if *warmup < 0 {
 		*warmup = schf.maxSeqs
 	}
-	pd, err := parseDist(*prompt)
+	w, err := parseWorkload(*prompt, *output, *corpus)
 	if err != nil {
-		return fmt.Errorf("--prompt-tokens: %w", err)
-	}
-	od, err := parseDist(*output)
-	if err != nil {
-		return fmt.Errorf("--output-tokens: %w", err)
-	}
-	w := loadgen.Workload{PromptTokens: pd, OutputTokens: od}
-	if *corpus != "" {
-		text, err := os.ReadFile(*corpus)
-		if err != nil {
-			return err
-		}
-		w.Corpus = string(text)
+		return err
 	}
 	m, tok, err := openModelOrDemo(pos, ef.tokenizer)
 	if err != nil {

@@ -28,12 +28,9 @@ func cmdBenchServe(args []string) error {
 	num := fs.Int("num-requests", 0, "requests to send (0: until --duration)")
 	duration := fs.Duration("duration", 0, "how long to send requests (0: until --num-requests)")
 	warmup := fs.Int("warmup", 0, "first requests left out of the figures")
-	prompt := fs.String("prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD, lognormal:MEAN:STD or hist:COUNT=WEIGHT,...")
-	output := fs.String("output-tokens", "128", "output length, same forms (ignore_eos is sent so servers that support it generate exactly that)")
-	corpus := fs.String("corpus", "", "text file whose words prompts are drawn from (default: a built-in sentence)")
-	shared := fs.Float64("shared-prefix", 0, "fraction of each prompt shared by all requests (0..1)")
-	profile := fs.String("profile", "", "a built-in workload (chat, rag, code) for the lengths and shared prefix not given by flags")
-	dataset := fs.String("dataset", "", `JSONL file of prompts, one {"prompt": "...", "output_tokens": N} per line (output_tokens optional)`)
+	var wf workloadFlags
+	wf.register(fs, "ignore_eos is sent so servers that support it generate exactly that")
+	prompt, output, profile, dataset := &wf.prompt, &wf.output, &wf.profile, &wf.dataset
 	tokFile := fs.String("tokenizer", "", "count prompt tokens with this tokenizer (tokenizer.json, tokenizer.bin or a model) instead of about 4 per 3 words")
 	sloTTFT := fs.Float64("slo-ttft-ms", 0, "goodput counts requests with TTFT at most this (0: no limit)")
 	sloTPOT := fs.Float64("slo-tpot-ms", 0, "and time per output token at most this (0: no limit)")
@@ -48,13 +45,10 @@ func cmdBenchServe(args []string) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	w, err := parseWorkload(*prompt, *output, *corpus)
+	w, err := wf.workload(fs)
 	if err != nil {
 		return err
 	}
-	w.SharedPrefix = *shared
 	var budget *loadgen.Budget // checked against every run of a sweep
 	if *budgetFile != "" {
 		text, err := os.ReadFile(*budgetFile)
@@ -64,28 +58,6 @@ func cmdBenchServe(args []string) error {
 		if budget, err = loadgen.ParseBudget(string(text)); err != nil {
 			return err
 		}
-	}
-	if *profile != "" {
-		p, ok := loadgen.Profiles[*profile]
-		if !ok {
-			return fmt.Errorf("--profile %q: want chat, rag or code", *profile)
-		}
-		if !set["prompt-tokens"] {
-			w.PromptTokens = p.PromptTokens
-		}
-		if !set["output-tokens"] {
-			w.OutputTokens = p.OutputTokens
-		}
-		if !set["shared-prefix"] {
-			w.SharedPrefix = p.SharedPrefix
-		}
-	}
-	if *dataset != "" {
-		items, err := readDataset(*dataset)
-		if err != nil {
-			return err
-		}
-		w.Dataset = items
 	}
 	if *tokFile != "" {
 		tok, err := loadTokenizerFile(*tokFile)
@@ -373,23 +345,63 @@ func profileNote(profile, dataset string) string {
 	return s
 }
 
-// parseWorkload is the workload of the --prompt-tokens and --output-tokens
-// distributions (parseDist's forms), its prompts drawn from the words of
-// the corpus file ("": the built-in sentence).
-func parseWorkload(prompt, output, corpus string) (loadgen.Workload, error) {
-	pd, err := parseDist(prompt)
+// workloadFlags are the flags of a workload (kiln bench serve's and
+// kiln bench throughput's, so that both draw the same requests).
+type workloadFlags struct {
+	prompt, output, corpus, profile, dataset string
+	shared                                   float64
+}
+
+// register adds the flags to fs; outputNote says how the output length is
+// kept to.
+func (f *workloadFlags) register(fs *flag.FlagSet, outputNote string) {
+	fs.StringVar(&f.prompt, "prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD, lognormal:MEAN:STD or hist:COUNT=WEIGHT,...")
+	fs.StringVar(&f.output, "output-tokens", "128", "output length, same forms ("+outputNote+")")
+	fs.StringVar(&f.corpus, "corpus", "", "text file whose words prompts are drawn from (default: a built-in sentence)")
+	fs.Float64Var(&f.shared, "shared-prefix", 0, "fraction of each prompt shared by all requests (0..1)")
+	fs.StringVar(&f.profile, "profile", "", "a built-in workload (chat, rag, code) for the lengths and shared prefix not given by flags")
+	fs.StringVar(&f.dataset, "dataset", "", `JSONL file of prompts, one {"prompt": "...", "output_tokens": N} per line (output_tokens optional)`)
+}
+
+// workload is the workload the flags of fs (parsed) describe: a profile
+// fills in the lengths and shared prefix not set by flags.
+func (f *workloadFlags) workload(fs *flag.FlagSet) (loadgen.Workload, error) {
+	var w loadgen.Workload
+	pd, err := parseDist(f.prompt)
 	if err != nil {
-		return loadgen.Workload{}, fmt.Errorf("--prompt-tokens: %w", err)
+		return w, fmt.Errorf("--prompt-tokens: %w", err)
 	}
-	od, err := parseDist(output)
+	od, err := parseDist(f.output)
 	if err != nil {
-		return loadgen.Workload{}, fmt.Errorf("--output-tokens: %w", err)
+		return w, fmt.Errorf("--output-tokens: %w", err)
 	}
-	w := loadgen.Workload{PromptTokens: pd, OutputTokens: od}
-	if corpus != "" {
-		text, err := os.ReadFile(corpus)
+	w = loadgen.Workload{PromptTokens: pd, OutputTokens: od, SharedPrefix: f.shared}
+	if f.profile != "" {
+		p, ok := loadgen.Profiles[f.profile]
+		if !ok {
+			return w, fmt.Errorf("--profile %q: want chat, rag or code", f.profile)
+		}
+		set := map[string]bool{}
+		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+		if !set["prompt-tokens"] {
+			w.PromptTokens = p.PromptTokens
+		}
+		if !set["output-tokens"] {
+			w.OutputTokens = p.OutputTokens
+		}
+		if !set["shared-prefix"] {
+			w.SharedPrefix = p.SharedPrefix
+		}
+	}
+	if f.dataset != "" {
+		if w.Dataset, err = readDataset(f.dataset); err != nil {
+			return w, err
+		}
+	}
+	if f.corpus != "" {
+		text, err := os.ReadFile(f.corpus)
 		if err != nil {
-			return loadgen.Workload{}, err
+			return w, err
 		}
 		w.Corpus = string(text)
 	}

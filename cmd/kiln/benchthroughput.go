@@ -52,9 +52,8 @@ func cmdBenchThroughput(args []string) error {
 	schf.register(fs)
 	num := fs.Int("num-requests", 1000, "requests timed, all submitted at once")
 	warmup := fs.Int("warmup-requests", -1, "requests run to completion before the timed ones, not counted (-1: --max-num-seqs)")
-	prompt := fs.String("prompt-tokens", "128", "prompt length: N, uniform:MIN:MAX, normal:MEAN:STD, lognormal:MEAN:STD or hist:COUNT=WEIGHT,... (as kiln bench serve)")
-	output := fs.String("output-tokens", "128", "output length, same forms; every request generates exactly that (end-of-sequence tokens ignored)")
-	corpus := fs.String("corpus", "", "text file whose words prompts are drawn from (default: kiln bench serve's built-in sentence)")
+	var wf workloadFlags
+	wf.register(fs, "every request generates exactly that: end-of-sequence tokens ignored")
 	seed := fs.Uint64("seed", 1, "seed of the prompts and lengths (kiln bench serve's --seed draws the same)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	out := fs.String("output", "", "also write the JSON report to this file")
@@ -74,7 +73,7 @@ func cmdBenchThroughput(args []string) error {
 	if *warmup < 0 {
 		*warmup = schf.maxSeqs
 	}
-	w, err := parseWorkload(*prompt, *output, *corpus)
+	w, err := wf.workload(fs)
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,7 @@ var docs = map[string]commandDoc{
 		"Drives an OpenAI-compatible server (kiln serve, vLLM, ...) with a load and reports throughput, TTFT, ITL and TPOT percentiles.",
 		[]string{`kiln bench serve --url http://127.0.0.1:8000 --concurrency 16 --num-requests 200 --html report.html`}},
 	"bench throughput": {"bench throughput [MODEL] [--num-requests 1000] [--prompt-tokens 128] [--output-tokens 128] [--max-num-seqs N] [flags]",
-		"Measures offline throughput as vLLM's bench throughput: every request handed to kiln serve's scheduler at once, in process, with kiln bench serve's prompts of the same --seed; set the scheduler's flags as for kiln serve.",
+		"Measures offline throughput as vLLM's bench throughput: every request handed to kiln serve's scheduler at once, in process, with the prompts kiln bench serve draws with the same --seed and workload flags; set the scheduler's flags as for kiln serve.",
 		[]string{`kiln bench throughput ./model --device cuda --max-num-seqs 256 --num-requests 5120`}},
 	"bench compare": {"bench compare BASE.json NEW.json", "Compares two kiln bench serve runs and flags regressions.",
 		[]string{`kiln bench compare before.json after.json`}},

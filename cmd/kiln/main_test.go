@@ -1064,4 +1064,25 @@ func TestBenchThroughput(t *testing.T) {
 	if want := float64(r.OutputTokens) / r.Seconds; math.Abs(r.OutputPerSec-want) > 1e-6*want || r.StepMs <= 0 {
 		t.Errorf("output %.1f tok/s over %.3f s, %.2f ms a step: want %.1f, a step time", r.OutputPerSec, r.Seconds, r.StepMs, want)
 	}
+	// kiln bench serve's workload flags: a dataset's items in turn with
+	// their own output lengths; a shared prefix the prefix cache serves.
+	data := filepath.Join(t.TempDir(), "prompts.jsonl")
+	if err := os.WriteFile(data, []byte(`{"prompt": "In the beginning God created", "output_tokens": 5}`+"\n"+`{"prompt": "And the earth was without form", "output_tokens": 7}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args   []string
+		check  func(r throughputReport) bool
+		wanted string
+	}{
+		{[]string{"--dataset", data}, func(r throughputReport) bool { return r.OutputTokens == 5+7+5+7 }, "24 output tokens (5, 7, 5, 7)"},
+		{[]string{"--prompt-tokens", "96", "--output-tokens", "4", "--shared-prefix", "0.9"}, func(r throughputReport) bool { return r.CachedPrompt > 0.3 },
+			"over 30% of prompt tokens from the prefix cache"},
+	} {
+		out, stderr, code := kiln(t, append([]string{"bench", "throughput", "--num-requests", "4", "--warmup-requests", "0", "--max-num-seqs", "2", "--json"}, c.args...)...)
+		var r throughputReport
+		if code != 0 || json.Unmarshal([]byte(out), &r) != nil || !c.check(r) {
+			t.Errorf("%v: exit %d (%s), report %+v: want %s", c.args, code, stderr, r, c.wanted)
+		}
+	}
 }

@@ -12,7 +12,8 @@ import (
 	"kiln/loadgen"
 )
 
-// cmdBenchCompare compares kiln bench results: one file or several
+// cmdBenchCompare compares kiln bench results (bench serve's, bench model's
+// or bench throughput's): one file or several
 // (comma-separated: repeated runs) a side. With two or more runs a side a
 // regression is called from the runs' spread (loadgen.CompareRuns), so
 // that run-to-run noise does not fail a CI gate; with one run a side the
@@ -117,6 +118,39 @@ func cmdBenchCompare(args []string) error {
 				continue
 			}
 			changes = append(changes, loadgen.CompareRunSamples(name, true, means(bv), means(nv), *tol))
+		}
+	case "kiln.bench.throughput/v1":
+		var reps [2][]throughputReport
+		for i, side := range sides {
+			for _, f := range side {
+				var r throughputReport
+				if err := json.Unmarshal(f.raw, &r); err != nil {
+					return fmt.Errorf("%s: %w", f.path, err)
+				}
+				reps[i] = append(reps[i], r)
+			}
+		}
+		for _, fg := range []struct {
+			name string
+			of   func(throughputReport) float64
+		}{
+			{"output tokens/s", func(r throughputReport) float64 { return r.OutputPerSec }},
+			{"total tokens/s", func(r throughputReport) float64 { return r.TotalPerSec }},
+			{"requests/s", func(r throughputReport) float64 { return r.RequestsPerSec }},
+		} {
+			var v [2][]float64
+			for i, side := range reps {
+				for _, r := range side {
+					v[i] = append(v[i], fg.of(r))
+				}
+			}
+			if len(v[0]) < 2 || len(v[1]) < 2 {
+				c := loadgen.CompareSamples(fg.name, true, v[0], v[1], *tol)
+				c.Regression = false // one run a side: between-run noise unknown
+				changes = append(changes, c)
+				continue
+			}
+			changes = append(changes, loadgen.CompareRunSamples(fg.name, true, v[0], v[1], *tol))
 		}
 	default:
 		return fmt.Errorf("unknown result schema %q", first.schema)

@@ -16,22 +16,25 @@ import (
 
 // throughputReport is kiln bench throughput's JSON report.
 type throughputReport struct {
-	Schema         string  `json:"schema"`
-	Model          string  `json:"model"`
-	Backend        string  `json:"backend"`
-	MaxNumSeqs     int     `json:"max_num_seqs"`
-	Requests       int     `json:"requests"`
-	Warmup         int     `json:"warmup"`
-	PromptTokens   int     `json:"prompt_tokens"` // of the timed requests
-	OutputTokens   int     `json:"output_tokens"`
-	CachedPrompt   float64 `json:"cached_prompt_share"`
-	Seconds        float64 `json:"seconds"`
-	RequestsPerSec float64 `json:"requests_per_s"`
-	OutputPerSec   float64 `json:"output_tokens_per_s"`
-	TotalPerSec    float64 `json:"total_tokens_per_s"`
-	Steps          uint64  `json:"steps"`
-	OutputPerStep  float64 `json:"output_tokens_per_step"`
-	StepMs         float64 `json:"ms_per_step"`
+	Schema string `json:"schema"`
+	// Config is the workload (kiln bench compare refuses to set runs of
+	// different ones against each other).
+	Config         map[string]any `json:"config"`
+	Model          string         `json:"model"`
+	Backend        string         `json:"backend"`
+	MaxNumSeqs     int            `json:"max_num_seqs"`
+	Requests       int            `json:"requests"`
+	Warmup         int            `json:"warmup"`
+	PromptTokens   int            `json:"prompt_tokens"` // of the timed requests
+	OutputTokens   int            `json:"output_tokens"`
+	CachedPrompt   float64        `json:"cached_prompt_share"`
+	Seconds        float64        `json:"seconds"`
+	RequestsPerSec float64        `json:"requests_per_s"`
+	OutputPerSec   float64        `json:"output_tokens_per_s"`
+	TotalPerSec    float64        `json:"total_tokens_per_s"`
+	Steps          uint64         `json:"steps"`
+	OutputPerStep  float64        `json:"output_tokens_per_step"`
+	StepMs         float64        `json:"ms_per_step"`
 	// OutsideSteps is the share of the scheduler's loop spent outside
 	// engine steps (gathering, handing out tokens).
 	OutsideSteps float64 `json:"scheduler_outside_steps"`
@@ -128,7 +131,10 @@ func cmdBenchThroughput(args []string) error {
 	elapsed := time.Since(start)
 	after := sched.Stats()
 	steps := after.Steps - before.Steps
-	r := throughputReport{Schema: "kiln.bench.throughput/v1", Model: m.Path, Backend: e.backend.Name(), MaxNumSeqs: schf.maxSeqs,
+	config := map[string]any{"model": m.Path, "num_requests": *num, "warmup_requests": *warmup, "max_num_seqs": schf.maxSeqs,
+		"prompt_tokens": w.PromptTokens, "output_tokens": w.OutputTokens, "shared_prefix": w.SharedPrefix, "profile": wf.profile,
+		"dataset": wf.dataset, "corpus": wf.corpus}
+	r := throughputReport{Schema: "kiln.bench.throughput/v1", Config: config, Model: m.Path, Backend: e.backend.Name(), MaxNumSeqs: schf.maxSeqs,
 		Requests: *num, Warmup: *warmup, PromptTokens: counts.prompt, OutputTokens: counts.output,
 		CachedPrompt: float64(counts.cached) / float64(max(1, counts.prompt)), Seconds: elapsed.Seconds(),
 		RequestsPerSec: float64(*num) / elapsed.Seconds(), OutputPerSec: float64(counts.output) / elapsed.Seconds(),

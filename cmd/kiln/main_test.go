@@ -896,6 +896,63 @@ func TestBenchCompareRuns(t *testing.T) {
 	}
 }
 
+// TestBenchCompareThroughput: kiln bench compare takes kiln bench
+// throughput's reports: two real runs of one workload are compared and not
+// gated; three runs against three 20% slower fail, against three the same
+// pass; a run of another workload is refused.
+func TestBenchCompareThroughput(t *testing.T) {
+	dir := t.TempDir()
+	run := func(name string, extra ...string) string {
+		p := filepath.Join(dir, name+".json")
+		args := append([]string{"bench", "throughput", "--num-requests", "8", "--warmup-requests", "0", "--max-num-seqs", "4",
+			"--prompt-tokens", "16", "--output-tokens", "8", "--output", p}, extra...)
+		if _, stderr, code := kiln(t, args...); code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, stderr)
+		}
+		return p
+	}
+	a, b := run("a"), run("b", "--seed", "2")
+	if out, stderr, code := kiln(t, "bench", "compare", a, b); code != 0 || !strings.Contains(out, "output tokens/s") || strings.Contains(out, "REGRESSION") {
+		t.Errorf("two runs: exit %d\n%s%s", code, out, stderr)
+	}
+	other := run("other", "--output-tokens", "4")
+	if _, stderr, code := kiln(t, "bench", "compare", a, other); code == 0 || !strings.Contains(stderr, "ran different workloads") {
+		t.Errorf("another workload: exit %d, %q", code, stderr)
+	}
+	raw, err := os.ReadFile(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r throughputReport
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	files := func(prefix string, scale float64) string {
+		var ps []string
+		for i, f := range []float64{1, 1.01, 0.99} {
+			c := r
+			c.OutputPerSec, c.TotalPerSec, c.RequestsPerSec = 1000*scale*f, 2000*scale*f, 10*scale*f
+			js, err := json.Marshal(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, fmt.Sprintf("%s-%d.json", prefix, i))
+			if err := os.WriteFile(p, js, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ps = append(ps, p)
+		}
+		return strings.Join(ps, ",")
+	}
+	base, same, slow := files("base", 1), files("same", 1.005), files("slow", 0.8)
+	if out, stderr, code := kiln(t, "bench", "compare", base, same); code != 0 || strings.Contains(out, "REGRESSION") {
+		t.Errorf("the same: exit %d\n%s%s", code, out, stderr)
+	}
+	if out, _, code := kiln(t, "bench", "compare", base, slow); code == 0 || strings.Count(out, "REGRESSION") != 3 {
+		t.Errorf("20%% slower: exit %d\n%s", code, out)
+	}
+}
+
 // TestChat: kiln chat takes each line of standard input as a user turn of
 // the demo model's chat template and streams each reply on its own line;
 // /clear starts over (the same first turn gives the same greedy reply); a

@@ -58,6 +58,7 @@ func cmdBenchThroughput(args []string) error {
 	var wf workloadFlags
 	wf.register(fs, "every request generates exactly that: end-of-sequence tokens ignored")
 	seed := fs.Uint64("seed", 1, "seed of the prompts and lengths (kiln bench serve's --seed draws the same)")
+	budgetFile := fs.String("budget", "", "TOML file of targets (min_output_tokens_per_s, min_total_tokens_per_s, min_requests_per_s): exit 1 when one is missed")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	out := fs.String("output", "", "also write the JSON report to this file")
 	pos, err := parseFlags(fs, args)
@@ -75,6 +76,17 @@ func cmdBenchThroughput(args []string) error {
 	}
 	if *warmup < 0 {
 		*warmup = schf.maxSeqs
+	}
+	var budget *throughputBudget
+	if *budgetFile != "" {
+		text, err := os.ReadFile(*budgetFile)
+		if err != nil {
+			return err
+		}
+		budget = &throughputBudget{}
+		if err := loadgen.DecodeBudget(string(text), budget); err != nil {
+			return err
+		}
 	}
 	w, err := wf.workload(fs)
 	if err != nil {
@@ -158,17 +170,68 @@ func cmdBenchThroughput(args []string) error {
 	}
 	if *asJSON {
 		fmt.Println(string(js))
+	} else {
+		printThroughput(r)
+	}
+	if budget == nil {
 		return nil
 	}
+	missed := 0
+	table := os.Stdout
+	if *asJSON {
+		table = os.Stderr // stdout holds the JSON alone
+	}
+	fmt.Fprintf(table, "\n| budget | target | measured | |\n|---|---|---|---|\n")
+	for _, v := range budget.check(r) {
+		mark := "ok"
+		if !v.OK {
+			mark, missed = "MISSED", missed+1
+		}
+		fmt.Fprintf(table, "| %s | %g | %.4g | %s |\n", v.Name, v.Target, v.Measured, mark)
+	}
+	if missed > 0 {
+		return fmt.Errorf("%d budget targets missed", missed)
+	}
+	return nil
+}
+
+// throughputBudget is kiln bench throughput's targets (TOML; absent keys
+// are not checked, unknown ones an error).
+type throughputBudget struct {
+	MinOutputTokensPerS *float64 `toml:"min_output_tokens_per_s"`
+	MinTotalTokensPerS  *float64 `toml:"min_total_tokens_per_s"`
+	MinRequestsPerS     *float64 `toml:"min_requests_per_s"`
+}
+
+// check sets r against the targets, in a fixed order.
+func (b *throughputBudget) check(r throughputReport) []loadgen.Verdict {
+	var out []loadgen.Verdict
+	for _, c := range []struct {
+		name   string
+		target *float64
+		v      float64
+	}{
+		{"min_output_tokens_per_s", b.MinOutputTokensPerS, r.OutputPerSec},
+		{"min_total_tokens_per_s", b.MinTotalTokensPerS, r.TotalPerSec},
+		{"min_requests_per_s", b.MinRequestsPerS, r.RequestsPerSec},
+	} {
+		if c.target != nil {
+			out = append(out, loadgen.Verdict{Name: c.name, Target: *c.target, Measured: c.v, OK: c.v >= *c.target})
+		}
+	}
+	return out
+}
+
+// printThroughput prints r as a table.
+func printThroughput(r throughputReport) {
 	fmt.Printf("model %s, backend %s: %d requests submitted at once (after %d warm-up ones), at most %d running; prompts %.1f tokens on average, %.1f output tokens\n",
-		m.Path, r.Backend, r.Requests, r.Warmup, r.MaxNumSeqs, float64(r.PromptTokens)/float64(r.Requests), float64(r.OutputTokens)/float64(r.Requests))
+		r.Model, r.Backend, r.Requests, r.Warmup, r.MaxNumSeqs, float64(r.PromptTokens)/float64(r.Requests), float64(r.OutputTokens)/float64(r.Requests))
 	fmt.Printf("| seconds | requests/s | output tok/s | total tok/s | steps | output tokens a step | ms a step | scheduler outside steps | prefix-cache share |\n|---|---|---|---|---|---|---|---|---|\n")
 	fmt.Printf("| %.2f | %.2f | %.1f | %.1f | %d | %.1f | %.2f | %.1f%% | %.1f%% |\n", r.Seconds, r.RequestsPerSec, r.OutputPerSec, r.TotalPerSec,
 		r.Steps, r.OutputPerStep, r.StepMs, 100*r.OutsideSteps, 100*r.CachedPrompt)
 	if r.Preemptions > 0 {
 		fmt.Printf("%d preemptions: the KV cache did not hold every running sequence\n", r.Preemptions)
 	}
-	return nil
 }
 
 // tokenCounts sum the Done events' counts.

@@ -1142,4 +1142,23 @@ func TestBenchThroughput(t *testing.T) {
 			t.Errorf("%v: exit %d (%s), report %+v: want %s", c.args, code, stderr, r, c.wanted)
 		}
 	}
+	// A budget: met, missed (exit 1), misspelled (refused before the run).
+	for _, c := range []struct {
+		budget string
+		code   int
+		want   string
+	}{
+		{"min_output_tokens_per_s = 1\nmin_requests_per_s = 0.01\n", 0, "| min_requests_per_s | 0.01 |"},
+		{"min_output_tokens_per_s = 1e12\n", 1, "MISSED"},
+		{"min_output_tokens = 1\n", 1, "unknown keys min_output_tokens"},
+	} {
+		f := filepath.Join(t.TempDir(), "budget.toml")
+		if err := os.WriteFile(f, []byte(c.budget), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, stderr, code := kiln(t, "bench", "throughput", "--num-requests", "4", "--warmup-requests", "0", "--max-num-seqs", "2", "--budget", f)
+		if code != c.code || !strings.Contains(out+stderr, c.want) {
+			t.Errorf("budget %q: exit %d, want %d and %q:\n%s%s", c.budget, code, c.code, c.want, out, stderr)
+		}
+	}
 }

@@ -138,7 +138,7 @@ type Backend struct {
 	tuned        *tune.Cache
 	tuneInMemory bool            // the tune cache is an artifact's (StartFrom): never written
 	races        atomic.Int64    // first-use races run (JITWork, Stats.Raced.Races)
-	graphWork    [3]atomic.Int64 // steps, graph captures and replays (GraphWork)
+	graphWork    [3]atomic.Int64 // steps, graph captures and replays (GraphWork, Stats)
 }
 
 // GraphWork counts b's steps since it opened, the CUDA graphs it captured
@@ -217,6 +217,8 @@ type Stats struct {
 // Stats returns the launch counters of everything loaded on b.
 func (b *Backend) Stats() Stats {
 	s := b.stats
+	steps, captures, replays := b.GraphWork()
+	s.Steps, s.GraphCaptures, s.GraphReplays = int(steps), int(captures), int(replays)
 	s.Raced = b.raceCounts()
 	s.Profile = append([]ProfileEntry(nil), s.Profile...)
 	return s

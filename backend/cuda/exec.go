@@ -532,7 +532,6 @@ func (e *executable) launch(x *stepState, key graphKey, n int) error {
 		return e.l.dev.CopyDtoHAsync(e.outHost, 0, e.output.p, n, e.l.stream)
 	}
 	stats := &e.l.b.stats
-	stats.Steps++
 	e.l.b.graphWork[0].Add(1)
 	if x.prof != nil {
 		if !key.copyLogits {
@@ -570,10 +569,8 @@ func (e *executable) launch(x *stepState, key graphKey, n int) error {
 			return direct()
 		}
 		st.g = g
-		stats.GraphCaptures++
 		e.l.b.graphWork[1].Add(1)
 	}
-	stats.GraphReplays++
 	e.l.b.graphWork[2].Add(1)
 	return st.g.Launch(e.l.stream)
 }

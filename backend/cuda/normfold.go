@@ -211,8 +211,8 @@ func findNormFolds(nodes []node, p *compile.Plan, act cu.DType, peerAdd bool) []
 }
 
 // blocksFoldRows is the most rows at which norms fold into K-quant
-// products: on the H200 (Q4_K_M, Llama-3-8B shape, docs/PERF.md session
-// 39) the folds gained 1–2% at one row and lost 4% at eight.
+// products: past it the folded step measured slower than the unfolded one
+// (docs/PERF.md, "Norms folded into the K-quant GEMV").
 const blocksFoldRows = 4
 
 // blocksOf reports whether product nd's weights are GGUF blocks the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -19,6 +20,7 @@ import (
 	"kiln/bench"
 	"kiln/demo"
 	"kiln/engine"
+	"kiln/loadgen"
 	"kiln/tensor"
 )
 
@@ -332,14 +334,20 @@ func cmdBenchModel(args []string) error {
 	if budget == nil {
 		return nil
 	}
+	return printVerdicts(os.Stdout, budget.Check(rep))
+}
+
+// printVerdicts prints a budget's verdicts as a table to w and fails when
+// a target was missed.
+func printVerdicts(w io.Writer, vs []loadgen.Verdict) error {
 	missed := 0
-	fmt.Printf("\n| budget | target | measured | |\n|---|---|---|---|\n")
-	for _, v := range budget.Check(rep) {
+	fmt.Fprintf(w, "\n| budget | target | measured | |\n|---|---|---|---|\n")
+	for _, v := range vs {
 		mark := "ok"
 		if !v.OK {
 			mark, missed = "MISSED", missed+1
 		}
-		fmt.Printf("| %s | %g | %.4g | %s |\n", v.Name, v.Target, v.Measured, mark)
+		fmt.Fprintf(w, "| %s | %g | %.4g | %s |\n", v.Name, v.Target, v.Measured, mark)
 	}
 	if missed > 0 {
 		return fmt.Errorf("%d budget targets missed", missed)

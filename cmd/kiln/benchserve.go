@@ -30,7 +30,6 @@ func cmdBenchServe(args []string) error {
 	warmup := fs.Int("warmup", 0, "first requests left out of the figures")
 	var wf workloadFlags
 	wf.register(fs, "ignore_eos is sent so servers that support it generate exactly that")
-	prompt, output, profile, dataset := &wf.prompt, &wf.output, &wf.profile, &wf.dataset
 	tokFile := fs.String("tokenizer", "", "count prompt tokens with this tokenizer (tokenizer.json, tokenizer.bin or a model) instead of about 4 per 3 words")
 	sloTTFT := fs.Float64("slo-ttft-ms", 0, "goodput counts requests with TTFT at most this (0: no limit)")
 	sloTPOT := fs.Float64("slo-tpot-ms", 0, "and time per output token at most this (0: no limit)")
@@ -139,7 +138,7 @@ func cmdBenchServe(args []string) error {
 		doc := map[string]any{"schema": "kiln.bench.serve/v1", "date": time.Now().UTC().Format(time.RFC3339),
 			"config": map[string]any{"url": *url, "model": *model, "chat": *chat, name: levels,
 				"num_requests": *num, "duration_s": duration.Seconds(), "warmup": *warmup, "prompt_tokens": w.PromptTokens, "output_tokens": w.OutputTokens,
-				"profile": *profile, "dataset": *dataset, "shared_prefix": w.SharedPrefix}}
+				"profile": wf.profile, "dataset": wf.dataset, "shared_prefix": w.SharedPrefix}}
 		// The top level holds the first run, so that compare reads any file.
 		doc["summary"], doc["budget"], doc["requests"] = runs[0].Summary, runs[0].Verdicts, runs[0].Requests
 		if len(runs) > 1 {
@@ -167,7 +166,7 @@ func cmdBenchServe(args []string) error {
 			loads = append(loads, fmt.Sprintf("%g", r.Level))
 		}
 		info := [][2]string{
-			{"workload", fmt.Sprintf("%v requests (%v warm-up), prompt tokens %s, output tokens %s, %s %s%s", *num, *warmup, *prompt, *output, name, strings.Join(loads, ", "), profileNote(*profile, *dataset))},
+			{"workload", fmt.Sprintf("%v requests (%v warm-up), prompt tokens %s, output tokens %s, %s %s%s", *num, *warmup, wf.prompt, wf.output, name, strings.Join(loads, ", "), profileNote(wf.profile, wf.dataset))},
 			{"model", cmp.Or(*model, "the server's")}, {"server", *url}, {"date", time.Now().UTC().Format("2006-01-02 15:04 MST")},
 		}
 		err = loadgen.WriteHTML(f, "kiln bench serve: "+*url, info, levels)

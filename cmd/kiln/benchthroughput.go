@@ -176,23 +176,11 @@ func cmdBenchThroughput(args []string) error {
 	if budget == nil {
 		return nil
 	}
-	missed := 0
 	table := os.Stdout
 	if *asJSON {
 		table = os.Stderr // stdout holds the JSON alone
 	}
-	fmt.Fprintf(table, "\n| budget | target | measured | |\n|---|---|---|---|\n")
-	for _, v := range budget.check(r) {
-		mark := "ok"
-		if !v.OK {
-			mark, missed = "MISSED", missed+1
-		}
-		fmt.Fprintf(table, "| %s | %g | %.4g | %s |\n", v.Name, v.Target, v.Measured, mark)
-	}
-	if missed > 0 {
-		return fmt.Errorf("%d budget targets missed", missed)
-	}
-	return nil
+	return printVerdicts(table, budget.check(r))
 }
 
 // throughputBudget is kiln bench throughput's targets (TOML; absent keys

@@ -33,10 +33,25 @@ random_bf16() {
 	echo "wrote $bf16: rc=$? in $(($(date +%s) - t0)) s"
 }
 
+# random_fp8 makes sure the FP8 checkpoint of the random bf16 model
+# (`kiln quantize --to fp8`) is in $keep and sets fp8 to its directory.
+random_fp8() {
+	random_bf16
+	fp8=$keep/llama3-8b-fp8
+	[ -f "$fp8/config.json" ] && return
+	local t0
+	t0=$(date +%s)
+	$k quantize --to fp8 "$bf16" "$fp8" >"$out/quantize.txt" 2>&1
+	echo "quantize: rc=$? in $(($(date +%s) - t0)) s: $(tail -1 "$out/quantize.txt")"
+}
+
 # metric prints the value of the Prometheus metric $1 of the kiln serve on
 # port 8765; serve_summary one line of a kiln bench serve --output file's
 # summary (requests, errors, output tokens/s, TTFT, ITL, TPOT).
 metric() { curl -s http://127.0.0.1:8765/metrics | awk -v m="$1" '$1 == m {print $2}'; }
+# serve_counters prints the server's steps, generated tokens and step
+# seconds so far (differences over a run give its tokens and ms a step).
+serve_counters() { echo "steps $(metric kiln:cuda_steps_total), tokens $(metric kiln:generation_tokens_total), step seconds $(metric kiln:engine_step_seconds_total)"; }
 serve_summary() {
 	python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print('requests', s['requests'], 'errors', s['errors'], 'out tok/s %.0f' % s['output_tokens_per_s'], 'ttft', s['ttft'], 'itl', s['itl'], 'tpot', s['tpot'])" "$1" 2>&1 | head -3
 }

@@ -14,15 +14,9 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
-random_bf16
-fp8=$keep/llama3-8b-fp8
+random_fp8
 args=(--device cuda --pp "${PP:-2048}" --tg "${TG:-64}" --depth 512 --batch "${BATCH:-1,64,256}" --reps 1)
 [ "${PROFILE:-0}" = 1 ] && args+=(--profile)
-if [ ! -f "$fp8/config.json" ]; then
-	t0=$(date +%s)
-	$k quantize --to fp8 "$bf16" "$fp8" >"$out/quantize.txt" 2>&1
-	echo "quantize: rc=$? in $(($(date +%s) - t0)) s: $(tail -1 "$out/quantize.txt")"
-fi
 variants="bf16 fp8"
 [ -x .devbin/kiln-base ] && variants="bf16 fp8 fp8-base"
 for r in $(seq "${ROUNDS:-2}"); do

@@ -10,10 +10,7 @@ source "$(dirname "$0")/env.sh"
 tok=$llama3_tok
 work=$(mktemp -d)
 t0=$(date +%s)
-random_bf16
-fp8=$keep/llama3-8b-fp8
-[ -f "$fp8/config.json" ] || $k quantize --to fp8 "$bf16" "$fp8" >"$work/quantize.txt" 2>&1
-echo "quantized at $(($(date +%s) - t0)) s"
+random_fp8
 $k bench model "$fp8" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$work/offline.txt" 2>&1
 grep -E '^\| tg|prompt tokens/s' "$work/offline.txt"
 $k serve "$fp8" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &

@@ -15,12 +15,11 @@ t0=$(date +%s)
 random_bf16
 $k bench model "$bf16" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$work/offline.txt" 2>&1
 grep -E '^\| tg|prompt tokens/s' "$work/offline.txt"
-counters() { echo "steps $(metric kiln:cuda_steps_total), tokens $(metric kiln:generation_tokens_total), step seconds $(metric kiln:engine_step_seconds_total)"; }
 for b in ${BOUNDS:-256 512}; do
 	serve_bound "$b" "$bf16" || continue
-	echo "bound $b: $(counters)"
+	echo "bound $b: $(serve_counters)"
 	SERVE_TIMEOUT=200 serve_run "long-$b" 256 "${REQUESTS:-5120}" 256
-	echo "bound $b: $(counters)"
+	echo "bound $b: $(serve_counters)"
 	serve_summary "$work/long-$b.json"
 	kill -TERM $server
 	wait $server

@@ -20,14 +20,12 @@ work=$(mktemp -d)
 t0=$(date +%s)
 n=${REQUESTS:-5120}
 serve_seed=${serve_seed:-0}
-counters() { echo "steps $(metric kiln:cuda_steps_total), tokens $(metric kiln:generation_tokens_total), step seconds $(metric kiln:engine_step_seconds_total)"; }
 random_bf16
 for f in ${FORMATS:-bf16}; do
 	model=$bf16
 	if [ "$f" = fp8 ]; then
-		model=$keep/llama3-8b-fp8
-		[ -f "$model/config.json" ] || $k quantize --to fp8 "$bf16" "$model" >"$work/quantize.txt" 2>&1
-		echo "quantized at $(($(date +%s) - t0)) s"
+		random_fp8
+		model=$fp8
 	fi
 	echo "== $f"
 	$k bench throughput "$model" --tokenizer "$tok" --device cuda --max-num-seqs 256 --num-requests "$n" --seed "9$((++serve_seed))" \
@@ -38,15 +36,15 @@ for f in ${FORMATS:-bf16}; do
 	echo "bench model --mixed: rc=$? at $(($(date +%s) - t0)) s"
 	grep -E '^\| tg|prompt tokens/s' "$work/$f-mixed.txt"
 	serve_bound 256 "$model" --max-queued-requests "$n" || continue
-	echo "before: $(counters)"
+	echo "before: $(serve_counters)"
 	SERVE_TIMEOUT=200 serve_run "$f-closed" 256 "$n" 256
-	echo "closed loop: $(counters)"
+	echo "closed loop: $(serve_counters)"
 	serve_summary "$work/$f-closed.json"
 	if [ "${ALL:-1}" != 0 ]; then
 		serve_seed=$((serve_seed + 1))
 		timeout 200 $k bench serve --url http://127.0.0.1:8765 --rate 1000000 --num-requests "$n" --seed "$serve_seed" \
 			--prompt-tokens 128 --output-tokens 128 --tokenizer "$tok" --output "$work/$f-all.json" >"$work/$f-all.txt" 2>&1
-		echo "all at once: rc=$? at $(($(date +%s) - t0)) s: $(counters)"
+		echo "all at once: rc=$? at $(($(date +%s) - t0)) s: $(serve_counters)"
 		serve_summary "$work/$f-all.json"
 	fi
 	kill -TERM $server

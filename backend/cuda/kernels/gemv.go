@@ -724,21 +724,32 @@ func (g *GEMV) RunF8(s *cu.Stream, out, x, w, wscale cu.Ptr, t, k, n int, outF32
 // Q4_K, Q6_K) for RunF8 and RunBlocks: 1 to GEMVVectorMaxT rows, K a multiple of
 // kMul, x and w 16-byte aligned, out aligned to its elements.
 func (g *GEMV) checkWeightOnly(format string, kMul int, out, x, w cu.Ptr, t, k, n int, outF32 bool) error {
+	if err := checkWeightOnlyShape(format, kMul, t, k, n); err != nil {
+		return err
+	}
 	oes := g.Act.Size()
 	if outF32 {
 		oes = 4
 	}
 	switch {
-	case t < 1 || t > GEMVVectorMaxT:
-		return fmt.Errorf("%w: %d rows with %s weights (1 to %d)", ErrGEMVShape, t, format, GEMVVectorMaxT)
-	case k <= 0 || n <= 0 || k%kMul != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
-		return fmt.Errorf("%w: %d×%d by %s %d×%d (K a multiple of %d)", ErrGEMVShape, t, k, format, n, k, kMul)
 	case x == 0 || w == 0 || out == 0:
 		return fmt.Errorf("%w: null operand", ErrGEMVShape)
 	case x%16 != 0 || w%16 != 0:
 		return fmt.Errorf("%w: x (%#x) and w (%#x) must be 16-byte aligned", ErrGEMVShape, uint64(x), uint64(w))
 	case uint64(out)%uint64(oes) != 0:
 		return fmt.Errorf("%w: out (%#x) not aligned to its %d-byte elements", ErrGEMVShape, uint64(out), oes)
+	}
+	return nil
+}
+
+// checkWeightOnlyShape checks checkWeightOnly's rules on the product's
+// shape alone.
+func checkWeightOnlyShape(format string, kMul, t, k, n int) error {
+	switch {
+	case t < 1 || t > GEMVVectorMaxT:
+		return fmt.Errorf("%w: %d rows with %s weights (1 to %d)", ErrGEMVShape, t, format, GEMVVectorMaxT)
+	case k <= 0 || n <= 0 || k%kMul != 0 || int64(k)*int64(t) > math.MaxInt32 || int64(n)*int64(t) > math.MaxInt32:
+		return fmt.Errorf("%w: %d×%d by %s %d×%d (K a multiple of %d)", ErrGEMVShape, t, k, format, n, k, kMul)
 	}
 	return nil
 }
@@ -794,8 +805,7 @@ func TakesBlocks(f tensor.DType) bool {
 // columns and n outputs by weights of GGUF format f (its operands aside).
 func (g *GEMV) TakesBlocksProduct(f tensor.DType, t, k, n int) bool {
 	kf, ok := kqFormats[f]
-	return g != nil && ok && t >= 1 && t <= GEMVVectorMaxT && k > 0 && n > 0 && k%256 == 0 &&
-		int64(k)*int64(t) <= math.MaxInt32 && int64(n)*int64(t) <= math.MaxInt32 && kqShared(kf.bb, 1, k) <= g.kqLimit()
+	return g != nil && ok && checkWeightOnlyShape(kf.name, 256, t, k, n) == nil && kqShared(kf.bb, 1, k) <= g.kqLimit()
 }
 
 // kqLimit is the shared memory a K-quant launch may take.

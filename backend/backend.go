@@ -163,6 +163,17 @@ type SamplingExecutable interface {
 	RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error
 }
 
+// Worker is a Loaded whose work runs on a thread of its own (a GPU's
+// worker thread, which owns its context). A tensor-parallel group hands
+// each rank's step to its rank's worker and then waits for them all, so
+// that the ranks start at once and no goroutine is started and woken for
+// each rank on every step.
+type Worker interface {
+	// Go runs f on the worker and returns at once; wait returns f's error
+	// once it has run, or the worker's own (closed). Call wait once.
+	Go(f func() error) (wait func() error)
+}
+
 // ErrOutOfMemory marks an error caused by a failed device memory
 // allocation: a step that fails with it may succeed smaller, or after its
 // caller frees something, so the scheduler retries it rather than failing

@@ -78,36 +78,57 @@ var ErrGroupAborted = errors.New("tensor-parallel group aborted")
 // first in time: a rank whose collective another rank's failure aborted
 // fails after it); when steps is set, a failure aborts the group's
 // collectives (the other ranks may be waiting in one for the rank that
-// failed) and the group fails every step after.
+// failed) and the group fails every step after. A step is handed to each
+// rank's own worker where every rank has one (Worker), else run on a
+// goroutine a rank.
 func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 	if steps && l.failed != nil {
 		return l.failed
 	}
 	var (
-		wg    sync.WaitGroup
 		mu    sync.Mutex
 		first = -1
 		errs  = make([]error, len(l.g.Ranks))
 	)
-	for r := range errs {
-		wg.Go(func() {
-			err := f(r)
-			if err == nil {
-				return
-			}
-			mu.Lock()
-			errs[r] = err
-			isFirst := first < 0
-			if isFirst {
-				first = r
-			}
-			mu.Unlock()
-			if isFirst && steps && l.g.Abort != nil {
-				l.g.Abort(err)
-			}
-		})
+	record := func(r int, err error) {
+		mu.Lock()
+		errs[r] = err
+		isFirst := first < 0
+		if isFirst {
+			first = r
+		}
+		mu.Unlock()
+		if isFirst && steps && l.g.Abort != nil {
+			l.g.Abort(err)
+		}
 	}
-	wg.Wait()
+	run := func(r int) {
+		defer func() {
+			if p := recover(); p != nil {
+				record(r, fmt.Errorf("panic: %v", p))
+			}
+		}()
+		if err := f(r); err != nil {
+			record(r, err)
+		}
+	}
+	if ws := l.workers(); steps && ws != nil {
+		waits := make([]func() error, len(ws))
+		for r, w := range ws {
+			waits[r] = w.Go(func() error { run(r); return nil })
+		}
+		for r, wait := range waits {
+			if err := wait(); err != nil {
+				record(r, err) // the worker itself failed (closed)
+			}
+		}
+	} else {
+		var wg sync.WaitGroup
+		for r := range errs {
+			wg.Go(func() { run(r) })
+		}
+		wg.Wait()
+	}
 	if first < 0 {
 		return nil
 	}
@@ -117,6 +138,19 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 		return l.failed
 	}
 	return err
+}
+
+// workers returns every rank's Worker, or nil unless every rank has one.
+func (l *groupLoaded) workers() []Worker {
+	ws := make([]Worker, len(l.ranks))
+	for r, x := range l.ranks {
+		w, ok := x.(Worker)
+		if !ok {
+			return nil
+		}
+		ws[r] = w
+	}
+	return ws
 }
 
 func (l *groupLoaded) Close() error {

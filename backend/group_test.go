@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -18,12 +19,57 @@ type fakeRank struct {
 	samples     int
 	fail        error         // returned by every step
 	wait        chan struct{} // closed by the group's Abort: the step waits for it first
+	panics      bool          // every step panics
+	// worker, when set, is the rank's Worker: each step must run inside
+	// one of its calls (onWorker counts those that did).
+	worker   *fakeWorker
+	onWorker int
+}
+
+// step records whether the step runs on the rank's worker, and panics when
+// told to.
+func (f *fakeRank) step() {
+	if f.worker != nil && f.worker.busy.Load() {
+		f.onWorker++
+	}
+	if f.panics {
+		panic("rank's step panicked")
+	}
+}
+
+// fakeWorker is a rank's Loaded with a Worker: a goroutine that runs what
+// Go hands it, one call at a time, as a CUDA device's worker thread does.
+type fakeWorker struct {
+	Loaded // nil: the group's steps only call Go
+	work   chan func()
+	busy   atomic.Bool // inside a call
+	calls  atomic.Int32
+}
+
+func newFakeWorker() *fakeWorker {
+	w := &fakeWorker{work: make(chan func())}
+	go func() {
+		for f := range w.work {
+			w.busy.Store(true)
+			f()
+			w.busy.Store(false)
+		}
+	}()
+	return w
+}
+
+func (w *fakeWorker) Go(f func() error) func() error {
+	w.calls.Add(1)
+	done := make(chan error, 1)
+	w.work <- func() { done <- f() }
+	return func() error { return <-done }
 }
 
 func (f *fakeRank) Kernels() []string { return nil }
 
 func (f *fakeRank) Run(b *Batch, kv KVCache, logits []float32) error {
 	f.runs++
+	f.step()
 	if logits == nil {
 		f.nilLogits++
 	}
@@ -35,20 +81,35 @@ func (f *fakeRank) Run(b *Batch, kv KVCache, logits []float32) error {
 
 func (f *fakeRank) RunSample(b *Batch, kv KVCache, params []SampleParams, ids []int32) error {
 	f.samples++
+	f.step()
 	for i := f.rank; i < len(b.Rows); i += f.ranks {
 		ids[i] = int32(100*f.rank + i)
 	}
 	return f.fail
 }
 
-func fakeGroup(n int) (*groupExec, []*fakeRank, *groupKV) {
+// fakeGroup is a group of n fake ranks; with workers, each rank's Loaded
+// is a Worker (as CUDA ranks are), without, none is (as CPU ranks).
+func fakeGroup(n int, workers bool) (*groupExec, []*fakeRank, *groupKV) {
 	fs := make([]*fakeRank, n)
-	x := &groupExec{l: &groupLoaded{g: &Group{Ranks: make([]Backend, n)}}, ranks: make([]Executable, n)}
+	l := &groupLoaded{g: &Group{Ranks: make([]Backend, n)}, ranks: make([]Loaded, n)}
+	x := &groupExec{l: l, ranks: make([]Executable, n)}
 	for r := range fs {
 		fs[r] = &fakeRank{rank: r, ranks: n}
+		if workers {
+			fs[r].worker = newFakeWorker()
+			l.ranks[r] = fs[r].worker
+		}
 		x.ranks[r] = fs[r]
 	}
 	return x, fs, &groupKV{ranks: make([]KVCache, n)}
+}
+
+// bothForms runs test with ranks that have workers and ranks that do not.
+func bothForms(t *testing.T, test func(t *testing.T, workers bool)) {
+	for _, workers := range []bool{false, true} {
+		t.Run(map[bool]string{false: "goroutines", true: "workers"}[workers], func(t *testing.T) { test(t, workers) })
+	}
 }
 
 // TestGroupStepsMatch (no GPU): a step whose logits come back runs every
@@ -57,8 +118,11 @@ func fakeGroup(n int) (*groupExec, []*fakeRank, *groupKV) {
 // with peer memory exchanges the logits by rows when it samples); a
 // sampled step runs every rank's RunSample with the same ids, each rank
 // writing the rows it samples.
-func TestGroupStepsMatch(t *testing.T) {
-	x, fs, kv := fakeGroup(3)
+// With workers, every rank's step runs on its rank's worker.
+func TestGroupStepsMatch(t *testing.T) { bothForms(t, testGroupStepsMatch) }
+
+func testGroupStepsMatch(t *testing.T, workers bool) {
+	x, fs, kv := fakeGroup(3, workers)
 	b := &Batch{Rows: make([]int32, 7)}
 	logits := make([]float32, 7)
 	if err := x.Run(b, kv, logits); err != nil {
@@ -81,6 +145,9 @@ func TestGroupStepsMatch(t *testing.T) {
 		if f.runs != 1 || f.samples != 1 {
 			t.Errorf("rank %d: %d runs, %d sampled steps after one of each", r, f.runs, f.samples)
 		}
+		if workers && (f.onWorker != 2 || f.worker.calls.Load() != 2) {
+			t.Errorf("rank %d: %d of 2 steps on its worker, %d calls to it", r, f.onWorker, f.worker.calls.Load())
+		}
 	}
 }
 
@@ -88,8 +155,10 @@ func TestGroupStepsMatch(t *testing.T) {
 // others wait in a collective for it, the group aborts once, with that
 // failure, and reports it (not the lower ranks' failures that the abort
 // caused), then fails every step after.
-func TestGroupFirstFailure(t *testing.T) {
-	x, fs, kv := fakeGroup(3)
+func TestGroupFirstFailure(t *testing.T) { bothForms(t, testGroupFirstFailure) }
+
+func testGroupFirstFailure(t *testing.T, workers bool) {
+	x, fs, kv := fakeGroup(3, workers)
 	aborted := make(chan struct{})
 	var once sync.Once
 	var reasons []error
@@ -114,5 +183,23 @@ func TestGroupFirstFailure(t *testing.T) {
 	}
 	if err2 := x.Run(&Batch{Rows: make([]int32, 1)}, kv, make([]float32, 1)); !errors.Is(err2, cause) {
 		t.Errorf("the step after: %v, want the group's failure", err2)
+	}
+}
+
+// TestGroupRankPanics (no GPU): a rank whose step panics fails the step
+// with the panic's message and aborts the group, the process going on.
+func TestGroupRankPanics(t *testing.T) { bothForms(t, testGroupRankPanics) }
+
+func testGroupRankPanics(t *testing.T, workers bool) {
+	x, fs, kv := fakeGroup(2, workers)
+	aborts := 0
+	x.l.g.Abort = func(error) { aborts++ }
+	fs[1].panics = true
+	err := x.Run(&Batch{Rows: make([]int32, 1)}, kv, make([]float32, 1))
+	if !errors.Is(err, ErrGroupAborted) || !strings.Contains(err.Error(), "rank 1: panic: rank's step panicked") {
+		t.Errorf("error %v, want rank 1's panic", err)
+	}
+	if aborts != 1 {
+		t.Errorf("%d aborts, want 1", aborts)
 	}
 }

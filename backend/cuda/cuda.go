@@ -638,6 +638,10 @@ func (l *loaded) free(p cu.Ptr) error {
 	return fmt.Errorf("cuda: free of %#x, which this model did not allocate", uint64(p))
 }
 
+// Go implements backend.Worker: f runs on the device's worker thread, where
+// the model's steps run (a tensor-parallel group's ranks start together).
+func (l *loaded) Go(f func() error) (wait func() error) { return l.dev.Go(f) }
+
 func (l *loaded) Close() error {
 	var first error
 	keep := func(err error) {

@@ -9,7 +9,8 @@
 # --tensor-parallel-size 4 under kiln bench serve at 1, 64 and 256
 # streams, one run after another. TESTS=1: the tensor-parallel tests
 # first (env.sh's tp_tests, without the kernels' with SKIP_KERNELS=1);
-# NOTRACE=1: no traces.
+# NOTRACE=1: no traces. SERVE=N: kiln serve at TP=N under kiln bench serve
+# (default 4 on four GPUs, none on two).
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/tp-race.sh",
 #   carry [".devpack"], kind nvidia-h200-x4 (or x2: no TP=4)
@@ -38,5 +39,7 @@ if [ -z "${NOTRACE:-}" ]; then
 	LINES_MAX=14 trace tp1 1 "$bf16"
 	LINES_MAX=14 trace tp2 2 "$bf16"
 fi
-[ "$gpus" -ge 4 ] && tp_serve 4
+serve_tp=${SERVE:-}
+[ -z "$serve_tp" ] && [ "$gpus" -ge 4 ] && serve_tp=4
+[ -n "$serve_tp" ] && tp_serve "$serve_tp"
 (cd "$work" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' --exclude '*.csv' * && find . -maxdepth 1 -type f ! -name logs.tgz ! -name '*.json' -delete)

@@ -186,13 +186,23 @@ func (d *Device) onWorker() bool { return gettid() == d.tid }
 // returns its error. Calls from inside f run inline. A panic in f is returned
 // as an error.
 func (d *Device) Do(f func() error) error {
+	return d.Go(f)()
+}
+
+// Go hands f to the device's worker, as Do does, and returns at once; wait
+// returns f's error once f has run, polling for it before it blocks as Do
+// does. Callers that drive several devices hand each its work with Go and
+// then wait for all, so that every device starts at once. Called on the
+// worker, f runs inline before Go returns.
+func (d *Device) Go(f func() error) (wait func() error) {
 	if d.onWorker() {
-		return d.noteCapture(f())
+		err := d.noteCapture(f())
+		return func() error { return err }
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return ErrClosed
+		return func() error { return ErrClosed }
 	}
 	done := make(chan error, 1)
 	d.work <- func() {
@@ -204,8 +214,10 @@ func (d *Device) Do(f func() error) error {
 		done <- d.noteCapture(f())
 	}
 	d.mu.Unlock()
-	err, _ := receive(done, callerSpin)
-	return err
+	return func() error {
+		err, _ := receive(done, callerSpin)
+		return err
+	}
 }
 
 // Close synchronises the device, frees the package's buffers, releases the

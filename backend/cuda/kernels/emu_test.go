@@ -106,7 +106,8 @@ func TestMoEEmulated(t *testing.T) {
 // products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
 // row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go), the plain
 // readers that share their code (swiglu_packed_v, rope_qkv_write,
-// rope_qkv_write_r; the RoPE readers also with an FP8 product's scales)
+// rope_qkv_write_r, rope_qkv_write_v; the RoPE readers also with an FP8
+// product's scales)
 // and the
 // dequantization of a table of experts' matrices (dequant_run with srcs,
 // as Q8_0 and Q4_K) on the host with the same emulation, and
@@ -135,6 +136,8 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		`extern "C" __global__ void rope_qkv_write(`,
 		"#define ROPE_P",
 		`extern "C" __global__ void rope_qkv_write_r(`,
+		"__device__ __forceinline__ void store_kv16(",
+		`extern "C" __global__ void rope_qkv_write_v(`,
 		`extern "C" __global__ void rope_qkv_write_n(`,
 		"__device__ __forceinline__ float f16_at(",
 		"__device__ __forceinline__ void dq_store(",
@@ -166,6 +169,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 	s.WriteString(cPieces(t, common,
 		"__device__ __forceinline__ float scale_round(",
 		"__device__ __forceinline__ float e4m3_scale(",
+		"__device__ __forceinline__ float e4m3_div(",
 		"__device__ __forceinline__ void store_e4m3(",
 		"template <int R>\n__device__ __forceinline__ void block_rows(",
 		"template <int R>\n__device__ __forceinline__ void store_held_e4m3(",
@@ -178,7 +182,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 		"template <typename W>\n__device__ void add_norm_rows_q(",
 		`extern "C" __global__ void swiglu_packed_q(`,
 		"#define ROWS_Q",
-		`extern "C" __global__ void swiglu_packed_qr(`))
+		`extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(`))
 	const ext = "extern __shared__ uint4 held[];"
 	src := s.String()
 	if strings.Count(src, ext) != 2 {

@@ -205,10 +205,29 @@ __device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh
 // all-zero row), store_e4m3 writes VEC values divided by it as VEC bytes
 // at q (VEC-byte aligned).
 __device__ __forceinline__ float e4m3_scale(float m) { return m > 0.f ? __fdiv_rn(m, 448.f) : 1.f; }
+
+// The division is x/s correctly rounded, as __fdiv_rn's, in three
+// operations instead of its nine or so (an FP8 prefill's writers were bound
+// by issue, docs/PERF.md, issue 16, session 40): with y = 1/s correctly
+// rounded (once a row: the compiler hoists it out of the callers' loops),
+// q = x·y is within an ulp of x/s, and Markstein's correction
+// q + (x − q·s)·y, the remainder exact in an FMA, is x/s correctly
+// rounded, for s within [2^-60, 2^60] (no remainder in the subnormals for
+// any quotient E4M3 tells apart; other scales divide). Checked against
+// __fdiv_rn on 4·10^8 random pairs, scales of every mantissa extreme
+// (session 40), and on the GPU by TestQuantizeRowsE4M3 against Go's x/s.
+__device__ __forceinline__ float e4m3_div(float x, float s, float y) {
+	const float q = __fmul_rn(x, y);
+	return __fmaf_rn(__fmaf_rn(-q, s, x), y, q);
+}
 __device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, float s) {
+	const bool fast = s >= 0x1p-60f && s <= 0x1p60f;
+	const float y = __frcp_rn(s);
 	unsigned short p[VEC / 2];
 #pragma unroll
-	for (int j = 0; j < VEC / 2; j++) p[j] = e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
+	for (int j = 0; j < VEC / 2; j++)
+		p[j] = fast ? e4m3x2(e4m3_div(f[2 * j], s, y), e4m3_div(f[2 * j + 1], s, y))
+		            : e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
 	if (VEC == 8) {
 		uint2 w;
 		w.x = p[0] | (unsigned)p[1] << 16;
@@ -233,11 +252,13 @@ __device__ __forceinline__ void block_rows(long long r0, int rows, const float* 
 
 // store_held_e4m3 ends the FP8-form writers that take R rows a block (rows
 // r0.. of nv 16-byte vectors, those past rows spare): each row's scale from
-// the block's maximum m[k] of it into qs, and its values, rounded to T and
-// held in shared memory at held[k·nv ..], as E4M3 codes into q.
+// the block's maximum m[k] of it into qs, and its values, rounded to T, as
+// E4M3 codes into q. The values wait in shared memory at held[k·hv ..],
+// vectors i < hv of each row; a thread's vector from hv on (its last; hv
+// is nv less the block's threads, or nv) in its registers, last[k].
 template <int R>
-__device__ __forceinline__ void store_held_e4m3(const uint4* held, const float (&m)[R], float* sh, unsigned char* q, float* qs,
-                                                long long r0, int rows, int nv) {
+__device__ __forceinline__ void store_held_e4m3(const uint4* held, int hv, const uint4 (&last)[R], const float (&m)[R], float* sh,
+                                                unsigned char* q, float* qs, long long r0, int rows, int nv) {
 	float s[R];
 #pragma unroll
 	for (int k = 0; k < R; k++) s[k] = e4m3_scale(block_max(m[k], sh));
@@ -247,7 +268,7 @@ __device__ __forceinline__ void store_held_e4m3(const uint4* held, const float (
 		if (threadIdx.x == 0) qs[r0 + k] = s[k];
 		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 			float v[VEC];
-			unpack16(held[k * nv + i], v, (const T*)0);
+			unpack16(i < hv ? held[k * hv + i] : last[k], v, (const T*)0);
 			store_e4m3(q + ((r0 + k) * nv + i) * VEC, v, s[k]);
 		}
 	}
@@ -508,7 +529,8 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 			store16((T*)&held[k * nv + i], v);
 		}
 	}
-	store_held_e4m3<ROWS_N>(held, m, sh, q, qs, r0, rows, nv);
+	const uint4 none[ROWS_N] = {};
+	store_held_e4m3<ROWS_N>(held, nv, none, m, sh, q, qs, r0, rows, nv);
 }
 
 // ---------------------------------------------------------------- add_bias
@@ -569,9 +591,9 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 		add_rmsnorm_impl<W>(x, r, sr, sc, w, sum, normed, rows, dim, eps);                                         \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
-	extern "C" __global__ void add_rmsnorm_rq_w##W(const T* x, const T* r, const float* sr, const float* sc,      \
-	                                               const W* w, T* sum, unsigned char* q, float* qs, int rows,        \
-	                                               int dim, float eps) {                                            \
+	extern "C" __global__ void __launch_bounds__(256, 4) add_rmsnorm_rq_w##W(                                    \
+	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
+	    int rows, int dim, float eps) {                                                                              \
 		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
@@ -763,20 +785,26 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 // (grid ⌈rows/ROWS_Q⌉, a thread a 16-byte column of the output at a time),
 // so that a column's scales are loaded once for the block's rows, and all
 // its rows' loads are in flight together; each value, rounded to T, waits
-// in shared memory (ROWS_Q·n elements of T, dynamic) for its row's
-// maximum. The same bytes as swiglu_packed_q (every value and maximum
+// for its row's maximum: in shared memory (ROWS_Q·hv vectors, dynamic,
+// hv = nv less the block's threads), except a thread's last vector of each
+// row, which waits in its registers. So Llama-3-8B's rows of 14,336 take
+// 48 KB a block and four blocks fit on a multiprocessor (57 KB and three
+// when every vector waited in shared memory: 2.6 waves of 1,024 blocks, at
+// 1.5 TB/s on an FP8 prefill's 2,048 rows; docs/PERF.md, issue 16,
+// session 40). The same bytes as swiglu_packed_q (every value and maximum
 // computed alike; qs may be sr, each row's read before it is written).
 #define ROWS_Q 2
-extern "C" __global__ void swiglu_packed_qr(const T* gu, const float* sr, const float* sc, unsigned char* q, float* qs, int rows,
-                                            int nv) {
-	extern __shared__ uint4 held[]; // [ROWS_Q][nv]
+extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
+                                                                     unsigned char* q, float* qs, int rows, int nv) {
+	extern __shared__ uint4 held[]; // [ROWS_Q][hv]
 	__shared__ float sh[32];
 	pdl_enter();
-	const int n = nv * VEC;
+	const int n = nv * VEC, hv = nv > (int)blockDim.x ? nv - (int)blockDim.x : 0;
 	const long long r0 = (long long)blockIdx.x * ROWS_Q;
 	long long rk[ROWS_Q];
 	const T* row[ROWS_Q];
 	float fr[ROWS_Q], m[ROWS_Q];
+	uint4 last[ROWS_Q] = {};
 	block_rows<ROWS_Q>(r0, rows, sr, rk, fr);
 #pragma unroll
 	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
@@ -806,10 +834,14 @@ extern "C" __global__ void swiglu_packed_qr(const T* gu, const float* sr, const 
 				a[j] = round_t(silu_f(a[j]) * b[j]);
 				m[k] = fmaxf(m[k], fabsf(a[j]));
 			}
-			store16((T*)&held[k * nv + i], a);
+			if (i < hv) {
+				store16((T*)&held[k * hv + i], a);
+			} else {
+				store16((T*)&last[k], a);
+			}
 		}
 	}
-	store_held_e4m3<ROWS_Q>(held, m, sh, q, qs, r0, rows, nv);
+	store_held_e4m3<ROWS_Q>(held, hv, last, m, sh, q, qs, r0, rows, nv);
 }
 
 // ---------------------------------------------------------------- FP8 activations
@@ -1229,6 +1261,91 @@ extern "C" __global__ void rope_qkv_write_r(const T* qkv, const float* sr, const
 			};
 			rope_qkv_pair(x, [&](int c) { return sr || sc ? kv_of(x(c)) : kv_from(e[p][c != ca[p]]); }, h, j % half,
 			              q + (long long)t * heads * hd, kc + slot, vc + slot, cs, heads, kvHeads, hd, interleaved);
+		}
+	}
+}
+
+// store_kv16 stores VEC floats at p as cache elements (kv_of each): 16
+// bytes of T, or VEC E4M3 codes (VEC-byte aligned).
+__device__ __forceinline__ void store_kv16(KV* p, const float* f) {
+#ifdef KV_F8
+	unsigned short c[VEC / 2];
+#pragma unroll
+	for (int j = 0; j < VEC / 2; j++) c[j] = e4m3x2(f[2 * j], f[2 * j + 1]);
+	if (VEC == 8) {
+		uint2 w;
+		w.x = c[0] | (unsigned)c[1] << 16;
+		w.y = c[2] | (unsigned)c[3] << 16;
+		*(uint2*)p = w;
+	} else {
+		*(unsigned*)p = c[0] | (unsigned)c[1] << 16;
+	}
+#else
+	store16(p, f);
+#endif
+}
+
+// rope_qkv_write_r in 16-byte vectors: a thread takes a unit of a head,
+// VEC of a query or key head's pairs (the vector of their first elements
+// and the vector of their second: i.. and half+i.., or 2i.. interleaved,
+// two vectors in a row) or 2·VEC elements of a value head, and loads its
+// column scales, cosines and sines as vectors too, so that the index
+// arithmetic and the loads are a unit's, not a pair's (rope_qkv_write_r
+// was bound by instruction issue at 1.0 TB/s on an FP8 prefill's 2,048
+// rows: docs/PERF.md, issue 16, session 40). half a multiple of VEC, rows,
+// table rows and operands 16-byte aligned (Kernels.RoPEQKVWrite checks).
+// Grid (chunks of a row's units, rows). The same values as rope_qkv_write.
+extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,
+                                            const int* pos, const int* slots, const float* table, int heads, int kvHeads,
+                                            int hd, int interleaved) {
+	pdl_enter();
+	const int t = blockIdx.y;
+	const int half = hd / 2, nh = heads + 2 * kvHeads, per = half / VEC, units = nh * per;
+	const long long slot = (long long)slots[t] * kvHeads * hd;
+	const float* cs = table + (long long)pos[t] * hd;
+	const T* row = qkv + (long long)t * nh * hd;
+	const float fr = sr ? sr[t] : 1.f;
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < units; j += gridDim.x * blockDim.x) {
+		const int h = j / per, u = j - h * per, col = h * hd;
+		const bool rotated = h < heads + kvHeads;
+		// The unit's two vectors start at elements e0 and e1 of the head.
+		const int e0 = rotated && !interleaved ? u * VEC : 2 * u * VEC, e1 = rotated && !interleaved ? half + u * VEC : e0 + VEC;
+		float x[2 * VEC];
+		load16(row + col + e0, x);
+		load16(row + col + e1, x + VEC);
+		if (sr || sc) {
+			// scaled_of with the column scales loaded as vectors.
+			float f[2 * VEC];
+			col_scales16(sc, col + e0, f);
+			col_scales16(sc, col + e1, f + VEC);
+#pragma unroll
+			for (int k = 0; k < 2 * VEC; k++) x[k] = scale_round(x[k], fr * f[k]);
+		}
+		if (!rotated) {
+			KV* dst = vc + slot + (long long)(h - heads - kvHeads) * hd;
+			store_kv16(dst + e0, x);
+			store_kv16(dst + e1, x + VEC);
+			continue;
+		}
+		float c[VEC], s[VEC], o[2 * VEC];
+		col_scales16(cs, u * VEC, c);
+		col_scales16(cs, half + u * VEC, s);
+		// Pair k of the unit is (x[k], x[VEC + k]), or (x[2k], x[2k+1])
+		// interleaved; its results go where its elements came from.
+#pragma unroll
+		for (int k = 0; k < VEC; k++) {
+			const int a = interleaved ? 2 * k : k, b = interleaved ? 2 * k + 1 : VEC + k;
+			o[a] = rot1(x[a], x[b], c[k], s[k]);
+			o[b] = rot2(x[a], x[b], c[k], s[k]);
+		}
+		if (h < heads) {
+			T* dst = q + ((long long)t * heads + h) * hd;
+			store16(dst + e0, o);
+			store16(dst + e1, o + VEC);
+		} else {
+			KV* dst = kc + slot + (long long)(h - heads) * hd;
+			store_kv16(dst + e0, o);
+			store_kv16(dst + e1, o + VEC);
 		}
 	}
 }

@@ -402,7 +402,7 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
 		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared {
 			rq := "add_rmsnorm_rq" + wsuffix(wt)
-			if err := k.raiseShared(rq, shared); err != nil {
+			if err := k.preferShared(rq, shared); err != nil {
 				return err
 			}
 			return k.launchDep(rq, cu.D1((rows+normRowsQ-1)/normRowsQ), block, shared, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales,
@@ -631,6 +631,10 @@ const (
 	maxRowsShared = 160 << 10
 )
 
+// swigluQRShared is swiglu_packed_qr's dynamic shared memory for rows of nv
+// vectors: swigluRowsQ rows of all but each thread's last vector.
+func swigluQRShared(nv int) int { return swigluRowsQ * max(0, nv-int(rowBlock(nv).X)) * 16 }
+
 // SwiGLUPackedE4M3 is SwiGLUPacked with its output in FP8 form: one kernel,
 // a block for two rows from prefillRowsQ rows on, a block a row for at
 // least swigluE4M3MinRows rows that fit the norms' register path, else
@@ -640,9 +644,9 @@ func (k *Kernels) SwiGLUPackedE4M3(s *cu.Stream, q E4M3Rows, out, gu cu.Ptr, sc 
 		return err
 	}
 	v := k.vec()
-	if shared := swigluRowsQ * n * k.Act.Size(); rows >= prefillRowsQ && n%16 == 0 && shared <= maxRowsShared && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
+	if shared := swigluQRShared(n / v); rows >= prefillRowsQ && n%16 == 0 && shared <= maxRowsShared && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
 		nv := n / v
-		if err := k.raiseShared("swiglu_packed_qr", shared); err != nil {
+		if err := k.preferShared("swiglu_packed_qr", shared); err != nil {
 			return err
 		}
 		return k.launchDep("swiglu_packed_qr", cu.D1((rows+swigluRowsQ-1)/swigluRowsQ), rowBlock(nv), shared, s,
@@ -716,6 +720,11 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
+	if rows <= MaxRMSRows && headDim%(2*k.vec()) == 0 && aligned16(q, kc, vc, qkv, sc.Cols, table) {
+		units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
+		return k.launchDep("rope_qkv_write_v", cu.Dim3{X: (units + ropeThreads - 1) / ropeThreads, Y: rows, Z: 1}, cu.D1(ropeThreads), 0, s,
+			qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
+	}
 	if rows <= MaxRMSRows {
 		return k.launchDep("rope_qkv_write_r", rowChunks((heads+2*kvHeads)*headDim/2, ropePairs, rows), cu.D1(256), 0, s, qkv, sc.Rows, sc.Cols,
 			q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
@@ -723,6 +732,10 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 	return k.launchDep("rope_qkv_write", ewGrid(rows*(heads+2*kvHeads)*headDim/2), cu.D1(256), 0, s, qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table,
 		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
+
+// ropeThreads is rope_qkv_write_v's block: 128 threads, a unit each (3
+// blocks a row of Llama-3-8B's 48 heads of 8 units).
+const ropeThreads = 128
 
 // ropePairs is ROPE_P in kernels.cu: the pairs a thread of rope_qkv_write_r
 // takes at a time.
@@ -837,10 +850,18 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 	if shared <= 48<<10 {
 		return nil
 	}
+	return k.preferShared(name, shared)
+}
+
+// preferShared is raiseShared whatever shared is: the largest carveout
+// also for a kernel whose blocks each take 48 KiB or less, where the
+// driver's own choice left room for fewer of them than the registers
+// allow (add_rmsnorm_rq: 3 of 4 blocks of 33 KB).
+func (k *Kernels) preferShared(name string, shared int) error {
 	k.mu.Lock()
-	have := k.sharedSet[name]
+	have, set := k.sharedSet[name]
 	k.mu.Unlock()
-	if have >= shared {
+	if set && have >= shared {
 		return nil
 	}
 	m, err := k.module(name)
@@ -851,8 +872,10 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 	if err != nil {
 		return err
 	}
-	if err := f.SetMaxDynamicShared(shared); err != nil {
-		return err
+	if shared > 48<<10 {
+		if err := f.SetMaxDynamicShared(shared); err != nil {
+			return err
+		}
 	}
 	if err := f.SetPreferredSharedCarveout(100); err != nil {
 		return err

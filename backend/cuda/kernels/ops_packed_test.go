@@ -96,7 +96,7 @@ func TestRoPEQKVWrite(t *testing.T) {
 	for _, act := range allDTypes {
 		k := kern(t, act)
 		rng := newRNG(t)
-		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}, {5, 1, 80}} {
+		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}, {5, 1, 80}, {3, 1, 72}} {
 			heads, kvHeads, hd := hs[0], hs[1], hs[2]
 			qw, width := heads*hd, kvHeads*hd
 			cols := qw + 2*width

@@ -69,6 +69,8 @@ __device__ float __fmul_rn(float, float);
 __device__ float __fadd_rn(float, float);
 __device__ float __fsub_rn(float, float);
 __device__ float __fdiv_rn(float, float);
+__device__ float __frcp_rn(float);
+__device__ float __fmaf_rn(float, float, float);
 __device__ double __ddiv_rn(double, double);
 __device__ double exp(double);
 __device__ double sqrt(double);

@@ -93,11 +93,11 @@ static int swiglu_case(int rows, int dim, int n, bool folded, unsigned seed) {
 }
 
 // rope_case runs rope_qkv_write_n (folded), else rope_qkv_write or, with
-// byRows, rope_qkv_write_r (their rows not divided: inv 1; with scaled,
-// the rows an FP8 product's, each element read times its row's and
-// column's scales).
+// byRows, rope_qkv_write_r, or with vec, rope_qkv_write_v (their rows not
+// divided: inv 1; with scaled, the rows an FP8 product's, each element
+// read times its row's and column's scales).
 static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, bool folded, unsigned seed, bool byRows = false,
-                     bool scaled = false) {
+                     bool scaled = false, bool vec = false) {
 	std::mt19937_64 rng(seed);
 	const float eps = 1e-5f;
 	const int dim = 256, maxPos = 64, nh = heads + 2 * kvHeads, half = hd / 2, width = kvHeads * hd;
@@ -126,7 +126,25 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 			double a = p * pow(10000.0, -2.0 * i / hd);
 			table[(size_t)p * hd + i] = (float)cos(a), table[(size_t)p * hd + half + i] = (float)sin(a);
 		}
-	if (folded) {
+	int differ = 0;
+	if (vec) {
+		// kernels.go's grid: ropeThreads (128) units a block.
+		const int units = nh * half / VEC;
+		launch(dim3{(unsigned)((units + 127) / 128), (unsigned)rows, 1}, 128, [&] {
+			rope_qkv_write_v(qkv.data(), psr, psc, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
+			                 kvHeads, hd, interleaved);
+		});
+		// The same bits as rope_qkv_write_r.
+		auto q2 = q, kc2 = kc0, vc2 = vc0;
+		for (auto& v : q2) v.x = 0x7fc1;
+		launch(rowChunks(nh * half, 4, rows), 256, [&] {
+			rope_qkv_write_r(qkv.data(), psr, psc, q2.data(), kc2.data(), vc2.data(), pos.data(), slots.data(), table.data(), heads,
+			                 kvHeads, hd, interleaved);
+		});
+		for (size_t i = 0; i < q.size(); i++) differ += q[i].x != q2[i].x;
+		for (size_t i = 0; i < kc.size(); i++) differ += (kc[i].x != kc2[i].x) + (vc[i].x != vc2[i].x);
+		if (differ) printf("rope_qkv_write_v: %d elements differ from rope_qkv_write_r's\n", differ);
+	} else if (folded) {
 		launch(rowChunks(nh * half, 4, rows), 256, [&] {
 			rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
 			                 kvHeads, hd, interleaved);
@@ -167,15 +185,15 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		}
 	char what[96];
 	int bad = 0;
-	const char* name = folded ? "rope_qkv_write_n" : byRows ? "rope_qkv_write_r" : "rope_qkv_write";
-	if (scaled) name = byRows ? "rope_qkv_write_r, scaled," : "rope_qkv_write, scaled,";
+	const char* name = folded ? "rope_qkv_write_n" : vec ? "rope_qkv_write_v" : byRows ? "rope_qkv_write_r" : "rope_qkv_write";
+	if (scaled) name = vec ? "rope_qkv_write_v, scaled," : byRows ? "rope_qkv_write_r, scaled," : "rope_qkv_write, scaled,";
 	snprintf(what, sizeof what, "%s q, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, qref, q.data());
 	snprintf(what, sizeof what, "%s k cache, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, kref, kc.data());
 	snprintf(what, sizeof what, "%s v cache, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, vref, vc.data());
-	return bad;
+	return bad + differ;
 }
 
 static int fold_gain_case(unsigned seed) {
@@ -249,6 +267,15 @@ int main() {
 	fails += rope_case(3, 4, 2, 64, 0, false, 9, true, true) != 0;
 	fails += rope_case(2, 32, 8, 128, 1, false, 10, true, true) != 0;
 	fails += rope_case(3, 4, 2, 64, 0, false, 11, false, true) != 0;
+	// The vector form: one block a row (4/2 heads of 64: 32 units), several
+	// (32/8 heads of 128: 384 units), a head of 80 (half not a multiple of
+	// 16 elements), both layouts, scaled or not.
+	for (int il = 0; il < 2; il++)
+		for (int scaled = 0; scaled < 2; scaled++) {
+			fails += rope_case(3, 4, 2, 64, il, false, 12 + 2 * il + scaled, false, scaled, true) != 0;
+			fails += rope_case(2, 32, 8, 128, il, false, 16 + 2 * il + scaled, false, scaled, true) != 0;
+			fails += rope_case(2, 5, 1, 80, il, false, 20 + 2 * il + scaled, false, scaled, true) != 0;
+		}
 	fails += fold_gain_case(5) != 0;
 	fails += dequant_case("q8_0", 34, {0}, dequant_q8_0, 6) != 0;
 	fails += dequant_case("q4_k", 144, {0, 2}, dequant_q4_k, 7) != 0;

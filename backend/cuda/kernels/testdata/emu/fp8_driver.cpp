@@ -5,7 +5,9 @@
 // swiglu_packed_q), as kernels.go launches them, and compares their sums,
 // codes and row scales byte for byte: with and without an FP8 product's
 // scales, an odd last block, rows of fewer and more columns than a block
-// has threads, and row scales written over the product's (qs = sr).
+// has threads, and row scales written over the product's (qs = sr). First
+// e4m3_div, the writers' division, against the host's x/s on random pairs
+// (scales at every mantissa extreme, quotients across E4M3's range).
 // Prints one line per case and "N failed".
 #include <random>
 
@@ -96,15 +98,44 @@ static int swiglu_case(int rows, int n, int which, bool inPlace, unsigned seed) 
 	return bad;
 }
 
+// div_case compares e4m3_div(x, s, 1/s) with x/s, both rounded once, on n
+// random pairs: s a float of [2^-60, 2^60), its mantissa often all ones or
+// zeros or near them, |x| up to 448·s and down to 2^-40 of it.
+static int div_case(long n, unsigned seed) {
+	std::mt19937_64 rng(seed);
+	long bad = 0;
+	for (long i = 0; i < n; i++) {
+		unsigned m = (unsigned)(rng() & 0x7fffff);
+		switch (rng() % 8) {
+		case 0: m = 0x7fffff; break;
+		case 1: m = 0; break;
+		case 2: m = 0x7fffff - (unsigned)(rng() % 16); break;
+		case 3: m = (unsigned)(rng() % 16); break;
+		}
+		unsigned bits = (unsigned)(67 + rng() % 120) << 23 | m;
+		float s;
+		memcpy(&s, &bits, 4);
+		int e;
+		frexpf(448.f * s, &e);
+		float x = ldexpf((float)((rng() >> 40) | 1) / (float)(1 << 24), e - (int)(rng() % 40));
+		if (rng() & 1) x = -x;
+		if (e4m3_div(x, s, __frcp_rn(s)) != x / s) bad++;
+	}
+	printf("e4m3_div against x/s, %ld pairs: %ld differ\n", n, bad);
+	return bad != 0;
+}
+
 int main() {
 	g_after_wait = [](const void*) { return false; };
 	int fails = 0;
+	fails += div_case(4000000, 30);
 	fails += norm_case(8, 256, false, 1) != 0;
 	fails += norm_case(7, 4096, true, 2) != 0; // an odd last block, two vectors a thread
 	fails += norm_case(5, 96, true, 3) != 0;   // fewer columns than a warp's vectors
 	for (int which = 0; which <= 3; which++) fails += swiglu_case(5, 1024, which, false, 10 + which) != 0;
 	fails += swiglu_case(3, 8 * 300, 3, false, 20) != 0; // more vectors than threads, an odd last block
 	fails += swiglu_case(4, 96, 1, true, 21) != 0;
+	fails += swiglu_case(3, 14336, 3, false, 22) != 0; // Llama-3-8B's rows: 7 vectors a thread, the last in registers
 	printf("%d failed\n", fails);
 	return fails != 0;
 }

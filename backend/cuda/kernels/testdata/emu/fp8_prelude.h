@@ -1,9 +1,12 @@
 // For TestFP8WritersEmulated (emu_test.go): what kernels.cu's FP8-form
 // writers use beyond prelude.h, fold_prelude.h and the pieces of kernels.cu
-// the test takes: __fdiv_rn (unfused, as fold_prelude.h's), and e4m3x2,
+// the test takes: __fdiv_rn (unfused, as fold_prelude.h's), __frcp_rn,
+// __fmaf_rn (one rounding, as the device's), and e4m3x2,
 // whose device form is PTX (cvt.rn.satfinite.e4m3x2.f32): here E4M3
 // rounded to nearest even, saturated at ±448, NaN as 0x7f.
 static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline unsigned char e4m3_host(float f) {
 	const unsigned char sign = std::signbit(f) ? 0x80 : 0;
 	if (std::isnan(f)) return sign | 0x7f;

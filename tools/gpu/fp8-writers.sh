@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs on one GPU after `BASE=<rev> tools/gpu/build.sh ./backend/cuda
+# ./backend/cuda/kernels` here (issue 16's FP8 prefill, session 40): the
+# kernels around an FP8 prefill's products (RoPE in vectors, the FP8
+# writers' division, swiglu_packed_qr's last vectors in registers, the
+# many-row norm at four blocks a multiprocessor). Their GPU tests and the
+# model's FP8 tests; then tools/gpu/fp8-bench.sh (bf16, FP8 on this tree's
+# kiln and on kiln-base, taking turns; prefill 2048, decode at depth 512 of
+# $BATCH); then the FP8 prefill traced (tools/gpu/ktrace), one layer's
+# kernels in order. Logs in logs.tgz.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-writers.sh", carry [".devpack"]
+source "$(dirname "$0")/env.sh"
+t0=$(date +%s)
+ktrace_build >/dev/null || echo "no tracer"
+kernels_test writer-ktests -test.run "${KTESTS:-TestRoPEQKVWrite|TestE4M3Writers|TestQuantizeRowsE4M3|TestSwiGLUPacked|TestRowRMSReaders|TestFP8KVWrite|TestGEMVRoPEQKV|TestGEMVFold}"
+grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | head -20
+backend_test writer-btests -test.run "${BTESTS:-TestFP8Weights|TestFP8KVCache|TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures}"
+grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS' "$out/writer-btests.log" | head -12
+echo "tests done at $(($(date +%s) - t0)) s"
+OUT=$out/bench ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64,256} VARIANTS="${VARIANTS:-bf16 fp8 fp8-base}" tools/gpu/fp8-bench.sh 2>&1 | grep -E '^==|^\| (pp|tg)'
+echo "bench done at $(($(date +%s) - t0)) s"
+random_fp8
+if [ -f /tmp/libktrace.so ]; then
+	for kb in kiln kiln-base; do
+		CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$out/trace-$kb.csv" timeout 120 .devbin/$kb bench model "$fp8" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2 >"$out/trace-$kb.txt" 2>&1
+		echo "== traced $kb: rc=$?; $(grep -h '^| pp' "$out/trace-$kb.txt" | tail -1 | cut -c1-60)"
+		python3 tools/gpu/ktrace/ktrace.py "$out/trace-$kb.csv" --last 2 --layer | sed -n '/one step/,$p' | head -14
+	done
+fi
+pack_out logs.tgz

@@ -211,14 +211,17 @@ __device__ __forceinline__ float e4m3_scale(float m) { return m > 0.f ? __fdiv_r
 // by issue, docs/PERF.md, issue 16, session 40): with y = 1/s correctly
 // rounded (once a row: the compiler hoists it out of the callers' loops),
 // q = x·y is within an ulp of x/s, and Markstein's correction
-// q + (x − q·s)·y, the remainder exact in an FMA, is x/s correctly
+// q − (q·s − x)·y, the remainder exact in an FMA, is x/s correctly
 // rounded, for s within [2^-60, 2^60] (no remainder in the subnormals for
-// any quotient E4M3 tells apart; other scales divide). Checked against
-// __fdiv_rn on 4·10^8 random pairs, scales of every mantissa extreme
-// (session 40), and on the GPU by TestQuantizeRowsE4M3 against Go's x/s.
+// any quotient E4M3 tells apart; other scales divide). The remainder is
+// taken as q·s − x, not x − q·s, so that −0 stays −0 (an exact remainder
+// is +0, and −(+0)·y + q keeps q's sign). Checked against __fdiv_rn on
+// 4·10^8 random pairs, scales of every mantissa extreme (session 40), in
+// TestFP8WritersEmulated, and on the GPU by TestQuantizeRowsE4M3 against
+// Go's x/s.
 __device__ __forceinline__ float e4m3_div(float x, float s, float y) {
 	const float q = __fmul_rn(x, y);
-	return __fmaf_rn(__fmaf_rn(-q, s, x), y, q);
+	return __fmaf_rn(-__fmaf_rn(q, s, -x), y, q);
 }
 __device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, float s) {
 	const bool fast = s >= 0x1p-60f && s <= 0x1p60f;

@@ -872,10 +872,10 @@ func (k *Kernels) preferShared(name string, shared int) error {
 	if err != nil {
 		return err
 	}
-	if shared > 48<<10 {
-		if err := f.SetMaxDynamicShared(shared); err != nil {
-			return err
-		}
+	// Raised whatever shared is: the block's static shared memory counts
+	// against the same 48 KiB (swiglu_packed_qr's 48 KB and its 128 bytes).
+	if err := f.SetMaxDynamicShared(shared); err != nil {
+		return err
 	}
 	if err := f.SetPreferredSharedCarveout(100); err != nil {
 		return err

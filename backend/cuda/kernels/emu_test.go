@@ -238,7 +238,7 @@ func kernelsEmuHead(t *testing.T, s *strings.Builder) {
 
 // kernelsEmuRows writes kernelsEmuHead and what the kernels of a row at a
 // time add: warp_max, the 16-byte stores, round_t and the block
-// reductions.
+// reductions (one value, and several at once).
 func kernelsEmuRows(t *testing.T, s *strings.Builder) {
 	t.Helper()
 	kernelsEmuHead(t, s)
@@ -247,6 +247,7 @@ func kernelsEmuRows(t *testing.T, s *strings.Builder) {
 		"__device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }\n"))
 	s.WriteString(cBetween(t, common, "template <bool MAX> __device__ __forceinline__ float warp_reduce(",
 		"__device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }\n"))
+	s.WriteString(cBlock(t, common, "template <bool MAX, int R> __device__ __forceinline__ void block_reduce_rows("))
 }
 
 // TestMoETileEmulated runs moe_tile.cu's kernels (a mixture of experts'

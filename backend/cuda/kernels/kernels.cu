@@ -198,6 +198,22 @@ template <bool MAX> __device__ float block_reduce(float v, float* sh) {
 }
 __device__ float block_sum(float v, float* sh) { return block_reduce<false>(v, sh); }
 __device__ float block_max(float v, float* sh) { return block_reduce<true>(v, sh); }
+// block_reduce_rows is block_reduce of R values at once through sh[32·R]:
+// each value reduced in the same order as alone (the same bits), with one
+// pair of barriers for all R instead of a pair each.
+template <bool MAX, int R> __device__ __forceinline__ void block_reduce_rows(float (&v)[R], float* sh) {
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+	for (int k = 0; k < R; k++) v[k] = warp_reduce<MAX>(v[k]);
+	__syncthreads();
+	if (lane == 0) {
+#pragma unroll
+		for (int k = 0; k < R; k++) sh[32 * k + w] = v[k];
+	}
+	__syncthreads();
+#pragma unroll
+	for (int k = 0; k < R; k++) v[k] = warp_reduce<MAX>(lane < nw ? sh[32 * k + lane] : 0.f);
+}
 
 // The FP8 (E4M3) form of an activation's row for cuBLASLt's FP8 products
 // (Kernels.QuantizeRowsE4M3 and the kernels that write their output that
@@ -255,16 +271,20 @@ __device__ __forceinline__ void block_rows(long long r0, int rows, const float* 
 
 // store_held_e4m3 ends the FP8-form writers that take R rows a block (rows
 // r0.. of nv 16-byte vectors, those past rows spare): each row's scale from
-// the block's maximum m[k] of it into qs, and its values, rounded to T, as
-// E4M3 codes into q. The values wait in shared memory at held[k·hv ..],
-// vectors i < hv of each row; a thread's vector from hv on (its last; hv
-// is nv less the block's threads, or nv) in its registers, last[k].
+// the block's maximum m[k] of it into qs (sh: 32·R floats), and its
+// values, rounded to T, as E4M3 codes into q. The values wait in shared
+// memory at held[k·hv ..], vectors i < hv of each row; a thread's vector
+// from hv on (its last; hv is nv less the block's threads, or nv) in its
+// registers, last[k].
 template <int R>
 __device__ __forceinline__ void store_held_e4m3(const uint4* held, int hv, const uint4 (&last)[R], const float (&m)[R], float* sh,
                                                 unsigned char* q, float* qs, long long r0, int rows, int nv) {
 	float s[R];
 #pragma unroll
-	for (int k = 0; k < R; k++) s[k] = e4m3_scale(block_max(m[k], sh));
+	for (int k = 0; k < R; k++) s[k] = m[k];
+	block_reduce_rows<true>(s, sh);
+#pragma unroll
+	for (int k = 0; k < R; k++) s[k] = e4m3_scale(s[k]);
 #pragma unroll
 	for (int k = 0; k < R; k++) {
 		if (r0 + k >= rows) break;
@@ -474,7 +494,7 @@ template <typename W>
 __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
                                 float* qs, int rows, int dim, float eps) {
 	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC]
-	__shared__ float sh[32];
+	__shared__ float sh[32 * ROWS_N];
 	pdl_enter();
 	const int nv = dim / VEC;
 	const long long r0 = (long long)blockIdx.x * ROWS_N;
@@ -510,9 +530,10 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 		}
 	}
 	float scale[ROWS_N], m[ROWS_N];
+	block_reduce_rows<false>(ss, sh);
 #pragma unroll
 	for (int k = 0; k < ROWS_N; k++) {
-		scale[k] = 1.0f / sqrtf(block_sum(ss[k], sh) / (float)dim + eps);
+		scale[k] = 1.0f / sqrtf(ss[k] / (float)dim + eps);
 		m[k] = 0.f;
 	}
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
@@ -800,7 +821,7 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
                                                                      unsigned char* q, float* qs, int rows, int nv) {
 	extern __shared__ uint4 held[]; // [ROWS_Q][hv]
-	__shared__ float sh[32];
+	__shared__ float sh[32 * ROWS_Q];
 	pdl_enter();
 	const int n = nv * VEC, hv = nv > (int)blockDim.x ? nv - (int)blockDim.x : 0;
 	const long long r0 = (long long)blockIdx.x * ROWS_Q;

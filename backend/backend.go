@@ -169,9 +169,10 @@ type SamplingExecutable interface {
 // that the ranks start at once and no goroutine is started and woken for
 // each rank on every step.
 type Worker interface {
-	// Go runs f on the worker and returns at once; wait returns f's error
-	// once it has run, or the worker's own (closed). Call wait once.
-	Go(f func() error) (wait func() error)
+	// Go hands f to the worker and returns at once, with an error only
+	// when the worker cannot take it (closed); wait returns f's error once
+	// it has run. Call wait once.
+	Go(f func() error) (wait func() error, err error)
 }
 
 // ErrOutOfMemory marks an error caused by a failed device memory

@@ -113,13 +113,20 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 		}
 	}
 	if ws := l.workers(); steps && ws != nil {
+		// A rank whose worker cannot take the step fails it at once, so
+		// that the abort frees the ranks already waiting for it.
 		waits := make([]func() error, len(ws))
 		for r, w := range ws {
-			waits[r] = w.Go(func() error { run(r); return nil })
+			wait, err := w.Go(func() error { run(r); return nil })
+			if err != nil {
+				record(r, err)
+				continue
+			}
+			waits[r] = wait
 		}
-		for r, wait := range waits {
-			if err := wait(); err != nil {
-				record(r, err) // the worker itself failed (closed)
+		for _, wait := range waits {
+			if wait != nil {
+				wait() // run recorded f's error
 			}
 		}
 	} else {

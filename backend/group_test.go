@@ -44,6 +44,7 @@ type fakeWorker struct {
 	work   chan func()
 	busy   atomic.Bool // inside a call
 	calls  atomic.Int32
+	closed bool // Go refuses every call
 }
 
 func newFakeWorker() *fakeWorker {
@@ -58,11 +59,14 @@ func newFakeWorker() *fakeWorker {
 	return w
 }
 
-func (w *fakeWorker) Go(f func() error) func() error {
+func (w *fakeWorker) Go(f func() error) (func() error, error) {
+	if w.closed {
+		return nil, errors.New("worker closed")
+	}
 	w.calls.Add(1)
 	done := make(chan error, 1)
 	w.work <- func() { done <- f() }
-	return func() error { return <-done }
+	return func() error { return <-done }, nil
 }
 
 func (f *fakeRank) Kernels() []string { return nil }
@@ -201,5 +205,21 @@ func testGroupRankPanics(t *testing.T, workers bool) {
 	}
 	if aborts != 1 {
 		t.Errorf("%d aborts, want 1", aborts)
+	}
+}
+
+// TestGroupWorkerClosed (no GPU): a rank whose worker refuses the step
+// fails it and aborts the group at once, so that the other ranks, waiting
+// in a collective for that rank, return instead of hanging.
+func TestGroupWorkerClosed(t *testing.T) {
+	x, fs, kv := fakeGroup(2, true)
+	aborted := make(chan struct{})
+	var once sync.Once
+	x.l.g.Abort = func(error) { once.Do(func() { close(aborted) }) }
+	fs[0].wait, fs[0].fail = aborted, errors.New("collective aborted")
+	fs[1].worker.closed = true
+	err := x.Run(&Batch{Rows: make([]int32, 1)}, kv, make([]float32, 1))
+	if !errors.Is(err, ErrGroupAborted) || !strings.Contains(err.Error(), "rank 1: worker closed") {
+		t.Errorf("error %v, want rank 1's closed worker", err)
 	}
 }

@@ -640,7 +640,7 @@ func (l *loaded) free(p cu.Ptr) error {
 
 // Go implements backend.Worker: f runs on the device's worker thread, where
 // the model's steps run (a tensor-parallel group's ranks start together).
-func (l *loaded) Go(f func() error) (wait func() error) { return l.dev.Go(f) }
+func (l *loaded) Go(f func() error) (wait func() error, err error) { return l.dev.Go(f) }
 
 func (l *loaded) Close() error {
 	var first error

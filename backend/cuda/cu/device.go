@@ -186,23 +186,28 @@ func (d *Device) onWorker() bool { return gettid() == d.tid }
 // returns its error. Calls from inside f run inline. A panic in f is returned
 // as an error.
 func (d *Device) Do(f func() error) error {
-	return d.Go(f)()
+	wait, err := d.Go(f)
+	if err != nil {
+		return err
+	}
+	return wait()
 }
 
-// Go hands f to the device's worker, as Do does, and returns at once; wait
-// returns f's error once f has run, polling for it before it blocks as Do
-// does. Callers that drive several devices hand each its work with Go and
-// then wait for all, so that every device starts at once. Called on the
-// worker, f runs inline before Go returns.
-func (d *Device) Go(f func() error) (wait func() error) {
+// Go hands f to the device's worker, as Do does, and returns at once (an
+// error only when the device is closed); wait returns f's error once f has
+// run, polling for it before it blocks as Do does. Callers that drive
+// several devices hand each its work with Go and then wait for all, so
+// that every device starts at once. Called on the worker, f runs inline
+// before Go returns.
+func (d *Device) Go(f func() error) (wait func() error, err error) {
 	if d.onWorker() {
 		err := d.noteCapture(f())
-		return func() error { return err }
+		return func() error { return err }, nil
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return func() error { return ErrClosed }
+		return nil, ErrClosed
 	}
 	done := make(chan error, 1)
 	d.work <- func() {
@@ -217,7 +222,7 @@ func (d *Device) Go(f func() error) (wait func() error) {
 	return func() error {
 		err, _ := receive(done, callerSpin)
 		return err
-	}
+	}, nil
 }
 
 // Close synchronises the device, frees the package's buffers, releases the

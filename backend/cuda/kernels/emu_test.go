@@ -106,8 +106,8 @@ func TestMoEEmulated(t *testing.T) {
 // products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
 // row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go), the plain
 // readers that share their code (swiglu_packed_v, rope_qkv_write,
-// rope_qkv_write_r, rope_qkv_write_v; the RoPE readers also with an FP8
-// product's scales)
+// rope_qkv_write_r, rope_qkv_write_v, and rope_qkv_write_vn against
+// rope_qkv_write_n; the RoPE readers also with an FP8 product's scales)
 // and the
 // dequantization of a table of experts' matrices (dequant_run with srcs,
 // as Q8_0 and Q4_K) on the host with the same emulation, and
@@ -136,8 +136,13 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		`extern "C" __global__ void rope_qkv_write(`,
 		"#define ROPE_P",
 		`extern "C" __global__ void rope_qkv_write_r(`,
-		"__device__ __forceinline__ void store_kv16(",
+		"__device__ __forceinline__ void store_kv16("))
+	s.WriteString(cBetween(t, common, "struct rope_unit {", "};"))
+	s.WriteString(cPieces(t, common,
+		"__device__ __forceinline__ rope_unit rope_unit_of(",
+		"__device__ __forceinline__ void rope_unit_store(",
 		`extern "C" __global__ void rope_qkv_write_v(`,
+		`extern "C" __global__ void rope_qkv_write_vn(`,
 		`extern "C" __global__ void rope_qkv_write_n(`,
 		"__device__ __forceinline__ float f16_at(",
 		"__device__ __forceinline__ void dq_store(",

@@ -1319,6 +1319,56 @@ __device__ __forceinline__ void store_kv16(KV* p, const float* f) {
 // rows: docs/PERF.md, issue 16, session 40). half a multiple of VEC, rows,
 // table rows and operands 16-byte aligned (Kernels.RoPEQKVWrite checks).
 // Grid (chunks of a row's units, rows). The same values as rope_qkv_write.
+//
+// rope_unit is unit j of a token's row: head h, the head's unit u, its two
+// vectors at elements e0 and e1 of the head; rotated for a query or key
+// head.
+struct rope_unit {
+	int h, u, e0, e1;
+	bool rotated;
+};
+__device__ __forceinline__ rope_unit rope_unit_of(int j, int per, int half, int heads, int kvHeads, int interleaved) {
+	rope_unit w;
+	w.h = j / per;
+	w.u = j - w.h * per;
+	w.rotated = w.h < heads + kvHeads;
+	const bool apart = w.rotated && !interleaved;
+	w.e0 = apart ? w.u * VEC : 2 * w.u * VEC;
+	w.e1 = apart ? half + w.u * VEC : w.e0 + VEC;
+	return w;
+}
+// rope_unit_store ends a unit whose 2·VEC elements x are read (scaled or
+// divided, rounded to T): a value head's stored into its cache row vs, a
+// query or key head's pairs rotated by the token's table row cs (pair k
+// is (x[k], x[VEC+k]), or (x[2k], x[2k+1]) interleaved; its results go
+// where its elements came from) into its queries qt or its cache row ks.
+__device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float* x, const float* cs, int half, int heads, int kvHeads,
+                                                int hd, int interleaved, T* qt, KV* ks, KV* vs) {
+	if (!w.rotated) {
+		KV* dst = vs + (long long)(w.h - heads - kvHeads) * hd;
+		store_kv16(dst + w.e0, x);
+		store_kv16(dst + w.e1, x + VEC);
+		return;
+	}
+	float c[VEC], s[VEC], o[2 * VEC];
+	col_scales16(cs, w.u * VEC, c);
+	col_scales16(cs, half + w.u * VEC, s);
+#pragma unroll
+	for (int k = 0; k < VEC; k++) {
+		const int a = interleaved ? 2 * k : k, b = interleaved ? 2 * k + 1 : VEC + k;
+		o[a] = rot1(x[a], x[b], c[k], s[k]);
+		o[b] = rot2(x[a], x[b], c[k], s[k]);
+	}
+	if (w.h < heads) {
+		T* dst = qt + (long long)w.h * hd;
+		store16(dst + w.e0, o);
+		store16(dst + w.e1, o + VEC);
+	} else {
+		KV* dst = ks + (long long)(w.h - heads) * hd;
+		store_kv16(dst + w.e0, o);
+		store_kv16(dst + w.e1, o + VEC);
+	}
+}
 extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,
                                             const int* pos, const int* slots, const float* table, int heads, int kvHeads,
                                             int hd, int interleaved) {
@@ -1330,47 +1380,57 @@ extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const
 	const T* row = qkv + (long long)t * nh * hd;
 	const float fr = sr ? sr[t] : 1.f;
 	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < units; j += gridDim.x * blockDim.x) {
-		const int h = j / per, u = j - h * per, col = h * hd;
-		const bool rotated = h < heads + kvHeads;
-		// The unit's two vectors start at elements e0 and e1 of the head.
-		const int e0 = rotated && !interleaved ? u * VEC : 2 * u * VEC, e1 = rotated && !interleaved ? half + u * VEC : e0 + VEC;
+		const rope_unit w = rope_unit_of(j, per, half, heads, kvHeads, interleaved);
+		const int col = w.h * hd;
 		float x[2 * VEC];
-		load16(row + col + e0, x);
-		load16(row + col + e1, x + VEC);
+		load16(row + col + w.e0, x);
+		load16(row + col + w.e1, x + VEC);
 		if (sr || sc) {
 			// scaled_of with the column scales loaded as vectors.
 			float f[2 * VEC];
-			col_scales16(sc, col + e0, f);
-			col_scales16(sc, col + e1, f + VEC);
+			col_scales16(sc, col + w.e0, f);
+			col_scales16(sc, col + w.e1, f + VEC);
 #pragma unroll
 			for (int k = 0; k < 2 * VEC; k++) x[k] = scale_round(x[k], fr * f[k]);
 		}
-		if (!rotated) {
-			KV* dst = vc + slot + (long long)(h - heads - kvHeads) * hd;
-			store_kv16(dst + e0, x);
-			store_kv16(dst + e1, x + VEC);
-			continue;
+		rope_unit_store(w, x, cs, half, heads, kvHeads, hd, interleaved, q + (long long)t * heads * hd, kc + slot, vc + slot);
+	}
+}
+
+// rope_qkv_write_n in 16-byte vectors, rope_qkv_write_v's units: each
+// element x read as x·inv rounded to T, inv the rms of nx's row t
+// (row_inv_rms over the block, as rope_qkv_write_n's: blocks of 256, the
+// same bits). A thread's first unit is loaded before the rms is reduced,
+// so that its loads and the row's overlap (at the few rows of a decode
+// step the kernel is a chain of latencies). Grid (chunks of a row's units,
+// rows).
+extern "C" __global__ void rope_qkv_write_vn(const T* qkv, const T* nx, int dim, float eps, T* q, KV* kc, KV* vc,
+                                             const int* pos, const int* slots, const float* table, int heads, int kvHeads,
+                                             int hd, int interleaved) {
+	__shared__ float sh[32];
+	pdl_enter();
+	const int t = blockIdx.y;
+	const int half = hd / 2, nh = heads + 2 * kvHeads, per = half / VEC, units = nh * per;
+	const long long slot = (long long)slots[t] * kvHeads * hd;
+	const float* cs = table + (long long)pos[t] * hd;
+	const T* row = qkv + (long long)t * nh * hd;
+	const int j0 = blockIdx.x * blockDim.x + threadIdx.x;
+	float x[2 * VEC];
+	if (j0 < units) {
+		const rope_unit w = rope_unit_of(j0, per, half, heads, kvHeads, interleaved);
+		load16(row + w.h * hd + w.e0, x);
+		load16(row + w.h * hd + w.e1, x + VEC);
+	}
+	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
+	for (int j = j0; j < units; j += gridDim.x * blockDim.x) {
+		const rope_unit w = rope_unit_of(j, per, half, heads, kvHeads, interleaved);
+		if (j != j0) {
+			load16(row + w.h * hd + w.e0, x);
+			load16(row + w.h * hd + w.e1, x + VEC);
 		}
-		float c[VEC], s[VEC], o[2 * VEC];
-		col_scales16(cs, u * VEC, c);
-		col_scales16(cs, half + u * VEC, s);
-		// Pair k of the unit is (x[k], x[VEC + k]), or (x[2k], x[2k+1])
-		// interleaved; its results go where its elements came from.
 #pragma unroll
-		for (int k = 0; k < VEC; k++) {
-			const int a = interleaved ? 2 * k : k, b = interleaved ? 2 * k + 1 : VEC + k;
-			o[a] = rot1(x[a], x[b], c[k], s[k]);
-			o[b] = rot2(x[a], x[b], c[k], s[k]);
-		}
-		if (h < heads) {
-			T* dst = q + ((long long)t * heads + h) * hd;
-			store16(dst + e0, o);
-			store16(dst + e1, o + VEC);
-		} else {
-			KV* dst = kc + slot + (long long)(h - heads) * hd;
-			store_kv16(dst + e0, o);
-			store_kv16(dst + e1, o + VEC);
-		}
+		for (int k = 0; k < 2 * VEC; k++) x[k] = round_t(__fmul_rn(x[k], inv));
+		rope_unit_store(w, x, cs, half, heads, kvHeads, hd, interleaved, q + (long long)t * heads * hd, kc + slot, vc + slot);
 	}
 }
 

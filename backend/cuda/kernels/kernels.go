@@ -752,6 +752,12 @@ func (k *Kernels) RoPEQKVWriteRMS(s *cu.Stream, q, kc, vc, qkv cu.Ptr, nx RowRMS
 	if err := nx.check("rope_qkv_write"); err != nil {
 		return err
 	}
+	if headDim%(2*k.vec()) == 0 && aligned16(q, kc, vc, qkv, table) {
+		// Blocks of 256, as rope_qkv_write_n's: row_inv_rms's order.
+		units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
+		return k.launchDep("rope_qkv_write_vn", cu.Dim3{X: (units + 255) / 256, Y: rows, Z: 1}, cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
+			q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
+	}
 	return k.launchDep("rope_qkv_write_n", rowChunks((heads+2*kvHeads)*headDim/2, 4, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
 		q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }

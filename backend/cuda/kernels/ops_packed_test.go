@@ -226,7 +226,9 @@ func TestRowRMSReaders(t *testing.T) {
 			report(t, act, fmt.Sprintf("swiglu_packed_n %dx%d over rows of %d", rows, n, dim), e)
 		}
 		const bs, maxPos, dim = 16, 4096, 256
-		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}} {
+		// A head of 72 keeps rope_qkv_write_n (not rope_qkv_write_vn) in
+		// 2-byte dtypes.
+		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}, {3, 1, 72}} {
 			heads, kvHeads, hd := hs[0], hs[1], hs[2]
 			qw, width := heads*hd, kvHeads*hd
 			cols := qw + 2*width
@@ -243,10 +245,10 @@ func TestRowRMSReaders(t *testing.T) {
 				must(t, k.RoPEQKVWriteRMS(nil, pq, pkc, pvc, up(t, act, qkv), RowRMS{X: up(t, act, nx), Dim: dim, Eps: eps},
 					upI32(t, pos), upI32(t, slots), up(t, cu.F32, tab), rows, heads, kvHeads, hd, false))
 				qref, kref, vref := refRoPEQKV(scaled, pos, slots, tab, kc0, vc0, heads, kvHeads, hd, false)
-				e1 := compare(t, "rope_qkv_write_n q", down(t, act, pq, rows*qw), qref, tol(act))
-				e2 := compare(t, "rope_qkv_write_n k", down(t, act, pkc, nslot*width), kref, tol(act))
-				e3 := compare(t, "rope_qkv_write_n v", down(t, act, pvc, nslot*width), vref, tol(act))
-				report(t, act, fmt.Sprintf("rope_qkv_write_n rows=%d heads=%d/%d hd=%d", rows, heads, kvHeads, hd), max(e1, e2, e3))
+				e1 := compare(t, "RoPEQKVWriteRMS q", down(t, act, pq, rows*qw), qref, tol(act))
+				e2 := compare(t, "RoPEQKVWriteRMS k", down(t, act, pkc, nslot*width), kref, tol(act))
+				e3 := compare(t, "RoPEQKVWriteRMS v", down(t, act, pvc, nslot*width), vref, tol(act))
+				report(t, act, fmt.Sprintf("RoPEQKVWriteRMS rows=%d heads=%d/%d hd=%d", rows, heads, kvHeads, hd), max(e1, e2, e3))
 			}
 		}
 	}

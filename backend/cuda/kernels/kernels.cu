@@ -756,20 +756,31 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const f
 }
 // swiglu_packed_v of a product whose rows are still to be divided by the
 // rms of nx's rows (row_inv_rms; nx[rows, dim]): each element x read as
-// x·inv rounded to T, as scaled_of reads a scaled product. Grid (chunks of
-// a row, rows); 16-byte aligned operands, n = nv·VEC.
+// x·inv rounded to T, as scaled_of reads a scaled product. A thread's first
+// gate and up vectors are loaded before the rms is reduced, so that their
+// loads and the row's overlap (at the few rows of a decode step the kernel
+// is a chain of latencies). Grid (chunks of a row, rows); 16-byte aligned
+// operands, n = nv·VEC.
 extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, float eps, T* out, int nv) {
 	__shared__ float sh[32];
 	pdl_enter();
 	const long long r = blockIdx.y;
+	const int n = nv * VEC, i0 = blockIdx.x * blockDim.x + threadIdx.x;
+	const T* row = gu + r * 2 * n;
+	uint4 g0 = {}, u0 = {};
+	if (i0 < nv) {
+		g0 = *(const uint4*)(row + i0 * VEC);
+		u0 = *(const uint4*)(row + n + i0 * VEC);
+	}
 	const float inv = row_inv_rms(nx + r * dim, dim, eps, sh);
-	const int n = nv * VEC;
-	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x)
-		swiglu_vec(gu + r * 2 * n, n, i * VEC, out + r * n, [&](const T* p, int, float* f) {
-			load16(p, f);
+	for (int i = i0; i < nv; i += gridDim.x * blockDim.x) {
+		const bool first = i == i0;
+		swiglu_vec(row, n, i * VEC, out + r * n, [&](const T* p, int col, float* f) {
+			unpack16(first ? (col < n ? g0 : u0) : *(const uint4*)p, f, (const T*)0);
 #pragma unroll
 			for (int j = 0; j < VEC; j++) f[j] = round_t(__fmul_rn(f[j], inv));
 		});
+	}
 }
 // swiglu_packed_v with its output in FP8 form, a block a row: each value
 // rounded to T, then the row as fp8_quant_rows would write it (q, its scale

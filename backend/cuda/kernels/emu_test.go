@@ -138,8 +138,11 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		`extern "C" __global__ void rope_qkv_write_r(`,
 		"__device__ __forceinline__ void store_kv16("))
 	s.WriteString(cBetween(t, common, "struct rope_unit {", "};"))
+	s.WriteString(cPieces(t, common, "__device__ __forceinline__ rope_unit rope_unit_of("))
+	s.WriteString(cBetween(t, common, "struct rope_row {", "};"))
 	s.WriteString(cPieces(t, common,
-		"__device__ __forceinline__ rope_unit rope_unit_of(",
+		"__device__ __forceinline__ rope_row rope_row_of(",
+		"__device__ __forceinline__ void rope_unit_load(",
 		"__device__ __forceinline__ void rope_unit_store(",
 		`extern "C" __global__ void rope_qkv_write_v(`,
 		`extern "C" __global__ void rope_qkv_write_vn(`,

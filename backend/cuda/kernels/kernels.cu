@@ -1348,6 +1348,36 @@ __device__ __forceinline__ rope_unit rope_unit_of(int j, int per, int half, int 
 	w.e1 = apart ? half + w.u * VEC : w.e0 + VEC;
 	return w;
 }
+// rope_row is what a token t's units share: the units a row, the token's
+// stacked Q, K and V (src), its queries (qt), its cache slot's rows (ks,
+// vs) and its table row (cs).
+struct rope_row {
+	int half, per, units;
+	const T* src;
+	T* qt;
+	KV *ks, *vs;
+	const float* cs;
+};
+__device__ __forceinline__ rope_row rope_row_of(int t, const T* qkv, T* q, KV* kc, KV* vc, const int* pos, const int* slots,
+                                                const float* table, int heads, int kvHeads, int hd) {
+	rope_row r;
+	r.half = hd / 2;
+	r.per = r.half / VEC;
+	const int nh = heads + 2 * kvHeads;
+	r.units = nh * r.per;
+	const long long slot = (long long)slots[t] * kvHeads * hd;
+	r.src = qkv + (long long)t * nh * hd;
+	r.qt = q + (long long)t * heads * hd;
+	r.ks = kc + slot;
+	r.vs = vc + slot;
+	r.cs = table + (long long)pos[t] * hd;
+	return r;
+}
+// rope_unit_load loads unit w's two vectors of row r (as stored).
+__device__ __forceinline__ void rope_unit_load(const rope_row& r, const rope_unit& w, int hd, float* x) {
+	load16(r.src + w.h * hd + w.e0, x);
+	load16(r.src + w.h * hd + w.e1, x + VEC);
+}
 // rope_unit_store ends a unit whose 2·VEC elements x are read (scaled or
 // divided, rounded to T): a value head's stored into its cache row vs, a
 // query or key head's pairs rotated by the token's table row cs (pair k
@@ -1385,26 +1415,22 @@ extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const
                                             int hd, int interleaved) {
 	pdl_enter();
 	const int t = blockIdx.y;
-	const int half = hd / 2, nh = heads + 2 * kvHeads, per = half / VEC, units = nh * per;
-	const long long slot = (long long)slots[t] * kvHeads * hd;
-	const float* cs = table + (long long)pos[t] * hd;
-	const T* row = qkv + (long long)t * nh * hd;
+	const rope_row r = rope_row_of(t, qkv, q, kc, vc, pos, slots, table, heads, kvHeads, hd);
 	const float fr = sr ? sr[t] : 1.f;
-	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < units; j += gridDim.x * blockDim.x) {
-		const rope_unit w = rope_unit_of(j, per, half, heads, kvHeads, interleaved);
-		const int col = w.h * hd;
+	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < r.units; j += gridDim.x * blockDim.x) {
+		const rope_unit w = rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved);
 		float x[2 * VEC];
-		load16(row + col + w.e0, x);
-		load16(row + col + w.e1, x + VEC);
+		rope_unit_load(r, w, hd, x);
 		if (sr || sc) {
 			// scaled_of with the column scales loaded as vectors.
+			const int col = w.h * hd;
 			float f[2 * VEC];
 			col_scales16(sc, col + w.e0, f);
 			col_scales16(sc, col + w.e1, f + VEC);
 #pragma unroll
 			for (int k = 0; k < 2 * VEC; k++) x[k] = scale_round(x[k], fr * f[k]);
 		}
-		rope_unit_store(w, x, cs, half, heads, kvHeads, hd, interleaved, q + (long long)t * heads * hd, kc + slot, vc + slot);
+		rope_unit_store(w, x, r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
 	}
 }
 
@@ -1421,27 +1447,17 @@ extern "C" __global__ void rope_qkv_write_vn(const T* qkv, const T* nx, int dim,
 	__shared__ float sh[32];
 	pdl_enter();
 	const int t = blockIdx.y;
-	const int half = hd / 2, nh = heads + 2 * kvHeads, per = half / VEC, units = nh * per;
-	const long long slot = (long long)slots[t] * kvHeads * hd;
-	const float* cs = table + (long long)pos[t] * hd;
-	const T* row = qkv + (long long)t * nh * hd;
+	const rope_row r = rope_row_of(t, qkv, q, kc, vc, pos, slots, table, heads, kvHeads, hd);
 	const int j0 = blockIdx.x * blockDim.x + threadIdx.x;
 	float x[2 * VEC];
-	if (j0 < units) {
-		const rope_unit w = rope_unit_of(j0, per, half, heads, kvHeads, interleaved);
-		load16(row + w.h * hd + w.e0, x);
-		load16(row + w.h * hd + w.e1, x + VEC);
-	}
+	if (j0 < r.units) rope_unit_load(r, rope_unit_of(j0, r.per, r.half, heads, kvHeads, interleaved), hd, x);
 	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
-	for (int j = j0; j < units; j += gridDim.x * blockDim.x) {
-		const rope_unit w = rope_unit_of(j, per, half, heads, kvHeads, interleaved);
-		if (j != j0) {
-			load16(row + w.h * hd + w.e0, x);
-			load16(row + w.h * hd + w.e1, x + VEC);
-		}
+	for (int j = j0; j < r.units; j += gridDim.x * blockDim.x) {
+		const rope_unit w = rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved);
+		if (j != j0) rope_unit_load(r, w, hd, x);
 #pragma unroll
 		for (int k = 0; k < 2 * VEC; k++) x[k] = round_t(__fmul_rn(x[k], inv));
-		rope_unit_store(w, x, cs, half, heads, kvHeads, hd, interleaved, q + (long long)t * heads * hd, kc + slot, vc + slot);
+		rope_unit_store(w, x, r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
 	}
 }
 

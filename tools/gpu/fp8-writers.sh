@@ -7,7 +7,9 @@
 # model's FP8 tests; then tools/gpu/fp8-bench.sh (bf16, FP8 on this tree's
 # kiln and on kiln-base, taking turns; prefill 2048, decode at depth 512 of
 # $BATCH); then the FP8 prefill traced (tools/gpu/ktrace), one layer's
-# kernels in order. Logs in logs.tgz.
+# kernels in order; with NCU=1 and time left, Nsight Compute's sections on
+# the writers of both formats (tools/gpu/writers-ncu.sh's). Logs in
+# logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-writers.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
@@ -26,5 +28,9 @@ if [ -f /tmp/libktrace.so ]; then
 		echo "== traced $kb: rc=$?; $(grep -h '^| pp' "$out/trace-$kb.txt" | tail -1 | cut -c1-60)"
 		python3 tools/gpu/ktrace/ktrace.py "$out/trace-$kb.csv" --last 2 --layer | sed -n '/one step/,$p' | head -14
 	done
+fi
+if [ -n "${NCU:-}" ] && [ $(($(date +%s) - t0)) -lt 420 ]; then
+	OUT=$out/ncu MODELS="fp8 bf16" KERNELS="${NCU_KERNELS:-rope_qkv_write_v|rope_qkv_write_vn|swiglu_packed_qr|swiglu_packed_n|add_rmsnorm_rq_wf32}" \
+		timeout $((570 - ($(date +%s) - t0))) tools/gpu/writers-ncu.sh | grep -E '^  [a-z_0-9]+ \(|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per'
 fi
 pack_out logs.tgz

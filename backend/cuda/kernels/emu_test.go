@@ -144,6 +144,7 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		"__device__ __forceinline__ rope_row rope_row_of(",
 		"__device__ __forceinline__ void rope_unit_load(",
 		"__device__ __forceinline__ void rope_unit_store(",
+		"#define ROPE_U",
 		`extern "C" __global__ void rope_qkv_write_v(`,
 		`extern "C" __global__ void rope_qkv_write_vn(`,
 		`extern "C" __global__ void rope_qkv_write_n(`,

@@ -1329,7 +1329,8 @@ __device__ __forceinline__ void store_kv16(KV* p, const float* f) {
 // was bound by instruction issue at 1.0 TB/s on an FP8 prefill's 2,048
 // rows: docs/PERF.md, issue 16, session 40). half a multiple of VEC, rows,
 // table rows and operands 16-byte aligned (Kernels.RoPEQKVWrite checks).
-// Grid (chunks of a row's units, rows). The same values as rope_qkv_write.
+// Grid (chunks of a row's units, blockDim·ROPE_U a block, rows). The same
+// values as rope_qkv_write.
 //
 // rope_unit is unit j of a token's row: head h, the head's unit u, its two
 // vectors at elements e0 and e1 of the head; rotated for a query or key
@@ -1410,6 +1411,11 @@ __device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float*
 		store_kv16(dst + w.e1, o + VEC);
 	}
 }
+// ROPE_U is the most units a thread of rope_qkv_write_v and _vn takes,
+// all loaded before the first is used: a block covers blockDim·ROPE_U units
+// of a row (Llama-3-8B's 384 in one block), so that the grid is a block or
+// two a row and every thread has several loads in flight.
+#define ROPE_U 4
 extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,
                                             const int* pos, const int* slots, const float* table, int heads, int kvHeads,
                                             int hd, int interleaved) {
@@ -1417,10 +1423,18 @@ extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const
 	const int t = blockIdx.y;
 	const rope_row r = rope_row_of(t, qkv, q, kc, vc, pos, slots, table, heads, kvHeads, hd);
 	const float fr = sr ? sr[t] : 1.f;
-	for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < r.units; j += gridDim.x * blockDim.x) {
+	const int j0 = blockIdx.x * blockDim.x * ROPE_U + threadIdx.x;
+	float x[ROPE_U][2 * VEC];
+#pragma unroll
+	for (int i = 0; i < ROPE_U; i++) {
+		const int j = j0 + i * blockDim.x;
+		if (j < r.units) rope_unit_load(r, rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), hd, x[i]);
+	}
+#pragma unroll
+	for (int i = 0; i < ROPE_U; i++) {
+		const int j = j0 + i * blockDim.x;
+		if (j >= r.units) break;
 		const rope_unit w = rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved);
-		float x[2 * VEC];
-		rope_unit_load(r, w, hd, x);
 		if (sr || sc) {
 			// scaled_of with the column scales loaded as vectors.
 			const int col = w.h * hd;
@@ -1428,19 +1442,19 @@ extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const
 			col_scales16(sc, col + w.e0, f);
 			col_scales16(sc, col + w.e1, f + VEC);
 #pragma unroll
-			for (int k = 0; k < 2 * VEC; k++) x[k] = scale_round(x[k], fr * f[k]);
+			for (int k = 0; k < 2 * VEC; k++) x[i][k] = scale_round(x[i][k], fr * f[k]);
 		}
-		rope_unit_store(w, x, r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
+		rope_unit_store(w, x[i], r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
 	}
 }
 
 // rope_qkv_write_n in 16-byte vectors, rope_qkv_write_v's units: each
 // element x read as x·inv rounded to T, inv the rms of nx's row t
 // (row_inv_rms over the block, as rope_qkv_write_n's: blocks of 256, the
-// same bits). A thread's first unit is loaded before the rms is reduced,
-// so that its loads and the row's overlap (at the few rows of a decode
-// step the kernel is a chain of latencies). Grid (chunks of a row's units,
-// rows).
+// same bits). A thread's units are loaded before the rms is reduced, so
+// that their loads and the row's overlap (at the few rows of a decode step
+// the kernel is a chain of latencies). Grid (chunks of a row's units,
+// blockDim·ROPE_U a block, rows).
 extern "C" __global__ void rope_qkv_write_vn(const T* qkv, const T* nx, int dim, float eps, T* q, KV* kc, KV* vc,
                                              const int* pos, const int* slots, const float* table, int heads, int kvHeads,
                                              int hd, int interleaved) {
@@ -1448,16 +1462,22 @@ extern "C" __global__ void rope_qkv_write_vn(const T* qkv, const T* nx, int dim,
 	pdl_enter();
 	const int t = blockIdx.y;
 	const rope_row r = rope_row_of(t, qkv, q, kc, vc, pos, slots, table, heads, kvHeads, hd);
-	const int j0 = blockIdx.x * blockDim.x + threadIdx.x;
-	float x[2 * VEC];
-	if (j0 < r.units) rope_unit_load(r, rope_unit_of(j0, r.per, r.half, heads, kvHeads, interleaved), hd, x);
-	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
-	for (int j = j0; j < r.units; j += gridDim.x * blockDim.x) {
-		const rope_unit w = rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved);
-		if (j != j0) rope_unit_load(r, w, hd, x);
+	const int j0 = blockIdx.x * blockDim.x * ROPE_U + threadIdx.x;
+	float x[ROPE_U][2 * VEC];
 #pragma unroll
-		for (int k = 0; k < 2 * VEC; k++) x[k] = round_t(__fmul_rn(x[k], inv));
-		rope_unit_store(w, x, r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
+	for (int i = 0; i < ROPE_U; i++) {
+		const int j = j0 + i * blockDim.x;
+		if (j < r.units) rope_unit_load(r, rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), hd, x[i]);
+	}
+	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
+#pragma unroll
+	for (int i = 0; i < ROPE_U; i++) {
+		const int j = j0 + i * blockDim.x;
+		if (j >= r.units) break;
+#pragma unroll
+		for (int k = 0; k < 2 * VEC; k++) x[i][k] = round_t(__fmul_rn(x[i][k], inv));
+		rope_unit_store(rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), x[i], r.cs, r.half, heads, kvHeads, hd, interleaved,
+		                r.qt, r.ks, r.vs);
 	}
 }
 

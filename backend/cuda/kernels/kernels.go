@@ -722,7 +722,7 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 	}
 	if rows <= MaxRMSRows && headDim%(2*k.vec()) == 0 && aligned16(q, kc, vc, qkv, sc.Cols, table) {
 		units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
-		return k.launchDep("rope_qkv_write_v", cu.Dim3{X: (units + ropeThreads - 1) / ropeThreads, Y: rows, Z: 1}, cu.D1(ropeThreads), 0, s,
+		return k.launchDep("rope_qkv_write_v", ropeGrid(units, ropeThreads, rows), cu.D1(ropeThreads), 0, s,
 			qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 	}
 	if rows <= MaxRMSRows {
@@ -733,9 +733,20 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 		int32(rows), int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 }
 
-// ropeThreads is rope_qkv_write_v's block: 128 threads, a unit each (3
-// blocks a row of Llama-3-8B's 48 heads of 8 units).
-const ropeThreads = 128
+// ropeThreads is rope_qkv_write_v's block: 128 threads, up to ropeUnits
+// units each (ROPE_U in kernels.cu): Llama-3-8B's 48 heads of 8 units, a
+// block a row.
+const (
+	ropeThreads = 128
+	ropeUnits   = 4
+)
+
+// ropeGrid is the grid of rope_qkv_write_v and _vn for rows of units
+// units, blocks of threads.
+func ropeGrid(units, threads, rows int) cu.Dim3 {
+	per := threads * ropeUnits
+	return cu.Dim3{X: (units + per - 1) / per, Y: rows, Z: 1}
+}
 
 // ropePairs is ROPE_P in kernels.cu: the pairs a thread of rope_qkv_write_r
 // takes at a time.
@@ -755,7 +766,7 @@ func (k *Kernels) RoPEQKVWriteRMS(s *cu.Stream, q, kc, vc, qkv cu.Ptr, nx RowRMS
 	if headDim%(2*k.vec()) == 0 && aligned16(q, kc, vc, qkv, table) {
 		// Blocks of 256, as rope_qkv_write_n's: row_inv_rms's order.
 		units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
-		return k.launchDep("rope_qkv_write_vn", cu.Dim3{X: (units + 255) / 256, Y: rows, Z: 1}, cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
+		return k.launchDep("rope_qkv_write_vn", ropeGrid(units, 256, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
 			q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 	}
 	return k.launchDep("rope_qkv_write_n", rowChunks((heads+2*kvHeads)*headDim/2, 4, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,

@@ -129,10 +129,10 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		}
 	int differ = 0;
 	if (vec) {
-		// kernels.go's grids: ropeThreads (128) units a block, or 256
-		// folded (row_inv_rms's blocks).
-		const int units = nh * half / VEC, threads = folded ? 256 : 128;
-		launch(dim3{(unsigned)((units + threads - 1) / threads), (unsigned)rows, 1}, threads, [&] {
+		// kernels.go's grids (ropeGrid): blocks of ropeThreads (128), or
+		// 256 folded (row_inv_rms's), ROPE_U units a thread.
+		const int units = nh * half / VEC, threads = folded ? 256 : 128, per = threads * ROPE_U;
+		launch(dim3{(unsigned)((units + per - 1) / per), (unsigned)rows, 1}, threads, [&] {
 			if (folded)
 				rope_qkv_write_vn(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(),
 				                  heads, kvHeads, hd, interleaved);
@@ -287,12 +287,16 @@ int main() {
 			fails += rope_case(2, 32, 8, 128, il, false, 16 + 2 * il + scaled, false, scaled, true) != 0;
 			fails += rope_case(2, 5, 1, 80, il, false, 20 + 2 * il + scaled, false, scaled, true) != 0;
 		}
-	// Folded (rope_qkv_write_vn): one block a row, several, a head of 80.
+	// Folded (rope_qkv_write_vn): threads of one unit and of several, a
+	// head of 80, two blocks a row (1,152 units).
 	for (int il = 0; il < 2; il++) {
 		fails += rope_case(3, 4, 2, 64, il, true, 24 + il, false, false, true) != 0;
 		fails += rope_case(2, 32, 8, 128, il, true, 26 + il, false, false, true) != 0;
 		fails += rope_case(3, 5, 1, 80, il, true, 28 + il, false, false, true) != 0;
+		fails += rope_case(2, 128, 8, 128, il, true, 30 + il, false, false, true) != 0;
 	}
+	// rope_qkv_write_v with two blocks a row (640 units), scaled or not.
+	for (int scaled = 0; scaled < 2; scaled++) fails += rope_case(2, 64, 8, 128, 0, false, 32 + scaled, false, scaled, true) != 0;
 	fails += fold_gain_case(5) != 0;
 	fails += dequant_case("q8_0", 34, {0}, dequant_q8_0, 6) != 0;
 	fails += dequant_case("q4_k", 144, {0, 2}, dequant_q4_k, 7) != 0;

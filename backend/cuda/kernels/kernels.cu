@@ -1411,6 +1411,7 @@ __device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float*
 		store_kv16(dst + w.e1, o + VEC);
 	}
 }
+
 // ROPE_U is the most units a thread of rope_qkv_write_v and _vn takes,
 // all loaded before the first is used: a block covers blockDim·ROPE_U units
 // of a row (Llama-3-8B's 384 in one block), so that the grid is a block or

@@ -56,6 +56,7 @@ func (g *Group) LoadShards(cs []*compile.Compiled) (Loaded, error) {
 		l.Close()
 		return nil, err
 	}
+	l.workers = workersOf(l.ranks)
 	return l, nil
 }
 
@@ -63,6 +64,9 @@ type groupLoaded struct {
 	g     *Group
 	cs    []*compile.Compiled
 	ranks []Loaded
+	// workers are the ranks' Workers, nil unless every rank has one
+	// (workersOf): each's steps go to them.
+	workers []Worker
 	// failed is why the group's collectives were aborted (a rank's step
 	// failed while the others could wait in a collective): every step
 	// after fails with it (ErrGroupAborted).
@@ -112,7 +116,7 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 			record(r, err)
 		}
 	}
-	if ws := l.workers(); steps && ws != nil {
+	if ws := l.workers; steps && ws != nil {
 		// A rank whose worker cannot take the step fails it at once, so
 		// that the abort frees the ranks already waiting for it.
 		waits := make([]func() error, len(ws))
@@ -147,10 +151,10 @@ func (l *groupLoaded) each(steps bool, f func(r int) error) error {
 	return err
 }
 
-// workers returns every rank's Worker, or nil unless every rank has one.
-func (l *groupLoaded) workers() []Worker {
-	ws := make([]Worker, len(l.ranks))
-	for r, x := range l.ranks {
+// workersOf returns every rank's Worker, or nil unless every rank has one.
+func workersOf(ranks []Loaded) []Worker {
+	ws := make([]Worker, len(ranks))
+	for r, x := range ranks {
 		w, ok := x.(Worker)
 		if !ok {
 			return nil

@@ -106,6 +106,7 @@ func fakeGroup(n int, workers bool) (*groupExec, []*fakeRank, *groupKV) {
 		}
 		x.ranks[r] = fs[r]
 	}
+	l.workers = workersOf(l.ranks)
 	return x, fs, &groupKV{ranks: make([]KVCache, n)}
 }
 

@@ -84,6 +84,16 @@ tp_tests() {
 	grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- FAIL' "$out/backend.log" | head -10
 }
 
+# offline_mixed MODEL FILE runs serving's load offline on MODEL into FILE:
+# kiln bench model's fixed step mix (--mixed 256: each step 256 decodes at
+# depth 128 and a 256-token prompt), once; it prints its exit status and
+# the rate lines.
+offline_mixed() {
+	$k bench model "$1" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$2" 2>&1
+	echo "bench model --mixed: rc=$? at $(($(date +%s) - t0)) s"
+	grep -E '^\| tg|prompt tokens/s' "$2"
+}
+
 # serve_up waits (up to ${1:-300} s) for the kiln serve on port 8765.
 serve_up() {
 	local i

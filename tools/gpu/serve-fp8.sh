@@ -11,22 +11,15 @@ tok=$llama3_tok
 work=$(mktemp -d)
 t0=$(date +%s)
 random_fp8
-$k bench model "$fp8" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$work/offline.txt" 2>&1
-grep -E '^\| tg|prompt tokens/s' "$work/offline.txt"
-$k serve "$fp8" --tokenizer "$tok" --device cuda --max-num-seqs 256 --port 8765 >"$work/serve.log" 2>&1 &
-server=$!
-if serve_up 300; then
-	echo "server up at $(($(date +%s) - t0)) s"
+offline_mixed "$fp8" "$work/offline.txt"
+if serve_start "$work/serve.log" 300 "$fp8" --tokenizer "$tok" --device cuda --max-num-seqs 256; then
 	SERVE_TIMEOUT=150 serve_run fp8-c256 256 1792 256
 	serve_summary "$work/fp8-c256.json"
 	SERVE_TIMEOUT=60 serve_run fp8-c64 64 512 64
 	serve_summary "$work/fp8-c64.json"
 	echo "prefix cache hits $(metric kiln:prefix_cache_hits_total), oom retries $(metric kiln:num_oom_retries_total)"
-else
-	echo "the server did not come up"
-	tail -5 "$work/serve.log"
+	kill -TERM $server
+	wait $server
 fi
-kill -TERM $server
-wait $server
 mkdir -p "$out"
 tar czf "$out/fp8-serve.tgz" -C "$work" .

@@ -13,8 +13,7 @@ tok=$llama3_tok
 work=$(mktemp -d)
 t0=$(date +%s)
 random_bf16
-$k bench model "$bf16" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$work/offline.txt" 2>&1
-grep -E '^\| tg|prompt tokens/s' "$work/offline.txt"
+offline_mixed "$bf16" "$work/offline.txt"
 for b in ${BOUNDS:-256 512}; do
 	serve_bound "$b" "$bf16" || continue
 	echo "bound $b: $(serve_counters)"

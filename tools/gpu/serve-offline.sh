@@ -32,9 +32,7 @@ for f in ${FORMATS:-bf16}; do
 		--output "$work/$f-throughput.json" >"$work/$f-throughput.txt" 2>&1
 	echo "bench throughput: rc=$? at $(($(date +%s) - t0)) s"
 	grep -E '^\|' "$work/$f-throughput.txt"
-	$k bench model "$model" --device cuda --pp 0 --tg 128 --depth 128 --batch 256 --mixed 256 --reps 1 >"$work/$f-mixed.txt" 2>&1
-	echo "bench model --mixed: rc=$? at $(($(date +%s) - t0)) s"
-	grep -E '^\| tg|prompt tokens/s' "$work/$f-mixed.txt"
+	offline_mixed "$model" "$work/$f-mixed.txt"
 	serve_bound 256 "$model" --max-queued-requests "$n" || continue
 	echo "before: $(serve_counters)"
 	SERVE_TIMEOUT=200 serve_run "$f-closed" 256 "$n" 256

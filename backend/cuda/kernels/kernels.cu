@@ -222,11 +222,13 @@ template <bool MAX, int R> __device__ __forceinline__ void block_reduce_rows(flo
 // at q (VEC-byte aligned).
 __device__ __forceinline__ float e4m3_scale(float m) { return m > 0.f ? __fdiv_rn(m, 448.f) : 1.f; }
 
-// The division is x/s correctly rounded, as __fdiv_rn's, in three
-// operations instead of its nine or so (an FP8 prefill's writers were bound
-// by issue, docs/PERF.md, issue 16, session 40): with y = 1/s correctly
-// rounded (once a row: the compiler hoists it out of the callers' loops),
-// q = x·y is within an ulp of x/s, and Markstein's correction
+// The division is x/s correctly rounded, as __fdiv_rn's, in a multiply and
+// two FMAs a value, without __fdiv_rn's reciprocal, refinement and range
+// check for each (an FP8 prefill's writers were bound by issue,
+// docs/PERF.md, issue 16, session 40): with y = 1/s correctly
+// rounded (a call's, once for its VEC values; s is the same over a row's
+// calls, so the compiler may hoist it, which the SASS was not read to
+// confirm), q = x·y is within an ulp of x/s, and Markstein's correction
 // q − (q·s − x)·y, the remainder exact in an FMA, is x/s correctly
 // rounded, for s within [2^-60, 2^60] (no remainder in the subnormals for
 // any quotient E4M3 tells apart; other scales divide). The remainder is

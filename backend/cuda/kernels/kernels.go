@@ -720,9 +720,8 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 	if err := checkRows("rope_qkv_write", rows, (heads+2*kvHeads)*headDim); err != nil || headDim%2 != 0 || kvHeads <= 0 || heads <= 0 {
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
-	if rows <= MaxRMSRows && headDim%(2*k.vec()) == 0 && aligned16(q, kc, vc, qkv, sc.Cols, table) {
-		units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
-		return k.launchDep("rope_qkv_write_v", ropeGrid(units, ropeThreads, rows), cu.D1(ropeThreads), 0, s,
+	if rows <= MaxRMSRows && k.ropeVectors(headDim, q, kc, vc, qkv, sc.Cols, table) {
+		return k.launchDep("rope_qkv_write_v", k.ropeGrid(heads, kvHeads, headDim, ropeThreads, rows), cu.D1(ropeThreads), 0, s,
 			qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 	}
 	if rows <= MaxRMSRows {
@@ -741,9 +740,17 @@ const (
 	ropeUnits   = 4
 )
 
-// ropeGrid is the grid of rope_qkv_write_v and _vn for rows of units
-// units, blocks of threads.
-func ropeGrid(units, threads, rows int) cu.Dim3 {
+// ropeVectors reports whether rope_qkv_write_v and _vn take heads of
+// headDim over the operands ps: half a head a multiple of the 16-byte
+// vector, every operand 16-byte aligned.
+func (k *Kernels) ropeVectors(headDim int, ps ...cu.Ptr) bool {
+	return headDim%(2*k.vec()) == 0 && aligned16(ps...)
+}
+
+// ropeGrid is the grid of rope_qkv_write_v and _vn over rows of heads +
+// 2·kvHeads heads of headDim (units of 2·VEC elements), blocks of threads.
+func (k *Kernels) ropeGrid(heads, kvHeads, headDim, threads, rows int) cu.Dim3 {
+	units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
 	per := threads * ropeUnits
 	return cu.Dim3{X: (units + per - 1) / per, Y: rows, Z: 1}
 }
@@ -763,10 +770,9 @@ func (k *Kernels) RoPEQKVWriteRMS(s *cu.Stream, q, kc, vc, qkv cu.Ptr, nx RowRMS
 	if err := nx.check("rope_qkv_write"); err != nil {
 		return err
 	}
-	if headDim%(2*k.vec()) == 0 && aligned16(q, kc, vc, qkv, table) {
+	if k.ropeVectors(headDim, q, kc, vc, qkv, table) {
 		// Blocks of 256, as rope_qkv_write_n's: row_inv_rms's order.
-		units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
-		return k.launchDep("rope_qkv_write_vn", ropeGrid(units, 256, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
+		return k.launchDep("rope_qkv_write_vn", k.ropeGrid(heads, kvHeads, headDim, 256, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
 			q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 	}
 	return k.launchDep("rope_qkv_write_n", rowChunks((heads+2*kvHeads)*headDim/2, 4, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,

@@ -152,7 +152,14 @@ func TestPrefillDeviceBusy(t *testing.T) {
 	if r.DeviceBusy < 0.45 || r.DeviceBusy > 0.6 {
 		t.Errorf("device busy %g of a prefill, want about 0.5", r.DeviceBusy)
 	}
-	if per := 1 / r.TokensPerSec * 16; r.OutsideSeconds < 0.3*per || r.OutsideSeconds > 0.6*per {
+	// Against the median prefill, as OutsideSeconds is a median: the mean
+	// rate of three prefills of ~0.2 ms moves with one slow one (CI saw
+	// 0.61 of the mean's prefill).
+	secs := make([]float64, len(r.Samples))
+	for i, rate := range r.Samples {
+		secs[i] = 16 / rate
+	}
+	if per := median(secs); r.OutsideSeconds < 0.3*per || r.OutsideSeconds > 0.6*per {
 		t.Errorf("%g s outside a prefill of about %g s, want about half", r.OutsideSeconds, per)
 	}
 	if rep, err = RunModel(e, m, "cpu", 0, ModelOptions{PromptTokens: 16, Reps: 1}); err != nil || rep.Results[0].DeviceBusy != 0 {

@@ -112,6 +112,7 @@ FN(CUresult, cuModuleUnload, (CUmodule))
 FN(CUresult, cuModuleGetFunction, (CUfunction*, CUmodule, const char*))
 FN(CUresult, cuModuleGetGlobal_v2, (CUdeviceptr*, size_t*, CUmodule, const char*))
 FN(CUresult, cuFuncSetAttribute, (CUfunction, int, int))
+FN(CUresult, cuFuncGetAttribute, (int*, int, CUfunction))
 FN(CUresult, cuOccupancyMaxActiveBlocksPerMultiprocessor, (int*, CUfunction, int, size_t))
 FN(CUresult, cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**))
 // cuLaunchKernelEx (CUDA 11.8+, optional): CUlaunchConfig and
@@ -192,7 +193,7 @@ static sym cudaSyms[] = {
 	S(cuStreamCreate), S(cuStreamDestroy_v2), S(cuStreamSynchronize), S(cuStreamWaitEvent),
 	S(cuEventCreate), S(cuEventDestroy_v2), S(cuEventRecord), S(cuEventSynchronize),
 	S(cuModuleLoadData), S(cuModuleUnload), S(cuModuleGetFunction), S(cuModuleGetGlobal_v2),
-	S(cuFuncSetAttribute), S(cuOccupancyMaxActiveBlocksPerMultiprocessor), S(cuLaunchKernel),
+	S(cuFuncSetAttribute), S(cuFuncGetAttribute), S(cuOccupancyMaxActiveBlocksPerMultiprocessor), S(cuLaunchKernel),
 	S(cuStreamBeginCapture_v2), S(cuStreamEndCapture), S(cuStreamIsCapturing),
 	S(cuGraphInstantiateWithFlags), S(cuGraphLaunch), S(cuGraphExecDestroy), S(cuGraphDestroy),
 	{0, 0},
@@ -293,6 +294,7 @@ static int k_cuModuleUnload(void* m) { return p_cuModuleUnload(m); }
 static kp k_cuModuleGetFunction(void* m, const char* name) { CUfunction f = 0; kp r; r.rc = p_cuModuleGetFunction(&f, m, name); r.p = f; return r; }
 static kr2 k_cuModuleGetGlobal(void* m, const char* name) { CUdeviceptr p = 0; size_t n = 0; kr2 r; r.rc = p_cuModuleGetGlobal_v2(&p, &n, m, name); r.a = p; r.b = n; return r; }
 static int k_cuFuncSetAttribute(void* f, int attr, int v) { return p_cuFuncSetAttribute(f, attr, v); }
+static kr k_cuFuncGetAttribute(void* f, int attr) { int v = 0; kr r; r.rc = p_cuFuncGetAttribute(&v, attr, f); r.v = (unsigned long long)v; return r; }
 static kr k_cuOccupancy(void* f, int threads, size_t shmem) {
 	int v = 0; kr r; r.rc = p_cuOccupancyMaxActiveBlocksPerMultiprocessor(&v, f, threads, shmem); r.v = (unsigned long long)v; return r;
 }
@@ -832,6 +834,10 @@ func drvModuleGlobal(m unsafe.Pointer, name string) (Ptr, int, error) {
 }
 func drvFuncSetAttr(f unsafe.Pointer, name string, attr, v int) error {
 	return cuErr(fmt.Sprintf("cuFuncSetAttribute(%s, %d)", name, attr), C.k_cuFuncSetAttribute(f, C.int(attr), C.int(v)))
+}
+func drvFuncGetAttr(f unsafe.Pointer, name string, attr int) (int, error) {
+	r := C.k_cuFuncGetAttribute(f, C.int(attr))
+	return int(r.v), cuErr(fmt.Sprintf("cuFuncGetAttribute(%s, %d)", name, attr), r.rc)
 }
 func drvOccupancy(f unsafe.Pointer, name string, threads, shmem int) (int, error) {
 	r := C.k_cuOccupancy(f, C.int(threads), C.size_t(shmem))

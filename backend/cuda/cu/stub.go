@@ -56,6 +56,7 @@ func drvModuleFunction(unsafe.Pointer, string) (unsafe.Pointer, error) {
 }
 func drvModuleGlobal(unsafe.Pointer, string) (Ptr, int, error)   { return 0, 0, errNoCgo }
 func drvFuncSetAttr(unsafe.Pointer, string, int, int) error      { return errNoCgo }
+func drvFuncGetAttr(unsafe.Pointer, string, int) (int, error)    { return 0, errNoCgo }
 func drvOccupancy(unsafe.Pointer, string, int, int) (int, error) { return 0, errNoCgo }
 func drvLaunch(unsafe.Pointer, string, Dim3, Dim3, int, unsafe.Pointer, unsafe.Pointer) error {
 	return errNoCgo

@@ -213,21 +213,6 @@ __device__ __forceinline__ void ar_sum16(float* f, const E* src, long long v, un
 	});
 }
 
-__device__ __forceinline__ uint4 pack16(const float* f, const float*) {
-	uint4 w;
-	w.x = __float_as_uint(f[0]), w.y = __float_as_uint(f[1]), w.z = __float_as_uint(f[2]), w.w = __float_as_uint(f[3]);
-	return w;
-}
-template <typename H> __device__ __forceinline__ uint4 pack16h(const float* f) {
-	unsigned w[4];
-#pragma unroll
-	for (int i = 0; i < 4; i++) w[i] = (unsigned)fromf<H>(f[2 * i]).x | (unsigned)fromf<H>(f[2 * i + 1]).x << 16;
-	uint4 v;
-	v.x = w[0], v.y = w[1], v.z = w[2], v.w = w[3];
-	return v;
-}
-__device__ __forceinline__ uint4 pack16(const float* f, const bf16*) { return pack16h<bf16>(f); }
-__device__ __forceinline__ uint4 pack16(const float* f, const f16*) { return pack16h<f16>(f); }
 
 // peer_allreduce_<E>: dst = the sum over the ranks of src, nv 16-byte
 // vectors (16-byte aligned; dst may be src; nv·16 ≤ cap). Grid up to

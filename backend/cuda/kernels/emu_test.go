@@ -106,8 +106,8 @@ func TestMoEEmulated(t *testing.T) {
 // products around it (kernels.cu's swiglu_packed_n, rope_qkv_write_n with
 // row_inv_rms, and fold_gain_impl; backend/cuda/normfold.go), the plain
 // readers that share their code (swiglu_packed_v, rope_qkv_write,
-// rope_qkv_write_r, rope_qkv_write_v, and rope_qkv_write_vn against
-// rope_qkv_write_n; the RoPE readers also with an FP8 product's scales)
+// rope_qkv_write_r, and rope_qkv_write_v against rope_qkv_write_r; the
+// RoPE readers also with an FP8 product's scales)
 // and the
 // dequantization of a table of experts' matrices (dequant_run with srcs,
 // as Q8_0 and Q4_K) on the host with the same emulation, and
@@ -146,7 +146,6 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		"__device__ __forceinline__ void rope_unit_store(",
 		"#define ROPE_U",
 		`extern "C" __global__ void rope_qkv_write_v(`,
-		`extern "C" __global__ void rope_qkv_write_vn(`,
 		`extern "C" __global__ void rope_qkv_write_n(`,
 		"__device__ __forceinline__ float f16_at(",
 		"__device__ __forceinline__ void dq_store(",

@@ -119,15 +119,23 @@ __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 template <typename H> __device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
 	return (unsigned)fromf<H>(lo).x | ((unsigned)fromf<H>(hi).x << 16);
 }
-__device__ __forceinline__ void store16(float* p, const float* f) { *(float4*)p = f4(f[0], f[1], f[2], f[3]); }
-template <typename H> __device__ __forceinline__ void store16(H* p, const float* f) {
+// pack16 is VEC floats rounded to the type its second argument points to,
+// as the 16 bytes store16 writes (a vector kept in registers: taking the
+// address of one to store16 into puts it in local memory).
+__device__ __forceinline__ uint4 pack16(const float* f, const float*) {
+	uint4 w;
+	w.x = __float_as_uint(f[0]), w.y = __float_as_uint(f[1]), w.z = __float_as_uint(f[2]), w.w = __float_as_uint(f[3]);
+	return w;
+}
+template <typename H> __device__ __forceinline__ uint4 pack16(const float* f, const H*) {
 	uint4 v;
 	v.x = pack_h2<H>(f[0], f[1]);
 	v.y = pack_h2<H>(f[2], f[3]);
 	v.z = pack_h2<H>(f[4], f[5]);
 	v.w = pack_h2<H>(f[6], f[7]);
-	*(uint4*)p = v;
+	return v;
 }
+template <typename H> __device__ __forceinline__ void store16(H* p, const float* f) { *(uint4*)p = pack16(f, (const H*)0); }
 // round_t is v rounded to T and back.
 __device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }
 
@@ -291,9 +299,12 @@ __device__ __forceinline__ void store_held_e4m3(const uint4* held, int hv, const
 	for (int k = 0; k < R; k++) {
 		if (r0 + k >= rows) break;
 		if (threadIdx.x == 0) qs[r0 + k] = s[k];
+		const uint4 kept = last[k]; // a value: selecting between last[k] and held's lvalues put last in local memory
 		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+			uint4 w = kept;
+			if (i < hv) w = held[k * hv + i];
 			float v[VEC];
-			unpack16(i < hv ? held[k * hv + i] : last[k], v, (const T*)0);
+			unpack16(w, v, (const T*)0);
 			store_e4m3(q + ((r0 + k) * nv + i) * VEC, v, s[k]);
 		}
 	}
@@ -758,31 +769,20 @@ extern "C" __global__ void swiglu_packed_v(const T* gu, const float* sr, const f
 }
 // swiglu_packed_v of a product whose rows are still to be divided by the
 // rms of nx's rows (row_inv_rms; nx[rows, dim]): each element x read as
-// x·inv rounded to T, as scaled_of reads a scaled product. A thread's first
-// gate and up vectors are loaded before the rms is reduced, so that their
-// loads and the row's overlap (at the few rows of a decode step the kernel
-// is a chain of latencies). Grid (chunks of a row, rows); 16-byte aligned
-// operands, n = nv·VEC.
+// x·inv rounded to T, as scaled_of reads a scaled product. Grid (chunks of
+// a row, rows); 16-byte aligned operands, n = nv·VEC.
 extern "C" __global__ void swiglu_packed_n(const T* gu, const T* nx, int dim, float eps, T* out, int nv) {
 	__shared__ float sh[32];
 	pdl_enter();
 	const long long r = blockIdx.y;
-	const int n = nv * VEC, i0 = blockIdx.x * blockDim.x + threadIdx.x;
-	const T* row = gu + r * 2 * n;
-	uint4 g0 = {}, u0 = {};
-	if (i0 < nv) {
-		g0 = *(const uint4*)(row + i0 * VEC);
-		u0 = *(const uint4*)(row + n + i0 * VEC);
-	}
 	const float inv = row_inv_rms(nx + r * dim, dim, eps, sh);
-	for (int i = i0; i < nv; i += gridDim.x * blockDim.x) {
-		const bool first = i == i0;
-		swiglu_vec(row, n, i * VEC, out + r * n, [&](const T* p, int col, float* f) {
-			unpack16(first ? (col < n ? g0 : u0) : *(const uint4*)p, f, (const T*)0);
+	const int n = nv * VEC;
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += gridDim.x * blockDim.x)
+		swiglu_vec(gu + r * 2 * n, n, i * VEC, out + r * n, [&](const T* p, int, float* f) {
+			load16(p, f);
 #pragma unroll
 			for (int j = 0; j < VEC; j++) f[j] = round_t(__fmul_rn(f[j], inv));
 		});
-	}
 }
 // swiglu_packed_v with its output in FP8 form, a block a row: each value
 // rounded to T, then the row as fp8_quant_rows would write it (q, its scale
@@ -871,10 +871,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* g
 				a[j] = round_t(silu_f(a[j]) * b[j]);
 				m[k] = fmaxf(m[k], fabsf(a[j]));
 			}
+			const uint4 v = pack16(a, (const T*)0);
 			if (i < hv) {
-				store16((T*)&held[k * hv + i], a);
+				held[k * hv + i] = v;
 			} else {
-				store16((T*)&last[k], a);
+				last[k] = v;
 			}
 		}
 	}
@@ -1291,12 +1292,15 @@ extern "C" __global__ void rope_qkv_write_r(const T* qkv, const float* sr, const
 		for (int p = 0; p < ROPE_P; p++) {
 			const int j = j0 + p * blockDim.x, h = j / half;
 			if (j >= pairs) break;
-			// scaled_of with the loaded scales.
+			// scaled_of with the loaded scales. The element and scale are
+			// chosen as values: indexing e[p] and f[p] by c != ca[p] put them
+			// in local memory (session 41, TestKernelResources).
+			auto el = [&](int c) { return c != ca[p] ? e[p][1] : e[p][0]; };
 			auto x = [&](int c) {
-				const int w = c != ca[p];
-				return sr || sc ? scale_round(tof(e[p][w]), f[p][w]) : tof(e[p][w]);
+				const float fc = c != ca[p] ? f[p][1] : f[p][0];
+				return sr || sc ? scale_round(tof(el(c)), fc) : tof(el(c));
 			};
-			rope_qkv_pair(x, [&](int c) { return sr || sc ? kv_of(x(c)) : kv_from(e[p][c != ca[p]]); }, h, j % half,
+			rope_qkv_pair(x, [&](int c) { return sr || sc ? kv_of(x(c)) : kv_from(el(c)); }, h, j % half,
 			              q + (long long)t * heads * hd, kc + slot, vc + slot, cs, heads, kvHeads, hd, interleaved);
 		}
 	}
@@ -1397,11 +1401,21 @@ __device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float*
 	float c[VEC], s[VEC], o[2 * VEC];
 	col_scales16(cs, w.u * VEC, c);
 	col_scales16(cs, half + w.u * VEC, s);
+	// Two loops, so that every index is known at compile time: one loop
+	// choosing a and b by interleaved put x and o in local memory (116
+	// registers and local loads, session 41's profile).
+	if (interleaved) {
 #pragma unroll
-	for (int k = 0; k < VEC; k++) {
-		const int a = interleaved ? 2 * k : k, b = interleaved ? 2 * k + 1 : VEC + k;
-		o[a] = rot1(x[a], x[b], c[k], s[k]);
-		o[b] = rot2(x[a], x[b], c[k], s[k]);
+		for (int k = 0; k < VEC; k++) {
+			o[2 * k] = rot1(x[2 * k], x[2 * k + 1], c[k], s[k]);
+			o[2 * k + 1] = rot2(x[2 * k], x[2 * k + 1], c[k], s[k]);
+		}
+	} else {
+#pragma unroll
+		for (int k = 0; k < VEC; k++) {
+			o[k] = rot1(x[k], x[VEC + k], c[k], s[k]);
+			o[VEC + k] = rot2(x[k], x[VEC + k], c[k], s[k]);
+		}
 	}
 	if (w.h < heads) {
 		T* dst = qt + (long long)w.h * hd;
@@ -1414,7 +1428,7 @@ __device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float*
 	}
 }
 
-// ROPE_U is the most units a thread of rope_qkv_write_v and _vn takes,
+// ROPE_U is the most units a thread of rope_qkv_write_v takes,
 // all loaded before the first is used: a block covers blockDim·ROPE_U units
 // of a row (Llama-3-8B's 384 in one block), so that the grid is a block or
 // two a row and every thread has several loads in flight.
@@ -1448,39 +1462,6 @@ extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const
 			for (int k = 0; k < 2 * VEC; k++) x[i][k] = scale_round(x[i][k], fr * f[k]);
 		}
 		rope_unit_store(w, x[i], r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
-	}
-}
-
-// rope_qkv_write_n in 16-byte vectors, rope_qkv_write_v's units: each
-// element x read as x·inv rounded to T, inv the rms of nx's row t
-// (row_inv_rms over the block, as rope_qkv_write_n's: blocks of 256, the
-// same bits). A thread's units are loaded before the rms is reduced, so
-// that their loads and the row's overlap (at the few rows of a decode step
-// the kernel is a chain of latencies). Grid (chunks of a row's units,
-// blockDim·ROPE_U a block, rows).
-extern "C" __global__ void rope_qkv_write_vn(const T* qkv, const T* nx, int dim, float eps, T* q, KV* kc, KV* vc,
-                                             const int* pos, const int* slots, const float* table, int heads, int kvHeads,
-                                             int hd, int interleaved) {
-	__shared__ float sh[32];
-	pdl_enter();
-	const int t = blockIdx.y;
-	const rope_row r = rope_row_of(t, qkv, q, kc, vc, pos, slots, table, heads, kvHeads, hd);
-	const int j0 = blockIdx.x * blockDim.x * ROPE_U + threadIdx.x;
-	float x[ROPE_U][2 * VEC];
-#pragma unroll
-	for (int i = 0; i < ROPE_U; i++) {
-		const int j = j0 + i * blockDim.x;
-		if (j < r.units) rope_unit_load(r, rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), hd, x[i]);
-	}
-	const float inv = row_inv_rms(nx + (long long)t * dim, dim, eps, sh);
-#pragma unroll
-	for (int i = 0; i < ROPE_U; i++) {
-		const int j = j0 + i * blockDim.x;
-		if (j >= r.units) break;
-#pragma unroll
-		for (int k = 0; k < 2 * VEC; k++) x[i][k] = round_t(__fmul_rn(x[i][k], inv));
-		rope_unit_store(rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), x[i], r.cs, r.half, heads, kvHeads, hd, interleaved,
-		                r.qt, r.ks, r.vs);
 	}
 }
 

@@ -721,7 +721,7 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 		return fmt.Errorf("kernels: rope_qkv_write of %d rows, %d heads and %d kv heads of %d", rows, heads, kvHeads, headDim)
 	}
 	if rows <= MaxRMSRows && k.ropeVectors(headDim, q, kc, vc, qkv, sc.Cols, table) {
-		return k.launchDep("rope_qkv_write_v", k.ropeGrid(heads, kvHeads, headDim, ropeThreads, rows), cu.D1(ropeThreads), 0, s,
+		return k.launchDep("rope_qkv_write_v", k.ropeGrid(heads, kvHeads, headDim, rows), cu.D1(ropeThreads), 0, s,
 			qkv, sc.Rows, sc.Cols, q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 	}
 	if rows <= MaxRMSRows {
@@ -740,18 +740,19 @@ const (
 	ropeUnits   = 4
 )
 
-// ropeVectors reports whether rope_qkv_write_v and _vn take heads of
+// ropeVectors reports whether rope_qkv_write_v takes heads of
 // headDim over the operands ps: half a head a multiple of the 16-byte
 // vector, every operand 16-byte aligned.
 func (k *Kernels) ropeVectors(headDim int, ps ...cu.Ptr) bool {
 	return headDim%(2*k.vec()) == 0 && aligned16(ps...)
 }
 
-// ropeGrid is the grid of rope_qkv_write_v and _vn over rows of heads +
-// 2·kvHeads heads of headDim (units of 2·VEC elements), blocks of threads.
-func (k *Kernels) ropeGrid(heads, kvHeads, headDim, threads, rows int) cu.Dim3 {
+// ropeGrid is the grid of rope_qkv_write_v over rows of heads +
+// 2·kvHeads heads of headDim (units of 2·VEC elements), blocks of
+// ropeThreads.
+func (k *Kernels) ropeGrid(heads, kvHeads, headDim, rows int) cu.Dim3 {
 	units := (heads + 2*kvHeads) * headDim / (2 * k.vec())
-	per := threads * ropeUnits
+	per := ropeThreads * ropeUnits
 	return cu.Dim3{X: (units + per - 1) / per, Y: rows, Z: 1}
 }
 
@@ -769,11 +770,6 @@ func (k *Kernels) RoPEQKVWriteRMS(s *cu.Stream, q, kc, vc, qkv cu.Ptr, nx RowRMS
 	}
 	if err := nx.check("rope_qkv_write"); err != nil {
 		return err
-	}
-	if k.ropeVectors(headDim, q, kc, vc, qkv, table) {
-		// Blocks of 256, as rope_qkv_write_n's: row_inv_rms's order.
-		return k.launchDep("rope_qkv_write_vn", k.ropeGrid(heads, kvHeads, headDim, 256, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
-			q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))
 	}
 	return k.launchDep("rope_qkv_write_n", rowChunks((heads+2*kvHeads)*headDim/2, 4, rows), cu.D1(256), 0, s, qkv, nx.X, int32(nx.Dim), nx.Eps,
 		q, kc, vc, pos, slots, table, int32(heads), int32(kvHeads), int32(headDim), b2i(interleaved))

@@ -226,8 +226,7 @@ func TestRowRMSReaders(t *testing.T) {
 			report(t, act, fmt.Sprintf("swiglu_packed_n %dx%d over rows of %d", rows, n, dim), e)
 		}
 		const bs, maxPos, dim = 16, 4096, 256
-		// A head of 72 keeps rope_qkv_write_n (not rope_qkv_write_vn) in
-		// 2-byte dtypes.
+		// Heads of 128, 64 and 72 (a half not a multiple of 16 bytes).
 		for _, hs := range [][3]int{{32, 8, 128}, {4, 4, 64}, {3, 1, 72}} {
 			heads, kvHeads, hd := hs[0], hs[1], hs[2]
 			qw, width := heads*hd, kvHeads*hd

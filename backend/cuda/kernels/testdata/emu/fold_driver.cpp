@@ -92,8 +92,7 @@ static int swiglu_case(int rows, int dim, int n, bool folded, unsigned seed) {
 	return within(what, ref, out.data());
 }
 
-// rope_case runs rope_qkv_write_n (folded; with vec rope_qkv_write_vn,
-// bit for bit against it), else rope_qkv_write or, with byRows,
+// rope_case runs rope_qkv_write_n (folded), else rope_qkv_write or, with byRows,
 // rope_qkv_write_r, or with vec, rope_qkv_write_v (their rows not
 // divided: inv 1; with scaled, the rows an FP8 product's, each element
 // read times its row's and column's scales).
@@ -129,32 +128,23 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		}
 	int differ = 0;
 	if (vec) {
-		// kernels.go's grids (ropeGrid): blocks of ropeThreads (128), or
-		// 256 folded (row_inv_rms's), ROPE_U units a thread.
-		const int units = nh * half / VEC, threads = folded ? 256 : 128, per = threads * ROPE_U;
+		// kernels.go's grid (ropeGrid): blocks of ropeThreads (128),
+		// ROPE_U units a thread.
+		const int units = nh * half / VEC, threads = 128, per = threads * ROPE_U;
 		launch(dim3{(unsigned)((units + per - 1) / per), (unsigned)rows, 1}, threads, [&] {
-			if (folded)
-				rope_qkv_write_vn(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(),
-				                  heads, kvHeads, hd, interleaved);
-			else
-				rope_qkv_write_v(qkv.data(), psr, psc, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
-				                 kvHeads, hd, interleaved);
+			rope_qkv_write_v(qkv.data(), psr, psc, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads, kvHeads,
+			                 hd, interleaved);
 		});
-		// The same bits as rope_qkv_write_n or rope_qkv_write_r.
+		// The same bits as rope_qkv_write_r.
 		auto q2 = q, kc2 = kc0, vc2 = vc0;
 		for (auto& v : q2) v.x = 0x7fc1;
 		launch(rowChunks(nh * half, 4, rows), 256, [&] {
-			if (folded)
-				rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q2.data(), kc2.data(), vc2.data(), pos.data(), slots.data(), table.data(),
-				                 heads, kvHeads, hd, interleaved);
-			else
-				rope_qkv_write_r(qkv.data(), psr, psc, q2.data(), kc2.data(), vc2.data(), pos.data(), slots.data(), table.data(), heads,
-				                 kvHeads, hd, interleaved);
+			rope_qkv_write_r(qkv.data(), psr, psc, q2.data(), kc2.data(), vc2.data(), pos.data(), slots.data(), table.data(), heads,
+			                 kvHeads, hd, interleaved);
 		});
 		for (size_t i = 0; i < q.size(); i++) differ += q[i].x != q2[i].x;
 		for (size_t i = 0; i < kc.size(); i++) differ += (kc[i].x != kc2[i].x) + (vc[i].x != vc2[i].x);
-		if (differ) printf("%s: %d elements differ from %s's\n", folded ? "rope_qkv_write_vn" : "rope_qkv_write_v", differ,
-		                   folded ? "rope_qkv_write_n" : "rope_qkv_write_r");
+		if (differ) printf("rope_qkv_write_v: %d elements differ from rope_qkv_write_r's\n", differ);
 	} else if (folded) {
 		launch(rowChunks(nh * half, 4, rows), 256, [&] {
 			rope_qkv_write_n(qkv.data(), nx.data(), dim, eps, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads,
@@ -196,7 +186,7 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 		}
 	char what[96];
 	int bad = 0;
-	const char* name = folded ? (vec ? "rope_qkv_write_vn" : "rope_qkv_write_n") : vec ? "rope_qkv_write_v" : byRows ? "rope_qkv_write_r" : "rope_qkv_write";
+	const char* name = folded ? "rope_qkv_write_n" : vec ? "rope_qkv_write_v" : byRows ? "rope_qkv_write_r" : "rope_qkv_write";
 	if (scaled) name = vec ? "rope_qkv_write_v, scaled," : byRows ? "rope_qkv_write_r, scaled," : "rope_qkv_write, scaled,";
 	snprintf(what, sizeof what, "%s q, %d rows, %d/%d heads of %d, interleaved %d", name, rows, heads, kvHeads, hd, interleaved);
 	bad += within(what, qref, q.data());
@@ -287,14 +277,6 @@ int main() {
 			fails += rope_case(2, 32, 8, 128, il, false, 16 + 2 * il + scaled, false, scaled, true) != 0;
 			fails += rope_case(2, 5, 1, 80, il, false, 20 + 2 * il + scaled, false, scaled, true) != 0;
 		}
-	// Folded (rope_qkv_write_vn): threads of one unit and of several, a
-	// head of 80, two blocks a row (1,152 units).
-	for (int il = 0; il < 2; il++) {
-		fails += rope_case(3, 4, 2, 64, il, true, 24 + il, false, false, true) != 0;
-		fails += rope_case(2, 32, 8, 128, il, true, 26 + il, false, false, true) != 0;
-		fails += rope_case(3, 5, 1, 80, il, true, 28 + il, false, false, true) != 0;
-		fails += rope_case(2, 128, 8, 128, il, true, 30 + il, false, false, true) != 0;
-	}
 	// rope_qkv_write_v with two blocks a row (640 units), scaled or not.
 	for (int scaled = 0; scaled < 2; scaled++) fails += rope_case(2, 64, 8, 128, 0, false, 32 + scaled, false, scaled, true) != 0;
 	fails += fold_gain_case(5) != 0;

@@ -1,0 +1,57 @@
+package kernels
+
+import (
+	"slices"
+	"testing"
+
+	"kiln/backend/cuda/cu"
+)
+
+// noLocalMemory are kernels of the prefill and decode paths that must
+// compile without local memory: an array indexed by a value the compiler
+// cannot resolve (RoPE's pair index chosen by a runtime flag) or spilled
+// registers turn a streaming kernel into one bound by local loads
+// (rope_qkv_write_v in session 41: 116 registers, local loads at 1 byte of
+// 32 a sector, the L2 at 83%).
+var noLocalMemory = []string{
+	"rope_qkv_write", "rope_qkv_write_r", "rope_qkv_write_v", "rope_qkv_write_n",
+	"swiglu_packed", "swiglu_packed_v", "swiglu_packed_n", "swiglu_packed_qr",
+	"fp8_quant_rows",
+}
+
+// watchedResources are kernels whose resources are logged, not checked:
+// the many-row FP8 add+norm spills 48 (bf16) or 64 (f16) bytes under its
+// __launch_bounds__(256, 4) (measured faster so in session 40: four
+// blocks a multiprocessor, not three), and the tensor-core prefill spills
+// 16 or 112 bytes at 255 registers (session 41, H100).
+var watchedResources = []string{"add_rmsnorm_rq_wf32", "add_rmsnorm_rq_wbf16", "prefill_mma_128", "prefill_mma1_128", "decode_mma_128", "decode_mma_h2_128", "decode_mma_h4_128"}
+
+// TestKernelResources logs the registers and local memory of the kernels
+// above as NVRTC compiled them for this device, and fails where one of
+// noLocalMemory has local memory.
+func TestKernelResources(t *testing.T) {
+	for _, act := range []cu.DType{cu.BF16, cu.F16} {
+		k := kern(t, act)
+		for _, name := range append(slices.Clone(noLocalMemory), watchedResources...) {
+			m, err := k.module(name)
+			if err != nil {
+				t.Errorf("%v %s: %v", act, name, err)
+				continue
+			}
+			f, err := m.Function(name)
+			if err != nil {
+				t.Errorf("%v %s: %v", act, name, err)
+				continue
+			}
+			regs, local, err := f.Resources()
+			if err != nil {
+				t.Errorf("%v %s: %v", act, name, err)
+				continue
+			}
+			t.Logf("%v %-22s %3d registers, %4d bytes of local memory", act, name, regs, local)
+			if local != 0 && slices.Contains(noLocalMemory, name) {
+				t.Errorf("%v %s: %d bytes of local memory a thread", act, name, local)
+			}
+		}
+	}
+}

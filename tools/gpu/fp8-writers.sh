@@ -8,16 +8,19 @@
 # kiln and on kiln-base, taking turns; prefill 2048, decode at depth 512 of
 # $BATCH); then the FP8 prefill traced (tools/gpu/ktrace), one layer's
 # kernels in order; with NCU=1 and time left, Nsight Compute's sections on
-# the writers of both formats (tools/gpu/writers-ncu.sh's). Logs in
-# logs.tgz.
+# the writers of both formats (tools/gpu/writers-ncu.sh's). NOTRACE=1
+# skips the trace, BTESTS= (empty) the model's tests. Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-writers.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
-ktrace_build >/dev/null || echo "no tracer"
+[ -n "${NOTRACE:-}" ] || ktrace_build >/dev/null || echo "no tracer"
 kernels_test writer-ktests -test.run "${KTESTS:-TestRoPEQKVWrite|TestE4M3Writers|TestQuantizeRowsE4M3|TestSwiGLUPacked|TestRowRMSReaders|TestFP8KVWrite|TestGEMVRoPEQKV|TestGEMVFold}"
 grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | head -20
-backend_test writer-btests -test.run "${BTESTS:-TestFP8Weights|TestFP8KVCache|TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures}"
-grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS' "$out/writer-btests.log" | head -12
+btests=${BTESTS-TestFP8Weights|TestFP8KVCache|TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures}
+if [ -n "$btests" ]; then
+	backend_test writer-btests -test.run "$btests"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS' "$out/writer-btests.log" | head -12
+fi
 echo "tests done at $(($(date +%s) - t0)) s"
 OUT=$out/bench ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64,256} VARIANTS="${VARIANTS:-bf16 fp8 fp8-base}" tools/gpu/fp8-bench.sh 2>&1 | grep -E '^==|^\| (pp|tg)'
 echo "bench done at $(($(date +%s) - t0)) s"

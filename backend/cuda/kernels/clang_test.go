@@ -123,6 +123,58 @@ func TestKernelParts(t *testing.T) {
 	}
 }
 
+// TestWritersNoLocalDepot compiles the kernels module to PTX with clang
+// (-O3, sm_86, bf16 and f16) and fails where a kernel of noLocalMemory
+// (resources_test.go) has a local depot: an array indexed by a value the
+// compiler cannot resolve, or a conditional between two arrays' elements,
+// which NVRTC too puts in local memory (rope_qkv_write_v's 320 bytes a
+// thread in session 40, found by Nsight Compute on the GPU; the GPU's
+// TestKernelResources reads NVRTC's own figures, spills included). clang's
+// other depots (the attention kernels', in loops it leaves rolled) are
+// not NVRTC's and are not checked. Skipped without clang.
+func TestWritersNoLocalDepot(t *testing.T) {
+	clang, prelude := clangAndPrelude(t)
+	f := filepath.Join(t.TempDir(), "kernels.cu")
+	if err := os.WriteFile(f, append(append(prelude, '\n'), Source()...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	entry := regexp.MustCompile(`\.entry (\w+)\(`)
+	for _, act := range []string{"bf16", "f16"} {
+		ptx := filepath.Join(t.TempDir(), act+".ptx")
+		args := []string{"-x", "cuda", "--cuda-gpu-arch=sm_86", "--cuda-device-only", "-nocudainc", "-nocudalib", "-std=c++17",
+			"-O3", "-S", "-w", "-DACT=" + act, "-DACT_MMA=1", "-DKILN_HD=128", f, "-o", ptx}
+		if out, err := exec.Command(clang, args...).CombinedOutput(); err != nil {
+			t.Fatalf("clang -S ACT=%s: %v\n%s", act, err, out)
+		}
+		b, err := os.ReadFile(ptx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := string(b)
+		found := map[string]bool{}
+		locs := entry.FindAllStringSubmatchIndex(src, -1)
+		for i, m := range locs {
+			name := src[m[2]:m[3]]
+			if !slices.Contains(noLocalMemory, name) {
+				continue
+			}
+			end := len(src)
+			if i+1 < len(locs) {
+				end = locs[i+1][0]
+			}
+			found[name] = true
+			if strings.Contains(src[m[1]:end], "__local_depot") {
+				t.Errorf("ACT=%s: %s has a local depot in clang's PTX (an array indexed at run time?)", act, name)
+			}
+		}
+		for _, name := range noLocalMemory {
+			if !found[name] {
+				t.Errorf("ACT=%s: no entry %s in the PTX", act, name)
+			}
+		}
+	}
+}
+
 // clangAndPrelude is clang's path and testdata/nvrtc_prelude.h; the test
 // is skipped when clang is not installed (.ci/run installs it).
 func clangAndPrelude(t *testing.T) (string, []byte) {

@@ -10,6 +10,9 @@
 #   runs on that kiln in each round (fp8-base). VARIANTS replaces the list
 #   (bf16, fp8, fp8-base; bf16-base; fp8-kv8 and bf16-kv8: with
 #   --kv-cache-dtype fp8);
+#   a variant named with -x (bf16-x, fp8-x, ...) is that variant compiled
+#   with KILN_NVRTC_OPTIONS=$XOPTS (an experiment's macro, e.g.
+#   XOPTS=-DKILN_FAST_SILU=1: the same binary with and without it);
 #   PROFILE=1 adds --profile (the kernels' device times after each test).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
@@ -22,6 +25,12 @@ variants="bf16 fp8"
 for r in $(seq "${ROUNDS:-2}"); do
 	for v in ${VARIANTS:-$variants}; do
 		t0=$(date +%s)
+		unset KILN_NVRTC_OPTIONS
+		name=$v
+		if [ "${v%-x}" != "$v" ]; then
+			export KILN_NVRTC_OPTIONS=${XOPTS:?XOPTS gives the -x variants their NVRTC options}
+			v=${v%-x}
+		fi
 		case $v in
 		bf16) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
 		bf16-kv8) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
@@ -30,7 +39,8 @@ for r in $(seq "${ROUNDS:-2}"); do
 		fp8-base) .devbin/kiln-base bench model "$fp8" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
 		bf16-base) .devbin/kiln-base bench model "$bf16" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
 		esac
-		echo "== $v, round $r: rc=$? in $(($(date +%s) - t0)) s"
-		grep -E '^\| |roofline|busy' "$out/$v-$r.txt" | head -20
+		echo "== $name, round $r: rc=$? in $(($(date +%s) - t0)) s"
+		[ "$name" = "$v" ] || for f in "$out/$v-$r".*; do mv "$f" "$out/$name-$r.${f##*.}"; done
+		grep -E '^\| |roofline|busy' "$out/$name-$r.txt" | head -20
 	done
 done

@@ -9,13 +9,23 @@
 # $BATCH); then the FP8 prefill traced (tools/gpu/ktrace), one layer's
 # kernels in order; with NCU=1 and time left, Nsight Compute's sections on
 # the writers of both formats (tools/gpu/writers-ncu.sh's). NOTRACE=1
-# skips the trace, BTESTS= (empty) the model's tests. Logs in logs.tgz.
+# skips the trace, BTESTS= (empty) the model's tests. XOPTS (NVRTC
+# options of an experiment, e.g. -DKILN_FAST_SILU=1) runs the kernels'
+# tests again with them, names the -x variants of fp8-bench.sh (VARIANTS=
+# "bf16 bf16-x fp8 fp8-x") and traces this kiln with and without them.
+# Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-writers.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
 [ -n "${NOTRACE:-}" ] || ktrace_build >/dev/null || echo "no tracer"
 kernels_test writer-ktests -test.run "${KTESTS:-TestRoPEQKVWrite|TestE4M3Writers|TestQuantizeRowsE4M3|TestSwiGLUPacked|TestRowRMSReaders|TestFP8KVWrite|TestGEMVRoPEQKV|TestGEMVFold}"
 grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | head -20
+if [ -n "${XOPTS:-}" ]; then
+	# The experiment's kernels (XOPTS: NVRTC options, e.g. -DKILN_FAST_SILU=1)
+	# under the same tests.
+	KILN_NVRTC_OPTIONS=$XOPTS kernels_test writer-ktests-x -test.run "${KTESTS:-TestSwiGLUPacked|TestRowRMSReaders|TestGEMVFold}"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests-x.log" | head -20
+fi
 btests=${BTESTS-TestFP8Weights|TestFP8KVCache|TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures}
 if [ -n "$btests" ]; then
 	backend_test writer-btests -test.run "$btests"
@@ -26,14 +36,20 @@ OUT=$out/bench ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64,256} VARIANTS="${VARIANTS:-
 echo "bench done at $(($(date +%s) - t0)) s"
 random_fp8
 if [ -f /tmp/libktrace.so ]; then
-	for kb in kiln kiln-base; do
-		CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$out/trace-$kb.csv" timeout 120 .devbin/$kb bench model "$fp8" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2 >"$out/trace-$kb.txt" 2>&1
+	traced="kiln kiln-base"
+	[ -n "${XOPTS:-}" ] && traced="kiln kiln-x"
+	for kb in $traced; do
+		bin=.devbin/$kb
+		[ $kb = kiln-x ] && bin=.devbin/kiln
+		[ $kb = kiln-x ] && export KILN_NVRTC_OPTIONS=$XOPTS
+		CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$out/trace-$kb.csv" timeout 120 $bin bench model "$fp8" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2 >"$out/trace-$kb.txt" 2>&1
 		echo "== traced $kb: rc=$?; $(grep -h '^| pp' "$out/trace-$kb.txt" | tail -1 | cut -c1-60)"
 		python3 tools/gpu/ktrace/ktrace.py "$out/trace-$kb.csv" --last 2 --layer | sed -n '/one step/,$p' | head -14
+		unset KILN_NVRTC_OPTIONS
 	done
 fi
 if [ -n "${NCU:-}" ] && [ $(($(date +%s) - t0)) -lt 420 ]; then
-	OUT=$out/ncu MODELS="fp8 bf16" KERNELS="${NCU_KERNELS:-rope_qkv_write_v|rope_qkv_write_vn|swiglu_packed_qr|swiglu_packed_n|add_rmsnorm_rq_wf32}" \
+	OUT=$out/ncu MODELS="fp8 bf16" KERNELS="${NCU_KERNELS:-rope_qkv_write_v|swiglu_packed_qr|swiglu_packed_n|add_rmsnorm_rq_wf32}" \
 		timeout $((570 - ($(date +%s) - t0))) tools/gpu/writers-ncu.sh | grep -E '^  [a-z_0-9]+ \(|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per'
 fi
 pack_out logs.tgz

@@ -7,7 +7,8 @@
 # (depth 512) traced on this tree's kiln and on kiln-base in turns
 # (tools/gpu/ktrace: one layer's kernels in order), the FP8 prefill traced
 # on both, then Nsight Compute's sections on the writers of both formats
-# (tools/gpu/writers-ncu.sh's, ${COUNT:-3} launches each). First, when
+# (tools/gpu/writers-ncu.sh's, the first ${COUNT:-6} launches of
+# $NCU_KERNELS in each model). First, when
 # given, the kernels' GPU tests matching $KTESTS and the backend's
 # matching $BTESTS. Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/writers-probe.sh", carry [".devpack"]
@@ -40,8 +41,8 @@ for kb in kiln kiln-base; do
 done
 echo "traces done at $(($(date +%s) - t0)) s"
 if [ -n "$ncu" ] && [ $(($(date +%s) - t0)) -lt 400 ]; then
-	OUT=$out/ncu MODELS="fp8 bf16" COUNT=${COUNT:-3} \
-		KERNELS="${NCU_KERNELS:-rope_qkv_write_v|rope_qkv_write_vn|rope_qkv_write_n|swiglu_packed_qr|swiglu_packed_n|add_rmsnorm_rq_wf32|fp8_quant_rows}" \
+	OUT=$out/ncu MODELS="fp8 bf16" COUNT=${COUNT:-6} \
+		KERNELS="${NCU_KERNELS:-swiglu_packed_qr|swiglu_packed_n|add_rmsnorm_rq_wf32}" \
 		timeout $((560 - ($(date +%s) - t0))) tools/gpu/writers-ncu.sh | grep -E '^  [a-z_0-9]+ \(|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|One or More Eligible'
 fi
 pack_out logs.tgz

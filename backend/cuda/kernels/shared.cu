@@ -14,8 +14,19 @@
 #define KILN_PART_IS(p) 1
 #endif
 
-// silu_f is SiLU(v) = v / (1 + e^−v).
+// silu_f is SiLU(v) = v / (1 + e^−v): the accurate exponential and a
+// correctly rounded division, about 20 instructions. KILN_FAST_SILU (an
+// experiment, off: KILN_NVRTC_OPTIONS=-DKILN_FAST_SILU=1) takes the
+// hardware's approximate exponential and reciprocal instead (a few ulps of
+// float, below a bf16 rounding), where the prefill's SwiGLU kernels spend
+// half their issue slots on it (session 41: Nsight Compute had
+// swiglu_packed_n 53–63% busy issuing). For v below about −88, e^−v is
+// infinite and both forms give −0.
+#ifdef KILN_FAST_SILU
+__device__ __forceinline__ float silu_f(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
+#else
 __device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+#endif
 
 // rot1, rot2: the rotated pair (x1·c − x2·s, x2·c + x1·s), with the
 // multiply-adds written out so that every RoPE kernel rounds alike.

@@ -33,6 +33,8 @@ __device__ unsigned __float_as_uint(float);
 __device__ float __int_as_float(int);
 __device__ float exp2f(float);
 __device__ float expf(float);
+__device__ float __expf(float);
+__device__ float __fdividef(float, float);
 __device__ float tanhf(float);
 __device__ float sqrtf(float);
 __device__ float fmaxf(float, float);

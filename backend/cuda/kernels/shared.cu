@@ -18,10 +18,11 @@
 // correctly rounded division, about 20 instructions. KILN_FAST_SILU (an
 // experiment, off: KILN_NVRTC_OPTIONS=-DKILN_FAST_SILU=1) takes the
 // hardware's approximate exponential and reciprocal instead (a few ulps of
-// float, below a bf16 rounding), where the prefill's SwiGLU kernels spend
-// half their issue slots on it (session 41: Nsight Compute had
-// swiglu_packed_n 53–63% busy issuing). For v below about −88, e^−v is
-// infinite and both forms give −0.
+// float, below a bf16 rounding): the prefill's SwiGLU kernels keep the
+// issue slots 53–63% busy (session 41, Nsight Compute on swiglu_packed_n),
+// and SiLU is perhaps half of their instructions (counted from the source,
+// not measured). For v below about −88, e^−v is infinite and both forms
+// give −0.
 #ifdef KILN_FAST_SILU
 __device__ __forceinline__ float silu_f(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
 #else

@@ -5,7 +5,8 @@
 # turns: prefill of 2048 tokens and decode at depth 512 of batches 1, 64 and
 # 256 (issue 16's FP8 targets: prefill ≥ 1.6×, batch-256 decode ≥ 1.4× the
 # bf16 model). Logs under $OUT (or ./gpu-logs).
-#   ROUNDS (default 2) rounds; BATCH (1,64,256); PP (2048); TG (64). With
+#   ROUNDS (default 2) rounds; BATCH (1,64,256); PP (2048); TG (64); REPS
+#   (3: a single prefill moved by ±5% between runs in session 41). With
 #   .devbin/kiln-base (BASE=<rev> tools/gpu/build.sh) the FP8 checkpoint also
 #   runs on that kiln in each round (fp8-base). VARIANTS replaces the list
 #   (bf16, fp8, fp8-base; bf16-base; fp8-kv8 and bf16-kv8: with
@@ -18,7 +19,7 @@
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
 random_fp8
-args=(--device cuda --pp "${PP:-2048}" --tg "${TG:-64}" --depth 512 --batch "${BATCH:-1,64,256}" --reps 1)
+args=(--device cuda --pp "${PP:-2048}" --tg "${TG:-64}" --depth 512 --batch "${BATCH:-1,64,256}" --reps "${REPS:-3}")
 [ "${PROFILE:-0}" = 1 ] && args+=(--profile)
 variants="bf16 fp8"
 [ -x .devbin/kiln-base ] && variants="bf16 fp8 fp8-base"

@@ -62,6 +62,16 @@ __device__ __forceinline__ ar_regions ar_pack(AR_REGION_PARAMS) {
 	r.p[0] = r0, r.p[1] = r1, r.p[2] = r2, r.p[3] = r3, r.p[4] = r4, r.p[5] = r5, r.p[6] = r6, r.p[7] = r7;
 	return r;
 }
+// ar_region is rank q's region, chosen by comparisons rather than by
+// indexing p: an index known only at run time (this rank, a thread's peer,
+// a vector's owner) puts all eight pointers in local memory (clang's PTX
+// had a 192-byte depot in every peer kernel, session 41).
+__device__ __forceinline__ unsigned char* ar_region(const ar_regions& rg, int q) {
+	unsigned char* p = rg.p[0];
+#pragma unroll
+	for (int i = 1; i < AR_MAX_RANKS; i++) p = q == i ? rg.p[i] : p;
+	return p;
+}
 
 // ---- The PTX the kernels below use, each in a helper of its own
 // (testdata/emu/peer_prelude.h has their host forms for
@@ -115,7 +125,7 @@ __device__ __forceinline__ ar_call ar_start(int rank, AR_REGION_PARAMS) {
 	__shared__ unsigned sh;
 	ar_call c;
 	c.rg = ar_pack(AR_REGION_ARGS);
-	c.own = c.rg.p[rank];
+	c.own = ar_region(c.rg, rank);
 	pdl_enter();
 	if (threadIdx.x == 0) sh = *(volatile unsigned*)(c.own + 4 * AR_SLOTS * AR_MAX_RANKS) + 1;
 	__syncthreads();
@@ -153,14 +163,14 @@ __device__ __forceinline__ void ar_exchange(const ar_regions& rg, int rank, int 
 	__syncthreads();
 	int q = threadIdx.x;
 	if (q < ranks && q != rank) {
-		unsigned* theirs = (unsigned*)rg.p[q] + blockIdx.x * AR_MAX_RANKS + rank;
+		unsigned* theirs = (unsigned*)ar_region(rg, q) + blockIdx.x * AR_MAX_RANKS + rank;
 		ar_st_release(theirs, e);
-		const unsigned* mine = (const unsigned*)rg.p[rank] + blockIdx.x * AR_MAX_RANKS + q;
+		const unsigned* mine = (const unsigned*)ar_region(rg, rank) + blockIdx.x * AR_MAX_RANKS + q;
 		unsigned long long t0 = ar_now();
 		unsigned seen;
 		while ((int)((seen = ar_ld_acquire(mine)) - e) < 0) {
 			if (ar_now() - t0 > AR_TIMEOUT_NS) {
-				ar_stuck(rg.p[rank], e, seen, q);
+				ar_stuck(ar_region(rg, rank), e, seen, q);
 				break;
 			}
 		}
@@ -227,7 +237,7 @@ __device__ void peer_allreduce_impl(const E* src, E* dst, long long nv, int rank
 #pragma unroll
 		for (int q = 0; q < AR_MAX_RANKS; q++) {
 			if (q >= ranks) break;
-			if (q != rank) ((uint4*)ar_buf(c.rg.p[q], c.e, rank, ranks, cap))[v] = w;
+			if (q != rank) ((uint4*)ar_buf(ar_region(c.rg, q), c.e, rank, ranks, cap))[v] = w;
 		}
 	}
 	ar_exchange(c.rg, rank, ranks, c.e);
@@ -292,7 +302,7 @@ __device__ __forceinline__ void lp_push(const ar_regions& rg, unsigned e, int ra
 #pragma unroll
 	for (int q = 0; q < AR_MAX_RANKS; q++) {
 		if (q >= ranks) break;
-		if (q != rank) *(uint4*)(lp_buf(rg.p[q], e, rank, ranks, cap) + off) = w;
+		if (q != rank) *(uint4*)(lp_buf(ar_region(rg, q), e, rank, ranks, cap) + off) = w;
 	}
 }
 
@@ -426,7 +436,7 @@ __device__ void peer_lamport2_impl(const E* src, E* dst, long long nv, int rank,
 	ar_stream(c, nv, [&](long long v) { return s[v]; },
 	          [&](long long v, uint4 w) {
 		          const int q = (int)(v / cv);
-		          if (q != rank) *(uint4*)(lp_buf(c.rg.p[q], c.e, rank, ranks, cap) + v * 16) = lp_canon16<E>(w);
+		          if (q != rank) *(uint4*)(lp_buf(ar_region(c.rg, q), c.e, rank, ranks, cap) + v * 16) = lp_canon16<E>(w);
 	          });
 	const long long hi = nv < (rank + 1) * cv ? nv : (rank + 1) * cv;
 	for (long long v = rank * cv + c.v0; v < hi; v += c.stride) {
@@ -539,7 +549,7 @@ __device__ void peer_lamport2_norm_impl(const T* src, const T* r, const W* w, T*
 	ar_stream(c, total, [&](long long v) { return s4[v]; },
 	          [&](long long v, uint4 x) {
 		          const int q = (int)(v / nv / rs);
-		          if (q != rank) *slot(c.rg.p[q], rank, v) = lp_canon16<T>(x);
+		          if (q != rank) *slot(ar_region(c.rg, q), rank, v) = lp_canon16<T>(x);
 	          });
 	// 2. This rank's rows summed, r added, and pushed to every rank.
 	for (long long v = lo * nv + c.v0; v < hi * nv; v += c.stride) {
@@ -590,7 +600,7 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS, 4) peer_scatter_rows(co
 	ar_stream(c, total, [&](long long v) { return src[v]; },
 	          [&](long long v, uint4 w) {
 		          const int r = (int)(v / nv), q = r / share;
-		          uint4* staging = (uint4*)(c.rg.p[q] + AR_HDR + 4ll * ranks * cap);
+		          uint4* staging = (uint4*)(ar_region(c.rg, q) + AR_HDR + 4ll * ranks * cap);
 		          staging[(long long)(r - q * share) * rowV + (long long)rank * nv + (v - (long long)r * nv)] = w;
 	          });
 	ar_exchange(c.rg, rank, ranks, c.e);

@@ -13,7 +13,8 @@
 #   --kv-cache-dtype fp8);
 #   a variant named with -x (bf16-x, fp8-x, ...) is that variant compiled
 #   with KILN_NVRTC_OPTIONS=$XOPTS (an experiment's macro, e.g.
-#   XOPTS=-DKILN_FAST_SILU=1: the same binary with and without it);
+#   XOPTS=-DKILN_FAST_SILU=1: the same binary with and without it), and
+#   one named with -y with $YOPTS (a second experiment beside it);
 #   PROFILE=1 adds --profile (the kernels' device times after each test).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
@@ -31,6 +32,9 @@ for r in $(seq "${ROUNDS:-2}"); do
 		if [ "${v%-x}" != "$v" ]; then
 			export KILN_NVRTC_OPTIONS=${XOPTS:?XOPTS gives the -x variants their NVRTC options}
 			v=${v%-x}
+		elif [ "${v%-y}" != "$v" ]; then
+			export KILN_NVRTC_OPTIONS=${YOPTS:?YOPTS gives the -y variants their NVRTC options}
+			v=${v%-y}
 		fi
 		case $v in
 		bf16) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;

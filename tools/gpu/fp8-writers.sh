@@ -12,7 +12,8 @@
 # skips the trace, BTESTS= (empty) the model's tests. XOPTS (NVRTC
 # options of an experiment, e.g. -DKILN_FAST_SILU=1) runs the kernels'
 # tests again with them, names the -x variants of fp8-bench.sh (VARIANTS=
-# "bf16 bf16-x fp8 fp8-x") and traces this kiln with and without them.
+# "bf16 bf16-x fp8 fp8-x") and traces this kiln with and without them;
+# YOPTS likewise a second experiment (the -y variants).
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-writers.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
@@ -20,12 +21,15 @@ t0=$(date +%s)
 [ -n "${NOTRACE:-}" ] || ktrace_build >/dev/null || echo "no tracer"
 kernels_test writer-ktests -test.run "${KTESTS:-TestRoPEQKVWrite|TestE4M3Writers|TestQuantizeRowsE4M3|TestSwiGLUPacked|TestRowRMSReaders|TestFP8KVWrite|TestGEMVRoPEQKV|TestGEMVFold}"
 grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | head -20
-if [ -n "${XOPTS:-}" ]; then
-	# The experiment's kernels (XOPTS: NVRTC options, e.g. -DKILN_FAST_SILU=1)
-	# under the same tests.
-	KILN_NVRTC_OPTIONS=$XOPTS kernels_test writer-ktests-x -test.run "${KTESTS:-TestSwiGLUPacked|TestRowRMSReaders|TestGEMVFold}"
-	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests-x.log" | head -20
-fi
+# The experiments' kernels (XOPTS, YOPTS: NVRTC options, e.g.
+# -DKILN_FAST_SILU=1) under the same tests.
+for x in x y; do
+	opts=XOPTS
+	[ $x = y ] && opts=YOPTS
+	[ -n "${!opts:-}" ] || continue
+	KILN_NVRTC_OPTIONS=${!opts} kernels_test writer-ktests-$x -test.run "${KTESTS:-TestSwiGLUPacked|TestRowRMSReaders|TestGEMVFold|TestE4M3Writers}"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests-$x.log" | head -20
+done
 btests=${BTESTS-TestFP8Weights|TestFP8KVCache|TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures}
 if [ -n "$btests" ]; then
 	backend_test writer-btests -test.run "$btests"
@@ -38,10 +42,13 @@ random_fp8
 if [ -f /tmp/libktrace.so ]; then
 	traced="kiln kiln-base"
 	[ -n "${XOPTS:-}" ] && traced="kiln kiln-x"
+	[ -n "${YOPTS:-}" ] && traced="$traced kiln-y"
 	for kb in $traced; do
 		bin=.devbin/$kb
-		[ $kb = kiln-x ] && bin=.devbin/kiln
-		[ $kb = kiln-x ] && export KILN_NVRTC_OPTIONS=$XOPTS
+		case $kb in
+		kiln-x) bin=.devbin/kiln; export KILN_NVRTC_OPTIONS=$XOPTS ;;
+		kiln-y) bin=.devbin/kiln; export KILN_NVRTC_OPTIONS=$YOPTS ;;
+		esac
 		CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$out/trace-$kb.csv" timeout 120 $bin bench model "$fp8" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2 >"$out/trace-$kb.txt" 2>&1
 		echo "== traced $kb: rc=$?; $(grep -h '^| pp' "$out/trace-$kb.txt" | tail -1 | cut -c1-60)"
 		python3 tools/gpu/ktrace/ktrace.py "$out/trace-$kb.csv" --last 2 --layer | sed -n '/one step/,$p' | head -14

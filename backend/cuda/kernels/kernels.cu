@@ -136,6 +136,21 @@ template <typename H> __device__ __forceinline__ uint4 pack16(const float* f, co
 	return v;
 }
 template <typename H> __device__ __forceinline__ void store16(H* p, const float* f) { *(uint4*)p = pack16(f, (const H*)0); }
+// prefetch_l2 asks the L2 for the line holding p (prefetch.global.L2): a
+// load that nothing waits for and that holds no register. KILN_ROWS_PREFETCH
+// (an experiment, 0 or unset: off; KILN_NVRTC_OPTIONS=-DKILN_ROWS_PREFETCH=D)
+// has the many-row FP8 writers (swiglu_packed_qr, add_rmsnorm_rq) ask for
+// a thread's vectors D loop iterations ahead, so that the next vectors'
+// DRAM round trip overlaps this one's arithmetic without the registers a
+// second set of loads would need (both sit at their 64-register bound).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if __CUDA_ARCH__
+	asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+#ifndef KILN_ROWS_PREFETCH
+#define KILN_ROWS_PREFETCH 0
+#endif
 // round_t is v rounded to T and back.
 __device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }
 
@@ -517,8 +532,15 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 #pragma unroll
 	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
+	const auto ahead = [&](int i) {
+		if (i >= nv) return;
+#pragma unroll
+		for (int k = 0; k < ROWS_N; k++) prefetch_l2(x + base[k] + i * VEC), prefetch_l2(r + base[k] + i * VEC);
+	};
+	for (int d = 1; d < KILN_ROWS_PREFETCH; d++) ahead(threadIdx.x + d * blockDim.x);
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
+		if (KILN_ROWS_PREFETCH > 0) ahead(i + KILN_ROWS_PREFETCH * blockDim.x);
 		uint4 xa[ROWS_N], ra[ROWS_N];
 #pragma unroll
 		for (int k = 0; k < ROWS_N; k++) {
@@ -846,8 +868,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* g
 #pragma unroll
 	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
 	const bool scaled = sr || sc;
+	const auto ahead = [&](int i) {
+		if (i >= nv) return;
+#pragma unroll
+		for (int k = 0; k < ROWS_Q; k++) prefetch_l2(row[k] + i * VEC), prefetch_l2(row[k] + n + i * VEC);
+	};
+	for (int d = 1; d < KILN_ROWS_PREFETCH; d++) ahead(threadIdx.x + d * blockDim.x);
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
+		if (KILN_ROWS_PREFETCH > 0) ahead(i + KILN_ROWS_PREFETCH * blockDim.x);
 		uint4 g[ROWS_Q], u[ROWS_Q];
 #pragma unroll
 		for (int k = 0; k < ROWS_Q; k++) {

@@ -36,8 +36,8 @@ func TestSourcesCompile(t *testing.T) {
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=8"}},
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=128", "-DKV_F8=1"}},
 				// The experiments: the fast SiLU (shared.cu), the many-row
-				// writers' prefetch (kernels.cu).
-				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_FAST_SILU=1", "-DKILN_ROWS_PREFETCH=2"}},
+				// writers' prefetch and RoPE's units at a time (kernels.cu).
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_FAST_SILU=1", "-DKILN_ROWS_PREFETCH=2", "-DROPE_U=2"}},
 				{"gemv", gemvSource, []string{"-DGEMV_MMA=1"}},
 				// The Hopper build (clang 14 knows no sm_90a; the
 				// wgmma PTX strings are the GPU tests' to check).

@@ -144,7 +144,10 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		"__device__ __forceinline__ rope_row rope_row_of(",
 		"__device__ __forceinline__ void rope_unit_load(",
 		"__device__ __forceinline__ void rope_unit_store(",
-		"#define ROPE_U",
+		"#define ROPE_UNITS"))
+	s.WriteString(cBetween(t, common, "#ifndef ROPE_U\n", "#endif\n"))
+	s.WriteString(cLines(t, common, "static_assert(ROPE_UNITS % ROPE_U"))
+	s.WriteString(cPieces(t, common,
 		`extern "C" __global__ void rope_qkv_write_v(`,
 		`extern "C" __global__ void rope_qkv_write_n(`,
 		"__device__ __forceinline__ float f16_at(",
@@ -157,7 +160,14 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		"template <bool Q5>\n__device__ __forceinline__ void dequant_k45(",
 		`extern "C" __global__ void dequant_q4_k(`))
 	s.WriteString(readEmu(t, "fold_driver.cpp"))
-	runEmulated(t, s.String())
+	// rope_qkv_write_v as built, and taking its units one at a time (the
+	// ROPE_U experiment's least).
+	for _, build := range []struct{ name, defines string }{{"rope-units-4", ""}, {"rope-units-1", "#define ROPE_U 1\n"}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			runEmulated(t, build.defines+s.String())
+		})
+	}
 }
 
 // TestFP8WritersEmulated runs the FP8-form writers that take several rows

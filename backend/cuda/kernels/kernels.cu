@@ -1364,7 +1364,7 @@ __device__ __forceinline__ void store_kv16(KV* p, const float* f) {
 // was bound by instruction issue at 1.0 TB/s on an FP8 prefill's 2,048
 // rows: docs/PERF.md, issue 16, session 40). half a multiple of VEC, rows,
 // table rows and operands 16-byte aligned (Kernels.RoPEQKVWrite checks).
-// Grid (chunks of a row's units, blockDim·ROPE_U a block, rows). The same
+// Grid (chunks of a row's units, blockDim·ROPE_UNITS a block, rows). The same
 // values as rope_qkv_write.
 //
 // rope_unit is unit j of a token's row: head h, the head's unit u, its two
@@ -1457,11 +1457,17 @@ __device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float*
 	}
 }
 
-// ROPE_U is the most units a thread of rope_qkv_write_v takes,
-// all loaded before the first is used: a block covers blockDim·ROPE_U units
-// of a row (Llama-3-8B's 384 in one block), so that the grid is a block or
-// two a row and every thread has several loads in flight.
-#define ROPE_U 4
+// ROPE_UNITS is the units a thread of rope_qkv_write_v takes: a block
+// covers blockDim·ROPE_UNITS units of a row (Llama-3-8B's 384 in one
+// block; kernels.go's ropeUnits). ROPE_U of them are loaded before the
+// first is used, so that every thread has several loads in flight; an
+// experiment may take fewer at a time (KILN_NVRTC_OPTIONS=-DROPE_U=2:
+// fewer registers than the 114 of four, more blocks a multiprocessor).
+#define ROPE_UNITS 4
+#ifndef ROPE_U
+#define ROPE_U ROPE_UNITS
+#endif
+static_assert(ROPE_UNITS % ROPE_U == 0, "ROPE_U divides ROPE_UNITS");
 extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,
                                             const int* pos, const int* slots, const float* table, int heads, int kvHeads,
                                             int hd, int interleaved) {
@@ -1469,28 +1475,31 @@ extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const
 	const int t = blockIdx.y;
 	const rope_row r = rope_row_of(t, qkv, q, kc, vc, pos, slots, table, heads, kvHeads, hd);
 	const float fr = sr ? sr[t] : 1.f;
-	const int j0 = blockIdx.x * blockDim.x * ROPE_U + threadIdx.x;
-	float x[ROPE_U][2 * VEC];
+	for (int u0 = 0; u0 < ROPE_UNITS; u0 += ROPE_U) {
+		const int j0 = (blockIdx.x * ROPE_UNITS + u0) * blockDim.x + threadIdx.x;
+		if (j0 >= r.units) break;
+		float x[ROPE_U][2 * VEC];
 #pragma unroll
-	for (int i = 0; i < ROPE_U; i++) {
-		const int j = j0 + i * blockDim.x;
-		if (j < r.units) rope_unit_load(r, rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), hd, x[i]);
-	}
-#pragma unroll
-	for (int i = 0; i < ROPE_U; i++) {
-		const int j = j0 + i * blockDim.x;
-		if (j >= r.units) break;
-		const rope_unit w = rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved);
-		if (sr || sc) {
-			// scaled_of with the column scales loaded as vectors.
-			const int col = w.h * hd;
-			float f[2 * VEC];
-			col_scales16(sc, col + w.e0, f);
-			col_scales16(sc, col + w.e1, f + VEC);
-#pragma unroll
-			for (int k = 0; k < 2 * VEC; k++) x[i][k] = scale_round(x[i][k], fr * f[k]);
+		for (int i = 0; i < ROPE_U; i++) {
+			const int j = j0 + i * blockDim.x;
+			if (j < r.units) rope_unit_load(r, rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved), hd, x[i]);
 		}
-		rope_unit_store(w, x[i], r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
+#pragma unroll
+		for (int i = 0; i < ROPE_U; i++) {
+			const int j = j0 + i * blockDim.x;
+			if (j >= r.units) break;
+			const rope_unit w = rope_unit_of(j, r.per, r.half, heads, kvHeads, interleaved);
+			if (sr || sc) {
+				// scaled_of with the column scales loaded as vectors.
+				const int col = w.h * hd;
+				float f[2 * VEC];
+				col_scales16(sc, col + w.e0, f);
+				col_scales16(sc, col + w.e1, f + VEC);
+#pragma unroll
+				for (int k = 0; k < 2 * VEC; k++) x[i][k] = scale_round(x[i][k], fr * f[k]);
+			}
+			rope_unit_store(w, x[i], r.cs, r.half, heads, kvHeads, hd, interleaved, r.qt, r.ks, r.vs);
+		}
 	}
 }
 

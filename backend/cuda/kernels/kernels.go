@@ -733,7 +733,7 @@ func (k *Kernels) RoPEQKVWrite(s *cu.Stream, q, kc, vc, qkv cu.Ptr, sc ProductSc
 }
 
 // ropeThreads is rope_qkv_write_v's block: 128 threads, up to ropeUnits
-// units each (ROPE_U in kernels.cu): Llama-3-8B's 48 heads of 8 units, a
+// units each (ROPE_UNITS in kernels.cu): Llama-3-8B's 48 heads of 8 units, a
 // block a row.
 const (
 	ropeThreads = 128

@@ -129,8 +129,8 @@ static int rope_case(int rows, int heads, int kvHeads, int hd, int interleaved, 
 	int differ = 0;
 	if (vec) {
 		// kernels.go's grid (ropeGrid): blocks of ropeThreads (128),
-		// ROPE_U units a thread.
-		const int units = nh * half / VEC, threads = 128, per = threads * ROPE_U;
+		// ROPE_UNITS units a thread.
+		const int units = nh * half / VEC, threads = 128, per = threads * ROPE_UNITS;
 		launch(dim3{(unsigned)((units + per - 1) / per), (unsigned)rows, 1}, threads, [&] {
 			rope_qkv_write_v(qkv.data(), psr, psc, q.data(), kc.data(), vc.data(), pos.data(), slots.data(), table.data(), heads, kvHeads,
 			                 hd, interleaved);

@@ -233,7 +233,10 @@ func (l *loaded) gainAsAct(g operand) (cu.Ptr, error) {
 	if p, ok := l.gainCopies[g.p]; ok {
 		return p, nil
 	}
-	raw := make([]byte, g.cols*g.dtype.Size())
+	if g.dtype != cu.F32 {
+		return 0, fmt.Errorf("cuda: a folded norm's gain of %v", g.dtype)
+	}
+	raw := make([]byte, g.cols*4)
 	if err := l.stream.Sync(); err != nil {
 		return 0, err
 	}
@@ -241,13 +244,8 @@ func (l *loaded) gainAsAct(g operand) (cu.Ptr, error) {
 		return 0, err
 	}
 	vals := make([]float32, g.cols)
-	switch g.dtype {
-	case cu.F32:
-		for i := range vals {
-			vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		}
-	default:
-		return 0, fmt.Errorf("cuda: a folded norm's gain of %v", g.dtype)
+	for i := range vals {
+		vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
 	out := make([]byte, g.cols*l.act.Size())
 	encode(vals, l.act, out)

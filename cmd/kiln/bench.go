@@ -279,18 +279,10 @@ func cmdBenchModel(args []string) error {
 	default:
 		rep.KVCache = "f32"
 	}
-	data, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
+	if err := writeReport(rep, *output, *asJSON); err != nil {
 		return err
 	}
-	if *output != "" {
-		if err := os.WriteFile(*output, append(data, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	if *asJSON {
-		fmt.Println(string(data))
-	} else {
+	if !*asJSON {
 		printModelReport(rep)
 		if gemm != nil {
 			fmt.Printf("\nthe 8192³ GEMM: %s\n", gemm.Choice)
@@ -456,4 +448,22 @@ func phaseList(ps []engine.Phase) string {
 		all += p.Time
 	}
 	return fmt.Sprintf("%sin all %.1f s", b.String(), all.Seconds())
+}
+
+// writeReport writes v as indented JSON to the file path (none when
+// empty) and, with toStdout, to standard output.
+func writeReport(v any, path string, toStdout bool) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if path != "" {
+		if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if toStdout {
+		fmt.Println(string(data))
+	}
+	return nil
 }

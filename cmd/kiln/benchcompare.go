@@ -30,13 +30,7 @@ func cmdBenchCompare(args []string) error {
 	if len(pos) != 2 {
 		return fmt.Errorf("give the base and the new results: BASE.json[,BASE2.json...] NEW.json[,NEW2.json...]")
 	}
-	type file struct {
-		path   string
-		raw    []byte
-		schema string
-		config map[string]any
-	}
-	var sides [2][]file
+	var sides [2][]resultFile
 	for i, list := range pos {
 		for _, p := range strings.Split(list, ",") {
 			raw, err := os.ReadFile(p)
@@ -50,7 +44,7 @@ func cmdBenchCompare(args []string) error {
 			if err := json.Unmarshal(raw, &head); err != nil {
 				return fmt.Errorf("%s: %w", p, err)
 			}
-			sides[i] = append(sides[i], file{p, raw, head.Schema, head.Config})
+			sides[i] = append(sides[i], resultFile{p, raw, head.Schema, head.Config})
 		}
 	}
 	first := sides[0][0]
@@ -70,27 +64,21 @@ func cmdBenchCompare(args []string) error {
 	var changes []loadgen.Change
 	switch first.schema {
 	case "kiln.bench.serve/v1":
+		docs, err := decodeSides[struct{ Requests []loadgen.Result }](sides)
+		if err != nil {
+			return err
+		}
 		var runs [2][][]loadgen.Result
-		for i, side := range sides {
-			for _, f := range side {
-				var doc struct{ Requests []loadgen.Result }
-				if err := json.Unmarshal(f.raw, &doc); err != nil {
-					return fmt.Errorf("%s: %w", f.path, err)
-				}
+		for i, side := range docs {
+			for _, doc := range side {
 				runs[i] = append(runs[i], doc.Requests)
 			}
 		}
 		changes = loadgen.CompareRuns(runs[0], runs[1], *tol)
 	case "kiln.bench.model/v1":
-		var reps [2][]bench.ModelReport
-		for i, side := range sides {
-			for _, f := range side {
-				var r bench.ModelReport
-				if err := json.Unmarshal(f.raw, &r); err != nil {
-					return fmt.Errorf("%s: %w", f.path, err)
-				}
-				reps[i] = append(reps[i], r)
-			}
+		reps, err := decodeSides[bench.ModelReport](sides)
+		if err != nil {
+			return err
 		}
 		for _, b := range reps[0][0].Results {
 			name := fmt.Sprintf("%s batch %d tokens/s", b.Test, b.Batch)
@@ -120,15 +108,9 @@ func cmdBenchCompare(args []string) error {
 			changes = append(changes, loadgen.CompareRunSamples(name, true, means(bv), means(nv), *tol))
 		}
 	case "kiln.bench.throughput/v1":
-		var reps [2][]throughputReport
-		for i, side := range sides {
-			for _, f := range side {
-				var r throughputReport
-				if err := json.Unmarshal(f.raw, &r); err != nil {
-					return fmt.Errorf("%s: %w", f.path, err)
-				}
-				reps[i] = append(reps[i], r)
-			}
+		reps, err := decodeSides[throughputReport](sides)
+		if err != nil {
+			return err
 		}
 		for _, fg := range []struct {
 			name string
@@ -214,4 +196,28 @@ func workloadDiff(a, b map[string]any) string {
 	}
 	sort.Strings(diffs)
 	return strings.Join(diffs, "; ")
+}
+
+// resultFile is a kiln bench result file as compare reads it: its bytes,
+// schema and workload.
+type resultFile struct {
+	path   string
+	raw    []byte
+	schema string
+	config map[string]any
+}
+
+// decodeSides reads every file of both sides as a T.
+func decodeSides[T any](sides [2][]resultFile) ([2][]T, error) {
+	var out [2][]T
+	for i, side := range sides {
+		for _, f := range side {
+			var v T
+			if err := json.Unmarshal(f.raw, &v); err != nil {
+				return out, fmt.Errorf("%s: %w", f.path, err)
+			}
+			out[i] = append(out[i], v)
+		}
+	}
+	return out, nil
 }

@@ -144,11 +144,7 @@ func cmdBenchServe(args []string) error {
 		if len(runs) > 1 {
 			doc["sweep"] = runs
 		}
-		data, err := json.MarshalIndent(doc, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+		if err := writeReport(doc, *out, false); err != nil {
 			return err
 		}
 	}

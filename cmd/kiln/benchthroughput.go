@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -159,18 +158,10 @@ func cmdBenchThroughput(args []string) error {
 	if loop := after.LoopTime - before.LoopTime; loop > 0 {
 		r.OutsideSteps = 1 - (after.StepTime-before.StepTime).Seconds()/loop.Seconds()
 	}
-	js, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
+	if err := writeReport(r, *out, *asJSON); err != nil {
 		return err
 	}
-	if *out != "" {
-		if err := os.WriteFile(*out, append(js, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	if *asJSON {
-		fmt.Println(string(js))
-	} else {
+	if !*asJSON {
 		printThroughput(r)
 	}
 	if budget == nil {

@@ -235,6 +235,21 @@ trace_setup() {
 	random_bf16
 }
 
+# trace_prefill NAME BIN MODEL runs kiln bench model's 2048-token prefill
+# of MODEL on the kiln binary BIN, untraced, then under the tracer
+# (ktrace_build) into $out/NAME.csv, both with the tune cache
+# /tmp/tune-NAME (the untraced run's races choose), and prints both runs'
+# tokens/s and one layer's kernels in order (the first ${LINES_MAX:-16}
+# lines).
+trace_prefill() {
+	local name=$1 bin=$2 dir=$3
+	local run=(timeout -s QUIT 120 "$bin" bench model "$dir" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2)
+	KILN_TUNE_DIR=/tmp/tune-$name "${run[@]}" >"$out/$name-plain.txt" 2>&1
+	KILN_TUNE_DIR=/tmp/tune-$name CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$out/$name.csv" "${run[@]}" >"$out/$name.txt" 2>&1
+	echo "== prefill $name: rc=$?; plain $(grep -h '^| pp' "$out/$name-plain.txt" | tail -1 | cut -c10-40), traced $(grep -h '^| pp' "$out/$name.txt" | tail -1 | cut -c10-40)"
+	python3 tools/gpu/ktrace/ktrace.py "$out/$name.csv" --last 2 --layer | sed -n '/one step/,$p' | head -"${LINES_MAX:-16}"
+}
+
 # trace NAME TP MODEL-ARGS... runs kiln bench model (${KILN_BIN:-$k}) at
 # batch ${B:-1}, depth 512, 64 tokens, untraced, then under the tracer
 # (ktrace_build) into $work/NAME.csv, both with the tune cache

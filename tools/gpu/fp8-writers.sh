@@ -6,7 +6,7 @@
 # many-row norm at four blocks a multiprocessor). Their GPU tests and the
 # model's FP8 tests; then tools/gpu/fp8-bench.sh (bf16, FP8 on this tree's
 # kiln and on kiln-base, taking turns; prefill 2048, decode at depth 512 of
-# $BATCH); then the FP8 prefill traced (tools/gpu/ktrace), one layer's
+# $BATCH); then the FP8 prefill traced (env.sh's trace_prefill), one layer's
 # kernels in order; with NCU=1 and time left, Nsight Compute's sections on
 # the writers of both formats (tools/gpu/writers-ncu.sh's). NOTRACE=1
 # skips the trace, BTESTS= (empty) the model's tests. XOPTS (NVRTC
@@ -49,9 +49,7 @@ if [ -f /tmp/libktrace.so ]; then
 		kiln-x) bin=.devbin/kiln; export KILN_NVRTC_OPTIONS=$XOPTS ;;
 		kiln-y) bin=.devbin/kiln; export KILN_NVRTC_OPTIONS=$YOPTS ;;
 		esac
-		CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$out/trace-$kb.csv" timeout 120 $bin bench model "$fp8" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2 >"$out/trace-$kb.txt" 2>&1
-		echo "== traced $kb: rc=$?; $(grep -h '^| pp' "$out/trace-$kb.txt" | tail -1 | cut -c1-60)"
-		python3 tools/gpu/ktrace/ktrace.py "$out/trace-$kb.csv" --last 2 --layer | sed -n '/one step/,$p' | head -14
+		LINES_MAX=14 trace_prefill "trace-$kb" "$bin" "$fp8"
 		unset KILN_NVRTC_OPTIONS
 	done
 fi

@@ -23,21 +23,16 @@ if [ -n "${BTESTS:-}" ]; then
 	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS' "$out/probe-btests.log" | head -12
 fi
 random_fp8
-layer() { python3 tools/gpu/ktrace/ktrace.py "$1" --last 2 --layer | sed -n '/one step/,$p' | head -"${LINES_MAX:-16}"; }
 for m in bf16 fp8; do
 	dir=$bf16
 	[ $m = fp8 ] && dir=$fp8
 	for kb in kiln kiln-base; do
-		run=(timeout -s QUIT 120 .devbin/$kb bench model "$dir" --device cuda --pp 2048 --tg 0 --batch 1 --reps 2)
-		KILN_TUNE_DIR=/tmp/tune-pp-$m-$kb "${run[@]}" >"$work/pp-$m-$kb-plain.txt" 2>&1
-		KILN_TUNE_DIR=/tmp/tune-pp-$m-$kb CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT="$work/pp-$m-$kb.csv" "${run[@]}" >"$work/pp-$m-$kb.txt" 2>&1
-		echo "== prefill $m $kb: rc=$?; plain $(grep -h '^| pp' "$work/pp-$m-$kb-plain.txt" | tail -1 | cut -c10-40), traced $(grep -h '^| pp' "$work/pp-$m-$kb.txt" | tail -1 | cut -c10-40)"
-		layer "$work/pp-$m-$kb.csv"
+		trace_prefill "pp-$m-$kb" .devbin/$kb "$dir"
 	done
 done
 for kb in kiln kiln-base; do
 	B=${B:-64} KILN_BIN=.devbin/$kb LINES_MAX=4 trace "b${B:-64}-$kb" 1 "$bf16" | grep -v '^=='
-	layer "$work/b${B:-64}-$kb.csv"
+	python3 tools/gpu/ktrace/ktrace.py "$work/b${B:-64}-$kb.csv" --last 2 --layer | sed -n '/one step/,$p' | head -"${LINES_MAX:-16}"
 done
 echo "traces done at $(($(date +%s) - t0)) s"
 if [ -n "$ncu" ] && [ $(($(date +%s) - t0)) -lt 400 ]; then

@@ -188,6 +188,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 		"__device__ __forceinline__ float scale_round(",
 		"__device__ __forceinline__ float e4m3_scale(",
 		"__device__ __forceinline__ float e4m3_div(",
+		"__device__ __forceinline__ void store_codes(",
 		"__device__ __forceinline__ void store_e4m3(",
 		"template <int R>\n__device__ __forceinline__ void block_rows(",
 		"template <int R>\n__device__ __forceinline__ void store_held_e4m3(",

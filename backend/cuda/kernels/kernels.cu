@@ -264,14 +264,9 @@ __device__ __forceinline__ float e4m3_div(float x, float s, float y) {
 	const float q = __fmul_rn(x, y);
 	return __fmaf_rn(-__fmaf_rn(q, s, -x), y, q);
 }
-__device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, float s) {
-	const bool fast = s >= 0x1p-60f && s <= 0x1p60f;
-	const float y = __frcp_rn(s);
-	unsigned short p[VEC / 2];
-#pragma unroll
-	for (int j = 0; j < VEC / 2; j++)
-		p[j] = fast ? e4m3x2(e4m3_div(f[2 * j], s, y), e4m3_div(f[2 * j + 1], s, y))
-		            : e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
+// store_codes writes VEC E4M3 codes, two to an element of p (e4m3x2's),
+// as VEC bytes at q (VEC-byte aligned).
+__device__ __forceinline__ void store_codes(unsigned char* q, const unsigned short* p) {
 	if (VEC == 8) {
 		uint2 w;
 		w.x = p[0] | (unsigned)p[1] << 16;
@@ -280,6 +275,16 @@ __device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, flo
 	} else {
 		*(unsigned*)q = p[0] | (unsigned)p[1] << 16;
 	}
+}
+__device__ __forceinline__ void store_e4m3(unsigned char* q, const float* f, float s) {
+	const bool fast = s >= 0x1p-60f && s <= 0x1p60f;
+	const float y = __frcp_rn(s);
+	unsigned short p[VEC / 2];
+#pragma unroll
+	for (int j = 0; j < VEC / 2; j++)
+		p[j] = fast ? e4m3x2(e4m3_div(f[2 * j], s, y), e4m3_div(f[2 * j + 1], s, y))
+		            : e4m3x2(__fdiv_rn(f[2 * j], s), __fdiv_rn(f[2 * j + 1], s));
+	store_codes(q, p);
 }
 
 // block_rows starts the FP8-form writers that take R rows a block from
@@ -1342,14 +1347,7 @@ __device__ __forceinline__ void store_kv16(KV* p, const float* f) {
 	unsigned short c[VEC / 2];
 #pragma unroll
 	for (int j = 0; j < VEC / 2; j++) c[j] = e4m3x2(f[2 * j], f[2 * j + 1]);
-	if (VEC == 8) {
-		uint2 w;
-		w.x = c[0] | (unsigned)c[1] << 16;
-		w.y = c[2] | (unsigned)c[3] << 16;
-		*(uint2*)p = w;
-	} else {
-		*(unsigned*)p = c[0] | (unsigned)c[1] << 16;
-	}
+	store_codes((unsigned char*)p, c);
 #else
 	store16(p, f);
 #endif

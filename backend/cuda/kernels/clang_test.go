@@ -35,9 +35,9 @@ func TestSourcesCompile(t *testing.T) {
 				// kernels alone at 8, every kind at 128.
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=8"}},
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=128", "-DKV_F8=1"}},
-				// The experiments: the fast SiLU (shared.cu), the many-row
-				// writers' prefetch and RoPE's units at a time (kernels.cu).
-				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_FAST_SILU=1", "-DKILN_ROWS_PREFETCH=2", "-DROPE_U=2"}},
+				// RoPE's vector kernel loading all four of its units at a
+				// time (kernels.cu's ROPE_U; two by default).
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DROPE_U=4"}},
 				{"gemv", gemvSource, []string{"-DGEMV_MMA=1"}},
 				// The Hopper build (clang 14 knows no sm_90a; the
 				// wgmma PTX strings are the GPU tests' to check).

@@ -160,9 +160,9 @@ func TestFoldKernelsEmulated(t *testing.T) {
 		"template <bool Q5>\n__device__ __forceinline__ void dequant_k45(",
 		`extern "C" __global__ void dequant_q4_k(`))
 	s.WriteString(readEmu(t, "fold_driver.cpp"))
-	// rope_qkv_write_v as built, and taking its units one at a time (the
-	// ROPE_U experiment's least).
-	for _, build := range []struct{ name, defines string }{{"rope-units-4", ""}, {"rope-units-1", "#define ROPE_U 1\n"}} {
+	// rope_qkv_write_v as built (two units loaded at a time), all four at
+	// a time, and one.
+	for _, build := range []struct{ name, defines string }{{"rope-units-2", ""}, {"rope-units-4", "#define ROPE_U 4\n"}, {"rope-units-1", "#define ROPE_U 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, build.defines+s.String())

@@ -136,21 +136,6 @@ template <typename H> __device__ __forceinline__ uint4 pack16(const float* f, co
 	return v;
 }
 template <typename H> __device__ __forceinline__ void store16(H* p, const float* f) { *(uint4*)p = pack16(f, (const H*)0); }
-// prefetch_l2 asks the L2 for the line holding p (prefetch.global.L2): a
-// load that nothing waits for and that holds no register. KILN_ROWS_PREFETCH
-// (an experiment, 0 or unset: off; KILN_NVRTC_OPTIONS=-DKILN_ROWS_PREFETCH=D)
-// has the many-row FP8 writers (swiglu_packed_qr, add_rmsnorm_rq) ask for
-// a thread's vectors D loop iterations ahead, so that the next vectors'
-// DRAM round trip overlaps this one's arithmetic without the registers a
-// second set of loads would need (both sit at their 64-register bound).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if __CUDA_ARCH__
-	asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-#ifndef KILN_ROWS_PREFETCH
-#define KILN_ROWS_PREFETCH 0
-#endif
 // round_t is v rounded to T and back.
 __device__ __forceinline__ float round_t(float v) { return tof(fromf<T>(v)); }
 
@@ -537,15 +522,8 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 #pragma unroll
 	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
-	const auto ahead = [&](int i) {
-		if (i >= nv) return;
-#pragma unroll
-		for (int k = 0; k < ROWS_N; k++) prefetch_l2(x + base[k] + i * VEC), prefetch_l2(r + base[k] + i * VEC);
-	};
-	for (int d = 1; d < KILN_ROWS_PREFETCH; d++) ahead(threadIdx.x + d * blockDim.x);
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
-		if (KILN_ROWS_PREFETCH > 0) ahead(i + KILN_ROWS_PREFETCH * blockDim.x);
 		uint4 xa[ROWS_N], ra[ROWS_N];
 #pragma unroll
 		for (int k = 0; k < ROWS_N; k++) {
@@ -873,15 +851,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* g
 #pragma unroll
 	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
 	const bool scaled = sr || sc;
-	const auto ahead = [&](int i) {
-		if (i >= nv) return;
-#pragma unroll
-		for (int k = 0; k < ROWS_Q; k++) prefetch_l2(row[k] + i * VEC), prefetch_l2(row[k] + n + i * VEC);
-	};
-	for (int d = 1; d < KILN_ROWS_PREFETCH; d++) ahead(threadIdx.x + d * blockDim.x);
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
-		if (KILN_ROWS_PREFETCH > 0) ahead(i + KILN_ROWS_PREFETCH * blockDim.x);
 		uint4 g[ROWS_Q], u[ROWS_Q];
 #pragma unroll
 		for (int k = 0; k < ROWS_Q; k++) {
@@ -1458,12 +1429,13 @@ __device__ __forceinline__ void rope_unit_store(const rope_unit& w, const float*
 // ROPE_UNITS is the units a thread of rope_qkv_write_v takes: a block
 // covers blockDim·ROPE_UNITS units of a row (Llama-3-8B's 384 in one
 // block; kernels.go's ropeUnits). ROPE_U of them are loaded before the
-// first is used, so that every thread has several loads in flight; an
-// experiment may take fewer at a time (KILN_NVRTC_OPTIONS=-DROPE_U=2:
-// fewer registers than the 114 of four, more blocks a multiprocessor).
+// first is used, so that every thread has several loads in flight: two
+// (64 registers on the H200's NVRTC 13.0; all four took 114, and the
+// kernel 23.6 µs a layer of an FP8 prefill against 16.9 with two, session
+// 42). The host emulation also builds it with four.
 #define ROPE_UNITS 4
 #ifndef ROPE_U
-#define ROPE_U ROPE_UNITS
+#define ROPE_U 2
 #endif
 static_assert(ROPE_UNITS % ROPE_U == 0, "ROPE_U divides ROPE_UNITS");
 extern "C" __global__ void rope_qkv_write_v(const T* qkv, const float* sr, const float* sc, T* q, KV* kc, KV* vc,

@@ -19,6 +19,16 @@ var noLocalMemory = []string{
 	"fp8_quant_rows",
 }
 
+// spillAllowed is the local memory a kernel of noLocalMemory may have
+// because its __launch_bounds__ caps its registers, not because it indexes
+// an array: swiglu_packed_qr (64 registers, four blocks a multiprocessor)
+// spills 8 bytes in bf16 with the fast SiLU, and ran 65 µs a layer of an
+// FP8 prefill so against 81 µs without the spill and the fast SiLU (H200,
+// session 42). More than this fails. CI's TestWritersNoLocalDepot checks
+// these kernels for local arrays in clang's PTX, which has no register
+// cap.
+var spillAllowed = map[string]int{"swiglu_packed_qr": 8}
+
 // watchedResources are kernels whose resources are logged, not checked:
 // the many-row FP8 add+norm spills 48 (bf16) or 64 (f16) bytes under its
 // __launch_bounds__(256, 4) (measured faster so in session 40: four
@@ -53,7 +63,7 @@ func TestKernelResources(t *testing.T) {
 				continue
 			}
 			t.Logf("%v %-22s %3d registers, %4d bytes of local memory", act, name, regs, local)
-			if local != 0 && slices.Contains(noLocalMemory, name) {
+			if local > spillAllowed[name] && slices.Contains(noLocalMemory, name) {
 				t.Errorf("%v %s: %d bytes of local memory a thread", act, name, local)
 			}
 		}

@@ -14,20 +14,15 @@
 #define KILN_PART_IS(p) 1
 #endif
 
-// silu_f is SiLU(v) = v / (1 + e^−v): the accurate exponential and a
-// correctly rounded division, about 20 instructions. KILN_FAST_SILU (an
-// experiment, off: KILN_NVRTC_OPTIONS=-DKILN_FAST_SILU=1) takes the
-// hardware's approximate exponential and reciprocal instead (a few ulps of
-// float, below a bf16 rounding): the prefill's SwiGLU kernels keep the
-// issue slots 53–63% busy (session 41, Nsight Compute on swiglu_packed_n),
-// and SiLU is perhaps half of their instructions (counted from the source,
-// not measured). For v below about −88, e^−v is infinite and both forms
-// give −0.
-#ifdef KILN_FAST_SILU
+// silu_f is SiLU(v) = v / (1 + e^−v) from the hardware's approximate
+// exponential and division (__expf, __fdividef: a few ulps of float, far
+// below a bf16 or f16 rounding). The accurate exponential and correctly
+// rounded division took about 20 instructions, and the prefill's SwiGLU
+// kernels were bound by their issue slots: on the H200 the FP8 prefill's
+// swiglu_packed_qr took 65 µs a layer with this form against 81 with that
+// one (session 42, the same binary either way). For v below about −88,
+// e^−v is infinite and SiLU gives −0.
 __device__ __forceinline__ float silu_f(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
-#else
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
-#endif
 
 // rot1, rot2: the rotated pair (x1·c − x2·s, x2·c + x1·s), with the
 // multiply-adds written out so that every RoPE kernel rounds alike.

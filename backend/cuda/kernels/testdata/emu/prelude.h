@@ -54,6 +54,14 @@ static inline unsigned short f2bf(float f) {
 	u += 0x7fff + ((u >> 16) & 1);
 	return (unsigned short)(u >> 16);
 }
+// The approximate exponential and division (shared.cu's silu_f): the
+// host's accurate forms; __fdividef gives 0 for a divisor past 2^126, as
+// the device's does. Not the device's bits.
+// (glibc declares an __expf of its own: the names are macros.)
+static inline float emu_expf(float x) { return expf(x); }
+static inline float emu_fdividef(float a, float b) { return fabsf(b) > 0x1p126f && !std::isinf(b) ? a * 0.0f : a / b; }
+#define __expf emu_expf
+#define __fdividef emu_fdividef
 static inline float bf2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 // f32 → f16, round to nearest even (clang has no _Float16 on x86-64).
 static inline unsigned short f2h(float f) {

@@ -198,7 +198,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 		"#define NORM_MAXV",
 		"template <typename W, bool PREW, bool Q = false>\n__device__ void norm_vec_impl(",
 		"#define ROWS_N",
-		"template <typename W>\n__device__ void add_norm_rows_q(",
+		"template <typename W, int R>\n__device__ void add_norm_rows_q(",
 		`extern "C" __global__ void swiglu_packed_q(`,
 		"#define ROWS_Q",
 		`extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(`))

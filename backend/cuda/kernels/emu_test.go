@@ -198,7 +198,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 		"#define NORM_MAXV",
 		"template <typename W, bool PREW, bool Q = false>\n__device__ void norm_vec_impl(",
 		"#define ROWS_N",
-		"template <typename W, int R>\n__device__ void add_norm_rows_q(",
+		"template <typename W>\n__device__ void add_norm_rows_q(",
 		`extern "C" __global__ void swiglu_packed_q(`,
 		"#define ROWS_Q",
 		`extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(`))
@@ -578,6 +578,26 @@ func cLines(t *testing.T, src, marker string) string {
 		j += k + 1
 		if !strings.HasSuffix(line, "\\") {
 			return src[i:j]
+		}
+	}
+}
+
+// TestRowsConstantsMatch: the rows a block and units a thread that the
+// launches assume (kernels.go) are those kernels.cu's kernels take, so
+// that a change on one side alone fails here rather than leaving rows
+// unwritten on the GPU.
+func TestRowsConstantsMatch(t *testing.T) {
+	for _, c := range []struct {
+		define string
+		goSide int
+	}{{"ROWS_N", normRowsQ}, {"ROWS_Q", swigluRowsQ}, {"ROPE_UNITS", ropeUnits}} {
+		line := strings.TrimSpace(cLines(t, common, "#define "+c.define+" "))
+		var v int
+		if _, err := fmt.Sscanf(line, "#define "+c.define+" %d", &v); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if v != c.goSide {
+			t.Errorf("kernels.cu's %s is %d, kernels.go's %d", c.define, v, c.goSide)
 		}
 	}
 }

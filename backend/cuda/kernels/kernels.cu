@@ -498,44 +498,45 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 	}
 }
 
-// add_rmsnorm_vq for the many rows of a prefill: R rows a block (grid
-// ⌈rows/R⌉, the block norm_vec_impl's; R is ROWS_N in add_rmsnorm_rq_w*,
-// 2 in add_rmsnorm_rq2_w*, an experiment: KILN_NORM_ROWS_Q=2, fewer
-// registers than four rows' loads and twice the blocks), a thread the same 16-byte
+// add_rmsnorm_vq for the many rows of a prefill: ROWS_N rows a block (grid
+// ⌈rows/ROWS_N⌉, the block norm_vec_impl's), a thread the same 16-byte
 // columns of each row as norm_vec_impl's thread, so that a column's scales
 // and weights are loaded once for the block's rows and all its rows' loads
 // are in flight together; the sums, then the normalized values, rounded to
-// T, wait in shared memory (R·dim elements of T, dynamic). The same
+// T, wait in shared memory (ROWS_N·dim elements of T, dynamic). The same
 // bytes as norm_vec_impl's add and FP8 form: each row's squares summed in
 // the same order over the same threads. sum may alias x or r (each thread
-// reads its own elements before writing them); qs may be sr.
-#define ROWS_N 4
-template <typename W, int R>
+// reads its own elements before writing them); qs may be sr. Two rows:
+// four rows' loads spilled 48 bytes a thread under the kernel's 64
+// registers (bf16; 57 registers and none with two), and the FP8 prefill's
+// norm took 26.3–28.2 µs a layer so against 25.3–26.5 (H200, session 42).
+#define ROWS_N 2
+template <typename W>
 __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
                                 float* qs, int rows, int dim, float eps) {
-	extern __shared__ uint4 held[]; // [R][dim/VEC]
-	__shared__ float sh[32 * R];
+	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC]
+	__shared__ float sh[32 * ROWS_N];
 	pdl_enter();
 	const int nv = dim / VEC;
-	const long long r0 = (long long)blockIdx.x * R;
-	long long base[R];
-	float fr[R], ss[R];
-	block_rows<R>(r0, rows, sr, base, fr);
+	const long long r0 = (long long)blockIdx.x * ROWS_N;
+	long long base[ROWS_N];
+	float fr[ROWS_N], ss[ROWS_N];
+	block_rows<ROWS_N>(r0, rows, sr, base, fr);
 #pragma unroll
-	for (int k = 0; k < R; k++) base[k] *= dim, ss[k] = 0.f;
+	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
-		uint4 xa[R], ra[R];
+		uint4 xa[ROWS_N], ra[ROWS_N];
 #pragma unroll
-		for (int k = 0; k < R; k++) {
+		for (int k = 0; k < ROWS_N; k++) {
 			xa[k] = *(const uint4*)(x + base[k] + c);
 			ra[k] = *(const uint4*)(r + base[k] + c);
 		}
 		float cs[VEC];
 		col_scales16(sc, c, cs);
 #pragma unroll
-		for (int k = 0; k < R; k++) {
+		for (int k = 0; k < ROWS_N; k++) {
 			float v[VEC], b[VEC];
 			unpack16(xa[k], v, (const T*)0);
 			unpack16(ra[k], b, (const T*)0);
@@ -549,10 +550,10 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 			store16((T*)&held[k * nv + i], v);
 		}
 	}
-	float scale[R], m[R];
+	float scale[ROWS_N], m[ROWS_N];
 	block_reduce_rows<false>(ss, sh);
 #pragma unroll
-	for (int k = 0; k < R; k++) {
+	for (int k = 0; k < ROWS_N; k++) {
 		scale[k] = 1.0f / sqrtf(ss[k] / (float)dim + eps);
 		m[k] = 0.f;
 	}
@@ -562,7 +563,7 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 #pragma unroll
 		for (int j = 0; j < VEC; j++) wj[j] = tof(w[c + j]);
 #pragma unroll
-		for (int k = 0; k < R; k++) {
+		for (int k = 0; k < ROWS_N; k++) {
 			float v[VEC];
 			unpack16(held[k * nv + i], v, (const T*)0);
 #pragma unroll
@@ -573,8 +574,8 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 			store16((T*)&held[k * nv + i], v);
 		}
 	}
-	const uint4 none[R] = {};
-	store_held_e4m3<R>(held, nv, none, m, sh, q, qs, r0, rows, nv);
+	const uint4 none[ROWS_N] = {};
+	store_held_e4m3<ROWS_N>(held, nv, none, m, sh, q, qs, r0, rows, nv);
 }
 
 // ---------------------------------------------------------------- add_bias
@@ -638,12 +639,7 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 	extern "C" __global__ void __launch_bounds__(256, 4) add_rmsnorm_rq_w##W(                                    \
 	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
 	    int rows, int dim, float eps) {                                                                              \
-		add_norm_rows_q<W, ROWS_N>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                    \
-	}                                                                                                              \
-	extern "C" __global__ void __launch_bounds__(256, 4) add_rmsnorm_rq2_w##W(                                   \
-	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
-	    int rows, int dim, float eps) {                                                                              \
-		add_norm_rows_q<W, 2>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                         \
+		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \

@@ -12,7 +12,6 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -402,7 +401,7 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 	}
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
 		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared {
-			rq := normRowsKernel + wsuffix(wt)
+			rq := "add_rmsnorm_rq" + wsuffix(wt)
 			if err := k.preferShared(rq, shared); err != nil {
 				return err
 			}
@@ -628,19 +627,9 @@ const swigluE4M3MinRows = 256
 const (
 	prefillRowsQ  = 1024
 	swigluRowsQ   = 2
+	normRowsQ     = 2
 	maxRowsShared = 160 << 10
 )
-
-// normRowsQ is the rows a block of the many-row FP8 norm: four
-// (add_rmsnorm_rq_w*), or two (add_rmsnorm_rq2_w*) with KILN_NORM_ROWS_Q=2,
-// an experiment (four rows' loads spill 48 bytes a thread under the
-// kernel's 64 registers; two take half of them, in twice the blocks).
-var normRowsQ, normRowsKernel = func() (int, string) {
-	if os.Getenv("KILN_NORM_ROWS_Q") == "2" {
-		return 2, "add_rmsnorm_rq2"
-	}
-	return 4, "add_rmsnorm_rq"
-}()
 
 // swigluQRShared is swiglu_packed_qr's dynamic shared memory for rows of nv
 // vectors: swigluRowsQ rows of all but each thread's last vector.
@@ -886,7 +875,8 @@ func (k *Kernels) raiseShared(name string, shared int) error {
 // preferShared is raiseShared whatever shared is: the largest carveout
 // also for a kernel whose blocks each take 48 KiB or less, where the
 // driver's own choice left room for fewer of them than the registers
-// allow (add_rmsnorm_rq: 3 of 4 blocks of 33 KB).
+// allow (add_rmsnorm_rq at four rows a block, session 40: 3 of 4 blocks
+// of 33 KB).
 func (k *Kernels) preferShared(name string, shared int) error {
 	k.mu.Lock()
 	have, set := k.sharedSet[name]

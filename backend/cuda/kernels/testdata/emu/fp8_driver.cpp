@@ -40,7 +40,7 @@ static int same(const char* what, const void* a, const void* b, size_t n) {
 
 static int threads_for(int nv) { return std::min(256, (nv + 31) / 32 * 32); }
 
-template <int R> static int norm_case(int rows, int dim, bool scaled, unsigned seed) {
+static int norm_case(int rows, int dim, bool scaled, unsigned seed) {
 	std::mt19937_64 rng(seed);
 	const float eps = 1e-5f;
 	const int nv = dim / VEC;
@@ -56,16 +56,16 @@ template <int R> static int norm_case(int rows, int dim, bool scaled, unsigned s
 	launch(dim3{(unsigned)rows, 1, 1}, threads_for(nv), [&] {
 		norm_vec_impl<float, false, true>(x.data(), r.data(), wv.data(), sum1.data(), (T*)0, dim, eps, q1.data(), qs1.data(), psr, psc);
 	});
-	launch(dim3{(unsigned)((rows + R - 1) / R), 1, 1}, threads_for(nv), [&] {
-		add_norm_rows_q<float, R>(x.data(), r.data(), psr, psc, wv.data(), sum2.data(), q2.data(), qs2.data(), rows, dim, eps);
+	launch(dim3{(unsigned)((rows + ROWS_N - 1) / ROWS_N), 1, 1}, threads_for(nv), [&] {
+		add_norm_rows_q<float>(x.data(), r.data(), psr, psc, wv.data(), sum2.data(), q2.data(), qs2.data(), rows, dim, eps);
 	});
 	char what[96];
 	int bad = 0;
-	snprintf(what, sizeof what, "add_norm_rows_q<%d> %dx%d scaled %d: sum", R, rows, dim, scaled);
+	snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d: sum", rows, dim, scaled);
 	bad += same(what, sum2.data(), sum1.data(), sum1.size() * sizeof(T));
-	snprintf(what, sizeof what, "add_norm_rows_q<%d> %dx%d scaled %d: codes", R, rows, dim, scaled);
+	snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d: codes", rows, dim, scaled);
 	bad += same(what, q2.data(), q1.data(), q1.size());
-	snprintf(what, sizeof what, "add_norm_rows_q<%d> %dx%d scaled %d: row scales", R, rows, dim, scaled);
+	snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d: row scales", rows, dim, scaled);
 	bad += same(what, qs2.data(), qs1.data(), qs1.size() * sizeof(float));
 	return bad;
 }
@@ -130,11 +130,9 @@ int main() {
 	g_after_wait = [](const void*) { return false; };
 	int fails = 0;
 	fails += div_case(4000000, 30);
-	fails += norm_case<ROWS_N>(8, 256, false, 1) != 0;
-	fails += norm_case<ROWS_N>(7, 4096, true, 2) != 0; // an odd last block, two vectors a thread
-	fails += norm_case<ROWS_N>(5, 96, true, 3) != 0;   // fewer columns than a warp's vectors
-	fails += norm_case<2>(7, 4096, true, 4) != 0;      // add_rmsnorm_rq2: two rows a block
-	fails += norm_case<2>(5, 96, false, 5) != 0;
+	fails += norm_case(8, 256, false, 1) != 0;
+	fails += norm_case(7, 4096, true, 2) != 0; // an odd last block, two vectors a thread
+	fails += norm_case(5, 96, true, 3) != 0;   // fewer columns than a warp's vectors
 	for (int which = 0; which <= 3; which++) fails += swiglu_case(5, 1024, which, false, 10 + which) != 0;
 	fails += swiglu_case(3, 8 * 300, 3, false, 20) != 0; // more vectors than threads, an odd last block
 	fails += swiglu_case(4, 96, 1, true, 21) != 0;

@@ -35,8 +35,8 @@ var spillAllowed = map[string]int{"swiglu_packed_qr": 8}
 // the tensor-core prefill spills 16 or 112 bytes at 255 registers (session
 // 41, H100). The tensor-parallel all-reduces report 96–224 bytes on the
 // H200 after ar_region (session 42; clang's PTX still has depots in some,
-// rolled loops over the ranks, and the frame of ar_stuck, which they call
-// only when a peer is late past AR_TIMEOUT_NS, counts too).
+// rolled loops over the ranks; ar_stuck, a call they make only when a
+// peer is late past AR_TIMEOUT_NS, may add its frame: not yet told apart).
 var watchedResources = []string{"prefill_mma_128", "prefill_mma1_128", "decode_mma_128",
 	"decode_mma_h2_128", "decode_mma_h4_128", "peer_allreduce_bf16", "peer_lamport_bf16", "peer_lamport2_bf16", "peer_lamport_add_bf16",
 	"peer_lamport2_norm_wbf16", "peer_scatter_rows"}

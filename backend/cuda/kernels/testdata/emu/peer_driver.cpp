@@ -246,6 +246,63 @@ template <typename W> static int norm_case(Group& g, std::mt19937_64& rng, int r
 	return bad;
 }
 
+template <typename E> struct AddKernels;
+template <> struct AddKernels<f32> {
+	static constexpr auto one = &peer_lamport_add_f32;
+};
+template <> struct AddKernels<f16> {
+	static constexpr auto one = &peer_lamport_add_f16;
+};
+template <> struct AddKernels<bf16> {
+	static constexpr auto one = &peer_lamport_add_bf16;
+};
+
+// add_case runs the one-shot all-reduce with a residual added
+// (peer_lamport_add) of nv vectors on every rank, the sums written apart
+// (alias 0), over src (1), over r (2), or over src a third of the vectors
+// on (3, with sync: a thread keeps its partials and r in registers, and
+// every block of the rank pushes before any stores), and checks each
+// rank's sums (the ranks' partials in rank order in float32, plus r,
+// rounded once) and the Lamport buffers.
+template <typename E> static int add_case(Group& g, std::mt19937_64& rng, long long nv, int alias) {
+	const int ranks = g.ranks;
+	const long long n = nv * 16 / sizeof(E), shift = alias == 3 ? nv / 3 * 16 / (long long)sizeof(E) : 0;
+	std::normal_distribution<float> d;
+	std::vector<E> r(n);
+	for (auto& x : r) x = fromf<E>(d(rng));
+	std::vector<std::vector<E>> part(ranks), src(ranks), rr(ranks, r), out(ranks, std::vector<E>(n));
+	for (int q = 0; q < ranks; q++) {
+		part[q].resize(n);
+		for (long long i = 0; i < n; i++) part[q][i] = fromf<E>(i % 16 == 7 ? -0.f : d(rng));
+		src[q] = part[q];
+		src[q].resize(n + shift);
+	}
+	std::vector<float> want(n);
+	for (long long i = 0; i < n; i++) {
+		float acc = 0.f;
+		for (int q = 0; q < ranks; q++) acc += pushed(part[q][i]);
+		want[i] = tof(fromf<E>(acc + tof(r[i])));
+	}
+	launch_ranks(ranks, [&](int q) {
+		E* dst = alias == 1 ? src[q].data() : alias == 2 ? rr[q].data() : alias == 3 ? src[q].data() + shift : out[q].data();
+		AddKernels<E>::one(src[q].data(), rr[q].data(), dst, nv, alias == 3, q, ranks, CAP, REGS(g));
+	});
+	int bad = 0;
+	for (int q = 0; q < ranks; q++) {
+		const E* got = alias == 1 ? src[q].data() : alias == 2 ? rr[q].data() : alias == 3 ? src[q].data() + shift : out[q].data();
+		for (long long i = 0; i < n; i++)
+			if (!(tof(got[i]) == want[i])) {
+				if (bad < 3) fprintf(stderr, "  add (%lld vectors, alias %d), rank %d, element %lld: %g, want %g\n", nv, alias, q, i, tof(got[i]), want[i]);
+				bad++;
+			}
+	}
+	if (const long long full = full_lamport(g)) {
+		fprintf(stderr, "  add (%lld vectors, alias %d): %lld Lamport words left full\n", nv, alias, full);
+		bad++;
+	}
+	return bad;
+}
+
 template <typename E> static int group_case(int ranks, unsigned seed) {
 	std::mt19937_64 rng(seed);
 	Group g = make_group(ranks);
@@ -260,6 +317,16 @@ template <typename E> static int group_case(int ranks, unsigned seed) {
 	bad += scatter_case(g, rng, ranks, 8);
 	bad += allreduce_case<E>(g, rng, two, (long long)ranks * ranks, false); // the fewest vectors the two-shot form takes
 	bad += allreduce_case<E>(g, rng, 1, 64, false);
+	// The one-shot form with the residual added: vectors fewer than a
+	// grid's threads, more (two and three strides), past AR_ADD_MAXV
+	// strides (the tail loop), and over src with sync.
+	bad += add_case<E>(g, rng, 37, 0);
+	bad += add_case<E>(g, rng, 1001, 1);
+	bad += allreduce_case<E>(g, rng, 1, 64, false);
+	bad += add_case<E>(g, rng, 1300, 2);
+	bad += add_case<E>(g, rng, 2500, 0);
+	bad += add_case<E>(g, rng, 1001, 3);
+	bad += add_case<E>(g, rng, 2048, 3);
 	if (std::is_same<E, T>::value) {
 		// The two-shot form with the add and norm (over two ranks too,
 		// which kernels.go does not ask of it), between the others: rows

@@ -650,23 +650,47 @@ __device__ void peer_lamport_add_impl(const E* src, const E* r, E* dst, long lon
                                       long long cap, AR_REGION_PARAMS) {
 	constexpr int N = 16 / sizeof(E);
 	const ar_call c = ar_start(rank, AR_REGION_ARGS);
+	const uint4 *sv = (const uint4*)src, *rv4 = (const uint4*)r;
+	// A thread's first AR_ADD_MAXV vectors in loops unrolled, so that the
+	// kept partials and r stay in registers (indexed by a count known only
+	// at run time they were in local memory: 128 bytes in clang's PTX),
+	// then the rest.
 	uint4 mine[AR_ADD_MAXV], rv[AR_ADD_MAXV];
-	int k = 0;
-	for (long long v = c.v0; v < nv; v += c.stride, k++) {
-		const uint4 m = lp_canon16<E>(((const uint4*)src)[v]);
+#pragma unroll
+	for (int k = 0; k < AR_ADD_MAXV; k++) {
+		const long long v = c.v0 + k * c.stride;
+		if (v >= nv) break;
+		const uint4 m = lp_canon16<E>(sv[v]);
 		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, m);
-		if (sync && k < AR_ADD_MAXV) mine[k] = m, rv[k] = ((const uint4*)r)[v];
+		if (sync) mine[k] = m, rv[k] = rv4[v];
 	}
+	for (long long v = c.v0 + AR_ADD_MAXV * c.stride; v < nv; v += c.stride)
+		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, lp_canon16<E>(sv[v]));
 	if (sync) ar_rank_sync(c.own, c.e);
-	k = 0;
-	for (long long v = c.v0; v < nv; v += c.stride, k++) {
+	// add stores vector v's sum over the ranks (this rank's partial m) plus
+	// r's vector rr.
+	const auto add = [&](long long v, uint4 m, uint4 rr) {
 		float f[N], g[N];
-		const bool kept = sync && k < AR_ADD_MAXV;
-		unpack16(kept ? rv[k] : ((const uint4*)r)[v], g, (const E*)0);
-		lp_sum16<E>(f, kept ? mine[k] : lp_canon16<E>(((const uint4*)src)[v]), c.own, c.e, rank, ranks, cap, v * 16);
+		unpack16(rr, g, (const E*)0);
+		lp_sum16<E>(f, m, c.own, c.e, rank, ranks, cap, v * 16);
 #pragma unroll
 		for (int i = 0; i < N; i++) f[i] += g[i];
 		((uint4*)dst)[v] = pack16(f, (const E*)0);
+	};
+#pragma unroll
+	for (int k = 0; k < AR_ADD_MAXV; k++) {
+		const long long v = c.v0 + k * c.stride;
+		if (v >= nv) break;
+		if (sync) {
+			add(v, mine[k], rv[k]);
+		} else {
+			const uint4 rr = rv4[v];
+			add(v, lp_canon16<E>(sv[v]), rr);
+		}
+	}
+	for (long long v = c.v0 + AR_ADD_MAXV * c.stride; v < nv; v += c.stride) {
+		const uint4 rr = rv4[v];
+		add(v, lp_canon16<E>(sv[v]), rr);
 	}
 	ar_end(c.own, c.e);
 }

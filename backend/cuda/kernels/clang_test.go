@@ -128,14 +128,21 @@ func TestKernelParts(t *testing.T) {
 
 // TestWritersNoLocalDepot compiles the kernels module to PTX with clang
 // (-O3, sm_86, bf16 and f16) and fails where a kernel of noLocalMemory
-// (resources_test.go) has a local depot: an array indexed by a value the
+// (resources_test.go) or of noLocalDepot has a local depot: an array indexed by a value the
 // compiler cannot resolve, or a conditional between two arrays' elements,
 // which NVRTC too puts in local memory (rope_qkv_write_v's 320 bytes a
 // thread in session 40, found by Nsight Compute on the GPU; the GPU's
 // TestKernelResources reads NVRTC's own figures, spills included). clang's
 // other depots (the attention kernels', in loops it leaves rolled) are
 // not NVRTC's and are not checked. Skipped without clang.
+// noLocalDepot are kernels checked here only: the one-shot all-reduce with
+// the residual added, whose kept partials were indexed by a loop count
+// (128 bytes, session 42). NVRTC's figures for it are not yet known to be
+// zero (TestKernelResources logs them).
+var noLocalDepot = []string{"peer_lamport_add_f32", "peer_lamport_add_f16", "peer_lamport_add_bf16"}
+
 func TestWritersNoLocalDepot(t *testing.T) {
+	checked := append(slices.Clone(noLocalMemory), noLocalDepot...)
 	clang, prelude := clangAndPrelude(t)
 	f := filepath.Join(t.TempDir(), "kernels.cu")
 	if err := os.WriteFile(f, append(append(prelude, '\n'), Source()...), 0o644); err != nil {
@@ -158,7 +165,7 @@ func TestWritersNoLocalDepot(t *testing.T) {
 		locs := entry.FindAllStringSubmatchIndex(src, -1)
 		for i, m := range locs {
 			name := src[m[2]:m[3]]
-			if !slices.Contains(noLocalMemory, name) {
+			if !slices.Contains(checked, name) {
 				continue
 			}
 			end := len(src)
@@ -170,7 +177,7 @@ func TestWritersNoLocalDepot(t *testing.T) {
 				t.Errorf("ACT=%s: %s has a local depot in clang's PTX (an array indexed at run time?)", act, name)
 			}
 		}
-		for _, name := range noLocalMemory {
+		for _, name := range checked {
 			if !found[name] {
 				t.Errorf("ACT=%s: no entry %s in the PTX", act, name)
 			}

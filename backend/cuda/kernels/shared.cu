@@ -16,7 +16,7 @@
 
 // silu_f is SiLU(v) = v / (1 + e^−v) from the hardware's approximate
 // exponential and division (__expf: at most 2 + 1.17·|v| ulps, CUDA's
-// bound, so under 1.2e-5 relative for |v| ≤ 88; __fdividef). That is far
+// bound, so at most about 1.3e-5 relative for |v| ≤ 88; __fdividef): far
 // below a bf16 or f16 rounding. The accurate exponential and correctly
 // rounded division took about 20 instructions, in kernels that kept their
 // issue slots 53–63% busy (session 41). On the H200 the FP8 prefill's

@@ -13,7 +13,7 @@
 #   --kv-cache-dtype fp8);
 #   a variant named with -x (bf16-x, fp8-x, ...) is that variant compiled
 #   with KILN_NVRTC_OPTIONS=$XOPTS (an experiment's macro, e.g.
-#   XOPTS=-DKILN_FAST_SILU=1: the same binary with and without it), and
+#   XOPTS=-DROPE_U=4: the same binary with and without it), and
 #   one named with -y with $YOPTS (a second experiment beside it);
 #   PROFILE=1 adds --profile (the kernels' device times after each test).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]

@@ -10,7 +10,7 @@
 # kernels in order; with NCU=1 and time left, Nsight Compute's sections on
 # the writers of both formats (tools/gpu/writers-ncu.sh's). NOTRACE=1
 # skips the trace, BTESTS= (empty) the model's tests. XOPTS (NVRTC
-# options of an experiment, e.g. -DKILN_FAST_SILU=1) runs the kernels'
+# options of an experiment, e.g. -DROPE_U=4) runs the kernels'
 # tests again with them, names the -x variants of fp8-bench.sh (VARIANTS=
 # "bf16 bf16-x fp8 fp8-x") and traces this kiln with and without them;
 # YOPTS likewise a second experiment (the -y variants).
@@ -22,7 +22,7 @@ t0=$(date +%s)
 kernels_test writer-ktests -test.run "${KTESTS:-TestRoPEQKVWrite|TestE4M3Writers|TestQuantizeRowsE4M3|TestSwiGLUPacked|TestRowRMSReaders|TestFP8KVWrite|TestGEMVRoPEQKV|TestGEMVFold}"
 grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | head -20
 # The experiments' kernels (XOPTS, YOPTS: NVRTC options, e.g.
-# -DKILN_FAST_SILU=1) under the same tests.
+# -DROPE_U=4) under the same tests.
 for x in x y; do
 	opts=XOPTS
 	[ $x = y ] && opts=YOPTS

@@ -71,14 +71,15 @@ pkg_test() {
 kernels_test() { pkg_test backend/cuda/kernels "$@"; }
 backend_test() { pkg_test backend/cuda "$@"; }
 
-# tp_tests [PATTERN] runs the kernels' peer tests (TestPeer*) unless
+# tp_tests [PATTERN] runs the kernels' peer tests (TestPeer*, and
+# TestKernelResources, which logs the peer kernels' local memory) unless
 # SKIP_KERNELS is set, then backend/cuda's tensor-parallel tests
 # (TestTensorParallel*, TestPeerFormsMatch, and PATTERN's), each into its
 # log under $out, and prints their exit status and failures.
 tp_tests() {
 	if [ -z "${SKIP_KERNELS:-}" ]; then
-		kernels_test kernels -test.run 'TestPeer'
-		grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- (PASS|FAIL|SKIP)|made|waited' "$out/kernels.log" | head -30
+		kernels_test kernels -test.run 'TestPeer|TestKernelResources'
+		grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- (PASS|FAIL|SKIP)|made|waited|bf16 peer_' "$out/kernels.log" | head -40
 	fi
 	backend_test backend -test.run "TestTensorParallel|TestPeerFormsMatch${1:+|$1}"
 	grep -E '^(--- FAIL|FAIL|ok|PASS)|^\s*--- FAIL' "$out/backend.log" | head -10

@@ -16,6 +16,7 @@
 #   XOPTS=-DROPE_U=4: the same binary with and without it), and
 #   one named with -y with $YOPTS (a second experiment beside it);
 #   PROFILE=1 adds --profile (the kernels' device times after each test).
+#   It ends with tools/gpu/ratio_table.py: each variant ÷ bf16 a round.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/env.txt" 2>&1
@@ -49,3 +50,5 @@ for r in $(seq "${ROUNDS:-2}"); do
 		grep -E '^\| |roofline|busy' "$out/$name-$r.txt" | head -20
 	done
 done
+# Each variant against bf16 in the same round, and the ratios' range.
+python3 tools/gpu/ratio_table.py "$out"

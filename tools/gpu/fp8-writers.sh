@@ -36,7 +36,7 @@ if [ -n "$btests" ]; then
 	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS' "$out/writer-btests.log" | head -12
 fi
 echo "tests done at $(($(date +%s) - t0)) s"
-OUT=$out/bench ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64,256} VARIANTS="${VARIANTS:-bf16 fp8 fp8-base}" tools/gpu/fp8-bench.sh 2>&1 | grep -E '^==|^\| (pp|tg)'
+OUT=$out/bench ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64,256} VARIANTS="${VARIANTS:-bf16 fp8 fp8-base}" tools/gpu/fp8-bench.sh 2>&1 | grep -E '^==|^\| (pp|tg)|÷ bf16'
 echo "bench done at $(($(date +%s) - t0)) s"
 random_fp8
 if [ -f /tmp/libktrace.so ]; then

@@ -63,6 +63,8 @@ func newEnvironment() *exec.Environment {
 
 	structures := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
 	must(structures.Register("generation", generationParser))
+	set, _ := structures.Get("set")
+	must(structures.Replace("set", acyclicSetParser(set)))
 
 	ctx := exec.EmptyContext().Update(builtins.GlobalFunctions)
 	ctx.Set("range", rangeFunction)

@@ -114,7 +114,12 @@ func Parse(source string) (t *Template, err error) {
 			t, err = nil, fmt.Errorf("parse chat template: %v", r)
 		}
 	}()
-	tpl, err := exec.NewTemplate(templateName, jinjaConfig(), sourceLoader{rewriteConditionals(source)}, environment)
+	rewritten := rewriteConditionals(source)
+	if i := numberDotTrap(rewritten); i >= 0 {
+		return nil, fmt.Errorf("parse chat template: line %d: a number followed by '.' and a non-ASCII character (%q), which the template engine cannot read",
+			1+strings.Count(rewritten[:i], "\n"), snippet(rewritten, i))
+	}
+	tpl, err := exec.NewTemplate(templateName, jinjaConfig(), sourceLoader{rewritten}, environment)
 	if err != nil {
 		// gonja quotes the whole source in its message; keep the cause only.
 		if inner := errors.Unwrap(err); inner != nil {

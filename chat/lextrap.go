@@ -11,76 +11,89 @@ package chat
 
 import (
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
-// numberDotTrap returns the byte offset of the first number inside a tag
-// ({{ … }}, {% … %}; outside its string literals) that gonja's lexer would
-// step back from wrongly: digits, or a float, followed by '.' and a
-// non-ASCII byte. It returns -1 when there is none.
+// numberDotTrap returns the byte offset of the first digit in a tag's code
+// ({{ … }}, {% … %}, outside its string literals, found as gonja's lexer
+// finds them) followed by '.' and a multi-byte character, or -1 when there
+// is none. It looks at every digit, an identifier's last one too (x1.日),
+// which rejects a little more than the lexer stumbles on.
 func numberDotTrap(src string) int {
 	n := len(src)
-	digit := func(i int) bool { return i < n && src[i] >= '0' && src[i] <= '9' }
-	digits := func(i int) int { // past a run of digits and underscores
-		for i < n && (digit(i) || src[i] == '_') {
-			i++
+	i := 0
+	for i < n {
+		// Text: up to the next tag or comment.
+		j := strings.IndexByte(src[i:], '{')
+		if j < 0 {
+			return -1
 		}
-		return i
-	}
-	identByte := func(c byte) bool {
-		return c == '_' || c >= 0x80 || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
-	}
-	dotThenWide := func(i int) bool { return i+1 < n && src[i] == '.' && src[i+1] >= 0x80 }
-	inTag := false
-	var quote byte
-	for i := 0; i < n; i++ {
-		c := src[i]
-		switch {
-		case !inTag:
-			if c == '{' && i+1 < n && (src[i+1] == '{' || src[i+1] == '%') {
-				inTag = true
-				i++
+		i += j
+		if i+1 >= n {
+			return -1
+		}
+		var end string
+		switch src[i+1] {
+		case '{':
+			end = "}}"
+		case '%':
+			end = "%}"
+		case '#':
+			k := strings.Index(src[i+2:], "#}")
+			if k < 0 {
+				return -1
 			}
-		case quote != 0:
-			if c == '\\' {
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
-		case (c == '}' || c == '%') && i+1 < n && src[i+1] == '}':
-			inTag = false
+			i += 2 + k + 2
+			continue
+		default:
 			i++
-		case digit(i) && (i == 0 || !identByte(src[i-1])):
-			if c == '0' && i+1 < n && strings.IndexByte("xXbBoO", src[i+1]) >= 0 {
-				j := i + 2
-				for j < n && identByte(src[j]) {
-					j++
+			continue
+		}
+		// Code: brackets opened, strings, until the end not inside a bracket.
+		i += 2
+		var closers []byte
+		var quote byte
+		for i < n {
+			c := src[i]
+			if quote != 0 {
+				switch c {
+				case '\\':
+					i += 2
+				case quote:
+					quote = 0
+					i++
+				default:
+					i++
 				}
-				i = j - 1
 				continue
 			}
-			j := digits(i)
-			if dotThenWide(j) {
-				return i
+			if len(closers) == 0 && strings.HasPrefix(src[i:], end) {
+				i += len(end)
+				break
 			}
-			if j < n && src[j] == '.' && digit(j+1) {
-				j = digits(j + 1)
-			}
-			if j < n && (src[j] == 'e' || src[j] == 'E') {
-				k := j + 1
-				if k < n && (src[k] == '+' || src[k] == '-') {
-					k++
+			switch c {
+			case '\'', '"':
+				quote = c
+			case '(':
+				closers = append(closers, ')')
+			case '[':
+				closers = append(closers, ']')
+			case '{':
+				closers = append(closers, '}')
+			case ')', ']', '}':
+				if len(closers) == 0 || closers[len(closers)-1] != c {
+					return -1 // gonja's lexer stops at the mismatch
 				}
-				if digit(k) {
-					j = digits(k)
+				closers = closers[:len(closers)-1]
+			}
+			r, w := utf8.DecodeRuneInString(src[i:])
+			if unicode.IsDigit(r) && i+w+1 < n && src[i+w] == '.' {
+				if _, after := utf8.DecodeRuneInString(src[i+w+1:]); after > 1 {
+					return i
 				}
 			}
-			if dotThenWide(j) {
-				return i
-			}
-			i = j - 1
+			i += w
 		}
 	}
 	return -1

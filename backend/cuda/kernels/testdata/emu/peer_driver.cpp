@@ -66,14 +66,17 @@ static long long full_lamport(Group& g) {
 template <typename E> struct Kernels;
 template <> struct Kernels<f32> {
 	static constexpr auto one = &peer_lamport_f32, flags = &peer_allreduce_f32, two = &peer_lamport2_f32;
+	static constexpr auto add = &peer_lamport_add_f32;
 	static constexpr const char* name = "f32";
 };
 template <> struct Kernels<f16> {
 	static constexpr auto one = &peer_lamport_f16, flags = &peer_allreduce_f16, two = &peer_lamport2_f16;
+	static constexpr auto add = &peer_lamport_add_f16;
 	static constexpr const char* name = "f16";
 };
 template <> struct Kernels<bf16> {
 	static constexpr auto one = &peer_lamport_bf16, flags = &peer_allreduce_bf16, two = &peer_lamport2_bf16;
+	static constexpr auto add = &peer_lamport_add_bf16;
 	static constexpr const char* name = "bf16";
 };
 
@@ -246,17 +249,6 @@ template <typename W> static int norm_case(Group& g, std::mt19937_64& rng, int r
 	return bad;
 }
 
-template <typename E> struct AddKernels;
-template <> struct AddKernels<f32> {
-	static constexpr auto one = &peer_lamport_add_f32;
-};
-template <> struct AddKernels<f16> {
-	static constexpr auto one = &peer_lamport_add_f16;
-};
-template <> struct AddKernels<bf16> {
-	static constexpr auto one = &peer_lamport_add_bf16;
-};
-
 // add_case runs the one-shot all-reduce with a residual added
 // (peer_lamport_add) of nv vectors on every rank, the sums written apart
 // (alias 0), over src (1), over r (2), or over src a third of the vectors
@@ -285,7 +277,7 @@ template <typename E> static int add_case(Group& g, std::mt19937_64& rng, long l
 	}
 	launch_ranks(ranks, [&](int q) {
 		E* dst = alias == 1 ? src[q].data() : alias == 2 ? rr[q].data() : alias == 3 ? src[q].data() + shift : out[q].data();
-		AddKernels<E>::one(src[q].data(), rr[q].data(), dst, nv, alias == 3, q, ranks, CAP, REGS(g));
+		Kernels<E>::add(src[q].data(), rr[q].data(), dst, nv, alias == 3, q, ranks, CAP, REGS(g));
 	});
 	int bad = 0;
 	for (int q = 0; q < ranks; q++) {

@@ -63,7 +63,10 @@ func newEnvironment() *exec.Environment {
 
 	structures := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
 	must(structures.Register("generation", generationParser))
-	set, _ := structures.Get("set")
+	set, ok := structures.Get("set")
+	if !ok {
+		panic("chat: gonja has no set statement")
+	}
 	must(structures.Replace("set", acyclicSetParser(set)))
 
 	ctx := exec.EmptyContext().Update(builtins.GlobalFunctions)

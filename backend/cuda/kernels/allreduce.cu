@@ -650,22 +650,22 @@ __device__ void peer_lamport_add_impl(const E* src, const E* r, E* dst, long lon
                                       long long cap, AR_REGION_PARAMS) {
 	constexpr int N = 16 / sizeof(E);
 	const ar_call c = ar_start(rank, AR_REGION_ARGS);
-	const uint4 *sv = (const uint4*)src, *rv4 = (const uint4*)r;
+	const uint4 *src16 = (const uint4*)src, *r16 = (const uint4*)r;
 	// A thread's first AR_ADD_MAXV vectors in loops unrolled, so that the
-	// kept partials and r stay in registers (indexed by a count known only
-	// at run time they were in local memory: 128 bytes in clang's PTX),
-	// then the rest.
-	uint4 mine[AR_ADD_MAXV], rv[AR_ADD_MAXV];
+	// partials and r kept with sync stay in registers (indexed by a count
+	// known only at run time they were in local memory: 128 bytes in
+	// clang's PTX), then the rest.
+	uint4 mine[AR_ADD_MAXV], kept[AR_ADD_MAXV];
 #pragma unroll
 	for (int k = 0; k < AR_ADD_MAXV; k++) {
 		const long long v = c.v0 + k * c.stride;
 		if (v >= nv) break;
-		const uint4 m = lp_canon16<E>(sv[v]);
+		const uint4 m = lp_canon16<E>(src16[v]);
 		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, m);
-		if (sync) mine[k] = m, rv[k] = rv4[v];
+		if (sync) mine[k] = m, kept[k] = r16[v];
 	}
 	for (long long v = c.v0 + AR_ADD_MAXV * c.stride; v < nv; v += c.stride)
-		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, lp_canon16<E>(sv[v]));
+		lp_push(c.rg, c.e, rank, ranks, cap, v * 16, lp_canon16<E>(src16[v]));
 	if (sync) ar_rank_sync(c.own, c.e);
 	// add stores vector v's sum over the ranks (this rank's partial m) plus
 	// r's vector rr.
@@ -681,17 +681,13 @@ __device__ void peer_lamport_add_impl(const E* src, const E* r, E* dst, long lon
 	for (int k = 0; k < AR_ADD_MAXV; k++) {
 		const long long v = c.v0 + k * c.stride;
 		if (v >= nv) break;
-		if (sync) {
-			add(v, mine[k], rv[k]);
+		if (sync) { // (one call with conditional operands put mine and kept in local memory)
+			add(v, mine[k], kept[k]);
 		} else {
-			const uint4 rr = rv4[v];
-			add(v, lp_canon16<E>(sv[v]), rr);
+			add(v, lp_canon16<E>(src16[v]), r16[v]);
 		}
 	}
-	for (long long v = c.v0 + AR_ADD_MAXV * c.stride; v < nv; v += c.stride) {
-		const uint4 rr = rv4[v];
-		add(v, lp_canon16<E>(sv[v]), rr);
-	}
+	for (long long v = c.v0 + AR_ADD_MAXV * c.stride; v < nv; v += c.stride) add(v, lp_canon16<E>(src16[v]), r16[v]);
 	ar_end(c.own, c.e);
 }
 #define PEER_ADD(E)                                                                                               \

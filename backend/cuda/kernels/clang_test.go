@@ -126,21 +126,22 @@ func TestKernelParts(t *testing.T) {
 	}
 }
 
-// TestWritersNoLocalDepot compiles the kernels module to PTX with clang
-// (-O3, sm_86, bf16 and f16) and fails where a kernel of noLocalMemory
-// (resources_test.go) or of noLocalDepot has a local depot: an array indexed by a value the
-// compiler cannot resolve, or a conditional between two arrays' elements,
-// which NVRTC too puts in local memory (rope_qkv_write_v's 320 bytes a
-// thread in session 40, found by Nsight Compute on the GPU; the GPU's
-// TestKernelResources reads NVRTC's own figures, spills included). clang's
-// other depots (the attention kernels', in loops it leaves rolled) are
-// not NVRTC's and are not checked. Skipped without clang.
 // noLocalDepot are kernels checked here only: the one-shot all-reduce with
 // the residual added, whose kept partials were indexed by a loop count
 // (128 bytes, session 42). NVRTC's figures for it are not yet known to be
 // zero (TestKernelResources logs them).
 var noLocalDepot = []string{"peer_lamport_add_f32", "peer_lamport_add_f16", "peer_lamport_add_bf16"}
 
+// TestWritersNoLocalDepot compiles the kernels module to PTX with clang
+// (-O3, sm_86, bf16 and f16) and fails where a kernel of noLocalMemory
+// (resources_test.go) or of noLocalDepot has a local depot: an array
+// indexed by a value the compiler cannot resolve, or a conditional
+// between two arrays' elements, which NVRTC too puts in local memory
+// (rope_qkv_write_v's 320 bytes a
+// thread in session 40, found by Nsight Compute on the GPU; the GPU's
+// TestKernelResources reads NVRTC's own figures, spills included). clang's
+// other depots (the attention kernels', in loops it leaves rolled) are
+// not NVRTC's and are not checked. Skipped without clang.
 func TestWritersNoLocalDepot(t *testing.T) {
 	checked := append(slices.Clone(noLocalMemory), noLocalDepot...)
 	clang, prelude := clangAndPrelude(t)

@@ -24,9 +24,8 @@ var noLocalMemory = []string{
 // spillAllowed is the local memory a kernel of noLocalMemory may have
 // because its __launch_bounds__ caps its registers, not because it indexes
 // an array: swiglu_packed_qr (64 registers, four blocks a multiprocessor)
-// spills 8 bytes in bf16 with the fast SiLU, and ran 65 µs a layer of an
-// FP8 prefill so against 81 µs without the spill and the fast SiLU (H200,
-// session 42). More than this fails. CI's TestWritersNoLocalDepot checks
+// spills 8 bytes in bf16 with the fast SiLU, and is faster so (docs/PERF.md,
+// issue 16, session 42). More than this fails. CI's TestWritersNoLocalDepot checks
 // these kernels for local arrays in clang's PTX, which has no register
 // cap.
 var spillAllowed = map[string]int{"swiglu_packed_qr": 8}

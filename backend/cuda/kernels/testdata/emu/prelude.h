@@ -59,7 +59,7 @@ static inline unsigned short f2bf(float f) {
 // the device's does. Not the device's bits.
 // (glibc declares an __expf of its own: the names are macros.)
 static inline float emu_expf(float x) { return expf(x); }
-static inline float emu_fdividef(float a, float b) { return fabsf(b) > 0x1p126f && !std::isinf(b) ? a * 0.0f : a / b; }
+static inline float emu_fdividef(float a, float b) { return fabsf(b) > 0x1p126f ? a * 0.0f : a / b; }
 #define __expf emu_expf
 #define __fdividef emu_fdividef
 static inline float bf2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }

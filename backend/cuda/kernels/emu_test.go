@@ -197,18 +197,31 @@ func TestFP8WritersEmulated(t *testing.T) {
 		"__device__ __forceinline__ void load_scaled16(",
 		"#define NORM_MAXV",
 		"template <typename W, bool PREW, bool Q = false>\n__device__ void norm_vec_impl(",
-		"#define ROWS_N",
+		"template <typename W> __device__ __forceinline__ void load_wvec(",
+		"#define ROWS_N"))
+	s.WriteString(cBetween(t, common, "#ifndef ROWS_NU\n", "#endif\n"))
+	s.WriteString(cPieces(t, common,
 		"template <typename W>\n__device__ void add_norm_rows_q(",
 		`extern "C" __global__ void swiglu_packed_q(`,
-		"#define ROWS_Q",
+		"#define ROWS_Q"))
+	s.WriteString(cBetween(t, common, "#ifndef ROWS_QU\n", "#endif\n"))
+	s.WriteString(cPieces(t, common,
 		`extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(`))
 	const ext = "extern __shared__ uint4 held[];"
 	src := s.String()
 	if strings.Count(src, ext) != 2 {
 		t.Fatalf("kernels.cu: not two %q", ext)
 	}
-	src = strings.ReplaceAll(src, ext, "uint4* const held = (uint4*)cur_smem();")
-	runEmulated(t, src+readEmu(t, "fp8_driver.cpp"))
+	src = strings.ReplaceAll(src, ext, "uint4* const held = (uint4*)cur_smem();") + readEmu(t, "fp8_driver.cpp")
+	// As built (a thread's vectors of a row loaded one at a time), and two
+	// and three at a time.
+	for _, build := range []struct{ name, defines string }{{"units-1", ""},
+		{"units-2", "#define ROWS_NU 2\n#define ROWS_QU 2\n"}, {"units-3", "#define ROWS_NU 3\n#define ROWS_QU 3\n"}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			runEmulated(t, build.defines+src)
+		})
+	}
 }
 
 // TestPeerKernelsEmulated runs allreduce.cu's kernels (the one-shot and

@@ -61,6 +61,20 @@ template <typename X> __device__ __forceinline__ void load16(const X* p, float* 
 
 #define VEC (16 / (int)sizeof(T))
 
+// load_wvec reads the VEC weights of type W at w (16-byte aligned) as
+// floats: by 16-byte loads where they fill whole ones, else one at a time
+// (f32 activations' VEC of 16-bit weights).
+template <typename W> __device__ __forceinline__ void load_wvec(const W* w, float* f) {
+	constexpr int per = 16 / (int)sizeof(W);
+	if constexpr (VEC % per == 0) {
+#pragma unroll
+		for (int b = 0; b < VEC; b += per) load16(w + b, f + b);
+	} else {
+#pragma unroll
+		for (int j = 0; j < VEC; j++) f[j] = tof(w[j]);
+	}
+}
+
 // e4m3x2 packs E4M3(hi) into the high byte and E4M3(lo) into the low one,
 // rounded to nearest even and saturated at ±448 (NaN stays NaN), as
 // tensor.F32ToE4M3 (compute capability 8.9 on; the Go side refuses older
@@ -511,6 +525,14 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 // registers (bf16; 57 registers and none with two), and the FP8 prefill's
 // norm took 26.3–28.2 µs a layer so against 25.3–26.5 (H200, session 42).
 #define ROWS_N 2
+// ROWS_NU: a thread's vectors of each row whose loads are issued together
+// (the compiler may not move a later vector's loads above an earlier one's
+// stores: sum may alias x or r). Two spilled 24 bytes (bf16) or 40 (f16)
+// under the 64 registers and took 27–29 µs a call against one's 23.6–24.5
+// in an FP8 prefill (H200, session 43).
+#ifndef ROWS_NU
+#define ROWS_NU 1
+#endif
 template <typename W>
 __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
                                 float* qs, int rows, int dim, float eps) {
@@ -525,29 +547,39 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 #pragma unroll
 	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
-	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-		const int c = i * VEC;
-		uint4 xa[ROWS_N], ra[ROWS_N];
+	for (int i0 = threadIdx.x; i0 < nv; i0 += ROWS_NU * blockDim.x) {
+		uint4 xa[ROWS_NU][ROWS_N], ra[ROWS_NU][ROWS_N];
 #pragma unroll
-		for (int k = 0; k < ROWS_N; k++) {
-			xa[k] = *(const uint4*)(x + base[k] + c);
-			ra[k] = *(const uint4*)(r + base[k] + c);
-		}
-		float cs[VEC];
-		col_scales16(sc, c, cs);
+		for (int u = 0; u < ROWS_NU; u++) {
+			const int c = (i0 + u * blockDim.x) * VEC;
+			if (c < dim) {
 #pragma unroll
-		for (int k = 0; k < ROWS_N; k++) {
-			float v[VEC], b[VEC];
-			unpack16(xa[k], v, (const T*)0);
-			unpack16(ra[k], b, (const T*)0);
-			if (scaled) scale16(v, fr[k], cs);
-#pragma unroll
-			for (int j = 0; j < VEC; j++) {
-				v[j] = round_t(v[j] + b[j]);
-				ss[k] += v[j] * v[j];
+				for (int k = 0; k < ROWS_N; k++) {
+					xa[u][k] = *(const uint4*)(x + base[k] + c);
+					ra[u][k] = *(const uint4*)(r + base[k] + c);
+				}
 			}
-			if (r0 + k < rows) store16(sum + base[k] + c, v);
-			store16((T*)&held[k * nv + i], v);
+		}
+#pragma unroll
+		for (int u = 0; u < ROWS_NU; u++) {
+			const int i = i0 + u * blockDim.x, c = i * VEC;
+			if (c >= dim) break;
+			float cs[VEC];
+			col_scales16(sc, c, cs);
+#pragma unroll
+			for (int k = 0; k < ROWS_N; k++) {
+				float v[VEC], b[VEC];
+				unpack16(xa[u][k], v, (const T*)0);
+				unpack16(ra[u][k], b, (const T*)0);
+				if (scaled) scale16(v, fr[k], cs);
+#pragma unroll
+				for (int j = 0; j < VEC; j++) {
+					v[j] = round_t(v[j] + b[j]);
+					ss[k] += v[j] * v[j];
+				}
+				if (r0 + k < rows) store16(sum + base[k] + c, v);
+				store16((T*)&held[k * nv + i], v);
+			}
 		}
 	}
 	float scale[ROWS_N], m[ROWS_N];
@@ -560,8 +592,7 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
 		const int c = i * VEC;
 		float wj[VEC];
-#pragma unroll
-		for (int j = 0; j < VEC; j++) wj[j] = tof(w[c + j]);
+		load_wvec(w + c, wj);
 #pragma unroll
 		for (int k = 0; k < ROWS_N; k++) {
 			float v[VEC];
@@ -839,6 +870,13 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 // session 40). The same bytes as swiglu_packed_q (every value and maximum
 // computed alike; qs may be sr, each row's read before it is written).
 #define ROWS_Q 2
+// ROWS_QU: a thread's vectors of each row whose loads are issued
+// together. Two spilled 120 bytes (bf16) under the 64 registers and took
+// 111 µs a call against one's 66 (H200, session 43). In this form one
+// spills nothing (the loop over i alone spilled 8 bytes in bf16).
+#ifndef ROWS_QU
+#define ROWS_QU 1
+#endif
 extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
                                                                      unsigned char* q, float* qs, int rows, int nv) {
 	extern __shared__ uint4 held[]; // [ROWS_Q][hv]
@@ -854,36 +892,46 @@ extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* g
 #pragma unroll
 	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
 	const bool scaled = sr || sc;
-	for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-		const int c = i * VEC;
-		uint4 g[ROWS_Q], u[ROWS_Q];
+	for (int i0 = threadIdx.x; i0 < nv; i0 += ROWS_QU * blockDim.x) {
+		uint4 g[ROWS_QU][ROWS_Q], u[ROWS_QU][ROWS_Q];
 #pragma unroll
-		for (int k = 0; k < ROWS_Q; k++) {
-			g[k] = *(const uint4*)(row[k] + c);
-			u[k] = *(const uint4*)(row[k] + n + c);
+		for (int t = 0; t < ROWS_QU; t++) {
+			const int c = (i0 + t * blockDim.x) * VEC;
+			if (c < n) {
+#pragma unroll
+				for (int k = 0; k < ROWS_Q; k++) {
+					g[t][k] = *(const uint4*)(row[k] + c);
+					u[t][k] = *(const uint4*)(row[k] + n + c);
+				}
+			}
 		}
-		float cg[VEC], cu[VEC];
-		col_scales16(sc, c, cg);
-		col_scales16(sc, n + c, cu);
 #pragma unroll
-		for (int k = 0; k < ROWS_Q; k++) {
-			float a[VEC], b[VEC];
-			unpack16(g[k], a, (const T*)0);
-			unpack16(u[k], b, (const T*)0);
-			if (scaled) {
-				scale16(a, fr[k], cg);
-				scale16(b, fr[k], cu);
-			}
+		for (int t = 0; t < ROWS_QU; t++) {
+			const int i = i0 + t * blockDim.x, c = i * VEC;
+			if (i >= nv) break;
+			float cg[VEC], cu[VEC];
+			col_scales16(sc, c, cg);
+			col_scales16(sc, n + c, cu);
 #pragma unroll
-			for (int j = 0; j < VEC; j++) {
-				a[j] = round_t(silu_f(a[j]) * b[j]);
-				m[k] = fmaxf(m[k], fabsf(a[j]));
-			}
-			const uint4 v = pack16(a, (const T*)0);
-			if (i < hv) {
-				held[k * hv + i] = v;
-			} else {
-				last[k] = v;
+			for (int k = 0; k < ROWS_Q; k++) {
+				float a[VEC], b[VEC];
+				unpack16(g[t][k], a, (const T*)0);
+				unpack16(u[t][k], b, (const T*)0);
+				if (scaled) {
+					scale16(a, fr[k], cg);
+					scale16(b, fr[k], cu);
+				}
+#pragma unroll
+				for (int j = 0; j < VEC; j++) {
+					a[j] = round_t(silu_f(a[j]) * b[j]);
+					m[k] = fmaxf(m[k], fabsf(a[j]));
+				}
+				const uint4 v = pack16(a, (const T*)0);
+				if (i < hv) {
+					held[k * hv + i] = v;
+				} else {
+					last[k] = v;
+				}
 			}
 		}
 	}

@@ -400,7 +400,7 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 		return err
 	}
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
-		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared {
+		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared && aligned16(w) {
 			rq := "add_rmsnorm_rq" + wsuffix(wt)
 			if err := k.preferShared(rq, shared); err != nil {
 				return err

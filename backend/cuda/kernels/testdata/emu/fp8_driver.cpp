@@ -133,6 +133,7 @@ int main() {
 	fails += norm_case(8, 256, false, 1) != 0;
 	fails += norm_case(7, 4096, true, 2) != 0; // an odd last block, two vectors a thread
 	fails += norm_case(5, 96, true, 3) != 0;   // fewer columns than a warp's vectors
+	fails += norm_case(3, 5120, true, 4) != 0; // two and a half vectors a thread
 	for (int which = 0; which <= 3; which++) fails += swiglu_case(5, 1024, which, false, 10 + which) != 0;
 	fails += swiglu_case(3, 8 * 300, 3, false, 20) != 0; // more vectors than threads, an odd last block
 	fails += swiglu_case(4, 96, 1, true, 21) != 0;

@@ -34,6 +34,13 @@ type ModelOptions struct {
 	// llama-bench's depth.
 	Depth int
 	Reps  int // repetitions of each test (at least 1)
+	// WarmUp is how long each test's untimed warm-up lasts: its run is
+	// repeated until this much time has passed (at least once). A GPU
+	// under its power cap slows within a second or so of a heavy load
+	// (the H200's prefill ran 8–10% faster before the cap acted), so one
+	// short warm-up run leaves the first timed repetitions at the full
+	// clock and lifts the mean.
+	WarmUp time.Duration
 	// MixedChunk, when set, adds to every generation-test step a prompt
 	// chunk of this many tokens (a new sequence's whole prompt, freed after
 	// the step), as a server's continuous batching mixes a new request's
@@ -91,6 +98,20 @@ func (o ModelOptions) progress(res ModelResult, i int) {
 		rep = fmt.Sprintf("%d of %d", i, o.Reps)
 	}
 	o.Progress(fmt.Sprintf("%s batch %d: %s", res.Test, res.Batch, rep))
+}
+
+// warmUp runs run, untimed, until o.WarmUp has passed since it began
+// (at least once).
+func (o ModelOptions) warmUp(run func() error) error {
+	start := time.Now()
+	for {
+		if err := run(); err != nil {
+			return err
+		}
+		if time.Since(start) >= o.WarmUp {
+			return nil
+		}
+	}
 }
 
 // devices is o.Devices, at least 1.
@@ -192,31 +213,43 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 		res := ModelResult{Test: fmt.Sprintf("pp%d", o.PromptTokens), Batch: 1, Tokens: o.PromptTokens}
 		flopsPerToken := prefillFLOPsPerToken(m, o.PromptTokens)
 		var peaks, fractions, busy, outside []float64
-		for i := 0; i <= o.Reps; i++ { // the first run warms up and is discarded
-			o.progress(res, i)
-			peak := 0.0
-			if o.PeakFLOPS != nil && i > 0 {
-				var err error
-				if peak, err = o.PeakFLOPS(); err != nil {
-					return nil, err
-				}
-			}
+		// prefill times one prefill of the prompt: its wall time and the
+		// device's busy time in it.
+		prefill := func() (el, dev time.Duration, err error) {
 			seq := e.NewSequence()
+			defer e.Free(seq)
 			var dev0 time.Duration
 			if o.DeviceTime != nil {
 				dev0 = o.DeviceTime()
 			}
 			start := time.Now()
 			if _, err := e.Prefill(seq, prompt, false); err != nil {
+				return 0, 0, err
+			}
+			el = time.Since(start)
+			if o.DeviceTime != nil {
+				dev = o.DeviceTime() - dev0
+			}
+			return el, dev, nil
+		}
+		o.progress(res, 0)
+		if err := o.warmUp(func() error { _, _, err := prefill(); return err }); err != nil {
+			return nil, err
+		}
+		for i := 1; i <= o.Reps; i++ {
+			o.progress(res, i)
+			peak := 0.0
+			if o.PeakFLOPS != nil {
+				var err error
+				if peak, err = o.PeakFLOPS(); err != nil {
+					return nil, err
+				}
+			}
+			el, dev, err := prefill()
+			if err != nil {
 				return nil, err
 			}
-			el := time.Since(start)
-			e.Free(seq)
-			if i == 0 {
-				continue
-			}
 			if o.DeviceTime != nil {
-				dev := o.DeviceTime() - dev0
 				busy = append(busy, dev.Seconds()/el.Seconds())
 				outside = append(outside, (el - dev).Seconds())
 			}
@@ -297,24 +330,28 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	for i := range samplers {
 		samplers[i] = engine.NewSampler(engine.SamplingParams{}, e.Vocab(), nil)
 	}
-	var roof, read, busy, outside []float64
-	for i := 0; i <= o.Reps; i++ {
-		o.progress(res, i)
-		var copyRate, readRate float64 // measured before each repetition (a mixed test has no roofline)
-		if chunk == 0 {
-			copyRate, readRate = mem.CopyRate(3)*o.devices(), mem.ReadRate(3)*o.devices()
-		}
+	// run decodes GenTokens steps of batch fresh sequences (each first
+	// prefilled to Depth, untimed): the steps' wall time, the device's busy
+	// time in them and the KV-cache bytes they read; with profile, then
+	// o.Profile over ProfileSteps more steps.
+	run := func(profile bool) (el, dev time.Duration, kvBytes float64, err error) {
 		seqs := make([]*engine.Sequence, batch)
+		defer func() {
+			for _, s := range seqs {
+				if s != nil {
+					e.Free(s)
+				}
+			}
+		}()
 		for s := range seqs {
 			seqs[s] = e.NewSequence()
 			toks[s] = randomTokens(1)[0]
 			if o.Depth > 0 {
 				if _, err := e.Prefill(seqs[s], randomTokens(o.Depth), false); err != nil {
-					return res, err
+					return 0, 0, 0, err
 				}
 			}
 		}
-		var kvBytes float64
 		var dev0 time.Duration
 		if o.DeviceTime != nil {
 			dev0 = o.DeviceTime()
@@ -340,15 +377,14 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 		start := time.Now()
 		for range o.GenTokens {
 			if err := step(); err != nil {
-				return res, err
+				return 0, 0, 0, err
 			}
 		}
-		el := time.Since(start)
-		var dev time.Duration
+		el = time.Since(start)
 		if o.DeviceTime != nil {
 			dev = o.DeviceTime() - dev0
 		}
-		if o.Profile != nil && i == o.Reps {
+		if profile {
 			kv := kvBytes
 			err := o.Profile(fmt.Sprintf("%s batch %d", res.Test, batch), func() error {
 				for range ProfileSteps {
@@ -359,15 +395,26 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 				return nil
 			})
 			if err != nil {
-				return res, err
+				return 0, 0, 0, err
 			}
 			kvBytes = kv
 		}
-		for _, s := range seqs {
-			e.Free(s)
+		return el, dev, kvBytes, nil
+	}
+	var roof, read, busy, outside []float64
+	o.progress(res, 0)
+	if err := o.warmUp(func() error { _, _, _, err := run(false); return err }); err != nil {
+		return res, err
+	}
+	for i := 1; i <= o.Reps; i++ {
+		o.progress(res, i)
+		var copyRate, readRate float64 // measured before each repetition (a mixed test has no roofline)
+		if chunk == 0 {
+			copyRate, readRate = mem.CopyRate(3)*o.devices(), mem.ReadRate(3)*o.devices()
 		}
-		if i == 0 {
-			continue // warm-up
+		el, dev, kvBytes, err := run(o.Profile != nil && i == o.Reps)
+		if err != nil {
+			return res, err
 		}
 		if o.DeviceTime != nil {
 			busy = append(busy, dev.Seconds()/el.Seconds())

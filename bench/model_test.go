@@ -223,6 +223,51 @@ func TestModelProgress(t *testing.T) {
 	}
 }
 
+// TestWarmUpLasts: each test's warm-up repeats its run until
+// ModelOptions.WarmUp has passed, and without one runs it once; the
+// warm-up runs are not among the samples.
+func TestWarmUpLasts(t *testing.T) {
+	m, e := tinyEngine(t)
+	for _, warm := range []time.Duration{0, 60 * time.Millisecond} {
+		var runs int               // the DeviceTime calls of the test now warming up: two a run
+		var began time.Time        // when its warm-up began
+		var warmRuns []int         // each test's warm-up runs
+		var warmed []time.Duration // and how long they took
+		o := ModelOptions{PromptTokens: 8, GenTokens: 2, Batches: []int{1, 2}, Reps: 2, WarmUp: warm,
+			DeviceTime: func() time.Duration { runs++; return 0 },
+			Progress: func(s string) {
+				switch {
+				case strings.HasSuffix(s, "warm-up"):
+					runs, began = 0, time.Now()
+				case strings.HasSuffix(s, "1 of 2"):
+					warmRuns, warmed = append(warmRuns, runs/2), append(warmed, time.Since(began))
+				}
+			}}
+		rep, err := RunModel(e, m, "cpu", 0, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Results {
+			if len(r.Samples) != 2 {
+				t.Errorf("warm-up %v, %s batch %d: %d samples, want 2", warm, r.Test, r.Batch, len(r.Samples))
+			}
+		}
+		if len(warmRuns) != 3 {
+			t.Fatalf("warm-up %v: %d tests warmed up, want 3", warm, len(warmRuns))
+		}
+		for i, n := range warmRuns {
+			switch {
+			case warm == 0 && n != 1:
+				t.Errorf("no warm-up time, test %d: %d warm-up runs, want 1", i, n)
+			case warm > 0 && (warmed[i] < warm || n < 2):
+				// A tiny model's prefill of 8 tokens or 2 decode steps take
+				// well under the 60 ms: several runs.
+				t.Errorf("warm-up %v, test %d: %d runs in %v", warm, i, n, warmed[i])
+			}
+		}
+	}
+}
+
 // TestExpertBytes: a mixture of experts' decode roofline counts the experts
 // a step is expected to read, and its prefill FLOPs the K of E a token
 // goes through; the router and the rest count whole.

@@ -55,7 +55,8 @@ func cmdBenchModel(args []string) error {
 	batches := fs.String("batch", "1,4", "sequences decoding together in the generation test, comma-separated")
 	depth := fs.Int("depth", 0, "context each generation-test sequence holds before decoding (prefilled, untimed)")
 	mixed := fs.Int("mixed", 0, "add to every generation-test step a new prompt of this many tokens, as a server mixes prefills into running decodes (0: decode alone)")
-	reps := fs.Int("reps", 3, "repetitions of each test, after one warm-up")
+	reps := fs.Int("reps", 3, "repetitions of each test, after its warm-up")
+	warmup := fs.Duration("warmup", 0, "each test's untimed warm-up: its run repeated until this long has passed, at least once (on a GPU 1s unless given, so that the power cap acts before the timed runs)")
 	keep := fs.String("keep", "", "write the --random model into this directory and keep it (reused when it is already there)")
 	random := fs.String("random", "", "benchmark a random-weight model of this shape instead of MODEL ("+bench.ShapeNames()+")")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -71,8 +72,8 @@ func cmdBenchModel(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *pp < 0 || *tg < 0 || *depth < 0 || *reps < 1 {
-		return fmt.Errorf("--pp, --tg, --depth must be >= 0 and --reps >= 1")
+	if *pp < 0 || *tg < 0 || *depth < 0 || *reps < 1 || *warmup < 0 {
+		return fmt.Errorf("--pp, --tg, --depth, --warmup must be >= 0 and --reps >= 1")
 	}
 	var budget *bench.ModelBudget
 	if *budgetFile != "" {
@@ -204,7 +205,10 @@ func cmdBenchModel(args []string) error {
 	if most := e.MaxStepTokens(); *mixed > 0 && maxBatch+*mixed > most {
 		return fmt.Errorf("--mixed %d with batch %d: a step of %d tokens, the engine takes %d", *mixed, maxBatch, maxBatch+*mixed, most)
 	}
-	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth, MixedChunk: *mixed}
+	opts := bench.ModelOptions{PromptTokens: *pp, GenTokens: *tg, Batches: bs, Reps: *reps, Depth: *depth, MixedChunk: *mixed, WarmUp: *warmup}
+	if gpu != nil && !set["warmup"] {
+		opts.WarmUp = time.Second
+	}
 	// Progress on a terminal: one line redrawn as each repetition starts.
 	if w := progressWriter(); w != nil {
 		opts.Progress = func(test string) { fmt.Fprintf(w, "\r\033[K%s", test) }

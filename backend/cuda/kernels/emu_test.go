@@ -200,13 +200,15 @@ func TestFP8WritersEmulated(t *testing.T) {
 		"template <typename W> __device__ __forceinline__ void load_wvec(",
 		"#define ROWS_N"))
 	s.WriteString(cBetween(t, common, "#ifndef ROWS_NU\n", "#endif\n"))
+	s.WriteString(cBetween(t, common, "#ifndef ROWS_NB\n", "#endif\n"))
 	s.WriteString(cPieces(t, common,
 		"template <typename W>\n__device__ void add_norm_rows_q(",
 		`extern "C" __global__ void swiglu_packed_q(`,
 		"#define ROWS_Q"))
 	s.WriteString(cBetween(t, common, "#ifndef ROWS_QU\n", "#endif\n"))
+	s.WriteString(cBetween(t, common, "#ifndef ROWS_QB\n", "#endif\n"))
 	s.WriteString(cPieces(t, common,
-		`extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(`))
+		`extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(`))
 	const ext = "extern __shared__ uint4 held[];"
 	src := s.String()
 	if strings.Count(src, ext) != 2 {

@@ -533,6 +533,11 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 #ifndef ROWS_NU
 #define ROWS_NU 1
 #endif
+// ROWS_NB: the blocks a multiprocessor holds, in __launch_bounds__ (four:
+// 64 registers a thread).
+#ifndef ROWS_NB
+#define ROWS_NB 4
+#endif
 template <typename W>
 __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
                                 float* qs, int rows, int dim, float eps) {
@@ -667,7 +672,7 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 		add_rmsnorm_impl<W>(x, r, sr, sc, w, sum, normed, rows, dim, eps);                                         \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
-	extern "C" __global__ void __launch_bounds__(256, 4) add_rmsnorm_rq_w##W(                                    \
+	extern "C" __global__ void __launch_bounds__(256, ROWS_NB) add_rmsnorm_rq_w##W(                                    \
 	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
 	    int rows, int dim, float eps) {                                                                              \
 		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \
@@ -877,7 +882,11 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 #ifndef ROWS_QU
 #define ROWS_QU 1
 #endif
-extern "C" __global__ void __launch_bounds__(256, 4) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
+// ROWS_QB: the blocks a multiprocessor holds, in __launch_bounds__.
+#ifndef ROWS_QB
+#define ROWS_QB 4
+#endif
+extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
                                                                      unsigned char* q, float* qs, int rows, int nv) {
 	extern __shared__ uint4 held[]; // [ROWS_Q][hv]
 	__shared__ float sh[32 * ROWS_Q];

@@ -672,7 +672,7 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 		add_rmsnorm_impl<W>(x, r, sr, sc, w, sum, normed, rows, dim, eps);                                         \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
-	extern "C" __global__ void __launch_bounds__(256, ROWS_NB) add_rmsnorm_rq_w##W(                                    \
+	extern "C" __global__ void __launch_bounds__(256, ROWS_NB) add_rmsnorm_rq_w##W(                                 \
 	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
 	    int rows, int dim, float eps) {                                                                              \
 		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \

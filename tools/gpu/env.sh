@@ -69,6 +69,29 @@ pkg_test() {
 	echo "$name: rc=$? in $(($(date +%s) - t0)) s"
 }
 kernels_test() { pkg_test backend/cuda/kernels "$@"; }
+
+# experiment x|y|none sets the environment of an experiment of
+# fp8-bench.sh and fp8-writers.sh: KILN_NVRTC_OPTIONS from XOPTS (YOPTS;
+# NVRTC options, e.g. -DROPE_U=4) and the NAME=VALUE words of XENV (YENV;
+# e.g. KILN_SWIGLU_STAGES=3); none clears both. It fails when neither is
+# given for x (y).
+experiment() {
+	local e opts envs
+	unset KILN_NVRTC_OPTIONS
+	for e in ${XENV:-} ${YENV:-}; do unset "${e%%=*}"; done
+	case $1 in
+	x) opts=${XOPTS:-} envs=${XENV:-} ;;
+	y) opts=${YOPTS:-} envs=${YENV:-} ;;
+	*) return 0 ;;
+	esac
+	if [ -z "$opts$envs" ]; then
+		echo "experiment $1: no ${1^^}OPTS nor ${1^^}ENV" >&2
+		return 1
+	fi
+	[ -n "$opts" ] && export KILN_NVRTC_OPTIONS="$opts"
+	for e in $envs; do export "${e?}"; done
+	return 0
+}
 backend_test() { pkg_test backend/cuda "$@"; }
 
 # tp_tests [PATTERN] runs the kernels' peer tests (TestPeer*, and

@@ -13,8 +13,10 @@
 #   --kv-cache-dtype fp8);
 #   a variant named with -x (bf16-x, fp8-x, ...) is that variant compiled
 #   with KILN_NVRTC_OPTIONS=$XOPTS (an experiment's macro, e.g.
-#   XOPTS=-DROPE_U=4: the same binary with and without it), and
-#   one named with -y with $YOPTS (a second experiment beside it);
+#   XOPTS=-DROPE_U=4: the same binary with and without it) and run with
+#   the NAME=VALUE words of $XENV in its environment (e.g.
+#   XENV=KILN_SWIGLU_STAGES=3), and one named with -y with $YOPTS and
+#   $YENV (a second experiment beside it; env.sh's experiment);
 #   PROFILE=1 adds --profile (the kernels' device times after each test).
 #   It ends with tools/gpu/ratio_table.py: each variant ÷ bf16 a round.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-bench.sh", carry [".devpack"]
@@ -28,15 +30,13 @@ variants="bf16 fp8"
 for r in $(seq "${ROUNDS:-2}"); do
 	for v in ${VARIANTS:-$variants}; do
 		t0=$(date +%s)
-		unset KILN_NVRTC_OPTIONS
 		name=$v
-		if [ "${v%-x}" != "$v" ]; then
-			export KILN_NVRTC_OPTIONS=${XOPTS:?XOPTS gives the -x variants their NVRTC options}
-			v=${v%-x}
-		elif [ "${v%-y}" != "$v" ]; then
-			export KILN_NVRTC_OPTIONS=${YOPTS:?YOPTS gives the -y variants their NVRTC options}
-			v=${v%-y}
-		fi
+		exp=none
+		case $v in
+		*-x) exp=x v=${v%-x} ;;
+		*-y) exp=y v=${v%-y} ;;
+		esac
+		experiment $exp || exit 1
 		case $v in
 		bf16) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
 		bf16-kv8) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;

@@ -10,10 +10,11 @@
 # kernels in order; with NCU=1 and time left, Nsight Compute's sections on
 # the writers of both formats (tools/gpu/writers-ncu.sh's). NOTRACE=1
 # skips the trace, BTESTS= (empty) the model's tests. XOPTS (NVRTC
-# options of an experiment, e.g. -DROPE_U=4) runs the kernels'
-# tests again with them, names the -x variants of fp8-bench.sh (VARIANTS=
-# "bf16 bf16-x fp8 fp8-x") and traces this kiln with and without them;
-# YOPTS likewise a second experiment (the -y variants).
+# options of an experiment, e.g. -DROPE_U=4) and XENV (its environment,
+# e.g. KILN_SWIGLU_STAGES=3; env.sh's experiment) run the kernels'
+# tests again with them, name the -x variants of fp8-bench.sh (VARIANTS=
+# "bf16 bf16-x fp8 fp8-x") and trace this kiln with and without them;
+# YOPTS and YENV likewise a second experiment (the -y variants).
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/fp8-writers.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
@@ -21,13 +22,11 @@ t0=$(date +%s)
 [ -n "${NOTRACE:-}" ] || ktrace_build >/dev/null || echo "no tracer"
 kernels_test writer-ktests -test.run "${KTESTS:-TestRoPEQKVWrite|TestE4M3Writers|TestQuantizeRowsE4M3|TestSwiGLUPacked|TestRowRMSReaders|TestFP8KVWrite|TestGEMVRoPEQKV|TestGEMVFold}"
 grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | head -20
-# The experiments' kernels (XOPTS, YOPTS: NVRTC options, e.g.
-# -DROPE_U=4) under the same tests.
+# The experiments' kernels (XOPTS/XENV, YOPTS/YENV: env.sh's experiment)
+# under the same tests.
 for x in x y; do
-	opts=XOPTS
-	[ $x = y ] && opts=YOPTS
-	[ -n "${!opts:-}" ] || continue
-	KILN_NVRTC_OPTIONS=${!opts} kernels_test writer-ktests-$x -test.run "${KTESTS:-TestSwiGLUPacked|TestRowRMSReaders|TestGEMVFold|TestE4M3Writers}"
+	(experiment $x 2>/dev/null) || continue
+	(experiment $x && kernels_test writer-ktests-$x -test.run "${KTESTS:-TestSwiGLUPacked|TestRowRMSReaders|TestGEMVFold|TestE4M3Writers}")
 	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests-$x.log" | head -20
 done
 btests=${BTESTS-TestFP8Weights|TestFP8KVCache|TestNormFolds|TestBatchedMatchesCPU|TestHFTransformersFixtures}
@@ -41,16 +40,16 @@ echo "bench done at $(($(date +%s) - t0)) s"
 random_fp8
 if [ -f /tmp/libktrace.so ]; then
 	traced="kiln kiln-base"
-	[ -n "${XOPTS:-}" ] && traced="kiln kiln-x"
-	[ -n "${YOPTS:-}" ] && traced="$traced kiln-y"
+	[ -n "${XOPTS:-}${XENV:-}" ] && traced="kiln kiln-x"
+	[ -n "${YOPTS:-}${YENV:-}" ] && traced="$traced kiln-y"
 	for kb in $traced; do
 		bin=.devbin/$kb
 		case $kb in
-		kiln-x) bin=.devbin/kiln; export KILN_NVRTC_OPTIONS=$XOPTS ;;
-		kiln-y) bin=.devbin/kiln; export KILN_NVRTC_OPTIONS=$YOPTS ;;
+		kiln-x) bin=.devbin/kiln; experiment x ;;
+		kiln-y) bin=.devbin/kiln; experiment y ;;
 		esac
 		LINES_MAX=14 trace_prefill "trace-$kb" "$bin" "$fp8"
-		unset KILN_NVRTC_OPTIONS
+		experiment none
 	done
 fi
 if [ -n "${NCU:-}" ] && [ $(($(date +%s) - t0)) -lt 420 ]; then

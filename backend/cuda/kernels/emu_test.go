@@ -208,6 +208,7 @@ func TestFP8WritersEmulated(t *testing.T) {
 	s.WriteString(cBetween(t, common, "#ifndef ROWS_QU\n", "#endif\n"))
 	s.WriteString(cBetween(t, common, "#ifndef ROWS_QB\n", "#endif\n"))
 	s.WriteString(cPieces(t, common,
+		"__device__ __forceinline__ void cp_wait_but(",
 		`extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(`))
 	const ext = "extern __shared__ uint4 held[];"
 	src := s.String()

@@ -886,9 +886,28 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 #ifndef ROWS_QB
 #define ROWS_QB 4
 #endif
+// cp_wait_but(n) is cp_wait<n> for n of 0 to 3 given at run time.
+__device__ __forceinline__ void cp_wait_but(int n) {
+	switch (n) {
+	case 1: cp_wait<1>(); break;
+	case 2: cp_wait<2>(); break;
+	case 3: cp_wait<3>(); break;
+	default: cp_wait<0>(); break;
+	}
+}
+// swiglu_packed_qr: with stages (2 to 4; 0: none) its loads are
+// asynchronous copies into shared memory instead (cp16: no registers wait
+// for them), issued stages − 1 vectors ahead of the one a thread computes,
+// so that its loads stay in flight while it computes (without, a thread
+// waits for each vector's loads: 50% of DRAM's rate, bound by latency,
+// session 43). The ring [stages][ROWS_Q][gate, up][blockDim] of 16-byte
+// vectors follows held in the dynamic shared memory; a thread reads only
+// the ring's vectors it copied, so no barrier guards it. The same bytes
+// either way.
 extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
-                                                                     unsigned char* q, float* qs, int rows, int nv) {
-	extern __shared__ uint4 held[]; // [ROWS_Q][hv]
+                                                                     unsigned char* q, float* qs, int rows, int nv,
+                                                                     int stages) {
+	extern __shared__ uint4 held[]; // [ROWS_Q][hv], then the ring
 	__shared__ float sh[32 * ROWS_Q];
 	pdl_enter();
 	const int n = nv * VEC, hv = nv > (int)blockDim.x ? nv - (int)blockDim.x : 0;
@@ -901,23 +920,50 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 #pragma unroll
 	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
 	const bool scaled = sr || sc;
-	for (int i0 = threadIdx.x; i0 < nv; i0 += ROWS_QU * blockDim.x) {
+	uint4* const ring = held + ROWS_Q * hv + threadIdx.x;
+	const int slot = ROWS_Q * 2 * blockDim.x; // a stage's vectors
+	// stage(j) copies this thread's vector j (i = its index + j·blockDim)
+	// of every row into the ring's slot j % stages; past the row, an empty
+	// group, so that every wait counts alike.
+	auto stage = [&](int j) {
+		const int i = threadIdx.x + j * blockDim.x;
+		if (i < nv) {
+			uint4* s = ring + (j % stages) * slot;
+#pragma unroll
+			for (int k = 0; k < ROWS_Q; k++) {
+				cp16(smem_addr(s + 2 * k * blockDim.x), row[k] + i * VEC, true);
+				cp16(smem_addr(s + (2 * k + 1) * blockDim.x), row[k] + n + i * VEC, true);
+			}
+		}
+		cp_commit();
+	};
+	if (stages >= 2)
+		for (int j = 0; j < stages - 1; j++) stage(j);
+	for (int i0 = threadIdx.x, j0 = 0; i0 < nv; i0 += ROWS_QU * blockDim.x, j0 += ROWS_QU) {
 		uint4 g[ROWS_QU][ROWS_Q], u[ROWS_QU][ROWS_Q];
 #pragma unroll
 		for (int t = 0; t < ROWS_QU; t++) {
 			const int c = (i0 + t * blockDim.x) * VEC;
-			if (c < n) {
+			if (c >= n) break;
+			if (stages < 2) {
 #pragma unroll
 				for (int k = 0; k < ROWS_Q; k++) {
 					g[t][k] = *(const uint4*)(row[k] + c);
 					u[t][k] = *(const uint4*)(row[k] + n + c);
 				}
+			} else {
+				stage(j0 + t + stages - 1);
+				cp_wait_but(stages - 1);
+				const uint4* s = ring + ((j0 + t) % stages) * slot;
+#pragma unroll
+				for (int k = 0; k < ROWS_Q; k++) g[t][k] = s[2 * k * blockDim.x], u[t][k] = s[(2 * k + 1) * blockDim.x];
 			}
 		}
 #pragma unroll
 		for (int t = 0; t < ROWS_QU; t++) {
-			const int i = i0 + t * blockDim.x, c = i * VEC;
+			const int i = i0 + t * blockDim.x;
 			if (i >= nv) break;
+			const int c = i * VEC;
 			float cg[VEC], cu[VEC];
 			col_scales16(sc, c, cg);
 			col_scales16(sc, n + c, cu);
@@ -944,6 +990,7 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 			}
 		}
 	}
+	if (stages >= 2) cp_wait<0>();
 	store_held_e4m3<ROWS_Q>(held, hv, last, m, sh, q, qs, r0, rows, nv);
 }
 

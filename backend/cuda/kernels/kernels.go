@@ -12,7 +12,9 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -40,10 +42,10 @@ var (
 	//go:embed allreduce.cu
 	allReduce string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
-	// the common and elementwise kernels and a mixture of experts', then
-	// the peer all-reduce, the asynchronous copies, attention, the
+	// the asynchronous copies, the common and elementwise kernels and a
+	// mixture of experts', then the peer all-reduce, attention, the
 	// tensor-core helpers, prefill and decode.
-	source = shared + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
+	source = shared + "\n" + async + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.
@@ -632,8 +634,25 @@ const (
 )
 
 // swigluQRShared is swiglu_packed_qr's dynamic shared memory for rows of nv
-// vectors: swigluRowsQ rows of all but each thread's last vector.
-func swigluQRShared(nv int) int { return swigluRowsQ * max(0, nv-int(rowBlock(nv).X)) * 16 }
+// vectors: swigluRowsQ rows of all but each thread's last vector, and with
+// swigluStages its ring of copies, stages of a gate and an up vector of
+// each row a thread.
+func swigluQRShared(nv int) int {
+	held := swigluRowsQ * max(0, nv-int(rowBlock(nv).X)) * 16
+	return held + swigluStages*swigluRowsQ*2*int(rowBlock(nv).X)*16
+}
+
+// swigluStages is KILN_SWIGLU_STAGES when it is 2 to 4, else 0: the FP8
+// SwiGLU of a prefill's rows (swiglu_packed_qr) then loads its vectors by
+// asynchronous copies that many stages deep (an experiment of session 43,
+// not yet measured).
+var swigluStages = func() int {
+	n, err := strconv.Atoi(os.Getenv("KILN_SWIGLU_STAGES"))
+	if err != nil || n < 2 || n > 4 {
+		return 0
+	}
+	return n
+}()
 
 // SwiGLUPackedE4M3 is SwiGLUPacked with its output in FP8 form: one kernel,
 // a block for two rows from prefillRowsQ rows on, a block a row for at
@@ -650,7 +669,7 @@ func (k *Kernels) SwiGLUPackedE4M3(s *cu.Stream, q E4M3Rows, out, gu cu.Ptr, sc 
 			return err
 		}
 		return k.launchDep("swiglu_packed_qr", cu.D1((rows+swigluRowsQ-1)/swigluRowsQ), rowBlock(nv), shared, s,
-			gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(rows), int32(nv))
+			gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(rows), int32(nv), int32(swigluStages))
 	}
 	if rows >= swigluE4M3MinRows && n%16 == 0 && n/v <= normMaxVectors*256 && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
 		nv := n / v

@@ -87,7 +87,7 @@ static int swiglu_case(int rows, int n, int which, bool inPlace, unsigned seed) 
 		swiglu_packed_q(gu.data(), which & 1 ? sr1.data() : nullptr, psc, q1.data(), out1, nv);
 	});
 	launch(dim3{(unsigned)((rows + ROWS_Q - 1) / ROWS_Q), 1, 1}, threads_for(nv), [&] {
-		swiglu_packed_qr(gu.data(), which & 1 ? sr2.data() : nullptr, psc, q2.data(), out2, rows, nv);
+		swiglu_packed_qr(gu.data(), which & 1 ? sr2.data() : nullptr, psc, q2.data(), out2, rows, nv, 0);
 	});
 	char what[96];
 	int bad = 0;
@@ -95,6 +95,25 @@ static int swiglu_case(int rows, int n, int which, bool inPlace, unsigned seed) 
 	bad += same(what, q2.data(), q1.data(), q1.size());
 	snprintf(what, sizeof what, "swiglu_packed_qr %dx%d scales %d in place %d: row scales", rows, n, which, inPlace);
 	bad += same(what, out2, out1, rows * sizeof(float));
+	// With its copies in a ring of each depth, within the dynamic shared
+	// memory kernels.go's swigluQRShared gives it.
+	const int threads = threads_for(nv), hv = nv > threads ? nv - threads : 0;
+	for (int stages = 2; stages <= 4; stages++) {
+		auto sr3 = sr;
+		std::vector<unsigned char> q3((size_t)rows * n, 0xee);
+		std::vector<float> qs3(rows, -1);
+		float* out3 = inPlace ? sr3.data() : qs3.data();
+		g_smem_limit = (unsigned)(ROWS_Q * hv * 16 + stages * ROWS_Q * 2 * threads * 16);
+		launch(dim3{(unsigned)((rows + ROWS_Q - 1) / ROWS_Q), 1, 1}, threads, [&] {
+			swiglu_packed_qr(gu.data(), which & 1 ? sr3.data() : nullptr, psc, q3.data(), out3, rows, nv, stages);
+		});
+		g_smem_limit = 0;
+		snprintf(what, sizeof what, "swiglu_packed_qr %dx%d scales %d in place %d stages %d: codes", rows, n, which, inPlace, stages);
+		bad += same(what, q3.data(), q1.data(), q1.size());
+		snprintf(what, sizeof what, "swiglu_packed_qr %dx%d scales %d in place %d stages %d: row scales", rows, n, which, inPlace,
+		         stages);
+		bad += same(what, out3, out1, rows * sizeof(float));
+	}
 	return bad;
 }
 

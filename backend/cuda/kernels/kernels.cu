@@ -538,10 +538,15 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 #ifndef ROWS_NB
 #define ROWS_NB 4
 #endif
+// With stash, a thread's x and r vectors are all copied into shared memory
+// at once first (cp16: x into held, r into the same again after it; no
+// registers wait for them), instead of loaded a vector at a time: an
+// experiment (session 43; the norm was bound by latency, its loads in
+// flight a thread 64 bytes at a time).
 template <typename W>
 __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
-                                float* qs, int rows, int dim, float eps) {
-	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC]
+                                float* qs, int rows, int dim, float eps, bool stash) {
+	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC], with stash then r's [ROWS_N][dim/VEC]
 	__shared__ float sh[32 * ROWS_N];
 	pdl_enter();
 	const int nv = dim / VEC;
@@ -552,12 +557,28 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 #pragma unroll
 	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
+	const uint4* const rs = held + ROWS_N * nv;
+	if (stash) {
+		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+#pragma unroll
+			for (int k = 0; k < ROWS_N; k++) {
+				cp16(smem_addr(held + k * nv + i), x + base[k] + i * VEC, true);
+				cp16(smem_addr(rs + k * nv + i), r + base[k] + i * VEC, true);
+			}
+		}
+		cp_commit();
+		cp_wait<0>();
+	}
 	for (int i0 = threadIdx.x; i0 < nv; i0 += ROWS_NU * blockDim.x) {
 		uint4 xa[ROWS_NU][ROWS_N], ra[ROWS_NU][ROWS_N];
 #pragma unroll
 		for (int u = 0; u < ROWS_NU; u++) {
-			const int c = (i0 + u * blockDim.x) * VEC;
-			if (c < dim) {
+			const int i = i0 + u * blockDim.x, c = i * VEC;
+			if (c >= dim) break;
+			if (stash) {
+#pragma unroll
+				for (int k = 0; k < ROWS_N; k++) xa[u][k] = held[k * nv + i], ra[u][k] = rs[k * nv + i];
+			} else {
 #pragma unroll
 				for (int k = 0; k < ROWS_N; k++) {
 					xa[u][k] = *(const uint4*)(x + base[k] + c);
@@ -674,8 +695,8 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
 	extern "C" __global__ void __launch_bounds__(256, ROWS_NB) add_rmsnorm_rq_w##W(                                 \
 	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
-	    int rows, int dim, float eps) {                                                                              \
-		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \
+	    int rows, int dim, float eps, int stash) {                                                                   \
+		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps, stash != 0);                                \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \

@@ -402,13 +402,13 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 		return err
 	}
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
-		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared && aligned16(w) {
+		if shared := normRQShared(dim, k.Act.Size()); rows >= prefillRowsQ && shared <= maxRowsShared && aligned16(w) {
 			rq := "add_rmsnorm_rq" + wsuffix(wt)
 			if err := k.preferShared(rq, shared); err != nil {
 				return err
 			}
 			return k.launchDep(rq, cu.D1((rows+normRowsQ-1)/normRowsQ), block, shared, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales,
-				int32(rows), int32(dim), eps)
+				int32(rows), int32(dim), eps, int32(normStash))
 		}
 		return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales, int32(rows), int32(dim), eps)
 	}
@@ -642,17 +642,32 @@ func swigluQRShared(nv int) int {
 	return held + swigluStages*swigluRowsQ*2*int(rowBlock(nv).X)*16
 }
 
+// normRQShared is add_rmsnorm_rq's dynamic shared memory for rows of dim
+// elements of size bytes: normRowsQ rows, and with normStash as much again
+// for r's.
+func normRQShared(dim, size int) int { return (1 + normStash) * normRowsQ * dim * size }
+
+// normStash is 1 when KILN_NORM_STASH is 1, else 0: the many-row FP8 norm
+// (add_rmsnorm_rq) then copies all of a thread's x and r vectors into
+// shared memory at once before it adds them (an experiment of session 43,
+// not yet measured).
+var normStash = envSwitch("KILN_NORM_STASH", 1, 1)
+
 // swigluStages is KILN_SWIGLU_STAGES when it is 2 to 4, else 0: the FP8
 // SwiGLU of a prefill's rows (swiglu_packed_qr) then loads its vectors by
 // asynchronous copies that many stages deep (an experiment of session 43,
 // not yet measured).
-var swigluStages = func() int {
-	n, err := strconv.Atoi(os.Getenv("KILN_SWIGLU_STAGES"))
-	if err != nil || n < 2 || n > 4 {
+var swigluStages = envSwitch("KILN_SWIGLU_STAGES", 2, 4)
+
+// envSwitch is the environment variable name as an integer when it is lo
+// to hi, else 0: an experiment's switch.
+func envSwitch(name string, lo, hi int) int {
+	n, err := strconv.Atoi(os.Getenv(name))
+	if err != nil || n < lo || n > hi {
 		return 0
 	}
 	return n
-}()
+}
 
 // SwiGLUPackedE4M3 is SwiGLUPacked with its output in FP8 form: one kernel,
 // a block for two rows from prefillRowsQ rows on, a block a row for at

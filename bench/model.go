@@ -37,7 +37,7 @@ type ModelOptions struct {
 	// WarmUp is how long each test's untimed warm-up lasts: its run is
 	// repeated until this much time has passed (at least once). A GPU
 	// under its power cap slows within a second or so of a heavy load
-	// (the H200's prefill ran 8–10% faster before the cap acted), so one
+	// (the H200's prefill ran 9–13% faster before the cap acted), so one
 	// short warm-up run leaves the first timed repetitions at the full
 	// clock and lifts the mean.
 	WarmUp time.Duration

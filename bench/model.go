@@ -101,14 +101,15 @@ func (o ModelOptions) progress(res ModelResult, i int) {
 }
 
 // warmUp runs run, untimed, until o.WarmUp has passed since it began
-// (at least once).
-func (o ModelOptions) warmUp(run func() error) error {
+// (at least once), and notes the runs and their time in res.
+func (o ModelOptions) warmUp(res *ModelResult, run func() error) error {
 	start := time.Now()
 	for {
 		if err := run(); err != nil {
 			return err
 		}
-		if time.Since(start) >= o.WarmUp {
+		res.WarmUpRuns++
+		if res.WarmUpSeconds = time.Since(start).Seconds(); res.WarmUpSeconds >= o.WarmUp.Seconds() {
 			return nil
 		}
 	}
@@ -135,6 +136,10 @@ type ModelResult struct {
 	TokensPerSec float64   `json:"tokens_per_s"`
 	StdDev       float64   `json:"tokens_per_s_stddev"`
 	Samples      []float64 `json:"samples_tokens_per_s"`
+	// WarmUpRuns are the untimed runs before the samples
+	// (ModelOptions.WarmUp), WarmUpSeconds their time.
+	WarmUpRuns    int     `json:"warmup_runs"`
+	WarmUpSeconds float64 `json:"warmup_s"`
 	// FLOPS is prompt processing's model FLOP/s: the products' 2·N·K per
 	// token (the logits' only for the last token) plus causal attention's
 	// 4·heads·headDim per key, over the measured time; in a mixed test
@@ -233,7 +238,7 @@ func RunModel(e *engine.Engine, m *model.Model, backendName string, threads int,
 			return el, dev, nil
 		}
 		o.progress(res, 0)
-		if err := o.warmUp(func() error { _, _, err := prefill(); return err }); err != nil {
+		if err := o.warmUp(&res, func() error { _, _, err := prefill(); return err }); err != nil {
 			return nil, err
 		}
 		for i := 1; i <= o.Reps; i++ {
@@ -403,7 +408,7 @@ func benchDecode(e *engine.Engine, m *model.Model, batch int, o ModelOptions, ra
 	}
 	var roof, read, busy, outside []float64
 	o.progress(res, 0)
-	if err := o.warmUp(func() error { _, _, _, err := run(false); return err }); err != nil {
+	if err := o.warmUp(&res, func() error { _, _, _, err := run(false); return err }); err != nil {
 		return res, err
 	}
 	for i := 1; i <= o.Reps; i++ {

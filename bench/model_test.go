@@ -247,9 +247,13 @@ func TestWarmUpLasts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range rep.Results {
+		for i, r := range rep.Results {
 			if len(r.Samples) != 2 {
 				t.Errorf("warm-up %v, %s batch %d: %d samples, want 2", warm, r.Test, r.Batch, len(r.Samples))
+			}
+			if i < len(warmRuns) && (r.WarmUpRuns != warmRuns[i] || r.WarmUpSeconds < warm.Seconds() || r.WarmUpSeconds > warmed[i].Seconds()) {
+				t.Errorf("warm-up %v, %s batch %d: reported %d runs in %.3f s, counted %d in %v", warm, r.Test, r.Batch,
+					r.WarmUpRuns, r.WarmUpSeconds, warmRuns[i], warmed[i])
 			}
 		}
 		if len(warmRuns) != 3 {

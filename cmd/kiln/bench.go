@@ -391,6 +391,13 @@ func printModelReport(r *bench.ModelReport) {
 			}
 		}
 	}
+	var warm []string
+	for _, x := range r.Results {
+		warm = append(warm, fmt.Sprintf("%s batch %d %d in %.1f s", x.Test, x.Batch, x.WarmUpRuns, x.WarmUpSeconds))
+	}
+	if len(warm) > 0 {
+		fmt.Printf("\n\nuntimed warm-up runs before each test: %s", strings.Join(warm, ", "))
+	}
 	fmt.Println("\n\nroofline: weights and KV cache read per decode step × steps/s over the copy bandwidth (read+write),\nmedian of each repetition's ratio to a copy measured just before it; read pass: the same against a plain SIMD read")
 }
 

@@ -25,7 +25,8 @@ grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests.log" | h
 # The experiments' kernels (XOPTS/XENV, YOPTS/YENV: env.sh's experiment)
 # under the same tests.
 for x in x y; do
-	(experiment $x 2>/dev/null) || continue
+	opts=${x^^}OPTS envs=${x^^}ENV
+	[ -n "${!opts:-}${!envs:-}" ] || continue
 	(experiment $x && kernels_test writer-ktests-$x -test.run "${KTESTS:-TestSwiGLUPacked|TestRowRMSReaders|TestGEMVFold|TestE4M3Writers}")
 	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|differ' "$out/writer-ktests-$x.log" | head -20
 done

@@ -898,8 +898,9 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 #define ROWS_Q 2
 // ROWS_QU: a thread's vectors of each row whose loads are issued
 // together. Two spilled 120 bytes (bf16) under the 64 registers and took
-// 111 µs a call against one's 66 (H200, session 43). In this form one
-// spills nothing (the loop over i alone spilled 8 bytes in bf16).
+// 111 µs a call against one's 66 (H200, session 43). One spilled nothing
+// in 5130844's form (the loop over i alone spilled 8 bytes in bf16); the
+// staged path beside it since has not yet been compiled by NVRTC.
 #ifndef ROWS_QU
 #define ROWS_QU 1
 #endif
@@ -943,13 +944,17 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 	const bool scaled = sr || sc;
 	uint4* const ring = held + ROWS_Q * hv + threadIdx.x;
 	const int slot = ROWS_Q * 2 * blockDim.x; // a stage's vectors
+	// The ring's slots take this thread's vectors in turn: put is the next
+	// to fill, get the next to read (no division a vector).
+	int put = 0, get = 0;
+	const auto next = [&](int p) { return p + 1 == stages ? 0 : p + 1; };
 	// stage(j) copies this thread's vector j (i = its index + j·blockDim)
-	// of every row into the ring's slot j % stages; past the row, an empty
-	// group, so that every wait counts alike.
+	// of every row into slot put; past the row, an empty group, so that
+	// every wait counts alike.
 	auto stage = [&](int j) {
 		const int i = threadIdx.x + j * blockDim.x;
 		if (i < nv) {
-			uint4* s = ring + (j % stages) * slot;
+			uint4* s = ring + put * slot;
 #pragma unroll
 			for (int k = 0; k < ROWS_Q; k++) {
 				cp16(smem_addr(s + 2 * k * blockDim.x), row[k] + i * VEC, true);
@@ -957,9 +962,9 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 			}
 		}
 		cp_commit();
+		put = next(put);
 	};
-	if (stages >= 2)
-		for (int j = 0; j < stages - 1; j++) stage(j);
+	for (int j = 0; j < stages - 1; j++) stage(j);
 	for (int i0 = threadIdx.x, j0 = 0; i0 < nv; i0 += ROWS_QU * blockDim.x, j0 += ROWS_QU) {
 		uint4 g[ROWS_QU][ROWS_Q], u[ROWS_QU][ROWS_Q];
 #pragma unroll
@@ -975,7 +980,8 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 			} else {
 				stage(j0 + t + stages - 1);
 				cp_wait_but(stages - 1);
-				const uint4* s = ring + ((j0 + t) % stages) * slot;
+				const uint4* s = ring + get * slot;
+				get = next(get);
 #pragma unroll
 				for (int k = 0; k < ROWS_Q; k++) g[t][k] = s[2 * k * blockDim.x], u[t][k] = s[(2 * k + 1) * blockDim.x];
 			}

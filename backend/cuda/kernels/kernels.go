@@ -638,8 +638,8 @@ const (
 // swigluStages its ring of copies, stages of a gate and an up vector of
 // each row a thread.
 func swigluQRShared(nv int) int {
-	held := swigluRowsQ * max(0, nv-int(rowBlock(nv).X)) * 16
-	return held + swigluStages*swigluRowsQ*2*int(rowBlock(nv).X)*16
+	threads := int(rowBlock(nv).X)
+	return swigluRowsQ*max(0, nv-threads)*16 + swigluStages*swigluRowsQ*2*threads*16
 }
 
 // normRQShared is add_rmsnorm_rq's dynamic shared memory for rows of dim

@@ -73,7 +73,7 @@ kernels_test() { pkg_test backend/cuda/kernels "$@"; }
 # experiment x|y|none sets the environment of an experiment of
 # fp8-bench.sh and fp8-writers.sh: KILN_NVRTC_OPTIONS from XOPTS (YOPTS;
 # NVRTC options, e.g. -DROPE_U=4) and the NAME=VALUE words of XENV (YENV;
-# e.g. KILN_SWIGLU_STAGES=3); none clears both. It fails when neither is
+# e.g. KILN_MOE_TILE_ROWS=32); none clears both. It fails when neither is
 # given for x (y).
 experiment() {
 	local e opts envs

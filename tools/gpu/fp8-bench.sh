@@ -15,7 +15,7 @@
 #   with KILN_NVRTC_OPTIONS=$XOPTS (an experiment's macro, e.g.
 #   XOPTS=-DROPE_U=4: the same binary with and without it) and run with
 #   the NAME=VALUE words of $XENV in its environment (e.g.
-#   XENV=KILN_SWIGLU_STAGES=3), and one named with -y with $YOPTS and
+#   XENV=KILN_MOE_TILE_ROWS=32), and one named with -y with $YOPTS and
 #   $YENV (a second experiment beside it; env.sh's experiment);
 #   PROFILE=1 adds --profile (the kernels' device times after each test).
 #   It ends with tools/gpu/ratio_table.py: each variant ÷ bf16 a round.
@@ -38,15 +38,14 @@ for r in $(seq "${ROUNDS:-2}"); do
 		esac
 		experiment $exp || exit 1
 		case $v in
-		bf16) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
-		bf16-kv8) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
-		fp8) $k bench model "$fp8" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
-		fp8-kv8) $k bench model "$fp8" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
-		fp8-base) .devbin/kiln-base bench model "$fp8" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
-		bf16-base) .devbin/kiln-base bench model "$bf16" "${args[@]}" --output "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1 ;;
+		bf16) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --output "$out/$name-$r.json" >"$out/$name-$r.txt" 2>&1 ;;
+		bf16-kv8) $k bench model --random llama3-8b --keep "$keep" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$name-$r.json" >"$out/$name-$r.txt" 2>&1 ;;
+		fp8) $k bench model "$fp8" "${args[@]}" --output "$out/$name-$r.json" >"$out/$name-$r.txt" 2>&1 ;;
+		fp8-kv8) $k bench model "$fp8" "${args[@]}" --kv-cache-dtype fp8 --output "$out/$name-$r.json" >"$out/$name-$r.txt" 2>&1 ;;
+		fp8-base) .devbin/kiln-base bench model "$fp8" "${args[@]}" --output "$out/$name-$r.json" >"$out/$name-$r.txt" 2>&1 ;;
+		bf16-base) .devbin/kiln-base bench model "$bf16" "${args[@]}" --output "$out/$name-$r.json" >"$out/$name-$r.txt" 2>&1 ;;
 		esac
 		echo "== $name, round $r: rc=$? in $(($(date +%s) - t0)) s"
-		[ "$name" = "$v" ] || for f in "$out/$v-$r".*; do mv "$f" "$out/$name-$r.${f##*.}"; done
 		grep -E '^\| |roofline|busy' "$out/$name-$r.txt" | head -20
 	done
 done

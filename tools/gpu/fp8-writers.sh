@@ -11,7 +11,7 @@
 # the writers of both formats (tools/gpu/writers-ncu.sh's). NOTRACE=1
 # skips the trace, BTESTS= (empty) the model's tests. XOPTS (NVRTC
 # options of an experiment, e.g. -DROPE_U=4) and XENV (its environment,
-# e.g. KILN_SWIGLU_STAGES=3; env.sh's experiment) run the kernels'
+# e.g. KILN_MOE_TILE_ROWS=32; env.sh's experiment) run the kernels'
 # tests again with them, name the -x variants of fp8-bench.sh (VARIANTS=
 # "bf16 bf16-x fp8 fp8-x") and trace this kiln with and without them;
 # YOPTS and YENV likewise a second experiment (the -y variants).

@@ -1,6 +1,6 @@
 // kiln CUDA kernels: asynchronous copies to shared memory and
 // thread-block clusters, for the kernels that stage their operands in
-// shared memory. Prepended to kernels.cu (kernels.go) and to the tensor-core
+// shared memory. Prepended to attention.cu (kernels.go) and to the tensor-core
 // tile kernels of the gemv module (gemv.go).
 
 // smem_addr is the shared-state-space address of p (in shared memory).

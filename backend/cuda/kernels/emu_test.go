@@ -177,11 +177,8 @@ func TestFoldKernelsEmulated(t *testing.T) {
 // swiglu_packed_q) on the host with the same emulation (their dynamic
 // shared memory mapped to the running block's, e4m3x2 by
 // testdata/emu/fp8_prelude.h), and testdata/emu/fp8_driver.cpp compares
-// their outputs byte for byte: swiglu_packed_qr also with its loads as
-// copies through a ring of 2 to 4 stages, add_norm_rows_q also with its
-// rows stashed in shared memory first (the prelude's cp16 poisons a copy's
-// bytes until its wait). The GPU test (TestE4M3Writers) checks the same on
-// the device. Skipped as TestDecodeMMAEmulated.
+// their outputs byte for byte. The GPU test (TestE4M3Writers) checks the
+// same on the device. Skipped as TestDecodeMMAEmulated.
 func TestFP8WritersEmulated(t *testing.T) {
 	var s strings.Builder
 	kernelsEmuRows(t, &s)
@@ -211,7 +208,6 @@ func TestFP8WritersEmulated(t *testing.T) {
 	s.WriteString(cBetween(t, common, "#ifndef ROWS_QU\n", "#endif\n"))
 	s.WriteString(cBetween(t, common, "#ifndef ROWS_QB\n", "#endif\n"))
 	s.WriteString(cPieces(t, common,
-		"__device__ __forceinline__ void cp_wait_but(",
 		`extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(`))
 	const ext = "extern __shared__ uint4 held[];"
 	src := s.String()

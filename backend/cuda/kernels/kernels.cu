@@ -538,15 +538,10 @@ __device__ void norm_vec_impl(const T* x, const T* r, const W* w, T* sum, T* out
 #ifndef ROWS_NB
 #define ROWS_NB 4
 #endif
-// With stash, a thread's x and r vectors are all copied into shared memory
-// at once first (cp16: x into held, r into the same again after it; no
-// registers wait for them), instead of loaded a vector at a time: an
-// experiment (session 43; the norm was bound by latency, its loads in
-// flight a thread 64 bytes at a time).
 template <typename W>
 __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q,
-                                float* qs, int rows, int dim, float eps, bool stash) {
-	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC], with stash then r's [ROWS_N][dim/VEC]
+                                float* qs, int rows, int dim, float eps) {
+	extern __shared__ uint4 held[]; // [ROWS_N][dim/VEC]
 	__shared__ float sh[32 * ROWS_N];
 	pdl_enter();
 	const int nv = dim / VEC;
@@ -557,28 +552,12 @@ __device__ void add_norm_rows_q(const T* x, const T* r, const float* sr, const f
 #pragma unroll
 	for (int k = 0; k < ROWS_N; k++) base[k] *= dim, ss[k] = 0.f;
 	const bool scaled = sr || sc;
-	const uint4* const rs = held + ROWS_N * nv;
-	if (stash) {
-		for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-#pragma unroll
-			for (int k = 0; k < ROWS_N; k++) {
-				cp16(smem_addr(held + k * nv + i), x + base[k] + i * VEC, true);
-				cp16(smem_addr(rs + k * nv + i), r + base[k] + i * VEC, true);
-			}
-		}
-		cp_commit();
-		cp_wait<0>();
-	}
 	for (int i0 = threadIdx.x; i0 < nv; i0 += ROWS_NU * blockDim.x) {
 		uint4 xa[ROWS_NU][ROWS_N], ra[ROWS_NU][ROWS_N];
 #pragma unroll
 		for (int u = 0; u < ROWS_NU; u++) {
-			const int i = i0 + u * blockDim.x, c = i * VEC;
-			if (c >= dim) break;
-			if (stash) {
-#pragma unroll
-				for (int k = 0; k < ROWS_N; k++) xa[u][k] = held[k * nv + i], ra[u][k] = rs[k * nv + i];
-			} else {
+			const int c = (i0 + u * blockDim.x) * VEC;
+			if (c < dim) {
 #pragma unroll
 				for (int k = 0; k < ROWS_N; k++) {
 					xa[u][k] = *(const uint4*)(x + base[k] + c);
@@ -695,8 +674,8 @@ __device__ void fold_gain_impl(T* w, const W* g, int rows, int cols) {
 	NORM_VEC_KERNELS(W, v, false)                                                                                  \
 	extern "C" __global__ void __launch_bounds__(256, ROWS_NB) add_rmsnorm_rq_w##W(                                 \
 	    const T* x, const T* r, const float* sr, const float* sc, const W* w, T* sum, unsigned char* q, float* qs,  \
-	    int rows, int dim, float eps, int stash) {                                                                   \
-		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps, stash != 0);                                \
+	    int rows, int dim, float eps) {                                                                              \
+		add_norm_rows_q<W>(x, r, sr, sc, w, sum, q, qs, rows, dim, eps);                                            \
 	}                                                                                                              \
 	NORM_VEC_KERNELS(W, vp, true)                                                                                  \
 	extern "C" __global__ void add_bias_w##W(const T* x, const W* b, T* out, int rows, int cols) {               \
@@ -898,9 +877,8 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 #define ROWS_Q 2
 // ROWS_QU: a thread's vectors of each row whose loads are issued
 // together. Two spilled 120 bytes (bf16) under the 64 registers and took
-// 111 µs a call against one's 66 (H200, session 43). One spilled nothing
-// in 5130844's form (the loop over i alone spilled 8 bytes in bf16); the
-// staged path beside it since has not yet been compiled by NVRTC.
+// 111 µs a call against one's 66 (H200, session 43). In this form one
+// spills nothing (the loop over i alone spilled 8 bytes in bf16).
 #ifndef ROWS_QU
 #define ROWS_QU 1
 #endif
@@ -908,28 +886,9 @@ extern "C" __global__ void swiglu_packed_q(const T* gu, const float* sr, const f
 #ifndef ROWS_QB
 #define ROWS_QB 4
 #endif
-// cp_wait_but(n) is cp_wait<n> for n of 0 to 3 given at run time.
-__device__ __forceinline__ void cp_wait_but(int n) {
-	switch (n) {
-	case 1: cp_wait<1>(); break;
-	case 2: cp_wait<2>(); break;
-	case 3: cp_wait<3>(); break;
-	default: cp_wait<0>(); break;
-	}
-}
-// swiglu_packed_qr: with stages (2 to 4; 0: none) its loads are
-// asynchronous copies into shared memory instead (cp16: no registers wait
-// for them), issued stages − 1 vectors ahead of the one a thread computes,
-// so that its loads stay in flight while it computes (without, a thread
-// waits for each vector's loads: 50% of DRAM's rate, bound by latency,
-// session 43). The ring [stages][ROWS_Q][gate, up][blockDim] of 16-byte
-// vectors follows held in the dynamic shared memory; a thread reads only
-// the ring's vectors it copied, so no barrier guards it. The same bytes
-// either way.
 extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(const T* gu, const float* sr, const float* sc,
-                                                                     unsigned char* q, float* qs, int rows, int nv,
-                                                                     int stages) {
-	extern __shared__ uint4 held[]; // [ROWS_Q][hv], then the ring
+                                                                     unsigned char* q, float* qs, int rows, int nv) {
+	extern __shared__ uint4 held[]; // [ROWS_Q][hv]
 	__shared__ float sh[32 * ROWS_Q];
 	pdl_enter();
 	const int n = nv * VEC, hv = nv > (int)blockDim.x ? nv - (int)blockDim.x : 0;
@@ -942,55 +901,23 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 #pragma unroll
 	for (int k = 0; k < ROWS_Q; k++) row[k] = gu + rk[k] * 2 * n, m[k] = 0.f;
 	const bool scaled = sr || sc;
-	uint4* const ring = held + ROWS_Q * hv + threadIdx.x;
-	const int slot = ROWS_Q * 2 * blockDim.x; // a stage's vectors
-	// The ring's slots take this thread's vectors in turn: put is the next
-	// to fill, get the next to read (no division a vector).
-	int put = 0, get = 0;
-	const auto next = [&](int p) { return p + 1 == stages ? 0 : p + 1; };
-	// stage(j) copies this thread's vector j (i = its index + j·blockDim)
-	// of every row into slot put; past the row, an empty group, so that
-	// every wait counts alike.
-	auto stage = [&](int j) {
-		const int i = threadIdx.x + j * blockDim.x;
-		if (i < nv) {
-			uint4* s = ring + put * slot;
-#pragma unroll
-			for (int k = 0; k < ROWS_Q; k++) {
-				cp16(smem_addr(s + 2 * k * blockDim.x), row[k] + i * VEC, true);
-				cp16(smem_addr(s + (2 * k + 1) * blockDim.x), row[k] + n + i * VEC, true);
-			}
-		}
-		cp_commit();
-		put = next(put);
-	};
-	for (int j = 0; j < stages - 1; j++) stage(j);
-	for (int i0 = threadIdx.x, j0 = 0; i0 < nv; i0 += ROWS_QU * blockDim.x, j0 += ROWS_QU) {
+	for (int i0 = threadIdx.x; i0 < nv; i0 += ROWS_QU * blockDim.x) {
 		uint4 g[ROWS_QU][ROWS_Q], u[ROWS_QU][ROWS_Q];
 #pragma unroll
 		for (int t = 0; t < ROWS_QU; t++) {
 			const int c = (i0 + t * blockDim.x) * VEC;
-			if (c >= n) break;
-			if (stages < 2) {
+			if (c < n) {
 #pragma unroll
 				for (int k = 0; k < ROWS_Q; k++) {
 					g[t][k] = *(const uint4*)(row[k] + c);
 					u[t][k] = *(const uint4*)(row[k] + n + c);
 				}
-			} else {
-				stage(j0 + t + stages - 1);
-				cp_wait_but(stages - 1);
-				const uint4* s = ring + get * slot;
-				get = next(get);
-#pragma unroll
-				for (int k = 0; k < ROWS_Q; k++) g[t][k] = s[2 * k * blockDim.x], u[t][k] = s[(2 * k + 1) * blockDim.x];
 			}
 		}
 #pragma unroll
 		for (int t = 0; t < ROWS_QU; t++) {
-			const int i = i0 + t * blockDim.x;
+			const int i = i0 + t * blockDim.x, c = i * VEC;
 			if (i >= nv) break;
-			const int c = i * VEC;
 			float cg[VEC], cu[VEC];
 			col_scales16(sc, c, cg);
 			col_scales16(sc, n + c, cu);
@@ -1017,7 +944,6 @@ extern "C" __global__ void __launch_bounds__(256, ROWS_QB) swiglu_packed_qr(cons
 			}
 		}
 	}
-	if (stages >= 2) cp_wait<0>();
 	store_held_e4m3<ROWS_Q>(held, hv, last, m, sh, q, qs, r0, rows, nv);
 }
 

@@ -12,9 +12,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
-	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -42,10 +40,10 @@ var (
 	//go:embed allreduce.cu
 	allReduce string
 	// source is the one NVRTC source: the functions shared with gemv.cu,
-	// the asynchronous copies, the common and elementwise kernels and a
-	// mixture of experts', then the peer all-reduce, attention, the
+	// the common and elementwise kernels and a mixture of experts', then
+	// the peer all-reduce, the asynchronous copies, attention, the
 	// tensor-core helpers, prefill and decode.
-	source = shared + "\n" + async + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
+	source = shared + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.
@@ -402,13 +400,13 @@ func (k *Kernels) AddRMSNormE4M3(s *cu.Stream, sum, normed cu.Ptr, q E4M3Rows, x
 		return err
 	}
 	if name, block, ok := k.normKernel("add_rmsnorm", wt, rows, dim, true, sum, x, r, xs.Cols); ok && q.Q%8 == 0 && dim%16 == 0 {
-		if shared := normRQShared(dim, k.Act.Size()); rows >= prefillRowsQ && shared <= maxRowsShared && aligned16(w) {
+		if shared := normRowsQ * dim * k.Act.Size(); rows >= prefillRowsQ && shared <= maxRowsShared && aligned16(w) {
 			rq := "add_rmsnorm_rq" + wsuffix(wt)
 			if err := k.preferShared(rq, shared); err != nil {
 				return err
 			}
 			return k.launchDep(rq, cu.D1((rows+normRowsQ-1)/normRowsQ), block, shared, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales,
-				int32(rows), int32(dim), eps, int32(normStash))
+				int32(rows), int32(dim), eps)
 		}
 		return k.launchDep(name, cu.D1(rows), block, 0, s, x, r, xs.Rows, xs.Cols, w, sum, q.Q, q.Scales, int32(rows), int32(dim), eps)
 	}
@@ -634,40 +632,8 @@ const (
 )
 
 // swigluQRShared is swiglu_packed_qr's dynamic shared memory for rows of nv
-// vectors: swigluRowsQ rows of all but each thread's last vector, and with
-// swigluStages its ring of copies, stages of a gate and an up vector of
-// each row a thread.
-func swigluQRShared(nv int) int {
-	threads := int(rowBlock(nv).X)
-	return swigluRowsQ*max(0, nv-threads)*16 + swigluStages*swigluRowsQ*2*threads*16
-}
-
-// normRQShared is add_rmsnorm_rq's dynamic shared memory for rows of dim
-// elements of size bytes: normRowsQ rows, and with normStash as much again
-// for r's.
-func normRQShared(dim, size int) int { return (1 + normStash) * normRowsQ * dim * size }
-
-// normStash is 1 when KILN_NORM_STASH is 1, else 0: the many-row FP8 norm
-// (add_rmsnorm_rq) then copies all of a thread's x and r vectors into
-// shared memory at once before it adds them (an experiment of session 43,
-// not yet measured).
-var normStash = envSwitch("KILN_NORM_STASH", 1, 1)
-
-// swigluStages is KILN_SWIGLU_STAGES when it is 2 to 4, else 0: the FP8
-// SwiGLU of a prefill's rows (swiglu_packed_qr) then loads its vectors by
-// asynchronous copies that many stages deep (an experiment of session 43,
-// not yet measured).
-var swigluStages = envSwitch("KILN_SWIGLU_STAGES", 2, 4)
-
-// envSwitch is the environment variable name as an integer when it is lo
-// to hi, else 0: an experiment's switch.
-func envSwitch(name string, lo, hi int) int {
-	n, err := strconv.Atoi(os.Getenv(name))
-	if err != nil || n < lo || n > hi {
-		return 0
-	}
-	return n
-}
+// vectors: swigluRowsQ rows of all but each thread's last vector.
+func swigluQRShared(nv int) int { return swigluRowsQ * max(0, nv-int(rowBlock(nv).X)) * 16 }
 
 // SwiGLUPackedE4M3 is SwiGLUPacked with its output in FP8 form: one kernel,
 // a block for two rows from prefillRowsQ rows on, a block a row for at
@@ -684,7 +650,7 @@ func (k *Kernels) SwiGLUPackedE4M3(s *cu.Stream, q E4M3Rows, out, gu cu.Ptr, sc 
 			return err
 		}
 		return k.launchDep("swiglu_packed_qr", cu.D1((rows+swigluRowsQ-1)/swigluRowsQ), rowBlock(nv), shared, s,
-			gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(rows), int32(nv), int32(swigluStages))
+			gu, sc.Rows, sc.Cols, q.Q, q.Scales, int32(rows), int32(nv))
 	}
 	if rows >= swigluE4M3MinRows && n%16 == 0 && n/v <= normMaxVectors*256 && aligned16(gu, sc.Cols) && q.Q%8 == 0 {
 		nv := n / v

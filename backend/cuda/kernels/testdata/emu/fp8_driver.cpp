@@ -9,7 +9,6 @@
 // e4m3_div, the writers' division, against the host's x/s on random pairs
 // (scales at every mantissa extreme, quotients across E4M3's range).
 // Prints one line per case and "N failed".
-#include <algorithm>
 #include <random>
 
 static std::vector<T> rand_rows(std::mt19937_64& rng, size_t n, float scale) {
@@ -57,30 +56,17 @@ static int norm_case(int rows, int dim, bool scaled, unsigned seed) {
 	launch(dim3{(unsigned)rows, 1, 1}, threads_for(nv), [&] {
 		norm_vec_impl<float, false, true>(x.data(), r.data(), wv.data(), sum1.data(), (T*)0, dim, eps, q1.data(), qs1.data(), psr, psc);
 	});
-	char what[128];
+	launch(dim3{(unsigned)((rows + ROWS_N - 1) / ROWS_N), 1, 1}, threads_for(nv), [&] {
+		add_norm_rows_q<float>(x.data(), r.data(), psr, psc, wv.data(), sum2.data(), q2.data(), qs2.data(), rows, dim, eps);
+	});
+	char what[96];
 	int bad = 0;
-	// Loaded a vector at a time, or stashed in shared memory first (within
-	// the dynamic shared memory kernels.go gives it); stashed, also with
-	// the sum written over x.
-	for (int form = 0; form < 3; form++) {
-		const bool stash = form > 0, inPlace = form == 2;
-		std::vector<T> xin = x;
-		T* out = inPlace ? xin.data() : sum2.data();
-		std::fill(q2.begin(), q2.end(), 0xee);
-		std::fill(qs2.begin(), qs2.end(), -1.f);
-		g_smem_limit = (unsigned)((stash ? 2 : 1) * ROWS_N * dim * sizeof(T));
-		launch(dim3{(unsigned)((rows + ROWS_N - 1) / ROWS_N), 1, 1}, threads_for(nv), [&] {
-			add_norm_rows_q<float>(xin.data(), r.data(), psr, psc, wv.data(), out, q2.data(), qs2.data(), rows, dim, eps, stash);
-		});
-		g_smem_limit = 0;
-		snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d stash %d in place %d: sum", rows, dim, scaled, stash, inPlace);
-		bad += same(what, out, sum1.data(), sum1.size() * sizeof(T));
-		snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d stash %d in place %d: codes", rows, dim, scaled, stash, inPlace);
-		bad += same(what, q2.data(), q1.data(), q1.size());
-		snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d stash %d in place %d: row scales", rows, dim, scaled, stash,
-		         inPlace);
-		bad += same(what, qs2.data(), qs1.data(), qs1.size() * sizeof(float));
-	}
+	snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d: sum", rows, dim, scaled);
+	bad += same(what, sum2.data(), sum1.data(), sum1.size() * sizeof(T));
+	snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d: codes", rows, dim, scaled);
+	bad += same(what, q2.data(), q1.data(), q1.size());
+	snprintf(what, sizeof what, "add_norm_rows_q %dx%d scaled %d: row scales", rows, dim, scaled);
+	bad += same(what, qs2.data(), qs1.data(), qs1.size() * sizeof(float));
 	return bad;
 }
 
@@ -101,7 +87,7 @@ static int swiglu_case(int rows, int n, int which, bool inPlace, unsigned seed) 
 		swiglu_packed_q(gu.data(), which & 1 ? sr1.data() : nullptr, psc, q1.data(), out1, nv);
 	});
 	launch(dim3{(unsigned)((rows + ROWS_Q - 1) / ROWS_Q), 1, 1}, threads_for(nv), [&] {
-		swiglu_packed_qr(gu.data(), which & 1 ? sr2.data() : nullptr, psc, q2.data(), out2, rows, nv, 0);
+		swiglu_packed_qr(gu.data(), which & 1 ? sr2.data() : nullptr, psc, q2.data(), out2, rows, nv);
 	});
 	char what[96];
 	int bad = 0;
@@ -109,25 +95,6 @@ static int swiglu_case(int rows, int n, int which, bool inPlace, unsigned seed) 
 	bad += same(what, q2.data(), q1.data(), q1.size());
 	snprintf(what, sizeof what, "swiglu_packed_qr %dx%d scales %d in place %d: row scales", rows, n, which, inPlace);
 	bad += same(what, out2, out1, rows * sizeof(float));
-	// With its copies in a ring of each depth, within the dynamic shared
-	// memory kernels.go's swigluQRShared gives it.
-	const int threads = threads_for(nv), hv = nv > threads ? nv - threads : 0;
-	for (int stages = 2; stages <= 4; stages++) {
-		auto sr3 = sr;
-		std::vector<unsigned char> q3((size_t)rows * n, 0xee);
-		std::vector<float> qs3(rows, -1);
-		float* out3 = inPlace ? sr3.data() : qs3.data();
-		g_smem_limit = (unsigned)(ROWS_Q * hv * 16 + stages * ROWS_Q * 2 * threads * 16);
-		launch(dim3{(unsigned)((rows + ROWS_Q - 1) / ROWS_Q), 1, 1}, threads, [&] {
-			swiglu_packed_qr(gu.data(), which & 1 ? sr3.data() : nullptr, psc, q3.data(), out3, rows, nv, stages);
-		});
-		g_smem_limit = 0;
-		snprintf(what, sizeof what, "swiglu_packed_qr %dx%d scales %d in place %d stages %d: codes", rows, n, which, inPlace, stages);
-		bad += same(what, q3.data(), q1.data(), q1.size());
-		snprintf(what, sizeof what, "swiglu_packed_qr %dx%d scales %d in place %d stages %d: row scales", rows, n, which, inPlace,
-		         stages);
-		bad += same(what, out3, out1, rows * sizeof(float));
-	}
 	return bad;
 }
 

@@ -47,7 +47,9 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // TestPrefillMMAEmulated runs the tensor-core prefill's own source
 // (prefill_fa of prefill_mma.cu, with kv_row from attention.cu) on the host
 // as TestDecodeMMAEmulated runs the decode: every build prefill.go
-// launches (four heads a block of 8 warps, two, one) for bf16 and f16,
+// launches (four heads a block of 8 warps, two, one; on Hopper's wgmma,
+// prefill_wg.cu, two heads a block of two warpgroups at 64 and 128 keys a
+// stage, its descriptors read as the hardware does) for bf16 and f16,
 // head dims 16 to 128, windows, chunked prefill over earlier context,
 // several sequences and tiles, over caches of the activation dtype and of
 // FP8 codes (the widening's portable path: the GPU test checks the
@@ -55,7 +57,7 @@ func TestDecodeMMAEmulated(t *testing.T) {
 func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", ""}, {"fp8", "#define KV_F8 1\n"}} {
+	}{{"act", "#define ACT_WGMMA 1\n"}, {"fp8", "#define KV_F8 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, prefillEmuSource(t, build.defines))
@@ -302,6 +304,7 @@ func TestMoETileEmulated(t *testing.T) {
 			s.WriteString(readEmu(t, "prelude.h"))
 			s.WriteString("\n#define GEMV_MMA 1\n" + build.defines)
 			s.WriteString(shared)
+			s.WriteString(wgDescs(t))
 			s.WriteString(gemvEpilogues(t))
 			const ext = "extern __shared__ __align__(128) unsigned char gt_smem[];"
 			s.WriteString(strings.Replace(gemvTile, ext, "unsigned char* const gt_smem = cur_smem();", 1))
@@ -450,6 +453,7 @@ func gemvEmuSource(t *testing.T, defines string) string {
 	s.WriteString(readEmu(t, "prelude.h"))
 	s.WriteString("\n#define GEMV_MMA 1\n#define GEMV_TILE_SWEEP 1\n" + defines)
 	s.WriteString(shared)
+	s.WriteString(wgDescs(t))
 	s.WriteString(gemvEpilogues(t))
 	const ext = "extern __shared__ __align__(128) unsigned char gt_smem[];"
 	if strings.Count(gemvTile, ext) != 1 {
@@ -458,6 +462,14 @@ func gemvEmuSource(t *testing.T, defines string) string {
 	s.WriteString(strings.Replace(gemvTile, ext, "unsigned char* const gt_smem = cur_smem();", 1))
 	s.WriteString(readEmu(t, "gemv_driver.cpp"))
 	return s.String()
+}
+
+// wgDescs is wgmma.cu's descriptors (wg_desc, wg_desc_mn), which the
+// emulator reads as the hardware does (the prelude's wg_elem, wg_elem_mn).
+func wgDescs(t *testing.T) string {
+	t.Helper()
+	return cPieces(t, wgmmaHelpers, "__device__ __forceinline__ unsigned long long wg_desc(",
+		"__device__ __forceinline__ unsigned long long wg_desc_mn(")
 }
 
 // emuSource assembles the emulated decode: the prelude, the pieces of
@@ -495,6 +507,8 @@ func prefillEmuSource(t *testing.T, defines string) string {
 		t.Fatalf("prefill_mma.cu: no single %q", ext)
 	}
 	b.WriteString(strings.Replace(prefillMMA, ext, "static unsigned short* const pf_smem = (unsigned short*)g_smem;", 1))
+	b.WriteString(wgDescs(t))
+	b.WriteString(prefillWG)
 	b.WriteString(readEmu(t, "attn.h"))
 	b.WriteString(readEmu(t, "prefill_driver.cpp"))
 	return b.String()

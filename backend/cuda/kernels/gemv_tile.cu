@@ -65,15 +65,6 @@ template <int BK> __device__ __forceinline__ unsigned gt_off(int r, int c) {
 	return (unsigned)(r * 2 * BK + ((c ^ (r & 7)) << 4));
 }
 
-// wg_desc is the wgmma descriptor of a K-major operand whose rows are 128
-// bytes swizzled in 1024-byte atoms of 8 rows (the atom holding shared
-// address a, 1024-aligned, plus the byte offset of the columns): start
-// address, leading byte offset 16 (unused by this layout), stride byte
-// offset 1024 (from one 8-row atom to the next), swizzle mode 1 (128 bytes).
-__device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
-	return (unsigned long long)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-
 // gt_partial4 loads partial sums i..i+3 (i a multiple of 4) of cluster
 // block rank r; gt_partial one.
 __device__ __forceinline__ float4 gt_partial4(const float* red, int i, int r, int splits) {

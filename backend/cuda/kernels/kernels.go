@@ -33,6 +33,8 @@ var (
 	mmaHelpers string
 	//go:embed prefill_mma.cu
 	prefillMMA string
+	//go:embed prefill_wg.cu
+	prefillWG string
 	//go:embed decode_mma.cu
 	decodeMMA string
 	//go:embed moe.cu
@@ -43,7 +45,7 @@ var (
 	// the common and elementwise kernels and a mixture of experts', then
 	// the peer all-reduce, the asynchronous copies, attention, the
 	// tensor-core helpers, prefill and decode.
-	source = shared + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + prefillMMA + "\n" + decodeMMA
+	source = shared + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + prefillMMA + "\n" + prefillWG + "\n" + decodeMMA
 )
 
 // Source is the CUDA C source of the kernels.
@@ -72,6 +74,9 @@ type Kernels struct {
 	// HeadDim is the one head dim whose attention kernels the module holds
 	// (NewHeadDim), 0 when it holds every one of HeadDims.
 	HeadDim int
+	// WG: the module holds the prefill attention on Hopper's wgmma
+	// (prefill_wg.cu: sm_90a, f16/bf16 activations, not an FP8 cache).
+	WG bool
 
 	parts     *moduleParts // the parts, each holding some of the kernels
 	mu        sync.Mutex
@@ -110,6 +115,10 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	if act != cu.F32 {
 		opts = append(opts, "-DACT_MMA=1") // the tensor-core prefill kernels
 	}
+	wg := act != cu.F32 && !kvF8 && d.Arch() == "sm_90a"
+	if wg {
+		opts = append(opts, "-DACT_WGMMA=1") // the wgmma prefill kernels (prefill_wg.cu)
+	}
 	if kvF8 {
 		name, opts = name+"_kvf8", append(opts, "-DKV_F8=1")
 	}
@@ -135,7 +144,7 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, sharedSet: map[string]int{}}, nil
+	return &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, WG: wg, sharedSet: map[string]int{}}, nil
 }
 
 // Modules are the parts k was compiled in.

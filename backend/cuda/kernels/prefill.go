@@ -2,6 +2,8 @@ package kernels
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"kiln/backend/cuda/cu"
 )
@@ -16,9 +18,11 @@ func (k *Kernels) PrefillAttention(s *cu.Stream, a Attn, m DevMeta) error {
 }
 
 // PrefillVariants lists the builds of the prefill kernel that take a, the
-// one PrefillAttention runs first; then, on the tensor cores, the builds
-// of fewer query heads a block (two, one), which a race may find faster
-// for some shapes (each is checked as the first by the kernels' tests).
+// one PrefillAttention runs first; then, on sm_90a, the wgmma kernel's
+// (prefill_wg.cu, wgBuilds) where it takes a, and on the tensor cores the
+// builds of fewer query heads a block (two, one), which a race may find
+// faster for some shapes (each is checked as the first by the kernels'
+// tests).
 func (k *Kernels) PrefillVariants(a Attn) []string {
 	if !a.FP8 && (k.Act == cu.F32 || a.HeadDim%16 != 0 || !mmaOK(a)) {
 		return []string{"attn"}
@@ -33,8 +37,42 @@ func (k *Kernels) PrefillVariants(a Attn) []string {
 	case hb == 2:
 		vs = append(vs, "mma1")
 	}
+	if k.wgOK(a) {
+		// After mma.sync's first build: the model's race, which checks
+		// each build against the first on its operands, takes them where
+		// they are faster (not yet checked inside a model's step on a GPU).
+		for i, b := range wgBuilds {
+			vs = slices.Insert(vs, 1+i, b.variant)
+		}
+	}
 	return vs
 }
+
+// wgOK reports whether the wgmma prefill (prefill_wg.cu) takes a: a module
+// built with it, a cache of the activation dtype, head dim 64 or 128, and
+// GQA groups of an even number of query heads (a block's two heads share
+// their kv head).
+func (k *Kernels) wgOK(a Attn) bool {
+	return k.WG && !a.FP8 && (a.HeadDim == 64 || a.HeadDim == 128) && a.KVHeads > 0 && (a.Heads/a.KVHeads)%2 == 0 && mmaOK(a)
+}
+
+// wgShared is prefill_wg's dynamic shared memory at head dim hd, bk keys a
+// stage and st slots: 1 KB to round the base up to an atom, Q of the
+// block's two heads (64 rows each), st slots of K and st of V.
+func wgShared(hd, bk, st int) int { return 1024 + 2*PrefillTile*hd*2 + 2*st*bk*hd*2 }
+
+// wgBuild is a build of prefill_wg: its variant name, keys a stage and
+// slots of K and of V.
+type wgBuild struct {
+	variant    string
+	bk, stages int
+}
+
+// wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS), the
+// fastest first (BenchmarkPrefillAttention on an H200, session 44: 128 keys
+// a stage 303–328 TFLOP/s at 4,096 tokens, 64 keys 290–306, mma.sync's
+// 247–254).
+var wgBuilds = []wgBuild{{"wg128", 128, 2}, {"wg", 64, 2}}
 
 // PrefillAttentionWith is PrefillAttention on build variant of
 // PrefillVariants.
@@ -94,7 +132,7 @@ func pfMMA(hd, heads int) (suffix string, c pfCfg) {
 // prefill runs one variant of the prefill kernel: "attn" (CUDA cores, any
 // dtype), "mma" (tensor cores, f16/bf16: four heads per block when the GQA
 // group allows, else two, else one), "mma2" and "mma1" (two heads, one head
-// per block).
+// per block), wgBuilds' (wgmma on sm_90a, two heads a block).
 func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error {
 	if err := k.checkAttn(&a, m); err != nil {
 		return err
@@ -109,6 +147,22 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 	}
 	if k.Act == cu.F32 {
 		return fmt.Errorf("kernels: no tensor-core prefill for f32")
+	}
+	if strings.HasPrefix(variant, "wg") {
+		i := slices.IndexFunc(wgBuilds, func(b wgBuild) bool { return b.variant == variant })
+		if i < 0 {
+			return fmt.Errorf("kernels: no prefill variant %q", variant)
+		}
+		if !k.wgOK(a) {
+			return fmt.Errorf("kernels: the wgmma prefill takes sm_90a, an f16/bf16 cache, head dim 64 or 128 and even GQA groups")
+		}
+		b := wgBuilds[i]
+		name := fmt.Sprintf("prefill_wg_%d_%d_%d", a.HeadDim, b.bk, b.stages)
+		shared := wgShared(a.HeadDim, b.bk, b.stages)
+		if err := k.raiseShared(name, shared); err != nil {
+			return err
+		}
+		return k.launch(name, cu.D1(m.Tiles*a.Heads/2), cu.D1(256), shared, s, args...)
 	}
 	if a.HeadDim%16 != 0 || !mmaOK(a) {
 		return fmt.Errorf("kernels: tensor-core prefill needs a head dim multiple of 16, 16-byte aligned q and out, scale > 0")

@@ -40,7 +40,11 @@ var watchedResources = []string{"prefill_mma_128", "prefill_mma1_128", "decode_m
 func TestKernelResources(t *testing.T) {
 	for _, act := range []cu.DType{cu.BF16, cu.F16} {
 		k := kern(t, act)
-		for _, name := range append(slices.Clone(noLocalMemory), watchedResources...) {
+		names := append(slices.Clone(noLocalMemory), watchedResources...)
+		if k.WG {
+			names = append(names, "prefill_wg_128_128_2", "prefill_wg_128_64_2") // wgmma's prefill (sm_90a, session 44)
+		}
+		for _, name := range names {
 			m, err := k.module(name)
 			if err != nil {
 				t.Errorf("%v %s: %v", act, name, err)

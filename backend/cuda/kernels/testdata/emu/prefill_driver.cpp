@@ -14,12 +14,21 @@ struct Case {
 // does not take.
 static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 	blockIdx = dim3{(unsigned)bid, 0, 0};
+#if defined(ACT_WGMMA) && !defined(KV_F8)
+	// 3, 4, 5: prefill_wg (two heads a block of two warpgroups), 64 keys a
+	// stage in 2 slots, 128 in 2, 64 in 3.
+	if (v >= 3 && (hd == 64 || hd == 128)) {
+		if (hd == 64) v == 3 ? prefill_wg<64, 64, 2>(PF_ARGS) : v == 4 ? prefill_wg<64, 128, 2>(PF_ARGS) : prefill_wg<64, 64, 3>(PF_ARGS);
+		else v == 3 ? prefill_wg<128, 64, 2>(PF_ARGS) : v == 4 ? prefill_wg<128, 128, 2>(PF_ARGS) : prefill_wg<128, 64, 3>(PF_ARGS);
+		return true;
+	}
+#endif
 #define PF_CALL(H)                                                                                          \
 	if (hd == H) {                                                                                          \
 		if (v == 0) prefill_fa<H, 2, 2, 64, 2, (2 * H <= 128)>(PF_ARGS);                                    \
 		if (v == 1) prefill_fa<H, 2, 1, (2 * H <= 128 ? 64 : 32), 2, (2 * H <= 128)>(PF_ARGS);             \
 		if (v == 2) prefill_fa<H, 1, 1, 64, 2, true>(PF_ARGS);                                              \
-		return true;                                                                                        \
+		return v < 3;                                                                                       \
 	}
 	PF_CALL(16) PF_CALL(32) PF_CALL(64) PF_CALL(80) PF_CALL(96) PF_CALL(128)
 	if (hd == 256 && v == 2) { // past 128 one head a block alone is built
@@ -29,9 +38,20 @@ static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 	return false;
 }
 
+// variants is the number of variants launch_one knows.
+#if defined(ACT_WGMMA) && !defined(KV_F8)
+static const int variants = 6;
+#else
+static const int variants = 3;
+#endif
+
+// wg_shared is prefill_wg's dynamic shared memory (wgShared in prefill.go).
+static unsigned wg_shared(int hd, int bk, int st) { return 1024 + 2 * 64 * hd * 2 + 2 * st * bk * hd * 2; }
+
 static double run(const Case& c, int v, unsigned seed) {
-	const int group = c.heads / c.kvHeads, hb = v == 0 ? 4 : v == 1 ? 2 : 1;
+	const int group = c.heads / c.kvHeads, hb = v == 0 ? 4 : v == 1 || v >= 3 ? 2 : 1;
 	if (group % hb != 0 || (c.hd > 128 && v != 2)) return 0; // a variant the group (or head dim) does not take
+	if (v >= 3 && c.hd != 64 && c.hd != 128) return 0;
 	std::mt19937_64 rng(seed);
 	PagedBatch pb(c.heads, c.kvHeads, c.hd, c.window, c.seqs, rng);
 	const int Tn = pb.tokens();
@@ -48,7 +68,8 @@ static double run(const Case& c, int v, unsigned seed) {
 	for (auto& x : out) x.x = 0x7fc1;
 	float scale = 1.0f / sqrtf((float)c.hd);
 	g_after_wait = [](const void*) { return false; }; // launched plainly: no PDL
-	g_threads = 128 * (v == 0 ? 2 : 1);
+	g_threads = 128 * (v == 0 || v >= 3 ? 2 : 1);
+	g_smem_limit = v == 3 ? wg_shared(c.hd, 64, 2) : v == 4 ? wg_shared(c.hd, 128, 2) : v == 5 ? wg_shared(c.hd, 64, 3) : 0;
 	const int blocks = (int)tok0.size() * c.heads / hb;
 	gridDim = dim3{(unsigned)blocks, 1, 1};
 	blockDim = dim3{(unsigned)g_threads, 1, 1};
@@ -60,10 +81,11 @@ static double run(const Case& c, int v, unsigned seed) {
 		});
 	}
 	g_threads = 128;
+	g_smem_limit = 0;
 	double worst;
 	int bad = pb.check(out, scale, c.cap, &worst);
-	printf("heads %d/%d hd %d window %d cap %g tokens %d tiles %d, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads, c.hd,
-	       c.window, c.cap, Tn, (int)tok0.size(), hb, worst, bad);
+	printf("heads %d/%d hd %d window %d cap %g tokens %d tiles %d, %s, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads,
+	       c.hd, c.window, c.cap, Tn, (int)tok0.size(), v < 3 ? "mma" : v == 3 ? "wg 64 keys 2 slots" : v == 4 ? "wg 128 keys 2 slots" : "wg 64 keys 3 slots", hb, worst, bad);
 	fflush(stdout);
 	return bad ? -1 : worst;
 }
@@ -84,6 +106,10 @@ int main(int argc, char** argv) {
 		{8, 2, 128, 50, {{200, 70}, {70, 70}}},
 		{8, 1, 128, 0, {{64, 64}, {129, 129}, {5, 1}}},
 		{12, 4, 128, 64, {{150, 100}}},
+		// Long contexts: more stages than any ring has slots (prefill_wg's
+		// copies wrap around).
+		{8, 2, 128, 0, {{600, 40}}},
+		{4, 2, 64, 300, {{700, 70}}},
 		// Soft-capped scores (Gemma 2), with and without a window.
 		{8, 2, 128, 40, {{130, 130}}, 1.5f},
 		{4, 2, 32, 0, {{100, 100}, {3, 1}}, 1.5f},
@@ -92,7 +118,7 @@ int main(int argc, char** argv) {
 		{4, 2, 256, 40, {{90, 90}}, 1.5f},
 	};
 	int fails = 0;
-	for (int v = 0; v < 3; v++)
+	for (int v = 0; v < variants; v++)
 		for (size_t i = 0; i < cases.size(); i++)
 			if (run(cases[i], v, 4321 + i) < 0) fails++;
 	printf("%d failed\n", fails);

@@ -291,6 +291,7 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
 	return b;
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(int v) { return __builtin_ffs(v); }
 
 // ---- shared memory addresses: offsets into the block's shared memory
 static inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - cur_smem()); }
@@ -431,34 +432,52 @@ static inline float rnd(float v, const bf16*) { return bf2f(f2bf(v)); }
 static inline float rnd(float v, const f16*) { return h2f(f2h(v)); }
 static inline float rnd(float v) { return rnd(v, (const T*)0); }
 
-// ---- wgmma (gemv_tile.cu built with GEMV_WGMMA): each thread computes its
-// own accumulator elements (wg_mma's layout in wgmma.cu) from shared memory
-// as the descriptors address it, at the call; the hardware's asynchrony is
-// not modelled (a kernel must wait for its wgmma before it overwrites their
-// operands: the GPU tests check that).
+// ---- wgmma (gemv_tile.cu built with GEMV_WGMMA, prefill_wg.cu): each
+// thread computes its own accumulator elements (wg_mma's layout in
+// wgmma.cu) from shared memory as the descriptors address it (wgmma.cu's
+// wg_desc and wg_desc_mn, taken from the source), at the call; the
+// hardware's asynchrony is not modelled (a kernel must wait for its wgmma
+// before it reads their results or overwrites their operands: the GPU
+// tests check that). A block's warps 4i..4i+3 are its warpgroup i.
 static inline void wg_fence() {}
 static inline void wg_commit() {}
 static inline void wg_wait0() {}
+template <int N> static inline void wg_wait() {}
+static inline void wg_hold(float*, int) {}
 static inline void fence_async_smem() {}
-// wg_elem is element (row, k), k < 16, of a K-major operand as descriptor
-// desc addresses it: start address, stride byte offset from one 8-row atom
-// to the next, rows 128 bytes apart inside an atom, and the 128-byte
-// swizzle (address bits 4-6 XORed with bits 7-9), the only mode emulated.
-template <typename X> static float wg_elem(unsigned long long desc, int row, int k) {
+// wg_check stops on a descriptor the emulator does not model: only the
+// 128-byte swizzle with base offset 0.
+static inline void wg_check(unsigned long long desc) {
 	if ((desc >> 62) != 1 || ((desc >> 49) & 7) != 0) {
 		fprintf(stderr, "wgmma descriptor %llx: only the 128-byte swizzle with base offset 0 is emulated\n", desc);
 		abort();
 	}
+}
+// wg_swz is shared byte address a with the 128-byte swizzle applied
+// (address bits 4-6 XORed with bits 7-9).
+static inline unsigned wg_swz(unsigned a) { return a ^ (((a >> 7) & 7) << 4); }
+// wg_elem is element (row, k), k < 16, of a K-major operand as descriptor
+// desc addresses it: start address, stride byte offset from one 8-row atom
+// to the next, rows 128 bytes apart inside an atom.
+template <typename X> static float wg_elem(unsigned long long desc, int row, int k) {
+	wg_check(desc);
 	unsigned start = (unsigned)(desc & 0x3FFF) << 4, sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
-	unsigned a = start + (unsigned)(row / 8) * sbo + (unsigned)(row % 8) * 128 + 2 * (unsigned)k;
-	a ^= ((a >> 7) & 7) << 4;
-	return elem(sm16(a), (const X*)0);
+	return elem(sm16(wg_swz(start + (unsigned)(row / 8) * sbo + (unsigned)(row % 8) * 128 + 2 * (unsigned)k)), (const X*)0);
+}
+// wg_elem_mn is element (k, n), k < 16, of an MN-major operand: 64
+// consecutive n a 128-byte row, the next 64 n the leading byte offset on,
+// 8 k rows an atom, the next 8 k the stride byte offset on.
+template <typename X> static float wg_elem_mn(unsigned long long desc, int k, int n) {
+	wg_check(desc);
+	unsigned start = (unsigned)(desc & 0x3FFF) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4,
+	         sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+	return elem(sm16(wg_swz(start + (unsigned)(n / 64) * lbo + 2 * (unsigned)(n % 64) + (unsigned)(k / 8) * sbo + (unsigned)(k % 8) * 128)),
+	            (const X*)0);
 }
 // wg_mma<N>: d += A·B for A 64×16 (rows of the warpgroup's 4 warps, 16 each)
-// and B 16×N, B's descriptor addressing its N columns as rows (the
-// emulated blocks are 128 threads: one warpgroup).
+// and B 16×N, B's descriptor addressing its N columns as rows.
 template <int N> static void wg_mma(float* d, unsigned long long a, unsigned long long b) {
-	int w = warp_id(), l = lane_id(), g = l >> 2, q = l & 3;
+	int w = warp_id() & 3, l = lane_id(), g = l >> 2, q = l & 3;
 	for (int j = 0; j < N / 8; j++)
 		for (int i = 0; i < 4; i++) {
 			int row = 16 * w + g + (i >= 2 ? 8 : 0), col = 8 * j + 2 * q + (i & 1);
@@ -466,4 +485,34 @@ template <int N> static void wg_mma(float* d, unsigned long long a, unsigned lon
 			for (int k = 0; k < 16; k++) s += (double)wg_elem<T>(a, row, k) * wg_elem<T>(b, col, k);
 			d[4 * j + i] = (float)s;
 		}
+}
+// wg_mma_ss<N>: wg_mma, d overwritten when acc is 0.
+template <int N> static void wg_mma_ss(float* d, unsigned long long a, unsigned long long b, int acc) {
+	if (!acc)
+		for (int i = 0; i < N / 2; i++) d[i] = 0.f;
+	wg_mma<N>(d, a, b);
+}
+// wg_mma_rs<N>: d += A·B for A 64×16 in registers (each warp's 16 rows as
+// mma16816's A tile, exchanged within the warp) and B 16×N MN-major.
+template <int N> static void wg_mma_rs(float* d, const unsigned* a, unsigned long long b) {
+	int w = warp_id(), l = lane_id(), g = l >> 2, q = l & 3;
+	auto* x = g_block->xch[w][l];
+	for (int i = 0; i < 4; i++) x[i] = a[i];
+	warp_sync();
+	auto A = [&](int row, int k) -> float { // A[row][k], row < 16 of this warp
+		int gg = row & 7, hiRow = row >> 3, kk = k & 7, hiK = k >> 3, tq = kk >> 1;
+		unsigned reg = (unsigned)g_block->xch[w][gg * 4 + tq][hiRow + 2 * hiK];
+		unsigned short h = (kk & 1) ? reg >> 16 : reg & 0xffff;
+		return elem(h, (const T*)0);
+	};
+	float out[N / 2];
+	for (int j = 0; j < N / 8; j++)
+		for (int i = 0; i < 4; i++) {
+			int row = g + (i >= 2 ? 8 : 0), col = 8 * j + 2 * q + (i & 1);
+			double s = d[4 * j + i];
+			for (int k = 0; k < 16; k++) s += (double)A(row, k) * wg_elem_mn<T>(b, k, col);
+			out[4 * j + i] = (float)s;
+		}
+	warp_sync();
+	for (int i = 0; i < N / 2; i++) d[i] = out[i];
 }

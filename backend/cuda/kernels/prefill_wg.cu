@@ -1,0 +1,333 @@
+// kiln CUDA kernels: prefill attention on Hopper's warpgroup MMA (wgmma),
+// f16/bf16 activations over an f16/bf16 cache, head dims 64 and 128.
+// Appended after prefill_mma.cu (its pf_smem, quad_sum, PF_PARAMS) and
+// wgmma.cu by kernels.go when the module is built for sm_90a (-DACT_WGMMA).
+//
+// One block takes one prefill tile (up to PF_BQ = 64 query tokens) for two
+// query heads of one kv head: a warpgroup (4 warps, 128 threads) a head,
+// its 64 rows the M of wgmma m64nNk16 (warp w: rows 16w..16w+15, as
+// mma16816's tiles). Both warpgroups share the K/V stages. Q, K and V sit
+// in shared memory in wgmma's 128-byte swizzled atoms (8 rows of 128
+// bytes; a row of HD elements is HD/64 such columns of atoms, each column
+// a region of its own), copied there by cp.async; the block's base is
+// rounded up to 1024 bytes (the dynamic shared memory holds 1 KB more).
+//
+// S = Q·Kᵀ is m64n(BK)k16 with both operands K-major in shared memory (the
+// next 16 of the head dim 32 bytes on within a region). O += P·V takes P
+// from registers (S's accumulators rounded to the activation dtype are
+// exactly wgmma's A fragments) and V MN-major, as its rows lie: each
+// 128-byte row 64 head dims of one key (wg_desc_mn).
+//
+// The softmax of a stage overlaps the previous stage's P·V (FlashAttention
+// 3's pipelining within a warpgroup): stage n issues S_n = Q·K_nᵀ, then
+// O += P_{n−1}·V_{n−1}, waits for S_n alone and computes P_n in S's
+// registers, then waits for P·V before it rescales O and rounds P_n into
+// the A fragments P_{n−1} held. Stage 0 is peeled off, so that the loop
+// has no branch between a wgmma and its wait (ptxas serializes the wgmma
+// of a kernel where it cannot tell that no other instruction reads their
+// accumulators before the wait: C7514).
+//
+// K_n and V_{n−1} therefore share a round of copies: stage n issues the
+// copies of K_{n+ST−1} and V_{n+ST−2} into rings of ST slots (the slots of
+// K_{n−1} and V_{n−2}, free after the barrier that starts the stage),
+// waited for at the start of stage n+ST−1. The softmax is prefill_fa's
+// (log2 domain, raw-score maxima, masks only on stages that cross a row's
+// window or position).
+//
+// f16 splits P into hi + lo parts for P·V, as prefill_fa does.
+
+#ifdef ACT_WGMMA
+// sw128 is the byte offset of 16-byte chunk c (0-7) of row r in 128-byte
+// rows swizzled in 1024-byte atoms (from an atom-aligned base).
+__device__ __forceinline__ unsigned sw128(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// wg_load copies keys kb..kb+BK−1 of the cache c (rows of kv head kvh of
+// the sequence at seqOff) into the K or V slot at base: thread tid of NTH
+// chunk tid + NTH·i (zeros past kHi: masked, and no NaN garbage in P·V).
+template <int HD, int BK, int NTH>
+__device__ __forceinline__ void wg_load(unsigned base, const KV* c, int kb, int kHi, const int* bt, int seqOff, int bs, int kvHeads,
+                                        int kvh, int tid) {
+	constexpr int CH = HD / 8, N = BK * CH, KR = BK * 128;
+	// kv_row's address, by a shift where a block holds a power of two tokens
+	// (kiln's 16): kv_row's integer division took about half of this
+	// kernel's time (session 44, H200: 200–216 against 290–328 TFLOP/s).
+	const bool p2 = (bs & (bs - 1)) == 0;
+	const int sh = __ffs(bs) - 1;
+#pragma unroll
+	for (int i0 = 0; i0 < N; i0 += NTH) {
+		const int i = i0 + tid, row = i / CH, ch = i % CH, j = kb + row;
+		const bool in = j <= kHi;
+		const int b = p2 ? j >> sh : j / bs;
+		const long long at = in ? (((long long)bt[seqOff + b] * bs + (j - b * bs)) * kvHeads + kvh) * HD + ch * 8 : 0;
+		cp16(base + (ch / 8) * KR + sw128(row, ch % 8), c + at, in);
+	}
+}
+
+// wg_issue issues the copies of K_{n+ST−1} and V_{n+ST−2} (those of the
+// nblk stages that exist) into their slots of the rings at sK and sV: the
+// round of copies stage n issues (K_j and V_{j−1} come in one round, as
+// stage j uses them), then commits it.
+template <int HD, int BK, int ST, int NTH>
+__device__ __forceinline__ void wg_issue(int n, int nblk, unsigned sK, unsigned sV, const KV* kc, const KV* vc, int kLo, int kHi,
+                                         const int* bt, int seqOff, int bs, int kvHeads, int kvh, int tid) {
+	constexpr int SLOT = HD / 64 * BK * 128;
+	const int jk = n + ST - 1, jv = n + ST - 2;
+	if (jk < nblk) wg_load<HD, BK, NTH>(sK + (jk % ST) * SLOT, kc, kLo + jk * BK, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+	if (jv >= 0 && jv < nblk) wg_load<HD, BK, NTH>(sV + (jv % ST) * SLOT, vc, kLo + jv * BK, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+	cp_commit();
+}
+
+// wg_pv issues O += P·V for the P of k-steps p (and its lo parts pl, f16)
+// over the V slot at vs (regions lbo bytes apart).
+template <int HD, int PK, int PL>
+__device__ __forceinline__ void wg_pv(float* o, const unsigned (&p)[PK][4], const unsigned (&pl)[PK][PL], unsigned vs, unsigned lbo) {
+#pragma unroll
+	for (int kk = 0; kk < PK; kk++) {
+		const unsigned long long vd = wg_desc_mn(vs + kk * 16 * 128, lbo);
+		wg_mma_rs<HD>(o, p[kk], vd);
+		if constexpr (PL == 4) wg_mma_rs<HD>(o, pl[kk], vd);
+	}
+}
+
+// wg_s issues S = Q·Kᵀ for the 64 Q rows at q and the BK keys at k (both
+// in regions of 128-byte rows: Q's 64·128 bytes apart, K's BK·128).
+template <int HD, int BK> __device__ __forceinline__ void wg_s(float* s, unsigned q, unsigned k) {
+#pragma unroll
+	for (int kk = 0; kk < HD / 16; kk++)
+		wg_mma_ss<BK>(s, wg_desc(q + (kk / 4) * 64 * 128 + 32 * (kk % 4)), wg_desc(k + (kk / 4) * BK * 128 + 32 * (kk % 4)), kk);
+}
+
+// WgRows is what the softmax needs of a thread's two rows: their windows'
+// starts and positions, the keys [fLo, fHi] no row masks, the thread's
+// quad lane, the scale in the log2 domain and the soft cap.
+struct WgRows {
+	int lo0, p0, lo1, p1, fLo, fHi, tq;
+	float sl2, cap;
+};
+
+// wg_softmax is prefill_fa's online softmax on a stage's scores s (keys
+// kb..kb+BK−1; a thread's rows g and g+8 of its warp): masks, the rows'
+// maxima m and sums l updated, s replaced by P (unrounded), and the factors
+// c0, c1 by which O must be rescaled.
+template <int BK>
+__device__ __forceinline__ void wg_softmax(float (&s)[BK / 2], int kb, const WgRows& r, float& m0, float& m1, float& l0, float& l1,
+                                           float& c0, float& c1) {
+	constexpr int NS = BK / 8; // 8-key column tiles
+	if (r.cap > 0.f) {         // soft-capped scores (Gemma 2), back in the domain sl2 scales
+		const float capl2 = r.cap * LOG2E;
+#pragma unroll
+		for (int i = 0; i < BK / 2; i++) s[i] = softcap_l2(s[i] * r.sl2, capl2) / r.sl2;
+	}
+	if (!(kb >= r.fLo && kb + BK - 1 <= r.fHi)) {
+#pragma unroll
+		for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int j = kb + nt * 8 + 2 * r.tq + e;
+				if (!(j >= r.lo0 && j <= r.p0)) s[4 * nt + e] = NEG_INF;
+				if (!(j >= r.lo1 && j <= r.p1)) s[4 * nt + 2 + e] = NEG_INF;
+			}
+		}
+	}
+	float mx0 = m0, mx1 = m1;
+#pragma unroll
+	for (int nt = 0; nt < NS; nt++) {
+		mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
+		mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
+	}
+	mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+	mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+	// Scores in the log2 domain: p = 2^(s·sl2 − m·sl2).
+	const float sl2 = r.sl2;
+	const float b0 = mx0 == NEG_INF ? 0.f : mx0 * sl2, b1 = mx1 == NEG_INF ? 0.f : mx1 * sl2;
+	c0 = ex2f(fmaf(m0, sl2, -b0));
+	c1 = ex2f(fmaf(m1, sl2, -b1));
+	m0 = mx0;
+	m1 = mx1;
+	float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+	for (int nt = 0; nt < NS; nt++) {
+		s[4 * nt] = ex2f(fmaf(s[4 * nt], sl2, -b0));
+		s[4 * nt + 1] = ex2f(fmaf(s[4 * nt + 1], sl2, -b0));
+		s[4 * nt + 2] = ex2f(fmaf(s[4 * nt + 2], sl2, -b1));
+		s[4 * nt + 3] = ex2f(fmaf(s[4 * nt + 3], sl2, -b1));
+		ls0 += s[4 * nt] + s[4 * nt + 1];
+		ls1 += s[4 * nt + 2] + s[4 * nt + 3];
+	}
+	l0 = l0 * c0 + ls0;
+	l1 = l1 * c1 + ls1;
+}
+
+// wg_pack rounds P (in s) to wgmma's A fragments: k-step kk is keys
+// 16kk..16kk+15, S's column tiles 2kk (a0 row g, a1 row g+8) and 2kk+1
+// (a2, a3); f16 (PL 4) also the lo parts.
+template <int N, int PK, int PL>
+__device__ __forceinline__ void wg_pack(const float (&s)[N], unsigned (&p)[PK][4], unsigned (&pl)[PK][PL]) {
+#pragma unroll
+	for (int kk = 0; kk < PK; kk++) {
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const int at = 4 * (2 * kk + (i >> 1)) + (i & 1) * 2;
+			p[kk][i] = PK2(s[at], s[at + 1]);
+			if constexpr (PL == 4) pl[kk][i] = PK2(s[at] - lo16(p[kk][i], (f16*)0), s[at + 1] - hi16(p[kk][i], (f16*)0));
+		}
+	}
+}
+
+// prefill_wg: HD head dim (64 or 128), BK keys a stage (64 or 128), ST
+// slots of K and of V. Dynamic shared memory: 1024 + 2·64·HD·2 (Q of both
+// heads) + 2·ST·BK·HD·2 bytes (wgShared in prefill.go). 256 threads. Grid:
+// tiles·heads/2 blocks, the last tile (the most keys, causal) first.
+template <int HD, int BK, int ST>
+__device__ __forceinline__ void prefill_wg(PF_PARAMS) {
+	static_assert((HD == 64 || HD == 128) && (BK == 64 || BK == 128) && ST >= 2, "prefill_wg shape");
+	static_assert(!kv_f8, "prefill_wg: an FP8 cache takes prefill_fa");
+	constexpr int NH = 2, NTH = 128 * NH; // heads (warpgroups) a block, threads
+	constexpr int HR = HD / 64;           // 128-byte regions of a row
+	constexpr int CH = HD / 8;            // 16-byte chunks a row
+	constexpr int QR = 64 * 128;          // a region of 64 Q rows
+	constexpr int KR = BK * 128;          // a region of a K or V slot
+	constexpr int SLOT = HR * KR;         // a slot of K (or V)
+	constexpr int PK = BK / 16;           // k-steps of P·V
+	constexpr bool PSPLIT = act_is_f16<T>::v;
+	__shared__ int sLo, sHi, sLoMax, sHiMin;
+	const unsigned sb = (smem_addr(pf_smem) + 1023u) & ~1023u;
+	// Q of both heads, then the rings of K and V.
+	const unsigned sQ = sb, sK = sb + NH * HR * QR, sV = sK + ST * SLOT;
+
+	const int hg = heads / NH;
+	const int bid = blockIdx.x;
+	const int tile = (int)gridDim.x / hg - 1 - bid / hg;
+	const int h0 = (bid % hg) * NH;
+	const int tok0 = tileTok0[tile], cnt = tileCnt[tile];
+	const int seqOff = seqBlockOff[seqIndex[tok0]];
+	const int kvh = h0 / (heads / kvHeads);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+	const int wg = warp >> 2, hw = h0 + wg;           // the warpgroup's head
+	const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8; // the thread's rows of the tile
+	const bool v0 = r0 < cnt, v1 = r1 < cnt;
+	const unsigned qw = sQ + wg * HR * QR; // the warpgroup's Q
+
+	// Q of both heads (zeros past the tile's tokens): chunk c of row r of
+	// head h in region c/8 of the head's.
+	for (int i = tid; i < NH * 64 * CH; i += NTH) {
+		const int c = i % CH, r = (i / CH) % 64, h = i / (CH * 64);
+		const bool in = r < cnt;
+		const T* src = in ? q + ((long long)(tok0 + r) * heads + h0 + h) * HD + c * 8 : q;
+		cp16(sQ + (h * HR + c / 8) * QR + sw128(r, c % 8), src, in);
+	}
+	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
+	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
+	if (tid == 0) {
+		sLo = 0x7fffffff;
+		sHi = -1;
+		sLoMax = -1;
+		sHiMin = 0x7fffffff;
+	}
+	__syncthreads();
+	if (tid < cnt) {
+		int pp = positions[tok0 + tid], w = window_start(pp, window);
+		atomicMin(&sLo, w);
+		atomicMax(&sHi, pp);
+		atomicMax(&sLoMax, w);
+		atomicMin(&sHiMin, pp);
+	}
+	__syncthreads();
+	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
+	const int kLo = sLo, kHi = sHi, fLo = sLoMax, fHi = sHiMin;
+	const int nblk = (kHi - kLo) / BK + 1;
+
+	float o[HD / 2], s[BK / 2];
+#pragma unroll
+	for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+	float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, c0, c1;
+	unsigned p[PK][4], pl[PK][PSPLIT ? 4 : 1]; // P of the last softmax
+	const float sl2 = scale * LOG2E;           // scale > 0 (PrefillAttention)
+	const WgRows rows{lo0, p0, lo1, p1, fLo, fHi, tq, sl2, cap};
+
+	// The rounds of stages 1−ST..−1 (with Q in the first), then stage 0:
+	// S_0 alone (no P·V before it).
+#pragma unroll
+	for (int n = 1 - ST; n < 0; n++) wg_issue<HD, BK, ST, NTH>(n, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+	cp_wait<ST - 2>();  // K_0 (and Q) are in (this thread's copies)
+	fence_async_smem(); // and visible to wgmma
+	__syncthreads();    // every thread's
+	wg_issue<HD, BK, ST, NTH>(0, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+	wg_fence();
+	wg_s<HD, BK>(s, qw, sK);
+	wg_commit();
+	wg_wait0();
+	wg_hold(s, BK / 2);
+	wg_softmax<BK>(s, kLo, rows, m0, m1, l0, l1, c0, c1); // O is 0: nothing to rescale
+	wg_pack(s, p, pl);
+	for (int n = 1; n < nblk; n++) {
+		const int kb = kLo + n * BK;
+		cp_wait<ST - 2>(); // K_n and V_{n−1} are in
+		fence_async_smem();
+		__syncthreads(); // every warpgroup is done with stage n−1 (K_{n−1}, V_{n−2})
+		wg_issue<HD, BK, ST, NTH>(n, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+		wg_fence();
+		wg_s<HD, BK>(s, qw, sK + (n % ST) * SLOT);
+		wg_commit();
+		wg_pv<HD>(o, p, pl, sV + ((n - 1) % ST) * SLOT, KR);
+		wg_commit();
+		wg_wait<1>(); // S_n is done; P_{n−1}·V_{n−1} may not be
+		wg_hold(s, BK / 2);
+		wg_softmax<BK>(s, kb, rows, m0, m1, l0, l1, c0, c1);
+		wg_wait0(); // P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced
+		wg_hold(o, HD / 2);
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) {
+			o[4 * j] *= c0;
+			o[4 * j + 1] *= c0;
+			o[4 * j + 2] *= c1;
+			o[4 * j + 3] *= c1;
+		}
+		wg_pack(s, p, pl);
+	}
+	// The last stage's P·V: V_{nblk−1} came with the last round of copies.
+	cp_wait<0>();
+	fence_async_smem();
+	__syncthreads();
+	wg_fence();
+	wg_pv<HD>(o, p, pl, sV + ((nblk - 1) % ST) * SLOT, KR);
+	wg_commit();
+	wg_wait0();
+	wg_hold(o, HD / 2);
+
+	const float t0 = quad_sum(l0), t1 = quad_sum(l1);
+	if (v0) {
+		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r0) * heads + hw) * HD + 2 * tq);
+		const float inv = 1.0f / t0;
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j] * inv, o[4 * j + 1] * inv);
+	}
+	if (v1) {
+		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r1) * heads + hw) * HD + 2 * tq);
+		const float inv = 1.0f / t1;
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
+	}
+}
+
+static_assert(PF_BQ == 64, "prefill_wg: a tile's tokens are a warpgroup's 64 rows");
+// prefill_wg_<HD>_<BK>_<ST>: one block a multiprocessor (up to 255
+// registers a thread).
+#define WG_KERNEL(HD, BK, ST)                                                                                        \
+	extern "C" __global__ void __launch_bounds__(256, 1) prefill_wg_##HD##_##BK##_##ST(PF_PARAMS) {                  \
+		prefill_wg<HD, BK, ST>(PF_ARGS);                                                                               \
+	}
+#define WG_KERNELS(HD) WG_KERNEL(HD, 128, 2) WG_KERNEL(HD, 64, 2)
+// Part 1 of the kernels module (KILN_PART_IS), beside prefill_mma; not in
+// an FP8 cache's module.
+#if KILN_PART_IS(1) && !defined(KV_F8)
+#if !defined(KILN_HD) || KILN_HD == 64
+WG_KERNELS(64)
+#endif
+#if !defined(KILN_HD) || KILN_HD == 128
+WG_KERNELS(128)
+#endif
+#endif // KILN_PART_IS(1)
+#endif // ACT_WGMMA

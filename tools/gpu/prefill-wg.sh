@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs on one H100/H200 after `BASE=<rev> tools/gpu/build.sh ./backend/cuda
+# ./backend/cuda/kernels` here (session 44): the prefill attention on
+# Hopper's wgmma (prefill_wg.cu) under the kernels' tests
+# (TestPrefillAttention checks every build PrefillVariants lists on each
+# case; TestKernelResources logs its registers and local memory), then
+# BenchmarkPrefillAttention (every build, 4096 and 2048 tokens, 32/8 heads
+# ×128), then tools/gpu/fp8-writers.sh (the model's tests, bf16 and FP8
+# prefill on this kiln and on kiln-base, taking turns, and traces).
+# Logs in logs.tgz.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/prefill-wg.sh", carry [".devpack"]
+source "$(dirname "$0")/env.sh"
+t0=$(date +%s)
+kernels_test wg-ktests -test.run 'TestPrefillAttention$|TestKernelResources'
+grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|prefill_wg|prefill_mma_128|wg.*(differ|error)|prefill wg' "$out/wg-ktests.log" | head -40
+kernels_test wg-bench -test.run '^$' -test.bench PrefillAttention -test.benchtime 1x
+grep -E 'TFLOP/s|FAIL|panic' "$out/wg-bench.log" | grep -v '^Benchmark' | head -30
+echo "kernels done at $(($(date +%s) - t0)) s"
+pack_out logs-k.tgz
+# The model's runs only where a wgmma build beats mma.sync's at 2048 causal
+# tokens (MODEL=1: always; KONLY=1: never).
+faster=$(tar xzOf "$out/logs-k.tgz" ./wg-bench.log | python3 -c '
+import re, sys
+t = {m.group(1): float(m.group(2)) for m in re.finditer(r"causal2048/(\w+), .*?: ([0-9.]+) ms", sys.stdin.read())}
+wg = min((v for k, v in t.items() if k.startswith("wg")), default=1e9)
+print(1 if wg < 0.97 * t.get("mma", 0) else 0)')
+echo "a wgmma build beats mma.sync at 2048 tokens: $faster"
+[ "$faster" = 1 ] || [ "${MODEL:-0}" = 1 ] || exit 0
+[ -z "${KONLY:-}" ] || exit 0 # KONLY=1: the kernels alone
+OUT=$out/model KTESTS='TestKernelResources' BTESTS="${BTESTS-TestHFTransformersFixtures|TestBatchedMatchesCPU|TestFP8Weights|TestGraphsMatchDirect}" \
+	VARIANTS="${VARIANTS:-bf16 fp8 bf16-base fp8-base}" BATCH=1 TG=16 REPS=${REPS:-30} ROUNDS=${ROUNDS:-2} tools/gpu/fp8-writers.sh

@@ -18,7 +18,15 @@
 __device__ __forceinline__ float softcap_l2(float s, float capl2) { return capl2 > 0.f ? capl2 * tanhf(s / capl2) : s; }
 
 __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
-	long long slot = (long long)bt[seqOff + j / bs] * bs + j % bs;
+#ifdef KV_ROW_SHIFT
+	// An experiment for the next GPU call (session 44): the block by a
+	// shift where it holds a power of two tokens (kiln's 16), as prefill_wg
+	// does, whose time this division was about half of.
+	const int b = (bs & (bs - 1)) == 0 ? j >> (__ffs(bs) - 1) : j / bs;
+#else
+	const int b = j / bs;
+#endif
+	long long slot = (long long)bt[seqOff + b] * bs + (j - b * bs);
 	return (slot * kvHeads + kvh) * hd;
 }
 

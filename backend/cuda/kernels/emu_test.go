@@ -32,11 +32,12 @@ import (
 //
 // It runs twice: with caches of the activation dtype, and with FP8 caches
 // (KV_F8: E4M3 codes, widened by each warp in shared memory), whose
-// reference reads the codes' values.
+// reference reads the codes' values, and kv_row's experimental shift
+// (KV_ROW_SHIFT).
 func TestDecodeMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", ""}, {"fp8", "#define KV_F8 1\n"}} {
+	}{{"act", ""}, {"fp8", "#define KV_F8 1\n#define KV_ROW_SHIFT 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, emuSource(t, build.defines))
@@ -53,11 +54,12 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // head dims 16 to 128, windows, chunked prefill over earlier context,
 // several sequences and tiles, over caches of the activation dtype and of
 // FP8 codes (the widening's portable path: the GPU test checks the
-// device's). Skipped as TestDecodeMMAEmulated.
+// device's; with kv_row's experimental shift, KV_ROW_SHIFT). Skipped as
+// TestDecodeMMAEmulated.
 func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", "#define ACT_WGMMA 1\n"}, {"fp8", "#define KV_F8 1\n"}} {
+	}{{"act", "#define ACT_WGMMA 1\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_SHIFT 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, prefillEmuSource(t, build.defines))

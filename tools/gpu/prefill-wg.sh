@@ -3,18 +3,30 @@
 # ./backend/cuda/kernels` here (session 44): the prefill attention on
 # Hopper's wgmma (prefill_wg.cu) under the kernels' tests
 # (TestPrefillAttention checks every build PrefillVariants lists on each
-# case; TestKernelResources logs its registers and local memory), then
-# BenchmarkPrefillAttention (every build, 4096 and 2048 tokens, 32/8 heads
-# ×128), then tools/gpu/fp8-writers.sh (the model's tests, bf16 and FP8
-# prefill on this kiln and on kiln-base, taking turns, and traces).
+# case; TestKernelResources logs its registers and local memory; WG_TESTS
+# replaces the pattern), then BenchmarkPrefillAttention (every build, 4096
+# and 2048 tokens, 32/8 heads ×128; WG_BENCH replaces the pattern, e.g.
+# 'PrefillAttention|DecodeAttention'), both again under XOPTS when given,
+# then tools/gpu/fp8-writers.sh (the model's tests, bf16 and FP8 prefill on
+# this kiln and on kiln-base, taking turns, and traces; its XOPTS variants
+# where VARIANTS names them).
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/prefill-wg.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
-kernels_test wg-ktests -test.run 'TestPrefillAttention$|TestKernelResources'
-grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|prefill_wg|prefill_mma_128|wg.*(differ|error)|prefill wg' "$out/wg-ktests.log" | head -40
-kernels_test wg-bench -test.run '^$' -test.bench PrefillAttention -test.benchtime 1x
-grep -E 'TFLOP/s|FAIL|panic' "$out/wg-bench.log" | grep -v '^Benchmark' | head -30
+# The kernels' tests and benchmarks; again with the experiment's NVRTC
+# options where XOPTS is given (env.sh's experiment: e.g.
+# XOPTS=-DKV_ROW_SHIFT=1, kv_row's shift in every attention kernel).
+for x in "" x; do
+	[ -z "$x" ] || [ -n "${XOPTS:-}" ] || continue
+	(
+		[ -z "$x" ] || experiment x
+		kernels_test wg-ktests$x -test.run "${WG_TESTS:-TestPrefillAttention\$|TestKernelResources}"
+		grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS|prefill_wg|prefill_mma_128|C75' "$out/wg-ktests$x.log" | head -30
+		kernels_test wg-bench$x -test.run '^$' -test.bench "${WG_BENCH:-PrefillAttention}" -test.benchtime 1x
+		grep -E 'TFLOP/s|GB/s|FAIL|panic' "$out/wg-bench$x.log" | grep -v '^Benchmark' | sed 's/.*bench_test.go:[0-9]*: //' | head -40
+	)
+done
 echo "kernels done at $(($(date +%s) - t0)) s"
 pack_out logs-k.tgz
 # The model's runs only where a wgmma build beats mma.sync's at 2048 causal

@@ -1,6 +1,6 @@
 // Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu,
-// mma.cu, prefill_mma.cu and decode_mma.cu, one source compiled by NVRTC
-// for the exact device) and their Go launch wrappers. One Kernels value
+// mma.cu, wgmma.cu, prefill_mma.cu, prefill_wg.cu and decode_mma.cu, one
+// source compiled by NVRTC for the exact device) and their Go launch wrappers. One Kernels value
 // serves one activation dtype (f32, f16 or bf16); math is f32. Every op
 // follows the CPU reference kernels of backend/cpu (ref.go).
 //
@@ -44,7 +44,7 @@ var (
 	// source is the one NVRTC source: the functions shared with gemv.cu,
 	// the common and elementwise kernels and a mixture of experts', then
 	// the peer all-reduce, the asynchronous copies, attention, the
-	// tensor-core helpers, prefill and decode.
+	// tensor-core helpers (mma.sync's, wgmma's), prefill and decode.
 	source = shared + "\n" + common + "\n" + moe + "\n" + allReduce + "\n" + async + "\n" + attention + "\n" + mmaHelpers + "\n" + wgmmaHelpers + "\n" + prefillMMA + "\n" + prefillWG + "\n" + decodeMMA
 )
 

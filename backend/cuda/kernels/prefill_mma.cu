@@ -120,6 +120,35 @@ constexpr bool kv_f8 = false;
 #endif
 #define KV_CE (16 / (int)sizeof(KV))
 
+// TileKeys is a prefill tile's keys: [lo, hi] those some token of it sees,
+// [fLo, fHi] those every token sees (a stage of keys inside needs no
+// mask).
+struct TileKeys {
+	int lo, hi, fLo, fHi;
+};
+// tile_keys is the TileKeys of the tile of cnt tokens from tok0 (at most
+// the block's threads), window 0 or the sliding window's length: a call of
+// the whole block (two barriers), tid its thread.
+__device__ __forceinline__ TileKeys tile_keys(const int* positions, int tok0, int cnt, int window, int tid) {
+	__shared__ int sLo, sHi, sLoMax, sHiMin;
+	if (tid == 0) {
+		sLo = 0x7fffffff;
+		sHi = -1;
+		sLoMax = -1;
+		sHiMin = 0x7fffffff;
+	}
+	__syncthreads();
+	if (tid < cnt) {
+		int pp = positions[tok0 + tid], w = window_start(pp, window);
+		atomicMin(&sLo, w);
+		atomicMax(&sHi, pp);
+		atomicMax(&sLoMax, w);
+		atomicMin(&sHiMin, pp);
+	}
+	__syncthreads();
+	return TileKeys{sLo, sHi, sLoMax, sHiMin};
+}
+
 // prefill_fa: HD head dim, MB query heads per warp (of one kv head), WG groups
 // of 4 warps per block (each its own MB heads: MB·WG heads per block, 128·WG
 // threads), BK keys per stage, ST ≥ 2 stages of K and V in a ring (stage
@@ -153,7 +182,6 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 	// stages of codes (rows of RB8 bytes) in the ring after them feed.
 	constexpr int KS = kv_f8 ? 1 : ST, RB8 = HD + 16;
 	static_assert(HD % 16 == 0 && BK % 16 == 0 && ST >= 2, "prefill_fa shape");
-	__shared__ int sLo, sHi, sLoMax, sHiMin;
 	unsigned short* Qs = pf_smem;
 	unsigned short* Ks = pf_smem + QROWS * STR;
 	unsigned short* Vs = Ks + KS * BK * STR;
@@ -182,23 +210,9 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 	}
 	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
 	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
-	if (tid == 0) {
-		sLo = 0x7fffffff;
-		sHi = -1;
-		sLoMax = -1;
-		sHiMin = 0x7fffffff;
-	}
-	__syncthreads();
-	if (tid < cnt) {
-		int pp = positions[tok0 + tid], w = window_start(pp, window);
-		atomicMin(&sLo, w);
-		atomicMax(&sHi, pp);
-		atomicMax(&sLoMax, w);
-		atomicMin(&sHiMin, pp);
-	}
-	__syncthreads();
 	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
-	const int kLo = sLo, kHi = sHi, fLo = sLoMax, fHi = sHiMin;
+	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
+	const int kLo = tk.lo, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
 
 	// load copies keys kb..kb+BK-1 of K and V into stage slot of the ring
 	// (zeros past kHi: masked, and no NaN garbage in P·V).

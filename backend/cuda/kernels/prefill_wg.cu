@@ -192,7 +192,6 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 	constexpr int SLOT = HR * KR;         // a slot of K (or V)
 	constexpr int PK = BK / 16;           // k-steps of P·V
 	constexpr bool PSPLIT = act_is_f16<T>::v;
-	__shared__ int sLo, sHi, sLoMax, sHiMin;
 	const unsigned sb = (smem_addr(pf_smem) + 1023u) & ~1023u;
 	// Q of both heads, then the rings of K and V.
 	const unsigned sQ = sb, sK = sb + NH * HR * QR, sV = sK + ST * SLOT;
@@ -220,23 +219,9 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 	}
 	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
 	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
-	if (tid == 0) {
-		sLo = 0x7fffffff;
-		sHi = -1;
-		sLoMax = -1;
-		sHiMin = 0x7fffffff;
-	}
-	__syncthreads();
-	if (tid < cnt) {
-		int pp = positions[tok0 + tid], w = window_start(pp, window);
-		atomicMin(&sLo, w);
-		atomicMax(&sHi, pp);
-		atomicMax(&sLoMax, w);
-		atomicMin(&sHiMin, pp);
-	}
-	__syncthreads();
 	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
-	const int kLo = sLo, kHi = sHi, fLo = sLoMax, fHi = sHiMin;
+	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
+	const int kLo = tk.lo, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
 	const int nblk = (kHi - kLo) / BK + 1;
 
 	float o[HD / 2], s[BK / 2];

@@ -17,15 +17,21 @@
 // natural score; a cap of 0 leaves it.
 __device__ __forceinline__ float softcap_l2(float s, float capl2) { return capl2 > 0.f ? capl2 * tanhf(s / capl2) : s; }
 
-__device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
+// kv_page is the index of key j's block in its sequence's block table
+// (j / bs); with KV_ROW_SHIFT (an experiment for the next GPU call, session
+// 44) by a shift where a block holds a power of two tokens (kiln's 16), as
+// prefill_wg finds it, whose time this division was about half of.
+__device__ __forceinline__ int kv_page(int j, int bs) {
 #ifdef KV_ROW_SHIFT
-	// An experiment for the next GPU call (session 44): the block by a
-	// shift where it holds a power of two tokens (kiln's 16), as prefill_wg
-	// does, whose time this division was about half of.
-	const int b = (bs & (bs - 1)) == 0 ? j >> (__ffs(bs) - 1) : j / bs;
+	return (bs & (bs - 1)) == 0 ? j >> (__ffs(bs) - 1) : j / bs;
 #else
-	const int b = j / bs;
+	return j / bs;
 #endif
+}
+
+// kv_row is the element offset of key j's row for kv head kvh in the cache.
+__device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
+	const int b = kv_page(j, bs);
 	long long slot = (long long)bt[seqOff + b] * bs + (j - b * bs);
 	return (slot * kvHeads + kvh) * hd;
 }
@@ -337,7 +343,8 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	int seqOff = seqBlockOff[seqIndex[t]];
 	if (tid < nk) {
 		int kp = k0 + tid;
-		slots[tid] = bt[seqOff + kp / bs] * bs + kp % bs;
+		const int b = kv_page(kp, bs);
+		slots[tid] = bt[seqOff + b] * bs + (kp - b * bs);
 	}
 	// Keys before the first of this step's positions of the sequence were
 	// written by earlier steps: their K and V loads start before the wait

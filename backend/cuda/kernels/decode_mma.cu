@@ -130,10 +130,10 @@ __device__ __forceinline__ void dm_load(unsigned char* ring, const KV* kc, const
 // table is read by dm_bt (issued early) and combined by dm_rowof (late), so
 // that the load's latency hides behind a stage's math.
 __device__ __forceinline__ int dm_bt(const int* bt, int seqOff, int bs, int k0, int nk, int kk) {
-	return kk < nk ? bt[seqOff + (k0 + kk) / bs] : -1;
+	return kk < nk ? bt[seqOff + kv_page(k0 + kk, bs)] : -1;
 }
 __device__ __forceinline__ int dm_rowof(int b, int bs, int kvHeads, int kvh, int k0, int kk) {
-	return b < 0 ? -1 : (b * bs + (k0 + kk) % bs) * kvHeads + kvh;
+	return b < 0 ? -1 : (b * bs + (k0 + kk) - kv_page(k0 + kk, bs) * bs) * kvHeads + kvh;
 }
 
 // dm_load_tab copies stage n's K and V rows into ring slot n % ST as

@@ -32,7 +32,7 @@ import (
 //
 // It runs twice: with caches of the activation dtype, and with FP8 caches
 // (KV_F8: E4M3 codes, widened by each warp in shared memory), whose
-// reference reads the codes' values, and kv_row's experimental shift
+// reference reads the codes' values, and kv_page's experimental shift
 // (KV_ROW_SHIFT).
 func TestDecodeMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
@@ -54,7 +54,7 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // head dims 16 to 128, windows, chunked prefill over earlier context,
 // several sequences and tiles, over caches of the activation dtype and of
 // FP8 codes (the widening's portable path: the GPU test checks the
-// device's; with kv_row's experimental shift, KV_ROW_SHIFT). Skipped as
+// device's; with kv_page's experimental shift, KV_ROW_SHIFT). Skipped as
 // TestDecodeMMAEmulated.
 func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
@@ -525,6 +525,7 @@ func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	b.WriteString("\n#define ACT_MMA 1\n#define KILN_PART_IS(p) 1\n" + defines) // shared.cu's, for the whole source
 	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
 	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
+	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_page("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ float softcap_l2("))
 }

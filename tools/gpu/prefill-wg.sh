@@ -40,4 +40,4 @@ echo "a wgmma build beats mma.sync at 2048 tokens: $faster"
 [ "$faster" = 1 ] || [ "${MODEL:-0}" = 1 ] || exit 0
 [ -z "${KONLY:-}" ] || exit 0 # KONLY=1: the kernels alone
 OUT=$out/model KTESTS='TestKernelResources' BTESTS="${BTESTS-TestHFTransformersFixtures|TestBatchedMatchesCPU|TestFP8Weights|TestGraphsMatchDirect}" \
-	VARIANTS="${VARIANTS:-bf16 fp8 bf16-base fp8-base}" BATCH=1 TG=16 REPS=${REPS:-30} ROUNDS=${ROUNDS:-2} tools/gpu/fp8-writers.sh
+	VARIANTS="${VARIANTS:-bf16 fp8 bf16-base fp8-base}" BATCH=${BATCH:-1} TG=16 REPS=${REPS:-30} ROUNDS=${ROUNDS:-2} tools/gpu/fp8-writers.sh

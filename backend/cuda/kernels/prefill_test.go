@@ -1,0 +1,58 @@
+package kernels
+
+import (
+	"slices"
+	"testing"
+
+	"kiln/backend/cuda/cu"
+)
+
+// TestPrefillVariants: the builds PrefillVariants lists (no GPU): mma.sync's
+// first build first, then, in a module built with the wgmma prefill (WG,
+// sm_90a), its builds where it takes the layer (a cache of the activation
+// dtype, head dim 64 or 128, an even GQA group), then mma.sync's builds of
+// fewer heads a block; the CUDA-core kernel alone in f32 and for head dims
+// off the tensor cores' grid.
+func TestPrefillVariants(t *testing.T) {
+	at := func(heads, kvHeads, hd int, fp8 bool) Attn {
+		return Attn{Out: 0x10000, Q: 0x20000, KCache: 0x30000, VCache: 0x40000, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 0.1, FP8: fp8}
+	}
+	for _, c := range []struct {
+		name string
+		k    *Kernels
+		a    Attn
+		want []string
+	}{
+		{"hopper, group 4, hd 128", &Kernels{Act: cu.BF16, WG: true}, at(32, 8, 128, false), []string{"mma", "wg128", "wg", "mma2", "mma1"}},
+		{"hopper, group 2, hd 64", &Kernels{Act: cu.F16, WG: true}, at(8, 4, 64, false), []string{"mma", "wg128", "wg", "mma1"}},
+		{"hopper, group 1", &Kernels{Act: cu.BF16, WG: true}, at(8, 8, 128, false), []string{"mma"}},
+		{"hopper, group 3", &Kernels{Act: cu.BF16, WG: true}, at(12, 4, 128, false), []string{"mma"}},
+		{"hopper, hd 80", &Kernels{Act: cu.BF16, WG: true}, at(32, 8, 80, false), []string{"mma", "mma2", "mma1"}},
+		{"hopper, FP8 cache", &Kernels{Act: cu.BF16, WG: true, KVF8: true}, at(32, 8, 128, true), []string{"mma", "mma2", "mma1"}},
+		{"hopper, hd 256", &Kernels{Act: cu.BF16, WG: true}, at(16, 8, 256, false), []string{"mma1"}},
+		{"ampere, group 4", &Kernels{Act: cu.BF16}, at(32, 8, 128, false), []string{"mma", "mma2", "mma1"}},
+		{"f32", &Kernels{Act: cu.F32}, at(32, 8, 128, false), []string{"attn"}},
+		{"unaligned queries", &Kernels{Act: cu.BF16, WG: true}, Attn{Out: 0x10000, Q: 0x20008, Heads: 32, KVHeads: 8, HeadDim: 128, Scale: 0.1}, []string{"attn"}},
+	} {
+		if got := c.k.PrefillVariants(c.a); !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestWGShared: prefill_wg's dynamic shared memory (wgShared, which the
+// emulator's driver repeats as wg_shared) fits a multiprocessor of sm_90
+// (227 KiB) for every build of wgBuilds at head dims 64 and 128: 1 KiB of
+// alignment, Q of two heads, the slots of K and V.
+func TestWGShared(t *testing.T) {
+	if got, want := wgShared(128, 128, 2), 164864; got != want { // 1 KiB + 32 KiB of Q + 128 KiB of K and V
+		t.Errorf("wgShared(128, 128, 2) = %d, want %d", got, want)
+	}
+	for _, b := range wgBuilds {
+		for _, hd := range []int{64, 128} {
+			if n := wgShared(hd, b.bk, b.stages); n > 227<<10 {
+				t.Errorf("%s at head dim %d: %d bytes of shared memory, more than 227 KiB", b.variant, hd, n)
+			}
+		}
+	}
+}

@@ -6,10 +6,10 @@ package chat
 // a value, converting it for a method call or sorting it then recurses
 // until the goroutine's stack overflows, and Go ends the process on that
 // (no recover): such a chat template in a model's files would kill the
-// server at the first request that renders it (found by FuzzRender). So every {% set %} that
-// writes into an attribute or an item of a variable is followed by a check
-// that nothing reachable from that variable holds itself, and the
-// rendering fails with an error where something does.
+// server at the first request that renders it (found by FuzzRender). So
+// every {% set %} that writes into an attribute or an item of a variable
+// is followed by a check that nothing reachable from that variable holds
+// itself, and the rendering fails with an error where something does.
 
 import (
 	"errors"

@@ -16,7 +16,7 @@ source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
 # The kernels' tests and benchmarks; again with the experiment's NVRTC
 # options where XOPTS is given (env.sh's experiment: e.g.
-# XOPTS=-DKV_ROW_SHIFT=1, kv_row's shift in every attention kernel).
+# XOPTS=-DKV_ROW_DIV=1, kv_page's division back in every attention kernel).
 for x in "" x; do
 	[ -z "$x" ] || [ -n "${XOPTS:-}" ] || continue
 	(

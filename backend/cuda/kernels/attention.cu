@@ -17,15 +17,16 @@
 // natural score; a cap of 0 leaves it.
 __device__ __forceinline__ float softcap_l2(float s, float capl2) { return capl2 > 0.f ? capl2 * tanhf(s / capl2) : s; }
 
-// kv_page is the index of key j's block in its sequence's block table
-// (j / bs); with KV_ROW_SHIFT (an experiment for the next GPU call, session
-// 44) by a shift where a block holds a power of two tokens (kiln's 16), as
-// prefill_wg finds it, whose time this division was about half of.
+// kv_page is the index of key j (≥ 0) in its sequence's block table,
+// j / bs: by a shift where a block holds a power of two tokens (kiln's 16;
+// the integer division was half of prefill_wg's time: docs/PERF.md,
+// session 44). KV_ROW_DIV keeps the division (to measure what the shift
+// gains in the other attention kernels).
 __device__ __forceinline__ int kv_page(int j, int bs) {
-#ifdef KV_ROW_SHIFT
-	return (bs & (bs - 1)) == 0 ? j >> (__ffs(bs) - 1) : j / bs;
-#else
+#ifdef KV_ROW_DIV
 	return j / bs;
+#else
+	return (bs & (bs - 1)) == 0 ? j >> (__ffs(bs) - 1) : j / bs;
 #endif
 }
 

@@ -32,12 +32,12 @@ import (
 //
 // It runs twice: with caches of the activation dtype, and with FP8 caches
 // (KV_F8: E4M3 codes, widened by each warp in shared memory), whose
-// reference reads the codes' values, and kv_page's experimental shift
-// (KV_ROW_SHIFT).
+// reference reads the codes' values, and kv_page's division (KV_ROW_DIV)
+// in place of its shift.
 func TestDecodeMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", ""}, {"fp8", "#define KV_F8 1\n#define KV_ROW_SHIFT 1\n"}} {
+	}{{"act", ""}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, emuSource(t, build.defines))
@@ -54,12 +54,12 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // head dims 16 to 128, windows, chunked prefill over earlier context,
 // several sequences and tiles, over caches of the activation dtype and of
 // FP8 codes (the widening's portable path: the GPU test checks the
-// device's; with kv_page's experimental shift, KV_ROW_SHIFT). Skipped as
-// TestDecodeMMAEmulated.
+// device's; with kv_page's division, KV_ROW_DIV, in place of its shift).
+// Skipped as TestDecodeMMAEmulated.
 func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", "#define ACT_WGMMA 1\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_SHIFT 1\n"}} {
+	}{{"act", "#define ACT_WGMMA 1\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, prefillEmuSource(t, build.defines))

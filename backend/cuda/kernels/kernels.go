@@ -1,8 +1,9 @@
 // Package kernels holds kiln's CUDA kernels (kernels.cu, attention.cu,
 // mma.cu, wgmma.cu, prefill_mma.cu, prefill_wg.cu and decode_mma.cu, one
-// source compiled by NVRTC for the exact device) and their Go launch wrappers. One Kernels value
-// serves one activation dtype (f32, f16 or bf16); math is f32. Every op
-// follows the CPU reference kernels of backend/cpu (ref.go).
+// source compiled by NVRTC for the exact device) and their Go launch
+// wrappers. One Kernels value serves one activation dtype (f32, f16 or
+// bf16); math is f32. Every op follows the CPU reference kernels of
+// backend/cpu (ref.go).
 //
 // Pointers are device addresses; all launches are asynchronous on the given
 // stream (nil: the default stream).

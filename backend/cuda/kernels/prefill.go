@@ -69,9 +69,8 @@ type wgBuild struct {
 }
 
 // wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS), the
-// fastest first (BenchmarkPrefillAttention on an H200, session 44: 128 keys
-// a stage 303–328 TFLOP/s at 4,096 tokens, 64 keys 290–306, mma.sync's
-// 247–254).
+// fastest first in BenchmarkPrefillAttention on an H200 (docs/PERF.md,
+// session 44).
 var wgBuilds = []wgBuild{{"wg128", 128, 2}, {"wg", 64, 2}}
 
 // PrefillAttentionWith is PrefillAttention on build variant of

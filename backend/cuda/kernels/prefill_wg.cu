@@ -48,17 +48,11 @@ template <int HD, int BK, int NTH>
 __device__ __forceinline__ void wg_load(unsigned base, const KV* c, int kb, int kHi, const int* bt, int seqOff, int bs, int kvHeads,
                                         int kvh, int tid) {
 	constexpr int CH = HD / 8, N = BK * CH, KR = BK * 128;
-	// kv_row's address, by a shift where a block holds a power of two tokens
-	// (kiln's 16): kv_row's integer division took about half of this
-	// kernel's time (session 44, H200: 200–216 against 290–328 TFLOP/s).
-	const bool p2 = (bs & (bs - 1)) == 0;
-	const int sh = __ffs(bs) - 1;
 #pragma unroll
 	for (int i0 = 0; i0 < N; i0 += NTH) {
 		const int i = i0 + tid, row = i / CH, ch = i % CH, j = kb + row;
 		const bool in = j <= kHi;
-		const int b = p2 ? j >> sh : j / bs;
-		const long long at = in ? (((long long)bt[seqOff + b] * bs + (j - b * bs)) * kvHeads + kvh) * HD + ch * 8 : 0;
+		const long long at = in ? kv_row(bt, seqOff, bs, kvHeads, kvh, HD, j) + ch * 8 : 0;
 		cp16(base + (ch / 8) * KR + sw128(row, ch % 8), c + at, in);
 	}
 }
@@ -94,7 +88,7 @@ __device__ __forceinline__ void wg_pv(float* o, const unsigned (&p)[PK][4], cons
 template <int HD, int BK> __device__ __forceinline__ void wg_s(float* s, unsigned q, unsigned k) {
 #pragma unroll
 	for (int kk = 0; kk < HD / 16; kk++)
-		wg_mma_ss<BK>(s, wg_desc(q + (kk / 4) * 64 * 128 + 32 * (kk % 4)), wg_desc(k + (kk / 4) * BK * 128 + 32 * (kk % 4)), kk);
+		wg_mma<BK>(s, wg_desc(q + (kk / 4) * 64 * 128 + 32 * (kk % 4)), wg_desc(k + (kk / 4) * BK * 128 + 32 * (kk % 4)), kk);
 }
 
 // WgRows is what the softmax needs of a thread's two rows: their windows'

@@ -52,46 +52,37 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(unsigned a, unsigned lb
 // B (16×N) in shared memory as the descriptors a and b describe, both
 // K-major. d holds N/2 floats a thread: d[4j..4j+3] of warp w, lane l
 // (g = l/4, q = l%4) are rows 16w+g, 16w+g, 16w+g+8, 16w+g+8 and columns
-// 8j+2q, 8j+2q+1, 8j+2q, 8j+2q+1.
-template <int N> __device__ __forceinline__ void wg_mma(float* d, unsigned long long a, unsigned long long b);
-template <> __device__ __forceinline__ void wg_mma<16>(float* d, unsigned long long a, unsigned long long b) {
+// 8j+2q, 8j+2q+1, 8j+2q, 8j+2q+1. With acc 0 d is overwritten (d = A·B).
+template <int N> __device__ __forceinline__ void wg_mma(float* d, unsigned long long a, unsigned long long b, int acc = 1);
+template <> __device__ __forceinline__ void wg_mma<16>(float* d, unsigned long long a, unsigned long long b, int acc) {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32." WG_AB "." WG_AB
 	             " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
 	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-	             : "l"(a), "l"(b), "r"(1));
+	             : "l"(a), "l"(b), "r"(acc));
 }
-template <> __device__ __forceinline__ void wg_mma<32>(float* d, unsigned long long a, unsigned long long b) {
+template <> __device__ __forceinline__ void wg_mma<32>(float* d, unsigned long long a, unsigned long long b, int acc) {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." WG_AB "." WG_AB
 	             " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
 	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-	             : "l"(a), "l"(b), "r"(1));
-}
-template <> __device__ __forceinline__ void wg_mma<64>(float* d, unsigned long long a, unsigned long long b) {
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB "." WG_AB
-	             " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-	             : "l"(a), "l"(b), "r"(1));
+	             : "l"(a), "l"(b), "r"(acc));
 }
 
-// wg_mma_ss<N> is wg_mma with both operands in shared memory and the
-// accumulators overwritten when acc is 0 (D = A·B) instead of added to.
-template <int N> __device__ __forceinline__ void wg_mma_ss(float* d, unsigned long long a, unsigned long long b, int acc);
-// wg_mma_rs<N> is wgmma m64nNk16, d += A·B, with A (64×16) in registers as
-// mma16816 takes a 16×16 tile (warp w of the warpgroup: rows 16w..16w+15)
-// and B (16×N) in shared memory MN-major (wg_desc_mn).
-template <int N> __device__ __forceinline__ void wg_mma_rs(float* d, const unsigned* a, unsigned long long b);
-template <> __device__ __forceinline__ void wg_mma_ss<64>(float* d, unsigned long long a, unsigned long long b, int acc) {
+template <> __device__ __forceinline__ void wg_mma<64>(float* d, unsigned long long a, unsigned long long b, int acc) {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB "." WG_AB
 	             " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
 	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 	             : "l"(a), "l"(b), "r"(acc));
 }
-template <> __device__ __forceinline__ void wg_mma_ss<128>(float* d, unsigned long long a, unsigned long long b, int acc) {
+template <> __device__ __forceinline__ void wg_mma<128>(float* d, unsigned long long a, unsigned long long b, int acc) {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." WG_AB "." WG_AB
 	             " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
 	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 	             : "l"(a), "l"(b), "r"(acc));
 }
+// wg_mma_rs<N> is wgmma m64nNk16, d += A·B, with A (64×16) in registers as
+// mma16816 takes a 16×16 tile (warp w of the warpgroup: rows 16w..16w+15)
+// and B (16×N) in shared memory MN-major (wg_desc_mn).
+template <int N> __device__ __forceinline__ void wg_mma_rs(float* d, const unsigned* a, unsigned long long b);
 template <> __device__ __forceinline__ void wg_mma_rs<64>(float* d, const unsigned* a, unsigned long long b) {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB "." WG_AB
 	             " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"

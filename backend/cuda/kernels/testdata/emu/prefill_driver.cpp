@@ -9,17 +9,25 @@ struct Case {
 	float cap; // soft-capped scores (0: none)
 };
 
+// WgBuild is a build of prefill_wg the driver runs: keys a stage, slots of
+// K and of V (prefill.go's wgBuilds, and 3 slots, which kiln does not
+// build, for the rings' wrap-around).
+struct WgBuild {
+	int bk, st;
+};
+static const WgBuild wg_builds[] = {{64, 2}, {128, 2}, {64, 3}};
+
 // launch_one runs block bid of variant v (0: 4 heads a block, 1: 2 heads,
-// 2: 1 head) at head dim hd; it reports false for a variant the group
-// does not take.
+// 2: 1 head; from 3 on wg_builds' prefill_wg) at head dim hd; it reports
+// false for a variant the group does not take.
 static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 	blockIdx = dim3{(unsigned)bid, 0, 0};
 #if defined(ACT_WGMMA) && !defined(KV_F8)
-	// 3, 4, 5: prefill_wg (two heads a block of two warpgroups), 64 keys a
-	// stage in 2 slots, 128 in 2, 64 in 3.
-	if (v >= 3 && (hd == 64 || hd == 128)) {
-		if (hd == 64) v == 3 ? prefill_wg<64, 64, 2>(PF_ARGS) : v == 4 ? prefill_wg<64, 128, 2>(PF_ARGS) : prefill_wg<64, 64, 3>(PF_ARGS);
-		else v == 3 ? prefill_wg<128, 64, 2>(PF_ARGS) : v == 4 ? prefill_wg<128, 128, 2>(PF_ARGS) : prefill_wg<128, 64, 3>(PF_ARGS);
+	if (v >= 3 && (hd == 64 || hd == 128)) { // prefill_wg's builds (wg_builds)
+		const WgBuild b = wg_builds[v - 3];
+#define WG_CALL(H, BK, ST)                                                                                  \
+	if (hd == H && b.bk == BK && b.st == ST) prefill_wg<H, BK, ST>(PF_ARGS);
+		WG_CALL(64, 64, 2) WG_CALL(64, 128, 2) WG_CALL(64, 64, 3) WG_CALL(128, 64, 2) WG_CALL(128, 128, 2) WG_CALL(128, 64, 3)
 		return true;
 	}
 #endif
@@ -38,9 +46,10 @@ static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 	return false;
 }
 
-// variants is the number of variants launch_one knows.
+// variants is the number of variants launch_one knows: 0-2 mma.sync's
+// (four heads a block, two, one), then prefill_wg's.
 #if defined(ACT_WGMMA) && !defined(KV_F8)
-static const int variants = 6;
+static const int variants = 3 + (int)(sizeof(wg_builds) / sizeof(wg_builds[0]));
 #else
 static const int variants = 3;
 #endif
@@ -69,7 +78,7 @@ static double run(const Case& c, int v, unsigned seed) {
 	float scale = 1.0f / sqrtf((float)c.hd);
 	g_after_wait = [](const void*) { return false; }; // launched plainly: no PDL
 	g_threads = 128 * (v == 0 || v >= 3 ? 2 : 1);
-	g_smem_limit = v == 3 ? wg_shared(c.hd, 64, 2) : v == 4 ? wg_shared(c.hd, 128, 2) : v == 5 ? wg_shared(c.hd, 64, 3) : 0;
+	g_smem_limit = v >= 3 ? wg_shared(c.hd, wg_builds[v - 3].bk, wg_builds[v - 3].st) : 0;
 	const int blocks = (int)tok0.size() * c.heads / hb;
 	gridDim = dim3{(unsigned)blocks, 1, 1};
 	blockDim = dim3{(unsigned)g_threads, 1, 1};
@@ -84,8 +93,10 @@ static double run(const Case& c, int v, unsigned seed) {
 	g_smem_limit = 0;
 	double worst;
 	int bad = pb.check(out, scale, c.cap, &worst);
+	char build[64] = "mma";
+	if (v >= 3) snprintf(build, sizeof build, "wg %d keys %d slots", wg_builds[v - 3].bk, wg_builds[v - 3].st);
 	printf("heads %d/%d hd %d window %d cap %g tokens %d tiles %d, %s, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads,
-	       c.hd, c.window, c.cap, Tn, (int)tok0.size(), v < 3 ? "mma" : v == 3 ? "wg 64 keys 2 slots" : v == 4 ? "wg 128 keys 2 slots" : "wg 64 keys 3 slots", hb, worst, bad);
+	       c.hd, c.window, c.cap, Tn, (int)tok0.size(), build, hb, worst, bad);
 	fflush(stdout);
 	return bad ? -1 : worst;
 }

@@ -474,23 +474,18 @@ template <typename X> static float wg_elem_mn(unsigned long long desc, int k, in
 	return elem(sm16(wg_swz(start + (unsigned)(n / 64) * lbo + 2 * (unsigned)(n % 64) + (unsigned)(k / 8) * sbo + (unsigned)(k % 8) * 128)),
 	            (const X*)0);
 }
-// wg_mma<N>: d += A·B for A 64×16 (rows of the warpgroup's 4 warps, 16 each)
-// and B 16×N, B's descriptor addressing its N columns as rows.
-template <int N> static void wg_mma(float* d, unsigned long long a, unsigned long long b) {
+// wg_mma<N>: d += A·B (d = A·B when acc is 0) for A 64×16 (rows of the
+// warpgroup's 4 warps, 16 each) and B 16×N, B's descriptor addressing its
+// N columns as rows.
+template <int N> static void wg_mma(float* d, unsigned long long a, unsigned long long b, int acc = 1) {
 	int w = warp_id() & 3, l = lane_id(), g = l >> 2, q = l & 3;
 	for (int j = 0; j < N / 8; j++)
 		for (int i = 0; i < 4; i++) {
 			int row = 16 * w + g + (i >= 2 ? 8 : 0), col = 8 * j + 2 * q + (i & 1);
-			double s = d[4 * j + i];
+			double s = acc ? d[4 * j + i] : 0.0;
 			for (int k = 0; k < 16; k++) s += (double)wg_elem<T>(a, row, k) * wg_elem<T>(b, col, k);
 			d[4 * j + i] = (float)s;
 		}
-}
-// wg_mma_ss<N>: wg_mma, d overwritten when acc is 0.
-template <int N> static void wg_mma_ss(float* d, unsigned long long a, unsigned long long b, int acc) {
-	if (!acc)
-		for (int i = 0; i < N / 2; i++) d[i] = 0.f;
-	wg_mma<N>(d, a, b);
 }
 // wg_mma_rs<N>: d += A·B for A 64×16 in registers (each warp's 16 rows as
 // mma16816's A tile, exchanged within the warp) and B 16×N MN-major.

@@ -117,13 +117,21 @@ type Options struct {
 	// Shard, when Ranks > 1, makes the graph rank Rank's part of a
 	// tensor-parallel group (shard.go), before any other pass.
 	Shard Shard
+	// KVBlockSize, when set, is the tokens a block of the KV cache the
+	// graph will run with holds: a backend may build its attention
+	// kernels for that block size alone (the CUDA backend makes it a
+	// constant of their address arithmetic). 0: any.
+	KVBlockSize int
 }
 
 // Compiled is a graph compiled for a target, ready to be planned per bucket.
 type Compiled struct {
 	Graph  *ir.Graph
 	Target Target
-	plans  map[Bucket]*Plan
+	// KVBlockSize is Options.KVBlockSize: the KV cache's tokens a block,
+	// 0 when not known at compile time.
+	KVBlockSize int
+	plans       map[Bucket]*Plan
 }
 
 // Compile runs the pass list on g (which it modifies) for target t.
@@ -176,7 +184,10 @@ func Compile(g *ir.Graph, t Target, opts Options) (*Compiled, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("compile: backend %s does not implement %s", t.Name(), strings.Join(missing, ", "))
 	}
-	return &Compiled{Graph: g, Target: t, plans: map[Bucket]*Plan{}}, nil
+	if opts.KVBlockSize < 0 {
+		return nil, fmt.Errorf("compile: KV-cache block size %d", opts.KVBlockSize)
+	}
+	return &Compiled{Graph: g, Target: t, KVBlockSize: opts.KVBlockSize, plans: map[Bucket]*Plan{}}, nil
 }
 
 // Plan returns the plan for bucket b, building it on first use.

@@ -76,6 +76,23 @@ func TestCompileAfter(t *testing.T) {
 	}
 }
 
+// TestCompileKVBlockSize: the compiled program carries the KV cache's
+// block size it was compiled for (0: any), and a negative one is refused.
+func TestCompileKVBlockSize(t *testing.T) {
+	for _, bs := range []int{0, 16, 24} {
+		c, err := Compile(buildTiny(t, tinyConfig()), everything, Options{KVBlockSize: bs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.KVBlockSize != bs {
+			t.Errorf("KVBlockSize %d compiled as %d", bs, c.KVBlockSize)
+		}
+	}
+	if _, err := Compile(buildTiny(t, tinyConfig()), everything, Options{KVBlockSize: -1}); err == nil {
+		t.Error("a KV-cache block size of -1 was accepted")
+	}
+}
+
 func TestCompileDisable(t *testing.T) {
 	for _, tc := range []struct {
 		disable []string

@@ -147,6 +147,9 @@ func New(m *model.Model, b backend.Backend, opts Options) (*Engine, error) {
 	if opts.BlockSize <= 0 {
 		opts.BlockSize = 16
 	}
+	// The backend may build its attention kernels for the cache's block
+	// size (a constant of their arithmetic).
+	opts.Compile.KVBlockSize = opts.BlockSize
 	if opts.Buckets == nil {
 		opts.Buckets = compile.DefaultBuckets
 	}

@@ -163,6 +163,11 @@ func TestKVCacheExhaustion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
+	// The backend was told the cache's block size when the graph was
+	// compiled (the CUDA backend builds its attention kernels for it).
+	if e.Compiled.KVBlockSize != 8 {
+		t.Errorf("compiled for KV-cache blocks of %d tokens, the cache's hold 8", e.Compiled.KVBlockSize)
+	}
 	free := e.FreeBlocks()
 	seq := e.NewSequence()
 	if _, err := e.Prefill(seq, make([]int, 32), false); err != nil {

@@ -14,6 +14,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"sync"
@@ -384,7 +385,7 @@ func (b *Backend) Load(c *compile.Compiled) (backend.Loaded, error) {
 	mods := make(chan compiledModules, 1)
 	go func() {
 		start := time.Now()
-		m := compileModules(b.Device, act, hd)
+		m := compileModules(b.Device, act, hd, c.KVBlockSize)
 		m.took = time.Since(start)
 		mods <- m
 	}()
@@ -473,10 +474,11 @@ type compiledModules struct {
 }
 
 // compileModules builds (or takes from the kernel cache) the kernels of
-// act and head dim hd (0: every one), the GEMV and the device sampler.
+// act and head dim hd (0: every one) for KV-cache blocks of bs tokens (0:
+// any), the GEMV and the device sampler.
 // They (the first two in parts: kernels.compileParts) compile at once, so
 // that on a cold kernel cache their compiles overlap.
-func compileModules(d *cu.Device, act cu.DType, hd int) compiledModules {
+func compileModules(d *cu.Device, act cu.DType, hd, bs int) compiledModules {
 	var m compiledModules
 	gemvDone, smpDone := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -489,7 +491,7 @@ func compileModules(d *cu.Device, act cu.DType, hd int) compiledModules {
 			m.smp = s
 		}
 	}()
-	m.k, m.err = kernels.NewHeadDim(d, act, hd)
+	m.k, m.err = kernels.NewFor(d, act, hd, bs)
 	<-gemvDone
 	<-smpDone
 	if m.gemvErr != nil {
@@ -803,7 +805,7 @@ func (l *loaded) fp8Kernels() (*kernels.Kernels, error) {
 			}
 		}
 	}
-	k, err := kernels.NewFP8KVHeadDim(l.dev, l.act, l.k.HeadDim)
+	k, err := kernels.NewFP8KVFor(l.dev, l.act, l.k.HeadDim, l.k.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
@@ -812,12 +814,30 @@ func (l *loaded) fp8Kernels() (*kernels.Kernels, error) {
 	return k, nil
 }
 
+// checkKVIndex says whether the attention kernels, built for blocks of
+// built tokens (0: any), take a cache of spec: its block size theirs, and
+// a layer's slots times kv heads within the 32-bit row index of kv_row
+// (attention.cu).
+func checkKVIndex(spec backend.KVSpec, built int) error {
+	if built != 0 && spec.BlockSize != built {
+		return fmt.Errorf("cuda: a KV cache of %d-token blocks for attention kernels built for %d-token blocks (compile.Options.KVBlockSize)", spec.BlockSize, built)
+	}
+	if rows := int64(spec.Blocks) * int64(spec.BlockSize) * int64(spec.KVHeads); rows-1 > math.MaxInt32 {
+		return fmt.Errorf("cuda: a KV cache of %d blocks of %d tokens × %d kv heads passes the attention kernels' 32-bit row index (%d rows): ask for fewer blocks",
+			spec.Blocks, spec.BlockSize, spec.KVHeads, rows)
+	}
+	return nil
+}
+
 func (l *loaded) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.Layers <= 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
 		return nil, fmt.Errorf("cuda: bad kv cache spec %+v", spec)
 	}
 	if spec.F16 {
 		return nil, fmt.Errorf("cuda: an f16 KV cache is the CPU's (the GPU's holds the activation dtype, 16-bit unless f32, or FP8)")
+	}
+	if err := checkKVIndex(spec, l.k.BlockSize); err != nil {
+		return nil, err
 	}
 	c := &kvCache{spec: spec, l: l, kern: l.k}
 	if spec.FP8 {

@@ -17,12 +17,26 @@
 // natural score; a cap of 0 leaves it.
 __device__ __forceinline__ float softcap_l2(float s, float capl2) { return capl2 > 0.f ? capl2 * tanhf(s / capl2) : s; }
 
+// kv_bs is the tokens a cache block holds: KILN_BS where the module was
+// built for one block size (kernels.NewFor), a constant that the compiler
+// folds into kv_page's and kv_row's arithmetic, else bs as the kernel was
+// given it.
+__device__ __forceinline__ int kv_bs(int bs) {
+#ifdef KILN_BS
+	return KILN_BS;
+#else
+	return bs;
+#endif
+}
+
 // kv_page is the index of key j (≥ 0) in its sequence's block table,
 // j / bs: by a shift where a block holds a power of two tokens (kiln's 16;
 // the integer division was half of prefill_wg's time: docs/PERF.md,
-// session 44). KV_ROW_DIV keeps the division (to measure what the shift
-// gains in the other attention kernels).
+// session 44). KV_ROW_DIV keeps the division whatever the block size (the
+// emulator's FP8 builds take it, so that the path of other block sizes
+// runs).
 __device__ __forceinline__ int kv_page(int j, int bs) {
+	bs = kv_bs(bs);
 #ifdef KV_ROW_DIV
 	return j / bs;
 #else
@@ -31,7 +45,18 @@ __device__ __forceinline__ int kv_page(int j, int bs) {
 }
 
 // kv_row is the element offset of key j's row for kv head kvh in the cache.
+// Built for blocks of a power of two tokens (KILN_BS), the slot is a shift
+// and a mask and the slot's row index is 32-bit arithmetic (NewKVCache keeps
+// a layer's slots times kv heads within an int): prefill attention 1.09–1.35×
+// the run-time form's speed on the H200 (docs/PERF.md, session 45).
 __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
+#if defined(KILN_BS) && !defined(KV_ROW_DIV)
+	if ((KILN_BS & (KILN_BS - 1)) == 0) {
+		const int sh = __ffs(KILN_BS) - 1, slot = (bt[seqOff + (j >> sh)] << sh) | (j & (KILN_BS - 1));
+		return (long long)(slot * kvHeads + kvh) * hd;
+	}
+#endif
+	bs = kv_bs(bs);
 	const int b = kv_page(j, bs);
 	long long slot = (long long)bt[seqOff + b] * bs + (j - b * bs);
 	return (slot * kvHeads + kvh) * hd;

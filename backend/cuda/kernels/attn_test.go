@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"kiln/backend"
@@ -27,6 +28,7 @@ func (c attnCfg) String() string {
 }
 
 type attnSetup struct {
+	k      *Kernels // the module that runs it (kern's unless a test sets another)
 	b      *backend.Batch
 	spec   backend.KVSpec
 	meta   *Meta
@@ -72,7 +74,7 @@ func newAttn(t *testing.T, rng *rand.Rand, act cu.DType, c attnCfg) *attnSetup {
 	dm, err := m.Upload(gpu(t), buf, m.Bytes())
 	must(t, err)
 	width := c.kvHeads * c.hd
-	st := &attnSetup{b: b, spec: spec, meta: m, dm: dm,
+	st := &attnSetup{k: kern(t, act), b: b, spec: spec, meta: m, dm: dm,
 		q:  roundTo(act, randn(rng, T*c.heads*c.hd, 1)),
 		kc: roundTo(act, randn(rng, blocks*bs*width, 1)),
 		vc: roundTo(act, randn(rng, blocks*bs*width, 1)),
@@ -146,7 +148,7 @@ func runAttn(t *testing.T, act cu.DType, st *attnSetup, decode bool) []float32 {
 // runAttnVariant runs decode or a prefill kernel variant (see Kernels.prefill).
 func runAttnVariant(t *testing.T, act cu.DType, st *attnSetup, decode bool, variant string) []float32 {
 	t.Helper()
-	k := kern(t, act)
+	k := st.k
 	n := len(st.q)
 	poison(t, act, st.a.Out, n)
 	if decode {
@@ -333,7 +335,7 @@ func TestPrefillAttention(t *testing.T) {
 				// the group allows: check every other build that takes the
 				// case too (on sm_90a wgmma's, then mma.sync's of fewer
 				// heads).
-				for _, v := range kern(t, act).PrefillVariants(st.a)[1:] {
+				for _, v := range st.k.PrefillVariants(st.a)[1:] {
 					checkMMA(t, act, st, ref, c, v)
 				}
 			}
@@ -359,9 +361,8 @@ func TestPrefillAttention(t *testing.T) {
 				mma = keep
 			}
 			for _, p := range mma {
-				k := kern(t, act)
 				poison(t, act, st.a.Out, len(st.q))
-				must(t, k.DecodeAttention(nil, st.a, st.dm, p, alloc(t, p.WorkspaceBytes), alloc(t, DecodeCounterBytes(st.meta.T, st.a.KVHeads))))
+				must(t, st.k.DecodeAttention(nil, st.a, st.dm, p, alloc(t, p.WorkspaceBytes), alloc(t, DecodeCounterBytes(st.meta.T, st.a.KVHeads))))
 				checkDecodeMMA(t, act, fmt.Sprintf("decode %v on %v", p, c), down(t, act, st.a.Out, len(st.q)), ref, c.hd)
 			}
 		}
@@ -394,6 +395,53 @@ func checkMMA(t *testing.T, act cu.DType, st *attnSetup, ref []float64, c attnCf
 		t.Errorf("prefill %s %v: relative L2 error %.3g, limit %.3g", variant, c, l2, tol(act)/2)
 	}
 	report(t, act, fmt.Sprintf("prefill-%s %v (L2 %.2g)", variant, c, l2), e)
+}
+
+// TestAttentionAnyBlockSize runs the attention kernels of a module built
+// for any block size (New: the block size read at run time; the other
+// tests run NewFor's, built for testBlockSize as the engine builds them)
+// on every other prefill and decode case: every prefill build the case
+// takes and every decode plan, each against the float64 reference.
+func TestAttentionAnyBlockSize(t *testing.T) {
+	ws := alloc(t, 64<<20)
+	counters := alloc(t, DecodeCounterBytes(64, 64))
+	for _, act := range allDTypes {
+		k := kernAny(t, act)
+		rng := newRNG(t)
+		for i, c := range slices.Concat(prefillCases, decodeCases) {
+			if i%2 != 0 {
+				continue
+			}
+			st := newAttn(t, rng, act, c)
+			st.k = k
+			ref := st.ref()
+			variants := []string{"attn"}
+			if act != cu.F32 && c.hd%16 == 0 {
+				variants = k.PrefillVariants(st.a)
+			}
+			for _, v := range variants {
+				if v == "attn" {
+					report(t, act, "any-bs prefill-simt "+c.String(), compare(t, "any-bs prefill simt "+c.String(), runAttnVariant(t, act, st, false, v), ref, tol(act)))
+					continue
+				}
+				checkMMA(t, act, st, ref, c, v)
+			}
+			n := len(st.q)
+			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act) {
+				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
+					continue // the case is too large for this test's workspace
+				}
+				poison(t, act, st.a.Out, n)
+				must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
+				what := fmt.Sprintf("any-bs decode %v, %v", c, plan)
+				if plan.MMA {
+					checkDecodeMMA(t, act, what, down(t, act, st.a.Out, n), ref, c.hd)
+					continue
+				}
+				report(t, act, what, compare(t, what, down(t, act, st.a.Out, n), ref, tol(act)))
+			}
+		}
+	}
 }
 
 // TestDecodeAttention runs every plan DecodePlans offers on each case,

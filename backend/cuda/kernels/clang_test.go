@@ -35,6 +35,10 @@ func TestSourcesCompile(t *testing.T) {
 				// kernels alone at 8, every kind at 128.
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=8"}},
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=128", "-DKV_F8=1"}},
+				// The modules of one KV-cache block size (NewFor): a power
+				// of two (kv_row's shift and mask) and another.
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=128", "-DKILN_BS=16"}},
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_BS=24", "-DKV_F8=1"}},
 				// RoPE's vector kernel loading all four of its units at a
 				// time (kernels.cu's ROPE_U; two by default).
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DROPE_U=4"}},

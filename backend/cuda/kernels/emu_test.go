@@ -30,14 +30,15 @@ import (
 // generation) the GPU test does. Skipped without a C++ compiler (clang++
 // or g++) or with -short.
 //
-// It runs twice: with caches of the activation dtype, and with FP8 caches
-// (KV_F8: E4M3 codes, widened by each warp in shared memory), whose
-// reference reads the codes' values, and kv_page's division (KV_ROW_DIV)
-// in place of its shift.
+// It runs three times: with caches of the activation dtype, built for any
+// block size and for the emulation's 16 tokens a block (KILN_BS: NewFor's
+// build, the engine's), and with FP8 caches (KV_F8: E4M3 codes, widened by
+// each warp in shared memory), whose reference reads the codes' values,
+// and kv_page's division (KV_ROW_DIV) in place of its shift.
 func TestDecodeMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", ""}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
+	}{{"act", ""}, {"act-bs16", "#define KILN_BS 16\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, emuSource(t, build.defines))
@@ -54,12 +55,13 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // head dims 16 to 128, windows, chunked prefill over earlier context,
 // several sequences and tiles, over caches of the activation dtype and of
 // FP8 codes (the widening's portable path: the GPU test checks the
-// device's; with kv_page's division, KV_ROW_DIV, in place of its shift).
-// Skipped as TestDecodeMMAEmulated.
+// device's; with kv_page's division, KV_ROW_DIV, in place of its shift),
+// and the activation dtype's again as built for 16 tokens a block
+// (KILN_BS, NewFor's build). Skipped as TestDecodeMMAEmulated.
 func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", "#define ACT_WGMMA 1\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
+	}{{"act", "#define ACT_WGMMA 1\n"}, {"act-bs16", "#define ACT_WGMMA 1\n#define KILN_BS 16\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, prefillEmuSource(t, build.defines))
@@ -518,13 +520,14 @@ func prefillEmuSource(t *testing.T, defines string) string {
 
 // emuPreamble writes what both emulated attention kernels start from: the
 // prelude, the defines, the cache's element type (kernels.cu's KV, with
-// e4m3x2), kv_row and softcap_l2.
+// e4m3x2), kv_bs, kv_page, kv_row and softcap_l2.
 func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	t.Helper()
 	b.WriteString(readEmu(t, "prelude.h"))
 	b.WriteString("\n#define ACT_MMA 1\n#define KILN_PART_IS(p) 1\n" + defines) // shared.cu's, for the whole source
 	b.WriteString(cBlock(t, common, "__device__ __forceinline__ unsigned short e4m3x2("))
 	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
+	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_bs("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_page("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ float softcap_l2("))

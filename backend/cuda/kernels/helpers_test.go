@@ -20,7 +20,7 @@ var (
 	dev     *cu.Device
 	devErr  error
 	kmu     sync.Mutex
-	kset    = map[cu.DType]*Kernels{}
+	kset    = map[kernKey]*Kernels{}
 )
 
 var allDTypes = []cu.DType{cu.F32, cu.F16, cu.BF16}
@@ -41,22 +41,38 @@ func gpu(t testing.TB) *cu.Device {
 	return dev
 }
 
-// kern returns the (cached) kernels of activation dtype act.
-func kern(t testing.TB, act cu.DType) *Kernels {
+// kernKey names a module of the tests: its activation dtype and the
+// KV-cache block size its attention kernels were built for (0: any).
+type kernKey struct {
+	act cu.DType
+	bs  int
+}
+
+// kern returns the (cached) kernels of activation dtype act, built as the
+// engine builds them: for the tests' caches of testBlockSize tokens a
+// block (NewFor).
+func kern(t testing.TB, act cu.DType) *Kernels { return kernFor(t, act, testBlockSize) }
+
+// kernAny returns the (cached) kernels of act whose attention takes any
+// block size (New).
+func kernAny(t testing.TB, act cu.DType) *Kernels { return kernFor(t, act, 0) }
+
+func kernFor(t testing.TB, act cu.DType, bs int) *Kernels {
 	t.Helper()
 	d := gpu(t)
 	kmu.Lock()
 	defer kmu.Unlock()
-	if k := kset[act]; k != nil {
+	key := kernKey{act, bs}
+	if k := kset[key]; k != nil {
 		return k
 	}
 	t0 := time.Now()
-	k, err := New(d, act)
+	k, err := NewFor(d, act, 0, bs)
 	if err != nil {
-		t.Fatalf("compile %v kernels: %v", act, err)
+		t.Fatalf("compile %v kernels (blocks of %d): %v", act, bs, err)
 	}
-	t.Logf("%v kernels for %s (%s): %v, cubin %v, from cache %v", act, d.Name, d.Arch(), time.Since(t0), k.M.Cubin, k.M.Hit)
-	kset[act] = k
+	t.Logf("%v kernels for %s (%s), blocks of %d tokens (0: any): %v, cubin %v, from cache %v", act, d.Name, d.Arch(), bs, time.Since(t0), k.M.Cubin, k.M.Hit)
+	kset[key] = k
 	return k
 }
 

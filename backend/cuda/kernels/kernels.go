@@ -75,6 +75,9 @@ type Kernels struct {
 	// HeadDim is the one head dim whose attention kernels the module holds
 	// (NewHeadDim), 0 when it holds every one of HeadDims.
 	HeadDim int
+	// BlockSize is the KV-cache block size (tokens a block) the attention
+	// kernels were built for (NewFor), 0 when they take any.
+	BlockSize int
 	// WG: the module holds the prefill attention on Hopper's wgmma
 	// (prefill_wg.cu: sm_90a, f16/bf16 activations, not an FP8 cache).
 	WG bool
@@ -100,17 +103,30 @@ func New(d *cu.Device, act cu.DType) (*Kernels, error) {
 // of HeadDims; 0: all): a model has one, and NVRTC then compiles a
 // fraction of the attention kernels.
 func NewHeadDim(d *cu.Device, act cu.DType, hd int) (*Kernels, error) {
+	return NewFor(d, act, hd, 0)
+}
+
+// NewFor is NewHeadDim with the attention kernels built for a KV cache of
+// blockSize tokens a block (0: any), a constant of their address
+// arithmetic then (KILN_BS): prefill attention ran 1.09–1.35× as fast as
+// with the block size read at run time on the H200 (docs/PERF.md, session
+// 45). They then take caches of that block size alone.
+func NewFor(d *cu.Device, act cu.DType, hd, blockSize int) (*Kernels, error) {
 	if act != cu.F32 && act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: activation dtype %v", act)
 	}
-	return build(d, act, false, hd)
+	return build(d, act, false, hd, blockSize)
 }
 
 // build compiles the module of act, for an FP8 KV cache with kvF8, with
-// the attention kernels of head dim hd (0: all).
-func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
+// the attention kernels of head dim hd (0: all) for caches of blocks of bs
+// tokens (0: any).
+func build(d *cu.Device, act cu.DType, kvF8 bool, hd, bs int) (*Kernels, error) {
 	if hd != 0 && !slices.Contains(HeadDims, hd) {
 		return nil, fmt.Errorf("kernels: attention head dim %d (built for %v)", hd, HeadDims)
+	}
+	if bs < 0 {
+		return nil, fmt.Errorf("kernels: KV-cache block size %d", bs)
 	}
 	name, opts := "kiln_kernels_"+cname(act), []string{"-DACT=" + cname(act), "--std=c++17"}
 	if act != cu.F32 {
@@ -125,6 +141,9 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	}
 	if hd != 0 {
 		name, opts = fmt.Sprintf("%s_hd%d", name, hd), append(opts, fmt.Sprintf("-DKILN_HD=%d", hd))
+	}
+	if bs != 0 {
+		name, opts = fmt.Sprintf("%s_bs%d", name, bs), append(opts, fmt.Sprintf("-DKILN_BS=%d", bs))
 	}
 	// The source compiles as up to six NVRTC programs at once (KILN_PART
 	// in shared.cu: 0 the common kernels, 1 the tensor-core prefill
@@ -145,7 +164,7 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd int) (*Kernels, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, WG: wg, sharedSet: map[string]int{}}, nil
+	return &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, BlockSize: bs, WG: wg, sharedSet: map[string]int{}}, nil
 }
 
 // Modules are the parts k was compiled in.
@@ -170,13 +189,19 @@ func NewFP8KV(d *cu.Device, act cu.DType) (*Kernels, error) {
 // NewFP8KVHeadDim is NewFP8KV with the attention kernels of head dim hd
 // alone (0: all).
 func NewFP8KVHeadDim(d *cu.Device, act cu.DType, hd int) (*Kernels, error) {
+	return NewFP8KVFor(d, act, hd, 0)
+}
+
+// NewFP8KVFor is NewFP8KVHeadDim with the attention kernels built for
+// caches of blockSize tokens a block (0: any), as NewFor's.
+func NewFP8KVFor(d *cu.Device, act cu.DType, hd, blockSize int) (*Kernels, error) {
 	if act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: an FP8 KV cache needs f16 or bf16 activations (not %v)", act)
 	}
 	if !d.FP8() {
 		return nil, fmt.Errorf("kernels: an FP8 KV cache needs compute capability 8.9 (%s is %d.%d)", d.Name, d.Major, d.Minor)
 	}
-	return build(d, act, true, hd)
+	return build(d, act, true, hd, blockSize)
 }
 
 // FP8OK reports whether the attention of a layer of heads query heads over
@@ -867,6 +892,9 @@ func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {
 	}
 	if a.FP8 != k.KVF8 {
 		return fmt.Errorf("kernels: attention over an FP8 cache (%v) by the module of an FP8 cache (%v)", a.FP8, k.KVF8)
+	}
+	if k.BlockSize != 0 && m.BlockSize != k.BlockSize {
+		return fmt.Errorf("kernels: attention over a cache of %d-token blocks by kernels built for %d-token blocks", m.BlockSize, k.BlockSize)
 	}
 	return nil
 }

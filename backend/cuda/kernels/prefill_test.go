@@ -1,7 +1,9 @@
 package kernels
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"kiln/backend/cuda/cu"
@@ -53,6 +55,27 @@ func TestWGShared(t *testing.T) {
 			if n := wgShared(hd, b.bk, b.stages); n > 227<<10 {
 				t.Errorf("%s at head dim %d: %d bytes of shared memory, more than 227 KiB", b.variant, hd, n)
 			}
+		}
+	}
+}
+
+// TestCheckAttnBlockSize (no GPU): kernels built for one KV-cache block
+// size (NewFor, KILN_BS) refuse a cache of another, naming both; kernels
+// built for any take every size.
+func TestCheckAttnBlockSize(t *testing.T) {
+	a := Attn{Out: 0x10000, Q: 0x20000, KCache: 0x30000, VCache: 0x40000, Heads: 32, KVHeads: 8, HeadDim: 128, Scale: 0.1}
+	meta := func(bs int) DevMeta { return DevMeta{Meta: &Meta{T: 1, BlockSize: bs}} }
+	for _, c := range []struct {
+		built, cache int
+		ok           bool
+	}{{0, 16, true}, {0, 24, true}, {16, 16, true}, {32, 32, true}, {16, 32, false}, {16, 8, false}, {24, 16, false}} {
+		k := &Kernels{Act: cu.BF16, BlockSize: c.built}
+		err := k.checkAttn(&a, meta(c.cache))
+		if (err == nil) != c.ok {
+			t.Errorf("built for %d, cache of %d: %v, want ok %v", c.built, c.cache, err, c.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), fmt.Sprint(c.built)) || !strings.Contains(err.Error(), fmt.Sprint(c.cache))) {
+			t.Errorf("built for %d, cache of %d: %q does not name both", c.built, c.cache, err)
 		}
 	}
 }

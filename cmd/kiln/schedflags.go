@@ -19,7 +19,7 @@ type schedFlags struct {
 }
 
 func (f *schedFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.blockSize, "block-size", envInt("KILN_BLOCK_SIZE", 16), "tokens per KV-cache block, 1 to 256: smaller blocks waste less of the last block, larger ones mean shorter block tables [KILN_BLOCK_SIZE]")
+	fs.IntVar(&f.blockSize, "block-size", envInt("KILN_BLOCK_SIZE", 16), "tokens per KV-cache block, 1 to 256: smaller blocks waste less of the last block, larger ones mean shorter block tables; the GPU's attention kernels are compiled for it (once, then cached) [KILN_BLOCK_SIZE]")
 	fs.IntVar(&f.maxSeqs, "max-num-seqs", envInt("KILN_MAX_NUM_SEQS", 32), "most sequences in the running batch [KILN_MAX_NUM_SEQS]")
 	fs.IntVar(&f.maxTokens, "max-num-batched-tokens", envInt("KILN_MAX_NUM_BATCHED_TOKENS", 0), "tokens per step, decode and prompt chunks together (0: the largest step the engine takes) [KILN_MAX_NUM_BATCHED_TOKENS]")
 	fs.IntVar(&f.decodePrefill, "decode-prefill-tokens", envInt("KILN_DECODE_PREFILL_TOKENS", 256), "while sequences decode, a step's prompt tokens are at most the larger of this and twice the decoding sequences, so new prompts stall running streams boundedly (0: only --max-num-batched-tokens bounds them) [KILN_DECODE_PREFILL_TOKENS]")

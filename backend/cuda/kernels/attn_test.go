@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"kiln/backend"
@@ -400,48 +399,61 @@ func checkMMA(t *testing.T, act cu.DType, st *attnSetup, ref []float64, c attnCf
 // TestAttentionAnyBlockSize runs the attention kernels of a module built
 // for any block size (New: the block size read at run time; the other
 // tests run NewFor's, built for testBlockSize as the engine builds them)
-// on every other prefill and decode case: every prefill build the case
-// takes and every decode plan, each against the float64 reference.
+// on every other prefill case, each prefill build that takes it, and every
+// other decode case, each decode plan, against the float64 reference.
 func TestAttentionAnyBlockSize(t *testing.T) {
 	ws := alloc(t, 64<<20)
 	counters := alloc(t, DecodeCounterBytes(64, 64))
 	for _, act := range allDTypes {
 		k := kernAny(t, act)
 		rng := newRNG(t)
-		for i, c := range slices.Concat(prefillCases, decodeCases) {
+		for i, c := range prefillCases {
 			if i%2 != 0 {
 				continue
 			}
 			st := newAttn(t, rng, act, c)
 			st.k = k
 			ref := st.ref()
-			variants := []string{"attn"}
-			if act != cu.F32 && c.hd%16 == 0 {
-				variants = k.PrefillVariants(st.a)
+			if act == cu.F32 || c.hd%16 != 0 {
+				report(t, act, "any-bs prefill-simt "+c.String(), compare(t, "any-bs prefill simt "+c.String(), runAttn(t, act, st, false), ref, tol(act)))
+				continue
 			}
-			for _, v := range variants {
-				if v == "attn" {
-					report(t, act, "any-bs prefill-simt "+c.String(), compare(t, "any-bs prefill simt "+c.String(), runAttnVariant(t, act, st, false, v), ref, tol(act)))
-					continue
-				}
+			for _, v := range k.PrefillVariants(st.a) {
 				checkMMA(t, act, st, ref, c, v)
 			}
-			n := len(st.q)
-			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act) {
-				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
-					continue // the case is too large for this test's workspace
-				}
-				poison(t, act, st.a.Out, n)
-				must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
-				what := fmt.Sprintf("any-bs decode %v, %v", c, plan)
-				if plan.MMA {
-					checkDecodeMMA(t, act, what, down(t, act, st.a.Out, n), ref, c.hd)
-					continue
-				}
-				report(t, act, what, compare(t, what, down(t, act, st.a.Out, n), ref, tol(act)))
+		}
+		for i, c := range decodeCases {
+			if i%2 == 0 {
+				st := newAttn(t, rng, act, c)
+				st.k = k
+				checkDecodePlans(t, act, st, st.ref(), c, ws, counters)
 			}
 		}
 	}
+}
+
+// checkDecodePlans runs every plan DecodePlans offers on st (with st.k,
+// through the workspace ws and the split counters) and checks each against
+// ref: the tensor-core plans as checkDecodeMMA does, the others within
+// tol. It returns the plans run.
+func checkDecodePlans(t *testing.T, act cu.DType, st *attnSetup, ref []float64, c attnCfg, ws, counters cu.Ptr) []DecodePlan {
+	t.Helper()
+	n := len(st.q)
+	plans := DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act)
+	for _, plan := range plans {
+		if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
+			t.Fatalf("%v: plan %+v needs more than the test's workspace", c, plan)
+		}
+		poison(t, act, st.a.Out, n)
+		must(t, st.k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
+		if plan.MMA {
+			checkDecodeMMA(t, act, fmt.Sprintf("decode %v, %v", c, plan), down(t, act, st.a.Out, n), ref, c.hd)
+			continue
+		}
+		e := compare(t, fmt.Sprintf("decode %v, %v", c, plan), down(t, act, st.a.Out, n), ref, tol(act))
+		report(t, act, fmt.Sprintf("decode %v (%v, at most %d keys a block)", c, plan, plan.Chunk), e)
+	}
+	return plans
 }
 
 // TestDecodeAttention runs every plan DecodePlans offers on each case,
@@ -451,31 +463,17 @@ func TestDecodeAttention(t *testing.T) {
 	ws := alloc(t, 64<<20)
 	counters := alloc(t, DecodeCounterBytes(64, 64))
 	for _, act := range allDTypes {
-		k := kern(t, act)
 		rng := newRNG(t)
 		heads := map[int]int{} // tensor-core plans run, by kv heads a block
 		for _, c := range decodeCases {
 			st := newAttn(t, rng, act, c)
 			ref := st.ref()
-			n := len(st.q)
 			mma := 0
-			for _, plan := range DecodePlans(st.a, st.meta, gpu(t).SMs, gpu(t).Clusters(), act) {
-				if plan.MMA {
-					heads[max(1, plan.Heads)]++
-				}
-				if plan.WorkspaceBytes > 64<<20 || st.meta.T*st.a.KVHeads > 64*64 {
-					t.Fatalf("%v: plan %+v needs more than the test's workspace", c, plan)
-				}
-				poison(t, act, st.a.Out, n)
-				must(t, k.DecodeAttention(nil, st.a, st.dm, plan, ws, counters))
-				what := fmt.Sprintf("decode %v, %v", c, plan)
+			for _, plan := range checkDecodePlans(t, act, st, ref, c, ws, counters) {
 				if plan.MMA {
 					mma++
-					checkDecodeMMA(t, act, what, down(t, act, st.a.Out, n), ref, c.hd)
-					continue
+					heads[max(1, plan.Heads)]++
 				}
-				e := compare(t, what, down(t, act, st.a.Out, n), ref, tol(act))
-				report(t, act, fmt.Sprintf("decode %v (%v, at most %d keys a block)", c, plan, plan.Chunk), e)
 			}
 			if wantMMA := act != cu.F32 && c.hd%16 == 0 && c.heads/c.kvHeads <= 32; wantMMA != (mma > 0) {
 				t.Errorf("decode %v, %v: %d tensor-core plans", c, act, mma)

@@ -14,6 +14,12 @@
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/prefill-wg.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 t0=$(date +%s)
+# CU_TESTS: the cu package's tests of that pattern first (e.g.
+# TestTensorMapCopy; build.sh must have built ./backend/cuda/cu).
+if [ -n "${CU_TESTS:-}" ]; then
+	pkg_test backend/cuda/cu cu-tests -test.run "$CU_TESTS"
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- (PASS|SKIP)|tensor map|box at' "$out/cu-tests.log" | head -20
+fi
 # The kernels' tests and benchmarks; again with the experiment's NVRTC
 # options where XOPTS is given (env.sh's experiment: e.g.
 # XOPTS=-DKV_ROW_DIV=1, kv_page's division back in every attention kernel).

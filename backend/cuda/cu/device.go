@@ -47,6 +47,7 @@ type Device struct {
 	stagingSize int
 	args        unsafe.Pointer // packed kernel arguments (C memory)
 	params      unsafe.Pointer // void*[maxArgs] pointing into args
+	maps        unsafe.Pointer // C memory of the tensor maps passed by value (maxMaps, 64-byte aligned in it)
 
 	capturing []*Stream // streams between BeginCapture and EndCapture
 
@@ -57,6 +58,7 @@ type Device struct {
 const (
 	maxArgs      = 64
 	argSlot      = 16
+	maxMaps      = 4 // tensor maps a launch passes (TensorMap arguments)
 	stagingChunk = 64 << 20
 )
 
@@ -165,6 +167,7 @@ func (d *Device) setup() (err error) {
 	}
 	d.args = cMalloc(maxArgs * argSlot)
 	d.params = cMalloc(maxArgs * int(unsafe.Sizeof(uintptr(0))))
+	d.maps = cMalloc(maxMaps*128 + 64)
 	return nil
 }
 
@@ -237,6 +240,7 @@ func (d *Device) Close() error {
 		}
 		cFree(d.args)
 		cFree(d.params)
+		cFree(d.maps)
 		if e := drvPrimaryCtxRelease(d.dev); err == nil {
 			err = e
 		}

@@ -248,9 +248,10 @@ func (m *Module) LaunchDependent(name string, grid, block Dim3, shared int, s *S
 }
 
 // Launch queues the kernel on stream s (nil: the default stream). Arguments
-// are int32, uint32, int64, uint64, float32, float64 or Ptr, matching the
-// kernel's parameters in order; plain int is refused (its size is
-// ambiguous). They are packed into C memory owned by the device's worker.
+// are int32, uint32, int64, uint64, float32, float64, Ptr or TensorMap (at
+// most maxMaps, each a `const __grid_constant__ CUtensorMap` parameter),
+// matching the kernel's parameters in order; plain int is refused (its size
+// is ambiguous). They are packed into C memory owned by the device's worker.
 func (f *Function) Launch(grid, block Dim3, shared int, s *Stream, args ...any) error {
 	return f.launch(false, 0, grid, block, shared, s, args...)
 }
@@ -305,7 +306,20 @@ func (f *Function) launch(dependent bool, cluster int, grid, block Dim3, shared 
 	return d.Do(func() error {
 		slots := unsafe.Slice((*[argSlot]byte)(d.args), maxArgs)
 		params := unsafe.Slice((*unsafe.Pointer)(d.params), maxArgs)
+		// The tensor maps' slots: 128 bytes each, from the first 64-byte
+		// boundary of d.maps.
+		maps := unsafe.Slice((*[128]byte)(unsafe.Add(d.maps, (64-uintptr(d.maps)%64)%64)), maxMaps)
+		nmaps := 0
 		for i, a := range args {
+			if v, ok := a.(TensorMap); ok {
+				if nmaps == maxMaps {
+					return fmt.Errorf("cuda: launch %s: more than %d tensor maps", f.Name, maxMaps)
+				}
+				maps[nmaps] = v.b
+				params[i] = unsafe.Pointer(&maps[nmaps])
+				nmaps++
+				continue
+			}
 			slot := &slots[i]
 			var u uint64
 			size := 8
@@ -325,7 +339,7 @@ func (f *Function) launch(dependent bool, cluster int, grid, block Dim3, shared 
 			case Ptr:
 				u = uint64(v)
 			default:
-				return fmt.Errorf("cuda: launch %s: argument %d has type %T (want int32, uint32, int64, uint64, float32, float64 or cu.Ptr)", f.Name, i, a)
+				return fmt.Errorf("cuda: launch %s: argument %d has type %T (want int32, uint32, int64, uint64, float32, float64, cu.Ptr or cu.TensorMap)", f.Name, i, a)
 			}
 			for b := 0; b < size; b++ {
 				slot[b] = byte(u >> (8 * b))

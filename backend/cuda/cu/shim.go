@@ -126,6 +126,10 @@ typedef struct {
 	unsigned numAttrs;
 } k_launchConfig;
 FN(CUresult, cuLaunchKernelEx, (const k_launchConfig*, CUfunction, void**, void**))
+// cuTensorMapEncodeTiled (CUDA 12+, optional): the map is 128 bytes aligned
+// to 64; the enums (data type, interleave, swizzle, L2 promotion, OOB fill)
+// are int-sized.
+FN(CUresult, cuTensorMapEncodeTiled, (void*, int, unsigned, void*, const unsigned long long*, const unsigned long long*, const unsigned*, const unsigned*, int, int, int, int))
 // Stream capture and graphs. The mode and status arguments are the enums
 // CUstreamCaptureMode and CUstreamCaptureStatus (int-sized).
 FN(CUresult, cuStreamBeginCapture_v2, (CUstream, int))
@@ -237,6 +241,7 @@ static const char* k_bindCUDA(void* h) {
 	if (miss) return miss;
 	// CUDA 12.8+ exports cuEventElapsedTime_v2 (same signature); prefer it.
 	p_cuLaunchKernelEx = dlsym(h, "cuLaunchKernelEx"); // optional: programmatic dependent launches
+	p_cuTensorMapEncodeTiled = dlsym(h, "cuTensorMapEncodeTiled"); // optional: TMA (compute capability 9.0)
 	p_cuEventElapsedTime = dlsym(h, "cuEventElapsedTime_v2");
 	if (!p_cuEventElapsedTime) p_cuEventElapsedTime = dlsym(h, "cuEventElapsedTime");
 	return p_cuEventElapsedTime ? 0 : "cuEventElapsedTime";
@@ -335,6 +340,20 @@ static int k_cuLaunchEx(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
 	c.attrs = attrs;
 	c.numAttrs = n;
 	return p_cuLaunchKernelEx(&c, f, params, 0);
+}
+// k_cuTensorMapEncodeTiled encodes a tiled tensor map into out (128 bytes)
+// through a 64-byte aligned buffer: no interleave, L2 promotion of 128
+// bytes (CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2), elements out of bounds
+// read as zeros (CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0). -1: the driver
+// has no cuTensorMapEncodeTiled.
+static int k_cuTensorMapEncodeTiled(void* out, int dtype, unsigned rank, unsigned long long base, const unsigned long long* dims,
+		const unsigned long long* strides, const unsigned* box, const unsigned* estrides, int swizzle) {
+	if (!p_cuTensorMapEncodeTiled) return -1;
+	_Alignas(64) unsigned char m[128];
+	memset(m, 0, sizeof m);
+	int rc = p_cuTensorMapEncodeTiled(m, dtype, rank, (void*)base, dims, strides, box, estrides, 0, swizzle, 2, 0);
+	memcpy(out, m, sizeof m);
+	return rc;
 }
 static int k_cuStreamBeginCapture(void* s, int mode) { return p_cuStreamBeginCapture_v2(s, mode); }
 static kp k_cuStreamEndCapture(void* s) { CUgraph g = 0; kp r; r.rc = p_cuStreamEndCapture(s, &g); r.p = g; return r; }
@@ -866,6 +885,20 @@ func drvLaunchEx(f unsafe.Pointer, name string, grid, block Dim3, shmem int, s u
 		return cuErr(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, shared %d, programmatic serialization %v, cluster %d)", name, grid, block, shmem, dependent, cluster), rc)
 	}
 	return nil
+}
+
+// drvTensorMapEncodeTiled encodes m (checked) into out (k_cuTensorMapEncodeTiled).
+func drvTensorMapEncodeTiled(out *TensorMap, dtype int, m TiledMap, estrides []uint32, swizzle int) error {
+	var sp *C.ulonglong
+	if len(m.Strides) > 0 {
+		sp = (*C.ulonglong)(unsafe.Pointer(&m.Strides[0]))
+	}
+	rc := C.k_cuTensorMapEncodeTiled(unsafe.Pointer(&out.b[0]), C.int(dtype), C.uint(len(m.Dims)), C.ulonglong(m.Base),
+		(*C.ulonglong)(unsafe.Pointer(&m.Dims[0])), sp, (*C.uint)(unsafe.Pointer(&m.Box[0])), (*C.uint)(unsafe.Pointer(&estrides[0])), C.int(swizzle))
+	if rc == -1 {
+		return fmt.Errorf("cuda: cuTensorMapEncodeTiled: not in this driver (CUDA 12 or later)")
+	}
+	return cuErr(fmt.Sprintf("cuTensorMapEncodeTiled(dims %v, strides %v, box %v, swizzle %d)", m.Dims, m.Strides, m.Box, m.Swizzle), rc)
 }
 
 func drvStreamBeginCapture(s unsafe.Pointer, mode int) error {

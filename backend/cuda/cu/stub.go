@@ -99,3 +99,5 @@ func ncclAbort(unsafe.Pointer) error                                         { r
 func ncclAsyncError(unsafe.Pointer) error                                    { return errNoCgo }
 func ncclAllReduce(Ptr, Ptr, int, int, unsafe.Pointer, unsafe.Pointer) error { return errNoCgo }
 func ncclAllGather(Ptr, Ptr, int, int, unsafe.Pointer, unsafe.Pointer) error { return errNoCgo }
+
+func drvTensorMapEncodeTiled(*TensorMap, int, TiledMap, []uint32, int) error { return errNoCgo }

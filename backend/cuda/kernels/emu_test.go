@@ -30,15 +30,19 @@ import (
 // generation) the GPU test does. Skipped without a C++ compiler (clang++
 // or g++) or with -short.
 //
-// It runs three times: with caches of the activation dtype, built for any
+// It runs four times: with caches of the activation dtype, built for any
 // block size and for the emulation's 16 tokens a block (KILN_BS: NewFor's
-// build, the engine's), and with FP8 caches (KV_F8: E4M3 codes, widened by
-// each warp in shared memory), whose reference reads the codes' values,
-// and kv_page's division (KV_ROW_DIV) in place of its shift.
+// build, the engine's) and for blocks of 8 (EMU_BS: a stage's keys over
+// more pages), and with FP8 caches (KV_F8: E4M3 codes, widened by each
+// warp in shared memory), whose reference reads the codes' values, and
+// kv_page's division (KV_ROW_DIV) in place of its shift.
 func TestDecodeMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", ""}, {"act-bs16", "#define KILN_BS 16\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
+	}{
+		{"act", ""}, {"act-bs16", "#define KILN_BS 16\n"}, {"act-bs8", "#define KILN_BS 8\n#define EMU_BS 8\n"},
+		{"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"},
+	} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, emuSource(t, build.defines))
@@ -57,11 +61,15 @@ func TestDecodeMMAEmulated(t *testing.T) {
 // FP8 codes (the widening's portable path: the GPU test checks the
 // device's; with kv_page's division, KV_ROW_DIV, in place of its shift),
 // and the activation dtype's again as built for 16 tokens a block
-// (KILN_BS, NewFor's build). Skipped as TestDecodeMMAEmulated.
+// (KILN_BS, NewFor's build) and for 24 (EMU_BS: a block size no power of
+// two, kv_row's division by a constant). Skipped as TestDecodeMMAEmulated.
 func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
-	}{{"act", "#define ACT_WGMMA 1\n"}, {"act-bs16", "#define ACT_WGMMA 1\n#define KILN_BS 16\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"}} {
+	}{
+		{"act", "#define ACT_WGMMA 1\n"}, {"act-bs16", "#define ACT_WGMMA 1\n#define KILN_BS 16\n"},
+		{"act-bs24", "#define ACT_WGMMA 1\n#define KILN_BS 24\n#define EMU_BS 24\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"},
+	} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()
 			runEmulated(t, prefillEmuSource(t, build.defines))

@@ -23,11 +23,15 @@ static KV kv_make(float f) { return fromf<T>(f); }
 static double kvf(KV x) { return tof(x); }
 #endif
 
-// PagedBatch is a step's tokens over random block tables (block size 16):
-// sequences of {length after the step, tokens in the step}, the cache full
-// of random values, random queries.
+// PagedBatch is a step's tokens over random block tables (blocks of EMU_BS
+// tokens, 16 unless a build defines it): sequences of {length after the
+// step, tokens in the step}, the cache full of random values, random
+// queries.
+#ifndef EMU_BS
+#define EMU_BS 16
+#endif
 struct PagedBatch {
-	static constexpr int bs = 16;
+	static constexpr int bs = EMU_BS;
 	int heads, kvHeads, hd, window, blocks = 0, maxPos = 0;
 	std::vector<int> positions, seqIndex, seqBlockOff, seqFresh, bt;
 	std::vector<std::vector<int>> seqBlocks;

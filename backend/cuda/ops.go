@@ -429,7 +429,8 @@ func checkHeadDim(hd int) error {
 func (l *loaded) attn(x *stepState, nd *node) kernels.Attn {
 	a := nd.n.Attrs
 	return kernels.Attn{Out: nd.out[0].p, Q: nd.in[0].p, KCache: x.kv.k[a.Layer], VCache: x.kv.v[a.Layer],
-		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale, Cap: a.Cap, FP8: x.kv.spec.FP8}
+		Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, Window: a.Window, Scale: a.Scale, Cap: a.Cap, FP8: x.kv.spec.FP8,
+		CacheSlots: x.kv.spec.Blocks * x.kv.spec.BlockSize}
 }
 
 // gemvEpilogue runs product mm on the GEMV with the op of node ep (its

@@ -82,7 +82,7 @@ func newAttn(t *testing.T, rng *rand.Rand, act cu.DType, c attnCfg) *attnSetup {
 		Out: outBuf(t, act, T*c.heads*c.hd), Q: up(t, act, st.q),
 		KCache: up(t, act, st.kc), VCache: up(t, act, st.vc),
 		Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.hd, Window: c.window,
-		Scale: float32(1 / math.Sqrt(float64(c.hd))), Cap: c.cap,
+		Scale: float32(1 / math.Sqrt(float64(c.hd))), Cap: c.cap, CacheSlots: blocks * bs,
 	}
 	return st
 }

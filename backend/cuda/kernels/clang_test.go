@@ -39,6 +39,10 @@ func TestSourcesCompile(t *testing.T) {
 				// of two (kv_row's shift and mask) and another.
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_HD=128", "-DKILN_BS=16"}},
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DKILN_BS=24", "-DKV_F8=1"}},
+				// The Hopper build with the wgmma prefill's TMA kernels
+				// (WG_TMA; clang 14 knows no sm_90a: the PTX strings are
+				// the GPU tests' to check).
+				{"kernels", Source(), []string{"-DACT_MMA=1", "-DACT_WGMMA=1", "-DKILN_HD=128", "-DKILN_BS=16", "-DWG_TMA=1"}},
 				// RoPE's vector kernel loading all four of its units at a
 				// time (kernels.cu's ROPE_U; two by default).
 				{"kernels", Source(), []string{"-DACT_MMA=1", "-DROPE_U=4"}},

@@ -67,7 +67,7 @@ func TestPrefillMMAEmulated(t *testing.T) {
 	for _, build := range []struct {
 		name, defines string
 	}{
-		{"act", "#define ACT_WGMMA 1\n"}, {"act-bs16", "#define ACT_WGMMA 1\n#define KILN_BS 16\n"},
+		{"act", "#define ACT_WGMMA 1\n"}, {"act-bs16", "#define ACT_WGMMA 1\n#define KILN_BS 16\n#define WG_TMA 1\n"},
 		{"act-bs24", "#define ACT_WGMMA 1\n#define KILN_BS 24\n#define EMU_BS 24\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"},
 	} {
 		t.Run(build.name, func(t *testing.T) {

@@ -81,10 +81,15 @@ type Kernels struct {
 	// WG: the module holds the prefill attention on Hopper's wgmma
 	// (prefill_wg.cu: sm_90a, f16/bf16 activations, not an FP8 cache).
 	WG bool
+	// TMA: it also holds that prefill's builds whose K and V come by TMA
+	// (prefill_wgt_…: built for one block size with -DWG_TMA, an
+	// experiment KILN_NVRTC_OPTIONS turns on).
+	TMA bool
 
 	parts     *moduleParts // the parts, each holding some of the kernels
 	mu        sync.Mutex
-	sharedSet map[string]int // dynamic shared memory limits raised per function
+	sharedSet map[string]int                // dynamic shared memory limits raised per function
+	maps      map[tensorMapKey]cu.TensorMap // the caches' tensor maps (prefill_wgt), encoded once
 	// normPrefetch overrides, per power-of-two bucket of rows and row
 	// length, whether the norms' register path loads its weights before
 	// the PDL wait (SetNormPrefetch: a measured choice).
@@ -164,7 +169,16 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd, bs int) (*Kernels, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, BlockSize: bs, WG: wg, sharedSet: map[string]int{}}, nil
+	k := &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, BlockSize: bs, WG: wg,
+		sharedSet: map[string]int{}, maps: map[tensorMapKey]cu.TensorMap{}}
+	if wg && bs > 0 {
+		for _, h := range []int{64, 128} {
+			if _, err := mods.holding(fmt.Sprintf("prefill_wgt_%d_128_2", h)); (hd == 0 || hd == h) && err == nil {
+				k.TMA = true
+			}
+		}
+	}
+	return k, nil
 }
 
 // Modules are the parts k was compiled in.
@@ -875,6 +889,10 @@ type Attn struct {
 	Cap float32
 	// FP8: KCache and VCache hold E4M3 codes (a module of NewFP8KV).
 	FP8 bool
+	// CacheSlots is the slots (blocks times block size) of each of this
+	// layer's caches, which the TMA builds' tensor maps span (0: unknown,
+	// and those builds are not offered).
+	CacheSlots int
 }
 
 func (k *Kernels) checkAttn(a *Attn, m DevMeta) error {

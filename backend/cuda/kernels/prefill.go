@@ -41,8 +41,12 @@ func (k *Kernels) PrefillVariants(a Attn) []string {
 		// After mma.sync's first build: the model's race, which checks
 		// each build against the first on its operands, takes them where
 		// they are faster (not yet checked inside a model's step on a GPU).
-		for i, b := range wgBuilds {
-			vs = slices.Insert(vs, 1+i, b.variant)
+		at := 1
+		for _, b := range wgBuilds {
+			if !b.tma || k.tmaOK(a) {
+				vs = slices.Insert(vs, at, b.variant)
+				at++
+			}
 		}
 	}
 	return vs
@@ -56,22 +60,45 @@ func (k *Kernels) wgOK(a Attn) bool {
 	return k.WG && !a.FP8 && (a.HeadDim == 64 || a.HeadDim == 128) && a.KVHeads > 0 && (a.Heads/a.KVHeads)%2 == 0 && mmaOK(a)
 }
 
+// tmaOK reports whether the TMA builds of the wgmma prefill take a: a
+// module that holds them (TMA) and a's caches' size known (CacheSlots).
+func (k *Kernels) tmaOK(a Attn) bool { return k.TMA && k.wgOK(a) && a.CacheSlots > 0 }
+
 // wgShared is prefill_wg's dynamic shared memory at head dim hd, bk keys a
 // stage and st slots: 1 KB to round the base up to an atom, Q of the
 // block's two heads (64 rows each), st slots of K and st of V.
 func wgShared(hd, bk, st int) int { return 1024 + 2*PrefillTile*hd*2 + 2*st*bk*hd*2 }
 
-// wgBuild is a build of prefill_wg: its variant name, keys a stage and
-// slots of K and of V.
+// wgBuild is a build of prefill_wg: its variant name, keys a stage, slots
+// of K and of V, and whether K and V come by TMA (prefill_wgt_…).
 type wgBuild struct {
 	variant    string
 	bk, stages int
+	tma        bool
+}
+
+// kernel is the build's kernel at head dim hd.
+func (b wgBuild) kernel(hd int) string {
+	if b.tma {
+		return fmt.Sprintf("prefill_wgt_%d_%d_%d", hd, b.bk, b.stages)
+	}
+	return fmt.Sprintf("prefill_wg_%d_%d_%d", hd, b.bk, b.stages)
+}
+
+// shared is the build's dynamic shared memory at head dim hd: wgShared's,
+// and the TMA builds' mbarriers (8 bytes for each slot of K and of V).
+func (b wgBuild) shared(hd int) int {
+	n := wgShared(hd, b.bk, b.stages)
+	if b.tma {
+		n += 16 * b.stages
+	}
+	return n
 }
 
 // wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS), the
 // fastest first in BenchmarkPrefillAttention on an H200 (docs/PERF.md,
-// session 44).
-var wgBuilds = []wgBuild{{"wg128", 128, 2}, {"wg", 64, 2}}
+// session 44); the TMA builds (WGT_KERNEL) where the module holds them.
+var wgBuilds = []wgBuild{{"wgt128", 128, 2, true}, {"wgt", 64, 2, true}, {"wg128", 128, 2, false}, {"wg", 64, 2, false}}
 
 // PrefillAttentionWith is PrefillAttention on build variant of
 // PrefillVariants.
@@ -156,8 +183,17 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 			return fmt.Errorf("kernels: the wgmma prefill takes sm_90a, an f16/bf16 cache, head dim 64 or 128 and even GQA groups")
 		}
 		b := wgBuilds[i]
-		name := fmt.Sprintf("prefill_wg_%d_%d_%d", a.HeadDim, b.bk, b.stages)
-		shared := wgShared(a.HeadDim, b.bk, b.stages)
+		if b.tma {
+			if !k.tmaOK(a) {
+				return fmt.Errorf("kernels: the TMA prefill takes a module built with it (-DWG_TMA) and the caches' slots")
+			}
+			km, vm, err := k.cacheMaps(a)
+			if err != nil {
+				return err
+			}
+			args = append(args, km, vm)
+		}
+		name, shared := b.kernel(a.HeadDim), b.shared(a.HeadDim)
 		if err := k.raiseShared(name, shared); err != nil {
 			return err
 		}
@@ -199,4 +235,41 @@ func mmaHeads(group int) int {
 		return 2
 	}
 	return 1
+}
+
+// tensorMapKey names a cache's tensor map: its base, slots, kv heads and
+// head dim.
+type tensorMapKey struct {
+	base                    cu.Ptr
+	slots, kvHeads, headDim int
+}
+
+// cacheMaps are the tensor maps of a's K and V caches (encoded at their
+// first use, then kept): each a tensor of (head dim, kv heads, slots)
+// elements of the activation dtype, a box of 64 head dims of one kv head
+// over a block's slots, rows swizzled in 128 bytes as prefill_wg lays K
+// and V in shared memory.
+func (k *Kernels) cacheMaps(a Attn) (km, vm cu.TensorMap, err error) {
+	get := func(base cu.Ptr) (cu.TensorMap, error) {
+		key := tensorMapKey{base, a.CacheSlots, a.KVHeads, a.HeadDim}
+		k.mu.Lock()
+		m, ok := k.maps[key]
+		k.mu.Unlock()
+		if ok {
+			return m, nil
+		}
+		m, err := k.D.EncodeTiled(cu.TiledMap{Elem: 2, Base: base, Dims: []uint64{uint64(a.HeadDim), uint64(a.KVHeads), uint64(a.CacheSlots)},
+			Strides: []uint64{uint64(2 * a.HeadDim), uint64(2 * a.HeadDim * a.KVHeads)}, Box: []uint32{64, 1, uint32(k.BlockSize)}, Swizzle: 128})
+		if err != nil {
+			return m, fmt.Errorf("kernels: the KV cache's tensor map: %w", err)
+		}
+		k.mu.Lock()
+		k.maps[key] = m
+		k.mu.Unlock()
+		return m, nil
+	}
+	if km, err = get(a.KCache); err == nil {
+		vm, err = get(a.VCache)
+	}
+	return km, vm, err
 }

@@ -14,11 +14,15 @@ import (
 // sm_90a), its builds where it takes the layer (a cache of the activation
 // dtype, head dim 64 or 128, an even GQA group), then mma.sync's builds of
 // fewer heads a block; the CUDA-core kernel alone in f32 and for head dims
-// off the tensor cores' grid.
+// off the tensor cores' grid. The TMA builds come first of the wgmma ones
+// where the module holds them (TMA) and the caches' slots are known.
 func TestPrefillVariants(t *testing.T) {
 	at := func(heads, kvHeads, hd int, fp8 bool) Attn {
-		return Attn{Out: 0x10000, Q: 0x20000, KCache: 0x30000, VCache: 0x40000, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 0.1, FP8: fp8}
+		return Attn{Out: 0x10000, Q: 0x20000, KCache: 0x30000, VCache: 0x40000, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 0.1, FP8: fp8,
+			CacheSlots: 1024}
 	}
+	noSlots := at(32, 8, 128, false)
+	noSlots.CacheSlots = 0
 	for _, c := range []struct {
 		name string
 		k    *Kernels
@@ -27,6 +31,10 @@ func TestPrefillVariants(t *testing.T) {
 	}{
 		{"hopper, group 4, hd 128", &Kernels{Act: cu.BF16, WG: true}, at(32, 8, 128, false), []string{"mma", "wg128", "wg", "mma2", "mma1"}},
 		{"hopper, group 2, hd 64", &Kernels{Act: cu.F16, WG: true}, at(8, 4, 64, false), []string{"mma", "wg128", "wg", "mma1"}},
+		{"hopper, TMA, group 4", &Kernels{Act: cu.BF16, WG: true, TMA: true}, at(32, 8, 128, false),
+			[]string{"mma", "wgt128", "wgt", "wg128", "wg", "mma2", "mma1"}},
+		{"hopper, TMA, caches' size unknown", &Kernels{Act: cu.BF16, WG: true, TMA: true}, noSlots, []string{"mma", "wg128", "wg", "mma2", "mma1"}},
+		{"hopper, TMA, FP8 cache", &Kernels{Act: cu.BF16, WG: true, TMA: true, KVF8: true}, at(32, 8, 128, true), []string{"mma", "mma2", "mma1"}},
 		{"hopper, group 1", &Kernels{Act: cu.BF16, WG: true}, at(8, 8, 128, false), []string{"mma"}},
 		{"hopper, group 3", &Kernels{Act: cu.BF16, WG: true}, at(12, 4, 128, false), []string{"mma"}},
 		{"hopper, hd 80", &Kernels{Act: cu.BF16, WG: true}, at(32, 8, 80, false), []string{"mma", "mma2", "mma1"}},
@@ -42,17 +50,21 @@ func TestPrefillVariants(t *testing.T) {
 	}
 }
 
-// TestWGShared: prefill_wg's dynamic shared memory (wgShared, which the
-// emulator's driver repeats as wg_shared) fits a multiprocessor of sm_90
-// (227 KiB) for every build of wgBuilds at head dims 64 and 128: 1 KiB of
-// alignment, Q of two heads, the slots of K and V.
+// TestWGShared: prefill_wg's dynamic shared memory (wgBuild.shared, which
+// the emulator's driver repeats as wg_shared) fits a multiprocessor of
+// sm_90 (227 KiB) for every build of wgBuilds at head dims 64 and 128: 1
+// KiB of alignment, Q of two heads, the slots of K and V, and the TMA
+// builds' mbarriers.
 func TestWGShared(t *testing.T) {
 	if got, want := wgShared(128, 128, 2), 164864; got != want { // 1 KiB + 32 KiB of Q + 128 KiB of K and V
 		t.Errorf("wgShared(128, 128, 2) = %d, want %d", got, want)
 	}
+	if got, want := (wgBuild{"wgt128", 128, 2, true}).shared(128), 164864+32; got != want {
+		t.Errorf("the TMA build's shared memory %d, want %d", got, want)
+	}
 	for _, b := range wgBuilds {
 		for _, hd := range []int{64, 128} {
-			if n := wgShared(hd, b.bk, b.stages); n > 227<<10 {
+			if n := b.shared(hd); n > 227<<10 {
 				t.Errorf("%s at head dim %d: %d bytes of shared memory, more than 227 KiB", b.variant, hd, n)
 			}
 		}

@@ -71,6 +71,60 @@ __device__ __forceinline__ void wg_issue(int n, int nblk, unsigned sK, unsigned 
 	cp_commit();
 }
 
+// wg_tma copies keys kb..kb+BK−1 (kb a block's first key) of the cache the
+// tensor map at map describes into the K or V slot at base, where wg_load
+// puts them, by TMA: a copy a block of BS slots and 64 head dims of kv head
+// kvh (the map's box: 16-byte chunk c of row r lands at (c ^ r%8)·16, as
+// sw128 puts it), for the blocks whose first key is within kHi (a block
+// past the sequence's last key has no table entry); they complete on the
+// mbarrier at bar, which expects their bytes. One thread issues them.
+template <int HD, int BK, int BS>
+__device__ __forceinline__ void wg_tma(unsigned base, unsigned bar, const KilnTensorMap* map, int kb, int kHi, const int* bt, int seqOff,
+                                       int kvh) {
+	constexpr int KR = BK * 128, PAGES = BK / BS;
+	const int left = (kHi - kb) / BS + 1, np = left < PAGES ? left : PAGES;
+	mbar_expect(bar, (unsigned)(np * (HD / 64) * BS * 128));
+	const int* pt = bt + seqOff + kb / BS;
+	for (int pg = 0; pg < np; pg++) {
+		const int slot = pt[pg] * BS;
+#pragma unroll
+		for (int h = 0; h < HD / 64; h++) tma_load_3d(base + h * KR + pg * BS * 128, map, h * 64, kvh, slot, bar);
+	}
+}
+
+// wg_issue_tma is wg_issue by TMA (wg_tma; thread 0 alone): K_j's copies
+// complete on the mbarrier at sBar + 8·(j mod ST), V_j's at sBar +
+// 8·(ST + j mod ST).
+template <int HD, int BK, int ST, int BS>
+__device__ __forceinline__ void wg_issue_tma(int n, int nblk, unsigned sK, unsigned sV, unsigned sBar, const KilnTensorMap* km,
+                                             const KilnTensorMap* vm, int kLo, int kHi, const int* bt, int seqOff, int kvh, int tid) {
+	constexpr int SLOT = HD / 64 * BK * 128;
+	const int jk = n + ST - 1, jv = n + ST - 2;
+	if (tid != 0) return;
+	if (jk < nblk) wg_tma<HD, BK, BS>(sK + (jk % ST) * SLOT, sBar + 8 * (jk % ST), km, kLo + jk * BK, kHi, bt, seqOff, kvh);
+	if (jv >= 0 && jv < nblk) wg_tma<HD, BK, BS>(sV + (jv % ST) * SLOT, sBar + 8 * (ST + jv % ST), vm, kLo + jv * BK, kHi, bt, seqOff, kvh);
+}
+
+// WG_ROUND(n) issues stage n's round of copies (K_{n+ST−1}, V_{n+ST−2}) in
+// prefill_wg, by cp.async or by TMA; WG_LANDED(n) waits until K_n and
+// V_{n−1} are in this thread's view.
+#define WG_ROUND(n)                                                                                                   \
+	do {                                                                                                              \
+		if constexpr (TBS > 0)                                                                                        \
+			wg_issue_tma<HD, BK, ST, (TBS > 0 ? TBS : 1)>(n, nblk, sK, sV, sBar, kmap, vmap, kLo, kHi, bt, seqOff, kvh, tid); \
+		else                                                                                                          \
+			wg_issue<HD, BK, ST, NTH>(n, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);          \
+	} while (0)
+#define WG_LANDED(n)                                                                                                  \
+	do {                                                                                                              \
+		if constexpr (TBS > 0) {                                                                                      \
+			mbar_wait(sBar + 8 * ((n) % ST), ((n) / ST) & 1);                                                         \
+			if ((n) > 0) mbar_wait(sBar + 8 * (ST + ((n) - 1) % ST), (((n) - 1) / ST) & 1);                           \
+		} else {                                                                                                      \
+			cp_wait<ST - 2>();                                                                                        \
+		}                                                                                                             \
+	} while (0)
+
 // wg_pv issues O += P·V for the P of k-steps p (and its lo parts pl, f16)
 // over the V slot at vs (regions lbo bytes apart).
 template <int HD, int PK, int PL>
@@ -174,9 +228,18 @@ __device__ __forceinline__ void wg_pack(const float (&s)[N], unsigned (&p)[PK][4
 // slots of K and of V. Dynamic shared memory: 1024 + 2·64·HD·2 (Q of both
 // heads) + 2·ST·BK·HD·2 bytes (wgShared in prefill.go). 256 threads. Grid:
 // tiles·heads/2 blocks, the last tile (the most keys, causal) first.
-template <int HD, int BK, int ST>
-__device__ __forceinline__ void prefill_wg(PF_PARAMS) {
+//
+// TBS > 0: K and V come by TMA (wg_issue_tma) over the tensor maps kmap and
+// vmap of a cache of TBS-token blocks, each slot's copies completing on an
+// mbarrier of its own (2·ST of them, 8 bytes each, after the rings: 16·ST
+// bytes more); the tile's first key rounded down to its block's (the keys
+// before it masked as any outside a row's window), and the last stage's V
+// rows past the tile's last key zeroed before its P·V (no NaN of a stale
+// slot in P·V).
+template <int HD, int BK, int ST, int TBS = 0>
+__device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap = nullptr, const KilnTensorMap* vmap = nullptr) {
 	static_assert((HD == 64 || HD == 128) && (BK == 64 || BK == 128) && ST >= 2, "prefill_wg shape");
+	static_assert(TBS == 0 || (TBS >= 8 && BK % TBS == 0 && (TBS & (TBS - 1)) == 0), "prefill_wg: TMA over blocks of 8 to BK tokens");
 	static_assert(!kv_f8, "prefill_wg: an FP8 cache takes prefill_fa");
 	constexpr int NH = 2, NTH = 128 * NH; // heads (warpgroups) a block, threads
 	constexpr int HR = HD / 64;           // 128-byte regions of a row
@@ -189,6 +252,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 	const unsigned sb = (smem_addr(pf_smem) + 1023u) & ~1023u;
 	// Q of both heads, then the rings of K and V.
 	const unsigned sQ = sb, sK = sb + NH * HR * QR, sV = sK + ST * SLOT;
+	const unsigned sBar = sV + ST * SLOT; // TBS: the slots' mbarriers, K's then V's
 
 	const int hg = heads / NH;
 	const int bid = blockIdx.x;
@@ -215,8 +279,15 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
 	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
 	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
-	const int kLo = tk.lo, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
+	const int kLo = TBS > 0 ? tk.lo - tk.lo % (TBS > 0 ? TBS : 1) : tk.lo, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
 	const int nblk = (kHi - kLo) / BK + 1;
+	if constexpr (TBS > 0) {
+		if (tid == 0) {
+			for (int i = 0; i < 2 * ST; i++) mbar_init(sBar + 8 * i, 1);
+			mbar_init_fence();
+		}
+		__syncthreads();
+	}
 
 	float o[HD / 2], s[BK / 2];
 #pragma unroll
@@ -229,11 +300,15 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 	// The rounds of stages 1−ST..−1 (with Q in the first), then stage 0:
 	// S_0 alone (no P·V before it).
 #pragma unroll
-	for (int n = 1 - ST; n < 0; n++) wg_issue<HD, BK, ST, NTH>(n, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
-	cp_wait<ST - 2>();  // K_0 (and Q) are in (this thread's copies)
+	for (int n = 1 - ST; n < 0; n++) WG_ROUND(n);
+	if constexpr (TBS > 0) {
+		cp_commit(); // Q
+		cp_wait<0>();
+	}
+	WG_LANDED(0);       // K_0 (and Q) are in (this thread's copies)
 	fence_async_smem(); // and visible to wgmma
 	__syncthreads();    // every thread's
-	wg_issue<HD, BK, ST, NTH>(0, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+	WG_ROUND(0);
 	wg_fence();
 	wg_s<HD, BK>(s, qw, sK);
 	wg_commit();
@@ -243,10 +318,10 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 	wg_pack(s, p, pl);
 	for (int n = 1; n < nblk; n++) {
 		const int kb = kLo + n * BK;
-		cp_wait<ST - 2>(); // K_n and V_{n−1} are in
+		WG_LANDED(n); // K_n and V_{n−1} are in
 		fence_async_smem();
 		__syncthreads(); // every warpgroup is done with stage n−1 (K_{n−1}, V_{n−2})
-		wg_issue<HD, BK, ST, NTH>(n, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);
+		WG_ROUND(n);
 		wg_fence();
 		wg_s<HD, BK>(s, qw, sK + (n % ST) * SLOT);
 		wg_commit();
@@ -267,7 +342,16 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS) {
 		wg_pack(s, p, pl);
 	}
 	// The last stage's P·V: V_{nblk−1} came with the last round of copies.
-	cp_wait<0>();
+	if constexpr (TBS > 0) {
+		const int last = nblk - 1, from = kHi - (kLo + last * BK) + 1; // its first row past kHi
+		mbar_wait(sBar + 8 * (ST + last % ST), (last / ST) & 1);
+		const unsigned vs = sV + (last % ST) * SLOT;
+		for (int i = from * 8 + tid; i < BK * 8; i += NTH) // 16-byte chunks of the rows past kHi
+#pragma unroll
+			for (int h = 0; h < HR; h++) st_shared_zero16(vs + h * KR + i * 16);
+	} else {
+		cp_wait<0>();
+	}
 	fence_async_smem();
 	__syncthreads();
 	wg_fence();
@@ -298,7 +382,24 @@ static_assert(PF_BQ == 64, "prefill_wg: a tile's tokens are a warpgroup's 64 row
 	extern "C" __global__ void __launch_bounds__(256, 1) prefill_wg_##HD##_##BK##_##ST(PF_PARAMS) {                  \
 		prefill_wg<HD, BK, ST>(PF_ARGS);                                                                               \
 	}
+// prefill_wgt_<HD>_<BK>_<ST>: K and V by TMA over the tensor maps kmap and
+// vmap (a module built for one block size, KILN_BS, of 8 to 64 tokens, a
+// power of two; WG_TMA: an experiment, off by default).
+#if defined(WG_TMA) && defined(KILN_BS)
+#if KILN_BS >= 8 && KILN_BS <= 64 && (KILN_BS & (KILN_BS - 1)) == 0
+#define WGT_KERNEL(HD, BK, ST)                                                                                       \
+	extern "C" __global__ void __launch_bounds__(256, 1)                                                             \
+	    prefill_wgt_##HD##_##BK##_##ST(PF_PARAMS, const __grid_constant__ KilnTensorMap kmap,                        \
+	                                   const __grid_constant__ KilnTensorMap vmap) {                                 \
+		prefill_wg<HD, BK, ST, KILN_BS>(PF_ARGS, &kmap, &vmap);                                                        \
+	}
+#endif
+#endif
+#ifdef WGT_KERNEL
+#define WG_KERNELS(HD) WG_KERNEL(HD, 128, 2) WG_KERNEL(HD, 64, 2) WGT_KERNEL(HD, 128, 2) WGT_KERNEL(HD, 64, 2)
+#else
 #define WG_KERNELS(HD) WG_KERNEL(HD, 128, 2) WG_KERNEL(HD, 64, 2)
+#endif
 // Part 1 of the kernels module (KILN_PART_IS), beside prefill_mma; not in
 // an FP8 cache's module.
 #if KILN_PART_IS(1) && !defined(KV_F8)

@@ -43,6 +43,40 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(unsigned a, unsigned lb
 	       ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// KilnTensorMap is a tensor map of Hopper's TMA (CUtensorMap, cu.TensorMap):
+// a kernel takes it as a `const __grid_constant__` parameter and names its
+// address in the bulk tensor copies.
+struct __align__(64) KilnTensorMap {
+	unsigned long long v[16];
+};
+// mbar_init makes the 8 bytes of shared memory at bar an mbarrier of count
+// arrivals a phase; mbar_init_fence makes the initialized barriers visible
+// to the async proxy (the TMA's completions).
+__device__ __forceinline__ void mbar_init(unsigned bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory"); }
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// mbar_expect arrives on bar and has its phase wait for bytes more of
+// copies besides (the TMA's complete_tx).
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// mbar_wait waits until bar's phase of parity parity (0 or 1) is complete.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+	asm volatile("{\n.reg .pred p;\nMBAR_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra MBAR_WAIT;\n}" ::"r"(bar),
+	             "r"(parity)
+	             : "memory");
+}
+// st_shared_zero16 zeroes the 16 bytes of shared memory at a.
+__device__ __forceinline__ void st_shared_zero16(unsigned a) { asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(a), "r"(0) : "memory"); }
+// tma_load_3d copies the box of the tensor map at map whose first element
+// is at coordinates (c0, c1, c2), innermost first, to shared memory at dst
+// (1024-byte aligned under a 128-byte swizzle), completing its bytes on the
+// mbarrier at bar.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const KilnTensorMap* map, int c0, int c1, int c2, unsigned bar) {
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+	             "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+	             : "memory");
+}
+
 // WG_AB is the PTX type of the module's activations (ACT: bf16 or f16).
 #define WG_STR2(x) #x
 #define WG_STR(x) WG_STR2(x)

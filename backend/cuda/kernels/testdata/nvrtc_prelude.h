@@ -7,6 +7,7 @@
 #define __shared__ __attribute__((shared))
 #define __forceinline__ __attribute__((always_inline)) inline
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#define __grid_constant__ // a const kernel parameter read in place (clang 14 knows no such attribute)
 #include <__clang_cuda_builtin_vars.h>
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };

@@ -11,11 +11,20 @@ struct Case {
 
 // WgBuild is a build of prefill_wg the driver runs: keys a stage, slots of
 // K and of V (prefill.go's wgBuilds, and 3 slots, which kiln does not
-// build, for the rings' wrap-around).
+// build, for the rings' wrap-around), K and V by TMA (WG_TMA builds: the
+// same three over tensor maps of the cache).
 struct WgBuild {
 	int bk, st;
+	bool tma;
 };
-static const WgBuild wg_builds[] = {{64, 2}, {128, 2}, {64, 3}};
+#if defined(WG_TMA) && defined(KILN_BS)
+static_assert(KILN_BS == EMU_BS, "the TMA builds' tensor maps have boxes of the cache's blocks");
+static const WgBuild wg_builds[] = {{64, 2, false}, {128, 2, false}, {64, 3, false}, {64, 2, true}, {128, 2, true}, {64, 3, true}};
+#else
+static const WgBuild wg_builds[] = {{64, 2, false}, {128, 2, false}, {64, 3, false}};
+#endif
+// g_kmap and g_vmap are the TMA builds' tensor maps of the case's caches.
+static KilnTensorMap g_kmap, g_vmap;
 
 // launch_one runs block bid of variant v (0: 4 heads a block, 1: 2 heads,
 // 2: 1 head; from 3 on wg_builds' prefill_wg) at head dim hd; it reports
@@ -25,8 +34,16 @@ static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 #if defined(ACT_WGMMA) && !defined(KV_F8)
 	if (v >= 3 && (hd == 64 || hd == 128)) { // prefill_wg's builds (wg_builds)
 		const WgBuild b = wg_builds[v - 3];
+#if defined(WG_TMA) && defined(KILN_BS)
+#define WG_CALL(H, BK, ST)                                                                                  \
+	if (hd == H && b.bk == BK && b.st == ST) {                                                              \
+		if (b.tma) prefill_wg<H, BK, ST, KILN_BS>(PF_ARGS, &g_kmap, &g_vmap);                               \
+		else prefill_wg<H, BK, ST>(PF_ARGS);                                                                \
+	}
+#else
 #define WG_CALL(H, BK, ST)                                                                                  \
 	if (hd == H && b.bk == BK && b.st == ST) prefill_wg<H, BK, ST>(PF_ARGS);
+#endif
 		WG_CALL(64, 64, 2) WG_CALL(64, 128, 2) WG_CALL(64, 64, 3) WG_CALL(128, 64, 2) WG_CALL(128, 128, 2) WG_CALL(128, 64, 3)
 		return true;
 	}
@@ -54,8 +71,9 @@ static const int variants = 3 + (int)(sizeof(wg_builds) / sizeof(wg_builds[0]));
 static const int variants = 3;
 #endif
 
-// wg_shared is prefill_wg's dynamic shared memory (wgShared in prefill.go).
-static unsigned wg_shared(int hd, int bk, int st) { return 1024 + 2 * 64 * hd * 2 + 2 * st * bk * hd * 2; }
+// wg_shared is prefill_wg's dynamic shared memory (wgShared in prefill.go),
+// the TMA builds' mbarriers too.
+static unsigned wg_shared(int hd, const WgBuild& b) { return 1024 + 2 * 64 * hd * 2 + 2 * b.st * b.bk * hd * 2 + (b.tma ? 16 * b.st : 0); }
 
 static double run(const Case& c, int v, unsigned seed) {
 	const int group = c.heads / c.kvHeads, hb = v == 0 ? 4 : v == 1 || v >= 3 ? 2 : 1;
@@ -78,7 +96,12 @@ static double run(const Case& c, int v, unsigned seed) {
 	float scale = 1.0f / sqrtf((float)c.hd);
 	g_after_wait = [](const void*) { return false; }; // launched plainly: no PDL
 	g_threads = 128 * (v == 0 || v >= 3 ? 2 : 1);
-	g_smem_limit = v >= 3 ? wg_shared(c.hd, wg_builds[v - 3].bk, wg_builds[v - 3].st) : 0;
+	g_smem_limit = v >= 3 ? wg_shared(c.hd, wg_builds[v - 3]) : 0;
+	const unsigned long long slots = (unsigned long long)pb.blocks * PagedBatch::bs, es = sizeof(KV);
+	g_kmap = KilnTensorMap{(const unsigned char*)pb.kc.data(), {(unsigned long long)c.hd, (unsigned long long)c.kvHeads, slots},
+	                       {c.hd * es, c.kvHeads * c.hd * es}, {64, 1, (unsigned)PagedBatch::bs}, (int)es, 128};
+	g_vmap = g_kmap;
+	g_vmap.base = (const unsigned char*)pb.vc.data();
 	const int blocks = (int)tok0.size() * c.heads / hb;
 	gridDim = dim3{(unsigned)blocks, 1, 1};
 	blockDim = dim3{(unsigned)g_threads, 1, 1};
@@ -94,7 +117,7 @@ static double run(const Case& c, int v, unsigned seed) {
 	double worst;
 	int bad = pb.check(out, scale, c.cap, &worst);
 	char build[64] = "mma";
-	if (v >= 3) snprintf(build, sizeof build, "wg %d keys %d slots", wg_builds[v - 3].bk, wg_builds[v - 3].st);
+	if (v >= 3) snprintf(build, sizeof build, "wg %d keys %d slots%s", wg_builds[v - 3].bk, wg_builds[v - 3].st, wg_builds[v - 3].tma ? " tma" : "");
 	printf("heads %d/%d hd %d window %d cap %g tokens %d tiles %d, %s, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads,
 	       c.hd, c.window, c.cap, Tn, (int)tok0.size(), build, hb, worst, bad);
 	fflush(stdout);

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
@@ -31,6 +32,7 @@ dim3 gridDim, blockDim;
 #define __shared__ static
 #define __align__(n) alignas(n)
 #define __launch_bounds__(...)
+#define __grid_constant__
 
 struct bf16 { unsigned short x; };
 struct f16 { unsigned short x; };
@@ -152,7 +154,18 @@ struct Barrier {
 // g_threads is the threads of a block (128 unless the driver sets another
 // count, up to 1024, before a launch).
 static int g_threads = 128;
+// Mbar is an emulated mbarrier: arrivals a phase, the phases completed, and
+// the current phase's arrivals, expected and issued TMA bytes, and its
+// copies (their bytes read at issue, landed when a wait completes the
+// phase: a read of the destination before its wait sees kPoison).
+struct TmaCopy { unsigned dst; std::vector<unsigned char> bytes; };
+struct Mbar {
+	int count = 1, phases = 0, arrived = 0;
+	long long expected = 0, issued = 0;
+	std::vector<TmaCopy> copies;
+};
 struct Block {
+	std::map<unsigned, Mbar> mbars; // by shared address
 	Barrier bar{g_threads};
 	Barrier wbar[32] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32},
 	                    {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
@@ -229,6 +242,12 @@ static void run_cluster(dim3 first, int n, const std::function<void()>& body) {
 			fprintf(stderr, "cp.async copies left pending\n");
 			abort();
 		}
+	for (auto* b : blocks)
+		for (auto& [a, m] : b->mbars)
+			if (!m.copies.empty()) {
+				fprintf(stderr, "TMA copies on the mbarrier at %u left pending\n", a);
+				abort();
+			}
 	for (auto* b : blocks) delete b;
 }
 static void run_block(dim3 idx, const std::function<void()>& body) { run_cluster(idx, 1, body); }
@@ -337,6 +356,93 @@ template <int N> static inline void cp_wait() {
 		} else keep.push_back(c);
 	}
 	g_cur->pending.swap(keep);
+}
+
+// ---- mbarriers and TMA (prefill_wg's TBS builds; wgmma.cu's versions are
+// the device's): KilnTensorMap is the emulation's tensor map, which the
+// driver fills as cu.Device.EncodeTiled describes it (3 dimensions,
+// innermost first; a box of rows of box[0] elements, swizzled in 128-byte
+// rows by the shared address's bits as the hardware does).
+struct KilnTensorMap {
+	const unsigned char* base;
+	unsigned long long dims[3], strides[2]; // strides in bytes, of dimensions 1 and 2
+	unsigned box[3];
+	int elem, swizzle;
+};
+static Mbar& mbar_at(unsigned bar) {
+	auto it = g_block->mbars.find(bar);
+	if (it == g_block->mbars.end()) {
+		fprintf(stderr, "no mbarrier at shared address %u\n", bar);
+		abort();
+	}
+	return it->second;
+}
+static inline void mbar_init(unsigned bar, int count) { g_block->mbars[bar] = Mbar{count}; }
+static inline void mbar_init_fence() {}
+static inline void mbar_expect(unsigned bar, unsigned bytes) {
+	Mbar& m = mbar_at(bar);
+	m.arrived++;
+	m.expected += bytes;
+}
+static inline void st_shared_zero16(unsigned a) { memset(cur_smem() + a, 0, 16); }
+static inline void tma_load_3d(unsigned dst, const KilnTensorMap* map, int c0, int c1, int c2, unsigned bar) {
+	const int row = (int)map->box[0] * map->elem, rows = (int)(map->box[1] * map->box[2]);
+	if (dst % 128 != 0 || (map->swizzle == 128 && row > 128)) {
+		fprintf(stderr, "TMA box to shared address %u (rows of %d bytes)\n", dst, row);
+		abort();
+	}
+	if (g_smem_limit && dst + (unsigned)(row * rows) > g_smem_limit) {
+		fprintf(stderr, "TMA box to shared memory byte %u past the kernel's %u\n", dst + row * rows, g_smem_limit);
+		abort();
+	}
+	TmaCopy c{dst, std::vector<unsigned char>((size_t)row * rows, 0)};
+	for (int z = 0; z < (int)map->box[2]; z++)
+		for (int y = 0; y < (int)map->box[1]; y++) {
+			const int r = z * (int)map->box[1] + y;
+			const unsigned long long gy = (unsigned long long)c1 + y, gz = (unsigned long long)c2 + z;
+			for (int x = 0; x < (int)map->box[0]; x++) {
+				const unsigned long long gx = (unsigned long long)c0 + x;
+				if (gx >= map->dims[0] || gy >= map->dims[1] || gz >= map->dims[2]) continue; // out of bounds: zeros
+				const unsigned char* src = map->base + gz * map->strides[1] + gy * map->strides[0] + gx * map->elem;
+				int b = x * map->elem; // its byte in the row, then swizzled by the row's address
+				const unsigned a = dst + (unsigned)(r * row);
+				if (map->swizzle == 128) b = ((b >> 4) ^ ((a >> 7) & 7)) << 4 | (b & 15);
+				memcpy(c.bytes.data() + (size_t)r * row + b, src, map->elem);
+			}
+		}
+	memset(cur_smem() + dst, kPoison, c.bytes.size());
+	Mbar& m = mbar_at(bar);
+	m.issued += (long long)c.bytes.size();
+	m.copies.push_back(std::move(c));
+}
+// mbar_wait returns once bar's phase of parity parity is complete: at once
+// for the phase before the current one; for the current one, once its
+// arrivals and expected bytes are all in (the others' turns meanwhile), when
+// its copies land.
+static inline void mbar_wait(unsigned bar, unsigned parity) {
+	for (long spins = 0;; spins++) {
+		Mbar& m = mbar_at(bar);
+		if ((unsigned)(m.phases & 1) != parity) return;
+		if (m.arrived == m.count && m.issued == m.expected) {
+			for (auto& c : m.copies) {
+				for (size_t i = 0; i < c.bytes.size(); i++)
+					if (cur_smem()[c.dst + i] != kPoison) {
+						fprintf(stderr, "shared memory byte %zu written while a TMA copy to it was in flight\n", c.dst + i);
+						abort();
+					}
+				memcpy(cur_smem() + c.dst, c.bytes.data(), c.bytes.size());
+			}
+			m.copies.clear();
+			m.phases++, m.arrived = 0, m.expected = m.issued = 0;
+			return;
+		}
+		if (m.issued > m.expected || spins > (1 << 20)) {
+			fprintf(stderr, "mbarrier at %u: %d of %d arrivals, %lld of %lld bytes: a phase that never completes\n", bar, m.arrived, m.count,
+			        m.issued, m.expected);
+			abort();
+		}
+		yield_turn();
+	}
 }
 static inline void pdl_enter() { g_cur->waited = true; }
 static inline void pdl_wait() { pdl_enter(); }

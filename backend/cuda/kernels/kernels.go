@@ -170,7 +170,7 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd, bs int) (*Kernels, error) 
 		return nil, err
 	}
 	k := &Kernels{D: d, Act: act, M: mods.mods[0], parts: mods, PDL: true, KVF8: kvF8, HeadDim: hd, BlockSize: bs, WG: wg,
-		sharedSet: map[string]int{}, maps: map[tensorMapKey]cu.TensorMap{}}
+		sharedSet: map[string]int{}}
 	if wg && bs > 0 {
 		for _, h := range []int{64, 128} {
 			if _, err := mods.holding(fmt.Sprintf("prefill_wgt_%d_128_2", h)); (hd == 0 || hd == h) && err == nil {

@@ -264,6 +264,9 @@ func (k *Kernels) cacheMaps(a Attn) (km, vm cu.TensorMap, err error) {
 			return m, fmt.Errorf("kernels: the KV cache's tensor map: %w", err)
 		}
 		k.mu.Lock()
+		if k.maps == nil {
+			k.maps = map[tensorMapKey]cu.TensorMap{}
+		}
 		k.maps[key] = m
 		k.mu.Unlock()
 		return m, nil

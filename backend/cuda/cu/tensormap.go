@@ -35,8 +35,8 @@ type TiledMap struct {
 	Swizzle int
 }
 
-// check reports what the driver would refuse in m, naming it.
-func (m TiledMap) check() error {
+// Check reports what the driver would refuse in m, naming it.
+func (m TiledMap) Check() error {
 	rank := len(m.Dims)
 	switch {
 	case m.Elem != 1 && m.Elem != 2 && m.Elem != 4:
@@ -82,7 +82,7 @@ func (m TiledMap) check() error {
 // and may be called from any goroutine.
 func (d *Device) EncodeTiled(m TiledMap) (TensorMap, error) {
 	var out TensorMap
-	if err := m.check(); err != nil {
+	if err := m.Check(); err != nil {
 		return out, err
 	}
 	if d.Major < 9 {

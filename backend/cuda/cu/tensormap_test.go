@@ -14,7 +14,7 @@ func TestTiledMapCheck(t *testing.T) {
 		return TiledMap{Elem: 2, Base: 0x10000, Dims: []uint64{128, 8, 4096}, Strides: []uint64{256, 2048},
 			Box: []uint32{64, 1, 16}, Swizzle: 128}
 	}
-	if err := kv().check(); err != nil {
+	if err := kv().Check(); err != nil {
 		t.Fatalf("the KV cache's map: %v", err)
 	}
 	for _, c := range []struct {
@@ -39,7 +39,7 @@ func TestTiledMapCheck(t *testing.T) {
 	} {
 		m := kv()
 		c.edit(&m)
-		err := m.check()
+		err := m.Check()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v", c.want, err)
 		}

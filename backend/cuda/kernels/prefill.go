@@ -237,6 +237,13 @@ func mmaHeads(group int) int {
 	return 1
 }
 
+// cacheTiledMap is the tensor map of a's cache at base in blocks of bs
+// tokens (cacheMaps).
+func cacheTiledMap(a Attn, base cu.Ptr, bs int) cu.TiledMap {
+	return cu.TiledMap{Elem: 2, Base: base, Dims: []uint64{uint64(a.HeadDim), uint64(a.KVHeads), uint64(a.CacheSlots)},
+		Strides: []uint64{uint64(2 * a.HeadDim), uint64(2 * a.HeadDim * a.KVHeads)}, Box: []uint32{64, 1, uint32(bs)}, Swizzle: 128}
+}
+
 // tensorMapKey names a cache's tensor map: its base, slots, kv heads and
 // head dim.
 type tensorMapKey struct {
@@ -258,8 +265,7 @@ func (k *Kernels) cacheMaps(a Attn) (km, vm cu.TensorMap, err error) {
 		if ok {
 			return m, nil
 		}
-		m, err := k.D.EncodeTiled(cu.TiledMap{Elem: 2, Base: base, Dims: []uint64{uint64(a.HeadDim), uint64(a.KVHeads), uint64(a.CacheSlots)},
-			Strides: []uint64{uint64(2 * a.HeadDim), uint64(2 * a.HeadDim * a.KVHeads)}, Box: []uint32{64, 1, uint32(k.BlockSize)}, Swizzle: 128})
+		m, err := k.D.EncodeTiled(cacheTiledMap(a, base, k.BlockSize))
 		if err != nil {
 			return m, fmt.Errorf("kernels: the KV cache's tensor map: %w", err)
 		}

@@ -91,3 +91,19 @@ func TestCheckAttnBlockSize(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheTiledMap (no GPU): the TMA builds' tensor maps of the caches
+// pass the driver's rules (cu.TiledMap.Check) at both head dims, every
+// block size the builds take, one kv head and eight.
+func TestCacheTiledMap(t *testing.T) {
+	for _, hd := range []int{64, 128} {
+		for _, bs := range []int{8, 16, 32, 64} {
+			for _, kvHeads := range []int{1, 8} {
+				a := Attn{HeadDim: hd, KVHeads: kvHeads, Heads: 4 * kvHeads, CacheSlots: 100 * bs}
+				if err := cacheTiledMap(a, 0x7f0000000000, bs).Check(); err != nil {
+					t.Errorf("head dim %d, blocks of %d, %d kv heads: %v", hd, bs, kvHeads, err)
+				}
+			}
+		}
+	}
+}

@@ -139,6 +139,9 @@ func Compile(g *ir.Graph, t Target, opts Options) (*Compiled, error) {
 	if err := g.Verify(); err != nil {
 		return nil, fmt.Errorf("compile: input graph: %w", err)
 	}
+	if opts.KVBlockSize < 0 {
+		return nil, fmt.Errorf("compile: KV-cache block size %d", opts.KVBlockSize)
+	}
 	if opts.After != nil {
 		opts.After("input", g)
 	}
@@ -183,9 +186,6 @@ func Compile(g *ir.Graph, t Target, opts Options) (*Compiled, error) {
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("compile: backend %s does not implement %s", t.Name(), strings.Join(missing, ", "))
-	}
-	if opts.KVBlockSize < 0 {
-		return nil, fmt.Errorf("compile: KV-cache block size %d", opts.KVBlockSize)
 	}
 	return &Compiled{Graph: g, Target: t, KVBlockSize: opts.KVBlockSize, plans: map[Bucket]*Plan{}}, nil
 }

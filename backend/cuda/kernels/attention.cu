@@ -44,6 +44,14 @@ __device__ __forceinline__ int kv_page(int j, int bs) {
 #endif
 }
 
+// kv_slot is the cache slot of key j (≥ 0) of a sequence whose block table
+// gives blk for j's page (bt[seqOff + kv_page(j, bs)]); an int, as
+// NewKVCache keeps a layer's slots (times kv heads) within one.
+__device__ __forceinline__ int kv_slot(int blk, int j, int bs) {
+	bs = kv_bs(bs);
+	return blk * bs + (j - kv_page(j, bs) * bs);
+}
+
 // kv_row is the element offset of key j's row for kv head kvh in the cache.
 // Built for blocks of a power of two tokens (KILN_BS), the slot is a shift
 // and a mask and the slot's row index is 32-bit arithmetic (NewKVCache keeps
@@ -56,9 +64,7 @@ __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, i
 		return (long long)(slot * kvHeads + kvh) * hd;
 	}
 #endif
-	bs = kv_bs(bs);
-	const int b = kv_page(j, bs);
-	long long slot = (long long)bt[seqOff + b] * bs + (j - b * bs);
+	const long long slot = kv_slot(bt[seqOff + kv_page(j, bs)], j, bs);
 	return (slot * kvHeads + kvh) * hd;
 }
 
@@ -368,9 +374,8 @@ __device__ void decode_impl(const T* q, const T* kc, const T* vc, T* out, float*
 	}
 	int seqOff = seqBlockOff[seqIndex[t]];
 	if (tid < nk) {
-		int kp = k0 + tid;
-		const int b = kv_page(kp, bs);
-		slots[tid] = bt[seqOff + b] * bs + (kp - b * bs);
+		const int kp = k0 + tid;
+		slots[tid] = kv_slot(bt[seqOff + kv_page(kp, bs)], kp, bs);
 	}
 	// Keys before the first of this step's positions of the sequence were
 	// written by earlier steps: their K and V loads start before the wait

@@ -133,7 +133,7 @@ __device__ __forceinline__ int dm_bt(const int* bt, int seqOff, int bs, int k0, 
 	return kk < nk ? bt[seqOff + kv_page(k0 + kk, bs)] : -1;
 }
 __device__ __forceinline__ int dm_rowof(int b, int bs, int kvHeads, int kvh, int k0, int kk) {
-	return b < 0 ? -1 : (b * bs + (k0 + kk) - kv_page(k0 + kk, bs) * bs) * kvHeads + kvh;
+	return b < 0 ? -1 : kv_slot(b, k0 + kk, bs) * kvHeads + kvh;
 }
 
 // dm_load_tab copies stage n's K and V rows into ring slot n % ST as

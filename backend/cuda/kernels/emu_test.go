@@ -528,7 +528,7 @@ func prefillEmuSource(t *testing.T, defines string) string {
 
 // emuPreamble writes what both emulated attention kernels start from: the
 // prelude, the defines, the cache's element type (kernels.cu's KV, with
-// e4m3x2), kv_bs, kv_page, kv_row and softcap_l2.
+// e4m3x2), kv_bs, kv_page, kv_slot, kv_row and softcap_l2.
 func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	t.Helper()
 	b.WriteString(readEmu(t, "prelude.h"))
@@ -537,6 +537,7 @@ func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	b.WriteString(cBetween(t, common, "#ifdef KV_F8\nstruct e4m3", "#endif\n"))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_bs("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_page("))
+	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_slot("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ float softcap_l2("))
 }

@@ -173,8 +173,9 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd, bs int) (*Kernels, error) 
 		sharedSet: map[string]int{}}
 	if wg && bs > 0 {
 		for _, h := range []int{64, 128} {
-			if _, err := mods.holding(fmt.Sprintf("prefill_wgt_%d_128_2", h)); (hd == 0 || hd == h) && err == nil {
-				k.TMA = true
+			if hd == 0 || hd == h {
+				_, err := mods.holding(fmt.Sprintf("prefill_wgt_%d_128_2", h))
+				k.TMA = k.TMA || err == nil
 			}
 		}
 	}

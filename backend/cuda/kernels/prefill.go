@@ -40,7 +40,8 @@ func (k *Kernels) PrefillVariants(a Attn) []string {
 	if k.wgOK(a) {
 		// After mma.sync's first build: the model's race, which checks
 		// each build against the first on its operands, takes them where
-		// they are faster (not yet checked inside a model's step on a GPU).
+		// they are faster (the plain builds ran in the model's tests on
+		// the H200 in session 45; the TMA builds not yet on a GPU).
 		at := 1
 		for _, b := range wgBuilds {
 			if !b.tma || k.tmaOK(a) {
@@ -95,9 +96,10 @@ func (b wgBuild) shared(hd int) int {
 	return n
 }
 
-// wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS), the
-// fastest first in BenchmarkPrefillAttention on an H200 (docs/PERF.md,
-// session 44); the TMA builds (WGT_KERNEL) where the module holds them.
+// wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS): the TMA
+// builds (WGT_KERNEL, offered where the module holds them; not yet
+// measured), then the plain ones, the faster first in
+// BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44 and 45).
 var wgBuilds = []wgBuild{{"wgt128", 128, 2, true}, {"wgt", 64, 2, true}, {"wg128", 128, 2, false}, {"wg", 64, 2, false}}
 
 // PrefillAttentionWith is PrefillAttention on build variant of

@@ -111,7 +111,7 @@ __device__ __forceinline__ void wg_issue_tma(int n, int nblk, unsigned sK, unsig
 #define WG_ROUND(n)                                                                                                   \
 	do {                                                                                                              \
 		if constexpr (TBS > 0)                                                                                        \
-			wg_issue_tma<HD, BK, ST, (TBS > 0 ? TBS : 1)>(n, nblk, sK, sV, sBar, kmap, vmap, kLo, kHi, bt, seqOff, kvh, tid); \
+			wg_issue_tma<HD, BK, ST, TBS>(n, nblk, sK, sV, sBar, kmap, vmap, kLo, kHi, bt, seqOff, kvh, tid);          \
 		else                                                                                                          \
 			wg_issue<HD, BK, ST, NTH>(n, nblk, sK, sV, kc, vc, kLo, kHi, bt, seqOff, bs, kvHeads, kvh, tid);          \
 	} while (0)
@@ -279,7 +279,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
 	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
 	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
-	const int kLo = TBS > 0 ? tk.lo - tk.lo % (TBS > 0 ? TBS : 1) : tk.lo, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
+	const int kLo = tk.lo - tk.lo % (TBS > 0 ? TBS : 1), kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
 	const int nblk = (kHi - kLo) / BK + 1;
 	if constexpr (TBS > 0) {
 		if (tid == 0) {
@@ -374,6 +374,9 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
 	}
 }
+
+#undef WG_ROUND
+#undef WG_LANDED
 
 static_assert(PF_BQ == 64, "prefill_wg: a tile's tokens are a warpgroup's 64 rows");
 // prefill_wg_<HD>_<BK>_<ST>: one block a multiprocessor (up to 255

@@ -23,8 +23,10 @@ fi
 # The kernels' tests and benchmarks; again with the experiment's NVRTC
 # options where XOPTS is given (env.sh's experiment: e.g.
 # XOPTS=-DKV_ROW_DIV=1, kv_page's division back in every attention kernel).
+# XONLY=1: only the experiment's run.
 for x in "" x; do
 	[ -z "$x" ] || [ -n "${XOPTS:-}" ] || continue
+	[ -n "$x" ] || [ -z "${XONLY:-}" ] || continue
 	(
 		[ -z "$x" ] || experiment x
 		kernels_test wg-ktests$x -test.run "${WG_TESTS:-TestPrefillAttention\$|TestKernelResources}"

@@ -96,5 +96,8 @@ func (d *Device) EncodeTiled(m TiledMap) (TensorMap, error) {
 	for i := range ones {
 		ones[i] = 1
 	}
-	return out, drvTensorMapEncodeTiled(&out, dtype, m, ones, swizzle)
+	// The driver checks the address against the current context: the call
+	// runs on the device's thread, as every other driver call does.
+	err := d.Do(func() error { return drvTensorMapEncodeTiled(&out, dtype, m, ones, swizzle) })
+	return out, err
 }

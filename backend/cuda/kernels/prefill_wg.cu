@@ -84,11 +84,18 @@ __device__ __forceinline__ void wg_tma(unsigned base, unsigned bar, const KilnTe
 	constexpr int KR = BK * 128, PAGES = BK / BS;
 	const int left = (kHi - kb) / BS + 1, np = left < PAGES ? left : PAGES;
 	mbar_expect(bar, (unsigned)(np * (HD / 64) * BS * 128));
+	// The blocks' table entries first, all loads in flight at once (each
+	// copy's asm is a memory barrier to the compiler: a load after one
+	// would wait for the load before it).
 	const int* pt = bt + seqOff + kb / BS;
-	for (int pg = 0; pg < np; pg++) {
-		const int slot = pt[pg] * BS;
+	int slot[PAGES];
 #pragma unroll
-		for (int h = 0; h < HD / 64; h++) tma_load_3d(base + h * KR + pg * BS * 128, map, h * 64, kvh, slot, bar);
+	for (int pg = 0; pg < PAGES; pg++) slot[pg] = pg < np ? pt[pg] * BS : 0;
+#pragma unroll
+	for (int pg = 0; pg < PAGES; pg++) {
+		if (pg >= np) break;
+#pragma unroll
+		for (int h = 0; h < HD / 64; h++) tma_load_3d(base + h * KR + pg * BS * 128, map, h * 64, kvh, slot[pg], bar);
 	}
 }
 

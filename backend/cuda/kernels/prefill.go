@@ -41,7 +41,8 @@ func (k *Kernels) PrefillVariants(a Attn) []string {
 		// After mma.sync's first build: the model's race, which checks
 		// each build against the first on its operands, takes them where
 		// they are faster (the plain builds ran in the model's tests on
-		// the H200 in session 45; the TMA builds not yet on a GPU).
+		// the H200 in sessions 45 and 46, the TMA builds in the kernels'
+		// tests in session 46).
 		at := 1
 		for _, b := range wgBuilds {
 			if !b.tma || k.tmaOK(a) {
@@ -97,9 +98,10 @@ func (b wgBuild) shared(hd int) int {
 }
 
 // wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS): the TMA
-// builds (WGT_KERNEL, offered where the module holds them; not yet
-// measured), then the plain ones, the faster first in
-// BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44 and 45).
+// builds (WGT_KERNEL, offered where the module holds them: 1.02-1.03x the
+// plain ones on an H200 in session 46), then the plain ones, the faster
+// first in BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44
+// to 46).
 var wgBuilds = []wgBuild{{"wgt128", 128, 2, true}, {"wgt", 64, 2, true}, {"wg128", 128, 2, false}, {"wg", 64, 2, false}}
 
 // PrefillAttentionWith is PrefillAttention on build variant of

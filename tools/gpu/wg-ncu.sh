@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on one H100/H200 after `tools/gpu/build.sh ./backend/cuda/kernels`
+# here (session 46): Nsight Compute's full sections on the wgmma prefill
+# attention (BenchmarkPrefillAttention's full 4,096-token case, 32/8 heads
+# × 128, bf16), one launch of each build in BUILDS (default: the plain
+# `wg128` and the TMA `wgt128`, the module built with -DWG_TMA): where its
+# warps stall, how busy the tensor pipe is, what shared memory and L2 carry.
+# Logs in logs.tgz.
+#   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/wg-ncu.sh", carry [".devpack"]
+source "$(dirname "$0")/env.sh"
+[ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
+t0=$(date +%s)
+export KILN_NVRTC_OPTIONS=-DWG_TMA=1
+bin=$PWD/.devbin/backend_cuda_kernels.test
+for b in ${BUILDS:-wg128 wgt128}; do
+	kern=prefill_wg_128_128_2
+	[ "$b" = wgt128 ] && kern=prefill_wgt_128_128_2
+	(cd backend/cuda/kernels && timeout 240 "$ncu" --clock-control none --set full -k "regex:^$kern\$" -c 1 \
+		"$bin" -test.count=1 -test.run '^$' -test.bench "PrefillAttention/${CASE:-full4096}/$b\$" -test.benchtime 1x) >"$out/ncu-$b.txt" 2>&1
+	echo "$b ncu: rc=$? at $(($(date +%s) - t0)) s"
+	grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|No Eligible|One or More Eligible|Stall|stall|Tensor|tensor|pipe|Pipe|Shared Memory|Bank' "$out/ncu-$b.txt" | head -${LINES_MAX:-60}
+done
+pack_out logs.tgz

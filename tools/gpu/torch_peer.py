@@ -2,7 +2,7 @@
 the GPU machine: the same shape with random bf16 weights, measured the same
 way (median of reps after a warm-up), printed as one JSON object.
 
-    python3 tools/gpu/torch_peer.py [--depth 512] [--tg 128] [--batch 1,16,64,256] [--pp 2048] [--compile]
+    python3 tools/gpu/torch_peer.py [--depth 512] [--tg 128] [--batch 1,16,64,256] [--pp 2048] [--compile] [--attention-only]
 
 Figures: device-to-device copy bandwidth (bytes read + written per second), a
 large bf16 GEMM's TFLOP/s, prefill tokens/s of one pp-token prompt, and
@@ -91,22 +91,41 @@ def decode_rate(model, vocab, batch, depth, tg, reps):
     return batch * tg / statistics.median(times)
 
 
+def sdpa_backends(q, k, v, causal, flops):
+    """The TFLOP/s of each of PyTorch's SDPA backends that takes these
+    operands (flash, cuDNN, memory-efficient), each forced alone; a backend
+    that refuses them is left out."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    res = {}
+    for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel(b):
+                t = event_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+            res[b.name] = flops / t / 1e12
+        except RuntimeError:
+            continue
+    return res
+
+
 def attention_alone():
     """PyTorch's scaled_dot_product_attention on the shapes of kiln's kernel
     benchmarks (backend/cuda/kernels): prefill of 4096 tokens, 32 query and 8
-    KV heads of 128 (GQA), causal and not, in model TFLOP/s (4·T·T·d·heads,
-    halved when causal); decode of one token over 512 and 4096 cached tokens,
-    in GB/s of K and V read."""
+    KV heads of 128 (GQA), causal and not, and of 2048 causal (the model's
+    prefill), in model TFLOP/s (4·T·T·d·heads, halved when causal); decode
+    of one token over 512 and 4096 cached tokens, in GB/s of K and V read.
+    Each prefill also by each backend forced alone (sdpa_backends)."""
     import torch.nn.functional as F
     res = {}
-    T, H, KV, D = 4096, 32, 8, 128
-    q = torch.randn(1, H, T, D, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(1, KV, T, D, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(1, KV, T, D, dtype=torch.bfloat16, device="cuda")
-    for causal in (True, False):
+    H, KV, D = 32, 8, 128
+    for T, causal, name in ((4096, True, "prefill_causal"), (4096, False, "prefill_full"), (2048, True, "prefill_causal2048")):
+        q = torch.randn(1, H, T, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(1, KV, T, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(1, KV, T, D, dtype=torch.bfloat16, device="cuda")
         t = event_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
         flops = 4 * T * T * D * H / (2 if causal else 1)
-        res["prefill_causal" if causal else "prefill_full"] = {"tokens": T, "ms": t * 1e3, "tflops": flops / t / 1e12}
+        res[name] = {"tokens": T, "ms": t * 1e3, "tflops": flops / t / 1e12,
+                     "backends_tflops": sdpa_backends(q, k, v, causal, flops)}
     for ctx in (512, 4096):
         q1 = torch.randn(1, H, 1, D, dtype=torch.bfloat16, device="cuda")
         kc = torch.randn(1, KV, ctx, D, dtype=torch.bfloat16, device="cuda")
@@ -126,6 +145,7 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--llama31", action="store_true", help="Llama 3.1's 131,072 positions by llama3 RoPE scaling")
+    ap.add_argument("--attention-only", action="store_true", help="PyTorch's attention alone (attention_alone), then stop")
     a = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     import transformers
@@ -146,6 +166,9 @@ def main():
     del x, y
 
     out["attention"] = attention_alone()
+    if a.attention_only:
+        print(json.dumps(out, indent=1))
+        return
 
     shape = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=a.layers,
                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)

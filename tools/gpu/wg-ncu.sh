@@ -5,11 +5,19 @@
 # × 128, bf16), one launch of each build in BUILDS (default: the plain
 # `wg128` and the TMA `wgt128`, the module built with -DWG_TMA): where its
 # warps stall, how busy the tensor pipe is, what shared memory and L2 carry.
+# First PyTorch's attention on the same shapes, each SDPA backend alone
+# (tools/gpu/torch_peer.py --attention-only: the peer in the same call).
 # Logs in logs.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/wg-ncu.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
 t0=$(date +%s)
+timeout 120 python3 tools/gpu/torch_peer.py --attention-only >"$out/torch-attn.json" 2>"$out/torch-attn.log"
+echo "torch peer: rc=$? at $(($(date +%s) - t0)) s"
+python3 -c 'import json, sys
+a = json.load(open(sys.argv[1]))["attention"]
+for k, v in a.items():
+    print(k, {n: round(x, 1) if isinstance(x, float) else x for n, x in v.items()})' "$out/torch-attn.json"
 export KILN_NVRTC_OPTIONS=-DWG_TMA=1
 bin=$PWD/.devbin/backend_cuda_kernels.test
 for b in ${BUILDS:-wg128 wgt128}; do

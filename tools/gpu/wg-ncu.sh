@@ -3,8 +3,9 @@
 # here (session 46): Nsight Compute's full sections on the wgmma prefill
 # attention (BenchmarkPrefillAttention's full 4,096-token case, 32/8 heads
 # × 128, bf16), one launch of each build in BUILDS (default: the plain
-# `wg128` and the TMA `wgt128`, the module built with -DWG_TMA): where its
-# warps stall, how busy the tensor pipe is, what shared memory and L2 carry.
+# `wg128`, the TMA `wgt128` and the ping-pong `wgp128`, the module built
+# with -DWG_TMA): where its warps stall, how busy the tensor pipe is, what
+# shared memory and L2 carry.
 # First PyTorch's attention on the same shapes, each SDPA backend alone
 # (tools/gpu/torch_peer.py --attention-only: the peer in the same call).
 # Logs in logs.tgz.
@@ -20,9 +21,12 @@ for k, v in a.items():
     print(k, {n: round(x, 1) if isinstance(x, float) else x for n, x in v.items()})' "$out/torch-attn.json"
 export KILN_NVRTC_OPTIONS=-DWG_TMA=1
 bin=$PWD/.devbin/backend_cuda_kernels.test
-for b in ${BUILDS:-wg128 wgt128}; do
-	kern=prefill_wg_128_128_2
-	[ "$b" = wgt128 ] && kern=prefill_wgt_128_128_2
+for b in ${BUILDS:-wg128 wgt128 wgp128}; do
+	case $b in
+	wgt128) kern=prefill_wgt_128_128_2 ;;
+	wgp128) kern=prefill_wgp_128_128_3 ;;
+	*) kern=prefill_wg_128_128_2 ;;
+	esac
 	(cd backend/cuda/kernels && timeout 240 "$ncu" --clock-control none --set full -k "regex:^$kern\$" -c 1 \
 		"$bin" -test.count=1 -test.run '^$' -test.bench "PrefillAttention/${CASE:-full4096}/$b\$" -test.benchtime 1x) >"$out/ncu-$b.txt" 2>&1
 	echo "$b ncu: rc=$? at $(($(date +%s) - t0)) s"

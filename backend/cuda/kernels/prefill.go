@@ -72,37 +72,47 @@ func (k *Kernels) tmaOK(a Attn) bool { return k.TMA && k.wgOK(a) && a.CacheSlots
 func wgShared(hd, bk, st int) int { return 1024 + 2*PrefillTile*hd*2 + 2*st*bk*hd*2 }
 
 // wgBuild is a build of prefill_wg: its variant name, keys a stage, slots
-// of K and of V, and whether K and V come by TMA (prefill_wgt_…).
+// of K and of V, whether K and V come by TMA (prefill_wgt_…), and whether
+// its warpgroups run in ping-pong (prefill_wgp_…, TMA too).
 type wgBuild struct {
 	variant    string
 	bk, stages int
-	tma        bool
+	tma, pp    bool
 }
 
 // kernel is the build's kernel at head dim hd.
 func (b wgBuild) kernel(hd int) string {
-	if b.tma {
+	switch {
+	case b.pp:
+		return fmt.Sprintf("prefill_wgp_%d_%d_%d", hd, b.bk, b.stages)
+	case b.tma:
 		return fmt.Sprintf("prefill_wgt_%d_%d_%d", hd, b.bk, b.stages)
 	}
 	return fmt.Sprintf("prefill_wg_%d_%d_%d", hd, b.bk, b.stages)
 }
 
 // shared is the build's dynamic shared memory at head dim hd: wgShared's,
-// and the TMA builds' mbarriers (8 bytes for each slot of K and of V).
+// and the TMA builds' mbarriers (8 bytes for each slot of K and of V; the
+// ping-pong build's as many again, the slots' releases).
 func (b wgBuild) shared(hd int) int {
 	n := wgShared(hd, b.bk, b.stages)
 	if b.tma {
+		n += 16 * b.stages
+	}
+	if b.pp {
 		n += 16 * b.stages
 	}
 	return n
 }
 
 // wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS): the TMA
-// builds (WGT_KERNEL, offered where the module holds them: 1.02-1.03x the
-// plain ones on an H200 in session 46), then the plain ones, the faster
+// builds (offered where the module holds them): the ping-pong one
+// (WGP_KERNEL, not yet run on a GPU), then WGT_KERNEL's (1.02-1.03x the
+// plain ones on an H200 in session 46); then the plain ones, the faster
 // first in BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44
 // to 46).
-var wgBuilds = []wgBuild{{"wgt128", 128, 2, true}, {"wgt", 64, 2, true}, {"wg128", 128, 2, false}, {"wg", 64, 2, false}}
+var wgBuilds = []wgBuild{{"wgp128", 128, 3, true, true}, {"wgt128", 128, 2, true, false}, {"wgt", 64, 2, true, false},
+	{"wg128", 128, 2, false, false}, {"wg", 64, 2, false, false}}
 
 // PrefillAttentionWith is PrefillAttention on build variant of
 // PrefillVariants.

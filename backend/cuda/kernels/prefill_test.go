@@ -32,7 +32,7 @@ func TestPrefillVariants(t *testing.T) {
 		{"hopper, group 4, hd 128", &Kernels{Act: cu.BF16, WG: true}, at(32, 8, 128, false), []string{"mma", "wg128", "wg", "mma2", "mma1"}},
 		{"hopper, group 2, hd 64", &Kernels{Act: cu.F16, WG: true}, at(8, 4, 64, false), []string{"mma", "wg128", "wg", "mma1"}},
 		{"hopper, TMA, group 4", &Kernels{Act: cu.BF16, WG: true, TMA: true}, at(32, 8, 128, false),
-			[]string{"mma", "wgt128", "wgt", "wg128", "wg", "mma2", "mma1"}},
+			[]string{"mma", "wgp128", "wgt128", "wgt", "wg128", "wg", "mma2", "mma1"}},
 		{"hopper, TMA, caches' size unknown", &Kernels{Act: cu.BF16, WG: true, TMA: true}, noSlots, []string{"mma", "wg128", "wg", "mma2", "mma1"}},
 		{"hopper, TMA, FP8 cache", &Kernels{Act: cu.BF16, WG: true, TMA: true, KVF8: true}, at(32, 8, 128, true), []string{"mma", "mma2", "mma1"}},
 		{"hopper, group 1", &Kernels{Act: cu.BF16, WG: true}, at(8, 8, 128, false), []string{"mma"}},
@@ -59,8 +59,13 @@ func TestWGShared(t *testing.T) {
 	if got, want := wgShared(128, 128, 2), 164864; got != want { // 1 KiB + 32 KiB of Q + 128 KiB of K and V
 		t.Errorf("wgShared(128, 128, 2) = %d, want %d", got, want)
 	}
-	if got, want := (wgBuild{"wgt128", 128, 2, true}).shared(128), 164864+32; got != want {
+	if got, want := (wgBuild{"wgt128", 128, 2, true, false}).shared(128), 164864+32; got != want {
 		t.Errorf("the TMA build's shared memory %d, want %d", got, want)
+	}
+	// 1 KiB + 32 KiB of Q + 192 KiB of K and V in three slots each, 96
+	// bytes of mbarriers.
+	if got, want := (wgBuild{"wgp128", 128, 3, true, true}).shared(128), 1024+32768+196608+96; got != want {
+		t.Errorf("the ping-pong build's shared memory %d, want %d", got, want)
 	}
 	for _, b := range wgBuilds {
 		for _, hd := range []int{64, 128} {

@@ -385,6 +385,170 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 #undef WG_ROUND
 #undef WG_LANDED
 
+// wgp_round is prefill_wgp's round n of copies (thread 0 alone): K_{n+1}
+// and V_n, those of the nblk stages that exist, by TMA (wg_tma), each into
+// its slot once every warp has released the slot's use before (stage j −
+// ST: K_j's slot on the mbarrier at sEmpty + 8·(j mod ST), V_j's at sEmpty +
+// 8·(ST + j mod ST)); they complete on sFull's likewise.
+template <int HD, int BK, int ST, int BS>
+__device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned sV, unsigned sFull, unsigned sEmpty,
+                                          const KilnTensorMap* km, const KilnTensorMap* vm, int kLo, int kHi, const int* bt, int seqOff,
+                                          int kvh) {
+	constexpr int SLOT = HD / 64 * BK * 128;
+	const int jk = n + 1, jv = n;
+	if (jk < nblk) {
+		if (jk >= ST) mbar_wait(sEmpty + 8 * (jk % ST), (jk / ST - 1) & 1);
+		wg_tma<HD, BK, BS>(sK + (jk % ST) * SLOT, sFull + 8 * (jk % ST), km, kLo + jk * BK, kHi, bt, seqOff, kvh);
+	}
+	if (jv >= 0 && jv < nblk) {
+		if (jv >= ST) mbar_wait(sEmpty + 8 * (ST + jv % ST), (jv / ST - 1) & 1);
+		wg_tma<HD, BK, BS>(sV + (jv % ST) * SLOT, sFull + 8 * (ST + jv % ST), vm, kLo + jv * BK, kHi, bt, seqOff, kvh);
+	}
+}
+
+// prefill_wgp is prefill_wg's TMA build (blocks of BS tokens) with its two
+// warpgroups in ping-pong (FlashAttention 3's schedule; an experiment,
+// WG_TMA): no barrier of the whole block a stage. Each warpgroup issues a
+// stage's wgmma (S_n, then P_{n−1}·V_{n−1}) only after the other has issued
+// its own (named barriers 1 and 2: a warpgroup waits at its own, then
+// arrives at the other's; warpgroup 1 arrives once first), so that one's
+// softmax runs under the other's multiplies. The rings have ST = 3 slots
+// and round n (thread 0, at its stage n) copies K_{n+1} and V_n: a slot is
+// refilled with the use three stages on, which the warpgroup behind has
+// released (each warp arrives on the slot's empty mbarrier once its wgmma
+// that read it are done: 8 arrivals a phase). Dynamic shared memory:
+// wgShared's, then 2·ST mbarriers of copies done and 2·ST of slots released
+// (32·ST bytes).
+template <int HD, int BK, int BS>
+__device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap, const KilnTensorMap* vmap) {
+	static_assert((HD == 64 || HD == 128) && BK == 128, "prefill_wgp shape");
+	static_assert(BS >= 8 && BK % BS == 0 && (BS & (BS - 1)) == 0, "prefill_wgp: TMA over blocks of 8 to BK tokens");
+	static_assert(!kv_f8, "prefill_wgp: an FP8 cache takes prefill_fa");
+	constexpr int ST = 3, NH = 2, NTH = 128 * NH;
+	constexpr int HR = HD / 64, CH = HD / 8, QR = 64 * 128, KR = BK * 128, SLOT = HR * KR, PK = BK / 16;
+	constexpr bool PSPLIT = act_is_f16<T>::v;
+	const unsigned sb = (smem_addr(pf_smem) + 1023u) & ~1023u;
+	const unsigned sQ = sb, sK = sb + NH * HR * QR, sV = sK + ST * SLOT;
+	const unsigned sFull = sV + ST * SLOT, sEmpty = sFull + 16 * ST;
+
+	const int hg = heads / NH;
+	const int bid = blockIdx.x;
+	const int tile = (int)gridDim.x / hg - 1 - bid / hg;
+	const int h0 = (bid % hg) * NH;
+	const int tok0 = tileTok0[tile], cnt = tileCnt[tile];
+	const int seqOff = seqBlockOff[seqIndex[tok0]];
+	const int kvh = h0 / (heads / kvHeads);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+	const int wg = warp >> 2, hw = h0 + wg;
+	const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8;
+	const bool v0 = r0 < cnt, v1 = r1 < cnt;
+	const unsigned qw = sQ + wg * HR * QR;
+
+	for (int i = tid; i < NH * 64 * CH; i += NTH) {
+		const int c = i % CH, r = (i / CH) % 64, h = i / (CH * 64);
+		const bool in = r < cnt;
+		const T* src = in ? q + ((long long)(tok0 + r) * heads + h0 + h) * HD + c * 8 : q;
+		cp16(sQ + (h * HR + c / 8) * QR + sw128(r, c % 8), src, in);
+	}
+	cp_commit();
+	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
+	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
+	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
+	const int kLo = tk.lo - tk.lo % BS, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
+	const int nblk = (kHi - kLo) / BK + 1;
+	if (tid == 0) {
+		for (int i = 0; i < 4 * ST; i++) mbar_init(sFull + 8 * i, i < 2 * ST ? 1 : 8);
+		mbar_init_fence();
+		wgp_round<HD, BK, ST, BS>(-1, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_0
+	}
+	cp_wait<0>();       // Q (this thread's copies)
+	fence_async_smem(); // visible to wgmma
+	__syncthreads();    // every thread's, and the barriers initialized
+
+	float o[HD / 2], s[BK / 2];
+#pragma unroll
+	for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+	float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, c0, c1;
+	unsigned p[PK][4], pl[PK][PSPLIT ? 4 : 1];
+	const float sl2 = scale * LOG2E;
+	const WgRows rows{lo0, p0, lo1, p1, fLo, fHi, tq, sl2, cap};
+	const int mine = 1 + wg, other = 2 - wg; // the warpgroups' named barriers
+
+	if (wg == 1) named_arrive(1, NTH); // warpgroup 0 issues first
+	// Stage 0: S_0 alone.
+	if (tid == 0) wgp_round<HD, BK, ST, BS>(0, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
+	mbar_wait(sFull, 0); // K_0
+	named_sync(mine, NTH);
+	wg_fence();
+	wg_s<HD, BK>(s, qw, sK);
+	wg_commit();
+	named_arrive(other, NTH);
+	wg_wait0();
+	if (lane == 0) mbar_arrive(sEmpty); // K_0's slot
+	wg_hold(s, BK / 2);
+	wg_softmax<BK>(s, kLo, rows, m0, m1, l0, l1, c0, c1);
+	wg_pack(s, p, pl);
+	for (int n = 1; n < nblk; n++) {
+		const int kb = kLo + n * BK;
+		if (tid == 0) wgp_round<HD, BK, ST, BS>(n, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
+		mbar_wait(sFull + 8 * (n % ST), (n / ST) & 1);                  // K_n
+		mbar_wait(sFull + 8 * (ST + (n - 1) % ST), ((n - 1) / ST) & 1); // V_{n−1}
+		named_sync(mine, NTH);
+		wg_fence();
+		wg_s<HD, BK>(s, qw, sK + (n % ST) * SLOT);
+		wg_commit();
+		wg_pv<HD>(o, p, pl, sV + ((n - 1) % ST) * SLOT, KR);
+		wg_commit();
+		named_arrive(other, NTH);
+		wg_wait<1>(); // S_n is done
+		if (lane == 0) mbar_arrive(sEmpty + 8 * (n % ST));
+		wg_hold(s, BK / 2);
+		wg_softmax<BK>(s, kb, rows, m0, m1, l0, l1, c0, c1);
+		wg_wait0(); // P_{n−1}·V_{n−1} is done
+		if (lane == 0) mbar_arrive(sEmpty + 8 * (ST + (n - 1) % ST));
+		wg_hold(o, HD / 2);
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) {
+			o[4 * j] *= c0;
+			o[4 * j + 1] *= c0;
+			o[4 * j + 2] *= c1;
+			o[4 * j + 3] *= c1;
+		}
+		wg_pack(s, p, pl);
+	}
+	// The last stage's P·V, its V rows past kHi zeroed first (by every
+	// thread: both warpgroups read them).
+	const int last = nblk - 1, from = kHi - (kLo + last * BK) + 1;
+	mbar_wait(sFull + 8 * (ST + last % ST), (last / ST) & 1);
+	const unsigned vs = sV + (last % ST) * SLOT;
+	for (int i = from * 8 + tid; i < BK * 8; i += NTH)
+#pragma unroll
+		for (int h = 0; h < HR; h++) st_shared_zero16(vs + h * KR + i * 16);
+	fence_async_smem();
+	__syncthreads();
+	named_sync(mine, NTH);
+	wg_fence();
+	wg_pv<HD>(o, p, pl, vs, KR);
+	wg_commit();
+	if (wg == 0) named_arrive(other, NTH); // warpgroup 1's last wait; warpgroup 0 waits no more
+	wg_wait0();
+	wg_hold(o, HD / 2);
+
+	const float t0 = quad_sum(l0), t1 = quad_sum(l1);
+	if (v0) {
+		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r0) * heads + hw) * HD + 2 * tq);
+		const float inv = 1.0f / t0;
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j] * inv, o[4 * j + 1] * inv);
+	}
+	if (v1) {
+		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r1) * heads + hw) * HD + 2 * tq);
+		const float inv = 1.0f / t1;
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
+	}
+}
+
 static_assert(PF_BQ == 64, "prefill_wg: a tile's tokens are a warpgroup's 64 rows");
 // prefill_wg_<HD>_<BK>_<ST>: one block a multiprocessor (up to 255
 // registers a thread).
@@ -403,10 +567,17 @@ static_assert(PF_BQ == 64, "prefill_wg: a tile's tokens are a warpgroup's 64 row
 	                                   const __grid_constant__ KilnTensorMap vmap) {                                 \
 		prefill_wg<HD, BK, ST, KILN_BS>(PF_ARGS, &kmap, &vmap);                                                        \
 	}
+// prefill_wgp_<HD>_128_3: prefill_wgp (the TMA build in ping-pong).
+#define WGP_KERNEL(HD)                                                                                               \
+	extern "C" __global__ void __launch_bounds__(256, 1)                                                             \
+	    prefill_wgp_##HD##_128_3(PF_PARAMS, const __grid_constant__ KilnTensorMap kmap,                              \
+	                             const __grid_constant__ KilnTensorMap vmap) {                                       \
+		prefill_wgp<HD, 128, KILN_BS>(PF_ARGS, &kmap, &vmap);                                                          \
+	}
 #endif
 #endif
 #ifdef WGT_KERNEL
-#define WG_KERNELS(HD) WG_KERNEL(HD, 128, 2) WG_KERNEL(HD, 64, 2) WGT_KERNEL(HD, 128, 2) WGT_KERNEL(HD, 64, 2)
+#define WG_KERNELS(HD) WG_KERNEL(HD, 128, 2) WG_KERNEL(HD, 64, 2) WGT_KERNEL(HD, 128, 2) WGT_KERNEL(HD, 64, 2) WGP_KERNEL(HD)
 #else
 #define WG_KERNELS(HD) WG_KERNEL(HD, 128, 2) WG_KERNEL(HD, 64, 2)
 #endif

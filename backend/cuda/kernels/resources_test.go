@@ -45,7 +45,7 @@ func TestKernelResources(t *testing.T) {
 			names = append(names, "prefill_wg_128_128_2", "prefill_wg_128_64_2") // wgmma's prefill (sm_90a, session 44)
 		}
 		if k.TMA {
-			names = append(names, "prefill_wgt_128_128_2", "prefill_wgt_128_64_2") // its TMA builds (-DWG_TMA, session 45)
+			names = append(names, "prefill_wgt_128_128_2", "prefill_wgt_128_64_2", "prefill_wgp_128_128_3") // its TMA builds (-DWG_TMA, sessions 45, 46)
 		}
 		for _, name := range names {
 			m, err := k.module(name)

@@ -59,6 +59,14 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
 	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// mbar_arrive arrives on bar (one of its count arrivals a phase), releasing
+// this thread's accesses before it.
+__device__ __forceinline__ void mbar_arrive(unsigned bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
+// named_sync waits at named barrier id (1-15; 0 is __syncthreads') until n
+// threads have arrived there, itself included; named_arrive arrives without
+// waiting. n is a multiple of 32, whole warps arriving.
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // mbar_wait waits until bar's phase of parity parity (0 or 1) is complete.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 	asm volatile("{\n.reg .pred p;\nMBAR_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra MBAR_WAIT;\n}" ::"r"(bar),

@@ -12,16 +12,18 @@ struct Case {
 // WgBuild is a build of prefill_wg the driver runs: keys a stage, slots of
 // K and of V (prefill.go's wgBuilds, and 3 slots, which kiln does not
 // build, for the rings' wrap-around), K and V by TMA (WG_TMA builds: the
-// same three over tensor maps of the cache).
+// same three over tensor maps of the cache), and the two warpgroups in
+// ping-pong (prefill_wgp: 128 keys, 3 slots, TMA).
 struct WgBuild {
 	int bk, st;
-	bool tma;
+	bool tma, pp;
 };
 #if defined(WG_TMA) && defined(KILN_BS)
 static_assert(KILN_BS == EMU_BS, "the TMA builds' tensor maps have boxes of the cache's blocks");
-static const WgBuild wg_builds[] = {{64, 2, false}, {128, 2, false}, {64, 3, false}, {64, 2, true}, {128, 2, true}, {64, 3, true}};
+static const WgBuild wg_builds[] = {{64, 2, false, false}, {128, 2, false, false}, {64, 3, false, false}, {64, 2, true, false},
+                                    {128, 2, true, false},  {64, 3, true, false},   {128, 3, true, true}};
 #else
-static const WgBuild wg_builds[] = {{64, 2, false}, {128, 2, false}, {64, 3, false}};
+static const WgBuild wg_builds[] = {{64, 2, false, false}, {128, 2, false, false}, {64, 3, false, false}};
 #endif
 // g_kmap and g_vmap are the TMA builds' tensor maps of the case's caches.
 static KilnTensorMap g_kmap, g_vmap;
@@ -36,15 +38,20 @@ static bool launch_one(int hd, int v, int bid, PF_PARAMS) {
 		const WgBuild b = wg_builds[v - 3];
 #if defined(WG_TMA) && defined(KILN_BS)
 #define WG_CALL(H, BK, ST)                                                                                  \
-	if (hd == H && b.bk == BK && b.st == ST) {                                                              \
+	if (hd == H && b.bk == BK && b.st == ST && !b.pp) {                                                     \
 		if (b.tma) prefill_wg<H, BK, ST, KILN_BS>(PF_ARGS, &g_kmap, &g_vmap);                               \
 		else prefill_wg<H, BK, ST>(PF_ARGS);                                                                \
-	}
+	}                                                                                                       \
+	if constexpr (BK == 128 && ST == 3)                                                                     \
+		if (hd == H && b.bk == BK && b.st == ST && b.pp) prefill_wgp<H, BK, KILN_BS>(PF_ARGS, &g_kmap, &g_vmap);
 #else
 #define WG_CALL(H, BK, ST)                                                                                  \
 	if (hd == H && b.bk == BK && b.st == ST) prefill_wg<H, BK, ST>(PF_ARGS);
 #endif
 		WG_CALL(64, 64, 2) WG_CALL(64, 128, 2) WG_CALL(64, 64, 3) WG_CALL(128, 64, 2) WG_CALL(128, 128, 2) WG_CALL(128, 64, 3)
+#if defined(WG_TMA) && defined(KILN_BS)
+		WG_CALL(64, 128, 3) WG_CALL(128, 128, 3)
+#endif
 		return true;
 	}
 #endif
@@ -73,7 +80,9 @@ static const int variants = 3;
 
 // wg_shared is prefill_wg's dynamic shared memory (wgShared in prefill.go),
 // the TMA builds' mbarriers too.
-static unsigned wg_shared(int hd, const WgBuild& b) { return 1024 + 2 * 64 * hd * 2 + 2 * b.st * b.bk * hd * 2 + (b.tma ? 16 * b.st : 0); }
+static unsigned wg_shared(int hd, const WgBuild& b) {
+	return 1024 + 2 * 64 * hd * 2 + 2 * b.st * b.bk * hd * 2 + (b.tma ? 16 * b.st : 0) + (b.pp ? 16 * b.st : 0);
+}
 
 static double run(const Case& c, int v, unsigned seed) {
 	const int group = c.heads / c.kvHeads, hb = v == 0 ? 4 : v == 1 || v >= 3 ? 2 : 1;
@@ -117,7 +126,9 @@ static double run(const Case& c, int v, unsigned seed) {
 	double worst;
 	int bad = pb.check(out, scale, c.cap, &worst);
 	char build[64] = "mma";
-	if (v >= 3) snprintf(build, sizeof build, "wg %d keys %d slots%s", wg_builds[v - 3].bk, wg_builds[v - 3].st, wg_builds[v - 3].tma ? " tma" : "");
+	if (v >= 3)
+		snprintf(build, sizeof build, "wg %d keys %d slots%s", wg_builds[v - 3].bk, wg_builds[v - 3].st,
+		         wg_builds[v - 3].pp ? " tma ping-pong" : wg_builds[v - 3].tma ? " tma" : "");
 	printf("heads %d/%d hd %d window %d cap %g tokens %d tiles %d, %s, %d heads a block: worst %.3g, %d bad\n", c.heads, c.kvHeads,
 	       c.hd, c.window, c.cap, Tn, (int)tok0.size(), build, hb, worst, bad);
 	fflush(stdout);

@@ -167,6 +167,7 @@ struct Mbar {
 struct Block {
 	std::map<unsigned, Mbar> mbars; // by shared address
 	Barrier bar{g_threads};
+	std::map<int, Barrier> named; // bar.sync / bar.arrive's barriers by id (1-15)
 	Barrier wbar[32] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32},
 	                    {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
 	unsigned long long xch[32][32][8]; // warp exchange tables
@@ -442,6 +443,43 @@ static inline void mbar_wait(unsigned bar, unsigned parity) {
 			abort();
 		}
 		yield_turn();
+	}
+}
+// mbar_arrive arrives on bar; the arrival that completes the phase (every
+// arrival and expected byte in) lands its copies and starts the next, as the
+// hardware's does.
+static inline void mbar_arrive(unsigned bar) {
+	Mbar& m = mbar_at(bar);
+	if (++m.arrived > m.count) {
+		fprintf(stderr, "mbarrier at %u: %d arrivals in a phase of %d\n", bar, m.arrived, m.count);
+		abort();
+	}
+	if (m.arrived == m.count && m.issued == m.expected) {
+		for (auto& c : m.copies) memcpy(cur_smem() + c.dst, c.bytes.data(), c.bytes.size());
+		m.copies.clear();
+		m.phases++, m.arrived = 0, m.expected = m.issued = 0;
+	}
+}
+// named_sync and named_arrive: bar.sync and bar.arrive on named barrier id
+// of n threads (the block's; id 0 is __syncthreads').
+static inline Barrier& named_bar(int id, int n) {
+	if (id < 1 || id > 15 || n % 32 != 0 || n > g_threads) {
+		fprintf(stderr, "named barrier %d of %d threads\n", id, n);
+		abort();
+	}
+	auto it = g_block->named.try_emplace(id, Barrier{n}).first;
+	if (it->second.n != n) {
+		fprintf(stderr, "named barrier %d used with %d and %d threads\n", id, it->second.n, n);
+		abort();
+	}
+	return it->second;
+}
+static inline void named_sync(int id, int n) { named_bar(id, n).wait(); }
+static inline void named_arrive(int id, int n) {
+	Barrier& b = named_bar(id, n);
+	if (++b.count == b.n) {
+		b.count = 0;
+		b.gen++;
 	}
 }
 static inline void pdl_enter() { g_cur->waited = true; }

@@ -8,7 +8,7 @@
 # shared memory and L2 carry.
 # First PyTorch's attention on the same shapes, each SDPA backend alone
 # (tools/gpu/torch_peer.py --attention-only: the peer in the same call).
-# Logs in logs.tgz.
+# Logs in logs-ncu.tgz (with what $OUT held before: e.g. wg-ab.sh's logs.tgz).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/wg-ncu.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"
 [ -n "$ncu" ] || { echo "no ncu" >&2; exit 2; }
@@ -32,4 +32,4 @@ for b in ${BUILDS:-wg128 wgt128 wgp128}; do
 	echo "$b ncu: rc=$? at $(($(date +%s) - t0)) s"
 	grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|No Eligible|One or More Eligible|Stall|stall|Tensor|tensor|pipe|Pipe|Shared Memory|Bank' "$out/ncu-$b.txt" | head -${LINES_MAX:-60}
 done
-pack_out logs.tgz
+pack_out logs-ncu.tgz

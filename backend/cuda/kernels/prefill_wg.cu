@@ -231,6 +231,85 @@ __device__ __forceinline__ void wg_pack(const float (&s)[N], unsigned (&p)[PK][4
 	}
 }
 
+// WgTile is what a thread of prefill_wg (and prefill_wgp) knows of its
+// block's tile: its first token and count, the block's first head and kv
+// head, the sequence's block-table offset; the thread's warpgroup, head,
+// rows (r0 and r0 + 8; v0, v1: within the tile) and quad lane; the
+// softmax's view of its rows; the tile's keys [kLo, kHi] (kLo rounded down
+// to a multiple of round) and the stages over them.
+struct WgTile {
+	int tok0, cnt, h0, kvh, seqOff, tid, lane, wg, hw, r0, r1, tq, kLo, kHi, nblk;
+	bool v0, v1;
+	WgRows rows;
+};
+
+// wg_begin starts a block of the wgmma prefill (two heads a block, BK keys
+// a stage): its tile (the grid's last first, the most keys when causal),
+// Q of both heads copied by cp.async into sQ (zeros past the tile's tokens;
+// chunk c of row r of head h in region c/8 of the head's; not committed),
+// and the tile's keys (tile_keys: a call of the whole block).
+template <int HD, int BK>
+__device__ __forceinline__ WgTile wg_begin(unsigned sQ, int round, PF_PARAMS) {
+	constexpr int NH = 2, NTH = 128 * NH, HR = HD / 64, CH = HD / 8, QR = 64 * 128;
+	WgTile t;
+	const int hg = heads / NH, bid = blockIdx.x;
+	const int tile = (int)gridDim.x / hg - 1 - bid / hg;
+	t.h0 = (bid % hg) * NH;
+	t.tok0 = tileTok0[tile], t.cnt = tileCnt[tile];
+	t.seqOff = seqBlockOff[seqIndex[t.tok0]];
+	t.kvh = t.h0 / (heads / kvHeads);
+	t.tid = threadIdx.x, t.lane = t.tid & 31;
+	const int warp = t.tid >> 5, g = t.lane >> 2;
+	t.tq = t.lane & 3;
+	t.wg = warp >> 2, t.hw = t.h0 + t.wg;
+	t.r0 = (warp & 3) * 16 + g, t.r1 = t.r0 + 8;
+	t.v0 = t.r0 < t.cnt, t.v1 = t.r1 < t.cnt;
+	for (int i = t.tid; i < NH * 64 * CH; i += NTH) {
+		const int c = i % CH, r = (i / CH) % 64, h = i / (CH * 64);
+		const bool in = r < t.cnt;
+		const T* src = in ? q + ((long long)(t.tok0 + r) * heads + t.h0 + h) * HD + c * 8 : q;
+		cp16(sQ + (h * HR + c / 8) * QR + sw128(r, c % 8), src, in);
+	}
+	const int p0 = t.v0 ? positions[t.tok0 + t.r0] : -1, p1 = t.v1 ? positions[t.tok0 + t.r1] : -1;
+	const int lo0 = t.v0 ? window_start(p0, window) : 0, lo1 = t.v1 ? window_start(p1, window) : 0;
+	// A stage inside [fLo, fHi] needs no mask.
+	const TileKeys tk = tile_keys(positions, t.tok0, t.cnt, window, t.tid);
+	t.kLo = tk.lo - tk.lo % round, t.kHi = tk.hi;
+	t.nblk = (t.kHi - t.kLo) / BK + 1;
+	t.rows = WgRows{lo0, p0, lo1, p1, tk.fLo, tk.fHi, t.tq, scale * LOG2E, cap}; // scale > 0 (PrefillAttention)
+	return t;
+}
+
+// wg_rescale scales a thread's O rows by the softmax's factors c0 and c1.
+template <int HD> __device__ __forceinline__ void wg_rescale(float (&o)[HD / 2], float c0, float c1) {
+#pragma unroll
+	for (int j = 0; j < HD / 8; j++) {
+		o[4 * j] *= c0;
+		o[4 * j + 1] *= c0;
+		o[4 * j + 2] *= c1;
+		o[4 * j + 3] *= c1;
+	}
+}
+
+// wg_end stores a thread's O rows of its head, divided by their sums (l0
+// and l1, the thread's parts).
+template <int HD>
+__device__ __forceinline__ void wg_end(const float (&o)[HD / 2], float l0, float l1, const WgTile& t, T* out, int heads) {
+	const float s0 = quad_sum(l0), s1 = quad_sum(l1);
+	if (t.v0) {
+		unsigned* op = (unsigned*)(out + ((long long)(t.tok0 + t.r0) * heads + t.hw) * HD + 2 * t.tq);
+		const float inv = 1.0f / s0;
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j] * inv, o[4 * j + 1] * inv);
+	}
+	if (t.v1) {
+		unsigned* op = (unsigned*)(out + ((long long)(t.tok0 + t.r1) * heads + t.hw) * HD + 2 * t.tq);
+		const float inv = 1.0f / s1;
+#pragma unroll
+		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
+	}
+}
+
 // prefill_wg: HD head dim (64 or 128), BK keys a stage (64 or 128), ST
 // slots of K and of V. Dynamic shared memory: 1024 + 2·64·HD·2 (Q of both
 // heads) + 2·ST·BK·HD·2 bytes (wgShared in prefill.go). 256 threads. Grid:
@@ -250,7 +329,6 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	static_assert(!kv_f8, "prefill_wg: an FP8 cache takes prefill_fa");
 	constexpr int NH = 2, NTH = 128 * NH; // heads (warpgroups) a block, threads
 	constexpr int HR = HD / 64;           // 128-byte regions of a row
-	constexpr int CH = HD / 8;            // 16-byte chunks a row
 	constexpr int QR = 64 * 128;          // a region of 64 Q rows
 	constexpr int KR = BK * 128;          // a region of a K or V slot
 	constexpr int SLOT = HR * KR;         // a slot of K (or V)
@@ -261,33 +339,10 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	const unsigned sQ = sb, sK = sb + NH * HR * QR, sV = sK + ST * SLOT;
 	const unsigned sBar = sV + ST * SLOT; // TBS: the slots' mbarriers, K's then V's
 
-	const int hg = heads / NH;
-	const int bid = blockIdx.x;
-	const int tile = (int)gridDim.x / hg - 1 - bid / hg;
-	const int h0 = (bid % hg) * NH;
-	const int tok0 = tileTok0[tile], cnt = tileCnt[tile];
-	const int seqOff = seqBlockOff[seqIndex[tok0]];
-	const int kvh = h0 / (heads / kvHeads);
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-	const int wg = warp >> 2, hw = h0 + wg;           // the warpgroup's head
-	const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8; // the thread's rows of the tile
-	const bool v0 = r0 < cnt, v1 = r1 < cnt;
-	const unsigned qw = sQ + wg * HR * QR; // the warpgroup's Q
-
-	// Q of both heads (zeros past the tile's tokens): chunk c of row r of
-	// head h in region c/8 of the head's.
-	for (int i = tid; i < NH * 64 * CH; i += NTH) {
-		const int c = i % CH, r = (i / CH) % 64, h = i / (CH * 64);
-		const bool in = r < cnt;
-		const T* src = in ? q + ((long long)(tok0 + r) * heads + h0 + h) * HD + c * 8 : q;
-		cp16(sQ + (h * HR + c / 8) * QR + sw128(r, c % 8), src, in);
-	}
-	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
-	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
-	// Keys [kLo, kHi] for the tile; a stage inside [fLo, fHi] needs no mask.
-	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
-	const int kLo = tk.lo - tk.lo % (TBS > 0 ? TBS : 1), kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
-	const int nblk = (kHi - kLo) / BK + 1;
+	// The tile, Q's copies (committed with the first round), the keys.
+	const WgTile t = wg_begin<HD, BK>(sQ, TBS > 0 ? TBS : 1, PF_ARGS);
+	const int seqOff = t.seqOff, kvh = t.kvh, tid = t.tid, kLo = t.kLo, kHi = t.kHi, nblk = t.nblk;
+	const unsigned qw = sQ + t.wg * HR * QR; // the warpgroup's Q
 	if constexpr (TBS > 0) {
 		if (tid == 0) {
 			for (int i = 0; i < 2 * ST; i++) mbar_init(sBar + 8 * i, 1);
@@ -301,8 +356,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
 	float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, c0, c1;
 	unsigned p[PK][4], pl[PK][PSPLIT ? 4 : 1]; // P of the last softmax
-	const float sl2 = scale * LOG2E;           // scale > 0 (PrefillAttention)
-	const WgRows rows{lo0, p0, lo1, p1, fLo, fHi, tq, sl2, cap};
+	const WgRows& rows = t.rows;
 
 	// The rounds of stages 1−ST..−1 (with Q in the first), then stage 0:
 	// S_0 alone (no P·V before it).
@@ -339,13 +393,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 		wg_softmax<BK>(s, kb, rows, m0, m1, l0, l1, c0, c1);
 		wg_wait0(); // P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced
 		wg_hold(o, HD / 2);
-#pragma unroll
-		for (int j = 0; j < HD / 8; j++) {
-			o[4 * j] *= c0;
-			o[4 * j + 1] *= c0;
-			o[4 * j + 2] *= c1;
-			o[4 * j + 3] *= c1;
-		}
+		wg_rescale<HD>(o, c0, c1);
 		wg_pack(s, p, pl);
 	}
 	// The last stage's P·V: V_{nblk−1} came with the last round of copies.
@@ -366,20 +414,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	wg_commit();
 	wg_wait0();
 	wg_hold(o, HD / 2);
-
-	const float t0 = quad_sum(l0), t1 = quad_sum(l1);
-	if (v0) {
-		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r0) * heads + hw) * HD + 2 * tq);
-		const float inv = 1.0f / t0;
-#pragma unroll
-		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j] * inv, o[4 * j + 1] * inv);
-	}
-	if (v1) {
-		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r1) * heads + hw) * HD + 2 * tq);
-		const float inv = 1.0f / t1;
-#pragma unroll
-		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
-	}
+	wg_end<HD>(o, l0, l1, t, out, heads);
 }
 
 #undef WG_ROUND
@@ -425,37 +460,16 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	static_assert(BS >= 8 && BK % BS == 0 && (BS & (BS - 1)) == 0, "prefill_wgp: TMA over blocks of 8 to BK tokens");
 	static_assert(!kv_f8, "prefill_wgp: an FP8 cache takes prefill_fa");
 	constexpr int ST = 3, NH = 2, NTH = 128 * NH;
-	constexpr int HR = HD / 64, CH = HD / 8, QR = 64 * 128, KR = BK * 128, SLOT = HR * KR, PK = BK / 16;
+	constexpr int HR = HD / 64, QR = 64 * 128, KR = BK * 128, SLOT = HR * KR, PK = BK / 16;
 	constexpr bool PSPLIT = act_is_f16<T>::v;
 	const unsigned sb = (smem_addr(pf_smem) + 1023u) & ~1023u;
 	const unsigned sQ = sb, sK = sb + NH * HR * QR, sV = sK + ST * SLOT;
 	const unsigned sFull = sV + ST * SLOT, sEmpty = sFull + 16 * ST;
 
-	const int hg = heads / NH;
-	const int bid = blockIdx.x;
-	const int tile = (int)gridDim.x / hg - 1 - bid / hg;
-	const int h0 = (bid % hg) * NH;
-	const int tok0 = tileTok0[tile], cnt = tileCnt[tile];
-	const int seqOff = seqBlockOff[seqIndex[tok0]];
-	const int kvh = h0 / (heads / kvHeads);
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-	const int wg = warp >> 2, hw = h0 + wg;
-	const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8;
-	const bool v0 = r0 < cnt, v1 = r1 < cnt;
+	const WgTile t = wg_begin<HD, BK>(sQ, BS, PF_ARGS);
+	cp_commit(); // Q
+	const int seqOff = t.seqOff, kvh = t.kvh, tid = t.tid, lane = t.lane, wg = t.wg, kLo = t.kLo, kHi = t.kHi, nblk = t.nblk;
 	const unsigned qw = sQ + wg * HR * QR;
-
-	for (int i = tid; i < NH * 64 * CH; i += NTH) {
-		const int c = i % CH, r = (i / CH) % 64, h = i / (CH * 64);
-		const bool in = r < cnt;
-		const T* src = in ? q + ((long long)(tok0 + r) * heads + h0 + h) * HD + c * 8 : q;
-		cp16(sQ + (h * HR + c / 8) * QR + sw128(r, c % 8), src, in);
-	}
-	cp_commit();
-	const int p0 = v0 ? positions[tok0 + r0] : -1, p1 = v1 ? positions[tok0 + r1] : -1;
-	const int lo0 = v0 ? window_start(p0, window) : 0, lo1 = v1 ? window_start(p1, window) : 0;
-	const TileKeys tk = tile_keys(positions, tok0, cnt, window, tid);
-	const int kLo = tk.lo - tk.lo % BS, kHi = tk.hi, fLo = tk.fLo, fHi = tk.fHi;
-	const int nblk = (kHi - kLo) / BK + 1;
 	if (tid == 0) {
 		for (int i = 0; i < 4 * ST; i++) mbar_init(sFull + 8 * i, i < 2 * ST ? 1 : 8);
 		mbar_init_fence();
@@ -470,8 +484,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
 	float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, c0, c1;
 	unsigned p[PK][4], pl[PK][PSPLIT ? 4 : 1];
-	const float sl2 = scale * LOG2E;
-	const WgRows rows{lo0, p0, lo1, p1, fLo, fHi, tq, sl2, cap};
+	const WgRows& rows = t.rows;
 	const int mine = 1 + wg, other = 2 - wg; // the warpgroups' named barriers
 
 	if (wg == 1) named_arrive(1, NTH); // warpgroup 0 issues first
@@ -507,13 +520,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 		wg_wait0(); // P_{n−1}·V_{n−1} is done
 		if (lane == 0) mbar_arrive(sEmpty + 8 * (ST + (n - 1) % ST));
 		wg_hold(o, HD / 2);
-#pragma unroll
-		for (int j = 0; j < HD / 8; j++) {
-			o[4 * j] *= c0;
-			o[4 * j + 1] *= c0;
-			o[4 * j + 2] *= c1;
-			o[4 * j + 3] *= c1;
-		}
+		wg_rescale<HD>(o, c0, c1);
 		wg_pack(s, p, pl);
 	}
 	// The last stage's P·V, its V rows past kHi zeroed first (by every
@@ -533,20 +540,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	if (wg == 0) named_arrive(other, NTH); // warpgroup 1's last wait; warpgroup 0 waits no more
 	wg_wait0();
 	wg_hold(o, HD / 2);
-
-	const float t0 = quad_sum(l0), t1 = quad_sum(l1);
-	if (v0) {
-		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r0) * heads + hw) * HD + 2 * tq);
-		const float inv = 1.0f / t0;
-#pragma unroll
-		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j] * inv, o[4 * j + 1] * inv);
-	}
-	if (v1) {
-		unsigned* op = (unsigned*)(out + ((long long)(tok0 + r1) * heads + hw) * HD + 2 * tq);
-		const float inv = 1.0f / t1;
-#pragma unroll
-		for (int j = 0; j < HD / 8; j++) op[j * 4] = PK2(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
-	}
+	wg_end<HD>(o, l0, l1, t, out, heads);
 }
 
 static_assert(PF_BQ == 64, "prefill_wg: a tile's tokens are a warpgroup's 64 rows");

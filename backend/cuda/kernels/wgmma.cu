@@ -61,7 +61,11 @@ __device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
 }
 // mbar_arrive arrives on bar (one of its count arrivals a phase), releasing
 // this thread's accesses before it.
-__device__ __forceinline__ void mbar_arrive(unsigned bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+	unsigned long long state; // the phase's token, unused
+	asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(bar) : "memory");
+	(void)state;
+}
 // named_sync waits at named barrier id (1-15; 0 is __syncthreads') until n
 // threads have arrived there, itself included; named_arrive arrives without
 // waiting. n is a multiple of 32, whole warps arriving.

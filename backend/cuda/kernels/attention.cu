@@ -55,8 +55,8 @@ __device__ __forceinline__ int kv_slot(int blk, int j, int bs) {
 // kv_row is the element offset of key j's row for kv head kvh in the cache.
 // Built for blocks of a power of two tokens (KILN_BS), the slot is a shift
 // and a mask and the slot's row index is 32-bit arithmetic (NewKVCache keeps
-// a layer's slots times kv heads within an int): prefill attention 1.09–1.35×
-// the run-time form's speed on the H200 (docs/PERF.md, session 45).
+// a layer's slots times kv heads within an int): prefill attention 1.07–1.35×
+// the run-time form's speed on the H200 (docs/PERF.md, sessions 45 and 46).
 __device__ __forceinline__ long long kv_row(const int* bt, int seqOff, int bs, int kvHeads, int kvh, int hd, int j) {
 #if defined(KILN_BS) && !defined(KV_ROW_DIV)
 	if ((KILN_BS & (KILN_BS - 1)) == 0) {

@@ -113,9 +113,9 @@ func NewHeadDim(d *cu.Device, act cu.DType, hd int) (*Kernels, error) {
 
 // NewFor is NewHeadDim with the attention kernels built for a KV cache of
 // blockSize tokens a block (0: any), a constant of their address
-// arithmetic then (KILN_BS): prefill attention ran 1.09–1.35× as fast as
-// with the block size read at run time on the H200 (docs/PERF.md, session
-// 45). They then take caches of that block size alone.
+// arithmetic then (KILN_BS): prefill attention ran 1.07–1.35× as fast as
+// with the block size read at run time on the H200 (docs/PERF.md, sessions
+// 45 and 46). They then take caches of that block size alone.
 func NewFor(d *cu.Device, act cu.DType, hd, blockSize int) (*Kernels, error) {
 	if act != cu.F32 && act != cu.F16 && act != cu.BF16 {
 		return nil, fmt.Errorf("kernels: activation dtype %v", act)

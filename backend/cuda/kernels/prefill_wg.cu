@@ -310,6 +310,16 @@ __device__ __forceinline__ void wg_end(const float (&o)[HD / 2], float l0, float
 	}
 }
 
+// wg_zero_tail zeroes the rows from..BK−1 of the V slot at vs (regions of
+// BK rows, HD/64 of them), by all NTH threads: the TMA builds copy whole
+// blocks, and rows past the tile's last key (another position's values,
+// or a stale slot) must not put NaN into P·V.
+template <int HD, int BK, int NTH> __device__ __forceinline__ void wg_zero_tail(unsigned vs, int from, int tid) {
+	for (int i = from * 8 + tid; i < BK * 8; i += NTH) // 16-byte chunks of the rows
+#pragma unroll
+		for (int h = 0; h < HD / 64; h++) st_shared_zero16(vs + h * BK * 128 + i * 16);
+}
+
 // prefill_wg: HD head dim (64 or 128), BK keys a stage (64 or 128), ST
 // slots of K and of V. Dynamic shared memory: 1024 + 2·64·HD·2 (Q of both
 // heads) + 2·ST·BK·HD·2 bytes (wgShared in prefill.go). 256 threads. Grid:
@@ -398,12 +408,9 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	}
 	// The last stage's P·V: V_{nblk−1} came with the last round of copies.
 	if constexpr (TBS > 0) {
-		const int last = nblk - 1, from = kHi - (kLo + last * BK) + 1; // its first row past kHi
+		const int last = nblk - 1;
 		mbar_wait(sBar + 8 * (ST + last % ST), (last / ST) & 1);
-		const unsigned vs = sV + (last % ST) * SLOT;
-		for (int i = from * 8 + tid; i < BK * 8; i += NTH) // 16-byte chunks of the rows past kHi
-#pragma unroll
-			for (int h = 0; h < HR; h++) st_shared_zero16(vs + h * KR + i * 16);
+		wg_zero_tail<HD, BK, NTH>(sV + (last % ST) * SLOT, kHi - (kLo + last * BK) + 1, tid); // from its first row past kHi
 	} else {
 		cp_wait<0>();
 	}
@@ -525,12 +532,10 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	}
 	// The last stage's P·V, its V rows past kHi zeroed first (by every
 	// thread: both warpgroups read them).
-	const int last = nblk - 1, from = kHi - (kLo + last * BK) + 1;
-	mbar_wait(sFull + 8 * (ST + last % ST), (last / ST) & 1);
+	const int last = nblk - 1;
 	const unsigned vs = sV + (last % ST) * SLOT;
-	for (int i = from * 8 + tid; i < BK * 8; i += NTH)
-#pragma unroll
-		for (int h = 0; h < HR; h++) st_shared_zero16(vs + h * KR + i * 16);
+	mbar_wait(sFull + 8 * (ST + last % ST), (last / ST) & 1);
+	wg_zero_tail<HD, BK, NTH>(vs, kHi - (kLo + last * BK) + 1, tid);
 	fence_async_smem();
 	__syncthreads();
 	named_sync(mine, NTH);

@@ -416,6 +416,21 @@ static inline void tma_load_3d(unsigned dst, const KilnTensorMap* map, int c0, i
 	m.issued += (long long)c.bytes.size();
 	m.copies.push_back(std::move(c));
 }
+// mbar_complete completes bar's current phase (every arrival and expected
+// byte in): its copies land (a destination written while they were in
+// flight aborts), and the next phase starts.
+static void mbar_complete(unsigned bar, Mbar& m) {
+	for (auto& c : m.copies) {
+		for (size_t i = 0; i < c.bytes.size(); i++)
+			if (cur_smem()[c.dst + i] != kPoison) {
+				fprintf(stderr, "shared memory byte %zu written while a TMA copy to it (mbarrier at %u) was in flight\n", c.dst + i, bar);
+				abort();
+			}
+		memcpy(cur_smem() + c.dst, c.bytes.data(), c.bytes.size());
+	}
+	m.copies.clear();
+	m.phases++, m.arrived = 0, m.expected = m.issued = 0;
+}
 // mbar_wait returns once bar's phase of parity parity is complete: at once
 // for the phase before the current one; for the current one, once its
 // arrivals and expected bytes are all in (the others' turns meanwhile), when
@@ -425,16 +440,7 @@ static inline void mbar_wait(unsigned bar, unsigned parity) {
 		Mbar& m = mbar_at(bar);
 		if ((unsigned)(m.phases & 1) != parity) return;
 		if (m.arrived == m.count && m.issued == m.expected) {
-			for (auto& c : m.copies) {
-				for (size_t i = 0; i < c.bytes.size(); i++)
-					if (cur_smem()[c.dst + i] != kPoison) {
-						fprintf(stderr, "shared memory byte %zu written while a TMA copy to it was in flight\n", c.dst + i);
-						abort();
-					}
-				memcpy(cur_smem() + c.dst, c.bytes.data(), c.bytes.size());
-			}
-			m.copies.clear();
-			m.phases++, m.arrived = 0, m.expected = m.issued = 0;
+			mbar_complete(bar, m);
 			return;
 		}
 		if (m.issued > m.expected || spins > (1 << 20)) {
@@ -454,11 +460,7 @@ static inline void mbar_arrive(unsigned bar) {
 		fprintf(stderr, "mbarrier at %u: %d arrivals in a phase of %d\n", bar, m.arrived, m.count);
 		abort();
 	}
-	if (m.arrived == m.count && m.issued == m.expected) {
-		for (auto& c : m.copies) memcpy(cur_smem() + c.dst, c.bytes.data(), c.bytes.size());
-		m.copies.clear();
-		m.phases++, m.arrived = 0, m.expected = m.issued = 0;
-	}
+	if (m.arrived == m.count && m.issued == m.expected) mbar_complete(bar, m);
 }
 // named_sync and named_arrive: bar.sync and bar.arrive on named barrier id
 // of n threads (the block's; id 0 is __syncthreads').

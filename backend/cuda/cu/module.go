@@ -1,6 +1,7 @@
 package cu
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -24,6 +25,10 @@ type Module struct {
 	// BuildTime is how long NVRTC took to compile the image (0 when it
 	// came from the kernel cache).
 	BuildTime time.Duration
+	// Log is NVRTC's log of the compile that made the image (kept in the
+	// kernel cache with it): ptxas's warnings, e.g. wgmma serialized.
+	// Empty for images cached before the log was kept.
+	Log string
 }
 
 // Name is the module's name (Device.Compile's).
@@ -39,11 +44,50 @@ type Function struct {
 	nonPortable bool
 }
 
-// Image kinds, the first byte of a cached payload.
+// Image kinds, the first byte of a cached payload: P and C the image alone
+// after it, p and c the compile log first (its length, 4 bytes little
+// endian, then the log) and the image after it.
 const (
-	imgPTX   = 'P'
-	imgCubin = 'C'
+	imgPTX      = 'P'
+	imgCubin    = 'C'
+	imgPTXLog   = 'p'
+	imgCubinLog = 'c'
 )
+
+// encodePayload is a cache entry's payload: the image's kind, the log, the
+// image.
+func encodePayload(img []byte, cubin bool, log string) []byte {
+	kind := byte(imgPTXLog)
+	if cubin {
+		kind = imgCubinLog
+	}
+	b := make([]byte, 0, 5+len(log)+len(img))
+	b = append(b, kind)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(log)))
+	b = append(b, log...)
+	return append(b, img...)
+}
+
+// decodePayload splits a cache entry's payload (either layout).
+func decodePayload(p []byte) (img []byte, cubin bool, log string, err error) {
+	if len(p) < 2 {
+		return nil, false, "", errors.New("no image")
+	}
+	switch p[0] {
+	case imgPTX, imgCubin:
+		return p[1:], p[0] == imgCubin, "", nil
+	case imgPTXLog, imgCubinLog:
+		if len(p) < 5 {
+			return nil, false, "", errors.New("truncated log length")
+		}
+		n := binary.LittleEndian.Uint32(p[1:])
+		if uint64(n) > uint64(len(p)-5) || len(p)-5-int(n) < 1 {
+			return nil, false, "", errors.New("log longer than the entry")
+		}
+		return p[5+n:], p[0] == imgCubinLog, string(p[5 : 5+n]), nil
+	}
+	return nil, false, "", fmt.Errorf("unknown image kind %q", p[0])
+}
 
 // target picks NVRTC's target for the device: the exact sm_XY (sm_90a on
 // Hopper), giving a CUBIN, when this NVRTC supports the device; otherwise
@@ -108,6 +152,9 @@ func (d *Device) Compile(name, src string, opts ...string) (*Module, error) {
 		Compiler: fmt.Sprintf("nvrtc %d.%d", libs.NVRTCVersion[0], libs.NVRTCVersion[1]),
 		Driver:   fmt.Sprintf("cuda driver %d", libs.DriverVersion),
 		Arch:     d.Arch(),
+		// Entries with the compile log (encodePayload): a kiln before it
+		// (session 47) read such an entry as holding no image and failed.
+		Layout: "kind, log, image",
 	}.Key()
 	var took time.Duration
 	payload, hit, err := d.cache.GetOrBuild(key, func() ([]byte, error) {
@@ -124,23 +171,20 @@ func (d *Device) Compile(name, src string, opts ...string) (*Module, error) {
 			}
 			return nil, err
 		}
-		kind := byte(imgPTX)
-		if cubin {
-			kind = imgCubin
-		}
-		return append([]byte{kind}, img...), nil
+		return encodePayload(img, cubin, log), nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if len(payload) < 2 || (payload[0] != imgPTX && payload[0] != imgCubin) {
-		return nil, fmt.Errorf("cuda: kernel cache entry for %s holds no image", name)
+	img, cubin, log, err := decodePayload(payload)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: kernel cache entry for %s: %v", name, err)
 	}
-	m, err := d.LoadModule(name, payload[1:])
+	m, err := d.LoadModule(name, img)
 	if err != nil {
 		return nil, err
 	}
-	m.Cubin, m.Hit, m.BuildTime = payload[0] == imgCubin, hit, took
+	m.Cubin, m.Hit, m.BuildTime, m.Log = cubin, hit, took, log
 	return m, nil
 }
 

@@ -29,6 +29,10 @@ type KeyInput struct {
 	Compiler string // e.g. "nvrtc 13.0"
 	Driver   string // e.g. "cuda driver 13000"
 	Arch     string // e.g. "sm_90a"
+	// Layout names the payload's layout, so that programs that lay their
+	// payloads out differently never read each other's entries (an older
+	// kiln sharing the directory refuses a payload it cannot parse).
+	Layout string
 }
 
 // Key is the SHA-256 of a KeyInput's fields, each length-prefixed so that no
@@ -57,6 +61,7 @@ func (in KeyInput) Key() Key {
 	put("compiler", in.Compiler)
 	put("driver", in.Driver)
 	put("arch", in.Arch)
+	put("layout", in.Layout)
 	var k Key
 	copy(k[:], h.Sum(nil))
 	return k

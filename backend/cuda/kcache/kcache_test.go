@@ -22,6 +22,7 @@ func TestKeyDerivation(t *testing.T) {
 		{Source: base.Source, Options: base.Options, Compiler: "nvrtc 12.8", Driver: base.Driver, Arch: base.Arch},
 		{Source: base.Source, Options: base.Options, Compiler: base.Compiler, Driver: "12080", Arch: base.Arch},
 		{Source: base.Source, Options: base.Options, Compiler: base.Compiler, Driver: base.Driver, Arch: "sm_90"},
+		{Source: base.Source, Options: base.Options, Compiler: base.Compiler, Driver: base.Driver, Arch: base.Arch, Layout: "image+log"},
 		// Field boundaries must matter: moving text between fields changes the key.
 		{Source: base.Source + "nvrtc", Options: base.Options, Compiler: " 13.0", Driver: base.Driver, Arch: base.Arch},
 	}

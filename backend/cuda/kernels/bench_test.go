@@ -252,8 +252,9 @@ func randCache(b testing.TB, act cu.DType, n int, rng *rand.Rand, fp8 bool) cu.P
 // 4096 tokens (causal, and full: every token sees all 4096 keys) and of 2048
 // tokens (causal); bf16, 32/8 heads, head dim 128, block size 16.
 func BenchmarkPrefillAttention(b *testing.B) {
-	// The TMA builds (wgp128, wgt128, wgt) where the module holds them (an
-	// NVRTC option, -DWG_TMA, builds them); skipped otherwise.
+	// The TMA builds (wgp128, wgt128, wgt) where the module holds them (one
+	// built for a block size of 8 to 64 tokens, a power of two: -DWG_TMA);
+	// skipped otherwise.
 	benchPrefill(b, 4096, cu.BF16, "wgp128", "wgt128", "wgt", "wg128", "wg", "mma", "mma2", "mma1", "attn")
 	benchPrefill(b, 4096, cu.F16, "wgp128", "wgt128", "wg128", "wg", "mma")
 	benchPrefill(b, 2048, cu.BF16, "wgp128", "wgt128", "wgt", "wg128", "wg", "mma")

@@ -82,8 +82,9 @@ type Kernels struct {
 	// (prefill_wg.cu: sm_90a, f16/bf16 activations, not an FP8 cache).
 	WG bool
 	// TMA: it also holds that prefill's builds whose K and V come by TMA
-	// (prefill_wgt_…: built for one block size with -DWG_TMA, an
-	// experiment KILN_NVRTC_OPTIONS turns on).
+	// (prefill_wgt_… and the ping-pong prefill_wgp_…: -DWG_TMA, which a
+	// module built for one block size of 8 to 64 tokens, a power of two,
+	// has; tmaBlockSize).
 	TMA bool
 
 	parts     *moduleParts // the parts, each holding some of the kernels
@@ -149,6 +150,9 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd, bs int) (*Kernels, error) 
 	}
 	if bs != 0 {
 		name, opts = fmt.Sprintf("%s_bs%d", name, bs), append(opts, fmt.Sprintf("-DKILN_BS=%d", bs))
+		if wg && tmaBlockSize(bs) {
+			opts = append(opts, "-DWG_TMA=1") // the wgmma prefill's TMA builds (prefill_wg.cu)
+		}
 	}
 	// The source compiles as up to six NVRTC programs at once (KILN_PART
 	// in shared.cu: 0 the common kernels, 1 the tensor-core prefill
@@ -181,6 +185,13 @@ func build(d *cu.Device, act cu.DType, kvF8 bool, hd, bs int) (*Kernels, error) 
 	}
 	return k, nil
 }
+
+// tmaBlockSize reports whether the wgmma prefill's TMA builds take caches
+// of bs-token blocks (prefill_wg.cu's WGT_KERNEL: a box of a block's rows,
+// 8 to 64 of them, a power of two). The ping-pong build (prefill_wgp) ran
+// the fastest of the prefill kernels on an H200 at 2,048 and 4,096 tokens
+// in session 47 (docs/PERF.md).
+func tmaBlockSize(bs int) bool { return bs >= 8 && bs <= 64 && bs&(bs-1) == 0 }
 
 // Modules are the parts k was compiled in.
 func (k *Kernels) Modules() []*cu.Module { return k.parts.mods }

@@ -42,7 +42,7 @@ func (k *Kernels) PrefillVariants(a Attn) []string {
 		// each build against the first on its operands, takes them where
 		// they are faster (the plain builds ran in the model's tests on
 		// the H200 in sessions 45 and 46, the TMA builds in the kernels'
-		// tests in session 46).
+		// tests in sessions 46 and 47).
 		at := 1
 		for _, b := range wgBuilds {
 			if !b.tma || k.tmaOK(a) {
@@ -107,10 +107,10 @@ func (b wgBuild) shared(hd int) int {
 
 // wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS): the TMA
 // builds (offered where the module holds them): the ping-pong one
-// (WGP_KERNEL, not yet run on a GPU), then WGT_KERNEL's (1.02-1.03x the
-// plain ones on an H200 in session 46); then the plain ones, the faster
-// first in BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44
-// to 46).
+// (WGP_KERNEL: 1.03-1.05x the fastest plain one on an H200 in session 47,
+// the fastest of all), then WGT_KERNEL's (1.02-1.03x the plain ones in
+// session 46); then the plain ones, the faster first in
+// BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44 to 47).
 var wgBuilds = []wgBuild{{"wgp128", 128, 3, true, true}, {"wgt128", 128, 2, true, false}, {"wgt", 64, 2, true, false},
 	{"wg128", 128, 2, false, false}, {"wg", 64, 2, false, false}}
 
@@ -199,7 +199,7 @@ func (k *Kernels) prefill(s *cu.Stream, a Attn, m DevMeta, variant string) error
 		b := wgBuilds[i]
 		if b.tma {
 			if !k.tmaOK(a) {
-				return fmt.Errorf("kernels: the TMA prefill takes a module built with it (-DWG_TMA) and the caches' slots")
+				return fmt.Errorf("kernels: the TMA prefill takes a module built with it (one block size of 8 to 64 tokens, a power of two) and the caches' slots")
 			}
 			km, vm, err := k.cacheMaps(a)
 			if err != nil {

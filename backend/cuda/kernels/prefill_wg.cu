@@ -368,6 +368,15 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	unsigned p[PK][4], pl[PK][PSPLIT ? 4 : 1]; // P of the last softmax
 	const WgRows& rows = t.rows;
 
+	// EARLY (the cp.async builds): O is rescaled by a stage's softmax
+	// factors in the next stage, between the issue of its S and of its
+	// P·V (FlashAttention 3's order), rather than between the wait for P·V
+	// and the next stage's issue, where it delays the next wgmma: on an
+	// H200 (session 47) wg128 +2.3% / +3.5% at 4,096 tokens causal / full,
+	// +2% at 2,048 causal; the TMA builds lost 0.5-2% with it (wgt128,
+	// wgp128), and keep the rescale after the wait.
+	constexpr bool EARLY = TBS == 0;
+
 	// The rounds of stages 1−ST..−1 (with Q in the first), then stage 0:
 	// S_0 alone (no P·V before it).
 #pragma unroll
@@ -396,6 +405,10 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 		wg_fence();
 		wg_s<HD, BK>(s, qw, sK + (n % ST) * SLOT);
 		wg_commit();
+		if constexpr (EARLY) {
+			wg_rescale<HD>(o, c0, c1);
+			wg_fence();
+		}
 		wg_pv<HD>(o, p, pl, sV + ((n - 1) % ST) * SLOT, KR);
 		wg_commit();
 		wg_wait<1>(); // S_n is done; P_{n−1}·V_{n−1} may not be
@@ -403,7 +416,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 		wg_softmax<BK>(s, kb, rows, m0, m1, l0, l1, c0, c1);
 		wg_wait0(); // P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced
 		wg_hold(o, HD / 2);
-		wg_rescale<HD>(o, c0, c1);
+		if constexpr (!EARLY) wg_rescale<HD>(o, c0, c1);
 		wg_pack(s, p, pl);
 	}
 	// The last stage's P·V: V_{nblk−1} came with the last round of copies.
@@ -416,6 +429,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	}
 	fence_async_smem();
 	__syncthreads();
+	if constexpr (EARLY) wg_rescale<HD>(o, c0, c1);
 	wg_fence();
 	wg_pv<HD>(o, p, pl, sV + ((nblk - 1) % ST) * SLOT, KR);
 	wg_commit();
@@ -427,18 +441,18 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 #undef WG_ROUND
 #undef WG_LANDED
 
-// wgp_round is prefill_wgp's round n of copies (thread 0 alone): K_{n+1}
-// and V_n, those of the nblk stages that exist, by TMA (wg_tma), each into
-// its slot once every warp has released the slot's use before (stage j −
-// ST: K_j's slot on the mbarrier at sEmpty + 8·(j mod ST), V_j's at sEmpty +
-// 8·(ST + j mod ST)); they complete on sFull's likewise.
+// wgp_round is prefill_wgp's round n of copies (thread 0 alone): K_{n+2}
+// and V_{n+1}, those of the nblk stages that exist, by TMA (wg_tma), each
+// into its slot once every warp has released the slot's use before (stage
+// j − ST: K_j's slot on the mbarrier at sEmpty + 8·(j mod ST), V_j's at
+// sEmpty + 8·(ST + j mod ST)); they complete on sFull's likewise.
 template <int HD, int BK, int ST, int BS>
 __device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned sV, unsigned sFull, unsigned sEmpty,
                                           const KilnTensorMap* km, const KilnTensorMap* vm, int kLo, int kHi, const int* bt, int seqOff,
                                           int kvh) {
 	constexpr int SLOT = HD / 64 * BK * 128;
-	const int jk = n + 1, jv = n;
-	if (jk < nblk) {
+	const int jk = n + 2, jv = n + 1;
+	if (jk >= 0 && jk < nblk) {
 		if (jk >= ST) mbar_wait(sEmpty + 8 * (jk % ST), (jk / ST - 1) & 1);
 		wg_tma<HD, BK, BS>(sK + (jk % ST) * SLOT, sFull + 8 * (jk % ST), km, kLo + jk * BK, kHi, bt, seqOff, kvh);
 	}
@@ -455,10 +469,16 @@ __device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned
 // its own (named barriers 1 and 2: a warpgroup waits at its own, then
 // arrives at the other's; warpgroup 1 arrives once first), so that one's
 // softmax runs under the other's multiplies. The rings have ST = 3 slots
-// and round n (thread 0, at its stage n) copies K_{n+1} and V_n: a slot is
-// refilled with the use three stages on, which the warpgroup behind has
-// released (each warp arrives on the slot's empty mbarrier once its wgmma
-// that read it are done: 8 arrivals a phase). Dynamic shared memory:
+// and round n (thread 0, once its warpgroup has issued stage n's wgmma,
+// while it waits for S_n) copies K_{n+2} and V_{n+1}: a slot is refilled
+// with the use three stages on, which the warpgroup behind has released
+// (each warp arrives on the slot's empty mbarrier once its wgmma that read
+// it are done: 8 arrivals a phase; the other warpgroup's wgmma that read
+// K_{n−1} and V_{n−2} were issued before stage n's, so they are done by
+// the time S_n is). Neither the copies' issue nor the block table's loads
+// are then between a warpgroup's softmax and its next wgmma (session 47:
+// with the round before the named barrier, warp 0 spent 40% of its time
+// in it and both warpgroups 40% waiting at the barrier). Dynamic shared memory:
 // wgShared's, then 2·ST mbarriers of copies done and 2·ST of slots released
 // (32·ST bytes).
 template <int HD, int BK, int BS>
@@ -480,7 +500,8 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	if (tid == 0) {
 		for (int i = 0; i < 4 * ST; i++) mbar_init(sFull + 8 * i, i < 2 * ST ? 1 : 8);
 		mbar_init_fence();
-		wgp_round<HD, BK, ST, BS>(-1, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_0
+		wgp_round<HD, BK, ST, BS>(-2, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_0
+		wgp_round<HD, BK, ST, BS>(-1, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_1, V_0
 	}
 	cp_wait<0>();       // Q (this thread's copies)
 	fence_async_smem(); // visible to wgmma
@@ -496,13 +517,13 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 
 	if (wg == 1) named_arrive(1, NTH); // warpgroup 0 issues first
 	// Stage 0: S_0 alone.
-	if (tid == 0) wgp_round<HD, BK, ST, BS>(0, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
 	mbar_wait(sFull, 0); // K_0
 	named_sync(mine, NTH);
 	wg_fence();
 	wg_s<HD, BK>(s, qw, sK);
 	wg_commit();
 	named_arrive(other, NTH);
+	if (tid == 0) wgp_round<HD, BK, ST, BS>(0, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
 	wg_wait0();
 	if (lane == 0) mbar_arrive(sEmpty); // K_0's slot
 	wg_hold(s, BK / 2);
@@ -510,7 +531,6 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	wg_pack(s, p, pl);
 	for (int n = 1; n < nblk; n++) {
 		const int kb = kLo + n * BK;
-		if (tid == 0) wgp_round<HD, BK, ST, BS>(n, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
 		mbar_wait(sFull + 8 * (n % ST), (n / ST) & 1);                  // K_n
 		mbar_wait(sFull + 8 * (ST + (n - 1) % ST), ((n - 1) / ST) & 1); // V_{n−1}
 		named_sync(mine, NTH);
@@ -520,6 +540,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 		wg_pv<HD>(o, p, pl, sV + ((n - 1) % ST) * SLOT, KR);
 		wg_commit();
 		named_arrive(other, NTH);
+		if (tid == 0) wgp_round<HD, BK, ST, BS>(n, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
 		wg_wait<1>(); // S_n is done
 		if (lane == 0) mbar_arrive(sEmpty + 8 * (n % ST));
 		wg_hold(s, BK / 2);

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"kiln/backend/cuda/cu"
@@ -45,7 +46,7 @@ func TestKernelResources(t *testing.T) {
 			names = append(names, "prefill_wg_128_128_2", "prefill_wg_128_64_2") // wgmma's prefill (sm_90a, session 44)
 		}
 		if k.TMA {
-			names = append(names, "prefill_wgt_128_128_2", "prefill_wgt_128_64_2", "prefill_wgp_128_128_3") // its TMA builds (-DWG_TMA, sessions 45, 46)
+			names = append(names, "prefill_wgt_128_128_2", "prefill_wgt_128_64_2", "prefill_wgp_128_128_3") // its TMA builds (-DWG_TMA, sessions 45-47)
 		}
 		for _, name := range names {
 			m, err := k.module(name)
@@ -66,6 +67,35 @@ func TestKernelResources(t *testing.T) {
 			t.Logf("%v %-22s %3d registers, %4d bytes of local memory", act, name, regs, local)
 			if local > 0 && slices.Contains(noLocalMemory, name) {
 				t.Errorf("%v %s: %d bytes of local memory a thread", act, name, local)
+			}
+		}
+	}
+}
+
+// TestCompileLogs logs what NVRTC (ptxas) said compiling each module of
+// the kernels, and fails where ptxas serialized a kernel's wgmma: the
+// prefill's overlap of a stage's softmax with the wgmma in flight (and the
+// tile GEMV's pipeline) is then gone, with no error, only the warning
+// "wgmma.mma_async instructions are serialized due to ...".
+func TestCompileLogs(t *testing.T) {
+	for _, act := range []cu.DType{cu.BF16, cu.F16} {
+		k := kern(t, act)
+		if k.WG { // the modules of wgmma's kernels are built when first asked for
+			for _, name := range []string{"prefill_wg_128_128_2", "prefill_wg_128_64_2"} {
+				if _, err := k.module(name); err != nil {
+					t.Fatalf("%v %s: %v", act, name, err)
+				}
+			}
+		}
+		for _, m := range k.Modules() {
+			if m.Log == "" {
+				continue
+			}
+			t.Logf("%v %s (cached %v):\n%s", act, m.Name(), m.Hit, m.Log)
+			for _, line := range strings.Split(m.Log, "\n") {
+				if strings.Contains(line, "wgmma") && strings.Contains(line, "serialized") {
+					t.Errorf("%v %s: %s", act, m.Name(), line)
+				}
 			}
 		}
 	}

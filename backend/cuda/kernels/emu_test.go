@@ -69,6 +69,7 @@ func TestPrefillMMAEmulated(t *testing.T) {
 	}{
 		{"act", "#define ACT_WGMMA 1\n"}, {"act-bs16", "#define ACT_WGMMA 1\n#define KILN_BS 16\n#define WG_TMA 1\n"},
 		{"act-bs24", "#define ACT_WGMMA 1\n#define KILN_BS 24\n#define EMU_BS 24\n"}, {"fp8", "#define KV_F8 1\n#define KV_ROW_DIV 1\n"},
+		{"act-bs16-vn0", "#define ACT_WGMMA 1\n#define KILN_BS 16\n#define WG_TMA 1\n#define WGP_VN 0\n"}, // an experiment (prefill_wg.cu)
 	} {
 		t.Run(build.name, func(t *testing.T) {
 			t.Parallel()

@@ -441,8 +441,17 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 #undef WG_ROUND
 #undef WG_LANDED
 
+// WGP_VN (0 or 1) is how many stages ahead of the one that issues them
+// prefill_wgp's copies of V go: round n copies V_{n+WGP_VN}. 1 is what ran
+// on the H200 in session 47; 0 (-DWGP_VN=0, an experiment: emulated, not
+// yet run on a GPU) takes the wait for the slot's release by the other
+// warpgroup, which comes after its softmax, off warp 0's path (below).
+#ifndef WGP_VN
+#define WGP_VN 1
+#endif
+
 // wgp_round is prefill_wgp's round n of copies (thread 0 alone): K_{n+2}
-// and V_{n+1}, those of the nblk stages that exist, by TMA (wg_tma), each
+// and V_{n+WGP_VN}, those of the nblk stages that exist, by TMA (wg_tma), each
 // into its slot once every warp has released the slot's use before (stage
 // j − ST: K_j's slot on the mbarrier at sEmpty + 8·(j mod ST), V_j's at
 // sEmpty + 8·(ST + j mod ST)); they complete on sFull's likewise.
@@ -451,7 +460,7 @@ __device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned
                                           const KilnTensorMap* km, const KilnTensorMap* vm, int kLo, int kHi, const int* bt, int seqOff,
                                           int kvh) {
 	constexpr int SLOT = HD / 64 * BK * 128;
-	const int jk = n + 2, jv = n + 1;
+	const int jk = n + 2, jv = n + WGP_VN;
 	if (jk >= 0 && jk < nblk) {
 		if (jk >= ST) mbar_wait(sEmpty + 8 * (jk % ST), (jk / ST - 1) & 1);
 		wg_tma<HD, BK, BS>(sK + (jk % ST) * SLOT, sFull + 8 * (jk % ST), km, kLo + jk * BK, kHi, bt, seqOff, kvh);
@@ -470,15 +479,21 @@ __device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned
 // arrives at the other's; warpgroup 1 arrives once first), so that one's
 // softmax runs under the other's multiplies. The rings have ST = 3 slots
 // and round n (thread 0, once its warpgroup has issued stage n's wgmma,
-// while it waits for S_n) copies K_{n+2} and V_{n+1}: a slot is refilled
-// with the use three stages on, which the warpgroup behind has released
-// (each warp arrives on the slot's empty mbarrier once its wgmma that read
-// it are done: 8 arrivals a phase; the other warpgroup's wgmma that read
-// K_{n−1} and V_{n−2} were issued before stage n's, so they are done by
-// the time S_n is). Neither the copies' issue nor the block table's loads
-// are then between a warpgroup's softmax and its next wgmma (session 47:
-// with the round before the named barrier, warp 0 spent 40% of its time
-// in it and both warpgroups 40% waiting at the barrier). Dynamic shared memory:
+// while it waits for S_n) copies K_{n+2} and V_{n+1} (WGP_VN): a slot is
+// refilled with the use three stages on, which the warpgroup behind has
+// released (each warp arrives on the slot's empty mbarrier once its wgmma
+// that read it are done: 8 arrivals a phase). The other warpgroup released
+// K_{n−1}'s slot once its S_{n−1} was done, which its wgmma issued before
+// stage n's, so that wait is under S_n's. Neither the copies' issue nor the
+// block table's loads are then between a warpgroup's softmax and its next
+// wgmma (session 47: with the round before the named barrier, warp 0 spent
+// 40% of its time in it and both warpgroups 40% waiting at the barrier;
+// after the move, 1.03-1.05x). V_{n+1}'s slot held V_{n−2}, which the
+// other warpgroup releases only after its softmax of stage n−1: Nsight
+// then still shows 38% of the warps' time at the named barrier, which
+// this wait serializing the two warpgroups would explain. With WGP_VN 0
+// round n copies V_n (needed a stage later, with S_{n+1}) into V_{n−3}'s
+// slot, released a stage earlier. Dynamic shared memory:
 // wgShared's, then 2·ST mbarriers of copies done and 2·ST of slots released
 // (32·ST bytes).
 template <int HD, int BK, int BS>
@@ -501,7 +516,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 		for (int i = 0; i < 4 * ST; i++) mbar_init(sFull + 8 * i, i < 2 * ST ? 1 : 8);
 		mbar_init_fence();
 		wgp_round<HD, BK, ST, BS>(-2, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_0
-		wgp_round<HD, BK, ST, BS>(-1, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_1, V_0
+		wgp_round<HD, BK, ST, BS>(-1, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_1 (and V_0)
 	}
 	cp_wait<0>();       // Q (this thread's copies)
 	fence_async_smem(); // visible to wgmma

@@ -10,7 +10,8 @@
 # (tools/gpu/torch_peer.py --attention-only: the peer in the same call).
 # SOURCE=1: also each build's SASS with its warps' stall samples an
 # instruction (ncu's source page, ncu-<build>-sass.csv) and every metric
-# (the raw page, ncu-<build>-raw.csv); NOPEER=1 skips PyTorch.
+# (the raw page, ncu-<build>-raw.csv), summed here by tools/gpu/ncu_stalls.py;
+# NOPEER=1 skips PyTorch.
 # Logs in logs-ncu.tgz (with what $OUT held before: e.g. wg-ab.sh's logs.tgz).
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/wg-ncu.sh", carry [".devpack"]
 source "$(dirname "$0")/env.sh"

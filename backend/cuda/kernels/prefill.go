@@ -107,7 +107,7 @@ func (b wgBuild) shared(hd int) int {
 
 // wgBuilds are prefill_wg's builds (prefill_wg.cu's WG_KERNELS): the TMA
 // builds (offered where the module holds them): the ping-pong one
-// (WGP_KERNEL: 1.03-1.05x the fastest plain one on an H200 in session 47,
+// (WGP_KERNEL: 1.02-1.04x the fastest plain one on an H200 in session 47,
 // the fastest of all), then WGT_KERNEL's (1.02-1.03x the plain ones in
 // session 46); then the plain ones, the faster first in
 // BenchmarkPrefillAttention on an H200 (docs/PERF.md, sessions 44 to 47).

@@ -373,7 +373,7 @@ __device__ __forceinline__ void prefill_wg(PF_PARAMS, const KilnTensorMap* kmap 
 	// P·V (FlashAttention 3's order), rather than between the wait for P·V
 	// and the next stage's issue, where it delays the next wgmma: on an
 	// H200 (session 47) wg128 +2.3% / +3.5% at 4,096 tokens causal / full,
-	// +2% at 2,048 causal; the TMA builds lost 0.5-2% with it (wgt128,
+	// +2.0-2.4% at 2,048 causal; the TMA builds lost 0.5-2% with it (wgt128,
 	// wgp128), and keep the rescale after the wait.
 	constexpr bool EARLY = TBS == 0;
 
@@ -488,7 +488,7 @@ __device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned
 // block table's loads are then between a warpgroup's softmax and its next
 // wgmma (session 47: with the round before the named barrier, warp 0 spent
 // 40% of its time in it and both warpgroups 40% waiting at the barrier;
-// after the move, 1.03-1.05x). V_{n+1}'s slot held V_{n−2}, which the
+// after the move, 1.08-1.09x). V_{n+1}'s slot held V_{n−2}, which the
 // other warpgroup releases only after its softmax of stage n−1: Nsight
 // then still shows 38% of the warps' time at the named barrier, which
 // this wait serializing the two warpgroups would explain. With WGP_VN 0

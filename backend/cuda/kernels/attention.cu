@@ -17,6 +17,18 @@
 // natural score; a cap of 0 leaves it.
 __device__ __forceinline__ float softcap_l2(float s, float capl2) { return capl2 > 0.f ? capl2 * tanhf(s / capl2) : s; }
 
+// SoftcapRaw soft-caps the raw scores of the tensor-core kernels, whose
+// online softmax scales them by sl2 (the scale times log2 e) later: what
+// softcap_l2(s·sl2, capl2) / sl2 gives, (capl2 / sl2)·tanh(s·sl2 / capl2),
+// by two multiplies an element (that form divided twice an element, each
+// an IEEE division with its slow path: 386 calls of it in prefill_wg's
+// SASS, a third of its instructions; session 47). capl2 > 0.
+struct SoftcapRaw {
+	float in, out; // sl2 / capl2 and capl2 / sl2
+	__device__ __forceinline__ SoftcapRaw(float sl2, float capl2) : in(sl2 / capl2), out(capl2 / sl2) {}
+	__device__ __forceinline__ float operator()(float s) const { return out * tanhf(s * in); }
+};
+
 // kv_bs is the tokens a cache block holds: KILN_BS where the module was
 // built for one block size (kernels.NewFor), a constant that the compiler
 // folds into kv_page's and kv_row's arithmetic, else bs as the kernel was

@@ -497,13 +497,13 @@ __device__ __forceinline__ void decode_mma(DC_PARAMS) {
 					for (int e = 0; e < 4; e++) s[mt][nt][e] += s2[mt][nt][e];
 		}
 		if (cap > 0.f) { // soft-capped scores (Gemma 2), back in the domain sl2 scales
-			const float capl2 = cap * LOG2E;
+			const SoftcapRaw sc(sl2, cap * LOG2E);
 #pragma unroll
 			for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 				for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-					for (int e = 0; e < 4; e++) s[mt][nt][e] = softcap_l2(s[mt][nt][e] * sl2, capl2) / sl2;
+					for (int e = 0; e < 4; e++) s[mt][nt][e] = sc(s[mt][nt][e]);
 		}
 		if (kw + DM_KW > nk) { // the split's last keys: those past its end are out
 #pragma unroll

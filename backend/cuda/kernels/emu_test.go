@@ -529,7 +529,7 @@ func prefillEmuSource(t *testing.T, defines string) string {
 
 // emuPreamble writes what both emulated attention kernels start from: the
 // prelude, the defines, the cache's element type (kernels.cu's KV, with
-// e4m3x2), kv_bs, kv_page, kv_slot, kv_row and softcap_l2.
+// e4m3x2), kv_bs, kv_page, kv_slot, kv_row, softcap_l2 and SoftcapRaw.
 func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	t.Helper()
 	b.WriteString(readEmu(t, "prelude.h"))
@@ -541,6 +541,7 @@ func emuPreamble(t *testing.T, b *strings.Builder, defines string) {
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ int kv_slot("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ long long kv_row("))
 	b.WriteString(cBlock(t, attention, "__device__ __forceinline__ float softcap_l2("))
+	b.WriteString(cBlock(t, attention, "struct SoftcapRaw {") + ";\n")
 }
 
 func readEmu(t *testing.T, name string) string {

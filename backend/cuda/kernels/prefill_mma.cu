@@ -326,13 +326,13 @@ __device__ __forceinline__ void prefill_fa(const T* q, const KV* kc, const KV* v
 		}
 		if (wact) {
 			if (cap > 0.f) { // soft-capped scores (Gemma 2), back in the domain sl2 scales
-				const float capl2 = cap * LOG2E;
+				const SoftcapRaw sc(sl2, cap * LOG2E);
 #pragma unroll
 				for (int mb = 0; mb < MB; mb++)
 #pragma unroll
 					for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-						for (int e = 0; e < 4; e++) s[mb][nt][e] = softcap_l2(s[mb][nt][e] * sl2, capl2) / sl2;
+						for (int e = 0; e < 4; e++) s[mb][nt][e] = sc(s[mb][nt][e]);
 			}
 			if (!(kb >= fLo && kb + BK - 1 <= fHi)) {
 #pragma unroll

@@ -169,9 +169,9 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BK / 2], int kb, const WgR
                                            float& c0, float& c1) {
 	constexpr int NS = BK / 8; // 8-key column tiles
 	if (r.cap > 0.f) {         // soft-capped scores (Gemma 2), back in the domain sl2 scales
-		const float capl2 = r.cap * LOG2E;
+		const SoftcapRaw sc(r.sl2, r.cap * LOG2E);
 #pragma unroll
-		for (int i = 0; i < BK / 2; i++) s[i] = softcap_l2(s[i] * r.sl2, capl2) / r.sl2;
+		for (int i = 0; i < BK / 2; i++) s[i] = sc(s[i]);
 	}
 	if (!(kb >= r.fLo && kb + BK - 1 <= r.fHi)) {
 #pragma unroll

@@ -26,8 +26,8 @@ type Module struct {
 	// came from the kernel cache).
 	BuildTime time.Duration
 	// Log is NVRTC's log of the compile that made the image (kept in the
-	// kernel cache with it): ptxas's warnings, e.g. wgmma serialized.
-	// Empty for images cached before the log was kept.
+	// kernel cache with it): ptxas's warnings, e.g. wgmma serialized;
+	// empty when NVRTC said nothing.
 	Log string
 }
 

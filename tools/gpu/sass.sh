@@ -4,8 +4,9 @@
 # TestCompileLogs and TestKernelResources, with the NVRTC options of XOPTS
 # when given), then writes the SASS of the kernels whose names match FUNCS
 # (a regular expression; default the wgmma prefill's) from the cached
-# CUBINs (cuobjdump) into sass/<kernel>.sass, and a count of each kernel's
-# instructions by opcode. Logs and SASS in logs-sass.tgz.
+# CUBINs (cuobjdump) into sass/<kernel>-<entry>.sass (a kernel is in the
+# bf16 and the f16 module: <entry> is its cache entry's), and a count of
+# each kernel's instructions by opcode. Logs and SASS in logs-sass.tgz.
 #   run tool: command "tar xJf .devpack/bin.tar.xz && tools/gpu/sass.sh", carry [".devpack"]
 export KILN_CACHE_DIR=/tmp/kiln-kernels-sass
 source "$(dirname "$0")/env.sh"
@@ -42,15 +43,16 @@ import collections, glob, os, re, sys
 d, pat = sys.argv[1], re.compile(sys.argv[2])
 for f in sorted(glob.glob(os.path.join(d, '*.all'))):
     name, body = None, []
+    entry = os.path.basename(f)[:-len('.all')]
     def flush():
         if name and pat.search(name):
-            open(os.path.join(d, name + '.sass'), 'w').write(''.join(body))
+            open(os.path.join(d, name + '-' + entry + '.sass'), 'w').write(''.join(body))
             ops = collections.Counter()
             for l in body:
                 m = re.match(r'\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)', l)
                 if m:
                     ops[m.group(1)] += 1
-            print(name, sum(ops.values()), 'instructions:', ', '.join('%s %d' % kv for kv in ops.most_common(40)))
+            print(name, entry, sum(ops.values()), 'instructions:', ', '.join('%s %d' % kv for kv in ops.most_common(40)))
     for l in open(f):
         m = re.match(r'\s*Function : (\S+)', l)
         if m:

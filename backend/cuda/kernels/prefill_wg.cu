@@ -472,8 +472,8 @@ __device__ __forceinline__ void wgp_round(int n, int nblk, unsigned sK, unsigned
 }
 
 // prefill_wgp is prefill_wg's TMA build (blocks of BS tokens) with its two
-// warpgroups in ping-pong (FlashAttention 3's schedule; an experiment,
-// WG_TMA): no barrier of the whole block a stage. Each warpgroup issues a
+// warpgroups in ping-pong (FlashAttention 3's schedule; with the TMA
+// builds, WG_TMA): no barrier of the whole block a stage. Each warpgroup issues a
 // stage's wgmma (S_n, then P_{n−1}·V_{n−1}) only after the other has issued
 // its own (named barriers 1 and 2: a warpgroup waits at its own, then
 // arrives at the other's; warpgroup 1 arrives once first), so that one's
@@ -512,11 +512,13 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	cp_commit(); // Q
 	const int seqOff = t.seqOff, kvh = t.kvh, tid = t.tid, lane = t.lane, wg = t.wg, kLo = t.kLo, kHi = t.kHi, nblk = t.nblk;
 	const unsigned qw = sQ + wg * HR * QR;
+	// round(n): thread 0's round n of copies (wgp_round).
+	const auto round = [&](int n) { wgp_round<HD, BK, ST, BS>(n, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); };
 	if (tid == 0) {
 		for (int i = 0; i < 4 * ST; i++) mbar_init(sFull + 8 * i, i < 2 * ST ? 1 : 8);
 		mbar_init_fence();
-		wgp_round<HD, BK, ST, BS>(-2, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_0
-		wgp_round<HD, BK, ST, BS>(-1, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh); // K_1 (and V_0)
+		round(-2); // K_0
+		round(-1); // K_1 (and V_0)
 	}
 	cp_wait<0>();       // Q (this thread's copies)
 	fence_async_smem(); // visible to wgmma
@@ -538,7 +540,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 	wg_s<HD, BK>(s, qw, sK);
 	wg_commit();
 	named_arrive(other, NTH);
-	if (tid == 0) wgp_round<HD, BK, ST, BS>(0, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
+	if (tid == 0) round(0);
 	wg_wait0();
 	if (lane == 0) mbar_arrive(sEmpty); // K_0's slot
 	wg_hold(s, BK / 2);
@@ -555,7 +557,7 @@ __device__ __forceinline__ void prefill_wgp(PF_PARAMS, const KilnTensorMap* kmap
 		wg_pv<HD>(o, p, pl, sV + ((n - 1) % ST) * SLOT, KR);
 		wg_commit();
 		named_arrive(other, NTH);
-		if (tid == 0) wgp_round<HD, BK, ST, BS>(n, nblk, sK, sV, sFull, sEmpty, kmap, vmap, kLo, kHi, bt, seqOff, kvh);
+		if (tid == 0) round(n);
 		wg_wait<1>(); // S_n is done
 		if (lane == 0) mbar_arrive(sEmpty + 8 * (n % ST));
 		wg_hold(s, BK / 2);

@@ -72,15 +72,15 @@ func TestKernelResources(t *testing.T) {
 	}
 }
 
-// TestCompileLogs logs what NVRTC (ptxas) said compiling each module of
-// the kernels, and fails where ptxas serialized a kernel's wgmma: the
-// prefill's overlap of a stage's softmax with the wgmma in flight (and the
-// tile GEMV's pipeline) is then gone, with no error, only the warning
-// "wgmma.mma_async instructions are serialized due to ...".
+// TestCompileLogs logs what NVRTC (ptxas) said compiling each part of the
+// kernels module, and fails where ptxas serialized a kernel's wgmma: the
+// prefill's overlap of a stage's softmax with the wgmma in flight is then
+// gone, with no error, only the warning "wgmma.mma_async instructions are
+// serialized due to ...".
 func TestCompileLogs(t *testing.T) {
 	for _, act := range []cu.DType{cu.BF16, cu.F16} {
 		k := kern(t, act)
-		if k.WG { // the modules of wgmma's kernels are built when first asked for
+		if k.WG { // the wgmma prefill's kernels are among the parts (sm_90a)
 			for _, name := range []string{"prefill_wg_128_128_2", "prefill_wg_128_64_2"} {
 				if _, err := k.module(name); err != nil {
 					t.Fatalf("%v %s: %v", act, name, err)
